@@ -1,0 +1,172 @@
+"""The ``autotune`` command: thin commands over the library.
+
+A user mistake (bad workload reference, bad config value) prints one line and exits with 2;
+a configuration that fails to train exits with 1; no traceback either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError, ConfigError, TrainingError
+
+__all__ = ["main"]
+
+# Modules that add subcommands: each has ``register(subparsers) -> None``, which adds its
+# parsers and sets ``func`` (a handler taking the parsed args, returning the exit code). They
+# must import only argparse-level code at module level, so ``autotune --help`` stays instant.
+_COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        result: int = args.func(args)
+        return result
+    except TrainingError as e:
+        print(f"autotune {args.command}: {e}", file=sys.stderr)
+        return 1
+    except AutotuneError as e:
+        print(f"autotune {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"autotune {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autotune", description="Measure and search PyTorch training configurations.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("workloads", help="list the built-in workloads with parameter counts")
+    p.set_defaults(func=_cmd_workloads)
+
+    p = sub.add_parser("measure", help="run a workload under one config and measure what it costs")
+    p.add_argument(
+        "--workload",
+        "-w",
+        required=True,
+        help="built-in name, random:SEED, path/to/file.py:build or package.module:build",
+    )
+    p.add_argument("--config", type=Path, help="TrainConfig JSON file; the flags below override it")
+    p.add_argument("--micro-batch", type=int, help="micro-batch size (default 8)")
+    p.add_argument("--accum", type=int, help="gradient-accumulation steps (default 1)")
+    p.add_argument("--precision", help="fp32|bf16|fp16 for every block, or a comma list, one per block")
+    p.add_argument("--checkpoint", help="none|all, or comma-separated block indices to recompute")
+    p.add_argument("--zero-stage", type=int, help="DeepSpeed ZeRO stage 0-3")
+    p.add_argument("--ranks", type=int, help="data-parallel ranks")
+    p.add_argument("--steps", type=int, default=8, help="timed optimizer steps (default 8)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed warmup steps (default 2)")
+    p.add_argument("--memory-budget", help="e.g. 2GiB: a peak above it is reported as not fitting")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto (default)")
+    p.add_argument("--json", action="store_true", help="print the Measurement as JSON")
+    p.set_defaults(func=_cmd_measure)
+
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def _cmd_workloads(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from autotune.report import workloads_table
+    from autotune.zoo import BUILTINS
+
+    rows = []
+    for name, entry in BUILTINS.items():
+        wl = entry.build()
+        rows.append((name, wl.num_parameters, len(wl.block_names()), wl.batch_size, entry.description))
+    Console().print(workloads_table(rows))
+    return 0
+
+
+def _cmd_measure(args: argparse.Namespace) -> int:
+    from autotune.units import parse_bytes
+    from autotune.workload import load_workload
+
+    budget = parse_bytes(args.memory_budget, name="--memory-budget") if args.memory_budget else None
+    workload = load_workload(args.workload)
+
+    from rich.console import Console
+
+    from autotune.report import measurement_table
+    from autotune.runner import measure
+
+    config = _config_from_args(args, num_blocks=len(workload.block_names()))
+    err = Console(stderr=True)
+    with err.status(f"measuring {workload.name}") as status:
+
+        def progress(phase: str, done: int, total: int) -> None:
+            status.update(f"measuring {workload.name}: {phase} steps {done}/{total} done")
+
+        m = measure(
+            workload,
+            config,
+            steps=args.steps,
+            warmup=args.warmup,
+            memory_budget=budget,
+            device=args.device,
+            progress=progress,
+        )
+    if args.json:
+        print(m.to_json())
+    else:
+        Console().print(measurement_table(m))
+    return 0
+
+
+def _config_from_args(args: argparse.Namespace, *, num_blocks: int) -> Any:
+    from autotune.config import TrainConfig
+
+    config = TrainConfig()
+    if args.config is not None:
+        try:
+            text = args.config.read_text()
+        except OSError as e:
+            raise ConfigError(f"--config: cannot read {str(args.config)!r}: {e.strerror}.") from None
+        config = TrainConfig.from_json(text)
+    overrides: dict[str, Any] = {}
+    if args.micro_batch is not None:
+        overrides["micro_batch_size"] = args.micro_batch
+    if args.accum is not None:
+        overrides["grad_accum_steps"] = args.accum
+    if args.zero_stage is not None:
+        overrides["zero_stage"] = args.zero_stage
+    if args.ranks is not None:
+        overrides["ranks"] = args.ranks
+    if args.precision is not None:
+        parts = [s.strip() for s in args.precision.split(",")]
+        overrides["precision"] = parts[0] if len(parts) == 1 else tuple(parts)
+    if args.checkpoint is not None:
+        overrides["checkpoint"] = _parse_checkpoint(args.checkpoint, num_blocks)
+    return dataclasses.replace(config, **overrides)
+
+
+def _parse_checkpoint(text: str, num_blocks: int) -> bool | tuple[bool, ...]:
+    if text in ("none", "all"):
+        return text == "all"
+    try:
+        indices = {int(s) for s in text.split(",")}
+    except ValueError:
+        raise ConfigError(
+            f"--checkpoint must be none, all or comma-separated block indices, but got {text!r}."
+        ) from None
+    bad = sorted(i for i in indices if not 0 <= i < num_blocks)
+    if bad:
+        raise ConfigError(f"--checkpoint block indices must be in [0, {num_blocks - 1}], but got {bad[0]}.")
+    return tuple(i in indices for i in range(num_blocks))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

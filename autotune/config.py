@@ -1,0 +1,195 @@
+"""TrainConfig: the knobs autotune searches over, frozen and validated at construction.
+
+One config describes *how* a workload is trained, not what it computes: micro-batch size and
+accumulation (the effective batch), per-block precision and activation checkpointing, the ZeRO
+stage and rank count, and the training hygiene that keeps runs at different effective batch
+sizes comparable (linear LR scaling, warmup + cosine schedule, gradient clipping).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal, get_args
+
+from autotune.errors import ConfigError
+
+__all__ = ["TrainConfig", "Precision", "PRECISIONS"]
+
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+LrScaling = Literal["linear", "sqrt", "none"]
+LrSchedule = Literal["constant", "cosine"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """A training configuration.
+
+    Args:
+        micro_batch_size: Samples per forward/backward pass on one rank.
+        grad_accum_steps: Micro-batches accumulated per optimizer step.
+        ranks: Data-parallel ranks. Effective batch = micro_batch_size x grad_accum_steps x ranks.
+        precision: Autocast dtype of each block: one value for every block, or a tuple with one
+            entry per block (in the workload's block order). Non-block modules (embeddings, heads)
+            stay fp32. Any fp16 block turns on dynamic loss scaling.
+        checkpoint: Activation checkpointing (recompute in backward) of each block: one bool for
+            every block, or a tuple with one entry per block.
+        zero_stage: DeepSpeed ZeRO stage 0-3 (0 = plain data parallel / single process).
+        lr_scaling: How the workload's base learning rate scales with the effective batch B:
+            ``linear`` eta = eta_base * B / B_base (Goyal et al. 2017), ``sqrt`` eta_base *
+            sqrt(B / B_base) (Krizhevsky 2014, for adaptive optimizers), ``none``.
+        lr_warmup_steps: Optimizer steps of linear warmup from 0 (Goyal et al. 2017: large
+            effective batches need it).
+        lr_schedule: ``constant`` after warmup, or ``cosine`` decay to ``lr_min_ratio`` of the peak
+            over ``lr_decay_steps`` optimizer steps.
+        lr_decay_steps: Length of the cosine decay (required for ``cosine``).
+        lr_min_ratio: Final LR as a fraction of the peak LR for ``cosine``.
+        grad_clip: Max global gradient norm (None: no clipping).
+        seed: Seed of data order and any randomness in the loop.
+    """
+
+    micro_batch_size: int = 8
+    grad_accum_steps: int = 1
+    ranks: int = 1
+    precision: Precision | tuple[Precision, ...] = "fp32"
+    checkpoint: bool | tuple[bool, ...] = False
+    zero_stage: int = 0
+    lr_scaling: LrScaling = "linear"
+    lr_warmup_steps: int = 0
+    lr_schedule: LrSchedule = "constant"
+    lr_decay_steps: int | None = None
+    lr_min_ratio: float = 0.1
+    grad_clip: float | None = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("micro_batch_size", self.micro_batch_size, low=1)
+        _check_int("grad_accum_steps", self.grad_accum_steps, low=1)
+        _check_int("ranks", self.ranks, low=1)
+        _check_int("zero_stage", self.zero_stage, low=0, high=3)
+        _check_int("lr_warmup_steps", self.lr_warmup_steps, low=0)
+        _check_int("seed", self.seed, low=0)
+        if isinstance(self.precision, (list, tuple)):
+            object.__setattr__(self, "precision", tuple(self.precision))
+            if len(self.precision) == 0:
+                raise ConfigError("TrainConfig.precision must have at least one entry, but got ().")
+        for p in _as_tuple(self.precision):
+            if p not in PRECISIONS:
+                raise ConfigError(f"TrainConfig.precision must be one of {PRECISIONS}, but got {p!r}.")
+        if isinstance(self.checkpoint, (list, tuple)):
+            object.__setattr__(self, "checkpoint", tuple(self.checkpoint))
+            if len(self.checkpoint) == 0:
+                raise ConfigError("TrainConfig.checkpoint must have at least one entry, but got ().")
+        for c in _as_tuple(self.checkpoint):
+            if not isinstance(c, bool):
+                raise ConfigError(f"TrainConfig.checkpoint entries must be bool, but got {c!r}.")
+        if self.lr_scaling not in get_args(LrScaling):
+            raise ConfigError(
+                f"TrainConfig.lr_scaling must be one of {get_args(LrScaling)}, but got {self.lr_scaling!r}."
+            )
+        if self.lr_schedule not in get_args(LrSchedule):
+            raise ConfigError(
+                f"TrainConfig.lr_schedule must be one of {get_args(LrSchedule)}, but got {self.lr_schedule!r}."
+            )
+        if self.lr_schedule == "cosine" and self.lr_decay_steps is None:
+            raise ConfigError("TrainConfig.lr_decay_steps is required when lr_schedule='cosine', but got None.")
+        if self.lr_decay_steps is not None:
+            _check_int("lr_decay_steps", self.lr_decay_steps, low=1)
+        if not isinstance(self.lr_min_ratio, (int, float)) or not 0.0 <= self.lr_min_ratio <= 1.0:
+            raise ConfigError(f"TrainConfig.lr_min_ratio must be in [0, 1], but got {self.lr_min_ratio!r}.")
+        if self.grad_clip is not None and (
+            not isinstance(self.grad_clip, (int, float)) or not math.isfinite(self.grad_clip) or self.grad_clip <= 0
+        ):
+            raise ConfigError(f"TrainConfig.grad_clip must be a finite number > 0 or None, but got {self.grad_clip!r}.")
+
+    # ---- derived values -------------------------------------------------------------------------
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * self.ranks
+
+    def block_precisions(self, num_blocks: int) -> tuple[Precision, ...]:
+        """Per-block precision for a model with ``num_blocks`` blocks."""
+        return _broadcast("precision", self.precision, num_blocks)
+
+    def block_checkpoints(self, num_blocks: int) -> tuple[bool, ...]:
+        """Per-block checkpointing for a model with ``num_blocks`` blocks."""
+        return _broadcast("checkpoint", self.checkpoint, num_blocks)
+
+    @property
+    def uses_fp16(self) -> bool:
+        return "fp16" in _as_tuple(self.precision)
+
+    def lr_multiplier(self, base_batch_size: int) -> float:
+        """Factor on the base learning rate from the effective batch (see ``lr_scaling``)."""
+        ratio = self.effective_batch_size / base_batch_size
+        if self.lr_scaling == "linear":
+            return ratio
+        if self.lr_scaling == "sqrt":
+            return math.sqrt(ratio)
+        return 1.0
+
+    def lr_factor(self, step: int) -> float:
+        """Schedule factor (0..1] at optimizer step ``step`` (0-based): warmup, then constant or cosine."""
+        if step < self.lr_warmup_steps:
+            return (step + 1) / self.lr_warmup_steps
+        if self.lr_schedule == "constant":
+            return 1.0
+        assert self.lr_decay_steps is not None  # validated in __post_init__
+        t = min(1.0, (step - self.lr_warmup_steps) / self.lr_decay_steps)
+        return self.lr_min_ratio + (1.0 - self.lr_min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+    # ---- serialization ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("precision", "checkpoint"):
+            if isinstance(d[key], tuple):
+                d[key] = list(d[key])
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"TrainConfig has no field {unknown[0]!r} (known fields: {', '.join(sorted(known))}).")
+        return cls(**dict(data))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"TrainConfig JSON is not valid JSON: {e}.") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"TrainConfig JSON must be an object, but got {type(data).__name__}.")
+        return cls.from_dict(data)
+
+
+def _check_int(name: str, value: object, *, low: int, high: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"TrainConfig.{name} must be an int, but got {value!r}.")
+    if value < low or (high is not None and value > high):
+        rule = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"TrainConfig.{name} must be {rule}, but got {value!r}.")
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _broadcast(name: str, value: Any, n: int) -> tuple[Any, ...]:
+    if not isinstance(value, tuple):
+        return (value,) * n
+    if len(value) != n:
+        raise ConfigError(
+            f"TrainConfig.{name} must have one entry per block ({n} blocks), but got {len(value)} entries."
+        )
+    return value

@@ -1,0 +1,40 @@
+"""The exception hierarchy.
+
+Every error autotune raises on purpose derives from :class:`AutotuneError`, so a caller (the
+CLI, an Optuna objective, an environment) can tell a user mistake or an infeasible
+configuration from a bug. ``assert`` is reserved for internal invariants.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AutotuneError",
+    "ConfigError",
+    "WorkloadError",
+    "TrainingError",
+    "UnsupportedError",
+]
+
+
+class AutotuneError(Exception):
+    """Base class of every error autotune raises deliberately."""
+
+
+class ConfigError(AutotuneError, ValueError):
+    """A configuration value breaks a rule; the message names the field, rule and value."""
+
+
+class WorkloadError(AutotuneError):
+    """A workload reference cannot be resolved, or a workload breaks its contract."""
+
+
+class TrainingError(AutotuneError):
+    """Training under a configuration failed for a reason other than running out of memory.
+
+    The original exception is chained (``__cause__``). Out-of-memory and divergence are not
+    errors: :func:`autotune.measure` reports them in the returned ``Measurement``.
+    """
+
+
+class UnsupportedError(AutotuneError):
+    """A valid configuration that this build of autotune cannot run yet (says which issue adds it)."""

@@ -1,0 +1,109 @@
+"""The Measurement record: everything a configuration cost, as plain data with JSON round-trip."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+from autotune.config import TrainConfig
+from autotune.measurement.gns import NoiseEstimate
+
+__all__ = ["Measurement", "MemoryBreakdown", "Status", "GIB"]
+
+GIB = 1024**3
+Status = Literal["ok", "over_budget", "oom", "diverged"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBreakdown:
+    """Tensor bytes by category at the moment of peak total, on one device of one rank.
+
+    Counted by storage (``MemTracker``), so identical from run to run. ``activations`` include
+    the input batch and what autograd saves for backward; ``temporaries`` are tensors created
+    during backward; ``other`` is anything tracked that fits no category.
+    """
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    temporaries: int
+    buffers: int
+    other: int
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    @property
+    def model_states(self) -> int:
+        """Parameters + gradients + optimizer state: what ZeRO partitions."""
+        return self.parameters + self.gradients + self.optimizer_state
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """What one configuration of one workload cost, measured on the real training loop.
+
+    ``status`` is ``ok``, or why the configuration is infeasible: ``over_budget`` (peak above
+    ``memory_budget``; throughput is then not measured), ``oom`` (the allocator failed),
+    ``diverged`` (non-finite loss). ``reason`` says more in one line.
+    """
+
+    workload: str
+    config: TrainConfig
+    device: str
+    status: Status
+    reason: str | None
+    warmup: int
+    steps: int
+    throughput: float | None  # samples/s, median over the timed steps
+    throughput_p25: float | None
+    throughput_p75: float | None
+    step_seconds: float | None  # median
+    memory: MemoryBreakdown | None  # at the moment of peak total (sums to the peak)
+    category_peaks: MemoryBreakdown | None  # each category's own maximum over the tracked step
+    device_peak_bytes: int | None  # torch.cuda.max_memory_allocated on CUDA, else None
+    memory_budget: int | None
+    noise: NoiseEstimate
+    losses: tuple[float, ...]  # every optimizer step's mean loss, warmup included
+    loss_slope: float | None  # per optimizer step, of the EMA-smoothed loss
+    overflow_steps: int  # fp16 steps skipped by the loss scaler
+    lr: float  # learning rate at the last step
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return None if self.memory is None else self.memory.total
+
+    @property
+    def throughput_per_gib(self) -> float | None:
+        """Samples/s per GiB of peak tensor memory: the quantity autotune maximizes."""
+        if self.throughput is None or not self.peak_bytes:
+            return None
+        return self.throughput / (self.peak_bytes / GIB)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["config"] = self.config.to_dict()
+        d["losses"] = list(self.losses)
+        d["peak_bytes"] = self.peak_bytes
+        d["throughput_per_gib"] = self.throughput_per_gib
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        d = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+        d["config"] = TrainConfig.from_dict(d["config"])
+        for key in ("memory", "category_peaks"):
+            d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
+        d["noise"] = NoiseEstimate(**d["noise"])
+        d["losses"] = tuple(d["losses"])
+        return cls(**d)

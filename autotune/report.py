@@ -1,0 +1,85 @@
+"""Human-readable tables (rich) of measurements and workloads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields
+
+from rich.table import Table
+
+from autotune.measurement.record import Measurement
+from autotune.units import format_bytes
+
+__all__ = ["measurement_table", "workloads_table"]
+
+
+def _num(x: float | None, fmt: str = ".4g") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def measurement_table(m: Measurement) -> Table:
+    """One measurement as a two-column table: what was measured, and its value."""
+    c = m.config
+    title = f"{m.workload} on {m.device}: {m.status}" + (f" ({m.reason})" if m.reason else "")
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_column("note")
+    precision = c.precision if isinstance(c.precision, str) else ",".join(c.precision)
+    ckpt = c.checkpoint if isinstance(c.checkpoint, bool) else ",".join(str(int(x)) for x in c.checkpoint)
+    table.add_row(
+        "config",
+        f"micro {c.micro_batch_size} x accum {c.grad_accum_steps} x ranks {c.ranks}",
+        f"precision {precision}, checkpoint {ckpt}, ZeRO {c.zero_stage}",
+    )
+    table.add_row(
+        "throughput",
+        f"{_num(m.throughput, '.1f')} samples/s",
+        f"median of {m.steps} steps, IQR {_num(m.throughput_p25, '.1f')}-{_num(m.throughput_p75, '.1f')}",
+    )
+    table.add_row("step time", f"{_num(m.step_seconds and m.step_seconds * 1e3, '.1f')} ms", "median")
+    table.add_row("peak memory", format_bytes(m.peak_bytes), "tensor bytes, exact (by storage)")
+    table.add_row("throughput per GiB", f"{_num(m.throughput_per_gib, '.1f')}", "samples/s per GiB of peak")
+    if m.memory is not None and m.category_peaks is not None:
+        for f in fields(m.memory):
+            at_peak, own = getattr(m.memory, f.name), getattr(m.category_peaks, f.name)
+            if at_peak or own:
+                table.add_row(
+                    f"  {f.name.replace('_', ' ')}", format_bytes(at_peak), f"at peak; own max {format_bytes(own)}"
+                )
+    if m.device_peak_bytes is not None:
+        table.add_row("allocator peak", format_bytes(m.device_peak_bytes), "torch.cuda.max_memory_allocated")
+    if m.memory_budget is not None:
+        table.add_row(
+            "memory budget", format_bytes(m.memory_budget), "fits" if m.status != "over_budget" else "DOES NOT FIT"
+        )
+    n = m.noise
+    table.add_row(
+        "gradient noise scale", _num(n.b_simple, ".4g"), f"B_simple = tr(Sigma)/|G|^2, samples; {n.steps} steps pooled"
+    )
+    table.add_row("  tr(Sigma)", _num(n.trace_sigma), "per-sample gradient variance")
+    table.add_row("  |G|^2", _num(n.grad_sq_norm), "squared true-gradient norm")
+    table.add_row("  sigma^2", _num(n.sigma2), "micro-batch gradient variance (seed eq. 7)")
+    if m.losses:
+        table.add_row("loss", f"{m.losses[0]:.4g} -> {m.losses[-1]:.4g}", f"{len(m.losses)} optimizer steps")
+    table.add_row("loss slope", _num(m.loss_slope, ".3g"), "per step, EMA-smoothed")
+    if c.uses_fp16:
+        table.add_row("fp16 overflow steps", str(m.overflow_steps), "skipped by the loss scaler")
+    table.add_row("learning rate", _num(m.lr, ".3g"), f"{c.lr_scaling} scaling, {c.lr_schedule}")
+    return table
+
+
+def workloads_table(rows: Sequence[tuple[str, int, int, int, str]]) -> Table:
+    """Rows of (name, parameters, blocks, reference batch, description)."""
+    table = Table(title="built-in workloads", header_style="bold")
+    for col, justify in (
+        ("name", "left"),
+        ("parameters", "right"),
+        ("blocks", "right"),
+        ("batch", "right"),
+        ("description", "left"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for name, params, blocks, batch, description in rows:
+        table.add_row(name, f"{params:,}", str(blocks), str(batch), description)
+    return table

@@ -1,0 +1,129 @@
+"""Built-in workloads and the random-architecture generator.
+
+================ ==========================================================================
+gpt-tiny         GPT-2-style LM, ~1.3M parameters, context 64, on a synthetic Markov language
+gpt-small        GPT-2-style LM, ~10.9M parameters, context 128, same kind of language
+resnet-tiny      CIFAR-style ResNet-14, ~0.18M parameters, on synthetic 32x32 10-class images
+mlp-digits       residual MLP, ~0.55M parameters, on scikit-learn's bundled 8x8 digits
+random:SEED      a generated architecture (mlp / attention / conv blocks), 0.05M-3M parameters
+================ ==========================================================================
+
+Every builder is deterministic: building twice gives bit-identical weights and data. Importing
+this package does not import torch (``autotune`` must import fast); each builder imports its
+module, and torch with it, when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.errors import WorkloadError
+from autotune.workload import Workload
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from autotune.zoo.random_arch import RandomOverrides
+
+__all__ = ["ZooEntry", "BUILTINS", "random_workload", "random_workload_from_ref"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZooEntry:
+    """A built-in workload: its name, a one-line description and its builder."""
+
+    name: str
+    description: str
+    build: Callable[[], Workload]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise WorkloadError(f"ZooEntry.name must be a non-empty string, but got {self.name!r}.")
+        if not isinstance(self.description, str) or not self.description:
+            raise WorkloadError(f"ZooEntry.description must be a non-empty string, but got {self.description!r}.")
+        if not callable(self.build):
+            raise WorkloadError(f"ZooEntry.build must be callable, but got {self.build!r}.")
+
+
+def _gpt_tiny() -> Workload:
+    from autotune.zoo.gpt import build_gpt_tiny
+
+    return build_gpt_tiny()
+
+
+def _gpt_small() -> Workload:
+    from autotune.zoo.gpt import build_gpt_small
+
+    return build_gpt_small()
+
+
+def _resnet_tiny() -> Workload:
+    from autotune.zoo.resnet import build_resnet_tiny
+
+    return build_resnet_tiny()
+
+
+def _mlp_digits() -> Workload:
+    from autotune.zoo.mlp import build_mlp_digits
+
+    return build_mlp_digits()
+
+
+BUILTINS: dict[str, ZooEntry] = {
+    e.name: e
+    for e in (
+        ZooEntry(
+            name="gpt-tiny",
+            description="GPT-2-style LM, 1.3M params, 6 layers x 128, context 64, synthetic Markov text",
+            build=_gpt_tiny,
+        ),
+        ZooEntry(
+            name="gpt-small",
+            description="GPT-2-style LM, 10.9M params, 6 layers x 384, context 128, synthetic Markov text",
+            build=_gpt_small,
+        ),
+        ZooEntry(
+            name="resnet-tiny",
+            description="CIFAR-style ResNet-14, 0.18M params, synthetic 32x32 RGB images, 10 classes",
+            build=_resnet_tiny,
+        ),
+        ZooEntry(
+            name="mlp-digits",
+            description="residual MLP, 0.55M params, 4 blocks x 256, scikit-learn digits (8x8, 10 classes)",
+            build=_mlp_digits,
+        ),
+    )
+}
+
+
+def random_workload(seed: int, **overrides: Unpack[RandomOverrides]) -> Workload:
+    """A generated architecture with learnable data, identical for identical ``seed``.
+
+    ``overrides`` fix fields of the drawn architecture (``block_type``, ``depth``, ``width``,
+    ``seq_len``, ``in_features``, ``num_classes``, ``batch_size``); the other fields are drawn to
+    fit the size bounds. See :mod:`autotune.zoo.random_arch`.
+
+    Raises:
+        WorkloadError: if ``seed`` is not an int in ``[0, 2**63)`` or an override is unknown or invalid.
+    """
+    from autotune.zoo.random_arch import random_workload as build
+
+    return build(seed, **overrides)
+
+
+def random_workload_from_ref(ref: str) -> Workload:
+    """Build the workload a ``random:SEED`` reference names.
+
+    Raises:
+        WorkloadError: if ``ref`` is not ``random:`` followed by an integer in ``[0, 2**63)``.
+    """
+    prefix, _, seed = ref.partition(":")
+    # Stricter than int(): refuse "+1", "1_0", " 1" and non-ASCII digits, which int() accepts.
+    digits = seed.removeprefix("-")
+    if prefix != "random" or not (digits.isascii() and digits.isdecimal()):
+        raise WorkloadError(f"workload {ref!r}: expected 'random:SEED' with an integer SEED")
+    if not 0 <= int(seed) < 2**63:  # the bound of random_arch.MAX_SEED, without importing torch
+        raise WorkloadError(f"workload {ref!r}: SEED must be in [0, 2**63), but got {seed}")
+    return random_workload(int(seed))

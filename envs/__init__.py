@@ -1,0 +1,3 @@
+"""Gymnasium environments over the training loop (``autotune.envs``): see README.md here."""
+
+__all__: list[str] = []
