@@ -8,6 +8,7 @@ in :mod:`autotune.zoo`.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -47,6 +48,8 @@ class Workload:
             Its learning rate is the *base* rate at ``batch_size``; a config may scale it.
         batch_size: The reference effective batch size: the default effective batch of a study and
             ``B_base`` in linear learning-rate scaling.
+        source: The reference this workload was loaded from (set by :func:`load_workload`), so
+            other processes (DeepSpeed ranks, study workers) can rebuild it. None if built directly.
     """
 
     name: str
@@ -56,6 +59,7 @@ class Workload:
     blocks: Sequence[str] | None = None
     optimizer: OptimizerFactory | None = None
     batch_size: int = 32
+    source: str | None = None
 
     def __post_init__(self) -> None:
         import torch
@@ -160,9 +164,9 @@ def load_workload(ref: str) -> Workload:
     from autotune import zoo
 
     if ref in zoo.BUILTINS:
-        return zoo.BUILTINS[ref].build()
+        return dataclasses.replace(zoo.BUILTINS[ref].build(), source=ref)
     if ref.startswith("random:"):
-        return zoo.random_workload_from_ref(ref)
+        return dataclasses.replace(zoo.random_workload_from_ref(ref), source=ref)
     if ":" not in ref:
         names = ", ".join(sorted(zoo.BUILTINS))
         raise WorkloadError(
@@ -188,11 +192,20 @@ def load_workload(ref: str) -> Workload:
         raise WorkloadError(
             f"workload {ref!r}: {attr}() returned {type(workload).__name__}, expected autotune.Workload"
         )
-    return workload
+    return dataclasses.replace(workload, source=_absolute(ref, target, attr))
+
+
+def _absolute(ref: str, target: str, attr: str) -> str:
+    """A file reference with an absolute path, valid from any working directory."""
+    return f"{Path(target).resolve()}:{attr}" if _is_file(target) else ref
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
 
 
 def _import_target(target: str, ref: str) -> Any:
-    is_file = target.endswith(".py") or "/" in target or "\\" in target
+    is_file = _is_file(target)
     try:
         if not is_file:
             return importlib.import_module(target)

@@ -100,3 +100,11 @@ def test_workload_fields_are_validated() -> None:
         Workload(name="w", model="resnet", dataset=ds, loss_fn=lambda m, b: b)  # type: ignore[arg-type]
     with _raises("Workload.batch_size must be an int >= 1, but got 0."):
         Workload(name="w", model=nn.Linear(3, 3), dataset=ds, loss_fn=lambda m, b: b, batch_size=0)
+
+
+def test_loaded_workloads_remember_their_source() -> None:
+    assert load_workload("gpt-tiny").source == "gpt-tiny"
+    assert load_workload("random:3").source == "random:3"
+    assert load_workload("tests.data.my_workload:build").source == "tests.data.my_workload:build"
+    relative = USER.relative_to(Path.cwd())
+    assert load_workload(f"{relative}:build").source == f"{USER}:build"
