@@ -13,7 +13,8 @@ from autotune.errors import AutotuneError, ConfigError, TrainingError, Unsupport
 
 if TYPE_CHECKING:
     from autotune.config import TrainConfig
-    from autotune.measurement import Measurement, MemoryBreakdown, NoiseEstimate
+    from autotune.measurement import Measurement, MemoryBreakdown, NoiseEstimate, RankResult
+    from autotune.memory_model import MemoryEstimate, predict_memory
     from autotune.runner import measure
     from autotune.workload import Workload, load_workload
 
@@ -24,7 +25,9 @@ __all__ = [
     "ConfigError",
     "Measurement",
     "MemoryBreakdown",
+    "MemoryEstimate",
     "NoiseEstimate",
+    "RankResult",
     "TrainConfig",
     "TrainingError",
     "UnsupportedError",
@@ -32,6 +35,7 @@ __all__ = [
     "WorkloadError",
     "load_workload",
     "measure",
+    "predict_memory",
 ]
 
 _LAZY = {
@@ -41,7 +45,10 @@ _LAZY = {
     "Measurement": "autotune.measurement",
     "MemoryBreakdown": "autotune.measurement",
     "NoiseEstimate": "autotune.measurement",
+    "RankResult": "autotune.measurement",
     "measure": "autotune.runner",
+    "MemoryEstimate": "autotune.memory_model",
+    "predict_memory": "autotune.memory_model",
 }
 
 

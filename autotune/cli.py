@@ -21,7 +21,7 @@ __all__ = ["main"]
 # Modules that add subcommands: each has ``register(subparsers) -> None``, which adds its
 # parsers and sets ``func`` (a handler taking the parsed args, returning the exit code). They
 # must import only argparse-level code at module level, so ``autotune --help`` stays instant.
-_COMMAND_MODULES: tuple[str, ...] = ()
+_COMMAND_MODULES: tuple[str, ...] = ("autotune.search.commands", "autotune.policies.commands")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,13 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="built-in name, random:SEED, path/to/file.py:build or package.module:build",
     )
-    p.add_argument("--config", type=Path, help="TrainConfig JSON file; the flags below override it")
-    p.add_argument("--micro-batch", type=int, help="micro-batch size (default 8)")
-    p.add_argument("--accum", type=int, help="gradient-accumulation steps (default 1)")
-    p.add_argument("--precision", help="fp32|bf16|fp16 for every block, or a comma list, one per block")
-    p.add_argument("--checkpoint", help="none|all, or comma-separated block indices to recompute")
-    p.add_argument("--zero-stage", type=int, help="DeepSpeed ZeRO stage 0-3")
-    p.add_argument("--ranks", type=int, help="data-parallel ranks")
+    _add_config_flags(p)
     p.add_argument("--steps", type=int, default=8, help="timed optimizer steps (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup steps (default 2)")
     p.add_argument("--memory-budget", help="e.g. 2GiB: a peak above it is reported as not fitting")
@@ -72,9 +66,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the Measurement as JSON")
     p.set_defaults(func=_cmd_measure)
 
+    p = sub.add_parser("predict", help="predict a config's peak memory per rank, by category, without running it")
+    p.add_argument("--workload", "-w", required=True, help="as for measure")
+    _add_config_flags(p)
+    p.add_argument("--memory-budget", help="e.g. 80GiB: say whether the predicted peak fits")
+    p.add_argument("--device", default="cpu", help="device kind the ranks would use: cpu (default) or cuda")
+    p.add_argument("--export-deepspeed", type=Path, help="also write the DeepSpeed config JSON for these ranks here")
+    p.add_argument("--json", action="store_true", help="print the MemoryEstimate as JSON")
+    p.set_defaults(func=_cmd_predict)
+
     for module in _COMMAND_MODULES:
         importlib.import_module(module).register(sub)
     return parser
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TrainConfig JSON file; the flags below override it")
+    p.add_argument("--micro-batch", type=int, help="micro-batch size (default 8)")
+    p.add_argument("--accum", type=int, help="gradient-accumulation steps (default 1)")
+    p.add_argument("--precision", help="fp32|bf16|fp16 for every block, or a comma list, one per block")
+    p.add_argument("--checkpoint", help="none|all, or comma-separated block indices to recompute")
+    p.add_argument("--zero-stage", type=int, help="DeepSpeed ZeRO stage 0-3")
+    p.add_argument("--ranks", type=int, help="data-parallel ranks")
 
 
 def _cmd_workloads(args: argparse.Namespace) -> int:
@@ -123,6 +136,36 @@ def _cmd_measure(args: argparse.Namespace) -> int:
         print(m.to_json())
     else:
         Console().print(measurement_table(m))
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+
+    from autotune.memory_model import predict_memory
+    from autotune.report import estimate_table
+    from autotune.units import parse_bytes
+    from autotune.workload import load_workload
+
+    budget = parse_bytes(args.memory_budget, name="--memory-budget") if args.memory_budget else None
+    workload = load_workload(args.workload)
+    config = _config_from_args(args, num_blocks=len(workload.block_names()))
+    with Console(stderr=True).status(f"profiling {workload.name} (fake tensors, no compute)"):
+        estimate = predict_memory(workload, config, device_type=args.device)
+    if args.export_deepspeed is not None:
+        from autotune.runner.deepspeed_config import deepspeed_config
+
+        largest = max(p.numel() for p in workload.model.parameters())
+        ds = deepspeed_config(
+            config, num_blocks=len(workload.block_names()), largest_parameter=largest, device_type=args.device
+        )
+        args.export_deepspeed.write_text(json.dumps(ds, indent=2) + "\n")
+    if args.json:
+        print(estimate.to_json())
+    else:
+        Console().print(estimate_table(workload.name, config, estimate, budget))
     return 0
 
 

@@ -38,3 +38,18 @@ class TrainingError(AutotuneError):
 
 class UnsupportedError(AutotuneError):
     """A valid configuration that this build of autotune cannot run yet (says which issue adds it)."""
+
+
+class SpecError(AutotuneError, ValueError):
+    """A study spec (TOML file or command-line flags) breaks a rule; the message names the key, rule and value."""
+
+
+class StudyError(AutotuneError):
+    """A study cannot be created, loaded or joined as asked (storage unreachable, name taken by another study)."""
+
+
+class MissingDependencyError(AutotuneError, ImportError):
+    """An optional dependency is not installed; the message names the package (or extra) to install."""
+
+
+__all__ += ["SpecError", "StudyError", "MissingDependencyError"]

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from autotune.measurement.record import Measurement
+from autotune.measurement.record import Measurement, MemoryBreakdown
 from autotune.units import format_bytes
 
-__all__ = ["measurement_table", "workloads_table"]
+if TYPE_CHECKING:
+    from autotune.config import TrainConfig
+    from autotune.memory_model import MemoryEstimate
+
+__all__ = ["estimate_table", "measurement_table", "workloads_table"]
 
 
 def _num(x: float | None, fmt: str = ".4g") -> str:
@@ -47,6 +52,14 @@ def measurement_table(m: Measurement) -> Table:
                 table.add_row(
                     f"  {f.name.replace('_', ' ')}", format_bytes(at_peak), f"at peak; own max {format_bytes(own)}"
                 )
+    for r in m.per_rank:
+        held = "-" if r.resident is None else _states(r.resident)
+        peak = "-" if r.memory is None else format_bytes(r.memory.total)
+        table.add_row(
+            f"rank {r.rank}",
+            peak,
+            f"peak; between steps: {held}; {_num(r.throughput, '.1f')} samples/s",
+        )
     if m.device_peak_bytes is not None:
         table.add_row("allocator peak", format_bytes(m.device_peak_bytes), "torch.cuda.max_memory_allocated")
     if m.memory_budget is not None:
@@ -66,6 +79,37 @@ def measurement_table(m: Measurement) -> Table:
     if c.uses_fp16:
         table.add_row("fp16 overflow steps", str(m.overflow_steps), "skipped by the loss scaler")
     table.add_row("learning rate", _num(m.lr, ".3g"), f"{c.lr_scaling} scaling, {c.lr_schedule}")
+    return table
+
+
+def _states(b: MemoryBreakdown) -> str:
+    """What ZeRO partitions, in one line: parameters, gradients, optimizer state (+ DeepSpeed buffers)."""
+    parts = [f"params {format_bytes(b.parameters)}", f"grads {format_bytes(b.gradients)}"]
+    parts.append(f"optimizer {format_bytes(b.optimizer_state)}")
+    if b.other:
+        parts.append(f"buffers {format_bytes(b.other)}")
+    return ", ".join(parts)
+
+
+def estimate_table(workload: str, config: TrainConfig, e: MemoryEstimate, budget: int | None) -> Table:
+    """A memory prediction as a table: the peak per rank and its categories."""
+    c = config
+    table = Table(title=f"{workload}: predicted peak per rank at {e.ranks} ranks (not measured)", header_style="bold")
+    table.add_column("quantity")
+    table.add_column("bytes", justify="right")
+    table.add_column("note")
+    table.add_row(
+        "config",
+        f"micro {c.micro_batch_size} x accum {c.grad_accum_steps} x ranks {e.ranks}",
+        f"ZeRO {c.zero_stage}, precision {c.precision if isinstance(c.precision, str) else ','.join(c.precision)}",
+    )
+    table.add_row("peak", format_bytes(e.total), f"during the {e.phase}")
+    for f in ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "buffers", "other"):
+        value = getattr(e, f)
+        if value:
+            table.add_row(f"  {f.replace('_', ' ')}", format_bytes(value), "")
+    if budget is not None:
+        table.add_row("memory budget", format_bytes(budget), "fits" if e.fits(budget) else "DOES NOT FIT")
     return table
 
 

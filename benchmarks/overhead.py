@@ -7,7 +7,7 @@ median step times. Variants:
   noise       gradient-noise hooks + loss bookkeeping (what every measured step runs)
   memory      one step under exact memory tracking (MemTracker), which measure() runs once
 
-Run: python benchmarks/overhead.py [--workloads gpt-tiny,mlp-digits] [--steps 30]
+Run: python benchmarks/overhead.py [--workloads gpt-tiny,mlp-digits] [--steps 30] [--threads 1]
 """
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="mlp-digits,resnet-tiny,gpt-tiny")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ratios = median step time / plain")
     print(f"{'workload':<12} {'config':<26} {'plain ms':>9} {'noise':>7} {'memory':>7}")

@@ -83,7 +83,7 @@ class GradientNoiseMonitor:
             raise ValueError(f"decay must be in (0, 1], but got {decay!r}.")
         self._params = [p for p in params if p.requires_grad]
         self._handles: list[RemovableHandle] = [p.register_hook(self._hook) for p in self._params]
-        self._acc: torch.Tensor | None = None
+        self._norms: list[torch.Tensor] = []
         self._micro: list[torch.Tensor] = []
         self._b = 0
         self._mult = 1.0
@@ -96,21 +96,24 @@ class GradientNoiseMonitor:
     def _hook(self, grad: torch.Tensor) -> None:
         if not self._active:
             return
-        # vector_norm reduces without a full-size temporary (grad.pow(2) would allocate one).
-        sq = torch.linalg.vector_norm(grad, dtype=torch.float32).square()
-        self._acc = sq if self._acc is None else self._acc + sq
+        # One reduction kernel per parameter and no full-size temporary (grad.pow(2) would
+        # allocate one). The grad itself must not be kept: it is freed (or accumulated into
+        # .grad in place) right after this hook, and holding it would cost a gradient's memory.
+        self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
 
     def begin_step(self, micro_batch_size: int, grad_multiplier: float) -> None:
         self._b = micro_batch_size
         self._mult = grad_multiplier
         self._micro = []
-        self._acc = None
+        self._norms = []
         self._active = True
 
     def end_micro_batch(self) -> None:
-        acc = self._acc if self._acc is not None else torch.zeros(())
-        self._micro.append(acc * (self._mult**2))
-        self._acc = None
+        if not self._active:
+            return
+        sq = torch.linalg.vector_norm(torch.stack(self._norms)).square() if self._norms else torch.zeros(())
+        self._micro.append(sq * (self._mult**2))
+        self._norms = []
 
     def end_step(self, grads: list[torch.Tensor]) -> None:
         """Fold one optimizer step in. Cost: one device->host sync (``.tolist()``)."""

@@ -58,6 +58,15 @@ def _tracker_class() -> type[Any]:
             super().__init__()
             self.category_peaks: dict[str, int] = {}
 
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if getattr(func, "is_view", False):
+                # A view allocates nothing: its storage is its base's. MemTracker would count a
+                # view of a storage it never saw (a dataset tensor indexed by the DataLoader) as
+                # a new allocation of the *whole* base storage, alive for the rest of the step
+                # (measured: +48 MB of "activations" on resnet-tiny, whatever the batch size).
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
         def _update_peak_stats(self, peak_state: Any) -> None:
             super()._update_peak_stats(peak_state)
             for dev_snap in self._curr_mem_snap.values():

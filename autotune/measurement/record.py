@@ -9,9 +9,11 @@ from typing import Any, Literal
 from autotune.config import TrainConfig
 from autotune.measurement.gns import NoiseEstimate
 
-__all__ = ["Measurement", "MemoryBreakdown", "Status", "GIB"]
+__all__ = ["Measurement", "MemoryBreakdown", "RankResult", "Status", "GIB"]
 
 GIB = 1024**3
+#: The fields of :class:`MemoryBreakdown`, in display order (subclasses add non-byte fields).
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "buffers", "other")
 Status = Literal["ok", "over_budget", "oom", "diverged"]
 
 
@@ -34,12 +36,41 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
+        return sum(getattr(self, name) for name in MEMORY_CATEGORIES)
 
     @property
     def model_states(self) -> int:
         """Parameters + gradients + optimizer state: what ZeRO partitions."""
         return self.parameters + self.gradients + self.optimizer_state
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankResult:
+    """What one data-parallel rank of a multi-rank (DeepSpeed) measurement cost.
+
+    ``resident`` is what the rank holds *between* optimizer steps (counted just before the
+    tracked step): parameters, optimizer state and DeepSpeed's buffers, i.e. what ZeRO
+    partitions. ``memory`` and ``category_peaks`` are as in :class:`Measurement`, for this rank.
+    """
+
+    rank: int
+    throughput: float | None  # samples/s of this rank, median over the timed steps
+    step_seconds: float | None  # median
+    memory: MemoryBreakdown | None
+    category_peaks: MemoryBreakdown | None
+    resident: MemoryBreakdown | None
+    device_peak_bytes: int | None
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return None if self.memory is None else self.memory.total
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankResult:
+        d = dict(data)
+        for key in ("memory", "category_peaks", "resident"):
+            d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
+        return cls(**d)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +102,9 @@ class Measurement:
     loss_slope: float | None  # per optimizer step, of the EMA-smoothed loss
     overflow_steps: int  # fp16 steps skipped by the loss scaler
     lr: float  # learning rate at the last step
+    # One entry per data-parallel rank when the DeepSpeed runner measured it (zero_stage > 0 or
+    # ranks > 1), else empty. ``memory`` above is then the rank with the highest peak.
+    per_rank: tuple[RankResult, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -91,6 +125,7 @@ class Measurement:
         d = asdict(self)
         d["config"] = self.config.to_dict()
         d["losses"] = list(self.losses)
+        d["per_rank"] = [asdict(r) for r in self.per_rank]
         d["peak_bytes"] = self.peak_bytes
         d["throughput_per_gib"] = self.throughput_per_gib
         return d
@@ -106,4 +141,5 @@ class Measurement:
             d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
         d["noise"] = NoiseEstimate(**d["noise"])
         d["losses"] = tuple(d["losses"])
+        d["per_rank"] = tuple(RankResult.from_dict(r) for r in d.get("per_rank", ()))
         return cls(**d)

@@ -57,8 +57,8 @@ class Trainer:
     ) -> None:
         if config.zero_stage != 0 or config.ranks != 1:
             raise UnsupportedError(
-                f"zero_stage={config.zero_stage} with ranks={config.ranks} needs the DeepSpeed runner, "
-                "which this version does not have yet (issue #3); use zero_stage=0 and ranks=1."
+                f"Trainer runs one local process (zero_stage=0, ranks=1), but got zero_stage={config.zero_stage} "
+                f"with ranks={config.ranks}; measure() runs those on DeepSpeed ranks."
             )
         self.workload = workload
         self.device = resolve_device(device)

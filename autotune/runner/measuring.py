@@ -41,8 +41,25 @@ def measure(
     Infeasible configurations are results, not exceptions: ``status`` is ``over_budget``,
     ``oom`` or ``diverged``. Any other failure inside training raises :class:`TrainingError`
     (original chained), so a caller can mark the configuration failed and go on.
+
+    ``zero_stage > 0`` or ``ranks > 1`` runs on ``config.ranks`` DeepSpeed ranks started with
+    torchrun (see :func:`autotune.runner.multirank.measure_ranks`); the Measurement then has a
+    ``per_rank`` entry per rank and ``memory`` of the rank with the highest peak.
     """
     _check_args(steps=steps, warmup=warmup, memory_budget=memory_budget)
+    if config.zero_stage > 0 or config.ranks > 1:
+        from autotune.runner.multirank import measure_ranks  # DeepSpeed ranks: issue #3
+
+        runs = measure_ranks(
+            workload,
+            [config],
+            steps=steps,
+            warmup=warmup,
+            memory_budget=memory_budget,
+            device=device,
+            progress=progress,
+        )
+        return runs[0]
     trainer = Trainer(workload, config, device=device)
     run = _Run(trainer, steps=steps, warmup=warmup, progress=progress)
     try:

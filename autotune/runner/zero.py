@@ -1,0 +1,299 @@
+"""The per-rank training loop on a real DeepSpeed engine, and its exact memory by category.
+
+One :class:`ZeroTrainer` per rank: the workload's model (with per-block checkpoint/autocast
+wrappers from :mod:`autotune.apply`) and its torch optimizer go through ``deepspeed.initialize``
+with the config from :func:`~autotune.runner.deepspeed_config.deepspeed_config`. The engine does the
+ZeRO partitioning, gradient accumulation and bf16/fp16; the batches come from a
+``DistributedSampler``, so each rank trains on its own shard.
+
+Memory. :func:`tracked_zero_step` counts storages with MemTracker, as the local runner does, but
+DeepSpeed keeps model states in buffers MemTracker does not know: flat parameter groups, fp32
+master partitions, gradient partitions, communication buckets. Before the tracked step every
+tensor reachable from the engine's optimizer is labelled (:func:`_label_model_states`):
+
+* parameters: the module's parameters (at ZeRO-3 their partitions, ``ds_tensor``, plus the full
+  copies DeepSpeed gathers for a module's forward/backward while they live);
+* optimizer state: the torch optimizer's state (Adam moments) *and* the fp32 master weights it
+  updates, i.e. Rajbhandari et al. (SC'20)'s "optimizer states" (K = 12 bytes/parameter with Adam);
+* gradients: ``.grad`` tensors and DeepSpeed's gradient partitions/accumulators;
+* other: DeepSpeed's remaining buffers (reduce/all-gather buckets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import importlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from torch.utils._pytree import tree_map_only
+from torch.utils.data import DataLoader, DistributedSampler
+
+from autotune.apply import apply_block_knobs
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError, UnsupportedError
+from autotune.measurement.memory import _breakdown, _tracker_class
+from autotune.measurement.record import MemoryBreakdown
+from autotune.runner.deepspeed_config import deepspeed_config, engine_precision
+from autotune.runner.local import StepResult
+from autotune.workload import Workload
+
+if TYPE_CHECKING:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+__all__ = ["ZeroTrainer", "ZeroTrackedStep", "import_deepspeed", "tracked_zero_step"]
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@functools.cache
+def import_deepspeed() -> Any:
+    """``import deepspeed``, minus its hidden run-time compile, or an error saying what to install."""
+    try:
+        import deepspeed
+    except ImportError as e:
+        raise UnsupportedError(
+            f"zero_stage > 0 or ranks > 1 runs on DeepSpeed, which cannot be imported ({e}); "
+            "install it with `pip install deepspeed` (or `pip install autotune[zero]`)."
+        ) from None
+    # init_distributed JIT-compiles the shm_comm op (~3 min on 2 cores, NOTES.md), used only for
+    # inference all-reduce. Go through sys.modules: `import deepspeed.comm.torch as m` binds torch.
+    comm: Any = importlib.import_module("deepspeed.comm.torch")
+    comm.build_shm_op = lambda: None
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # one INFO line per call otherwise
+    return deepspeed
+
+
+class ZeroTrainer:
+    """Trains a private copy of a workload's model on one rank of a DeepSpeed engine."""
+
+    def __init__(self, workload: Workload, config: TrainConfig, *, rank: int, device: torch.device) -> None:
+        deepspeed = import_deepspeed()
+        self.workload, self.config, self.device, self.rank = workload, config, device, rank
+        names = workload.block_names()
+        n = len(names)
+        self.precision = engine_precision(config, num_blocks=n, device_type=device.type)
+        model = copy.deepcopy(workload.model)
+        # An fp32 engine autocasts bf16 blocks (islands); a bf16/fp16 engine is low precision throughout.
+        fp32 = dataclasses.replace(config, precision="fp32")
+        precisions = (config if self.precision == "fp32" else fp32).block_precisions(n)
+        self._wrappers = apply_block_knobs(
+            model, names, precisions, config.block_checkpoints(n), device_type=device.type
+        )
+        # A torch optimizer instance: DeepSpeed's own "AdamW" would JIT-compile FusedAdam.
+        self.optimizer = workload.make_optimizer(model.parameters())
+        self._base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        ds_config = deepspeed_config(
+            config,
+            num_blocks=n,
+            largest_parameter=max(p.numel() for p in model.parameters()),
+            device_type=device.type,
+        )
+        self._check_shard_size()
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=ds_config)
+        self.step_count = 0
+        self._batches = self._batch_stream()
+
+    def _check_shard_size(self) -> None:
+        world, size = torch.distributed.get_world_size(), len(self.workload.dataset)  # type: ignore[arg-type]
+        if self.config.micro_batch_size > size // world:
+            raise ConfigError(
+                f"TrainConfig.micro_batch_size must be <= the dataset size of workload {self.workload.name!r} "
+                f"per rank ({size} // {world} ranks), but got {self.config.micro_batch_size}."
+            )
+
+    def _batch_stream(self) -> Iterator[Any]:
+        data = self.workload.dataset
+        # Each rank draws its own shard of every shuffled epoch (the standard data-parallel split).
+        sampler: DistributedSampler[Any] = DistributedSampler(
+            data, num_replicas=torch.distributed.get_world_size(), rank=self.rank, seed=self.config.seed, drop_last=True
+        )
+        loader = DataLoader(data, batch_size=self.config.micro_batch_size, sampler=sampler, drop_last=True)
+        for epoch in range(2**62):
+            sampler.set_epoch(epoch)
+            yield from loader
+
+    def _lr_scale(self) -> float:
+        c = self.config
+        return c.lr_multiplier(self.workload.batch_size) * c.lr_factor(self.step_count)
+
+    def lr(self) -> float:
+        """Learning rate of the first param group at the current step (as the local Trainer's)."""
+        return self._base_lrs[0] * self._lr_scale()
+
+    def next_batches(self) -> list[Any]:
+        """The next step's micro-batches, on the device."""
+        return [self._to_device(next(self._batches)) for _ in range(self.config.grad_accum_steps)]
+
+    def step(
+        self, *, batches: list[Any] | None = None, before_micro_batch: Callable[[], None] | None = None
+    ) -> StepResult:
+        """One optimizer step: ``grad_accum_steps`` micro-batches through the engine.
+
+        ``loss`` is the mean over every rank's micro-batches (an all-reduce): the loss of the
+        effective batch, the same on every rank, so every rank takes the same decisions on it.
+        """
+        scale = self._lr_scale()
+        for group, base in zip(self.optimizer.param_groups, self._base_lrs, strict=True):
+            group["lr"] = base * scale
+        start = time.perf_counter()
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for _ in range(self.config.grad_accum_steps):
+            # Popped, so a micro-batch is freed after its backward, as in the local runner.
+            batch = batches.pop(0) if batches is not None else self._to_device(next(self._batches))
+            if before_micro_batch is not None:
+                before_micro_batch()
+            loss = self.workload.loss_fn(self.engine, batch)
+            self.engine.backward(loss)  # scales by 1/grad_accum_steps itself
+            self.engine.step()  # steps the optimizer only at the accumulation boundary
+            total += loss.detach().double()
+        torch.distributed.all_reduce(total)  # sync point: also ends the step's work on every rank
+        seconds = time.perf_counter() - start
+        self.step_count += 1
+        c = self.config
+        return StepResult(
+            loss=total.item() / (c.grad_accum_steps * torch.distributed.get_world_size()),
+            samples=c.micro_batch_size * c.grad_accum_steps,
+            seconds=seconds,
+            lr=self._base_lrs[0] * scale,
+            overflow=not self.engine.was_step_applied(),
+        )
+
+    def _to_device(self, batch: Any) -> Any:
+        batch = tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), batch)
+        if self.precision == "fp32":
+            return batch
+        # A bf16/fp16 engine holds 16-bit weights: float inputs must match (integer ids stay).
+        dtype = _DTYPES[self.precision]
+        return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, batch)
+
+    def close(self) -> None:
+        """Remove the wrappers and DeepSpeed's hooks, so another engine can follow in this process."""
+        self._wrappers.remove()
+        self.engine.destroy()
+
+
+class ZeroTrackedStep(NamedTuple):
+    result: StepResult
+    resident: MemoryBreakdown  # held between steps, counted just before the tracked step
+    at_peak: MemoryBreakdown  # at the moment of peak total
+    category_peaks: MemoryBreakdown  # each category's own maximum
+
+
+def tracked_zero_step(trainer: ZeroTrainer) -> ZeroTrackedStep:
+    """One real optimizer step under exact memory tracking, with DeepSpeed's buffers labelled."""
+    tracker = _tracker_class()()
+    _label_model_states(tracker, trainer)
+    resident = _breakdown(next(iter(tracker.get_tracker_snapshot("current").values()), {}))
+    # Fetched (collated, moved to the device) before tracking, then counted as activations: the
+    # batch is training memory, the data loader's work on the dataset is not.
+    batches = trainer.next_batches()
+    tree_map_only(torch.Tensor, lambda t: _label(tracker, t, "ACT"), batches)
+    with tracker, _gathered_parameters_stay_parameters(tracker):
+        # MemTracker needs reset_mod_stats before each forward of the same modules (accumulation).
+        result = trainer.step(batches=batches, before_micro_batch=tracker.reset_mod_stats)
+    del batches
+    snapshots = tracker.get_tracker_snapshot("peak")
+    assert len(snapshots) <= 1, f"one device per rank expected, got {list(snapshots)}"
+    at_peak = _breakdown(next(iter(snapshots.values()), {}))
+    return ZeroTrackedStep(result, resident, at_peak, _breakdown(tracker.category_peaks))
+
+
+def _label_model_states(tracker: MemTracker, trainer: ZeroTrainer) -> None:
+    """Label every storage the engine holds; later labels win (a master copy may be a parameter)."""
+    for path, t in _tensors_of(trainer.engine.optimizer, "optimizer"):
+        _label(tracker, t, _kind_by_name(path.lower()))
+    masters = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    for p in masters:
+        _label(tracker, p, "OPT")
+    for state in trainer.optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                _label(tracker, value, "OPT")
+    module = trainer.engine.module
+    for p in module.parameters():
+        _label(tracker, p, "PARAM")
+        _label(tracker, getattr(p, "ds_tensor", None), "PARAM")  # ZeRO-3: this rank's partition
+    for b in module.buffers():
+        _label(tracker, b, "BUFFER")
+    for p in [*module.parameters(), *masters]:
+        _label(tracker, p.grad, "GRAD")
+
+
+def _label(tracker: MemTracker, t: torch.Tensor | None, kind: str) -> None:
+    """Count ``t``'s storage under ``kind`` (a ``_MemRefType`` name), relabelling it if counted already.
+
+    MemTracker's public ``track_external`` knows modules, optimizers and "other" tensors only;
+    gradients, partitions and batches need its labelling method.
+    """
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    if t is not None and t.device.type != "meta" and t.untyped_storage().nbytes() > 0:
+        tracker._update_and_maybe_create_winfos(t, _MemRefType[kind])
+
+
+def _kind_by_name(path: str) -> str:
+    """DeepSpeed's names: ``*grad*`` gradients; ``*fp32*`` master weights (``single_partition_of_fp32_groups``
+    at stages 1-2, ``fp32_partitioned_groups_flat`` at 3, which ZeRO-3 hands the torch optimizer
+    only during its step); the rest buckets."""
+    if "grad" in path:
+        return "GRAD"
+    return "OPT" if "fp32" in path else "OTH"
+
+
+def _tensors_of(
+    obj: Any, path: str, depth: int = 0, seen: set[int] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors reachable from a DeepSpeed/torch optimizer object, with their attribute paths."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+        if obj.grad is not None:
+            yield f"{path}.grad", obj.grad
+        return
+    if depth > 6 or id(obj) in seen or isinstance(obj, torch.nn.Module):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        items: Any = ((f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[*]", v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    elif type(obj).__module__.startswith(("deepspeed.", "torch.optim")) and hasattr(obj, "__dict__"):
+        items = ((f"{path}.{k}", v) for k, v in vars(obj).items())
+    else:
+        return
+    for sub_path, value in items:
+        yield from _tensors_of(value, sub_path, depth + 1, seen)
+
+
+@contextlib.contextmanager
+def _gathered_parameters_stay_parameters(tracker: MemTracker) -> Iterator[None]:
+    """At ZeRO-3, count the full parameters DeepSpeed gathers for a module as parameters.
+
+    The gathered copy is created inside the forward (or backward), so MemTracker would call it an
+    activation (temporary). DeepSpeed gathers in ``fetch_sub_module``, for forward and backward
+    alike: relabel the module's parameters right after it.
+    """
+    try:
+        from deepspeed.runtime.zero import partitioned_param_coordinator as ppc
+    except ImportError:  # a DeepSpeed without ZeRO-3's coordinator: nothing gathered to relabel
+        yield
+        return
+    original = ppc.PartitionedParameterCoordinator.fetch_sub_module
+
+    def fetch_sub_module(self: Any, current_submodule: torch.nn.Module, forward: bool) -> None:
+        original(self, current_submodule, forward)
+        for p in ppc.iter_params(current_submodule):
+            _label(tracker, p, "PARAM")
+
+    ppc.PartitionedParameterCoordinator.fetch_sub_module = fetch_sub_module
+    try:
+        yield
+    finally:
+        ppc.PartitionedParameterCoordinator.fetch_sub_module = original

@@ -1,0 +1,87 @@
+"""The two baselines every study enqueues first, so it shows how far the search beat them.
+
+* ``pytorch-default``: what a plain PyTorch loop does: fp32, no accumulation, no checkpointing,
+  the largest micro-batch that fits. Without a memory model we cannot know what fits before
+  measuring, so it starts at the whole effective batch and, if that does not fit, the objective
+  enqueues it again with the next smaller micro-batch (accumulation then makes up the batch),
+  as ``accelerate.find_executable_batch_size`` does.
+* ``seed-recipe``: the seed method's hand recipe: accumulation k=4, mixed precision (bf16) on all
+  blocks, activation checkpoints every sqrt(L) blocks (Chen et al. 2016, "Training Deep Nets with
+  Sublinear Memory Cost"), ZeRO-2 where ranks > 1. The space expresses checkpointing as a count
+  over blocks ranked by activation bytes, so "every sqrt(L)-th block" becomes "ceil(L / sqrt(L))
+  blocks": the same number of recomputed blocks, the same memory for models of identical blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from autotune.search.space import Knobs, SearchSpace
+
+__all__ = ["Baseline", "PYTORCH_DEFAULT", "SEED_RECIPE", "baselines", "smaller_micro_batch"]
+
+PYTORCH_DEFAULT = "pytorch-default"
+SEED_RECIPE = "seed-recipe"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Baseline:
+    name: str
+    knobs: Knobs
+
+
+def baselines(
+    space: SearchSpace, *, batch_size: int, fits: Callable[[Knobs], bool] | None = None
+) -> tuple[Baseline, Baseline]:
+    """Both baselines at effective batch ``batch_size``. ``fits`` (a memory prediction) picks the
+    largest fitting micro-batch for the PyTorch default up front, when a memory model exists."""
+    return _pytorch_default(space, batch_size, fits), _seed_recipe(space, batch_size)
+
+
+def _pytorch_default(space: SearchSpace, batch: int, fits: Callable[[Knobs], bool] | None) -> Baseline:
+    ranks = 1 if 1 in space.ranks else min(space.ranks)
+    knobs = Knobs(
+        batch_size=batch,
+        ranks=ranks,
+        micro_batch_size=max(space.micro_batch_choices(batch, ranks)),
+        zero_stage=0 if ranks == 1 or 0 in space.zero_stages else min(space.zero_stages),
+        low_precision=space.low_precisions[0] if space.low_precisions else "fp32",
+        low_precision_blocks=0,
+        checkpoint_blocks=0,
+    )
+    if fits is not None:
+        smaller: Knobs | None = knobs
+        while smaller is not None and not fits(smaller):
+            smaller = smaller_micro_batch(space, smaller)
+        knobs = smaller or knobs  # nothing fits: measure the default anyway and let it fail
+    return Baseline(name=PYTORCH_DEFAULT, knobs=knobs)
+
+
+def _seed_recipe(space: SearchSpace, batch: int) -> Baseline:
+    ranks = max(space.ranks)
+    per_rank = batch // ranks
+    choices = space.micro_batch_choices(batch, ranks)
+    # Accumulation k=4: the micro-batch whose accumulation is closest to 4 (ties: larger micro).
+    micro = min(choices, key=lambda m: (abs(per_rank // m - 4), -m))
+    low = "bf16" if "bf16" in space.low_precisions else (space.low_precisions or ("fp32",))[0]
+    n = space.num_blocks
+    every = max(1, round(math.sqrt(n)))
+    zero = 2 if 2 in space.zero_stages else max(space.zero_stages)
+    knobs = Knobs(
+        batch_size=batch,
+        ranks=ranks,
+        micro_batch_size=micro,
+        zero_stage=zero if ranks > 1 else 0,
+        low_precision=low,
+        low_precision_blocks=n if space.low_precisions else 0,
+        checkpoint_blocks=len(range(0, n, every)),
+    )
+    return Baseline(name=SEED_RECIPE, knobs=knobs)
+
+
+def smaller_micro_batch(space: SearchSpace, knobs: Knobs) -> Knobs | None:
+    """The same point with the next smaller micro-batch, or None at the smallest."""
+    smaller = [m for m in space.micro_batch_choices(knobs.batch_size, knobs.ranks) if m < knobs.micro_batch_size]
+    return replace(knobs, micro_batch_size=max(smaller)) if smaller else None

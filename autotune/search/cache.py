@@ -1,0 +1,180 @@
+"""Measurements cached per (workload fingerprint, config, machine), so a resumed or repeated study
+does not re-measure what it already knows.
+
+The cache is an SQLite file (default ``studies/measurements.db``, next to the default study
+storage, git-ignored), separate from the Optuna storage: it is local to a machine by nature (the
+machine is part of the key), while the study storage may be a shared PostgreSQL server. Every
+``put`` commits at once, so a SIGKILL loses at most the measurement in flight.
+
+The key also holds the measurement settings (steps, warmup), since a 3-step and a 20-step
+throughput are different numbers, and a hash of autotune's own measuring code (runner,
+measurement, apply), since a changed training loop or memory tracker makes old numbers stale.
+The memory budget is *not* in the key: a cached ``ok`` measurement is re-judged against the
+current budget, and a cached ``over_budget`` one (no throughput) is reused only if it is still
+over the current budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autotune.config import TrainConfig
+from autotune.measurement.record import Measurement
+
+if TYPE_CHECKING:
+    from autotune.workload import Workload
+
+__all__ = ["MeasurementCache", "cache_key", "code_fingerprint", "machine_fingerprint", "workload_fingerprint"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS measurements (
+    key TEXT PRIMARY KEY,
+    workload TEXT NOT NULL,
+    machine TEXT NOT NULL,
+    config TEXT NOT NULL,
+    measurement TEXT NOT NULL,
+    created REAL NOT NULL
+)
+"""
+
+
+def workload_fingerprint(workload: Workload) -> str:
+    """SHA-256 of what determines a measurement: architecture, weights, blocks, data, batch.
+
+    The data part hashes the dataset length and its first sample (hashing a whole dataset
+    would cost more than measuring); the weights are hashed byte for byte.
+    """
+    import torch
+
+    h = hashlib.sha256()
+    for part in (workload.name, str(workload.batch_size), repr(workload.model), ",".join(workload.block_names())):
+        h.update(part.encode())
+        h.update(b"\0")
+    for name, tensor in workload.model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    h.update(str(len(workload.dataset)).encode())  # type: ignore[arg-type]
+    first = workload.dataset[0]
+    for t in first if isinstance(first, (tuple, list)) else (first,):
+        if isinstance(t, torch.Tensor):
+            h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(t).encode())
+    return h.hexdigest()
+
+
+def machine_fingerprint(*, threads: int | None, device: str) -> str:
+    """A readable description of what throughput depends on: CPU model, cores, torch, threads, device."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    accel = torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else "none"
+    return (
+        f"{platform.machine()} | {cpu} | {os.cpu_count()} cpus | torch {torch.__version__} | "
+        f"threads {threads or 'default'} | device {device} | accelerator {accel}"
+    )
+
+
+def code_fingerprint() -> str:
+    """SHA-256 of the source of the code that produces a measurement."""
+    package = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(
+        [package / "apply.py", *(package / "runner").glob("*.py"), *(package / "measurement").glob("*.py")]
+    ):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(*, workload: str, machine: str, config: TrainConfig, steps: int, warmup: int) -> str:
+    payload = json.dumps(
+        {
+            "workload": workload,
+            "machine": machine,
+            "code": code_fingerprint(),
+            "config": config.to_dict(),
+            "steps": steps,
+            "warmup": warmup,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class MeasurementCache:
+    """An SQLite table of measurements by key. ``path=None`` keeps nothing (a no-op cache)."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = None if path is None else Path(path)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._connect() as db:
+                db.execute(_SCHEMA)
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection that commits on success and is always closed."""
+        assert self.path is not None
+        # timeout: several study workers on one machine may write at once.
+        db = sqlite3.connect(self.path, timeout=30)
+        try:
+            with db:
+                yield db
+        finally:
+            db.close()
+
+    def get(self, key: str, *, memory_budget: int | None) -> Measurement | None:
+        """The cached measurement, re-judged against ``memory_budget``; None if absent or unusable."""
+        if self.path is None:
+            return None
+        with self._connect() as db:
+            row = db.execute("SELECT measurement FROM measurements WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        m = Measurement.from_dict(json.loads(row[0]))
+        peak = m.peak_bytes
+        over = memory_budget is not None and peak is not None and peak > memory_budget
+        if m.status == "over_budget":
+            if not over:
+                return None  # the budget grew: throughput was never measured, so measure now
+            return replace(m, memory_budget=memory_budget, reason=_over(peak, memory_budget))
+        if m.status == "ok" and over:
+            return replace(m, status="over_budget", memory_budget=memory_budget, reason=_over(peak, memory_budget))
+        return replace(m, memory_budget=memory_budget)
+
+    def put(self, key: str, *, workload: str, machine: str, measurement: Measurement) -> None:
+        if self.path is None:
+            return
+        with self._connect() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?)",
+                (key, workload, machine, measurement.config.to_json(), measurement.to_json(), time.time()),
+            )
+
+    def __len__(self) -> int:
+        if self.path is None:
+            return 0
+        with self._connect() as db:
+            count: int = db.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+        return count
+
+
+def _over(peak: int | None, budget: int | None) -> str:
+    return f"peak {peak} bytes exceeds the memory budget of {budget} bytes"

@@ -1,0 +1,265 @@
+"""``autotune study``, ``autotune worker``, ``autotune best`` and ``autotune dashboard``.
+
+Thin handlers over :mod:`autotune.search`. Only argparse is imported at module level (the CLI's
+help must stay instant); each handler imports what it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.search.spec import StudySpec
+    from autotune.search.study import RunOptions
+
+__all__ = ["register"]
+
+_SAMPLERS = ("tpe", "nsga2", "gp", "random")
+_FORMATS = ("json", "deepspeed", "python")
+
+
+def register(subparsers: Any) -> None:
+    """Add the search commands to the ``autotune`` parser."""
+    p = subparsers.add_parser(
+        "study",
+        help="search the knobs with Optuna: max throughput, min peak memory, within a memory budget",
+        description="Run (or resume) an Optuna study over micro-batch, accumulation, per-block precision and "
+        "checkpointing. TARGET is a workload reference or a study spec studies/NAME.toml; flags override the spec.",
+    )
+    p.add_argument("target", metavar="WORKLOAD|SPEC.toml", help="built-in name, random:SEED, file.py:build, or a spec")
+    p.add_argument("--trials", type=int, help="trials in the study, baselines and resumed ones included (default 20)")
+    p.add_argument("--memory-budget", help="peak tensor memory allowed, e.g. 2GiB")
+    p.add_argument("--storage", help="Optuna storage URL or SQLite path (default studies/autotune.db)")
+    p.add_argument("--study-name", help="default: the workload's name")
+    p.add_argument("--sampler", choices=_SAMPLERS, help="default tpe")
+    p.add_argument("--timeout", help="stop starting trials after this long, e.g. 30m")
+    p.add_argument("--seed", type=int, help="sampler and data-order seed (default 0)")
+    p.add_argument("--batch-size", type=int, help="effective batch (default: the workload's)")
+    p.add_argument("--batch-sizes", help="comma list: the effective batch becomes a knob, compared as goodput")
+    p.add_argument("--precisions", help="comma list of precisions to try (default fp32,bf16)")
+    p.add_argument("--ranks", help="comma list of data-parallel rank counts (> 1 needs the DeepSpeed runner, #3)")
+    p.add_argument("--steps", type=int, help="timed steps per trial (default 4)")
+    p.add_argument("--warmup", type=int, help="warmup steps per trial (default 1)")
+    p.add_argument("--trial-timeout", help="time limit of one trial, e.g. 90s (default 5m)")
+    p.add_argument("--threads", type=int, help="torch threads in the measuring process (default: torch's)")
+    _run_flags(p)
+    p.add_argument("--worker", action="store_true", help="join the existing study (created with --create-only)")
+    p.add_argument("--create-only", action="store_true", help="create the study and enqueue the baselines, then exit")
+    p.set_defaults(func=_cmd_study)
+
+    p = subparsers.add_parser("worker", help="join an existing study and run its trials (one per machine)")
+    p.add_argument("study", metavar="STUDY", help="study name")
+    p.add_argument("--storage", help="Optuna storage URL (default studies/autotune.db)")
+    _run_flags(p)
+    p.set_defaults(func=_cmd_worker)
+
+    p = subparsers.add_parser("best", help="export the recommended configuration of a study")
+    p.add_argument("study", metavar="STUDY", help="study name")
+    p.add_argument("--storage", help="Optuna storage URL (default studies/autotune.db)")
+    p.add_argument("--format", choices=_FORMATS, default="json", help="our JSON (default), deepspeed or python")
+    p.set_defaults(func=_cmd_best)
+
+    p = subparsers.add_parser("dashboard", help="start optuna-dashboard on a study storage")
+    p.add_argument(
+        "storage", metavar="STORAGE", nargs="?", help="storage URL or SQLite path (default studies/autotune.db)"
+    )
+    p.add_argument("--artifact-dir", default=None, help="artifact store directory (default studies/artifacts)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.set_defaults(func=_cmd_dashboard)
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default auto)")
+    p.add_argument("--cache", help="measurement cache file (default studies/measurements.db)")
+    p.add_argument("--no-cache", action="store_true", help="measure everything again")
+    p.add_argument("--artifact-dir", help="where best-config artifacts go (default studies/artifacts)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    p.add_argument(
+        "--no-memory-model", action="store_true", help="measure every config, even those predicted not to fit"
+    )
+
+
+# ---- study -----------------------------------------------------------------------------------------
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    from autotune.errors import SpecError
+
+    try:
+        return tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise SpecError(f"{flag} must be a comma list of ints, but got {text!r}.") from None
+
+
+def _spec_from_args(args: argparse.Namespace) -> StudySpec:
+    from autotune.search.spec import StudySpec, load_spec, parse_duration
+    from autotune.units import parse_bytes
+
+    target: str = args.target
+    spec = load_spec(target) if target.endswith(".toml") else StudySpec(workload=target)
+    top: dict[str, Any] = {}
+    for flag, key in (("trials", "trials"), ("study_name", "name"), ("sampler", "sampler"), ("seed", "seed")):
+        if getattr(args, flag) is not None:
+            top[key] = getattr(args, flag)
+    if args.memory_budget is not None:
+        top["memory_budget"] = parse_bytes(args.memory_budget, name="--memory-budget")
+    if args.timeout is not None:
+        top["timeout"] = parse_duration(args.timeout, name="--timeout")
+    space: dict[str, Any] = {}
+    if args.batch_size is not None:
+        space["batch_size"] = args.batch_size
+    if args.batch_sizes is not None:
+        space["batch_sizes"] = _ints(args.batch_sizes, "--batch-sizes")
+    if args.precisions is not None:
+        space["precisions"] = tuple(s.strip() for s in args.precisions.split(","))
+    if args.ranks is not None:
+        space["ranks"] = _ints(args.ranks, "--ranks")
+    measure: dict[str, Any] = {
+        k: getattr(args, k) for k in ("steps", "warmup", "threads") if getattr(args, k) is not None
+    }
+    if args.trial_timeout is not None:
+        measure["trial_timeout"] = parse_duration(args.trial_timeout, name="--trial-timeout")
+    return dataclasses.replace(
+        spec,
+        **top,
+        space=dataclasses.replace(spec.space, **space),
+        measure=dataclasses.replace(spec.measure, **measure),
+    )
+
+
+def _options(args: argparse.Namespace, **extra: Any) -> RunOptions:
+    from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE
+    from autotune.search.study import RunOptions
+
+    cache = None if args.no_cache else (args.cache or DEFAULT_CACHE)
+    return RunOptions(
+        storage=args.storage,
+        cache=cache,
+        artifact_dir=args.artifact_dir or DEFAULT_ARTIFACTS,
+        device=args.device,
+        memory_model=None if args.no_memory_model else RunOptions.memory_model,
+        **extra,
+    )
+
+
+def _quiet_optuna() -> None:
+    import optuna
+
+    # Failed and pruned trials are reported by our display with their reason; Optuna's own log
+    # lines (with a traceback per failed trial) would tear the live display apart.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+def _cmd_study(args: argparse.Namespace) -> int:
+    from autotune.search.study import open_study, prepare
+
+    _quiet_optuna()
+    spec = _spec_from_args(args)  # validation first: bad input must write nothing
+    options = _options(args, worker=args.worker, create_only=args.create_only)
+    prepared = prepare(spec)
+    study = open_study(prepared, options)
+    return _run(prepared, study, options, progress=not args.no_progress)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import optuna
+
+    from autotune.errors import StudyError
+    from autotune.search.storage import open_storage, redact, storage_url
+    from autotune.search.study import open_study, prepare, stored_spec
+
+    _quiet_optuna()
+    options = _options(args, worker=True)
+    storage = open_storage(args.storage, create=False)
+    try:
+        existing = optuna.load_study(study_name=args.study, storage=storage)
+    except KeyError:
+        raise StudyError(
+            f"study {args.study!r} does not exist in {redact(storage_url(args.storage))!r}: "
+            "create it first with autotune study ... --create-only"
+        ) from None
+    spec = dataclasses.replace(stored_spec(existing), name=args.study)
+    prepared = prepare(spec)
+    study = open_study(prepared, options)
+    return _run(prepared, study, options, progress=not args.no_progress)
+
+
+def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: bool) -> int:
+    import optuna
+    from rich.console import Console
+
+    from autotune.errors import MissingDependencyError
+    from autotune.search.dashboard import save_study_artifacts
+    from autotune.search.display import ProgressDisplay, summary_view
+    from autotune.search.results import summarize
+    from autotune.search.study import StudyObserver, count_done, run_study
+
+    err = Console(stderr=True)
+    if options.create_only:
+        run_study(prepared, study, options)
+        waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+        err.print(f"study {study.study_name!r} ready: {waiting} trials enqueued; start the workers now")
+        return 0
+    total, done = prepared.spec.trials, count_done(study)
+    if progress and total > done:
+        with ProgressDisplay(total=total, done=done, console=err) as display:
+            run_study(prepared, study, options, display)
+    else:
+        run_study(prepared, study, options, StudyObserver())
+    summary = summarize(study)
+    Console().print(summary_view(summary))
+    if options.dashboard and not options.worker:
+        try:
+            save_study_artifacts(
+                study,
+                summary,
+                artifact_dir=options.artifact_dir,
+                block_names=prepared.workload.block_names(),
+                workload=prepared.workload.name,
+            )
+        except MissingDependencyError as e:
+            err.print(f"note: no dashboard plot or artifacts saved: {e}")
+    return 0
+
+
+# ---- best, dashboard -------------------------------------------------------------------------------
+
+
+def _cmd_best(args: argparse.Namespace) -> int:
+    import optuna
+
+    from autotune.errors import StudyError
+    from autotune.search.export import export_config
+    from autotune.search.results import require_recommended, summarize
+    from autotune.search.storage import open_storage, redact, storage_url
+
+    storage = open_storage(args.storage, create=False)
+    try:
+        study = optuna.load_study(study_name=args.study, storage=storage)
+    except KeyError:
+        raise StudyError(f"study {args.study!r} does not exist in {redact(storage_url(args.storage))!r}") from None
+    best = require_recommended(summarize(study))
+    assert best.config is not None
+    blocks = tuple(study.user_attrs.get("blocks", ()))
+    if not blocks:
+        raise StudyError(f"study {args.study!r} stores no block names: was it created by autotune study?")
+    sys.stdout.write(export_config(best.config, args.format, block_names=blocks, workload=study.study_name))
+    return 0
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from autotune.search.dashboard import serve
+    from autotune.search.storage import DEFAULT_ARTIFACTS, open_storage, storage_url
+
+    open_storage(args.storage, create=False)  # one clear line if it cannot be opened, before the server starts
+    artifact_dir = Path(args.artifact_dir) if args.artifact_dir else DEFAULT_ARTIFACTS
+    print(f"optuna-dashboard on http://{args.host}:{args.port} (Ctrl-C stops it)", file=sys.stderr)
+    serve(storage_url(args.storage), artifact_dir=artifact_dir, host=args.host, port=args.port)
+    return 0

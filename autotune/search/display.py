@@ -1,0 +1,142 @@
+"""What the user sees: a live progress display while a study runs, and the final tables.
+
+Progress (stderr): trials done / total, best throughput per GiB so far, the config being measured,
+elapsed and remaining time. Tables (stdout): the Pareto front, the recommended configuration,
+and its improvement over each baseline.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from autotune.config import TrainConfig
+from autotune.search.record import TrialRecord, trial_record
+from autotune.search.results import StudySummary
+from autotune.search.study import StudyObserver, count_done
+from autotune.units import format_bytes
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["ProgressDisplay", "config_summary", "summary_view"]
+
+
+def config_summary(c: TrainConfig) -> str:
+    """One line: ``micro x acc x ranks 8x4x1 | bf16 6/6 | ckpt 3/6 | ZeRO 0``."""
+    batch, prec, ckpt, zero = _knob_cells(c)
+    return f"micro x acc x ranks {batch} | {prec} | ckpt {ckpt} | ZeRO {zero}"
+
+
+class ProgressDisplay(StudyObserver):
+    """A rich progress bar over the study's counted trials (resumed ones included)."""
+
+    def __init__(self, *, total: int, done: int, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.best: float | None = None
+        self.progress = Progress(
+            TextColumn("[bold]trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("best {task.fields[best]} samples/s per GiB"),
+            TimeElapsedColumn(),
+            TextColumn("elapsed,"),
+            TimeRemainingColumn(),
+            TextColumn("left"),
+            console=self.console,
+        )
+        self.task = self.progress.add_task("study", total=total, completed=done, best="-")
+        self.now = Text("  now: starting the measurement process")
+        self.live = Live(Group(self.progress, self.now), console=self.console, refresh_per_second=4)
+
+    def __enter__(self) -> ProgressDisplay:
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.stop()
+
+    def trial_started(self, number: int, config: TrainConfig, baseline: str | None) -> None:
+        self.now.plain = (
+            f"  now: trial {number}" + (f" ({baseline})" if baseline else "") + f": {config_summary(config)}"
+        )
+
+    def trial_finished(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        r = trial_record(trial)
+        if r.feasible and r.per_gib is not None and (self.best is None or r.per_gib > self.best):
+            self.best = r.per_gib
+        outcome = f"{r.per_gib:.1f} per GiB" if r.feasible and r.per_gib else (r.reason or r.state.lower())
+        self.progress.update(
+            self.task, completed=count_done(study), best="-" if self.best is None else f"{self.best:.1f}"
+        )
+        self.now.plain = f"  last: trial {r.number} {r.state.lower()}: {outcome}"
+
+
+def _num(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _knob_cells(c: TrainConfig) -> tuple[str, str, str, str]:
+    """(micro x accum x ranks, precision, checkpointed blocks, ZeRO stage) for a table row."""
+    precisions = c.precision if isinstance(c.precision, tuple) else None
+    checkpoints = c.checkpoint if isinstance(c.checkpoint, tuple) else None
+    if precisions is None:
+        prec = str(c.precision)
+    else:
+        low = [p for p in precisions if p != "fp32"]
+        prec = f"{low[0] if low else 'fp32'} {len(low)}/{len(precisions)}"
+    ckpt = ("all" if c.checkpoint else "none") if checkpoints is None else f"{sum(checkpoints)}/{len(checkpoints)}"
+    return f"{c.micro_batch_size}x{c.grad_accum_steps}x{c.ranks}", prec, ckpt, str(c.zero_stage)
+
+
+def _front_table(s: StudySummary) -> Table:
+    t = Table(title=f"Pareto front of {s.name!r}: max {s.metric}, min peak memory")
+    columns = ("trial", "micro x acc x ranks", "precision", "ckpt", "ZeRO", f"{s.metric}/s", "peak", "per GiB", "note")
+    for col in columns:
+        t.add_column(col, justify="left" if col in ("precision", "note") else "right")
+    for r in s.front:
+        assert r.config is not None
+        note = ", ".join(x for x in (r.baseline, r is s.recommended and "RECOMMENDED") if x)
+        t.add_row(
+            str(r.number), *_knob_cells(r.config), _num(r.objective), format_bytes(r.peak_bytes), _num(r.per_gib), note
+        )
+    return t
+
+
+def _improvement_table(s: StudySummary) -> Table:
+    t = Table(title="recommended / baseline")
+    for col in ("baseline", "trial", s.metric, "peak", "per GiB", "baseline per GiB"):
+        t.add_column(col, justify="left" if col == "baseline" else "right")
+    for name, b in s.baselines.items():
+        i = s.improvement(name)
+        if i is None:
+            t.add_row(name, str(b.number), "-", "-", "-", f"infeasible: {b.reason or b.state.lower()}")
+            continue
+        t.add_row(
+            name, str(i.trial), f"{i.throughput:.2f}x", f"{i.peak_memory:.2f}x", f"{i.per_gib:.2f}x", _num(b.per_gib)
+        )
+    return t
+
+
+def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
+    if r is None or r.config is None:
+        return "no feasible trial yet: nothing to recommend"
+    line = (
+        f"recommended: trial {r.number}: {config_summary(r.config)}: {_num(r.objective)} samples/s, "
+        f"peak {format_bytes(r.peak_bytes)}, {_num(r.per_gib)} samples/s per GiB"
+    )
+    default = s.improvement("pytorch-default")
+    if default is not None:
+        line += f" ({default.per_gib:.2f}x the PyTorch default per GiB)"
+    return line
+
+
+def summary_view(s: StudySummary) -> Group:
+    """The final report: front table, baselines table, the recommended line, trial counts."""
+    states = ", ".join(f"{n} {k.lower()}" for k, n in sorted(s.states.items()))
+    return Group(_front_table(s), _improvement_table(s), _recommended_line(s.recommended, s), f"trials: {states}")

@@ -1,0 +1,208 @@
+"""The Optuna objective: a trial's params -> a real measurement -> (throughput, peak memory).
+
+Per trial: decode the params into a :class:`TrainConfig`; skip it if the memory model predicts it
+cannot fit; take the measurement from the cache or measure it in the child process (with a time
+limit); store everything on the trial (user attributes, a dashboard note, the constraint); then
+
+* ``ok``: return ``(throughput or goodput, peak MiB)``;
+* ``over_budget`` / ``oom`` / ``diverged`` / predicted over budget: ``optuna.TrialPruned`` with
+  the reason (infeasible is a result, and the study goes on);
+* training error, time limit, crash: :class:`TrialFailed` with the reason (the study catches it).
+
+Multi-objective studies cannot use Optuna's pruners (``trial.report`` raises), so pruning is
+raising ``TrialPruned`` ourselves, as Optuna documents for manual pruning.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from autotune.config import TrainConfig
+from autotune.measurement.goodput import statistical_efficiency
+from autotune.measurement.record import Measurement
+from autotune.search.baselines import PYTORCH_DEFAULT, smaller_micro_batch
+from autotune.search.cache import MeasurementCache, cache_key
+from autotune.search.isolation import MeasurementFailed
+from autotune.search.predictor import MemoryPredictor
+from autotune.search.record import ATTR, MIB
+from autotune.search.space import Knobs, SearchSpace
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.workload import Workload
+
+__all__ = ["Measurer", "Objective", "TrialFailed", "set_constraints"]
+
+# Optuna 5's `Trial.set_constraint` writes "constraints:<name>" keys, which optuna-dashboard 0.21
+# does not read (NOTES.md); samplers and the dashboard both read the older "constraints" list
+# that `constraints_func` (deprecated in Optuna 5) used to write. We write that list ourselves.
+_CONSTRAINTS_KEY = "constraints"
+
+
+class TrialFailed(Exception):
+    """A trial that produced no measurement; the study records the reason and goes on."""
+
+
+class Measurer(Protocol):
+    """Anything that measures a config with a time limit (:class:`MeasurementProcess`)."""
+
+    def measure(
+        self, config: TrainConfig, *, steps: int, warmup: int, memory_budget: int | None, timeout: float
+    ) -> Measurement: ...
+
+
+def set_constraints(trial: optuna.Trial, values: list[float]) -> None:
+    """Store the trial's constraint values (feasible when all <= 0) where dashboard 0.21 reads them."""
+    # Trial has no public setter for system attributes; `storage` is public, `_trial_id` is the
+    # id every storage call takes (stable since Optuna 1).
+    trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINTS_KEY, values)
+
+
+@dataclass(kw_only=True)
+class Objective:
+    """Callable objective for ``study.optimize``.
+
+    Args:
+        space: The search space.
+        measurer: Runs measurements (a child process with a time limit).
+        workload: The workload (only the memory predictor uses it in this process).
+        workload_id: Workload fingerprint, for the cache key.
+        machine: Machine fingerprint, for the cache key.
+        cache: Measurement cache.
+        memory_budget: Peak bytes allowed per rank, or None.
+        steps, warmup, trial_timeout: Measurement settings.
+        base_batch_size: B0 of the statistical efficiency (the reference batch).
+        predictor: Memory model, or None.
+        on_start: Called with (trial number, config, baseline name) when a trial starts.
+        note: Called with (trial, markdown) to attach a dashboard note, or None.
+    """
+
+    space: SearchSpace
+    measurer: Measurer
+    workload: Workload
+    workload_id: str
+    machine: str
+    cache: MeasurementCache
+    memory_budget: int | None
+    steps: int
+    warmup: int
+    trial_timeout: float
+    base_batch_size: int
+    predictor: MemoryPredictor | None = None
+    on_start: Callable[[int, TrainConfig, str | None], None] | None = None
+    note: Callable[[optuna.Trial, str], None] | None = None
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
+        trial.set_user_attr(ATTR.HOST, socket.gethostname())
+        trial.set_user_attr(ATTR.PID, os.getpid())
+        knobs = self.space.suggest(trial)
+        config = self.space.config(knobs)
+        trial.set_user_attr(ATTR.CONFIG, config.to_dict())
+        baseline = trial.user_attrs.get(ATTR.BASELINE)
+        if self.on_start is not None:
+            self.on_start(trial.number, config, baseline)
+        self._skip_if_predicted_over(trial, config)
+        try:
+            m = self._measurement(trial, config)
+        except MeasurementFailed as e:
+            self._finish(trial, config, status="failed", reason=e.reason)
+            raise TrialFailed(e.reason) from None
+        except KeyboardInterrupt:
+            # Optuna ends the trial FAIL; mark it so a resume retries it instead of counting it.
+            trial.set_user_attr(ATTR.INTERRUPTED, True)
+            trial.set_user_attr(ATTR.REASON, "interrupted (Ctrl-C) during the measurement")
+            raise
+        return self._judge(trial, knobs, config, m, baseline)
+
+    def _skip_if_predicted_over(self, trial: optuna.Trial, config: TrainConfig) -> None:
+        if self.predictor is None or self.memory_budget is None:
+            return
+        try:
+            predicted = self.predictor(self.workload, config)
+        except Exception as e:
+            # The memory model is an optional add-on developed on its own (issue #3): whatever it
+            # raises, the trial is measured as if there were no model, and the error is recorded.
+            trial.set_user_attr(ATTR.PREDICTION_ERROR, f"{type(e).__name__}: {e}")
+            return
+        trial.set_user_attr(ATTR.PREDICTED, predicted)
+        if predicted > self.memory_budget:
+            set_constraints(trial, [float(predicted - self.memory_budget)])
+            reason = f"predicted peak {predicted} bytes exceeds the memory budget of {self.memory_budget} bytes"
+            self._finish(trial, config, status="predicted_over_budget", reason=reason)
+            import optuna
+
+            raise optuna.TrialPruned(reason)
+
+    def _measurement(self, trial: optuna.Trial, config: TrainConfig) -> Measurement:
+        key = cache_key(
+            workload=self.workload_id, machine=self.machine, config=config, steps=self.steps, warmup=self.warmup
+        )
+        cached = self.cache.get(key, memory_budget=self.memory_budget)
+        trial.set_user_attr(ATTR.CACHED, cached is not None)
+        if cached is not None:
+            return cached
+        m = self.measurer.measure(
+            config, steps=self.steps, warmup=self.warmup, memory_budget=self.memory_budget, timeout=self.trial_timeout
+        )
+        self.cache.put(key, workload=self.workload_id, machine=self.machine, measurement=m)
+        return m
+
+    def _judge(
+        self, trial: optuna.Trial, knobs: Knobs, config: TrainConfig, m: Measurement, baseline: str | None
+    ) -> tuple[float, float]:
+        import optuna
+
+        peak = m.peak_bytes
+        if peak is not None and self.memory_budget is not None:
+            set_constraints(trial, [float(peak - self.memory_budget)])
+        efficiency = statistical_efficiency(
+            batch_size=config.effective_batch_size, base_batch_size=self.base_batch_size, noise_scale=m.noise.b_simple
+        )
+        attrs = {
+            ATTR.THROUGHPUT: m.throughput,
+            ATTR.PEAK: peak,
+            ATTR.PER_GIB: m.throughput_per_gib,
+            ATTR.MEMORY: None if m.memory is None else {k: int(v) for k, v in vars(m.memory).items()},
+            ATTR.NOISE_SCALE: m.noise.b_simple,
+            ATTR.EFFICIENCY: efficiency,
+            ATTR.STEP_SECONDS: m.step_seconds,
+        }
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        if m.status != "ok" or m.throughput is None or peak is None:
+            reason = m.reason or m.status
+            if baseline == PYTORCH_DEFAULT and m.status in ("over_budget", "oom"):
+                reason += self._retry_default(trial, knobs)
+            self._finish(trial, config, status=m.status, reason=reason, m=m)
+            raise optuna.TrialPruned(reason)
+        goodput = m.throughput * efficiency
+        trial.set_user_attr(ATTR.GOODPUT, goodput)
+        self._finish(trial, config, status="ok", reason=None, m=m)
+        value = goodput if self.space.multi_batch else m.throughput
+        return value, peak / MIB
+
+    def _retry_default(self, trial: optuna.Trial, knobs: Knobs) -> str:
+        """The PyTorch default did not fit: enqueue it again with the next smaller micro-batch."""
+        smaller = smaller_micro_batch(self.space, knobs)
+        if smaller is None:
+            return "; no smaller micro-batch left for the PyTorch-default baseline"
+        trial.study.enqueue_trial(self.space.params(smaller), user_attrs={ATTR.BASELINE: PYTORCH_DEFAULT})
+        return f"; the PyTorch-default baseline is retried with micro-batch {smaller.micro_batch_size}"
+
+    def _finish(
+        self, trial: optuna.Trial, config: TrainConfig, *, status: str, reason: str | None, m: Measurement | None = None
+    ) -> None:
+        trial.set_user_attr(ATTR.STATUS, status)
+        if reason is not None:
+            trial.set_user_attr(ATTR.REASON, reason)
+        if self.note is not None:
+            from autotune.search.notes import trial_note
+
+            self.note(
+                trial, trial_note(trial.number, config, status=status, reason=reason, m=m, attrs=trial.user_attrs)
+            )

@@ -1,0 +1,86 @@
+"""The hook to a memory model: skip configurations predicted not to fit, before measuring them.
+
+The memory model (``autotune.memory_model``, issue #3) is developed separately and is optional:
+it is imported lazily, and its absence means "no prediction" (every configuration is measured).
+The contract used::
+
+    predict_memory(workload, config) -> int | <object with .total or .peak_bytes>
+
+the predicted peak tensor bytes on one rank. A prediction only ever *skips* a trial (pruned, with
+the predicted bytes in the reason); it never replaces a measurement.
+
+Cost: a prediction profiles the model under fake tensors, seconds per call, which is more than
+measuring a small model. When the memory model offers the pieces (``plan_of`` naming the
+profile modes a config needs, and ``predict_memory(..., profile=)``), one profile is made per
+study and reused, grown only when a config needs a mode it lacks; predictions are memoized.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from autotune.config import TrainConfig
+from autotune.workload import Workload
+
+__all__ = ["MemoryPredictor", "load_memory_predictor", "predicted_bytes"]
+
+#: ``predictor(workload, config) -> predicted peak bytes``.
+MemoryPredictor = Callable[[Workload, TrainConfig], int]
+
+
+def load_memory_predictor(module: str = "autotune.memory_model") -> MemoryPredictor | None:
+    """``predict_memory`` from ``module`` as a memoized bytes-returning function, or None if absent."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    fn = getattr(mod, "predict_memory", None)
+    if not callable(fn):
+        return None
+    return _Predictor(fn, getattr(mod, "plan_of", None))
+
+
+class _Predictor:
+    def __init__(self, fn: Callable[..., Any], plan_of: Callable[..., Any] | None) -> None:
+        self.fn = fn
+        self.plan_of = plan_of if plan_of is not None and "profile" in inspect.signature(fn).parameters else None
+        self.memo: dict[tuple[int, str], int] = {}
+        self.profiles: dict[int, Any] = {}  # id(workload) -> the study's reusable profile
+
+    def __call__(self, workload: Workload, config: TrainConfig) -> int:
+        key = (id(workload), config.to_json())
+        if key not in self.memo:
+            if self.plan_of is None:
+                self.memo[key] = predicted_bytes(self.fn(workload, config))
+            else:
+                profile = self._profile(workload, config)
+                self.memo[key] = predicted_bytes(self.fn(workload, config, profile=profile))
+        return self.memo[key]
+
+    def _profile(self, workload: Workload, config: TrainConfig) -> Any:
+        # The memory model's profiler (issue #3), looked up at run time: this module must not
+        # depend statically on an API that is still being written.
+        profile_memory = importlib.import_module("autotune.profile").profile_memory
+        assert self.plan_of is not None
+        needed = set(self.plan_of(config, num_blocks=len(workload.block_names())).modes)
+        current = self.profiles.get(id(workload))
+        have = set(current.modes) if current is not None else set()
+        if not needed <= have:
+            current = profile_memory(workload, modes=tuple(sorted(needed | have)))
+            self.profiles[id(workload)] = current
+        return current
+
+
+def predicted_bytes(prediction: Any) -> int:
+    """Bytes from whatever the memory model returns: an int, or an object with ``peak_bytes`` /
+    ``total``."""
+    for attr in ("peak_bytes", "total"):
+        value = getattr(prediction, attr, None)
+        if isinstance(value, int):
+            return value
+    if isinstance(prediction, int) and not isinstance(prediction, bool):
+        return prediction
+    raise TypeError(f"predict_memory returned {type(prediction).__name__}; expected bytes or .total/.peak_bytes")

@@ -1,0 +1,107 @@
+"""What a study found: the Pareto front, the recommended configuration, and how it compares with
+each baseline. Pure data over the stored trials, shared by the CLI tables, ``autotune best`` and
+the dashboard artifacts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.errors import StudyError
+from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.record import TrialRecord, trial_record
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["Improvement", "StudySummary", "pareto_front", "require_recommended", "summarize"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Improvement:
+    """Recommended / baseline ratios (> 1 is better for throughput and per-GiB, < 1 for memory)."""
+
+    baseline: str
+    trial: int
+    throughput: float
+    peak_memory: float
+    per_gib: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudySummary:
+    name: str
+    trials: tuple[TrialRecord, ...]
+    front: tuple[TrialRecord, ...]
+    recommended: TrialRecord | None
+    baselines: dict[str, TrialRecord]
+    improvements: tuple[Improvement, ...]
+    states: dict[str, int]
+    metric: str
+
+    def improvement(self, baseline: str) -> Improvement | None:
+        return next((i for i in self.improvements if i.baseline == baseline), None)
+
+
+def pareto_front(records: list[TrialRecord]) -> tuple[TrialRecord, ...]:
+    """Feasible trials not dominated in (max objective, min peak), by increasing peak."""
+    ok = [r for r in records if r.feasible and r.objective is not None and r.peak_bytes is not None]
+
+    def dominated(r: TrialRecord) -> bool:
+        assert r.objective is not None and r.peak_bytes is not None
+        return any(
+            o.objective >= r.objective  # type: ignore[operator]
+            and o.peak_bytes <= r.peak_bytes  # type: ignore[operator]
+            and (o.objective > r.objective or o.peak_bytes < r.peak_bytes)  # type: ignore[operator]
+            for o in ok
+        )
+
+    return tuple(sorted((r for r in ok if not dominated(r)), key=lambda r: (r.peak_bytes, r.number)))
+
+
+def summarize(study: optuna.Study) -> StudySummary:
+    """Summarize a study's trials (any state; only feasible completed trials can be recommended)."""
+    records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+    front = pareto_front(records)
+    # The headline: highest objective per GiB of peak memory among feasible trials (all of them
+    # lie on or behind the front; the maximum of a ratio is always on the front).
+    recommended = max(front, key=lambda r: (r.per_gib or 0.0, -r.number), default=None)
+    baselines: dict[str, TrialRecord] = {}
+    for name in (PYTORCH_DEFAULT, SEED_RECIPE):
+        tried = [r for r in records if r.baseline == name]
+        feasible = [r for r in tried if r.feasible]
+        if feasible or tried:
+            baselines[name] = (feasible or tried)[0]
+    improvements = tuple(
+        _improvement(recommended, b) for b in baselines.values() if recommended is not None and b.feasible
+    )
+    metric = (study.metric_names or ["throughput"])[0].split(" ")[0]
+    return StudySummary(
+        name=study.study_name,
+        trials=tuple(records),
+        front=front,
+        recommended=recommended,
+        baselines=baselines,
+        improvements=improvements,
+        states=dict(Counter(r.state for r in records)),
+        metric=metric,
+    )
+
+
+def _improvement(best: TrialRecord | None, base: TrialRecord) -> Improvement:
+    assert best is not None and best.objective and best.peak_bytes and best.per_gib
+    assert base.objective and base.peak_bytes and base.per_gib and base.baseline
+    return Improvement(
+        baseline=base.baseline,
+        trial=base.number,
+        throughput=best.objective / base.objective,
+        peak_memory=best.peak_bytes / base.peak_bytes,
+        per_gib=best.per_gib / base.per_gib,
+    )
+
+
+def require_recommended(summary: StudySummary) -> TrialRecord:
+    if summary.recommended is None or summary.recommended.config is None:
+        raise StudyError(f"study {summary.name!r} has no feasible completed trial yet: nothing to recommend")
+    return summary.recommended

@@ -1,0 +1,182 @@
+"""The search space: a handful of knobs that stay few however deep the model is.
+
+The effective batch is fixed by the user (or chosen from ``batch_sizes``), so the search changes
+how training runs, not what it computes: micro-batch x accumulation x ranks == effective batch,
+and the sampler only picks the micro-batch among the divisors. Per-block precision and
+checkpointing are two *levels* applied to blocks ranked by the activation bytes they save for
+backward (:func:`autotune.profile.profile_blocks`): "the n hungriest blocks run in bf16, the c
+hungriest are recomputed". That is 2 integers instead of 2L flags, and it orders the blocks so the
+first unit of each level buys the most memory. Per-block overrides from the spec pin single blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import PRECISIONS, Precision, TrainConfig
+from autotune.errors import SpecError
+from autotune.search.spec import BlockOverride
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["Knobs", "SearchSpace", "divisors"]
+
+
+def _precision(p: str) -> Precision:
+    assert p in PRECISIONS, p  # SpaceSpec and BlockOverride validated it
+    return p  # type: ignore[return-value]
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knobs:
+    """One point of the space, in the space's own terms (what a trial's params decode to)."""
+
+    batch_size: int
+    ranks: int
+    micro_batch_size: int
+    zero_stage: int
+    low_precision: str
+    low_precision_blocks: int
+    checkpoint_blocks: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """The knobs of one study.
+
+    Args:
+        batch_sizes: Effective batch candidates; more than one makes the batch a knob.
+        ranks: Rank counts; any > 1 adds ``zero_stage`` (conditional on ranks > 1).
+        zero_stages: ZeRO stages tried when ranks > 1.
+        low_precisions: Precisions of the low-precision level (empty: everything stays fp32).
+        ranking: Block indices from most to least activation bytes.
+        overrides: Per-block pins, applied after the levels.
+        max_micro_batch: Largest micro-batch the data allows (the dataset size).
+        base: Config whose other fields (LR schedule, clipping, seed) every trial keeps.
+    """
+
+    batch_sizes: tuple[int, ...]
+    ranks: tuple[int, ...] = (1,)
+    zero_stages: tuple[int, ...] = (0,)
+    low_precisions: tuple[str, ...] = ("bf16",)
+    ranking: tuple[int, ...]
+    overrides: Mapping[int, BlockOverride] = field(default_factory=dict)
+    max_micro_batch: int
+    base: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or not self.ranks or not self.zero_stages or not self.ranking:
+            raise SpecError(
+                "SearchSpace.batch_sizes, ranks, zero_stages and ranking must be non-empty, but got "
+                f"({self.batch_sizes}, {self.ranks}, {self.zero_stages}, {self.ranking})."
+            )
+        if sorted(self.ranking) != list(range(len(self.ranking))):
+            raise SpecError(f"SearchSpace.ranking must be a permutation of the block indices, but got {self.ranking}.")
+        for b in self.batch_sizes:
+            for r in self.ranks:
+                if b % r:
+                    raise SpecError(f"space.ranks entry {r} must divide every effective batch size, but got {b}.")
+        bad = sorted(i for i in self.overrides if i >= self.num_blocks)
+        if bad:
+            raise SpecError(f"space.blocks index must be in [0, {self.num_blocks - 1}], but got {bad[0]}.")
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.ranking)
+
+    @property
+    def multi_batch(self) -> bool:
+        return len(self.batch_sizes) > 1
+
+    def micro_batch_choices(self, batch_size: int, ranks: int) -> tuple[int, ...]:
+        """Micro-batches m with m x accumulation x ranks == batch_size that the data can feed."""
+        return tuple(m for m in divisors(batch_size // ranks) if m <= self.max_micro_batch)
+
+    def micro_param(self, batch_size: int, ranks: int) -> str:
+        # One parameter per (batch, ranks) pair: a categorical's choices must not change within a
+        # study, and the divisors do. A single pair keeps the plain name.
+        if len(self.batch_sizes) == 1 and len(self.ranks) == 1:
+            return "micro_batch_size"
+        return f"micro_batch_size[B={batch_size},R={ranks}]"
+
+    # ---- trial <-> knobs <-> config ------------------------------------------------------------
+
+    def suggest(self, trial: optuna.Trial) -> Knobs:
+        """Sample (or, for an enqueued trial, read back) one point."""
+        b = trial.suggest_categorical("batch_size", self.batch_sizes) if self.multi_batch else self.batch_sizes[0]
+        r = trial.suggest_categorical("ranks", self.ranks) if len(self.ranks) > 1 else self.ranks[0]
+        micro = trial.suggest_categorical(self.micro_param(b, r), self.micro_batch_choices(b, r))
+        zero = 0
+        if r > 1:
+            zero = (
+                trial.suggest_categorical("zero_stage", self.zero_stages)
+                if len(self.zero_stages) > 1
+                else self.zero_stages[0]
+            )
+        low, n_low = "fp32", 0
+        if self.low_precisions:
+            low = (
+                trial.suggest_categorical("low_precision", self.low_precisions)
+                if len(self.low_precisions) > 1
+                else self.low_precisions[0]
+            )
+            n_low = trial.suggest_int("low_precision_blocks", 0, self.num_blocks)
+        n_ckpt = trial.suggest_int("checkpoint_blocks", 0, self.num_blocks)
+        return Knobs(
+            batch_size=b,
+            ranks=r,
+            micro_batch_size=micro,
+            zero_stage=zero,
+            low_precision=low,
+            low_precision_blocks=n_low,
+            checkpoint_blocks=n_ckpt,
+        )
+
+    def params(self, knobs: Knobs) -> dict[str, Any]:
+        """The trial params that :meth:`suggest` reads back as ``knobs`` (for ``enqueue_trial``)."""
+        p: dict[str, Any] = {}
+        if self.multi_batch:
+            p["batch_size"] = knobs.batch_size
+        if len(self.ranks) > 1:
+            p["ranks"] = knobs.ranks
+        p[self.micro_param(knobs.batch_size, knobs.ranks)] = knobs.micro_batch_size
+        if knobs.ranks > 1 and len(self.zero_stages) > 1:
+            p["zero_stage"] = knobs.zero_stage
+        if self.low_precisions:
+            if len(self.low_precisions) > 1:
+                p["low_precision"] = knobs.low_precision
+            p["low_precision_blocks"] = knobs.low_precision_blocks
+        p["checkpoint_blocks"] = knobs.checkpoint_blocks
+        return p
+
+    def config(self, knobs: Knobs) -> TrainConfig:
+        """The TrainConfig a point stands for."""
+        precisions: list[Precision] = ["fp32"] * self.num_blocks
+        checkpoints = [False] * self.num_blocks
+        for i in self.ranking[: knobs.low_precision_blocks]:
+            precisions[i] = _precision(knobs.low_precision)
+        for i in self.ranking[: knobs.checkpoint_blocks]:
+            checkpoints[i] = True
+        for i, o in self.overrides.items():
+            if o.precision is not None:
+                precisions[i] = _precision(o.precision)
+            if o.checkpoint is not None:
+                checkpoints[i] = o.checkpoint
+        accum = knobs.batch_size // (knobs.micro_batch_size * knobs.ranks)
+        return dataclasses.replace(
+            self.base,
+            micro_batch_size=knobs.micro_batch_size,
+            grad_accum_steps=accum,
+            ranks=knobs.ranks,
+            zero_stage=knobs.zero_stage,
+            precision=precisions[0] if len(set(precisions)) == 1 else tuple(precisions),
+            checkpoint=checkpoints[0] if len(set(checkpoints)) == 1 else tuple(checkpoints),
+        )

@@ -1,0 +1,303 @@
+"""The study spec: what a study searches, read from TOML (``tomllib``) or built from CLI flags.
+
+A spec names the workload, the memory budget, the search space and the sampler. Every field is
+validated at construction, so a malformed spec fails before any storage is opened or written.
+A TOML spec looks like::
+
+    workload = "gpt-tiny"
+    trials = 24
+    memory_budget = "256MiB"
+    sampler = "tpe"
+
+    [space]
+    batch_size = 32
+    precisions = ["fp32", "bf16"]
+
+    [space.blocks.0]          # optional per-block override: block 0 always fp32
+    precision = "fp32"
+
+    [measure]
+    steps = 4
+    warmup = 1
+    trial_timeout = "5m"
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import tomllib
+
+from autotune.errors import ConfigError, SpecError
+
+__all__ = [
+    "BlockOverride",
+    "MeasureSpec",
+    "SAMPLERS",
+    "SamplerName",
+    "SpaceSpec",
+    "StudySpec",
+    "load_spec",
+    "parse_duration",
+    "spec_from_dict",
+    "spec_to_dict",
+]
+
+SamplerName = Literal["tpe", "nsga2", "gp", "random"]
+SAMPLERS: tuple[str, ...] = get_args(SamplerName)
+_PRECISIONS = ("fp32", "bf16", "fp16")
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|h|)\s*$")
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str | float, *, name: str) -> float:
+    """``"30m"`` -> 1800.0 seconds; a bare number is seconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        match = _DURATION.match(text) if isinstance(text, str) else None
+        if match is None:
+            raise SpecError(f"{name} must be a duration like 90, 90s, 30m or 2h, but got {text!r}.")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise SpecError(f"{name} must be a positive duration, but got {text!r}.")
+    return seconds
+
+
+def _check_int(name: str, value: object, *, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SpecError(f"{name} must be an int, but got {value!r}.")
+    if value < low:
+        raise SpecError(f"{name} must be >= {low}, but got {value!r}.")
+
+
+def _check_int_tuple(name: str, value: object, *, low: int) -> None:
+    if not isinstance(value, tuple) or not value:
+        raise SpecError(f"{name} must be a non-empty list of ints, but got {value!r}.")
+    for v in value:
+        _check_int(f"{name} entries", v, low=low)
+    if len(set(value)) != len(value):
+        raise SpecError(f"{name} must not repeat a value, but got {list(value)!r}.")
+
+
+def _check_positive(name: str, value: object) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise SpecError(f"{name} must be a positive number, but got {value!r}.")
+
+
+def _tupled(obj: object, *names: str) -> None:
+    """Lists from TOML become tuples, so specs stay hashable and immutable."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, list):
+            object.__setattr__(obj, name, tuple(value))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockOverride:
+    """Pins one block's precision and/or checkpointing, whatever the sampled levels say."""
+
+    precision: str | None = None
+    checkpoint: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.precision is not None and self.precision not in _PRECISIONS:
+            raise SpecError(f"precision must be one of {_PRECISIONS}, but got {self.precision!r}.")
+        if self.checkpoint is not None and not isinstance(self.checkpoint, bool):
+            raise SpecError(f"checkpoint must be a bool, but got {self.checkpoint!r}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceSpec:
+    """The search space.
+
+    Args:
+        batch_size: The effective batch (micro-batch x accumulation x ranks); None: the workload's.
+        batch_sizes: If given, the effective batch becomes a knob over these values, and throughput
+            is compared as goodput (Pollux, OSDI'21).
+        precisions: Precisions the low-precision level may use (``fp32`` is always allowed).
+        ranks: Data-parallel rank counts to try. Any value > 1 adds the ZeRO stage to the space;
+            it needs the DeepSpeed runner (issue #3): until then those trials fail cleanly.
+        zero_stages: ZeRO stages to try when ranks > 1.
+        blocks: Per-block overrides by block index (forward order).
+    """
+
+    batch_size: int | None = None
+    batch_sizes: tuple[int, ...] | None = None
+    precisions: tuple[str, ...] = ("fp32", "bf16")
+    ranks: tuple[int, ...] = (1,)
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    blocks: Mapping[int, BlockOverride] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _tupled(self, "batch_sizes", "precisions", "ranks", "zero_stages")
+        if self.batch_size is not None:
+            _check_int("space.batch_size", self.batch_size, low=1)
+        if self.batch_sizes is not None:
+            _check_int_tuple("space.batch_sizes", self.batch_sizes, low=1)
+        if not isinstance(self.precisions, tuple) or not self.precisions:
+            raise SpecError(f"space.precisions must be a non-empty list, but got {self.precisions!r}.")
+        for p in self.precisions:
+            if p not in _PRECISIONS:
+                raise SpecError(f"space.precisions entries must be one of {_PRECISIONS}, but got {p!r}.")
+        _check_int_tuple("space.ranks", self.ranks, low=1)
+        _check_int_tuple("space.zero_stages", self.zero_stages, low=0)
+        if max(self.zero_stages) > 3:
+            raise SpecError(f"space.zero_stages entries must be in [0, 3], but got {max(self.zero_stages)}.")
+        for index, override in self.blocks.items():
+            _check_int("space.blocks index", index, low=0)
+            if not isinstance(override, BlockOverride):
+                raise SpecError(f"space.blocks.{index} must be a table, but got {override!r}.")
+
+    @property
+    def effective_batch_sizes(self) -> tuple[int, ...] | None:
+        """The candidate effective batches, or None for "the workload's own"."""
+        if self.batch_sizes is not None:
+            return tuple(sorted(self.batch_sizes))
+        return None if self.batch_size is None else (self.batch_size,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureSpec:
+    """How each trial is measured: few steps (a study compares configs, it does not train), and a
+    hard time limit per trial so that no configuration can hang the study."""
+
+    steps: int = 4
+    warmup: int = 1
+    trial_timeout: float = 300.0
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("measure.steps", self.steps, low=1)
+        _check_int("measure.warmup", self.warmup, low=1)
+        _check_positive("measure.trial_timeout", self.trial_timeout)
+        if self.threads is not None:
+            _check_int("measure.threads", self.threads, low=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudySpec:
+    """A whole study. ``name`` None derives one from the workload (see :meth:`study_name`)."""
+
+    workload: str
+    name: str | None = None
+    trials: int = 20
+    memory_budget: int | None = None
+    sampler: SamplerName = "tpe"
+    seed: int = 0
+    timeout: float | None = None
+    space: SpaceSpec = field(default_factory=SpaceSpec)
+    measure: MeasureSpec = field(default_factory=MeasureSpec)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.workload, str) or not self.workload:
+            raise SpecError(f"workload must be a non-empty string, but got {self.workload!r}.")
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise SpecError(f"name must be a non-empty string, but got {self.name!r}.")
+        _check_int("trials", self.trials, low=0)
+        if self.memory_budget is not None:
+            _check_int("memory_budget", self.memory_budget, low=1)
+        if self.sampler not in SAMPLERS:
+            raise SpecError(f"sampler must be one of {SAMPLERS}, but got {self.sampler!r}.")
+        _check_int("seed", self.seed, low=0)
+        if self.timeout is not None:
+            _check_positive("timeout", self.timeout)
+        if not isinstance(self.space, SpaceSpec):
+            raise SpecError(f"space must be a table, but got {self.space!r}.")
+        if not isinstance(self.measure, MeasureSpec):
+            raise SpecError(f"measure must be a table, but got {self.measure!r}.")
+
+    def study_name(self, workload_name: str) -> str:
+        return self.name if self.name is not None else workload_name
+
+
+def spec_to_dict(spec: StudySpec) -> dict[str, Any]:
+    """Plain JSON-able data that :func:`spec_from_dict` reads back (stored on the study)."""
+    data = asdict(spec)
+    data["space"]["blocks"] = {
+        str(i): {k: v for k, v in asdict(o).items() if v is not None} for i, o in spec.space.blocks.items()
+    }
+    return {k: v for k, v in data.items() if v is not None}
+
+
+# ---- TOML ------------------------------------------------------------------------------------------
+
+_TOP = {f.name for f in fields(StudySpec)} - {"space", "measure"}
+_SPACE = {f.name for f in fields(SpaceSpec)}
+_MEASURE = {f.name for f in fields(MeasureSpec)}
+_BLOCK = {f.name for f in fields(BlockOverride)}
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Read a TOML study spec; every error names the file and the key."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read the study spec: {e.strerror}.") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{path}: not valid TOML: {e}.") from None
+    try:
+        return spec_from_dict(data)
+    except SpecError as e:
+        raise SpecError(f"{path}: {e}") from None
+
+
+def spec_from_dict(data: Mapping[str, Any]) -> StudySpec:
+    """Build a spec from parsed TOML: unknown keys are refused, durations and sizes parsed."""
+    from autotune.units import parse_bytes
+
+    _refuse_unknown(data, _TOP | {"space", "measure"}, prefix="")
+    top = dict(data)
+    if isinstance(top.get("memory_budget"), str):
+        try:
+            top["memory_budget"] = parse_bytes(top["memory_budget"], name="memory_budget")
+        except ConfigError as e:
+            raise SpecError(str(e)) from None
+    if "timeout" in top:
+        top["timeout"] = parse_duration(top["timeout"], name="timeout")
+    top["space"] = _space(_table(top.get("space", {}), "space"))
+    top["measure"] = _measure(_table(top.get("measure", {}), "measure"))
+    return StudySpec(**top)
+
+
+def _table(value: object, name: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{name} must be a table, but got {value!r}.")
+    return value
+
+
+def _refuse_unknown(data: Mapping[str, Any], known: set[str], *, prefix: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecError(f"unknown key {prefix + unknown[0]!r} (known keys: {', '.join(sorted(known))}).")
+
+
+def _space(data: Mapping[str, Any]) -> SpaceSpec:
+    _refuse_unknown(data, _SPACE, prefix="space.")
+    space = dict(data)
+    blocks: dict[int, BlockOverride] = {}
+    for key, value in _table(space.get("blocks", {}), "space.blocks").items():
+        if not key.isdecimal():
+            raise SpecError(f"space.blocks keys must be block indices, but got {key!r}.")
+        table = _table(value, f"space.blocks.{key}")
+        _refuse_unknown(table, _BLOCK, prefix=f"space.blocks.{key}.")
+        try:
+            blocks[int(key)] = BlockOverride(**table)
+        except SpecError as e:
+            raise SpecError(f"space.blocks.{key}.{e}") from None
+    space["blocks"] = blocks
+    return SpaceSpec(**space)
+
+
+def _measure(data: Mapping[str, Any]) -> MeasureSpec:
+    _refuse_unknown(data, _MEASURE, prefix="measure.")
+    measure = dict(data)
+    if "trial_timeout" in measure:
+        measure["trial_timeout"] = parse_duration(measure["trial_timeout"], name="measure.trial_timeout")
+    return MeasureSpec(**measure)

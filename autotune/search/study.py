@@ -1,0 +1,386 @@
+"""Running a study: validate, open or create it, enqueue baselines, recover, optimize.
+
+Everything that can be wrong with the input (workload, spec, budget) is checked in
+:func:`prepare`, before the storage is opened; an existing study is checked against this run
+(objectives, workload, budget, space) before anything is written. So bad input writes nothing.
+
+Resume: rerunning the same command loads the study and runs only the trials still missing. A
+trial left RUNNING by a process that died (SIGKILL, power loss) on this host is marked failed
+(user attribute ``interrupted``, not counted) and its params enqueued again, so killing a study
+loses at most the trial in flight. Workers (``--worker`` / ``autotune worker``) join a study
+created beforehand (two processes creating one study at once can crash one: NOTES.md) and stop
+once the study has its number of trials; each may overshoot by the one trial it had started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from autotune.config import TrainConfig
+from autotune.errors import SpecError, StudyError
+from autotune.search.baselines import baselines
+from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
+from autotune.search.predictor import MemoryPredictor, load_memory_predictor
+from autotune.search.record import ATTR, GOODPUT_METRIC_NAMES, METRIC_NAMES
+from autotune.search.space import SearchSpace
+from autotune.search.spec import StudySpec, spec_from_dict, spec_to_dict
+from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE, open_storage, redact, storage_url
+from autotune.units import format_bytes
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.workload import Workload
+
+__all__ = [
+    "Prepared",
+    "RunOptions",
+    "StudyObserver",
+    "count_done",
+    "enqueue_baselines",
+    "open_study",
+    "prepare",
+    "recover_interrupted",
+    "run_study",
+    "stored_spec",
+]
+
+_STUDY_ATTR = "autotune"  # study user attribute: what this study is (checked when resuming or joining)
+_DIRECTIONS: tuple[Literal["maximize"], Literal["minimize"]] = ("maximize", "minimize")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How to run, beside what to search (the spec).
+
+    Args:
+        storage: ``--storage`` (None: ``studies/autotune.db``).
+        cache: Measurement cache file (None: no cache).
+        artifact_dir: Where best-config artifacts go.
+        device: Device for the measurements (None: auto).
+        worker: Join an existing study; never create one.
+        create_only: Create the study and enqueue baselines, run no trial.
+        dashboard: Save trial notes, the Pareto plot and artifacts for optuna-dashboard.
+        memory_model: Module whose ``predict_memory`` skips configs predicted not to fit (None: off).
+    """
+
+    storage: str | None = None
+    cache: str | Path | None = DEFAULT_CACHE
+    artifact_dir: str | Path = DEFAULT_ARTIFACTS
+    device: str | None = None
+    worker: bool = False
+    create_only: bool = False
+    dashboard: bool = True
+    memory_model: str | None = "autotune.memory_model"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A validated spec with what it needs from the workload."""
+
+    spec: StudySpec
+    workload: Workload
+    space: SearchSpace
+    fingerprint: str
+    study_name: str
+    reference_batch: int
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What must match for a run to resume or join this study."""
+        return {
+            "objectives": list(self.metric_names),
+            "workload": self.spec.workload,
+            "workload_fingerprint": self.fingerprint,
+            "memory_budget": self.spec.memory_budget,
+            "space": json.loads(json.dumps(spec_to_dict(self.spec)["space"])),
+            "reference_batch": self.reference_batch,
+        }
+
+    @property
+    def metric_names(self) -> tuple[str, str]:
+        return GOODPUT_METRIC_NAMES if self.space.multi_batch else METRIC_NAMES
+
+
+class StudyObserver:
+    """Hooks for a progress display; the default does nothing."""
+
+    def trial_started(self, number: int, config: TrainConfig, baseline: str | None) -> None:
+        pass
+
+    def trial_finished(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        pass
+
+
+def prepare(spec: StudySpec) -> Prepared:
+    """Load the workload and check the spec against it; writes nothing anywhere."""
+    from autotune.profile import profile_blocks
+    from autotune.workload import load_workload
+
+    workload = load_workload(spec.workload)
+    batches = spec.space.effective_batch_sizes or (workload.batch_size,)
+    reference = spec.space.batch_size or workload.batch_size
+    _check_budget(spec, workload)
+    n_data = len(workload.dataset)  # type: ignore[arg-type]
+    space = SearchSpace(
+        batch_sizes=batches,
+        ranks=spec.space.ranks,
+        zero_stages=spec.space.zero_stages,
+        low_precisions=tuple(p for p in spec.space.precisions if p != "fp32"),
+        ranking=profile_blocks(workload).ranked(),
+        overrides=spec.space.blocks,
+        max_micro_batch=n_data,
+        base=TrainConfig(seed=spec.seed),
+    )
+    return Prepared(
+        spec=spec,
+        workload=workload,
+        space=space,
+        fingerprint=workload_fingerprint(workload),
+        study_name=spec.study_name(workload.name),
+        reference_batch=reference,
+    )
+
+
+def _check_budget(spec: StudySpec, workload: Workload) -> None:
+    if spec.memory_budget is None:
+        return
+    params = sum(p.numel() * p.element_size() for p in workload.model.parameters())
+    # ZeRO-3 splits the parameters across ranks: the least any rank can hold.
+    floor = params // max(spec.space.ranks) if max(spec.space.ranks) > 1 and 3 in spec.space.zero_stages else params
+    if spec.memory_budget < floor:
+        raise SpecError(
+            f"memory_budget must be at least the parameter memory of workload {workload.name!r} "
+            f"({format_bytes(floor)}), but got {format_bytes(spec.memory_budget)}."
+        )
+
+
+# ---- opening ----------------------------------------------------------------------------------------
+
+
+def open_study(prepared: Prepared, options: RunOptions) -> optuna.Study:
+    """Load the study (checking it is this one) or create it, with its baselines enqueued."""
+    import optuna
+
+    storage = open_storage(options.storage)
+    name = prepared.study_name
+    where = redact(storage_url(options.storage))
+    existing = _existing(storage, name)
+    if existing is not None:
+        _check_same(existing, prepared, where)
+        study = optuna.load_study(study_name=name, storage=storage, sampler=_sampler(prepared.spec, options))
+        if not options.worker:
+            study.set_user_attr("trials", prepared.spec.trials)  # a rerun may ask for more trials
+        return study
+    if options.worker:
+        raise StudyError(
+            f"study {name!r} does not exist in {where!r}: create it first (autotune study ... --create-only), "
+            "then start the workers"
+        )
+    study = optuna.create_study(
+        study_name=name, storage=storage, directions=list(_DIRECTIONS), sampler=_sampler(prepared.spec, options)
+    )
+    with warnings.catch_warnings():
+        # set_metric_names is experimental since Optuna 3.2 and still is in 5.0: it is the only
+        # way to name the objectives in the dashboard, so we accept the interface risk.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(list(prepared.metric_names))
+    study.set_user_attr(_STUDY_ATTR, prepared.identity)
+    study.set_user_attr("spec", spec_to_dict(prepared.spec))
+    study.set_user_attr("trials", prepared.spec.trials)
+    study.set_user_attr("blocks", list(prepared.workload.block_names()))  # for exports without the workload
+    return study
+
+
+def _existing(storage: optuna.storages.BaseStorage, name: str) -> optuna.study.StudySummary | None:
+    import optuna
+
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.study_name == name:
+            return summary
+    return None
+
+
+def _check_same(existing: optuna.study.StudySummary, prepared: Prepared, where: str) -> None:
+    name = prepared.study_name
+    directions = tuple(d.name.lower() for d in existing.directions)
+    stored = existing.user_attrs.get(_STUDY_ATTR)
+    objectives = stored.get("objectives") if isinstance(stored, dict) else None
+    if directions != _DIRECTIONS or objectives != list(prepared.metric_names):
+        raise StudyError(
+            f"study {name!r} already exists in {where!r} with other objectives "
+            f"({', '.join(objectives or directions)}); pass --study-name to start another study"
+        )
+    assert isinstance(stored, dict)
+    for key, value in prepared.identity.items():
+        if stored.get(key) != value:
+            raise StudyError(
+                f"study {name!r} already exists in {where!r} with another {key.replace('_', ' ')} "
+                f"({stored.get(key)!r}, this run: {value!r}); pass --study-name to start another study"
+            )
+
+
+def _sampler(spec: StudySpec, options: RunOptions) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    # Workers draw from distinct seeds, or identical samplers over identical history would
+    # propose identical trials on every machine.
+    seed = spec.seed + os.getpid() if options.worker else spec.seed
+    if spec.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if spec.sampler == "nsga2":
+        # A generation of the default 50 would leave a 20-trial study entirely random.
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, spec.trials // 4)))
+    if spec.sampler == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def stored_spec(study: optuna.Study) -> StudySpec:
+    """The spec a study was created with (what ``autotune worker`` runs)."""
+    data = study.user_attrs.get("spec")
+    if not isinstance(data, dict):
+        raise StudyError(f"study {study.study_name!r} was not created by autotune study (no spec stored)")
+    spec = spec_from_dict(data)
+    trials = study.user_attrs.get("trials")
+    return dataclasses.replace(spec, trials=trials) if isinstance(trials, int) else spec
+
+
+# ---- trials ------------------------------------------------------------------------------------------
+
+
+def count_done(study: optuna.Study) -> int:
+    """Finished trials that count toward ``trials``: interrupted ones do not (they are retried)."""
+    from optuna.trial import TrialState
+
+    finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return sum(1 for t in study.get_trials(deepcopy=False, states=finished) if not t.user_attrs.get(ATTR.INTERRUPTED))
+
+
+def recover_interrupted(study: optuna.Study) -> list[int]:
+    """Fail this host's RUNNING trials whose process is gone, and enqueue their params again."""
+    from optuna.trial import TrialState
+
+    host = socket.gethostname()
+    storage = study._storage  # the public Study has no way to end another process's trial
+    recovered = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid = t.user_attrs.get(ATTR.PID)
+        if t.user_attrs.get(ATTR.HOST) != host or not isinstance(pid, int) or _alive(pid):
+            continue
+        storage.set_trial_user_attr(t._trial_id, ATTR.INTERRUPTED, True)
+        storage.set_trial_user_attr(t._trial_id, ATTR.REASON, f"interrupted: process {pid} ended during the trial")
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        attrs = {ATTR.RETRY_OF: t.number}
+        if t.user_attrs.get(ATTR.BASELINE):
+            attrs[ATTR.BASELINE] = t.user_attrs[ATTR.BASELINE]
+        study.enqueue_trial(t.params, user_attrs=attrs)
+        recovered.append(t.number)
+    return recovered
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def enqueue_baselines(study: optuna.Study, prepared: Prepared, predictor: MemoryPredictor | None) -> list[str]:
+    """Enqueue each baseline not yet tried, waiting or running (first run, or after a crash)."""
+    from optuna.trial import TrialState
+
+    present = {
+        t.user_attrs.get(ATTR.BASELINE)
+        for t in study.get_trials(deepcopy=False)
+        if not (t.state == TrialState.FAIL and t.user_attrs.get(ATTR.INTERRUPTED))
+    }
+    budget = prepared.spec.memory_budget
+    fits = None
+    if predictor is not None and budget is not None:
+
+        def fits(knobs: Any) -> bool:
+            try:
+                return predictor(prepared.workload, prepared.space.config(knobs)) <= budget
+            except Exception:  # an optional model's failure: fall back to measuring
+                return True
+
+    reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
+    added = []
+    for b in baselines(prepared.space, batch_size=reference, fits=fits):
+        if b.name not in present:
+            study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
+            added.append(b.name)
+    return added
+
+
+def run_study(
+    prepared: Prepared,
+    study: optuna.Study,
+    options: RunOptions,
+    observer: StudyObserver | None = None,
+) -> int:
+    """Run trials until the study has ``spec.trials`` counted trials (or the timeout). Returns
+    the number of trials this process ran."""
+    from autotune.search.dashboard import note_saver
+    from autotune.search.isolation import MeasurementProcess
+    from autotune.search.objective import Objective, TrialFailed
+
+    observer = observer or StudyObserver()
+    spec = prepared.spec
+    recover_interrupted(study)
+    predictor = None if options.memory_model is None else load_memory_predictor(options.memory_model)
+    if not options.worker:
+        enqueue_baselines(study, prepared, predictor)
+    remaining = spec.trials - count_done(study)
+    if remaining <= 0 or options.create_only:
+        return 0
+    assert prepared.workload.source is not None  # load_workload always sets it
+    ran = 0
+
+    def after_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        nonlocal ran
+        ran += 1
+        observer.trial_finished(study, trial)
+        if count_done(study) >= spec.trials:
+            study.stop()  # other workers may have finished the rest
+
+    with MeasurementProcess(prepared.workload.source, threads=spec.measure.threads, device=options.device) as measurer:
+        measurer.start()
+        objective = Objective(
+            space=prepared.space,
+            measurer=measurer,
+            workload=prepared.workload,
+            workload_id=prepared.fingerprint,
+            machine=machine_fingerprint(threads=spec.measure.threads, device=options.device or "auto"),
+            cache=MeasurementCache(options.cache),
+            memory_budget=spec.memory_budget,
+            steps=spec.measure.steps,
+            warmup=spec.measure.warmup,
+            trial_timeout=spec.measure.trial_timeout,
+            base_batch_size=prepared.reference_batch,
+            predictor=predictor,
+            on_start=observer.trial_started,
+            note=note_saver() if options.dashboard else None,
+        )
+        study.optimize(
+            objective,
+            n_trials=remaining,
+            timeout=spec.timeout,
+            catch=(TrialFailed,),
+            callbacks=[after_trial],
+            gc_after_trial=False,
+        )
+    return ran

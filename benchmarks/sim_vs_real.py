@@ -1,0 +1,61 @@
+"""Agreement of the simulator with the real training loop.
+
+For each workload with a shipped profile, a grid of knob settings is measured for real
+(``autotune.measure``: exact peak tensor bytes, median throughput) and costed by the simulator
+(``step_cost`` on the profile). Reported per workload: Spearman rank correlation of throughput
+per GiB (the quantity the reward is built on), of throughput alone, and the error of the
+predicted peak memory.
+
+Run: python benchmarks/sim_vs_real.py [--workloads mlp-digits,resnet-tiny,gpt-tiny] [--steps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+
+import numpy as np
+from autotune.envs.costmodel import ranking, step_cost
+from autotune.envs.knobs import MICRO_LEVELS, Knobs, knobs_to_config
+from autotune.envs.simulated import shipped_profiles
+
+from autotune import load_workload, measure
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default="mlp-digits,resnet-tiny,gpt-tiny")
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    profiles = {p.workload: p for p in shipped_profiles()}
+    print(f"{'workload':<12} {'configs':>7} {'spearman thr/GiB':>17} {'spearman thr':>13} "
+          f"{'mem err median':>15} {'mem err max':>12}")  # fmt: skip
+    for name in args.workloads.split(","):
+        profile, wl = profiles[name], load_workload(name)
+        order = ranking(profile)
+        b0 = MICRO_LEVELS.index(min(MICRO_LEVELS, key=lambda m: abs(m - wl.batch_size)))
+        grid = [Knobs(micro=m, precision=p, checkpoint=c)
+                for m, p, c in itertools.product((b0 - 2, b0), (0, 2, 4), (0, 2, 4))]  # fmt: skip
+        real_tpg, sim_tpg, real_thr, sim_thr, errors = [], [], [], [], []
+        for knobs in grid:
+            m = measure(wl, knobs_to_config(knobs, order), steps=args.steps, warmup=1)
+            assert m.throughput is not None and m.peak_bytes is not None
+            cost = step_cost(profile, knobs)
+            sim_throughput = knobs.effective_batch_size / cost.seconds
+            real_thr.append(m.throughput)
+            sim_thr.append(sim_throughput)
+            real_tpg.append(m.throughput / m.peak_bytes)
+            sim_tpg.append(sim_throughput / cost.peak_bytes)
+            errors.append(abs(cost.peak_bytes - m.peak_bytes) / m.peak_bytes)
+        print(f"{name:<12} {len(grid):>7} {_spearman(real_tpg, sim_tpg):>17.3f} {_spearman(real_thr, sim_thr):>13.3f} "
+              f"{statistics.median(errors):>14.1%} {max(errors):>12.1%}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

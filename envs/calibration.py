@@ -1,0 +1,305 @@
+"""Calibrating the simulator: a real, measured profile of one workload, saved as plain JSON.
+
+``calibrate(workload)`` measures on the real training loop of this machine:
+- exact model-state bytes and the activation/temporary peaks of the default configuration
+  (MemTracker, via ``measure``);
+- per-block bytes saved for backward, fp32 and reduced precision, at two micro-batch sizes (so
+  the part that grows with the batch is separated from the fixed part: autocast weight copies),
+  and each block's input bytes (what a checkpointed block keeps);
+- per-block forward time (forward hooks; exact on CPU, where kernels run synchronously) and whole
+  step times under five configurations, interleaved, from which the fixed and per-sample costs,
+  the reduced-precision speed and the recompute cost are solved (``calibrate``);
+- loss and gradient-noise-scale curves of a real run of the default configuration.
+
+``autotune profile WORKLOAD`` runs it and writes the JSON the simulator loads (no pickle).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autotune.config import Precision, TrainConfig
+from autotune.profile import profile_blocks
+from autotune.runner import Trainer, measure
+from autotune.workload import Workload
+
+__all__ = ["BlockCost", "WorkloadProfile", "calibrate", "load_profile", "save_profile"]
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockCost:
+    """One block: activation bytes (fixed + per sample) per precision, input bytes, compute share."""
+
+    name: str
+    fp32_fixed: float
+    fp32_per_sample: float
+    reduced_fixed: float
+    reduced_per_sample: float
+    input_per_sample: float
+    time_share: float  # this block's share of all blocks' forward time (fp32)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadProfile:
+    """Everything the simulator knows of one workload on one machine."""
+
+    version: int
+    workload: str
+    machine: str
+    reduced: Precision
+    num_parameters: int
+    batch_size: int  # the workload's reference batch (episodes start there)
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    other_activation_per_sample: float  # activations outside blocks (embeddings, head, loss)
+    temporaries_per_sample: float
+    blocks: tuple[BlockCost, ...]
+    # time per optimizer step = step_fixed + accum * micro-batch time (see costmodel.py)
+    step_fixed_seconds: float  # optimizer step, clipping, bookkeeping
+    micro_fixed_seconds: float  # per micro-batch, independent of its size
+    micro_seconds_per_sample: float
+    blocks_fraction: float  # share of a micro-batch's time spent in the blocks (fp32)
+    reduced_slowdown: float  # reduced-precision block time / fp32 block time (>1: slower)
+    recompute_fraction: float  # extra block time when checkpointed / block time
+    curve_samples: tuple[float, ...]
+    curve_loss: tuple[float, ...]
+    curve_b_noise: tuple[float, ...]
+
+    @property
+    def model_state_bytes(self) -> int:
+        return self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkloadProfile:
+        d = dict(data)
+        d["blocks"] = tuple(BlockCost(**b) for b in d["blocks"])
+        for key in ("curve_samples", "curve_loss", "curve_b_noise"):
+            d[key] = tuple(d[key])
+        return cls(**d)
+
+
+def save_profile(profile: WorkloadProfile, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(profile.to_json())
+
+
+def load_profile(path: Path) -> WorkloadProfile:
+    return WorkloadProfile.from_dict(json.loads(path.read_text()))
+
+
+Progress = Callable[[str], None]
+
+
+def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: int = 60,
+              progress: Progress | None = None) -> WorkloadProfile:  # fmt: skip
+    """Measure ``workload`` on this machine (tens of seconds for the built-in workloads)."""
+    say = progress or (lambda _: None)
+    b0 = workload.batch_size
+    b_small = max(1, b0 // 4)
+    say("memory of the default configuration")
+    default = measure(workload, TrainConfig(micro_batch_size=b0), steps=1, warmup=1)
+    assert default.memory is not None and default.category_peaks is not None
+    say("per-block activation bytes")
+    blocks = _block_bytes(workload, reduced, b_small, b0)
+    block_acts = sum(b.fp32_fixed + b0 * b.fp32_per_sample for b in blocks)
+    say("per-block forward time")
+    shares, block_fraction = _block_forward_shares(workload, b0)
+    say("step times under four configurations")
+    times = _median_step_seconds(
+        workload,
+        {
+            "small": TrainConfig(micro_batch_size=b_small),
+            "default": TrainConfig(micro_batch_size=b0),
+            "reduced": TrainConfig(micro_batch_size=b0, precision=reduced),
+            "checkpoint": TrainConfig(micro_batch_size=b0, checkpoint=True),
+            "accum": TrainConfig(micro_batch_size=b_small, grad_accum_steps=2),
+        },
+    )
+    # Solve the time model from the five step times (steps of the same process, interleaved):
+    # one more micro-batch of b_small (accum) gives a micro-batch's time; the rest of the small
+    # step is the per-step fixed cost; two batch sizes give the per-sample slope.
+    micro_small = max(times["accum"] - times["small"], 1e-9)
+    step_fixed = max(times["small"] - micro_small, 0.0)
+    micro_default = max(times["default"] - step_fixed, 1e-9)
+    per_sample = max((micro_default - micro_small) / (b0 - b_small), 0.0) if b0 > b_small else micro_default / b0
+    micro_fixed = max(micro_small - b_small * per_sample, 0.0)
+    # Precision and recompute change only block time, a fraction of the micro-batch time.
+    block_time = max(block_fraction * micro_default, 1e-9)
+    slowdown = 1.0 + (times["reduced"] - times["default"]) / block_time
+    recompute = (times["checkpoint"] - times["default"]) / block_time
+    say("loss and gradient-noise curves")
+    samples, losses, noise = _curves(workload, b0, curve_steps)
+    return WorkloadProfile(
+        version=PROFILE_VERSION,
+        workload=workload.source or workload.name,
+        machine=_machine_name(),
+        reduced=reduced,
+        num_parameters=workload.num_parameters,
+        batch_size=b0,
+        parameters_bytes=default.memory.parameters,
+        gradients_bytes=default.category_peaks.gradients,
+        optimizer_state_bytes=default.category_peaks.optimizer_state,
+        other_activation_per_sample=max(default.category_peaks.activations - block_acts, 0.0) / b0,
+        temporaries_per_sample=default.category_peaks.temporaries / b0,
+        blocks=tuple(dataclasses.replace(b, time_share=s) for b, s in zip(blocks, shares, strict=True)),
+        step_fixed_seconds=step_fixed,
+        micro_fixed_seconds=micro_fixed,
+        micro_seconds_per_sample=per_sample,
+        blocks_fraction=block_fraction,
+        reduced_slowdown=max(slowdown, 0.05),
+        recompute_fraction=max(recompute, 0.0),
+        curve_samples=samples,
+        curve_loss=losses,
+        curve_b_noise=noise,
+    )
+
+
+def _block_bytes(workload: Workload, reduced: Precision, b1: int, b2: int) -> list[BlockCost]:
+    fp32 = _linear_fit(workload, "fp32", b1, b2)
+    low = _linear_fit(workload, reduced, b1, b2)
+    inputs = _block_input_bytes(workload, b2)
+    return [
+        BlockCost(
+            name=name,
+            fp32_fixed=fp32[i][0],
+            fp32_per_sample=fp32[i][1],
+            reduced_fixed=low[i][0],
+            reduced_per_sample=low[i][1],
+            input_per_sample=inputs[i] / b2,
+            time_share=0.0,
+        )
+        for i, name in enumerate(workload.block_names())
+    ]
+
+
+def _linear_fit(workload: Workload, precision: Precision, b1: int, b2: int) -> list[tuple[float, float]]:
+    """Per block (fixed bytes, bytes per sample) from saved bytes at micro-batches b1 < b2."""
+    y1 = profile_blocks(workload, micro_batch_size=b1, precision=precision).saved_bytes
+    y2 = profile_blocks(workload, micro_batch_size=b2, precision=precision).saved_bytes
+    if b2 <= b1:
+        return [(0.0, y / b2) for y in y2]
+    slopes = [(b - a) / (b2 - b1) for a, b in zip(y1, y2, strict=True)]
+    return [(max(a - s * b1, 0.0), s) for a, s in zip(y1, slopes, strict=True)]
+
+
+def _first_batch(workload: Workload, micro: int) -> Any:
+    return next(iter(torch.utils.data.DataLoader(workload.dataset, batch_size=micro)))
+
+
+def _block_input_bytes(workload: Workload, micro: int) -> list[int]:
+    model = copy.deepcopy(workload.model)
+    names = workload.block_names()
+    sizes = [0] * len(names)
+
+    def hook(i: int) -> Any:
+        def pre(module: torch.nn.Module, args: Any) -> None:
+            sizes[i] = sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
+
+        return pre
+
+    handles = [model.get_submodule(n).register_forward_pre_hook(hook(i)) for i, n in enumerate(names)]
+    with torch.no_grad():
+        workload.loss_fn(model, _first_batch(workload, micro))
+    for h in handles:
+        h.remove()
+    return sizes
+
+
+def _block_forward_shares(workload: Workload, micro: int, repeats: int = 3) -> tuple[list[float], float]:
+    """Each block's share of all blocks' forward time, and all blocks' share of the whole forward."""
+    model = copy.deepcopy(workload.model)
+    names = workload.block_names()
+    spent = [0.0] * len(names)
+    starts = [0.0] * len(names)
+
+    def hooks(i: int) -> tuple[Any, Any]:
+        def pre(module: torch.nn.Module, args: Any) -> None:
+            starts[i] = time.perf_counter()
+
+        def post(module: torch.nn.Module, args: Any, out: Any) -> None:
+            spent[i] += time.perf_counter() - starts[i]
+
+        return pre, post
+
+    handles = []
+    for i, n in enumerate(names):
+        pre, post = hooks(i)
+        handles += [
+            model.get_submodule(n).register_forward_pre_hook(pre),
+            model.get_submodule(n).register_forward_hook(post),
+        ]
+    batch = _first_batch(workload, micro)
+    total = 0.0
+    with torch.no_grad():
+        workload.loss_fn(model, batch)  # warm-up
+        spent[:] = [0.0] * len(names)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            workload.loss_fn(model, batch)
+            total += time.perf_counter() - t0
+    for h in handles:
+        h.remove()
+    blocks_total = sum(spent) or 1.0
+    return [s / blocks_total for s in spent], min(sum(spent) / max(total, 1e-12), 1.0)
+
+
+def _median_step_seconds(workload: Workload, configs: dict[str, TrainConfig], rounds: int = 8) -> dict[str, float]:
+    """Median step time of each config, steps interleaved round-robin so that drift in a shared
+    machine's speed hits every config alike (the differences between them are what we solve for)."""
+    trainers = {key: Trainer(workload, cfg, track_noise=False) for key, cfg in configs.items()}
+    try:
+        for t in trainers.values():
+            t.step()  # warm-up: kernel selection, optimizer state
+        times: dict[str, list[float]] = {key: [] for key in trainers}
+        for _ in range(rounds):
+            for key, t in trainers.items():
+                times[key].append(t.step().seconds)
+        return {key: statistics.median(v) for key, v in times.items()}
+    finally:
+        for t in trainers.values():
+            t.close()
+
+
+def _curves(
+    workload: Workload, micro: int, steps: int
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    trainer = Trainer(workload, TrainConfig(micro_batch_size=micro), gns_decay=0.9)
+    samples, losses, noise = [], [], []
+    seen = 0
+    try:
+        for _ in range(steps):
+            r = trainer.step(split=2 if micro % 2 == 0 else 1)
+            seen += r.samples
+            b = trainer.gns.estimate().b_simple
+            samples.append(float(seen))
+            losses.append(r.loss)
+            noise.append(float(b) if b is not None and b > 0 else float("nan"))
+    finally:
+        trainer.close()
+    valid = [x for x in noise if x == x]
+    fill = valid[0] if valid else float(micro)
+    noise = [x if x == x else fill for x in noise]
+    return tuple(samples), tuple(losses), tuple(noise)
+
+
+def _machine_name() -> str:
+    import platform
+
+    threads = torch.get_num_threads()
+    return f"{platform.machine()} {platform.processor() or 'cpu'} x{threads} threads, torch {torch.__version__}"

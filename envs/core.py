@@ -1,0 +1,250 @@
+"""What the real and the simulated environment share: spaces, observation, reward, episode loop.
+
+Template method (as SB3's ``OnPolicyAlgorithm`` owns the loop and PPO adds ``train``): this
+base class owns ``reset``/``step``, the observation and the reward; a subclass says how an
+interval of training under some knobs goes (really, or simulated) via three hooks.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+from autotune.envs.knobs import (
+    ACCUM_LEVELS,
+    FRACTION_LEVELS,
+    MICRO_LEVELS,
+    ZERO_STAGES,
+    Knobs,
+    apply_action,
+)
+from gymnasium import spaces
+
+from autotune.measurement.goodput import statistical_efficiency
+from autotune.measurement.trend import loss_slope
+
+__all__ = [
+    "Interval",
+    "MachineDescriptor",
+    "ModelDescriptor",
+    "TuningEnv",
+    "OBSERVATION_SIZE",
+    "OVER_BUDGET_PENALTY",
+    "DIVERGENCE_PENALTY",
+]
+
+OBSERVATION_SIZE = 17
+OVER_BUDGET_PENALTY = 1.0
+DIVERGENCE_PENALTY = 2.0
+RECONFIG_WEIGHT = 1.0
+GIB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelDescriptor:
+    """What a policy knows of the model, independent of its architecture."""
+
+    num_parameters: int
+    activation_bytes_per_sample: float  # fp32, no checkpointing, whole model
+    num_blocks: int
+    top_quarter_share: float  # share of block activation bytes in the hungriest quarter of blocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class MachineDescriptor:
+    """What a policy knows of the machine: measured, never assumed (NOTES: bf16 is ~20x slower
+    than fp32 on an AVX2 CPU and faster on an Ampere GPU)."""
+
+    reduced_speed: float  # throughput of a reduced-precision step relative to fp32
+    budget_ratio: float  # memory budget / model-state bytes (params + grads + optimizer state)
+
+
+class Interval(NamedTuple):
+    """One env step's worth of training under fixed knobs."""
+
+    batch: int  # effective batch size trained with
+    throughput: float  # samples/s
+    peak_bytes: int
+    b_noise: float | None  # gradient noise scale (samples), None when not yet estimated
+    loss: float
+    train_seconds: float
+    reconfig_seconds: float
+
+
+class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
+    """Shared spec of ``autotune/Training-v0`` and ``autotune/Simulated-v0``.
+
+    ## Action Space
+    ``MultiDiscrete([3, 3, 3, 3, 4])``:
+
+    | index | knob | values |
+    |---|---|---|
+    | 0 | gradient-accumulation steps, level in (1, 2, 4, 8, 16) | 0 down, 1 keep, 2 up |
+    | 1 | micro-batch size, level in (1, 2, ..., 128) | 0 down, 1 keep, 2 up |
+    | 2 | blocks in reduced precision: level l puts round(l/4 L) blocks, hungriest first | 0 down, 1 keep, 2 up |
+    | 3 | blocks checkpointed (recomputed), same levels and order | 0 down, 1 keep, 2 up |
+    | 4 | ZeRO stage 0-3 | mapped to min(stage, max_zero_stage): 0 with one rank |
+
+    Levels clip at their ends, so every action is valid (no masking).
+
+    ## Observation Space
+    ``Box(-1, 1, (17,), float32)``, each entry normalized and clipped:
+
+    | index | observation | encoding |
+    |---|---|---|
+    | 0 | gradient noise scale vs effective batch | log2(B_noise / B) / 5 (0 when unknown) |
+    | 1 | memory pressure | peak / budget - 1 |
+    | 2 | loss trend | 10 x slope per step of the loss / loss |
+    | 3 | smoothed loss relative to the episode start | loss / loss_0 - 1 |
+    | 4 | throughput relative to the episode's first config | log2(thr / thr_0) / 4 |
+    | 5 | fraction of the episode's training budget used | 2 t / T - 1 |
+    | 6-9 | knobs: accumulation, micro-batch, precision, checkpoint levels | 2 level / (n - 1) - 1 |
+    | 10 | ZeRO stage | 2 stage / 3 - 1 |
+    | 11 | model: log10 parameters | log10(P) / 5 - 1 |
+    | 12 | model: log10 activation bytes per sample | log10(A) / 5 - 1 |
+    | 13 | model: number of blocks | log2(L) / 3 - 1 |
+    | 14 | model: activation share of the hungriest quarter of blocks | 2 s - 1 |
+    | 15 | machine: reduced-precision speed vs fp32 | log2(r) / 5 |
+    | 16 | machine: memory budget vs model-state bytes | log2(b) / 4 |
+
+    ## Rewards
+    With goodput = throughput x statistical efficiency (Pollux, OSDI'21:
+    (B_noise + B_0) / (B_noise + B), B_0 the episode's starting batch) and G = goodput / peak GiB,
+
+        r_t = log G_t - log G_0 - w * reconfig_seconds / train_seconds
+
+    so the return rewards reaching a better configuration quickly and staying there, the batch
+    cannot be inflated past what the gradient noise supports, and a reconfiguration pays the
+    training time it costs (w = 1). A configuration whose peak would exceed the budget is not
+    run (on a GPU it would run out of memory): r = -1 and the knobs stay, so staying on an
+    over-budget configuration keeps costing. (The episode's starting configuration is always run
+    once, as the reference G_0, even if it is over budget.) A non-finite loss ends the episode
+    with r = -2.
+
+    ## Episode End
+    Terminated on divergence; truncated by the registration's ``max_episode_steps``.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's convention)
+
+    def __init__(self, *, horizon: int, max_zero_stage: int = 0) -> None:
+        self.action_space = spaces.MultiDiscrete([3, 3, 3, 3, ZERO_STAGES])
+        self.observation_space = spaces.Box(-1.0, 1.0, (OBSERVATION_SIZE,), dtype=np.float32)
+        self.horizon = horizon
+        self.max_zero_stage = max_zero_stage
+        self.knobs = Knobs()
+        self._t = 0
+        self._first: Interval | None = None
+        self._last: Interval | None = None
+        self._batch0 = 1
+        self._losses: list[float] = []
+        self._model: ModelDescriptor | None = None
+        self._machine: MachineDescriptor | None = None
+        self._budget = 1
+
+    # ---- what a subclass provides ---------------------------------------------------------------
+
+    @abstractmethod
+    def _begin_episode(self) -> tuple[Knobs, ModelDescriptor, MachineDescriptor, int]:
+        """Pick the episode's model (with ``self.np_random``); return start knobs, descriptors, budget."""
+
+    @abstractmethod
+    def _peak_bytes(self, knobs: Knobs) -> int:
+        """Peak memory of ``knobs`` (measured once and cached, or predicted) before training on it."""
+
+    @abstractmethod
+    def _train(self, knobs: Knobs) -> Interval:
+        """Switch to ``knobs`` (if they changed) and train one interval."""
+
+    # ---- the Gymnasium API --------------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.knobs, self._model, self._machine, self._budget = self._begin_episode()
+        self._t = 0
+        self._losses = []
+        self._batch0 = self.knobs.effective_batch_size
+        first = self._train(self.knobs)
+        self._first = self._last = first
+        self._losses.append(first.loss)
+        return self._observation(first), self._info(first, reward_terms=None)
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        assert self._first is not None and self._last is not None, "call reset() before step()"
+        self._t += 1
+        new = apply_action(self.knobs, tuple(int(a) for a in action), max_zero_stage=self.max_zero_stage)
+        if self._peak_bytes(new) > self._budget:  # also when staying on an over-budget config
+            return (
+                self._observation(self._last),
+                -OVER_BUDGET_PENALTY,
+                False,
+                False,
+                self._info(self._last, reward_terms={"over_budget": 1.0}),
+            )
+        result = self._train(new)
+        self.knobs = new
+        if not math.isfinite(result.loss):
+            return (
+                self._observation(self._last),
+                -DIVERGENCE_PENALTY,
+                True,
+                False,
+                self._info(result, reward_terms={"diverged": 1.0}),
+            )
+        self._last = result
+        self._losses.append(result.loss)
+        score, score0 = self._score(result), self._score(self._first)
+        reconfig = RECONFIG_WEIGHT * result.reconfig_seconds / max(result.train_seconds, 1e-9)
+        reward = score - score0 - reconfig
+        terms = {"score": score, "score0": score0, "reconfig": reconfig}
+        return self._observation(result), float(reward), False, False, self._info(result, reward_terms=terms)
+
+    # ---- shared pieces ------------------------------------------------------------------------------
+
+    def _score(self, r: Interval) -> float:
+        """log(goodput per GiB of peak)."""
+        eff = statistical_efficiency(batch_size=r.batch, base_batch_size=self._batch0, noise_scale=r.b_noise)
+        return math.log(max(r.throughput * eff, 1e-12) / (r.peak_bytes / GIB))
+
+    def _observation(self, r: Interval) -> np.ndarray:
+        assert self._first is not None and self._model is not None and self._machine is not None
+        k, m, mach = self.knobs, self._model, self._machine
+        b_noise = 0.0 if r.b_noise is None or r.b_noise <= 0 else math.log2(r.b_noise / k.effective_batch_size) / 5
+        loss0 = self._first.loss if self._first.loss != 0 else 1.0
+        obs = [
+            b_noise,
+            r.peak_bytes / self._budget - 1.0,
+            10.0 * (loss_slope(self._losses[-4:]) or 0.0) / max(abs(r.loss), 1e-9),
+            r.loss / loss0 - 1.0,
+            math.log2(max(r.throughput, 1e-12) / max(self._first.throughput, 1e-12)) / 4,
+            2.0 * self._t / self.horizon - 1.0,
+            2.0 * k.accum / (len(ACCUM_LEVELS) - 1) - 1.0,
+            2.0 * k.micro / (len(MICRO_LEVELS) - 1) - 1.0,
+            2.0 * k.precision / (FRACTION_LEVELS - 1) - 1.0,
+            2.0 * k.checkpoint / (FRACTION_LEVELS - 1) - 1.0,
+            2.0 * k.zero_stage / (ZERO_STAGES - 1) - 1.0,
+            math.log10(max(m.num_parameters, 1)) / 5 - 1.0,
+            math.log10(max(m.activation_bytes_per_sample, 1.0)) / 5 - 1.0,
+            math.log2(max(m.num_blocks, 1)) / 3 - 1.0,
+            2.0 * m.top_quarter_share - 1.0,
+            math.log2(max(mach.reduced_speed, 1e-6)) / 5,
+            math.log2(max(mach.budget_ratio, 1e-6)) / 4,
+        ]
+        return np.clip(np.asarray(obs, dtype=np.float32), -1.0, 1.0)
+
+    def _info(self, r: Interval, *, reward_terms: dict[str, float] | None) -> dict[str, Any]:
+        return {
+            "knobs": self.knobs,
+            "throughput": r.throughput,
+            "peak_bytes": r.peak_bytes,
+            "b_noise": r.b_noise,
+            "loss": r.loss,
+            "budget_bytes": self._budget,
+            "reward_terms": reward_terms or {},
+        }

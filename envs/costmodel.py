@@ -1,0 +1,122 @@
+"""Cost model of one training step from a calibrated WorkloadProfile: time and peak memory.
+
+Per micro-batch of b samples, with L blocks, block i of time share s_i, in reduced precision
+(set R) or recomputed (set C), phi the blocks' share of a micro-batch's time:
+
+    t_micro = (t_mf + b * t_ps) * ((1 - phi) + phi * sum_i s_i * x_i * (1 + rho * [i in C]))
+    x_i     = slowdown if i in R else 1
+    t_step  = t_fixed + k * t_micro
+
+    kept_i = b * in_i if i in C else f_i(R) + b * a_i(R)      (what block i saves)
+    start  = b * a_other + sum_i kept_i + b * temp (+ grads with accumulation)
+    sweep  = max_j sum_{i<j} kept_i + full_j + grads_{>=j}    (backward, last block first)
+    peak   = params + optimizer_state + max(start, sweep, grads)
+
+The memory error of this model against measurement is reported by benchmarks/sim_vs_real.py
+(README).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from autotune.envs.calibration import WorkloadProfile
+from autotune.envs.knobs import Knobs, blocks_at_level
+
+__all__ = ["StepCost", "step_cost", "randomized_profile", "ranking"]
+
+
+@dataclass(frozen=True)
+class StepCost:
+    seconds: float  # one optimizer step
+    peak_bytes: int
+
+
+def ranking(profile: WorkloadProfile) -> tuple[int, ...]:
+    """Blocks, hungriest (fp32 bytes per sample) first; the same order ``profile_blocks`` ranks."""
+    return tuple(sorted(range(len(profile.blocks)), key=lambda i: (-profile.blocks[i].fp32_per_sample, i)))
+
+
+def step_cost(p: WorkloadProfile, knobs: Knobs) -> StepCost:
+    order = ranking(p)
+    low = blocks_at_level(knobs.precision, order)
+    ckpt = blocks_at_level(knobs.checkpoint, order)
+    b, k = knobs.micro_batch_size, knobs.accum_steps
+    block_time = sum(
+        blk.time_share * (p.reduced_slowdown if i in low else 1.0) * (1.0 + p.recompute_fraction * (i in ckpt))
+        for i, blk in enumerate(p.blocks)
+    )
+    t_micro = (p.micro_fixed_seconds + b * p.micro_seconds_per_sample) * (
+        1.0 - p.blocks_fraction + p.blocks_fraction * block_time
+    )
+    seconds = p.step_fixed_seconds + k * t_micro
+
+    def full(i: int) -> float:
+        blk = p.blocks[i]
+        return blk.reduced_fixed + b * blk.reduced_per_sample if i in low else blk.fp32_fixed + b * blk.fp32_per_sample
+
+    kept = [b * blk.input_per_sample if i in ckpt else full(i) for i, blk in enumerate(p.blocks)]
+    grads, n = float(p.gradients_bytes), len(p.blocks)
+    # End of forward / start of backward: everything saved, plus the head's gradient temporaries.
+    peak_act = b * p.other_activation_per_sample + sum(kept) + b * p.temporaries_per_sample
+    peak_act += grads if k > 1 else 0.0  # with accumulation, gradients live through every forward
+    # Backward sweep, last block first: blocks before j still hold what they saved, block j
+    # holds its full activations (rebuilt if it was checkpointed), gradients of blocks >= j exist
+    # (all of them with accumulation). The head's activations are gone by then.
+    below = sum(kept)
+    for j in reversed(range(n)):
+        below -= kept[j]
+        g = grads if k > 1 else grads * (n - j) / n
+        peak_act = max(peak_act, below + full(j) + g)
+    peak = p.parameters_bytes + p.optimizer_state_bytes + max(peak_act, grads)
+    return StepCost(seconds=seconds, peak_bytes=int(peak))
+
+
+def randomized_profile(p: WorkloadProfile, rng: np.random.Generator) -> WorkloadProfile:
+    """Domain randomization (Tobin et al. 2017): a synthetic model and machine around ``p``.
+
+    Depth is resampled (blocks drawn with replacement, 2-32 of them), bytes and times scaled by
+    log-uniform factors in [1/4, 4], and the reduced-precision slowdown drawn log-uniformly in
+    [0.3, 30]: from a GPU's tensor cores (bf16 ~3x faster) to this AVX2 CPU (~20x slower).
+    """
+    depth = int(rng.integers(2, 33))
+    picks = rng.integers(0, len(p.blocks), size=depth)
+    mem, tim = (float(math.exp(rng.uniform(math.log(0.25), math.log(4.0)))) for _ in range(2))
+    blocks = [p.blocks[int(i)] for i in picks]
+    total_share = sum(b.time_share for b in blocks) or 1.0
+    scale_params = depth / len(p.blocks)
+    # deeper: the blocks' share of the time grows with their number
+    phi = p.blocks_fraction * scale_params / (p.blocks_fraction * scale_params + 1.0 - p.blocks_fraction)
+    new_blocks = tuple(
+        dataclasses.replace(
+            b,
+            fp32_fixed=b.fp32_fixed * mem,
+            fp32_per_sample=b.fp32_per_sample * mem,
+            reduced_fixed=b.reduced_fixed * mem,
+            reduced_per_sample=b.reduced_per_sample * mem,
+            input_per_sample=b.input_per_sample * mem,
+            time_share=b.time_share / total_share,
+        )
+        for b in blocks
+    )
+    return dataclasses.replace(
+        p,
+        workload=f"{p.workload}~random",
+        num_parameters=int(p.num_parameters * scale_params * mem),
+        parameters_bytes=int(p.parameters_bytes * scale_params * mem),
+        gradients_bytes=int(p.gradients_bytes * scale_params * mem),
+        optimizer_state_bytes=int(p.optimizer_state_bytes * scale_params * mem),
+        other_activation_per_sample=p.other_activation_per_sample * mem,
+        temporaries_per_sample=p.temporaries_per_sample * mem,
+        blocks=new_blocks,
+        step_fixed_seconds=p.step_fixed_seconds * tim * scale_params,
+        micro_fixed_seconds=p.micro_fixed_seconds * tim,
+        micro_seconds_per_sample=p.micro_seconds_per_sample
+        * tim
+        * (1.0 - p.blocks_fraction + p.blocks_fraction * scale_params),
+        blocks_fraction=phi,
+        reduced_slowdown=float(math.exp(rng.uniform(math.log(0.3), math.log(30.0)))),
+    )

@@ -1,0 +1,131 @@
+"""``autotune/Simulated-v0``: the training-configuration environment over a calibrated cost model.
+
+Same spaces and reward code as the real ``TrainingEnv`` (both are ``TuningEnv``); a step costs
+microseconds instead of seconds, so PPO can take the ~10^5 steps it needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from autotune.envs.calibration import WorkloadProfile, load_profile
+from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
+from autotune.envs.costmodel import randomized_profile, step_cost
+from autotune.envs.knobs import FRACTION_LEVELS, Knobs
+
+from autotune.measurement.goodput import statistical_efficiency
+
+__all__ = ["SimulatedEnv", "PROFILE_DIR", "shipped_profiles", "describe_model"]
+
+#: Profiles measured with ``autotune profile`` on the team's 2-core CPU, shipped with the package.
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+def shipped_profiles() -> list[WorkloadProfile]:
+    return [load_profile(p) for p in sorted(PROFILE_DIR.glob("*.json"))]
+
+
+def describe_model(p: WorkloadProfile) -> ModelDescriptor:
+    per_block = sorted((b.fp32_per_sample for b in p.blocks), reverse=True)
+    quarter = max(1, round(len(per_block) / 4))
+    return ModelDescriptor(
+        num_parameters=p.num_parameters,
+        activation_bytes_per_sample=p.other_activation_per_sample + sum(per_block),
+        num_blocks=len(p.blocks),
+        top_quarter_share=sum(per_block[:quarter]) / max(sum(per_block), 1e-12),
+    )
+
+
+class SimulatedEnv(TuningEnv):
+    """Simulated training: see :class:`TuningEnv` for spaces, reward and episode end.
+
+    ## Arguments
+    - ``profiles``: WorkloadProfiles or paths to their JSON (default: the shipped ones); reset
+      picks one with ``self.np_random``.
+    - ``memory_budget``: budget as a fraction of the default configuration's peak, or None to
+      draw it each episode log-uniformly between the least memory any knobs reach and 1.3x the
+      default peak. Budgets are never set below 1.05x that least memory (always feasible).
+    - ``randomize``: domain randomization of model and machine (``randomized_profile``).
+    - ``steps_per_action``: optimizer steps per env step (as in the real env).
+    - ``noise``: relative standard deviation of simulated throughput measurements.
+    - ``horizon``: episode length used to encode the fraction of training budget used.
+    """
+
+    def __init__(
+        self,
+        *,
+        profiles: Sequence[WorkloadProfile | str | Path] | None = None,
+        memory_budget: float | None = None,
+        randomize: bool = False,
+        steps_per_action: int = 4,
+        noise: float = 0.03,
+        horizon: int = 16,
+    ) -> None:
+        super().__init__(horizon=horizon, max_zero_stage=0)
+        loaded = [p if isinstance(p, WorkloadProfile) else load_profile(Path(p)) for p in profiles or []]
+        self.profiles = loaded or shipped_profiles()
+        if not self.profiles:
+            raise FileNotFoundError(f"no workload profiles given and none shipped in {PROFILE_DIR}")
+        self.memory_budget = memory_budget
+        self.randomize = randomize
+        self.steps_per_action = steps_per_action
+        self.noise = noise
+        self.profile = self.profiles[0]
+        self._progress = 0.0
+
+    def _begin_episode(self) -> tuple[Knobs, ModelDescriptor, MachineDescriptor, int]:
+        rng = self.np_random
+        profile = self.profiles[int(rng.integers(len(self.profiles)))]
+        self.profile = randomized_profile(profile, rng) if self.randomize else profile
+        start = Knobs.default_for(self.profile.batch_size)
+        default_peak = step_cost(self.profile, start).peak_bytes
+        # The least memory any knob setting reaches: micro-batch 1, every block recomputed and in
+        # reduced precision. A budget below it would make every step a penalty (without ZeRO,
+        # model states alone can exceed a budget), which teaches nothing.
+        smallest = step_cost(
+            self.profile, Knobs(micro=0, precision=FRACTION_LEVELS - 1, checkpoint=FRACTION_LEVELS - 1)
+        )
+        floor = 1.05 * min(smallest.peak_bytes, default_peak)
+        if self.memory_budget is None:
+            # log-uniform from the floor to 1.3x the default peak: tight and loose budgets alike
+            u = rng.uniform(0.0, 1.0)
+            budget = int(floor * (1.3 * default_peak / floor) ** u)
+        else:
+            budget = int(max(default_peak * self.memory_budget, floor))
+        self._progress = 0.0
+        return start, describe_model(self.profile), self._machine_descriptor(budget), budget
+
+    def _machine_descriptor(self, budget: int) -> MachineDescriptor:
+        full = Knobs(precision=FRACTION_LEVELS - 1)
+        plain = Knobs()
+        speed = step_cost(self.profile, plain).seconds / step_cost(self.profile, full).seconds
+        return MachineDescriptor(reduced_speed=speed, budget_ratio=budget / self.profile.model_state_bytes)
+
+    def _peak_bytes(self, knobs: Knobs) -> int:
+        return step_cost(self.profile, knobs).peak_bytes
+
+    def _train(self, knobs: Knobs) -> Interval:
+        p = self.profile
+        cost = step_cost(p, knobs)
+        batch = knobs.effective_batch_size
+        b_noise = self._curve(p.curve_b_noise)
+        # Statistical progress in samples-at-the-starting-batch (Pollux): a bigger batch makes
+        # less progress per sample once it exceeds the noise scale.
+        eff = statistical_efficiency(batch_size=batch, base_batch_size=self._batch0, noise_scale=b_noise)
+        self._progress += self.steps_per_action * batch * eff
+        jitter = float(math.exp(self.np_random.normal(0.0, self.noise))) if self.noise else 1.0
+        return Interval(
+            batch=batch,
+            throughput=batch / cost.seconds * jitter,
+            peak_bytes=cost.peak_bytes,
+            b_noise=b_noise,
+            loss=self._curve(p.curve_loss),
+            train_seconds=self.steps_per_action * cost.seconds,
+            reconfig_seconds=0.0,  # knob changes are free in the local loop; ZeRO changes are masked
+        )
+
+    def _curve(self, values: Sequence[float]) -> float:
+        return float(np.interp(self._progress, self.profile.curve_samples, values))

@@ -1,0 +1,116 @@
+"""CLI commands of the policy workflow: ``profile``, ``train-policy``, ``tune``.
+
+Only argparse at import time; gymnasium, SB3 and torch load inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("profile", help="measure a workload's per-block profile for the simulator (JSON)")
+    p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
+    p.add_argument("--out", type=Path, help="output JSON (default: <workload>.profile.json)")
+    p.add_argument("--curve-steps", type=int, default=60, help="steps of the recorded loss/noise curve")
+    p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("train-policy", help="train PPO on the simulator and save it (safetensors + JSON)")
+    p.add_argument("--timesteps", type=int, default=200_000)
+    p.add_argument("--profiles", nargs="*", type=Path, help="profile JSONs (default: the shipped ones)")
+    p.add_argument("--no-randomize", action="store_true", help="no domain randomization")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("policy"), help="output directory (default: ./policy)")
+    p.set_defaults(func=_cmd_train_policy)
+
+    p = sub.add_parser("tune", help="run a policy for one episode on the real training loop of a workload")
+    p.add_argument("workload")
+    p.add_argument("--policy", type=Path, help="policy directory (default: the shipped pretrained policy)")
+    p.add_argument("--memory-budget", type=float, default=0.75,
+                   help="budget as a fraction of the default configuration's peak (default 0.75)")  # fmt: skip
+    p.add_argument("--steps", type=int, default=12, help="env steps (each trains --steps-per-action steps)")
+    p.add_argument("--steps-per-action", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_tune)
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from autotune.envs.calibration import calibrate, save_profile
+    from rich.console import Console
+
+    from autotune.workload import load_workload
+
+    workload = load_workload(args.workload)
+    out = args.out or Path(f"{workload.name}.profile.json")
+    console = Console(stderr=True)
+    with console.status(f"profiling {workload.name}") as status:
+        profile = calibrate(workload, curve_steps=args.curve_steps,
+                            progress=lambda what: status.update(f"profiling {workload.name}: {what}"))  # fmt: skip
+    save_profile(profile, out)
+    print(f"wrote {out}: {len(profile.blocks)} blocks, reduced-precision slowdown {profile.reduced_slowdown:.2f}x, "
+          f"recompute +{profile.recompute_fraction:.0%} of block time")  # fmt: skip
+    return 0
+
+
+def _cmd_train_policy(args: argparse.Namespace) -> int:
+    from autotune.envs.calibration import load_profile
+    from autotune.envs.simulated import shipped_profiles
+    from autotune.policies.ppo import save_policy, train_policy
+
+    profiles = [load_profile(p) for p in args.profiles] if args.profiles else shipped_profiles()
+    model = train_policy(timesteps=args.timesteps, profiles=profiles, randomize=not args.no_randomize,
+                         seed=args.seed, verbose=1)  # fmt: skip
+    save_policy(model, args.out, trained_on=[p.workload for p in profiles], timesteps=args.timesteps,
+                extra={"randomize": not args.no_randomize, "seed": args.seed})  # fmt: skip
+    print(f"saved {args.out}/policy.safetensors and {args.out}/policy.json")
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from autotune.envs.training import TrainingEnv
+    from autotune.policies.ppo import PRETRAINED_DIR, load_policy
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotune.units import format_bytes
+
+    policy = load_policy(args.policy or PRETRAINED_DIR)
+    env = TrainingEnv(workloads=[args.workload], memory_budget=args.memory_budget,
+                      steps_per_action=args.steps_per_action, horizon=args.steps)  # fmt: skip
+    console = Console()
+    try:
+        obs, info = env.reset(seed=args.seed)
+        start = env.knobs
+        table = Table(title=f"policy on {args.workload}: budget {format_bytes(info['budget_bytes'])}")
+        for col in ("step", "action", "knobs", "samples/s", "peak", "B_noise", "loss", "reward"):
+            table.add_column(col, justify="right")
+        table.add_row("0", "-", _knobs(start), f"{info['throughput']:.1f}", format_bytes(info["peak_bytes"]),
+                      _num(info["b_noise"]), f"{info['loss']:.4f}", "-")  # fmt: skip
+        total = 0.0
+        for t in range(1, args.steps + 1):
+            action = policy.act(obs)
+            obs, reward, terminated, _, info = env.step(action)
+            total += reward
+            table.add_row(str(t), ",".join(str(int(a)) for a in action), _knobs(env.knobs),
+                          f"{info['throughput']:.1f}", format_bytes(info["peak_bytes"]), _num(info["b_noise"]),
+                          f"{info['loss']:.4f}", f"{reward:+.3f}")  # fmt: skip
+            if terminated:
+                break
+        console.print(table)
+        console.print(f"return {total:+.3f}; default config: {env._config(start).to_dict()}")
+        console.print(f"final config:   {env._config(env.knobs).to_dict()}")
+    finally:
+        env.close()
+    return 0
+
+
+def _knobs(k: Any) -> str:
+    return f"b{k.micro_batch_size}x{k.accum_steps} p{k.precision}/4 c{k.checkpoint}/4"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"

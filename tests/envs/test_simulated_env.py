@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import autotune.envs  # noqa: F401  (registers the environments)
+import gymnasium as gym
+import numpy as np
+import pytest
+from autotune.envs import SimulatedEnv, WorkloadProfile, calibrate, load_profile, save_profile, shipped_profiles
+from autotune.envs.costmodel import step_cost
+from autotune.envs.knobs import Knobs
+from gymnasium.utils.env_checker import check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+from tests.conftest import make_resmlp
+
+
+@pytest.mark.parametrize("randomize", [False, True])
+def test_passes_gymnasium_and_sb3_checks_without_warnings(randomize: bool) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = gym.make("autotune/Simulated-v0", randomize=randomize).unwrapped
+        check_env(env, skip_render_check=True)
+        sb3_check_env(env, warn=True)
+
+
+def _rollout(seed: int) -> list[tuple[np.ndarray, float]]:
+    env = gym.make("autotune/Simulated-v0", randomize=True)
+    obs, _ = env.reset(seed=seed)
+    env.action_space.seed(seed)
+    out = [(obs, 0.0)]
+    for _ in range(40):
+        obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+        out.append((obs, float(reward)))
+        if terminated or truncated:
+            obs, _ = env.reset()
+    return out
+
+
+def test_seeded_rollouts_are_identical() -> None:
+    a, b, c = _rollout(7), _rollout(7), _rollout(8)
+    assert all(np.array_equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, c, strict=True))
+
+
+def test_shipped_profiles_cover_the_built_in_workloads_and_generated_ones() -> None:
+    names = {p.workload for p in shipped_profiles()}
+    assert {"gpt-tiny", "mlp-digits", "resnet-tiny"} <= names
+    assert {f"random:{seed}" for seed in range(10, 15)} <= names
+    assert "random:3" not in names  # held out: the README's transfer check runs on it
+
+
+def test_cost_model_orders_memory_like_the_knobs() -> None:
+    p = next(p for p in shipped_profiles() if p.workload == "gpt-tiny")
+    base = step_cost(p, Knobs(micro=5))
+    assert step_cost(p, Knobs(micro=5, checkpoint=4)).peak_bytes < base.peak_bytes
+    assert step_cost(p, Knobs(micro=5, precision=4)).peak_bytes < base.peak_bytes
+    assert step_cost(p, Knobs(micro=4)).peak_bytes < base.peak_bytes
+    assert step_cost(p, Knobs(micro=5, checkpoint=4)).seconds > base.seconds  # recompute costs time
+
+
+def test_calibration_round_trips_through_json(tmp_path: Path) -> None:
+    profile = calibrate(make_resmlp(), curve_steps=6)
+    save_profile(profile, tmp_path / "p.json")
+    again = load_profile(tmp_path / "p.json")
+    assert again == profile
+    assert isinstance(again, WorkloadProfile)
+    assert len(again.blocks) == 4 and again.parameters_bytes == make_resmlp().num_parameters * 4
+    assert abs(sum(b.time_share for b in again.blocks) - 1.0) < 1e-9
+    env = SimulatedEnv(profiles=[again], memory_budget=0.8)
+    obs, info = env.reset(seed=0)
+    assert info["budget_bytes"] < info["peak_bytes"]  # 0.8 of the default's peak
+    assert obs.shape == (17,)

@@ -1,0 +1,74 @@
+"""The two baselines: the PyTorch default and the seed recipe, as points of the space."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE, baselines, smaller_micro_batch
+from autotune.search.space import Knobs, SearchSpace
+
+
+def _space(n_blocks: int = 6, **kw: object) -> SearchSpace:
+    args: dict[str, object] = {"batch_sizes": (32,), "ranking": tuple(range(n_blocks)), "max_micro_batch": 1000}
+    args.update(kw)
+    return SearchSpace(**args)  # type: ignore[arg-type]
+
+
+def test_pytorch_default_is_fp32_whole_batch_no_checkpointing() -> None:
+    default, _ = baselines(_space(), batch_size=32)
+    assert default.name == PYTORCH_DEFAULT
+    config = _space().config(default.knobs)
+    assert (config.micro_batch_size, config.grad_accum_steps, config.precision, config.checkpoint) == (
+        32,
+        1,
+        "fp32",
+        False,
+    )
+
+
+def test_seed_recipe_is_accum_4_bf16_everywhere_checkpoints_every_sqrt_l() -> None:
+    _, seed = baselines(_space(n_blocks=6), batch_size=32)
+    assert seed.name == SEED_RECIPE
+    config = _space(n_blocks=6).config(seed.knobs)
+    # sqrt(6) ~ 2.45 -> every 2nd block -> 3 of 6 blocks recomputed
+    assert (config.micro_batch_size, config.grad_accum_steps, config.precision) == (8, 4, "bf16")
+    assert config.checkpoint == (True, True, True, False, False, False)
+    # 16 blocks: every 4th -> 4 blocks
+    _, seed16 = baselines(_space(n_blocks=16), batch_size=32)
+    assert seed16.knobs.checkpoint_blocks == 4
+
+
+def test_seed_recipe_uses_zero_2_with_ranks() -> None:
+    space = _space(ranks=(1, 2), zero_stages=(0, 1, 2, 3))
+    _, seed = baselines(space, batch_size=32)
+    assert (seed.knobs.ranks, seed.knobs.zero_stage, seed.knobs.micro_batch_size) == (2, 2, 4)
+
+
+def test_seed_recipe_accumulation_closest_to_4_when_4_does_not_divide() -> None:
+    _, seed = baselines(_space(batch_sizes=(6,)), batch_size=6)
+    assert seed.knobs.micro_batch_size == 2  # accum 3 (|3-4| = 1) beats accum 6 (2) and 2 (2)
+
+
+def test_a_memory_prediction_picks_the_largest_micro_batch_that_fits() -> None:
+    default, _ = baselines(_space(), batch_size=32, fits=lambda k: k.micro_batch_size <= 10)
+    assert default.knobs.micro_batch_size == 8
+
+
+def test_smaller_micro_batch_steps_down_the_divisors() -> None:
+    space = _space(batch_sizes=(24,))
+    knobs = Knobs(
+        batch_size=24,
+        ranks=1,
+        micro_batch_size=24,
+        zero_stage=0,
+        low_precision="bf16",
+        low_precision_blocks=0,
+        checkpoint_blocks=0,
+    )
+    steps = []
+    k: Knobs | None = knobs
+    while k is not None:
+        steps.append(k.micro_batch_size)
+        k = smaller_micro_batch(space, k)
+    assert steps == [24, 12, 8, 6, 4, 3, 2, 1]
+    assert smaller_micro_batch(space, replace(knobs, micro_batch_size=1)) is None

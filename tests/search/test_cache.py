@@ -1,0 +1,112 @@
+"""The measurement cache: keyed by (workload fingerprint, config, machine, settings), re-judged
+against the current memory budget."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from autotune.config import TrainConfig
+from autotune.measurement.gns import NoiseEstimate
+from autotune.measurement.record import Measurement, MemoryBreakdown
+from autotune.search.cache import MeasurementCache, cache_key, machine_fingerprint, workload_fingerprint
+from tests.conftest import make_resmlp
+
+PEAK = 1000
+
+
+def _measurement(status: str = "ok", throughput: float | None = 50.0) -> Measurement:
+    memory = MemoryBreakdown(
+        parameters=400, gradients=200, optimizer_state=100, activations=300, temporaries=0, buffers=0, other=0
+    )
+    return Measurement(
+        workload="w",
+        config=TrainConfig(micro_batch_size=4),
+        device="cpu",
+        status=status,  # type: ignore[arg-type]
+        reason=None if status == "ok" else f"peak {PEAK} bytes exceeds the memory budget of 900 bytes",
+        warmup=1,
+        steps=3,
+        throughput=throughput,
+        throughput_p25=throughput,
+        throughput_p75=throughput,
+        step_seconds=0.1,
+        memory=memory,
+        category_peaks=memory,
+        device_peak_bytes=None,
+        memory_budget=None,
+        noise=NoiseEstimate(b_simple=3.0, trace_sigma=1.0, grad_sq_norm=1.0, sigma2=1.0, steps=2),
+        losses=(1.0, 0.9),
+        loss_slope=-0.1,
+        overflow_steps=0,
+        lr=1e-3,
+    )
+
+
+def test_put_then_get_returns_the_measurement(tmp_path: Path) -> None:
+    cache = MeasurementCache(tmp_path / "c.db")
+    m = _measurement()
+    cache.put("k", workload="w", machine="m", measurement=m)
+    assert cache.get("k", memory_budget=None) == m
+    assert cache.get("other", memory_budget=None) is None
+    assert len(cache) == 1
+    # a new cache object on the same file (a resumed study) sees it
+    assert MeasurementCache(tmp_path / "c.db").get("k", memory_budget=None) == m
+
+
+def test_an_ok_measurement_over_a_smaller_budget_becomes_over_budget(tmp_path: Path) -> None:
+    cache = MeasurementCache(tmp_path / "c.db")
+    cache.put("k", workload="w", machine="m", measurement=_measurement())
+    got = cache.get("k", memory_budget=900)
+    assert got is not None
+    assert (got.status, got.reason, got.memory_budget) == (
+        "over_budget",
+        "peak 1000 bytes exceeds the memory budget of 900 bytes",
+        900,
+    )
+    assert cache.get("k", memory_budget=2000) == replace(_measurement(), memory_budget=2000)
+
+
+def test_an_over_budget_measurement_is_reused_only_while_still_over(tmp_path: Path) -> None:
+    cache = MeasurementCache(tmp_path / "c.db")
+    cache.put("k", workload="w", machine="m", measurement=_measurement("over_budget", None))
+    got = cache.get("k", memory_budget=800)
+    assert got is not None and got.status == "over_budget"
+    assert cache.get("k", memory_budget=1000) is None  # fits now: throughput was never measured
+
+
+def test_no_path_caches_nothing() -> None:
+    cache = MeasurementCache(None)
+    cache.put("k", workload="w", machine="m", measurement=_measurement())
+    assert cache.get("k", memory_budget=None) is None
+
+
+def test_the_key_depends_on_every_part() -> None:
+    base = {"workload": "w", "machine": "m", "config": TrainConfig(), "steps": 3, "warmup": 1}
+    keys = {cache_key(**base)}  # type: ignore[arg-type]
+    for change in (
+        {"workload": "w2"},
+        {"machine": "m2"},
+        {"config": TrainConfig(micro_batch_size=4)},
+        {"steps": 4},
+        {"warmup": 2},
+    ):
+        keys.add(cache_key(**{**base, **change}))  # type: ignore[arg-type]
+    assert len(keys) == 6
+
+
+def test_workload_fingerprint_is_stable_and_sees_weights() -> None:
+    a, b = make_resmlp(), make_resmlp()
+    assert workload_fingerprint(a) == workload_fingerprint(b)
+    with torch.no_grad():
+        next(b.model.parameters())[0, 0] += 1.0
+    assert workload_fingerprint(a) != workload_fingerprint(b)
+    assert workload_fingerprint(a) != workload_fingerprint(make_resmlp(depth=3))
+
+
+def test_machine_fingerprint_names_threads_and_device() -> None:
+    text = machine_fingerprint(threads=1, device="cpu")
+    assert f"torch {torch.__version__}" in text
+    assert "threads 1 | device cpu" in text

@@ -1,0 +1,235 @@
+"""The search commands as users run them: subprocesses, exit codes, one-line errors, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.cli import main
+from autotune.config import TrainConfig
+from autotune.zoo import BUILTINS
+
+ROOT = Path(__file__).parent.parent.parent
+TINY = Path(__file__).parent / "tiny_workload.py"
+BUILTIN_NAMES = ", ".join(sorted(BUILTINS))
+MEASURE = ("--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress", "--no-memory-model")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", **extra}
+
+
+def _autotune(*args: str, cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autotune.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(**env),
+        cwd=cwd,
+    )
+
+
+def _study(storage: Path, name: str = "tiny") -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{storage}")
+
+
+def test_help_lists_the_search_commands(tmp_path: Path) -> None:
+    proc = _autotune("--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    for command in ("study", "worker", "best", "dashboard"):
+        assert command in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ("study", "no-such-model"),
+            f"autotune study: error: unknown workload 'no-such-model': expected a built-in name ({BUILTIN_NAMES}), "
+            "'random:SEED', 'path/to/file.py:build' or 'package.module:build'",
+        ),
+        (
+            ("study", "SPEC", "--memory-budget", "1KiB"),
+            "autotune study: error: memory_budget must be at least the parameter memory of workload 'tiny' "
+            "(134.1 KiB), but got 1 KiB.",
+        ),
+        (
+            ("study", "BAD_KEY"),
+            "autotune study: error: BAD_KEY: unknown key 'space.rank' (known keys: batch_size, batch_sizes, blocks, "
+            "precisions, ranks, zero_stages).",
+        ),
+        (
+            ("study", "BAD_TYPE"),
+            "autotune study: error: BAD_TYPE: trials must be an int, but got 'ten'.",
+        ),
+        (
+            ("study", "SPEC", "--storage", "postgresql://autotune@127.0.0.1:1/none"),
+            "autotune study: error: cannot open storage 'postgresql+psycopg://autotune@127.0.0.1:1/none': "
+            "connection failed: connection to server at \"127.0.0.1\", port 1 failed: Connection refused",
+        ),
+        (
+            ("study", "SPEC", "--storage", "sqlite:////nonexistent-dir/x.db"),
+            "autotune study: error: cannot open storage 'sqlite:////nonexistent-dir/x.db': "
+            "unable to open database file",
+        ),
+        (
+            ("study", "SPEC", "--batch-sizes", "16,x"),
+            "autotune study: error: --batch-sizes must be a comma list of ints, but got '16,x'.",
+        ),
+        (
+            ("best", "nothing"),
+            "autotune best: error: no study storage at studies/autotune.db: run autotune study first, "
+            "or pass --storage",
+        ),
+        (
+            ("dashboard", "missing.db"),
+            "autotune dashboard: error: no study storage at missing.db: run autotune study first, or pass --storage",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: tuple[str, ...],
+    line: str,
+) -> None:
+    # In-process (cli.main is what the console script calls): a subprocess per case would spend
+    # seconds importing torch and optuna for each one-line error. One case below runs as a process.
+    monkeypatch.chdir(tmp_path)
+    specs = {
+        "SPEC": f"{TINY}:build",
+        "BAD_KEY": tmp_path / "bad_key.toml",
+        "BAD_TYPE": tmp_path / "bad_type.toml",
+    }
+    specs["BAD_KEY"].write_text(f'workload = "{TINY}:build"\n[space]\nrank = [2]\n')
+    specs["BAD_TYPE"].write_text(f'workload = "{TINY}:build"\ntrials = "ten"\n')
+    expected = line
+    for key, value in specs.items():
+        expected = expected.replace(key, str(value))
+    code = main([str(specs.get(a, a)) for a in args])
+    out = capsys.readouterr()
+    assert (code, out.err, out.out) == (2, expected + "\n", "")
+    assert not (tmp_path / "studies").exists()  # not even the default storage file
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_an_unknown_workload_exits_2_from_a_real_process(tmp_path: Path) -> None:
+    proc = _autotune("study", "no-such-model", "--trials", "3", cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.startswith("autotune study: error: unknown workload 'no-such-model': expected a built-in name")
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "studies").exists()
+
+
+def test_a_study_name_taken_by_other_objectives_is_refused_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "s.db"
+    optuna.create_study(study_name="tiny", storage=f"sqlite:///{db}", directions=["minimize", "minimize"])
+    before = db.read_bytes()
+    assert main(["study", f"{TINY}:build", "--storage", str(db)]) == 2
+    assert capsys.readouterr().err == (
+        f"autotune study: error: study 'tiny' already exists in 'sqlite:///{db}' with other objectives "
+        "(minimize, minimize); pass --study-name to start another study\n"
+    )
+    assert db.read_bytes() == before
+
+
+def _counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    finished = ("COMPLETE", "PRUNED", "FAIL")
+    return [t for t in study.trials if t.state.name in finished and not t.user_attrs.get("interrupted")]
+
+
+def test_sigkill_mid_trial_loses_no_completed_trial_and_rerun_resumes(tmp_path: Path) -> None:
+    db, hold = tmp_path / "s.db", tmp_path / "hold"
+    args = ("study", f"{TINY}:build_holdable", "--trials", "4", "--storage", str(db), "--cache", str(tmp_path / "c.db"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", *args, *MEASURE],
+        env=_env(AUTOTUNE_TEST_HOLD=str(hold)),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while _finished_count(db) < 2:  # let two trials finish, then hold the next one mid-trial
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        hold.write_text("")
+        while not Path(f"{hold}.held").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        before = {t.number: t.state.name for t in _study(db).trials if t.state.name != "WAITING"}
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    held_pid = int(Path(f"{hold}.held").read_text())
+    hold.unlink()
+    assert list(before.values()).count("RUNNING") == 1
+    done_before = [n for n, s in before.items() if s != "RUNNING"]
+    _wait_gone(held_pid)  # the orphaned measurement child exits by itself
+
+    rerun = _autotune(*args, *MEASURE, cwd=tmp_path, AUTOTUNE_TEST_HOLD=str(hold))
+    assert rerun.returncode == 0, rerun.stderr
+    study = _study(db)
+    after = {t.number: t for t in study.trials}
+    assert len(_counted(study)) == 4
+    assert all(after[n].state.name == before[n] for n in done_before)  # nothing completed was lost
+    interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
+    assert len(interrupted) == 1 and interrupted[0].state.name == "FAIL"
+    retries = [t for t in study.trials if t.user_attrs.get("retry_of") == interrupted[0].number]
+    assert len(retries) == 1 and retries[0].params == interrupted[0].params
+    assert "recommended: trial" in rerun.stdout
+
+
+def _finished_count(db: Path) -> int:
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as con:
+        try:
+            row = con.execute("SELECT COUNT(*) FROM trials WHERE state IN ('COMPLETE', 'PRUNED', 'FAIL')").fetchone()
+        except sqlite3.OperationalError:  # tables not created yet
+            return 0
+    return int(row[0])
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"measurement process {pid} outlived its study process")
+
+
+def test_best_exports_json_deepspeed_and_python(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "s.db"
+    args = ("study", f"{TINY}:build", "--trials", "3", "--storage", str(db), "--cache", str(tmp_path / "c.db"))
+    assert main([*args, "--artifact-dir", str(tmp_path / "art"), *MEASURE]) == 0
+    printed = capsys.readouterr().out
+    assert "Pareto front of 'tiny'" in printed and "recommended / baseline" in printed
+    out = {}
+    for fmt in ("json", "deepspeed", "python"):
+        assert main(["best", "tiny", "--storage", str(db), "--format", fmt]) == 0
+        out[fmt] = capsys.readouterr().out
+    config = TrainConfig.from_json(out["json"])
+    assert config.effective_batch_size == 16
+    ds = json.loads(out["deepspeed"])
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"]) == (16, config.micro_batch_size)
+    compile(out["python"], "snippet.py", "exec")
+    assert "BLOCKS = ['blocks.0', 'blocks.1', 'blocks.2', 'blocks.3']" in out["python"]

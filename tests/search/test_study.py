@@ -1,0 +1,231 @@
+"""Running studies in-process on a tiny workload: baselines first, infeasible trials pruned with
+their reason, constraints where the dashboard reads them, notes, resume, cache, memory-model hook."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import optuna
+import optuna_dashboard
+import pytest
+
+from autotune.errors import StudyError
+from autotune.measurement.goodput import statistical_efficiency
+from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.record import ATTR
+from autotune.search.results import summarize
+from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
+from autotune.search.study import RunOptions, count_done, open_study, prepare, recover_interrupted, run_study
+
+TINY = Path(__file__).parent / "tiny_workload.py"
+
+
+def _spec(**kw: object) -> StudySpec:
+    args: dict[str, object] = {
+        "workload": f"{TINY}:build",
+        "trials": 5,
+        "measure": MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=120),
+    }
+    args.update(kw)
+    return StudySpec(**args)  # type: ignore[arg-type]
+
+
+def _options(tmp_path: Path, **kw: object) -> RunOptions:
+    args: dict[str, object] = {
+        "storage": str(tmp_path / "s.db"),
+        "cache": tmp_path / "cache.db",
+        "artifact_dir": tmp_path / "artifacts",
+        "memory_model": None,
+    }
+    args.update(kw)
+    return RunOptions(**args)  # type: ignore[arg-type]
+
+
+def _note(study: optuna.Study, number: int) -> str:
+    # get_note wants a live Trial; a Trial object can be made for any trial id of the study.
+    trial = optuna.Trial(study, study.trials[number]._trial_id)
+    note: str = optuna_dashboard.get_note(trial)
+    return note
+
+
+def _run(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, int]:
+    prepared = prepare(spec)
+    study = open_study(prepared, options)
+    return study, run_study(prepared, study, options)
+
+
+def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path, tiny_budget: int) -> None:
+    budget = tiny_budget
+    study, ran = _run(_spec(memory_budget=budget), _options(tmp_path))
+    assert ran == 5 and count_done(study) == 5
+    t = study.trials
+    # trial 0: the PyTorch default (micro-batch 16) does not fit 2 MiB and is retried as trial 2
+    assert (t[0].state.name, t[0].user_attrs[ATTR.BASELINE], t[0].params["micro_batch_size"]) == (
+        "PRUNED",
+        PYTORCH_DEFAULT,
+        16,
+    )
+    peak = t[0].user_attrs[ATTR.PEAK]
+    assert t[0].user_attrs[ATTR.REASON] == (
+        f"peak {peak} bytes exceeds the memory budget of {budget} bytes; "
+        "the PyTorch-default baseline is retried with micro-batch 8"
+    )
+    assert t[0].system_attrs["constraints"] == [peak - budget]
+    assert (t[1].user_attrs[ATTR.BASELINE], t[1].params) == (
+        SEED_RECIPE,
+        {"micro_batch_size": 4, "low_precision_blocks": 4, "checkpoint_blocks": 2},
+    )
+    assert (t[2].user_attrs[ATTR.BASELINE], t[2].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 8)
+    for trial in t[1:]:
+        if trial.state.name == "COMPLETE":
+            assert trial.values[1] == trial.user_attrs[ATTR.PEAK] / 2**20
+            assert trial.system_attrs["constraints"] == [trial.user_attrs[ATTR.PEAK] - budget]
+            assert trial.values[0] == trial.user_attrs[ATTR.THROUGHPUT]
+    assert _note(study, 0).startswith("## Trial 0: over_budget (baseline: pytorch-default)\n")
+    assert "### Memory by category (at peak)" in _note(study, 1)
+    assert study.metric_names == ["throughput (samples/s)", "peak memory (MiB)"]
+    summary = summarize(study)
+    assert summary.recommended is not None and summary.recommended.feasible
+    assert {i.baseline for i in summary.improvements} == {PYTORCH_DEFAULT, SEED_RECIPE}
+
+
+def test_rerunning_resumes_extends_and_reuses_the_cache(tmp_path: Path) -> None:
+    options = _options(tmp_path)
+    study, ran = _run(_spec(trials=3), options)
+    assert (ran, count_done(study)) == (3, 3)
+    study, ran = _run(_spec(trials=5), options)
+    assert (ran, count_done(study), len(study.trials)) == (2, 5, 5)
+    study, ran = _run(_spec(trials=5), options)
+    assert (ran, len(study.trials)) == (0, 5)
+    # Another study of the same workload on the same machine measures its baselines from the cache.
+    other, _ = _run(_spec(trials=2, name="again"), options)
+    assert [t.user_attrs[ATTR.CACHED] for t in other.trials[:2]] == [True, True]
+    assert [t.user_attrs.get(ATTR.PEAK) for t in other.trials[:2]] == [
+        t.user_attrs.get(ATTR.PEAK) for t in study.trials[:2]
+    ]
+
+
+def test_the_memory_model_skips_configs_predicted_not_to_fit(tmp_path: Path, tiny_budget: int) -> None:
+    budget = tiny_budget
+    spec = _spec(trials=4, sampler="random", memory_budget=budget)
+    study, _ = _run(spec, _options(tmp_path, memory_model="tests.search.fake_memory_model"))
+    t = study.trials
+    assert (t[0].user_attrs[ATTR.BASELINE], t[0].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 4)
+    for trial in t:
+        predicted_over = trial.params["micro_batch_size"] >= 8
+        assert (trial.user_attrs[ATTR.STATUS] == "predicted_over_budget") == predicted_over
+        if predicted_over:
+            assert trial.state.name == "PRUNED" and ATTR.CACHED not in trial.user_attrs
+            assert trial.user_attrs[ATTR.REASON] == (
+                f"predicted peak {10**12} bytes exceeds the memory budget of {budget} bytes"
+            )
+
+
+def test_an_existing_study_with_other_objectives_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    options = _options(tmp_path)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(study_name="tiny", storage=url, direction="minimize")
+    before = (tmp_path / "s.db").read_bytes()
+    message = (
+        f"study 'tiny' already exists in '{url}' with other objectives (minimize); "
+        "pass --study-name to start another study"
+    )
+    with pytest.raises(StudyError, match=f"^{re.escape(message)}$"):
+        open_study(prepare(_spec()), options)
+    assert (tmp_path / "s.db").read_bytes() == before
+
+
+def test_an_existing_study_with_another_budget_is_refused(tmp_path: Path) -> None:
+    options = _options(tmp_path, create_only=True)
+    prepared = prepare(_spec(memory_budget=2**21))
+    run_study(prepared, open_study(prepared, options), options)
+    message = (
+        f"study 'tiny' already exists in 'sqlite:///{tmp_path / 's.db'}' with another memory budget "
+        "(2097152, this run: 4194304); pass --study-name to start another study"
+    )
+    with pytest.raises(StudyError, match=f"^{re.escape(message)}$"):
+        open_study(prepare(_spec(memory_budget=2**22)), options)
+
+
+def test_a_worker_cannot_create_a_study(tmp_path: Path) -> None:
+    message = (
+        f"study 'tiny' does not exist in 'sqlite:///{tmp_path / 's.db'}': create it first "
+        "(autotune study ... --create-only), then start the workers"
+    )
+    with pytest.raises(StudyError, match=f"^{re.escape(message)}$"):
+        open_study(prepare(_spec()), _options(tmp_path, worker=True))
+
+
+def test_a_trial_of_a_dead_process_is_failed_and_retried(tmp_path: Path) -> None:
+    options = _options(tmp_path, create_only=True)
+    prepared = prepare(_spec())
+    study = open_study(prepared, options)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    trial = study.ask()  # takes the enqueued PyTorch-default baseline
+    trial.set_user_attr(ATTR.HOST, socket.gethostname())
+    trial.set_user_attr(ATTR.PID, dead.pid)
+    trial.set_user_attr(ATTR.BASELINE, PYTORCH_DEFAULT)
+    alive = study.ask()
+    alive.set_user_attr(ATTR.HOST, socket.gethostname())
+    alive.set_user_attr(ATTR.PID, os.getpid())
+    assert recover_interrupted(study) == [trial.number]
+    frozen = study.trials[trial.number]
+    assert (frozen.state.name, frozen.user_attrs[ATTR.INTERRUPTED]) == ("FAIL", True)
+    assert frozen.user_attrs[ATTR.REASON] == f"interrupted: process {dead.pid} ended during the trial"
+    retry = study.trials[-1]
+    assert (retry.state.name, retry.user_attrs[ATTR.RETRY_OF], retry.user_attrs[ATTR.BASELINE]) == (
+        "WAITING",
+        trial.number,
+        PYTORCH_DEFAULT,
+    )
+    assert study.trials[alive.number].state.name == "RUNNING"
+    assert count_done(study) == 0
+
+
+def test_spec_and_trials_are_stored_for_workers(tmp_path: Path) -> None:
+    from autotune.search.study import stored_spec
+
+    options = _options(tmp_path, create_only=True)
+    spec = _spec()
+    prepared = prepare(spec)
+    study = open_study(prepared, options)
+    assert stored_spec(study) == spec
+    assert study.user_attrs["blocks"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    assert dataclasses.replace(spec, trials=9) == stored_spec(
+        open_study(prepare(dataclasses.replace(spec, trials=9)), dataclasses.replace(options, create_only=False))
+    )
+
+
+def test_with_a_batch_knob_the_study_maximizes_goodput(tmp_path: Path) -> None:
+    spec = _spec(trials=3, space=SpaceSpec(batch_sizes=(8, 16, 32)))
+    study, _ = _run(spec, _options(tmp_path))
+    assert study.metric_names == ["goodput (samples/s)", "peak memory (MiB)"]
+    t = study.trials
+    # baselines at the reference batch (the workload's 16), then sampled batches
+    assert [t[0].params["batch_size"], t[1].params["batch_size"]] == [16, 16]
+    for trial in t:
+        assert trial.state.name == "COMPLETE"
+        a = trial.user_attrs
+        efficiency = statistical_efficiency(
+            batch_size=trial.params["batch_size"], base_batch_size=16, noise_scale=a[ATTR.NOISE_SCALE]
+        )
+        assert a[ATTR.EFFICIENCY] == efficiency
+        assert trial.values[0] == a[ATTR.GOODPUT] == a[ATTR.THROUGHPUT] * efficiency
+
+
+def test_the_real_memory_model_when_it_exists(tmp_path: Path, tiny_budget: int) -> None:
+    pytest.importorskip("autotune.memory_model", reason="the memory model (issue #3) is not in this tree yet")
+    budget = tiny_budget
+    study, _ = _run(_spec(trials=2, memory_budget=budget), _options(tmp_path, memory_model="autotune.memory_model"))
+    first = study.trials[0]
+    assert ATTR.PREDICTION_ERROR not in first.user_attrs, first.user_attrs[ATTR.PREDICTION_ERROR]
+    # The PyTorch default starts at the largest micro-batch the model predicts to fit, not at 16.
+    assert first.user_attrs[ATTR.BASELINE] == PYTORCH_DEFAULT
+    assert first.params["micro_batch_size"] < 16
+    assert first.user_attrs[ATTR.PREDICTED] <= budget
