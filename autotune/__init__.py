@@ -6,9 +6,9 @@ needs them (PEP 562 module ``__getattr__``), so the CLI's help and argument erro
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from autotune._lazy import lazy_module_attributes
 from autotune.errors import AutotuneError, ConfigError, TrainingError, UnsupportedError, WorkloadError
 
 if TYPE_CHECKING:
@@ -52,13 +52,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'autotune' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_module_attributes(__name__, globals(), _LAZY)

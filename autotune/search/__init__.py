@@ -13,8 +13,9 @@ names below load their module, and torch or optuna with it, on first use (PEP 56
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from autotune._lazy import lazy_module_attributes
 
 if TYPE_CHECKING:
     from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE, Baseline, baselines
@@ -107,13 +108,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'autotune.search' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_module_attributes(__name__, globals(), _LAZY)
