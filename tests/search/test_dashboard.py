@@ -4,7 +4,6 @@ driven by Playwright, optuna-dashboard shows the Pareto front of the trials and 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotune.runner.launch import free_port
 from autotune.search.dashboard import PARETO_PLOT_ID, pareto_figure, save_study_artifacts
 from autotune.search.results import summarize
 
@@ -60,16 +60,9 @@ def test_the_pareto_figure_marks_baselines_and_the_recommendation(study_db: Path
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def dashboard(study_db: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "autotune.cli", "dashboard", str(study_db), "--port", str(port),
          "--artifact-dir", str(study_db.parent / "artifacts")],

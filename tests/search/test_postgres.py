@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import optuna
 import pytest
+
+from autotune.runner.launch import free_port
 
 TINY = Path(__file__).parent / "tiny_workload.py"
 MEASURE = ("--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress", "--no-memory-model")
@@ -42,13 +43,6 @@ def _ensure_postgres() -> Path:
     return bin_dir
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     bin_dir = _ensure_postgres()
@@ -58,7 +52,7 @@ def postgres_url() -> Iterator[str]:
     as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     if as_user:
         shutil.chown(data, "postgres")
-    port = _free_port()
+    port = free_port()
     run = {"check": True, "capture_output": True, "timeout": 120}
     subprocess.run([*as_user, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"], **run)  # type: ignore[call-overload]
     opts = f"-c listen_addresses=127.0.0.1 -p {port} -k {data}"
