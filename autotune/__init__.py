@@ -13,6 +13,7 @@ from autotune.errors import AutotuneError, ConfigError, TrainingError, Unsupport
 
 if TYPE_CHECKING:
     from autotune.config import TrainConfig
+    from autotune.knobs import Knobs
     from autotune.measurement import Measurement, MemoryBreakdown, NoiseEstimate, RankResult
     from autotune.memory_model import MemoryEstimate, predict_memory
     from autotune.runner import measure
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AutotuneError",
     "ConfigError",
+    "Knobs",
     "Measurement",
     "MemoryBreakdown",
     "MemoryEstimate",
@@ -40,6 +42,7 @@ __all__ = [
 
 _LAZY = {
     "TrainConfig": "autotune.config",
+    "Knobs": "autotune.knobs",
     "Workload": "autotune.workload",
     "load_workload": "autotune.workload",
     "Measurement": "autotune.measurement",

@@ -17,7 +17,7 @@ import statistics
 
 import numpy as np
 from autotune.envs.costmodel import ranking, step_cost
-from autotune.envs.knobs import MICRO_LEVELS, Knobs, knobs_to_config
+from autotune.envs.knobs import MICRO_LEVELS, KnobLevels, knobs_to_config
 from autotune.envs.simulated import shipped_profiles
 
 from autotune import load_workload, measure
@@ -40,7 +40,7 @@ def main() -> None:
         profile, wl = profiles[name], load_workload(name)
         order = ranking(profile)
         b0 = MICRO_LEVELS.index(min(MICRO_LEVELS, key=lambda m: abs(m - wl.batch_size)))
-        grid = [Knobs(micro=m, precision=p, checkpoint=c)
+        grid = [KnobLevels(micro=m, precision=p, checkpoint=c)
                 for m, p, c in itertools.product((b0 - 2, b0), (0, 2, 4), (0, 2, 4))]  # fmt: skip
         real_tpg, sim_tpg, real_thr, sim_thr, errors = [], [], [], [], []
         for knobs in grid:

@@ -19,11 +19,12 @@ from autotune.envs.knobs import (
     FRACTION_LEVELS,
     MICRO_LEVELS,
     ZERO_STAGES,
-    Knobs,
+    KnobLevels,
     apply_action,
 )
 from gymnasium import spaces
 
+from autotune.knobs import Knobs
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.measurement.trend import loss_slope
 
@@ -136,7 +137,8 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         self.observation_space = spaces.Box(-1.0, 1.0, (OBSERVATION_SIZE,), dtype=np.float32)
         self.horizon = horizon
         self.max_zero_stage = max_zero_stage
-        self.knobs = Knobs()
+        self.ranks = 1  # data-parallel ranks the episode trains on (ZeRO needs more than one)
+        self.levels = KnobLevels()
         self._t = 0
         self._first: Interval | None = None
         self._last: Interval | None = None
@@ -149,15 +151,15 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     # ---- what a subclass provides ---------------------------------------------------------------
 
     @abstractmethod
-    def _begin_episode(self) -> tuple[Knobs, ModelDescriptor, MachineDescriptor, int]:
+    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
         """Pick the episode's model (with ``self.np_random``); return start knobs, descriptors, budget."""
 
     @abstractmethod
-    def _peak_bytes(self, knobs: Knobs) -> int:
+    def _peak_bytes(self, knobs: KnobLevels) -> int:
         """Peak memory of ``knobs`` (measured once and cached, or predicted) before training on it."""
 
     @abstractmethod
-    def _train(self, knobs: Knobs) -> Interval:
+    def _train(self, knobs: KnobLevels) -> Interval:
         """Switch to ``knobs`` (if they changed) and train one interval."""
 
     # ---- the Gymnasium API --------------------------------------------------------------------------
@@ -166,11 +168,11 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
-        self.knobs, self._model, self._machine, self._budget = self._begin_episode()
+        self.levels, self._model, self._machine, self._budget = self._begin_episode()
         self._t = 0
         self._losses = []
-        self._batch0 = self.knobs.effective_batch_size
-        first = self._train(self.knobs)
+        self._batch0 = self.levels.effective_batch_size
+        first = self._train(self.levels)
         self._first = self._last = first
         self._losses.append(first.loss)
         return self._observation(first), self._info(first, reward_terms=None)
@@ -178,7 +180,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         assert self._first is not None and self._last is not None, "call reset() before step()"
         self._t += 1
-        new = apply_action(self.knobs, tuple(int(a) for a in action), max_zero_stage=self.max_zero_stage)
+        new = apply_action(self.levels, tuple(int(a) for a in action), max_zero_stage=self.max_zero_stage)
         if self._peak_bytes(new) > self._budget:  # also when staying on an over-budget config
             return (
                 self._observation(self._last),
@@ -188,7 +190,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
                 self._info(self._last, reward_terms={"over_budget": 1.0}),
             )
         result = self._train(new)
-        self.knobs = new
+        self.levels = new
         if not math.isfinite(result.loss):
             return (
                 self._observation(self._last),
@@ -207,6 +209,13 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     # ---- shared pieces ------------------------------------------------------------------------------
 
+    @property
+    def knobs(self) -> Knobs:
+        """The current configuration in the encoding the Optuna study shares (:mod:`autotune.knobs`):
+        ``SearchSpace.params(env.knobs)`` enqueues it in a study."""
+        assert self._model is not None, "call reset() first"
+        return self.levels.knobs(self._model.num_blocks, ranks=self.ranks)
+
     def _score(self, r: Interval) -> float:
         """log(goodput per GiB of peak)."""
         eff = statistical_efficiency(batch_size=r.batch, base_batch_size=self._batch0, noise_scale=r.b_noise)
@@ -214,7 +223,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _observation(self, r: Interval) -> np.ndarray:
         assert self._first is not None and self._model is not None and self._machine is not None
-        k, m, mach = self.knobs, self._model, self._machine
+        k, m, mach = self.levels, self._model, self._machine
         b_noise = 0.0 if r.b_noise is None or r.b_noise <= 0 else math.log2(r.b_noise / k.effective_batch_size) / 5
         loss0 = self._first.loss if self._first.loss != 0 else 1.0
         obs = [
@@ -240,6 +249,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _info(self, r: Interval, *, reward_terms: dict[str, float] | None) -> dict[str, Any]:
         return {
+            "levels": self.levels,
             "knobs": self.knobs,
             "throughput": r.throughput,
             "peak_bytes": r.peak_bytes,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from autotune.envs.calibration import WorkloadProfile
-from autotune.envs.knobs import Knobs, blocks_at_level
+from autotune.envs.knobs import KnobLevels, blocks_at_level
 
 __all__ = ["StepCost", "step_cost", "randomized_profile", "ranking"]
 
@@ -40,7 +40,7 @@ def ranking(profile: WorkloadProfile) -> tuple[int, ...]:
     return tuple(sorted(range(len(profile.blocks)), key=lambda i: (-profile.blocks[i].fp32_per_sample, i)))
 
 
-def step_cost(p: WorkloadProfile, knobs: Knobs) -> StepCost:
+def step_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
     order = ranking(p)
     low = blocks_at_level(knobs.precision, order)
     ckpt = blocks_at_level(knobs.checkpoint, order)

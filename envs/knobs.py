@@ -1,21 +1,23 @@
-"""Model-agnostic knobs: the configuration an agent controls, independent of model depth.
+"""How an agent moves through the knobs: levels, so one policy fits any model depth.
 
-A policy trained on one model must act on another with a different number of blocks, so the
-knobs never name a block. Precision and checkpointing are *levels*: level l of 4 puts
-round(l/4 * L) blocks in reduced precision (or recompute), choosing the blocks with the most
-activation bytes first (``BlockProfile.ranked``): that is where each change saves the most memory.
+The knobs themselves are :class:`autotune.knobs.Knobs`, the encoding the Optuna study uses too.
+An agent steps through them by *levels* (indices into small tables) so that an action means the
+same on every model: accumulation and micro-batch move by powers of two, and precision and
+checkpointing by quarters of the blocks: level l of 4 puts round(l/4 * L) blocks in reduced
+precision (or recompute), the ones with the most activation bytes first (``BlockProfile.ranked``),
+where each change saves the most memory. :meth:`KnobLevels.knobs` gives the shared Knobs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError
+from autotune.knobs import Knobs
 
-__all__ = ["ACCUM_LEVELS", "MICRO_LEVELS", "FRACTION_LEVELS", "Knobs", "knobs_to_config", "apply_action"]
+__all__ = ["ACCUM_LEVELS", "MICRO_LEVELS", "FRACTION_LEVELS", "KnobLevels", "knobs_to_config", "apply_action"]
 
 ACCUM_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16)
 MICRO_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -24,7 +26,7 @@ ZERO_STAGES = 4
 
 
 @dataclass(frozen=True, kw_only=True)
-class Knobs:
+class KnobLevels:
     """Indices into the level tables, plus the ZeRO stage."""
 
     accum: int = 0
@@ -39,7 +41,7 @@ class Knobs:
                         ("zero_stage", ZERO_STAGES)):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or not 0 <= value < n:
-                raise ConfigError(f"Knobs.{name} must be an int in [0, {n - 1}], but got {value!r}.")
+                raise ConfigError(f"KnobLevels.{name} must be an int in [0, {n - 1}], but got {value!r}.")
 
     @property
     def accum_steps(self) -> int:
@@ -54,35 +56,41 @@ class Knobs:
         return self.accum_steps * self.micro_batch_size
 
     @classmethod
-    def default_for(cls, batch_size: int) -> Knobs:
+    def default_for(cls, batch_size: int) -> KnobLevels:
         """PyTorch's default way to train: the whole batch in one fp32 pass, nothing recomputed."""
         micro = min(range(len(MICRO_LEVELS)), key=lambda i: abs(math.log2(MICRO_LEVELS[i] / batch_size)))
         return cls(micro=micro)
 
+    def knobs(self, num_blocks: int, *, reduced: Precision = "bf16", ranks: int = 1) -> Knobs:
+        """These levels on a model of ``num_blocks`` blocks with ``ranks`` ranks, as shared Knobs."""
+        return Knobs(
+            batch_size=self.effective_batch_size * ranks,
+            micro_batch_size=self.micro_batch_size,
+            ranks=ranks,
+            zero_stage=self.zero_stage if ranks > 1 else 0,
+            low_precision=reduced,
+            low_precision_blocks=level_blocks(self.precision, num_blocks),
+            checkpoint_blocks=level_blocks(self.checkpoint, num_blocks),
+        )
+
 
 def blocks_at_level(level: int, ranking: tuple[int, ...]) -> frozenset[int]:
     """The ``round(level/4 * L)`` hungriest blocks."""
-    n = round(level / (FRACTION_LEVELS - 1) * len(ranking))
-    return frozenset(ranking[:n])
+    return frozenset(ranking[: level_blocks(level, len(ranking))])
 
 
-def knobs_to_config(knobs: Knobs, ranking: tuple[int, ...], *, reduced: Precision = "bf16",
-                    base: TrainConfig | None = None) -> TrainConfig:  # fmt: skip
-    """The TrainConfig for ``knobs`` on a model whose blocks rank as ``ranking`` (hungriest first)."""
-    low = blocks_at_level(knobs.precision, ranking)
-    ckpt = blocks_at_level(knobs.checkpoint, ranking)
-    n = len(ranking)
-    return dataclasses.replace(
-        base or TrainConfig(),
-        micro_batch_size=knobs.micro_batch_size,
-        grad_accum_steps=knobs.accum_steps,
-        precision=tuple(reduced if i in low else "fp32" for i in range(n)),
-        checkpoint=tuple(i in ckpt for i in range(n)),
-        zero_stage=knobs.zero_stage,
-    )
+def level_blocks(level: int, num_blocks: int) -> int:
+    """How many blocks level ``level`` covers: ``round(level/4 * L)``."""
+    return round(level / (FRACTION_LEVELS - 1) * num_blocks)
 
 
-def apply_action(knobs: Knobs, action: tuple[int, ...], *, max_zero_stage: int) -> Knobs:
+def knobs_to_config(levels: KnobLevels, ranking: tuple[int, ...], *, reduced: Precision = "bf16",
+                    ranks: int = 1, base: TrainConfig | None = None) -> TrainConfig:  # fmt: skip
+    """The TrainConfig for ``levels`` on a model whose blocks rank as ``ranking`` (hungriest first)."""
+    return levels.knobs(len(ranking), reduced=reduced, ranks=ranks).to_config(ranking, base=base)
+
+
+def apply_action(knobs: KnobLevels, action: tuple[int, ...], *, max_zero_stage: int) -> KnobLevels:
     """Apply a MultiDiscrete action ``(accum, micro, precision, checkpoint, zero)``.
 
     The first four are deltas (0: down, 1: keep, 2: up) clipped at the ends of their tables; the
@@ -94,7 +102,7 @@ def apply_action(knobs: Knobs, action: tuple[int, ...], *, max_zero_stage: int) 
     def step(value: int, delta: int, n: int) -> int:
         return min(max(value + delta - 1, 0), n - 1)
 
-    return Knobs(
+    return KnobLevels(
         accum=step(knobs.accum, a_acc, len(ACCUM_LEVELS)),
         micro=step(knobs.micro, a_micro, len(MICRO_LEVELS)),
         precision=step(knobs.precision, a_prec, FRACTION_LEVELS),

@@ -14,7 +14,7 @@ import numpy as np
 from autotune.envs.calibration import WorkloadProfile, load_profile
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
 from autotune.envs.costmodel import randomized_profile, step_cost
-from autotune.envs.knobs import FRACTION_LEVELS, Knobs
+from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels
 
 from autotune.measurement.goodput import statistical_efficiency
 
@@ -76,17 +76,17 @@ class SimulatedEnv(TuningEnv):
         self.profile = self.profiles[0]
         self._progress = 0.0
 
-    def _begin_episode(self) -> tuple[Knobs, ModelDescriptor, MachineDescriptor, int]:
+    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
         rng = self.np_random
         profile = self.profiles[int(rng.integers(len(self.profiles)))]
         self.profile = randomized_profile(profile, rng) if self.randomize else profile
-        start = Knobs.default_for(self.profile.batch_size)
+        start = KnobLevels.default_for(self.profile.batch_size)
         default_peak = step_cost(self.profile, start).peak_bytes
         # The least memory any knob setting reaches: micro-batch 1, every block recomputed and in
         # reduced precision. A budget below it would make every step a penalty (without ZeRO,
         # model states alone can exceed a budget), which teaches nothing.
         smallest = step_cost(
-            self.profile, Knobs(micro=0, precision=FRACTION_LEVELS - 1, checkpoint=FRACTION_LEVELS - 1)
+            self.profile, KnobLevels(micro=0, precision=FRACTION_LEVELS - 1, checkpoint=FRACTION_LEVELS - 1)
         )
         floor = 1.05 * min(smallest.peak_bytes, default_peak)
         if self.memory_budget is None:
@@ -99,15 +99,15 @@ class SimulatedEnv(TuningEnv):
         return start, describe_model(self.profile), self._machine_descriptor(budget), budget
 
     def _machine_descriptor(self, budget: int) -> MachineDescriptor:
-        full = Knobs(precision=FRACTION_LEVELS - 1)
-        plain = Knobs()
+        full = KnobLevels(precision=FRACTION_LEVELS - 1)
+        plain = KnobLevels()
         speed = step_cost(self.profile, plain).seconds / step_cost(self.profile, full).seconds
         return MachineDescriptor(reduced_speed=speed, budget_ratio=budget / self.profile.model_state_bytes)
 
-    def _peak_bytes(self, knobs: Knobs) -> int:
+    def _peak_bytes(self, knobs: KnobLevels) -> int:
         return step_cost(self.profile, knobs).peak_bytes
 
-    def _train(self, knobs: Knobs) -> Interval:
+    def _train(self, knobs: KnobLevels) -> Interval:
         p = self.profile
         cost = step_cost(p, knobs)
         batch = knobs.effective_batch_size

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.envs.knobs import FRACTION_LEVELS, Knobs, knobs_to_config
+from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels, knobs_to_config
 
 from autotune.config import TrainConfig
 from autotune.measurement.memory import tracked_step
@@ -65,25 +65,25 @@ class TrainingEnv(TuningEnv):
         self.trainer: Trainer | None = None
         self.workload: Workload | None = None
         self._ranking: tuple[int, ...] = ()
-        self._peaks: dict[Knobs, int] = {}
+        self._peaks: dict[KnobLevels, int] = {}
         self._model_states = 1  # params + grads + optimizer state, measured with the default knobs
         self._workloads: dict[str, Workload] = {}
 
-    def _config(self, knobs: Knobs) -> TrainConfig:
+    def _config(self, knobs: KnobLevels) -> TrainConfig:
         return knobs_to_config(knobs, self._ranking)
 
-    def _begin_episode(self) -> tuple[Knobs, ModelDescriptor, MachineDescriptor, int]:
+    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
         ref = self.workload_refs[int(self.np_random.integers(len(self.workload_refs)))]
         if ref not in self._workloads:
             self._workloads[ref] = load_workload(ref)
         wl = self.workload = self._workloads[ref]
         profile = profile_blocks(wl, micro_batch_size=2)
         self._ranking = profile.ranked()
-        start = Knobs.default_for(wl.batch_size)
+        start = KnobLevels.default_for(wl.batch_size)
         self.close()
         self.trainer = Trainer(wl, self._config(start), device=self.device)
         self._peaks = {}
-        self.knobs = start
+        self.levels = start
         default_peak = self._peak_bytes(start)
         budget = self.memory_budget if isinstance(self.memory_budget, int) else int(default_peak * self.memory_budget)
         bytes_sorted = sorted(profile.saved_bytes, reverse=True)
@@ -98,7 +98,7 @@ class TrainingEnv(TuningEnv):
         machine = MachineDescriptor(reduced_speed=self._reduced_speed(start), budget_ratio=budget / self._model_states)
         return start, model, machine, budget
 
-    def _reduced_speed(self, knobs: Knobs) -> float:
+    def _reduced_speed(self, knobs: KnobLevels) -> float:
         """Step throughput with every block in reduced precision relative to fp32, measured here
         on two real steps each: the simulator's definition (``SimulatedEnv``), so a policy sees
         the same quantity on both. Costs four training steps per episode."""
@@ -109,7 +109,7 @@ class TrainingEnv(TuningEnv):
             seconds[level] = min(self.trainer.step().seconds for _ in range(2))
         return seconds[0] / seconds[FRACTION_LEVELS - 1]
 
-    def _peak_bytes(self, knobs: Knobs) -> int:
+    def _peak_bytes(self, knobs: KnobLevels) -> int:
         """Measured once per knob setting (a real training step under MemTracker), then cached."""
         if knobs not in self._peaks:
             assert self.trainer is not None
@@ -123,10 +123,10 @@ class TrainingEnv(TuningEnv):
                     raise
                 self._peaks[knobs] = 2**62  # a real OOM: certainly over any budget
             finally:
-                self.trainer.reconfigure(self._config(self.knobs))
+                self.trainer.reconfigure(self._config(self.levels))
         return self._peaks[knobs]
 
-    def _train(self, knobs: Knobs) -> Interval:
+    def _train(self, knobs: KnobLevels) -> Interval:
         trainer = self.trainer
         assert trainer is not None
         t0 = time.perf_counter()

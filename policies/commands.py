@@ -84,32 +84,30 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     console = Console()
     try:
         obs, info = env.reset(seed=args.seed)
-        start = env.knobs
+        start, start_levels = env.knobs, env.levels
         table = Table(title=f"policy on {args.workload}: budget {format_bytes(info['budget_bytes'])}")
         for col in ("step", "action", "knobs", "samples/s", "peak", "B_noise", "loss", "reward"):
             table.add_column(col, justify="right")
-        table.add_row("0", "-", _knobs(start), f"{info['throughput']:.1f}", format_bytes(info["peak_bytes"]),
+        table.add_row("0", "-", start.describe(), f"{info['throughput']:.1f}", format_bytes(info["peak_bytes"]),
                       _num(info["b_noise"]), f"{info['loss']:.4f}", "-")  # fmt: skip
         total = 0.0
         for t in range(1, args.steps + 1):
             action = policy.act(obs)
             obs, reward, terminated, _, info = env.step(action)
             total += reward
-            table.add_row(str(t), ",".join(str(int(a)) for a in action), _knobs(env.knobs),
+            table.add_row(str(t), ",".join(str(int(a)) for a in action), env.knobs.describe(),
                           f"{info['throughput']:.1f}", format_bytes(info["peak_bytes"]), _num(info["b_noise"]),
                           f"{info['loss']:.4f}", f"{reward:+.3f}")  # fmt: skip
             if terminated:
                 break
         console.print(table)
-        console.print(f"return {total:+.3f}; default config: {env._config(start).to_dict()}")
-        console.print(f"final config:   {env._config(env.knobs).to_dict()}")
+        console.print(f"return {total:+.3f}; default config: {env._config(start_levels).to_dict()}")
+        console.print(f"final config:   {env._config(env.levels).to_dict()}")
+        # The shared encoding (autotune.knobs): the same point in a study's terms, to check it there.
+        console.print(f"final knobs:    {env.knobs}")
     finally:
         env.close()
     return 0
-
-
-def _knobs(k: Any) -> str:
-    return f"b{k.micro_batch_size}x{k.accum_steps} p{k.precision}/4 c{k.checkpoint}/4"
 
 
 def _num(x: float | None) -> str:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from autotune.search.predictor import MemoryPredictor, load_memory_predictor
     from autotune.search.record import TrialRecord, trial_record
     from autotune.search.results import StudySummary, summarize
-    from autotune.search.space import Knobs, SearchSpace
+    from autotune.search.space import SearchSpace
     from autotune.search.spec import BlockOverride, MeasureSpec, SpaceSpec, StudySpec, load_spec
     from autotune.search.storage import DEFAULT_STORAGE, open_storage
     from autotune.search.study import Prepared, RunOptions, count_done, open_study, prepare, run_study
@@ -37,7 +37,6 @@ __all__ = [
     "DEFAULT_STORAGE",
     "Baseline",
     "BlockOverride",
-    "Knobs",
     "MeasureSpec",
     "MeasurementCache",
     "MeasurementFailed",
@@ -90,7 +89,6 @@ _LAZY = {
     "trial_record": "autotune.search.record",
     "StudySummary": "autotune.search.results",
     "summarize": "autotune.search.results",
-    "Knobs": "autotune.search.space",
     "SearchSpace": "autotune.search.space",
     "BlockOverride": "autotune.search.spec",
     "MeasureSpec": "autotune.search.spec",

@@ -18,7 +18,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from autotune.search.space import Knobs, SearchSpace
+from autotune.knobs import Knobs
+from autotune.search.space import SearchSpace
 
 __all__ = ["Baseline", "PYTORCH_DEFAULT", "SEED_RECIPE", "baselines", "smaller_micro_batch"]
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from autotune.config import TrainConfig
+from autotune.knobs import Knobs
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.measurement.record import Measurement
 from autotune.search.baselines import PYTORCH_DEFAULT, smaller_micro_batch
@@ -29,7 +30,7 @@ from autotune.search.cache import MeasurementCache, cache_key
 from autotune.search.isolation import MeasurementFailed
 from autotune.search.predictor import MemoryPredictor
 from autotune.search.record import ATTR, MIB
-from autotune.search.space import Knobs, SearchSpace
+from autotune.search.space import SearchSpace
 
 if TYPE_CHECKING:
     import optuna

@@ -1,4 +1,4 @@
-"""The search space: a handful of knobs that stay few however deep the model is.
+"""The search space: Optuna parameters over :class:`autotune.knobs.Knobs`, the shared encoding.
 
 The effective batch is fixed by the user (or chosen from ``batch_sizes``), so the search changes
 how training runs, not what it computes: micro-batch x accumulation x ranks == effective batch,
@@ -7,6 +7,8 @@ checkpointing are two *levels* applied to blocks ranked by the activation bytes 
 backward (:func:`autotune.profile.profile_blocks`): "the n hungriest blocks run in bf16, the c
 hungriest are recomputed". That is 2 integers instead of 2L flags, and it orders the blocks so the
 first unit of each level buys the most memory. Per-block overrides from the spec pin single blocks.
+The environments use the same Knobs, so :meth:`SearchSpace.params` turns a configuration an agent
+reached into a trial to enqueue.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import PRECISIONS, Precision, TrainConfig
 from autotune.errors import SpecError
+from autotune.knobs import Knobs
 from autotune.search.spec import BlockOverride
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["Knobs", "SearchSpace", "divisors"]
+__all__ = ["SearchSpace", "divisors"]
 
 
 def _precision(p: str) -> Precision:
@@ -33,19 +36,6 @@ def _precision(p: str) -> Precision:
 
 def divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Knobs:
-    """One point of the space, in the space's own terms (what a trial's params decode to)."""
-
-    batch_size: int
-    ranks: int
-    micro_batch_size: int
-    zero_stage: int
-    low_precision: str
-    low_precision_blocks: int
-    checkpoint_blocks: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +56,7 @@ class SearchSpace:
     batch_sizes: tuple[int, ...]
     ranks: tuple[int, ...] = (1,)
     zero_stages: tuple[int, ...] = (0,)
-    low_precisions: tuple[str, ...] = ("bf16",)
+    low_precisions: tuple[Precision, ...] = ("bf16",)
     ranking: tuple[int, ...]
     overrides: Mapping[int, BlockOverride] = field(default_factory=dict)
     max_micro_batch: int
@@ -78,6 +68,9 @@ class SearchSpace:
                 "SearchSpace.batch_sizes, ranks, zero_stages and ranking must be non-empty, but got "
                 f"({self.batch_sizes}, {self.ranks}, {self.zero_stages}, {self.ranking})."
             )
+        bad_low = [p for p in self.low_precisions if p not in PRECISIONS]
+        if bad_low:
+            raise SpecError(f"SearchSpace.low_precisions must be among {PRECISIONS}, but got {bad_low[0]!r}.")
         if sorted(self.ranking) != list(range(len(self.ranking))):
             raise SpecError(f"SearchSpace.ranking must be a permutation of the block indices, but got {self.ranking}.")
         for b in self.batch_sizes:
@@ -135,7 +128,7 @@ class SearchSpace:
             ranks=r,
             micro_batch_size=micro,
             zero_stage=zero,
-            low_precision=low,
+            low_precision=_precision(low),
             low_precision_blocks=n_low,
             checkpoint_blocks=n_ckpt,
         )
@@ -158,25 +151,16 @@ class SearchSpace:
         return p
 
     def config(self, knobs: Knobs) -> TrainConfig:
-        """The TrainConfig a point stands for."""
-        precisions: list[Precision] = ["fp32"] * self.num_blocks
-        checkpoints = [False] * self.num_blocks
-        for i in self.ranking[: knobs.low_precision_blocks]:
-            precisions[i] = _precision(knobs.low_precision)
-        for i in self.ranking[: knobs.checkpoint_blocks]:
-            checkpoints[i] = True
+        """The TrainConfig a point stands for: the knobs' levels, then the spec's per-block pins."""
+        low, ckpt = knobs.blocks(self.ranking)
+        precisions, checkpoints = list(low), list(ckpt)
         for i, o in self.overrides.items():
             if o.precision is not None:
                 precisions[i] = _precision(o.precision)
             if o.checkpoint is not None:
                 checkpoints[i] = o.checkpoint
-        accum = knobs.batch_size // (knobs.micro_batch_size * knobs.ranks)
         return dataclasses.replace(
-            self.base,
-            micro_batch_size=knobs.micro_batch_size,
-            grad_accum_steps=accum,
-            ranks=knobs.ranks,
-            zero_stage=knobs.zero_stage,
+            knobs.to_config(self.ranking, base=self.base),
             precision=precisions[0] if len(set(precisions)) == 1 else tuple(precisions),
             checkpoint=checkpoints[0] if len(set(checkpoints)) == 1 else tuple(checkpoints),
         )

@@ -21,9 +21,9 @@ import socket
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-from autotune.config import TrainConfig
+from autotune.config import Precision, TrainConfig
 from autotune.errors import SpecError, StudyError
 from autotune.search.baselines import baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
@@ -133,7 +133,7 @@ def prepare(spec: StudySpec) -> Prepared:
         batch_sizes=batches,
         ranks=spec.space.ranks,
         zero_stages=spec.space.zero_stages,
-        low_precisions=tuple(p for p in spec.space.precisions if p != "fp32"),
+        low_precisions=tuple(cast("Precision", p) for p in spec.space.precisions if p != "fp32"),  # validated
         ranking=profile_blocks(workload).ranked(),
         overrides=spec.space.blocks,
         max_micro_batch=n_data,

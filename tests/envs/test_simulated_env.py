@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from autotune.envs import SimulatedEnv, WorkloadProfile, calibrate, load_profile, save_profile, shipped_profiles
 from autotune.envs.costmodel import step_cost
-from autotune.envs.knobs import Knobs
+from autotune.envs.knobs import KnobLevels
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
@@ -53,11 +53,11 @@ def test_shipped_profiles_cover_the_built_in_workloads_and_generated_ones() -> N
 
 def test_cost_model_orders_memory_like_the_knobs() -> None:
     p = next(p for p in shipped_profiles() if p.workload == "gpt-tiny")
-    base = step_cost(p, Knobs(micro=5))
-    assert step_cost(p, Knobs(micro=5, checkpoint=4)).peak_bytes < base.peak_bytes
-    assert step_cost(p, Knobs(micro=5, precision=4)).peak_bytes < base.peak_bytes
-    assert step_cost(p, Knobs(micro=4)).peak_bytes < base.peak_bytes
-    assert step_cost(p, Knobs(micro=5, checkpoint=4)).seconds > base.seconds  # recompute costs time
+    base = step_cost(p, KnobLevels(micro=5))
+    assert step_cost(p, KnobLevels(micro=5, checkpoint=4)).peak_bytes < base.peak_bytes
+    assert step_cost(p, KnobLevels(micro=5, precision=4)).peak_bytes < base.peak_bytes
+    assert step_cost(p, KnobLevels(micro=4)).peak_bytes < base.peak_bytes
+    assert step_cost(p, KnobLevels(micro=5, checkpoint=4)).seconds > base.seconds  # recompute costs time
 
 
 def test_calibration_round_trips_through_json(tmp_path: Path) -> None:

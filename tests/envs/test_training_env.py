@@ -7,10 +7,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from autotune.envs.knobs import Knobs
+from autotune.envs.knobs import KnobLevels
 from autotune.envs.training import TrainingEnv
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+from autotune import Knobs
 
 USER = "tests.data.my_workload:build"  # 3 blocks, trains in milliseconds
 
@@ -34,7 +36,8 @@ def test_registered_with_time_limit() -> None:
     assert env.spec is not None and env.spec.max_episode_steps == 16 and env.spec.nondeterministic
     obs, info = env.reset(seed=0)
     assert obs.shape == (17,) and obs.dtype == np.float32
-    assert info["knobs"] == Knobs.default_for(32)
+    assert info["levels"] == KnobLevels.default_for(32)
+    assert info["knobs"] == Knobs(batch_size=32, micro_batch_size=32)  # the study's encoding
     env.close()
 
 
@@ -54,17 +57,17 @@ def test_reconfiguring_keeps_weights_and_optimizer_state_and_training_goes_on() 
     }
     # Raise reduced precision and checkpointing to the next level, as an action does; compare
     # right after the change, before any training step.
-    new = Knobs(micro=env.knobs.micro, precision=2, checkpoint=2)
+    new = KnobLevels(micro=env.levels.micro, precision=2, checkpoint=2)
     trainer.reconfigure(env._config(new))
     assert all(torch.equal(a, b) for a, b in zip(params, trainer.model.parameters(), strict=True))
     for k, v in trainer.optimizer.state.items():
         assert all(torch.equal(state[k][n], t) for n, t in v.items() if isinstance(t, torch.Tensor))
-    trainer.reconfigure(env._config(env.knobs))
+    trainer.reconfigure(env._config(env.levels))
     for _ in range(5):
         _, _, terminated, _, info = env.step(np.array([1, 1, 2, 2, 0]))  # more bf16 + recompute each step
         assert not terminated
         losses.append(info["loss"])
-    assert env.knobs.precision == 4 and env.knobs.checkpoint == 4
+    assert env.levels.precision == 4 and env.levels.checkpoint == 4
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
     env.close()
 
@@ -72,11 +75,11 @@ def test_reconfiguring_keeps_weights_and_optimizer_state_and_training_goes_on() 
 def test_over_budget_step_is_not_run_and_penalized() -> None:
     env = _env(memory_budget=1.0)  # exactly the default's peak: any larger micro-batch exceeds it
     env.reset(seed=0)
-    before = env.knobs
+    before = env.levels
     _, reward, terminated, _, info = env.step(np.array([1, 2, 1, 1, 0]))  # micro-batch up
     assert reward == -1.0 and not terminated
     assert info["reward_terms"] == {"over_budget": 1.0}
-    assert env.knobs == before
+    assert env.levels == before
     env.close()
 
 
@@ -86,5 +89,5 @@ def test_rewards_are_finite(action: list[int]) -> None:
     env.reset(seed=1)
     _, reward, _, _, _ = env.step(np.array(action))
     assert np.isfinite(reward)
-    assert env.knobs.zero_stage == 0  # one rank: stages map to 0
+    assert env.levels.zero_stage == 0  # one rank: stages map to 0
     env.close()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autotune import Knobs
 from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE, baselines, smaller_micro_batch
-from autotune.search.space import Knobs, SearchSpace
+from autotune.search.space import SearchSpace
 
 
 def _space(n_blocks: int = 6, **kw: object) -> SearchSpace:

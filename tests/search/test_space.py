@@ -7,9 +7,10 @@ import re
 import optuna
 import pytest
 
+from autotune import Knobs
 from autotune.config import TrainConfig
 from autotune.errors import SpecError
-from autotune.search.space import Knobs, SearchSpace, divisors
+from autotune.search.space import SearchSpace, divisors
 from autotune.search.spec import BlockOverride
 
 

@@ -1,0 +1,86 @@
+"""The shared knob encoding: validation, per-block expansion, and env <-> study round trips."""
+
+from __future__ import annotations
+
+import re
+
+import optuna
+import pytest
+from autotune.envs.knobs import KnobLevels, knobs_to_config
+
+from autotune import ConfigError, Knobs, TrainConfig
+from autotune.search.space import SearchSpace
+
+RANKING = (2, 0, 3, 1)  # block 2 saves the most activation bytes, block 1 the least
+
+
+def test_counts_pick_the_hungriest_blocks_and_accumulation_is_derived() -> None:
+    k = Knobs(batch_size=64, micro_batch_size=8, ranks=2, zero_stage=3, low_precision_blocks=3, checkpoint_blocks=1)
+    assert k.grad_accum_steps == 4
+    assert k.blocks(RANKING) == (("bf16", "fp32", "bf16", "bf16"), (False, False, True, False))
+    config = k.to_config(RANKING, base=TrainConfig(seed=7, grad_clip=None))
+    assert config == TrainConfig(
+        micro_batch_size=8,
+        grad_accum_steps=4,
+        ranks=2,
+        zero_stage=3,
+        precision=("bf16", "fp32", "bf16", "bf16"),
+        checkpoint=(False, False, True, False),
+        seed=7,
+        grad_clip=None,
+    )
+    # Uniform settings collapse to one value, as a hand-written config would say them.
+    everything = Knobs(batch_size=8, micro_batch_size=8, low_precision_blocks=4, checkpoint_blocks=4)
+    assert (everything.to_config(RANKING).precision, everything.to_config(RANKING).checkpoint) == ("bf16", True)
+    assert everything.describe() == "8x1 bf16:4 ckpt:4"
+    assert k.describe() == "8x4 bf16:3 ckpt:1 zero3x2"
+
+
+_ONE = {"batch_size": 8, "micro_batch_size": 8}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 30, "micro_batch_size": 8},
+         "Knobs.micro_batch_size x ranks must divide batch_size, but got 8 x 1 and 30."),
+        ({"batch_size": 8, "micro_batch_size": 0}, "Knobs.micro_batch_size must be an int >= 1, but got 0."),
+        ({**_ONE, "zero_stage": 4}, "Knobs.zero_stage must be one of 0, 1, 2, 3, but got 4."),
+        ({**_ONE, "low_precision": "int8"},
+         "Knobs.low_precision must be one of ('fp32', 'bf16', 'fp16'), but got 'int8'."),
+        ({**_ONE, "checkpoint_blocks": -1}, "Knobs.checkpoint_blocks must be an int >= 0, but got -1."),
+    ],
+)  # fmt: skip
+def test_invalid_knobs_say_the_rule_and_the_value(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        Knobs(**kwargs)  # type: ignore[arg-type]
+
+
+def test_counts_beyond_the_model_are_refused() -> None:
+    k = Knobs(batch_size=8, micro_batch_size=8, checkpoint_blocks=5)
+    with pytest.raises(
+        ConfigError, match=re.escape("Knobs.checkpoint_blocks must be <= the 4 blocks of the model, but got 5.")
+    ):
+        k.blocks(RANKING)
+    with pytest.raises(
+        ConfigError, match=re.escape("ranking must be a permutation of the block indices, but got (0, 0).")
+    ):
+        Knobs(batch_size=8, micro_batch_size=8).blocks((0, 0))
+
+
+@pytest.mark.parametrize("levels", [KnobLevels(), KnobLevels(accum=2, micro=3, precision=2, checkpoint=1),
+                                    KnobLevels(accum=4, micro=0, precision=4, checkpoint=3)])  # fmt: skip
+def test_an_environment_configuration_is_a_study_trial(levels: KnobLevels) -> None:
+    """What an agent reaches (levels) is a point of the study's space: enqueue it, read it back."""
+    knobs = levels.knobs(len(RANKING))
+    assert knobs.to_config(RANKING) == knobs_to_config(levels, RANKING)
+    space = SearchSpace(batch_sizes=(knobs.batch_size,), ranking=RANKING, max_micro_batch=1000)
+    trial = optuna.trial.FixedTrial(space.params(knobs))
+    assert space.suggest(trial) == knobs
+    assert space.config(knobs) == knobs_to_config(levels, RANKING)
+
+
+def test_levels_on_ranks_scale_the_effective_batch() -> None:
+    knobs = KnobLevels(accum=1, micro=3, zero_stage=2).knobs(4, ranks=2)
+    assert (knobs.batch_size, knobs.grad_accum_steps, knobs.zero_stage) == (32, 2, 2)
+    assert KnobLevels(zero_stage=2).knobs(4).zero_stage == 0  # one rank: no ZeRO (NOTES: it only adds)
