@@ -9,7 +9,12 @@
 - per-block forward time (forward hooks; exact on CPU, where kernels run synchronously) and whole
   step times under five configurations, interleaved, from which the fixed and per-sample costs,
   the reduced-precision speed and the recompute cost are solved (``calibrate``);
-- loss and gradient-noise-scale curves of a real run of the default configuration.
+- loss and gradient-noise-scale curves of a real run of the default configuration;
+- the peak memory of every knob setting the environment can reach (``peak_table``), predicted by
+  the memory model (:func:`autotune.predict_memory`, exact fake-tensor profile plus the runner's
+  rules): a few hundred predictions from one profile, about a second. Profiles of synthetic
+  models (domain randomization) have no table and fall back on the block-sum model of
+  ``costmodel.py``.
 
 ``autotune profile WORKLOAD`` runs it and writes the JSON the simulator loads (no pickle).
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import statistics
 import time
@@ -27,15 +33,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from autotune.envs.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs_to_config
 
 from autotune.config import Precision, TrainConfig
-from autotune.profile import profile_blocks
+from autotune.memory_model import predict_memory
+from autotune.profile import profile_blocks, profile_memory
 from autotune.runner import Trainer, measure
 from autotune.workload import Workload
 
-__all__ = ["BlockCost", "WorkloadProfile", "calibrate", "load_profile", "save_profile"]
+__all__ = [
+    "BlockCost",
+    "WorkloadProfile",
+    "calibrate",
+    "load_profile",
+    "memory_table",
+    "peak_table_index",
+    "save_profile",
+]
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +93,8 @@ class WorkloadProfile:
     curve_samples: tuple[float, ...]
     curve_loss: tuple[float, ...]
     curve_b_noise: tuple[float, ...]
+    #: Predicted peak bytes of every KnobLevels setting: index with :func:`peak_table_index`.
+    peak_table: tuple[int, ...] | None = None
 
     @property
     def model_state_bytes(self) -> int:
@@ -91,6 +109,11 @@ class WorkloadProfile:
         d["blocks"] = tuple(BlockCost(**b) for b in d["blocks"])
         for key in ("curve_samples", "curve_loss", "curve_b_noise"):
             d[key] = tuple(d[key])
+        if d.get("peak_table") is not None:
+            d["peak_table"] = tuple(int(x) for x in d["peak_table"])
+        if d.get("version", 1) > PROFILE_VERSION:
+            raise ValueError(f"profile version must be <= {PROFILE_VERSION}, but got {d['version']}.")
+        d["version"] = PROFILE_VERSION  # version 1 only lacks the (optional) peak table
         return cls(**d)
 
 
@@ -145,6 +168,8 @@ def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: i
     recompute = (times["checkpoint"] - times["default"]) / block_time
     say("loss and gradient-noise curves")
     samples, losses, noise = _curves(workload, b0, curve_steps)
+    say("peak memory of every knob setting (memory model)")
+    table = memory_table(workload, reduced=reduced)
     return WorkloadProfile(
         version=PROFILE_VERSION,
         workload=workload.source or workload.name,
@@ -167,7 +192,32 @@ def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: i
         curve_samples=samples,
         curve_loss=losses,
         curve_b_noise=noise,
+        peak_table=table,
     )
+
+
+def peak_table_index(levels: KnobLevels) -> int:
+    """Where ``levels`` sits in ``WorkloadProfile.peak_table``: micro-batch, precision and
+    checkpoint levels, and whether gradients accumulate (any accumulation > 1 holds the same:
+    the gradients live through every forward; the step count does not change the peak)."""
+    return ((levels.micro * FRACTION_LEVELS + levels.precision) * FRACTION_LEVELS + levels.checkpoint) * 2 + (
+        levels.accum > 0
+    )
+
+
+def memory_table(workload: Workload, *, reduced: Precision = "bf16") -> tuple[int, ...]:
+    """Predicted peak bytes of every knob setting the environments reach, in ``peak_table_index``
+    order, with blocks ranked as ``TrainingEnv`` ranks them."""
+    ranking = profile_blocks(workload, micro_batch_size=2).ranked()
+    profile = profile_memory(workload, modes=("fp32", reduced))
+    table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)
+    for micro, precision, checkpoint, accum in itertools.product(
+        range(len(MICRO_LEVELS)), range(FRACTION_LEVELS), range(FRACTION_LEVELS), (0, 1)
+    ):
+        levels = KnobLevels(micro=micro, precision=precision, checkpoint=checkpoint, accum=accum)
+        config = knobs_to_config(levels, ranking, reduced=reduced)
+        table[peak_table_index(levels)] = predict_memory(workload, config, profile=profile).total
+    return tuple(table)
 
 
 def _block_bytes(workload: Workload, reduced: Precision, b1: int, b2: int) -> list[BlockCost]:

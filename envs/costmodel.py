@@ -12,8 +12,10 @@ Per micro-batch of b samples, with L blocks, block i of time share s_i, in reduc
     sweep  = max_j sum_{i<j} kept_i + full_j + grads_{>=j}    (backward, last block first)
     peak   = params + optimizer_state + max(start, sweep, grads)
 
-The memory error of this model against measurement is reported by benchmarks/sim_vs_real.py
-(README).
+That block-sum memory model serves synthetic profiles (domain randomization); a calibrated
+profile of a real workload carries ``peak_table``, the memory model's prediction for every knob
+setting (exact fake-tensor profile, ``autotune.predict_memory``), which is used instead. The error
+of both against measurement is reported by benchmarks/sim_vs_real.py (README).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from autotune.envs.calibration import WorkloadProfile
+from autotune.envs.calibration import WorkloadProfile, peak_table_index
 from autotune.envs.knobs import KnobLevels, blocks_at_level
 
 __all__ = ["StepCost", "step_cost", "randomized_profile", "ranking"]
@@ -72,6 +74,8 @@ def step_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
         g = grads if k > 1 else grads * (n - j) / n
         peak_act = max(peak_act, below + full(j) + g)
     peak = p.parameters_bytes + p.optimizer_state_bytes + max(peak_act, grads)
+    if p.peak_table is not None:
+        peak = p.peak_table[peak_table_index(knobs)]
     return StepCost(seconds=seconds, peak_bytes=int(peak))
 
 
@@ -119,4 +123,5 @@ def randomized_profile(p: WorkloadProfile, rng: np.random.Generator) -> Workload
         * (1.0 - p.blocks_fraction + p.blocks_fraction * scale_params),
         blocks_fraction=phi,
         reduced_slowdown=float(math.exp(rng.uniform(math.log(0.3), math.log(30.0)))),
+        peak_table=None,  # another model: the block-sum model above
     )
