@@ -46,6 +46,7 @@ __all__ = [
     "WorkloadProfile",
     "calibrate",
     "load_profile",
+    "interleaved_step_seconds",
     "memory_table",
     "peak_table_index",
     "save_profile",
@@ -144,7 +145,7 @@ def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: i
     say("per-block forward time")
     shares, block_fraction = _block_forward_shares(workload, b0)
     say("step times under four configurations")
-    times = _median_step_seconds(
+    times = interleaved_step_seconds(
         workload,
         {
             "small": TrainConfig(micro_batch_size=b_small),
@@ -309,7 +310,7 @@ def _block_forward_shares(workload: Workload, micro: int, repeats: int = 3) -> t
     return [s / blocks_total for s in spent], min(sum(spent) / max(total, 1e-12), 1.0)
 
 
-def _median_step_seconds(workload: Workload, configs: dict[str, TrainConfig], rounds: int = 8) -> dict[str, float]:
+def interleaved_step_seconds(workload: Workload, configs: dict[str, TrainConfig], rounds: int = 8) -> dict[str, float]:
     """Median step time of each config, steps interleaved round-robin so that drift in a shared
     machine's speed hits every config alike (the differences between them are what we solve for)."""
     trainers = {key: Trainer(workload, cfg, track_noise=False) for key, cfg in configs.items()}
