@@ -38,7 +38,7 @@ __all__ = [
     "DIVERGENCE_PENALTY",
 ]
 
-OBSERVATION_SIZE = 17
+OBSERVATION_SIZE = 18
 OVER_BUDGET_PENALTY = 1.0
 DIVERGENCE_PENALTY = 2.0
 RECONFIG_WEIGHT = 1.0
@@ -88,12 +88,12 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     | 1 | micro-batch size, level in (1, 2, ..., 128) | 0 down, 1 keep, 2 up |
     | 2 | blocks in reduced precision: level l puts round(l/4 L) blocks, hungriest first | 0 down, 1 keep, 2 up |
     | 3 | blocks checkpointed (recomputed), same levels and order | 0 down, 1 keep, 2 up |
-    | 4 | ZeRO stage 0-3 | mapped to min(stage, max_zero_stage): 0 with one rank |
+    | 4 | ZeRO stage 0-3 | min(stage, max_zero_stage): 0 with one rank (where stages 1-2 only add memory) |
 
     Levels clip at their ends, so every action is valid (no masking).
 
     ## Observation Space
-    ``Box(-1, 1, (17,), float32)``, each entry normalized and clipped:
+    ``Box(-1, 1, (18,), float32)``, each entry normalized and clipped:
 
     | index | observation | encoding |
     |---|---|---|
@@ -111,6 +111,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     | 14 | model: activation share of the hungriest quarter of blocks | 2 s - 1 |
     | 15 | machine: reduced-precision speed vs fp32 | log2(r) / 5 |
     | 16 | machine: memory budget vs model-state bytes | log2(b) / 4 |
+    | 17 | machine: data-parallel ranks R (ZeRO divides model states by R) | log2(R) / 3 |
 
     ## Rewards
     With goodput = throughput x statistical efficiency (Pollux, OSDI'21:
@@ -171,7 +172,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         self.levels, self._model, self._machine, self._budget = self._begin_episode()
         self._t = 0
         self._losses = []
-        self._batch0 = self.levels.effective_batch_size
+        self._batch0 = self._global_batch(self.levels)
         first = self._train(self.levels)
         self._first = self._last = first
         self._losses.append(first.loss)
@@ -209,6 +210,10 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     # ---- shared pieces ------------------------------------------------------------------------------
 
+    def _global_batch(self, levels: KnobLevels) -> int:
+        """Samples per optimizer step over all ranks (what gradient noise and Pollux compare with)."""
+        return levels.effective_batch_size * self.ranks
+
     @property
     def knobs(self) -> Knobs:
         """The current configuration in the encoding the Optuna study shares (:mod:`autotune.knobs`):
@@ -224,7 +229,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     def _observation(self, r: Interval) -> np.ndarray:
         assert self._first is not None and self._model is not None and self._machine is not None
         k, m, mach = self.levels, self._model, self._machine
-        b_noise = 0.0 if r.b_noise is None or r.b_noise <= 0 else math.log2(r.b_noise / k.effective_batch_size) / 5
+        b_noise = 0.0 if r.b_noise is None or r.b_noise <= 0 else math.log2(r.b_noise / self._global_batch(k)) / 5
         loss0 = self._first.loss if self._first.loss != 0 else 1.0
         obs = [
             b_noise,
@@ -244,6 +249,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
             2.0 * m.top_quarter_share - 1.0,
             math.log2(max(mach.reduced_speed, 1e-6)) / 5,
             math.log2(max(mach.budget_ratio, 1e-6)) / 4,
+            math.log2(self.ranks) / 3,
         ]
         return np.clip(np.asarray(obs, dtype=np.float32), -1.0, 1.0)
 

@@ -12,6 +12,21 @@ Per micro-batch of b samples, with L blocks, block i of time share s_i, in reduc
     sweep  = max_j sum_{i<j} kept_i + full_j + grads_{>=j}    (backward, last block first)
     peak   = params + optimizer_state + max(start, sweep, grads)
 
+With R > 1 data-parallel ranks at ZeRO stage s (Rajbhandari et al., SC'20), each rank trains its
+micro-batches as above, and per rank, with Psi parameters of g = 4 bytes (fp32 weights; Adam's
+state O and DeepSpeed's fp32 master partition at stages >= 1):
+
+    params = g Psi / R at stage 3, else g Psi;   optimizer = O at stage 0, else (4 Psi + O) / R
+    grads  = g Psi at stages 0-1, else g Psi / R
+    peak   = peak at one rank - (g Psi + O + g Psi) + params + optimizer + grads
+    comm   = (R - 1) / R * g Psi / bandwidth x (2 per step at stages 0-1; 1 per micro-batch + 1
+             per step at stage 2; 3 per micro-batch at stage 3: ZeRO-3 gathers parameters for
+             the forward and the backward and reduce-scatters gradients)
+
+(ring collectives move (R - 1)/R of the buffer per rank). This ZeRO part is the paper's
+arithmetic, not calibrated on a measured run: the simulator uses it to let a policy learn what
+the ZeRO action does to memory and time, not to predict a DeepSpeed run exactly.
+
 That block-sum memory model serves synthetic profiles (domain randomization); a calibrated
 profile of a real workload carries ``peak_table``, the memory model's prediction for every knob
 setting (exact fake-tensor profile, ``autotune.predict_memory``), which is used instead. The error
@@ -42,7 +57,24 @@ def ranking(profile: WorkloadProfile) -> tuple[int, ...]:
     return tuple(sorted(range(len(profile.blocks)), key=lambda i: (-profile.blocks[i].fp32_per_sample, i)))
 
 
-def step_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
+def step_cost(p: WorkloadProfile, knobs: KnobLevels, *, ranks: int = 1, bandwidth: float = 1e9) -> StepCost:
+    """Seconds of one optimizer step and peak bytes per rank; ``bandwidth`` in bytes/s per rank."""
+    local = _local_cost(p, knobs)
+    if ranks == 1:
+        return local
+    psi_bytes = float(p.parameters_bytes)  # g Psi: the local runner keeps fp32 parameters
+    stage, r = knobs.zero_stage, ranks
+    params = psi_bytes / r if stage == 3 else psi_bytes
+    optimizer = p.optimizer_state_bytes if stage == 0 else (psi_bytes + p.optimizer_state_bytes) / r
+    grads = psi_bytes if stage <= 1 else psi_bytes / r
+    peak = local.peak_bytes - (psi_bytes + p.optimizer_state_bytes + p.gradients_bytes) + params + optimizer + grads
+    k = knobs.accum_steps
+    volumes = {0: 2.0, 1: 2.0, 2: k + 1.0, 3: 3.0 * k}[stage]
+    comm = volumes * (r - 1) / r * psi_bytes / bandwidth
+    return StepCost(seconds=local.seconds + comm, peak_bytes=int(max(peak, 0.0)))
+
+
+def _local_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
     order = ranking(p)
     low = blocks_at_level(knobs.precision, order)
     ckpt = blocks_at_level(knobs.checkpoint, order)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from autotune.envs.calibration import WorkloadProfile, load_profile
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.envs.costmodel import randomized_profile, step_cost
+from autotune.envs.costmodel import StepCost, randomized_profile, step_cost
 from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels
 
 from autotune.measurement.goodput import statistical_efficiency
@@ -52,6 +52,12 @@ class SimulatedEnv(TuningEnv):
     - ``steps_per_action``: optimizer steps per env step (as in the real env).
     - ``noise``: relative standard deviation of simulated throughput measurements.
     - ``horizon``: episode length used to encode the fraction of training budget used.
+    - ``ranks``: data-parallel ranks (an int), or a sequence of rank counts to draw from each
+      episode. With more than one rank the ZeRO action is live (stages 0-3, ``costmodel.py``'s
+      ZeRO arithmetic); with one it maps to stage 0, as in the real environment.
+    - ``bandwidth``: collective bandwidth per rank in bytes/s, or None: 1e9 (an assumption, not
+      a measurement), drawn log-uniformly from 1e9 (CPU ranks over gloo) to 1e11 (NVLink-class
+      GPUs) each episode when ``randomize``.
     """
 
     def __init__(
@@ -63,8 +69,17 @@ class SimulatedEnv(TuningEnv):
         steps_per_action: int = 4,
         noise: float = 0.03,
         horizon: int = 16,
+        ranks: int | Sequence[int] = 1,
+        bandwidth: float | None = None,
     ) -> None:
         super().__init__(horizon=horizon, max_zero_stage=0)
+        self.rank_choices = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+        if not self.rank_choices or any(not isinstance(r, int) or r < 1 for r in self.rank_choices):
+            raise ValueError(f"ranks must be an int >= 1 or a non-empty sequence of them, but got {ranks!r}.")
+        if bandwidth is not None and not bandwidth > 0:
+            raise ValueError(f"bandwidth must be > 0 bytes/s, but got {bandwidth!r}.")
+        self.bandwidth_arg = bandwidth
+        self.bandwidth = bandwidth or 1e9
         loaded = [p if isinstance(p, WorkloadProfile) else load_profile(Path(p)) for p in profiles or []]
         self.profiles = loaded or shipped_profiles()
         if not self.profiles:
@@ -80,13 +95,19 @@ class SimulatedEnv(TuningEnv):
         rng = self.np_random
         profile = self.profiles[int(rng.integers(len(self.profiles)))]
         self.profile = randomized_profile(profile, rng) if self.randomize else profile
+        self.ranks = self.rank_choices[int(rng.integers(len(self.rank_choices)))]
+        self.max_zero_stage = 3 if self.ranks > 1 else 0
+        if self.bandwidth_arg is None and self.randomize:
+            self.bandwidth = float(math.exp(rng.uniform(math.log(1e9), math.log(1e11))))
         start = KnobLevels.default_for(self.profile.batch_size)
-        default_peak = step_cost(self.profile, start).peak_bytes
+        default_peak = self._peak_bytes(start)
         # The least memory any knob setting reaches: micro-batch 1, every block recomputed and in
-        # reduced precision. A budget below it would make every step a penalty (without ZeRO,
-        # model states alone can exceed a budget), which teaches nothing.
-        smallest = step_cost(
-            self.profile, KnobLevels(micro=0, precision=FRACTION_LEVELS - 1, checkpoint=FRACTION_LEVELS - 1)
+        # reduced precision (at ZeRO-3 with several ranks). A budget below it would make every
+        # step a penalty (model states alone can exceed a budget), which teaches nothing.
+        smallest = self._cost(
+            KnobLevels(
+                micro=0, precision=FRACTION_LEVELS - 1, checkpoint=FRACTION_LEVELS - 1, zero_stage=self.max_zero_stage
+            )
         )
         floor = 1.05 * min(smallest.peak_bytes, default_peak)
         if self.memory_budget is None:
@@ -101,16 +122,19 @@ class SimulatedEnv(TuningEnv):
     def _machine_descriptor(self, budget: int) -> MachineDescriptor:
         full = KnobLevels(precision=FRACTION_LEVELS - 1)
         plain = KnobLevels()
-        speed = step_cost(self.profile, plain).seconds / step_cost(self.profile, full).seconds
+        speed = _local_seconds(self.profile, plain) / _local_seconds(self.profile, full)
         return MachineDescriptor(reduced_speed=speed, budget_ratio=budget / self.profile.model_state_bytes)
 
+    def _cost(self, knobs: KnobLevels) -> StepCost:
+        return step_cost(self.profile, knobs, ranks=self.ranks, bandwidth=self.bandwidth)
+
     def _peak_bytes(self, knobs: KnobLevels) -> int:
-        return step_cost(self.profile, knobs).peak_bytes
+        return self._cost(knobs).peak_bytes
 
     def _train(self, knobs: KnobLevels) -> Interval:
         p = self.profile
-        cost = step_cost(p, knobs)
-        batch = knobs.effective_batch_size
+        cost = self._cost(knobs)
+        batch = self._global_batch(knobs)
         b_noise = self._curve(p.curve_b_noise)
         # Statistical progress in samples-at-the-starting-batch (Pollux): a bigger batch makes
         # less progress per sample once it exceeds the noise scale.
@@ -124,8 +148,14 @@ class SimulatedEnv(TuningEnv):
             b_noise=b_noise,
             loss=self._curve(p.curve_loss),
             train_seconds=self.steps_per_action * cost.seconds,
-            reconfig_seconds=0.0,  # knob changes are free in the local loop; ZeRO changes are masked
+            # Knob changes are free in the local loop; a ZeRO change rebuilds the engine: charged
+            # as one step's time (state gathered and scattered again: one pass over the states).
+            reconfig_seconds=cost.seconds if knobs.zero_stage != self.levels.zero_stage else 0.0,
         )
 
     def _curve(self, values: Sequence[float]) -> float:
         return float(np.interp(self._progress, self.profile.curve_samples, values))
+
+
+def _local_seconds(p: WorkloadProfile, knobs: KnobLevels) -> float:
+    return step_cost(p, knobs).seconds

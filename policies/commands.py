@@ -59,13 +59,14 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _cmd_train_policy(args: argparse.Namespace) -> int:
     from autotune.envs.calibration import load_profile
     from autotune.envs.simulated import shipped_profiles
-    from autotune.policies.ppo import save_policy, train_policy
+    from autotune.policies.ppo import RANK_CHOICES, save_policy, train_policy
 
     profiles = [load_profile(p) for p in args.profiles] if args.profiles else shipped_profiles()
     model = train_policy(timesteps=args.timesteps, profiles=profiles, randomize=not args.no_randomize,
                          seed=args.seed, verbose=1)  # fmt: skip
     save_policy(model, args.out, trained_on=[p.workload for p in profiles], timesteps=args.timesteps,
-                extra={"randomize": not args.no_randomize, "seed": args.seed})  # fmt: skip
+                extra={"randomize": not args.no_randomize, "seed": args.seed,
+                       "ranks": list(RANK_CHOICES) if not args.no_randomize else [1]})  # fmt: skip
     print(f"saved {args.out}/policy.safetensors and {args.out}/policy.json")
     return 0
 

@@ -27,6 +27,7 @@ __all__ = ["Policy", "train_policy", "save_policy", "load_policy", "evaluate", "
 POLICY_FORMAT = 1
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 NET_ARCH = (64, 64)
+RANK_CHOICES = (1, 1, 2, 4, 8)  # one rank in 2 of 5 episodes: the common case, where ZeRO is off
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ def _make_env(
     profiles: Sequence[WorkloadProfile] | None, randomize: bool, budget: float | None
 ) -> Callable[[], gym.Env[Any, Any]]:
     def make() -> gym.Env[Any, Any]:
-        env = SimulatedEnv(profiles=profiles, randomize=randomize, memory_budget=budget)
+        # Randomized training also draws the rank count, so the ZeRO action has something to teach.
+        env = SimulatedEnv(profiles=profiles, randomize=randomize, memory_budget=budget,
+                           ranks=RANK_CHOICES if randomize else 1)  # fmt: skip
         return gym.wrappers.TimeLimit(env, max_episode_steps=env.horizon)
 
     return make

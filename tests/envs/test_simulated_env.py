@@ -24,7 +24,7 @@ from tests.conftest import make_resmlp
 def test_passes_gymnasium_and_sb3_checks_without_warnings(randomize: bool) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        env = gym.make("autotune/Simulated-v0", randomize=randomize).unwrapped
+        env = gym.make("autotune/Simulated-v0", randomize=randomize, ranks=(1, 2, 8) if randomize else 1).unwrapped
         check_env(env, skip_render_check=True)
         sb3_check_env(env, warn=True)
 
@@ -75,7 +75,7 @@ def test_calibration_round_trips_through_json(tmp_path: Path) -> None:
     env = SimulatedEnv(profiles=[again], memory_budget=0.8)
     obs, info = env.reset(seed=0)
     assert info["budget_bytes"] < info["peak_bytes"]  # 0.8 of the default's peak
-    assert obs.shape == (17,)
+    assert obs.shape == (18,)
 
 
 def test_calibrated_memory_is_the_measured_peak(tmp_path: Path) -> None:
@@ -94,3 +94,22 @@ def test_calibrated_memory_is_the_measured_peak(tmp_path: Path) -> None:
         assert 0 <= measured - simulated <= 32, (levels, measured, simulated)
     untabled = dataclasses.replace(profile, peak_table=None)  # a synthetic model's fallback
     assert step_cost(untabled, KnobLevels(micro=3)).peak_bytes != step_cost(profile, KnobLevels(micro=3)).peak_bytes
+
+
+def test_zero_action_is_live_with_ranks_and_mapped_without() -> None:
+    keep = np.array([1, 1, 1, 1, 0])
+    stage3 = np.array([1, 1, 1, 1, 3])
+    env = SimulatedEnv(ranks=4, memory_budget=2.0, noise=0.0)
+    _, info0 = env.reset(seed=0)
+    _, _, _, _, info = env.step(stage3)
+    assert info["knobs"].ranks == 4 and info["knobs"].zero_stage == 3
+    assert info["knobs"].batch_size == 4 * info0["knobs"].micro_batch_size  # the global batch
+    assert info["peak_bytes"] < info0["peak_bytes"]  # model states split over 4 ranks
+    assert info["throughput"] < info0["throughput"]  # ZeRO-3's parameter gathers cost time
+    assert info["reward_terms"]["reconfig"] > 0  # rebuilding the engine is charged
+    _, _, _, _, info = env.step(keep)
+    assert info["knobs"].zero_stage == 0
+    single = SimulatedEnv(ranks=1)
+    single.reset(seed=0)
+    _, _, _, _, info = single.step(stage3)
+    assert info["knobs"].zero_stage == 0 and info["levels"].zero_stage == 0

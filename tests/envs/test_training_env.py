@@ -35,7 +35,7 @@ def test_registered_with_time_limit() -> None:
     env = gym.make("autotune/Training-v0", workloads=[USER], steps_per_action=2)
     assert env.spec is not None and env.spec.max_episode_steps == 16 and env.spec.nondeterministic
     obs, info = env.reset(seed=0)
-    assert obs.shape == (17,) and obs.dtype == np.float32
+    assert obs.shape == (18,) and obs.dtype == np.float32
     assert info["levels"] == KnobLevels.default_for(32)
     assert info["knobs"] == Knobs(batch_size=32, micro_batch_size=32)  # the study's encoding
     env.close()

@@ -24,5 +24,5 @@ def test_ppo_beats_random_and_always_keep_on_the_simulator(tmp_path: Path) -> No
     save_policy(model, tmp_path / "p", trained_on=["shipped profiles"], timesteps=12_000)
     assert sorted(f.name for f in (tmp_path / "p").iterdir()) == ["policy.json", "policy.safetensors"]
     loaded = load_policy(tmp_path / "p")
-    obs = torch.rand(32, 17).numpy() * 2 - 1
+    obs = torch.rand(32, 18).numpy() * 2 - 1
     assert np.array_equal(loaded.act(obs), model.predict(obs, deterministic=True)[0])
