@@ -1,7 +1,8 @@
 """How the shipped pretrained policy does on the simulator, against always-keep and random.
 
 Mean undiscounted return over seeded episodes: per shipped profile (budget drawn per episode),
-and with domain randomization (synthetic models and machines the policy never saw exactly).
+with domain randomization (synthetic models and machines the policy never saw exactly), and on
+several ranks, where the ZeRO action is live.
 
 Run: python benchmarks/policy_eval.py [--episodes 100] [--policy policies/pretrained]
 """
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-from autotune.envs import SimulatedEnv, shipped_profiles
-from autotune.policies.ppo import PRETRAINED_DIR, evaluate, load_policy
+from autotune.envs import SimulatedEnv, WorkloadProfile, shipped_profiles
+from autotune.policies.ppo import PRETRAINED_DIR, RANK_CHOICES, evaluate, load_policy
 
 
 def main() -> None:
@@ -25,9 +26,18 @@ def main() -> None:
     policy = load_policy(args.policy)
     print(f"policy: {args.policy} ({policy.metadata['timesteps']} PPO steps on {policy.metadata['trained_on']})")
     print(f"{'environment':<28} {'policy':>8} {'keep':>8} {'random':>8}")
-    settings = [(p.workload, [p], False) for p in shipped_profiles()] + [("randomized", None, True)]
-    for label, profiles, randomize in settings:
-        env = gym.wrappers.TimeLimit(SimulatedEnv(profiles=profiles, randomize=randomize), max_episode_steps=16)
+    shipped = shipped_profiles()
+    settings: list[tuple[str, list[WorkloadProfile] | None, bool, int | tuple[int, ...]]] = [
+        (p.workload, [p], False, 1) for p in shipped
+    ]
+    settings += [("randomized, 1 rank", None, True, 1), ("randomized, 1-8 ranks", None, True, RANK_CHOICES)]
+    settings += [
+        (f"{p.workload}, 4 ranks", [p], False, 4) for p in shipped if p.workload in ("gpt-tiny", "resnet-tiny")
+    ]
+    for label, profiles, randomize, ranks in settings:
+        env = gym.wrappers.TimeLimit(
+            SimulatedEnv(profiles=profiles, randomize=randomize, ranks=ranks), max_episode_steps=16
+        )
         rng = np.random.default_rng(0)
 
         def random_action(_: np.ndarray, rng: np.random.Generator = rng) -> np.ndarray:

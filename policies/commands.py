@@ -61,6 +61,11 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
     from autotune.envs.simulated import shipped_profiles
     from autotune.policies.ppo import RANK_CHOICES, save_policy, train_policy
 
+    import torch
+
+    # A 64x64 MLP on batches of 256: one thread does it; a second only contends with the
+    # environments' Python (NOTES: under contention two threads can be slower than one).
+    torch.set_num_threads(1)
     profiles = [load_profile(p) for p in args.profiles] if args.profiles else shipped_profiles()
     model = train_policy(timesteps=args.timesteps, profiles=profiles, randomize=not args.no_randomize,
                          seed=args.seed, verbose=1)  # fmt: skip

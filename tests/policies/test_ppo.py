@@ -26,3 +26,13 @@ def test_ppo_beats_random_and_always_keep_on_the_simulator(tmp_path: Path) -> No
     loaded = load_policy(tmp_path / "p")
     obs = torch.rand(32, 18).numpy() * 2 - 1
     assert np.array_equal(loaded.act(obs), model.predict(obs, deterministic=True)[0])
+
+
+def test_the_shipped_policy_loads_and_beats_always_keep() -> None:
+    """The pretrained policy matches this code's spaces and still does better than doing nothing
+    on the calibrated profiles (the README's table has the full evaluation)."""
+    policy = load_policy()
+    assert policy.metadata["observation_size"] == 18 and policy.metadata["action_nvec"] == [3, 3, 3, 3, 4]
+    shipped = evaluate(policy.act, _env(), episodes=24, seed=2000)
+    keep = evaluate(lambda o: np.array([1, 1, 1, 1, 0]), _env(), episodes=24, seed=2000)
+    assert shipped > keep, (shipped, keep)
