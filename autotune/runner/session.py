@@ -137,9 +137,13 @@ class RankSession:
         env = child_env(self.device_type, ranks) | {TOKEN_ENV: token, PARENT_ENV: str(os.getpid())}
         with socket.create_server(("127.0.0.1", 0)) as listener:
             host, port = listener.getsockname()[:2]
-            self._procs = start_module(
-                _WORKER, [str(self._run_dir), host, str(port)], nprocs=ranks, run_dir=self._run_dir, env=env
-            )
+            try:
+                self._procs = start_module(
+                    _WORKER, [str(self._run_dir), host, str(port)], nprocs=ranks, run_dir=self._run_dir, env=env
+                )
+            except BaseException:
+                shutil.rmtree(self._run_dir, ignore_errors=True)
+                raise
             # From here on the processes exist: reaped however this object ends (GC, interpreter exit).
             self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._sockets, self._run_dir)
             try:
@@ -171,7 +175,7 @@ class RankSession:
             except TimeoutError:
                 continue
             hello = _read_hello(conn, deadline)
-            if hello is None or hello.get("hello") != token:  # not one of our ranks
+            if hello is None or not secrets.compare_digest(str(hello.get("hello")), token):  # not our rank
                 conn.close()
                 continue
             by_rank[int(hello["rank"])] = (conn, int(hello["pid"]))

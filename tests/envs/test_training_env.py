@@ -16,6 +16,8 @@ from autotune.envs.training import TrainingEnv
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
+from autotune.measurement.memory import tracked_step
+
 USER = "tests.data.my_workload:build"  # 3 blocks, trains in milliseconds
 
 
@@ -150,3 +152,12 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state not in ("Z", "X")
+
+
+def test_the_starting_peak_is_measured_with_optimizer_state() -> None:
+    env = _env(memory_budget=10.0)
+    _, info = env.reset(seed=0)
+    assert env.trainer is not None and env.trainer.optimizer.state  # trained before measuring
+    _, at_peak, _ = tracked_step(env.trainer)  # the same knobs again, in the middle of training
+    assert info["peak_bytes"] == at_peak.total
+    env.close()

@@ -174,6 +174,18 @@ def test_an_error_in_a_rank_comes_back_typed_and_no_process_is_left() -> None:
             s.step()
 
 
+def test_a_command_that_takes_too_long_ends_the_session() -> None:
+    wl = load_workload(f"{HERE / 'zero_workloads.py'}:hangs_on_rank_1")  # the parent's copy builds
+    with RankSession(ranks=2, timeout=120) as s:
+        pids = [*s.rank_pids, s.launcher_pid]
+        s.timeout = 4.0  # for the commands from here on (start-up alone takes ~5 s)
+        msg = "the ranks did not finish command 'start' within 4 s; the session is closed."
+        with pytest.raises(SessionError, match=f"^{re.escape(msg)}$"):
+            s.start(wl, _config())
+        assert s.closed
+    assert not any(_alive(pid) for pid in pids)
+
+
 def test_the_ranks_end_when_the_parent_is_killed(tmp_path: Path) -> None:
     script = tmp_path / "parent.py"
     script.write_text(
