@@ -28,6 +28,12 @@ them, and only then sets each parameter's values.
 
 Every function here is a collective at ZeRO 1-3 (an all-reduce or all-gather per parameter): all
 ranks call it, with the same engine kind, in the same order.
+
+Cost: while the engines are switched every rank holds the whole state (12 bytes per parameter with
+Adam: the fp32 value and two moments) next to the old engine. That is what ZeRO exists to avoid:
+a model whose full state does not fit on one rank would need a sharded hand-over (the fragment
+API's ``safe_get_local_*`` functions, partition by partition) or DeepSpeed's universal checkpoint
+on disk.
 """
 
 from __future__ import annotations
