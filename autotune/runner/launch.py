@@ -69,6 +69,10 @@ class RankProcesses:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        self.kill_ranks()
+
+    def kill_ranks(self) -> None:
+        """SIGKILL every rank that registered its pid and still runs (torchrun then exits by itself)."""
         for pid_file in (self.run_dir / PIDS_DIR).glob("*"):
             if pid_file.name.isdigit():
                 _kill_session(int(pid_file.name), self.module)

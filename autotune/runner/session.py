@@ -390,5 +390,8 @@ def _shutdown(procs: RankProcesses, sockets: list[socket.socket], run_dir: Path)
     """End the session's processes and remove its run directory (also run by the finalizer at exit)."""
     for sock in sockets:
         sock.close()
+    # Ranks first: after a failure their state is lost anyway, and torchrun's own SIGTERM handling
+    # waits for ranks stuck in a collective (~3 s); after a clean close they have exited already.
+    procs.kill_ranks()
     procs.reap()
     shutil.rmtree(run_dir, ignore_errors=True)
