@@ -178,12 +178,12 @@ class RankSession:
             if hello is None or not secrets.compare_digest(str(hello.get("hello")), token):  # not our rank
                 conn.close()
                 continue
+            self._sockets.append(conn)  # closed by the finalizer, whatever happens next
             by_rank[int(hello["rank"])] = (conn, int(hello["pid"]))
-        for rank in range(self.ranks):
-            conn, _ = by_rank[rank]
-            conn.settimeout(None)
-            self._sockets.append(conn)
-            self._buffers.append(bytearray())
+        self._sockets[:] = [by_rank[r][0] for r in range(self.ranks)]  # in rank order (the same list)
+        for sock in self._sockets:
+            sock.settimeout(None)
+        self._buffers[:] = [bytearray() for _ in range(self.ranks)]
         self.rank_pids = tuple(by_rank[r][1] for r in range(self.ranks))
 
     def _check_alive(self, what: str, deadline: float, seconds: float) -> None:
