@@ -1,7 +1,8 @@
 """``autotune/Training-v0``: the environment over a *running* training loop.
 
 Each step applies the agent's knob changes to the live model (per-block wrappers, micro-batch,
-accumulation, loss scaling; weights and optimizer state untouched), trains a few real optimizer
+accumulation, loss scaling; weights and optimizer state untouched; with several ranks a ZeRO stage
+change rebuilds the DeepSpeed engines and carries that state over), trains a few real optimizer
 steps and measures them. Spaces and reward are :class:`TuningEnv`'s.
 """
 
@@ -19,10 +20,13 @@ from autotune.config import TrainConfig
 from autotune.measurement.memory import tracked_step
 from autotune.measurement.oom import is_out_of_memory
 from autotune.profile import profile_blocks
-from autotune.runner.local import Trainer
+from autotune.runner.local import StepResult, Trainer
+from autotune.runner.session import RankSession, SessionStep
 from autotune.workload import Workload, load_workload
 
 __all__ = ["TrainingEnv"]
+
+_MAX_ZERO_STAGE = 3  # DeepSpeed's stages: 0 (data parallel), 1 (+ optimizer state), 2 (+ gradients), 3 (+ parameters)
 
 
 class TrainingEnv(TuningEnv):
@@ -31,17 +35,31 @@ class TrainingEnv(TuningEnv):
     ## Arguments
     - ``workloads``: workload references (built-in names, ``file.py:build``, ...); reset picks one
       with ``self.np_random`` and starts it from the PyTorch-default configuration (fp32, the
-      workload's batch in one micro-batch, nothing recomputed).
+      workload's batch in one micro-batch per rank, nothing recomputed, ZeRO stage 0).
     - ``memory_budget``: bytes (int), or a fraction (float) of the default configuration's
-      measured peak.
-    - ``steps_per_action``: real optimizer steps per env step. With one micro-batch per step the
-      first of them runs as two half micro-batches to feed the gradient-noise estimate and is not
-      timed.
+      measured peak (per rank).
+    - ``steps_per_action``: real optimizer steps per env step. With one micro-batch per step on
+      one rank, the first of them runs as two half micro-batches to feed the gradient-noise
+      estimate and is not timed.
     - ``device``: ``cpu``, ``cuda`` or None (CUDA when available).
+    - ``ranks``: data-parallel ranks. 1 trains in this process (``autotune.runner.local.Trainer``).
+      More trains on that many DeepSpeed ranks of a :class:`~autotune.runner.session.RankSession`,
+      started at the first reset (~10 s) and kept for every episode until ``close()``.
+
+    ## ZeRO stages
+    With ``ranks > 1`` the ZeRO action is real: a stage change builds new DeepSpeed engines and
+    carries the training state over (fp32 parameters, Adam's moments and step, the LR schedule's
+    position, the data stream's position), so training goes on where it was; every other knob
+    changes on the live engine. The rebuild's seconds count in the reward's reconfiguration term.
+    With ``ranks == 1`` every stage maps to 0 (:func:`~autotune.envs.knobs.apply_action`; no
+    action is invalid, so none is masked): ZeRO partitions model states *across* ranks, and at
+    one rank stages 1-2 only add DeepSpeed's fp32 master copy (NOTES.md).
 
     Peak memory of each knob setting is measured exactly once per episode (one real step under
-    MemTracker, then cached: it is identical every time). ZeRO stages map to 0: the local loop
-    has one rank.
+    MemTracker, the highest rank's peak with ranks > 1, then cached: it is identical every time).
+    The gradient noise scale is estimated on one rank only: ZeRO reduces (and partitions) the
+    gradients inside the engine, where the micro-batch gradients are not seen; with ranks > 1,
+    ``b_noise`` is None (statistical efficiency 1).
     """
 
     def __init__(
@@ -52,8 +70,11 @@ class TrainingEnv(TuningEnv):
         steps_per_action: int = 4,
         horizon: int = 16,
         device: str | None = None,
+        ranks: int = 1,
     ) -> None:
-        super().__init__(horizon=horizon, max_zero_stage=0)
+        if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+            raise ValueError(f"ranks must be an int >= 1, but got {ranks!r}.")
+        super().__init__(horizon=horizon, max_zero_stage=_MAX_ZERO_STAGE if ranks > 1 else 0)
         if not workloads:
             raise ValueError("TrainingEnv needs at least one workload reference, but got none.")
         if steps_per_action < 2:
@@ -62,7 +83,9 @@ class TrainingEnv(TuningEnv):
         self.memory_budget = memory_budget
         self.steps_per_action = steps_per_action
         self.device = device
-        self.trainer: Trainer | None = None
+        self.ranks = ranks
+        self.trainer: Trainer | None = None  # ranks == 1
+        self.session: RankSession | None = None  # ranks > 1
         self.workload: Workload | None = None
         self._ranking: tuple[int, ...] = ()
         self._peaks: dict[KnobLevels, int] = {}
@@ -70,7 +93,12 @@ class TrainingEnv(TuningEnv):
         self._workloads: dict[str, Workload] = {}
 
     def _config(self, knobs: KnobLevels) -> TrainConfig:
-        return knobs_to_config(knobs, self._ranking)
+        return knobs_to_config(knobs, self._ranking, ranks=self.ranks)
+
+    def _loop(self) -> Trainer | RankSession:
+        loop = self.trainer if self.ranks == 1 else self.session
+        assert loop is not None, "reset() starts the training loop"
+        return loop
 
     def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
         ref = self.workload_refs[int(self.np_random.integers(len(self.workload_refs)))]
@@ -79,16 +107,24 @@ class TrainingEnv(TuningEnv):
         wl = self.workload = self._workloads[ref]
         profile = profile_blocks(wl, micro_batch_size=2)
         self._ranking = profile.ranked()
-        start = KnobLevels.default_for(wl.batch_size)
-        self.close()
-        self.trainer = Trainer(wl, self._config(start), device=self.device)
+        # Data parallelism splits the workload's batch over the ranks (so its LR applies as is).
+        start = KnobLevels.default_for(max(1, wl.batch_size // self.ranks))
+        if self.ranks == 1:
+            self.close()
+            self.trainer = Trainer(wl, self._config(start), device=self.device)
+        else:
+            if self.session is None or self.session.closed:  # first episode, or a rank failed
+                self.session = RankSession(ranks=self.ranks, device=self.device)
+            self.session.start(wl, self._config(start))  # a fresh model, in the running ranks
         self._peaks = {}
         self.levels = start
+        # Adam (and ZeRO's optimizers) create their state in the first step, after the activation
+        # peak: a first step's peak leaves it out (gpt-tiny: 34.0 MB vs 44.1 MB from then on).
+        self._loop().step()
         default_peak = self._peak_bytes(start)
         budget = self.memory_budget if isinstance(self.memory_budget, int) else int(default_peak * self.memory_budget)
         bytes_sorted = sorted(profile.saved_bytes, reverse=True)
         quarter = max(1, round(len(bytes_sorted) / 4))
-        assert self.trainer is not None
         model = ModelDescriptor(
             num_parameters=wl.num_parameters,
             activation_bytes_per_sample=sum(profile.saved_bytes) / profile.micro_batch_size,
@@ -101,56 +137,73 @@ class TrainingEnv(TuningEnv):
     def _reduced_speed(self, knobs: KnobLevels) -> float:
         """Step throughput with every block in reduced precision relative to fp32, measured here
         on two real steps each: the simulator's definition (``SimulatedEnv``), so a policy sees
-        the same quantity on both. Costs four training steps per episode."""
-        assert self.trainer is not None
+        the same quantity on both. Costs four training steps per episode (with ranks > 1, two
+        engine rebuilds too: all blocks bf16 is a bf16 engine)."""
+        loop = self._loop()
         seconds = {}
         for level in (FRACTION_LEVELS - 1, 0):  # ends back on the starting (fp32) knobs
-            self.trainer.reconfigure(self._config(dataclasses.replace(knobs, precision=level)))
-            seconds[level] = min(self.trainer.step().seconds for _ in range(2))
+            loop.reconfigure(self._config(dataclasses.replace(knobs, precision=level)))
+            seconds[level] = min(loop.step().seconds for _ in range(2))
         return seconds[0] / seconds[FRACTION_LEVELS - 1]
 
     def _peak_bytes(self, knobs: KnobLevels) -> int:
-        """Measured once per knob setting (a real training step under MemTracker), then cached."""
+        """Measured once per knob setting (a real training step under MemTracker), then cached.
+
+        With ranks > 1, measuring another ZeRO stage builds its engines and then the current ones
+        again (state carried over both ways): the step that follows trains where the episode was.
+        """
         if knobs not in self._peaks:
-            assert self.trainer is not None
-            self.trainer.reconfigure(self._config(knobs))
+            loop = self._loop()
+            loop.reconfigure(self._config(knobs))
             try:
-                _, at_peak, own = tracked_step(self.trainer)
-                self._peaks[knobs] = at_peak.total
-                self._model_states = own.model_states
+                self._peaks[knobs], self._model_states = self._tracked_step()
             except Exception as e:
+                # A rank's out-of-memory ends its session with a SessionError (not caught here).
                 if not is_out_of_memory(e):
                     raise
                 self._peaks[knobs] = 2**62  # a real OOM: certainly over any budget
             finally:
-                self.trainer.reconfigure(self._config(self.levels))
+                loop.reconfigure(self._config(self.levels))
         return self._peaks[knobs]
 
+    def _tracked_step(self) -> tuple[int, int]:
+        """(peak bytes, model-state bytes) of one real step under exact memory tracking."""
+        if self.session is not None:
+            tracked = self.session.tracked_step()
+            return tracked.peak_bytes, max(m.category_peaks.model_states for m in tracked.per_rank)
+        assert self.trainer is not None
+        _, at_peak, own = tracked_step(self.trainer)
+        return at_peak.total, own.model_states
+
     def _train(self, knobs: KnobLevels) -> Interval:
-        trainer = self.trainer
-        assert trainer is not None
+        loop = self._loop()
         t0 = time.perf_counter()
         config = self._config(knobs)
-        if config != trainer.config:
-            trainer.reconfigure(config)
+        if config != loop.config:
+            loop.reconfigure(config)  # with ranks > 1 a ZeRO stage change rebuilds the engines here
         reconfig = time.perf_counter() - t0
-        results = []
-        probe = knobs.accum_steps == 1 and knobs.micro_batch_size % 2 == 0
-        if probe:
-            results.append(trainer.step(split=2))
-        timed = [trainer.step() for _ in range(self.steps_per_action - len(results))]
+        results: list[StepResult | SessionStep] = []
+        local = self.trainer
+        if local is not None and knobs.accum_steps == 1 and knobs.micro_batch_size % 2 == 0:
+            results.append(local.step(split=2))  # the noise estimate's second batch size
+        timed = [loop.step() for _ in range(self.steps_per_action - len(results))]
         results += timed
         return Interval(
-            batch=knobs.effective_batch_size,
+            # Per rank, as the episode's reference batch (TuningEnv._batch0) is: the ratio is what counts.
+            batch=self._global_batch(knobs),
             throughput=statistics.median(r.samples / r.seconds for r in timed),
             peak_bytes=self._peak_bytes(knobs),
-            b_noise=trainer.gns.estimate().b_simple,
+            b_noise=None if local is None else local.gns.estimate().b_simple,
             loss=statistics.fmean(r.loss for r in results),
             train_seconds=sum(r.seconds for r in results),
             reconfig_seconds=reconfig,
         )
 
     def close(self) -> None:
+        """End the local loop, or the session's ranks (every process reaped)."""
         if self.trainer is not None:
             self.trainer.close()
             self.trainer = None
+        if self.session is not None:
+            self.session.close()
+            self.session = None

@@ -57,11 +57,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_train_policy(args: argparse.Namespace) -> int:
+    import torch
     from autotune.envs.calibration import load_profile
     from autotune.envs.simulated import shipped_profiles
     from autotune.policies.ppo import RANK_CHOICES, save_policy, train_policy
-
-    import torch
 
     # A 64x64 MLP on batches of 256: one thread does it; a second only contends with the
     # environments' Python (NOTES: under contention two threads can be slower than one).

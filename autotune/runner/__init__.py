@@ -2,7 +2,8 @@
 
 ``Trainer``: one local process. ``zero_stage > 0`` or ``ranks > 1``: DeepSpeed ranks launched with
 torchrun (``multirank`` in the parent, ``ds_worker`` + ``zero`` in each rank); DeepSpeed itself is
-imported only there.
+imported only there. ``session.RankSession``: DeepSpeed ranks started once and driven by commands
+(``session_worker`` in each rank), for training that changes its config as it goes.
 """
 
 from autotune.runner.local import StepResult, Trainer, resolve_device

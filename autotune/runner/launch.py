@@ -27,7 +27,7 @@ from pathlib import Path
 
 from autotune.errors import TrainingError
 
-__all__ = ["LaunchError", "free_port", "launch_module", "PIDS_DIR"]
+__all__ = ["LaunchError", "RankProcesses", "free_port", "launch_module", "start_module", "PIDS_DIR"]
 
 #: Sub-directory of the run directory where each rank writes a file named after its pid.
 PIDS_DIR = "pids"
@@ -47,6 +47,62 @@ def free_port() -> int:
         return port
 
 
+class RankProcesses:
+    """torchrun and the ranks it started, running (:func:`start_module`); ``reap()`` ends them all."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], run_dir: Path, module: str) -> None:
+        self.proc, self.run_dir, self.module = proc, run_dir, module
+
+    def poll(self) -> int | None:
+        """torchrun's exit status, or None while it runs."""
+        return self.proc.poll()
+
+    def reap(self) -> None:
+        """Stop torchrun (SIGTERM, then SIGKILL after a grace period), then any rank still alive."""
+        proc = self.proc
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)  # torchrun forwards it to every rank and waits for them
+            try:
+                proc.wait(timeout=_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.kill_ranks()
+
+    def kill_ranks(self) -> None:
+        """SIGKILL every rank that registered its pid and still runs (torchrun then exits by itself)."""
+        for pid_file in (self.run_dir / PIDS_DIR).glob("*"):
+            if pid_file.name.isdigit():
+                _kill_session(int(pid_file.name), self.module)
+
+
+def start_module(
+    module: str, args: Sequence[str], *, nprocs: int, run_dir: Path, env: Mapping[str, str] | None = None
+) -> RankProcesses:
+    """Start ``python -m module *args`` as ``nprocs`` ranks on this machine; do not wait.
+
+    torchrun's own output goes to ``run_dir/torchrun.log``; each rank's stdout and stderr to
+    ``run_dir/logs`` (torchrun ``--redirects 3``). The caller must ``reap()`` the result.
+    """
+    (run_dir / PIDS_DIR).mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc-per-node={nprocs}", "--nnodes=1",
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+        f"--log-dir={run_dir / 'logs'}", "--redirects=3",
+        "--max-restarts=0",
+        "-m", module, *args,
+    ]  # fmt: skip
+    with (run_dir / "torchrun.log").open("wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env or os.environ),
+            start_new_session=True,  # Ctrl-C in the terminal reaches us only; we stop the ranks in order
+        )  # fmt: skip
+    return RankProcesses(proc, run_dir, module)
+
+
 def launch_module(
     module: str,
     args: Sequence[str],
@@ -59,33 +115,18 @@ def launch_module(
 ) -> None:
     """Run ``python -m module *args`` as ``nprocs`` ranks on this machine and wait for them.
 
-    torchrun's own output goes to ``run_dir/torchrun.log``; each rank's stdout and stderr to
-    ``run_dir/logs`` (torchrun ``--redirects 3``). ``poll`` is called every 0.2 s while waiting.
+    Output as in :func:`start_module`. ``poll`` is called every 0.2 s while waiting.
 
     Raises:
         LaunchError: torchrun exited non-zero, or ``timeout`` seconds passed. The ranks are gone.
     """
-    (run_dir / PIDS_DIR).mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc-per-node={nprocs}", "--nnodes=1",
-        "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-        f"--log-dir={run_dir / 'logs'}", "--redirects=3",
-        "--max-restarts=0",
-        "-m", module, *args,
-    ]  # fmt: skip
-    log = (run_dir / "torchrun.log").open("wb")
-    with log:
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env or os.environ),
-            start_new_session=True,  # Ctrl-C in the terminal reaches us only; we stop the ranks in order
-        )  # fmt: skip
-        try:
-            _wait(proc, timeout=timeout, poll=poll)
-        finally:
-            _reap(proc, run_dir / PIDS_DIR, module)
-    if proc.returncode != 0:
-        raise LaunchError(f"torchrun exited with status {proc.returncode}; see {run_dir / 'torchrun.log'}")
+    ranks = start_module(module, args, nprocs=nprocs, run_dir=run_dir, env=env)
+    try:
+        _wait(ranks.proc, timeout=timeout, poll=poll)
+    finally:
+        ranks.reap()
+    if ranks.proc.returncode != 0:
+        raise LaunchError(f"torchrun exited with status {ranks.proc.returncode}; see {run_dir / 'torchrun.log'}")
 
 
 def _wait(proc: subprocess.Popen[bytes], *, timeout: float | None, poll: Callable[[], None] | None) -> None:
@@ -96,22 +137,6 @@ def _wait(proc: subprocess.Popen[bytes], *, timeout: float | None, poll: Callabl
         if poll is not None:
             poll()
         time.sleep(_POLL_SECONDS)
-
-
-def _reap(proc: subprocess.Popen[bytes], pids_dir: Path, module: str) -> None:
-    """Stop torchrun (SIGTERM, then SIGKILL after a grace period), then any rank still alive."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)  # torchrun forwards it to every rank and waits for them
-        try:
-            proc.wait(timeout=_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    for pid_file in pids_dir.glob("*"):
-        if pid_file.name.isdigit():
-            _kill_session(int(pid_file.name), module)
 
 
 def _kill_session(pid: int, module: str) -> None:

@@ -31,11 +31,11 @@ from autotune.runner.launch import LaunchError, launch_module
 from autotune.runner.measuring import ProgressFn
 from autotune.workload import Workload
 
-__all__ = ["measure_ranks"]
+__all__ = ["USER_ERRORS", "check_configs", "child_env", "device_type_of", "log_tail", "measure_ranks"]
 
 _WORKER = "autotune.runner.ds_worker"
 # User mistakes found inside a rank keep their type, so the CLI still exits with 2 for them.
-_USER_ERRORS: dict[str, type[AutotuneError]] = {
+USER_ERRORS: dict[str, type[AutotuneError]] = {
     "ConfigError": ConfigError,
     "UnsupportedError": UnsupportedError,
     "WorkloadError": WorkloadError,
@@ -61,8 +61,8 @@ def measure_ranks(
         ConfigError, UnsupportedError, WorkloadError: a user mistake, before or inside a rank.
         TrainingError: a rank failed otherwise; the message is that rank's exception.
     """
-    device_type = _device_type(device)
-    _check(workload, configs, device_type)
+    device_type = device_type_of(device)
+    check_configs(workload, configs, device_type)
     out: list[Measurement] = []
     while len(out) < len(configs):
         out += _launch(
@@ -71,7 +71,8 @@ def measure_ranks(
     return out
 
 
-def _device_type(device: str | None) -> str:
+def device_type_of(device: str | None) -> str:
+    """``cpu`` or ``cuda`` for a device argument (None or ``auto``: CUDA when available)."""
     import torch
 
     if device is None or device == "auto":
@@ -82,7 +83,8 @@ def _device_type(device: str | None) -> str:
     return kind
 
 
-def _check(workload: Workload, configs: Sequence[TrainConfig], device_type: str) -> None:
+def check_configs(workload: Workload, configs: Sequence[TrainConfig], device_type: str) -> None:
+    """What the parent can check before any rank starts: a user mistake is one error here, not N in logs."""
     if workload.source is None:
         raise UnsupportedError(
             f"workload {workload.name!r} has no source reference, but every DeepSpeed rank rebuilds it "
@@ -130,7 +132,7 @@ def _launch(
                 [str(job_file)],
                 nprocs=ranks,
                 run_dir=run_dir,
-                env=_child_env(device_type, ranks),
+                env=child_env(device_type, ranks),
                 timeout=timeout,
                 poll=None if progress is None else lambda: _report_progress(run_dir, progress),
             )
@@ -139,7 +141,8 @@ def _launch(
         return [_aggregate(workload.name, job, i, _reports(run_dir, i, ranks)) for i in range(len(configs))]
 
 
-def _child_env(device_type: str, ranks: int) -> dict[str, str]:
+def child_env(device_type: str, ranks: int) -> dict[str, str]:
+    """The environment of ``ranks`` DeepSpeed ranks started from this process."""
     env = dict(os.environ)
     if device_type == "cpu":
         env["DS_ACCELERATOR"] = "cpu"  # never probe for a GPU stack
@@ -175,22 +178,21 @@ def _after_failure(workload: Workload, job: Job, run_dir: Path, error: LaunchErr
     # closed by peer"), later.
     failures = sorted((RankError.from_json(p.read_text()) for p in run_dir.glob(ERROR_GLOB)), key=lambda f: f.time)
     if not failures:
-        raise TrainingError(
-            f"the DeepSpeed ranks of {workload.name!r} failed: {error}\n{_log_tail(run_dir)}"
-        ) from error
+        raise TrainingError(f"the DeepSpeed ranks of {workload.name!r} failed: {error}\n{log_tail(run_dir)}") from error
     first = failures[0]
     index = len(done) if first.config_index is None else first.config_index
     config = job.configs[index]
     if first.out_of_memory:
         reason = f"out of memory on rank {first.rank}: {first.message.splitlines()[0]}"
         return [*done, _failed(workload.name, job, config, reason)]
-    if first.type in _USER_ERRORS:
-        raise _USER_ERRORS[first.type](first.message)
+    if first.type in USER_ERRORS:
+        raise USER_ERRORS[first.type](first.message)
     where = f"training {workload.name!r} failed under {config.to_dict()} on rank {first.rank}"
     raise TrainingError(f"{where}: {first.type}: {first.message}")
 
 
-def _log_tail(run_dir: Path, lines: int = 20) -> str:
+def log_tail(run_dir: Path, lines: int = 20) -> str:
+    """The last lines of every rank's stderr and of torchrun's log in a run directory."""
     logs = [*sorted((run_dir / "logs").rglob("stderr.log")), run_dir / "torchrun.log"]
     tails = []
     for log in logs:

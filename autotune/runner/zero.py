@@ -4,7 +4,9 @@ One :class:`ZeroTrainer` per rank: the workload's model (with per-block checkpoi
 wrappers from :mod:`autotune.apply`) and its torch optimizer go through ``deepspeed.initialize``
 with the config from :func:`~autotune.runner.deepspeed_config.deepspeed_config`. The engine does the
 ZeRO partitioning, gradient accumulation and bf16/fp16; the batches come from a
-``DistributedSampler``, so each rank trains on its own shard.
+:class:`~autotune.runner.stream.ShardStream` (a ``DistributedSampler``'s order), so each rank trains
+on its own shard. ``ZeroTrainer.reconfigure`` changes the config while training goes on (the
+environment's ZeRO action): a new engine when it must, with the training state carried over.
 
 Memory. :func:`tracked_zero_step` counts storages with MemTracker, as the local runner does, but
 DeepSpeed keeps model states in buffers MemTracker does not know: flat parameter groups, fp32
@@ -33,15 +35,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_map_only
-from torch.utils.data import DataLoader, DistributedSampler
 
-from autotune.apply import apply_block_knobs
+from autotune.apply import BlockWrappers, apply_block_knobs
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
 from autotune.measurement.memory import _breakdown, _tracker_class
 from autotune.measurement.record import MemoryBreakdown
 from autotune.runner.deepspeed_config import deepspeed_config, engine_precision
 from autotune.runner.local import StepResult
+from autotune.runner.stream import ShardStream
+from autotune.runner.zero_state import TrainingState, gather_state, load_into_module, restore_state
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
@@ -71,53 +74,116 @@ def import_deepspeed() -> Any:
 
 
 class ZeroTrainer:
-    """Trains a private copy of a workload's model on one rank of a DeepSpeed engine."""
+    """Trains a private copy of a workload's model on one rank of a DeepSpeed engine.
+
+    ``reconfigure`` changes the config while training goes on. Per-block precision islands and
+    checkpointing, micro-batch size and accumulation change on the live engine; a ZeRO stage,
+    engine precision or gradient-clipping change builds a new engine and carries the training
+    state over (:mod:`autotune.runner.zero_state`): fp32 parameters, optimizer state, the step
+    counter (so the LR schedule goes on) and the data stream's position.
+    """
 
     def __init__(self, workload: Workload, config: TrainConfig, *, rank: int, device: torch.device) -> None:
-        deepspeed = import_deepspeed()
+        import_deepspeed()
         self.workload, self.config, self.device, self.rank = workload, config, device, rank
-        names = workload.block_names()
-        n = len(names)
-        self.precision = engine_precision(config, num_blocks=n, device_type=device.type)
-        model = copy.deepcopy(workload.model)
-        # An fp32 engine autocasts bf16 blocks (islands); a bf16/fp16 engine is low precision throughout.
-        fp32 = dataclasses.replace(config, precision="fp32")
-        precisions = (config if self.precision == "fp32" else fp32).block_precisions(n)
-        self._wrappers = apply_block_knobs(
-            model, names, precisions, config.block_checkpoints(n), device_type=device.type
-        )
+        self.block_names = workload.block_names()
+        self.world = torch.distributed.get_world_size()
+        self._check(config)
+        self.step_count = 0
+        self._stream = ShardStream(workload.dataset, num_replicas=self.world, rank=rank, seed=config.seed)
+        self._build(config, state=None)
+
+    def _check(self, config: TrainConfig) -> None:
+        if config.ranks != self.world:
+            raise ConfigError(
+                f"TrainConfig.ranks must equal the number of running ranks ({self.world}), but got {config.ranks}."
+            )
+        size = len(self.workload.dataset)  # type: ignore[arg-type]
+        if config.micro_batch_size > size // self.world:
+            raise ConfigError(
+                f"TrainConfig.micro_batch_size must be <= the dataset size of workload {self.workload.name!r} "
+                f"per rank ({size} // {self.world} ranks), but got {config.micro_batch_size}."
+            )
+
+    def _build(self, config: TrainConfig, *, state: TrainingState | None) -> None:
+        """A new engine for ``config``, starting from ``state`` (None: the workload's initial model)."""
+        deepspeed = import_deepspeed()
+        self.precision = engine_precision(config, num_blocks=len(self.block_names), device_type=self.device.type)
+        model = copy.deepcopy(self.workload.model)
+        if state is not None:
+            load_into_module(model, state)
+        self._wrappers = self._wrap(model, config)
         # A torch optimizer instance: DeepSpeed's own "AdamW" would JIT-compile FusedAdam.
-        self.optimizer = workload.make_optimizer(model.parameters())
+        self.optimizer = self.workload.make_optimizer(model.parameters())
         self._base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
         ds_config = deepspeed_config(
             config,
-            num_blocks=n,
+            num_blocks=len(self.block_names),
             largest_parameter=max(p.numel() for p in model.parameters()),
-            device_type=device.type,
+            device_type=self.device.type,
         )
-        self._check_shard_size()
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=ds_config)
-        self.step_count = 0
-        self._batches = self._batch_stream()
+        if state is not None:
+            restore_state(self.engine, self.optimizer, state)
 
-    def _check_shard_size(self) -> None:
-        world, size = torch.distributed.get_world_size(), len(self.workload.dataset)  # type: ignore[arg-type]
-        if self.config.micro_batch_size > size // world:
-            raise ConfigError(
-                f"TrainConfig.micro_batch_size must be <= the dataset size of workload {self.workload.name!r} "
-                f"per rank ({size} // {world} ranks), but got {self.config.micro_batch_size}."
+    def _wrap(self, model: torch.nn.Module, config: TrainConfig) -> BlockWrappers:
+        n = len(self.block_names)
+        # An fp32 engine autocasts bf16 blocks (islands); a bf16/fp16 engine is low precision throughout.
+        fp32 = dataclasses.replace(config, precision="fp32")
+        precisions = (config if self.precision == "fp32" else fp32).block_precisions(n)
+        checkpoints = config.block_checkpoints(n)
+        return apply_block_knobs(model, self.block_names, precisions, checkpoints, device_type=self.device.type)
+
+    # ---- reconfiguration ------------------------------------------------------------------------
+
+    def reconfigure(self, config: TrainConfig) -> str | None:
+        """Switch to ``config`` between optimizer steps; return why a new engine was built, or None.
+
+        Every rank must call it with the same config (a new engine is built collectively).
+        """
+        self._check(config)
+        reason = self._new_engine_reason(config)
+        if reason is not None:
+            state = gather_state(self.engine, self.optimizer)  # sync point: collectives at ZeRO 1-3
+            counters = (self.engine.global_steps, self.engine.global_samples)
+            self.close()
+            self._build(config, state=state)
+            self.engine.global_steps, self.engine.global_samples = counters
+        else:
+            # The block wrappers shadow each block's forward (autotune.apply): DeepSpeed's ZeRO-3
+            # gather/release hooks are module hooks around it and stay as they are.
+            self._wrappers.remove()
+            self._wrappers = self._wrap(self.engine.module, config)
+            # Batch sizes are plain numbers in the engine's config, read on every step; ZeRO 1-3
+            # read the accumulation count at init only for CPU offload, which autotune never enables.
+            self.engine.set_train_micro_batch_size(config.micro_batch_size)
+            self.engine.set_train_batch_size(config.micro_batch_size * config.grad_accum_steps * self.world)
+        if config.seed != self.config.seed:  # another data order, from its start (as the local Trainer)
+            self._stream = ShardStream(self.workload.dataset, num_replicas=self.world, rank=self.rank, seed=config.seed)
+        self.config = config
+        return reason
+
+    def _new_engine_reason(self, config: TrainConfig) -> str | None:
+        old = self.config
+        if config.zero_stage != old.zero_stage:
+            return (
+                f"ZeRO stage {old.zero_stage} -> {config.zero_stage}: the stage decides how parameters, "
+                "gradients and optimizer state are partitioned, which deepspeed.initialize lays out"
             )
+        precision = engine_precision(config, num_blocks=len(self.block_names), device_type=self.device.type)
+        if precision != self.precision:
+            return (
+                f"engine precision {self.precision} -> {precision}: it decides the parameters' dtype and "
+                "whether the optimizer keeps fp32 masters, both fixed at initialization"
+            )
+        if config.grad_clip != old.grad_clip:
+            return (
+                f"gradient clipping {old.grad_clip} -> {config.grad_clip}: ZeRO's optimizers take the "
+                "clipping norm at initialization"
+            )
+        return None
 
-    def _batch_stream(self) -> Iterator[Any]:
-        data = self.workload.dataset
-        # Each rank draws its own shard of every shuffled epoch (the standard data-parallel split).
-        sampler: DistributedSampler[Any] = DistributedSampler(
-            data, num_replicas=torch.distributed.get_world_size(), rank=self.rank, seed=self.config.seed, drop_last=True
-        )
-        loader = DataLoader(data, batch_size=self.config.micro_batch_size, sampler=sampler, drop_last=True)
-        for epoch in range(2**62):
-            sampler.set_epoch(epoch)
-            yield from loader
+    # ---- the step ---------------------------------------------------------------------------------
 
     def _lr_scale(self) -> float:
         c = self.config
@@ -129,7 +195,10 @@ class ZeroTrainer:
 
     def next_batches(self) -> list[Any]:
         """The next step's micro-batches, on the device."""
-        return [self._to_device(next(self._batches)) for _ in range(self.config.grad_accum_steps)]
+        return [self._next_batch() for _ in range(self.config.grad_accum_steps)]
+
+    def _next_batch(self) -> Any:
+        return self._to_device(self._stream.next(self.config.micro_batch_size))
 
     def step(
         self, *, batches: list[Any] | None = None, before_micro_batch: Callable[[], None] | None = None
@@ -144,11 +213,15 @@ class ZeroTrainer:
             group["lr"] = base * scale
         start = time.perf_counter()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for _ in range(self.config.grad_accum_steps):
+        k = self.config.grad_accum_steps
+        for i in range(k):
             # Popped, so a micro-batch is freed after its backward, as in the local runner.
-            batch = batches.pop(0) if batches is not None else self._to_device(next(self._batches))
+            batch = batches.pop(0) if batches is not None else self._next_batch()
             if before_micro_batch is not None:
                 before_micro_batch()
+            # The boundary said explicitly: DeepSpeed's own count ((micro_steps + 1) % k) would be
+            # out of phase after an accumulation change on a live engine.
+            self.engine.set_gradient_accumulation_boundary(i == k - 1)
             loss = self.workload.loss_fn(self.engine, batch)
             self.engine.backward(loss)  # scales by 1/grad_accum_steps itself
             self.engine.step()  # steps the optimizer only at the accumulation boundary
@@ -158,7 +231,7 @@ class ZeroTrainer:
         self.step_count += 1
         c = self.config
         return StepResult(
-            loss=total.item() / (c.grad_accum_steps * torch.distributed.get_world_size()),
+            loss=total.item() / (c.grad_accum_steps * self.world),
             samples=c.micro_batch_size * c.grad_accum_steps,
             seconds=seconds,
             lr=self._base_lrs[0] * scale,

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import dataclasses
+import re
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
 
 import autotune.envs  # noqa: F401  (registers the environments)
 import gymnasium as gym
@@ -13,6 +17,7 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from autotune import Knobs
+from autotune.measurement.memory import tracked_step
 
 USER = "tests.data.my_workload:build"  # 3 blocks, trains in milliseconds
 
@@ -90,4 +95,73 @@ def test_rewards_are_finite(action: list[int]) -> None:
     _, reward, _, _, _ = env.step(np.array(action))
     assert np.isfinite(reward)
     assert env.levels.zero_stage == 0  # one rank: stages map to 0
+    env.close()
+
+
+def test_ranks_must_be_a_positive_int() -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape('ranks must be an int >= 1, but got 0.')}$"):
+        TrainingEnv(workloads=[USER], ranks=0)
+
+
+# ---- two DeepSpeed ranks: one session for the module (a launch costs ~10 s) --------------------------
+
+TINY = f"{Path(__file__).parent.parent / 'runner' / 'zero_workloads.py'}:build"
+
+
+@pytest.fixture(scope="module")
+def ranked_env() -> Iterator[TrainingEnv]:
+    # through gym.make, so the spec (nondeterministic=True: real timings) is attached
+    env = gym.make("autotune/Training-v0", workloads=[TINY], ranks=2, steps_per_action=2, memory_budget=10.0)
+    yield env.unwrapped  # type: ignore[misc]
+    env.close()
+
+
+def test_with_two_ranks_passes_the_gymnasium_check_without_warnings(ranked_env: TrainingEnv) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(ranked_env, skip_render_check=True)
+    assert ranked_env.max_zero_stage == 3
+
+
+def test_a_zero_action_on_two_ranks_changes_the_stage_and_the_measured_peak(ranked_env: TrainingEnv) -> None:
+    _, start = ranked_env.reset(seed=0)
+    assert start["levels"] == KnobLevels.default_for(16)  # the workload's batch of 32 over 2 ranks
+    assert start["knobs"] == Knobs(batch_size=32, micro_batch_size=16, ranks=2)
+    _, reward, terminated, _, info = ranked_env.step(np.array([1, 1, 1, 1, 3]))
+    assert info["levels"] == dataclasses.replace(start["levels"], zero_stage=3)
+    assert info["knobs"] == dataclasses.replace(start["knobs"], zero_stage=3)
+    assert ranked_env.session is not None and ranked_env.session.config is not None
+    assert ranked_env.session.config.zero_stage == 3  # the ranks train at stage 3 now
+    assert info["peak_bytes"] < start["peak_bytes"]  # each rank holds half of the model states
+    assert np.isfinite(reward) and not terminated and info["b_noise"] is None
+    _, _, _, _, back = ranked_env.step(np.array([1, 1, 1, 1, 0]))
+    assert back["knobs"].zero_stage == 0 and back["peak_bytes"] == start["peak_bytes"]
+    assert back["loss"] < start["loss"]  # training went on across both changes
+
+
+def test_closing_the_env_reaps_its_ranks(ranked_env: TrainingEnv) -> None:
+    ranked_env.reset(seed=1)
+    session = ranked_env.session
+    assert session is not None
+    pids = [*session.rank_pids, session.launcher_pid]
+    ranked_env.close()
+    assert ranked_env.session is None and session.closed
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_the_starting_peak_is_measured_with_optimizer_state() -> None:
+    env = _env(memory_budget=10.0)
+    _, info = env.reset(seed=0)
+    assert env.trainer is not None and env.trainer.optimizer.state  # trained before measuring
+    _, at_peak, _ = tracked_step(env.trainer)  # the same knobs again, in the middle of training
+    assert info["peak_bytes"] == at_peak.total
     env.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
 
 from torch import nn
@@ -26,3 +27,10 @@ def fails_on_rank_1() -> Workload:
         return base.loss_fn(model, batch)
 
     return dataclasses.replace(base, name="my-net-fails", loss_fn=loss_fn)
+
+
+def hangs_on_rank_1() -> Workload:
+    """Rank 1 never finishes building it: the session's timeout must end the ranks."""
+    if os.environ.get("RANK") == "1":
+        time.sleep(600)
+    return dataclasses.replace(build_tiny(), name="my-net-hangs")

@@ -1,0 +1,61 @@
+"""A rank's stream of micro-batches that keeps its place when the micro-batch size changes.
+
+A ``DataLoader`` fixes its batch size: a new one starts the epoch again, so every micro-batch
+change in a live run would replay the first samples of the epoch. :class:`ShardStream` draws the
+same samples in the same order as ``DataLoader(dataset, batch_size=m, sampler=DistributedSampler(
+dataset, num_replicas, rank, seed=seed, drop_last=True), drop_last=True)`` with ``set_epoch(e)``
+before epoch ``e`` (the standard data-parallel split: each rank its own shard of every shuffled
+epoch), but the micro-batch size is an argument of each draw, and the position (epoch, samples
+drawn in it) is kept across draws of different sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import Dataset, DistributedSampler, default_collate
+
+from autotune.errors import ConfigError
+
+__all__ = ["ShardStream"]
+
+
+class ShardStream:
+    """Micro-batches from one rank's shard of each shuffled epoch, collated as a DataLoader does."""
+
+    def __init__(self, dataset: Dataset[Any], *, num_replicas: int, rank: int, seed: int) -> None:
+        self.dataset = dataset
+        self._sampler: DistributedSampler[Any] = DistributedSampler(
+            dataset, num_replicas=num_replicas, rank=rank, seed=seed, drop_last=True
+        )
+        self.epoch = 0
+        self.offset = 0  # samples of this epoch's shard drawn so far
+        self._indices = self._shard(0)
+
+    @property
+    def shard_size(self) -> int:
+        """Samples per epoch in this rank's shard."""
+        return len(self._indices)
+
+    def _shard(self, epoch: int) -> list[int]:
+        self._sampler.set_epoch(epoch)
+        return list(self._sampler)
+
+    def next(self, micro_batch_size: int) -> Any:
+        """The next ``micro_batch_size`` samples, collated; the rest of an epoch too short for a
+        whole micro-batch is dropped (``drop_last``), as the DataLoader drops it."""
+        if not 1 <= micro_batch_size <= self.shard_size:
+            raise ConfigError(
+                f"the micro-batch size must be in [1, {self.shard_size}] (this rank's shard of the dataset), "
+                f"but got {micro_batch_size}."
+            )
+        if self.offset + micro_batch_size > self.shard_size:
+            self.epoch += 1
+            self.offset = 0
+            self._indices = self._shard(self.epoch)
+        chosen = self._indices[self.offset : self.offset + micro_batch_size]
+        self.offset += micro_batch_size
+        # What the DataLoader's map-style fetcher does: __getitems__ when the dataset has it.
+        getitems = getattr(self.dataset, "__getitems__", None)
+        samples = getitems(chosen) if getitems is not None else [self.dataset[i] for i in chosen]
+        return default_collate(samples)
