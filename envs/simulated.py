@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from autotune.envs.calibration import WorkloadProfile, load_profile
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.envs.costmodel import StepCost, randomized_profile, step_cost
+from autotune.envs.costmodel import CPU_ZERO_OVERHEAD, StepCost, randomized_profile, step_cost
 from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels
 
 from autotune.measurement.goodput import statistical_efficiency
@@ -58,6 +58,9 @@ class SimulatedEnv(TuningEnv):
     - ``bandwidth``: collective bandwidth per rank in bytes/s, or None: 1e9 (an assumption, not
       a measurement), drawn log-uniformly from 1e9 (CPU ranks over gloo) to 1e11 (NVLink-class
       GPUs) each episode when ``randomize``.
+    - ``zero_overhead``: a stage-3 step's extra time relative to a local step beyond bandwidth
+      (``costmodel.py``), or None: 2.4 as measured on this CPU, drawn log-uniformly from 0.05
+      to 4 each episode when ``randomize``.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class SimulatedEnv(TuningEnv):
         horizon: int = 16,
         ranks: int | Sequence[int] = 1,
         bandwidth: float | None = None,
+        zero_overhead: float | None = None,
     ) -> None:
         super().__init__(horizon=horizon, max_zero_stage=0)
         self.rank_choices = (ranks,) if isinstance(ranks, int) else tuple(ranks)
@@ -80,6 +84,10 @@ class SimulatedEnv(TuningEnv):
             raise ValueError(f"bandwidth must be > 0 bytes/s, but got {bandwidth!r}.")
         self.bandwidth_arg = bandwidth
         self.bandwidth = bandwidth or 1e9
+        if zero_overhead is not None and not zero_overhead >= 0:
+            raise ValueError(f"zero_overhead must be >= 0, but got {zero_overhead!r}.")
+        self.zero_overhead_arg = zero_overhead
+        self.zero_overhead = CPU_ZERO_OVERHEAD if zero_overhead is None else zero_overhead
         loaded = [p if isinstance(p, WorkloadProfile) else load_profile(Path(p)) for p in profiles or []]
         self.profiles = loaded or shipped_profiles()
         if not self.profiles:
@@ -99,6 +107,8 @@ class SimulatedEnv(TuningEnv):
         self.max_zero_stage = 3 if self.ranks > 1 else 0
         if self.bandwidth_arg is None and self.randomize:
             self.bandwidth = float(math.exp(rng.uniform(math.log(1e9), math.log(1e11))))
+        if self.zero_overhead_arg is None and self.randomize:
+            self.zero_overhead = float(math.exp(rng.uniform(math.log(0.05), math.log(4.0))))
         start = KnobLevels.default_for(self.profile.batch_size)
         default_peak = self._peak_bytes(start)
         # The least memory any knob setting reaches: micro-batch 1, every block recomputed and in
@@ -126,7 +136,9 @@ class SimulatedEnv(TuningEnv):
         return MachineDescriptor(reduced_speed=speed, budget_ratio=budget / self.profile.model_state_bytes)
 
     def _cost(self, knobs: KnobLevels) -> StepCost:
-        return step_cost(self.profile, knobs, ranks=self.ranks, bandwidth=self.bandwidth)
+        return step_cost(
+            self.profile, knobs, ranks=self.ranks, bandwidth=self.bandwidth, zero_overhead=self.zero_overhead
+        )
 
     def _peak_bytes(self, knobs: KnobLevels) -> int:
         return self._cost(knobs).peak_bytes

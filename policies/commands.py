@@ -34,6 +34,8 @@ def register(sub: Any) -> None:
                    help="budget as a fraction of the default configuration's peak (default 0.75)")  # fmt: skip
     p.add_argument("--steps", type=int, default=12, help="env steps (each trains --steps-per-action steps)")
     p.add_argument("--steps-per-action", type=int, default=4)
+    p.add_argument("--ranks", type=int, default=1,
+                   help="data-parallel DeepSpeed ranks (> 1: the ZeRO action is live; needs deepspeed)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_tune)
 
@@ -85,7 +87,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     policy = load_policy(args.policy or PRETRAINED_DIR)
     env = TrainingEnv(workloads=[args.workload], memory_budget=args.memory_budget,
-                      steps_per_action=args.steps_per_action, horizon=args.steps)  # fmt: skip
+                      steps_per_action=args.steps_per_action, horizon=args.steps, ranks=args.ranks)  # fmt: skip
     console = Console()
     try:
         obs, info = env.reset(seed=args.seed)
