@@ -12,21 +12,28 @@ why stages 1-2 *add* memory at N = 1). K comes from the workload's own optimizer
 On top of the model states, each phase of a step adds its transients:
 
 * forward/backward: activations and temporaries from the workload's profile
-  (:func:`autotune.profile.profile_memory`), linear in the micro-batch size; per block, the bytes
-  its precision saves or, checkpointed, only its input (plus one block recomputed at a time,
-  Korthikanti et al. 2022); gradients as the runner keeps them (in ``.grad`` for the local runner
-  and ZeRO 0-1, in buckets and an fp32 partition for ZeRO 2-3) and, at ZeRO-3, the parameters
-  gathered for the module being computed;
-* optimizer step: the full gradients and the optimizer's temporaries (stage 0), or the fp32
-  gradient partition and the optimizer's temporaries on it (stages 1-3).
+  (:func:`autotune.memory_profile.profile_memory`), linear in the micro-batch size. The profile
+  runs every block alike (fp32, bf16, checkpointed or not); a config that mixes them is composed
+  stretch by stretch: each from the run that ran *its* block as the config says, shifted by what
+  the blocks before it keep in the config instead of in that run. A block keeps what its
+  precision saves or, checkpointed, only its input (plus one block recomputed at a time,
+  Korthikanti et al. 2022); its input is one storage that the block before it may save too,
+  counted once. Gradients as the runner keeps them (in ``.grad`` for the local runner and ZeRO
+  0-1, in buckets and an fp32 partition for ZeRO 2-3) and, at ZeRO-3, the parameters gathered for
+  the module being computed;
+* optimizer step: the full gradients and the optimizer's temporaries (stage 0; the local runner
+  also still holds the last micro-batch), or the fp32 gradient partition and the optimizer's
+  temporaries on it (stages 1-3).
 
 The peak is the larger of the two. What DeepSpeed does beyond the paper (bucket sizes, ZeRO 1-2's
 padding, stage 2's gradient partition buffer, stage 0's flattened all-reduce buffer, the gathered
 module at stage 3) was read from DeepSpeed 0.19.8 and checked against :func:`autotune.measure`.
-Measured error (``benchmarks/memory_model.py``, CPU, 2 ranks): on 156 configurations never looked
-at while writing this, 99% within 5% of the measured peak (max 6.4%); on the 238 it was developed
-against, 96% (max 7.6%: partly checkpointed ResNet blocks, whose stretches of backward come from
-all-or-nothing profile runs).
+Measured error (``benchmarks/memory_model.py``, CPU, 1 and 2 ranks): on 156 configurations never
+looked at while writing this, all within 5% of the measured peak (max 4.8%, ZeRO-3; the local
+runner's within 0.03%); on 50 mixing fp32 and bf16 blocks (``--grid mixed``), within 0.8%; on the
+238 it was developed against, 99% (max 7.1%: ZeRO-3 on checkpointed ResNet blocks). On the local
+runner the forward/backward composition equals a fake-tensor run of the config itself byte for
+byte; real steps differ from fake ones by a few hundred bytes.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from autotune.measurement.record import MEMORY_CATEGORIES, MemoryBreakdown
 from autotune.runner.deepspeed_config import DEFAULT_BUCKET, bucket_elements, engine_precision
 
 if TYPE_CHECKING:
-    from autotune.profile import MemoryProfile, Moment, Window
+    from autotune.memory_profile import BlockSaves, MemoryProfile, Moment, Windows
     from autotune.workload import Workload
 
 __all__ = ["MemoryEstimate", "Plan", "plan_of", "predict_memory"]
@@ -127,7 +134,7 @@ def predict_memory(
 ) -> MemoryEstimate:
     """Predict the peak tensor bytes per rank of ``config`` (at ``ranks``, default ``config.ranks``).
 
-    ``profile`` (from :func:`autotune.profile.profile_memory` with at least ``plan_of(...).modes``)
+    ``profile`` (from :func:`autotune.memory_profile.profile_memory` with at least ``plan_of(...).modes``)
     is measured when not given: a few seconds of fake-tensor forward/backward passes, no real
     compute, so this answers for models and rank counts this machine cannot run.
     """
@@ -135,15 +142,24 @@ def predict_memory(
         config = dataclasses.replace(config, ranks=ranks)
     plan = plan_of(config, num_blocks=len(workload.block_names()), device_type=device_type)
     if profile is None:
-        from autotune.profile import profile_memory
+        from autotune.memory_profile import profile_memory
 
         profile = profile_memory(workload, modes=plan.modes, checkpointed=any(plan.checkpoints))
     missing = [m for m in plan.modes if m not in profile.modes]
     if missing:
         raise ConfigError(f"predict_memory: the profile lacks mode {missing[0]!r}; profile with modes={plan.modes}.")
-    if any(plan.checkpoints) and profile.modes[plan.base_mode].checkpointed is None:
+    recomputed = {mode for mode, ckpt in zip(plan.block_modes, plan.checkpoints, strict=True) if ckpt}
+    if any(profile.modes[mode].checkpointed is None for mode in recomputed):
         raise ConfigError("predict_memory: the profile has no checkpointed runs; profile with checkpointed=True.")
     return _Predictor(workload, config, plan, profile).peak()
+
+
+class _Stretch(NamedTuple):
+    """One window at the config's micro-batch: its highest moment by each of :class:`Window`'s measures."""
+
+    peak: Moment
+    kept: Moment
+    reducing: Moment
 
 
 class _Predictor:
@@ -200,8 +216,14 @@ class _Predictor:
 
     def optimizer_step(self) -> MemoryEstimate:
         p, plan = self.profile, self.plan
-        if plan.runner == "local" or (plan.stage == 0 and self.s == 4):
-            # Full gradients, plus what the optimizer allocates (torch's for-loop AdamW: per tensor).
+        if plan.runner == "local":
+            # Full gradients, plus what the optimizer allocates (torch's for-loop AdamW: per
+            # tensor); the training loop still holds the last micro-batch.
+            batch = _lin(self.base.batch, p.micro_batch_sizes, self.config.micro_batch_size)
+            return self._estimate(
+                "optimizer step", gradients=4 * self.psi, temporaries=p.optimizer_step_bytes, activations=batch
+            )
+        if plan.stage == 0 and self.s == 4:
             return self._estimate("optimizer step", gradients=4 * self.psi, temporaries=p.optimizer_step_bytes)
         if plan.stage == 0:
             # DeepSpeed's 16-bit optimizer wrapper makes an fp32 copy of every gradient for the master.
@@ -268,45 +290,93 @@ class _Predictor:
         # stage 1: the reduction into the fp32 gradient partition, bucket by bucket
         return s * self.bucket, 4 * self.q
 
-    def _windows(self, m: int) -> list[Window]:
-        """Backward, stretch by stretch, at micro-batch ``m`` with this config's blocks.
+    def _windows(self, m: int) -> list[_Stretch]:
+        """Forward and backward, stretch by stretch (see ``Windows``), at micro-batch ``m`` with
+        this config's blocks.
 
-        Each block's stretch (and the head's, the embedding's: their neighbours') comes from the
-        profile run that ran that block as the config says: in its precision, or checkpointed
-        (all blocks are, in that run: each is recomputed in its stretch, one at a time, Chen et
-        al. 2016). The blocks still waiting for their backward are corrected from that run's
-        choice to the config's: a checkpointed block holds only its input, another what its
-        precision saves (minus its output, if it saves that: the next consumer holds it anyway).
+        Each block's stretches (and the head's, the embedding's: their neighbours') come from the
+        profile run that ran that block as the config says: in its precision, plain or
+        checkpointed (all blocks are, in that run: each is recomputed in its stretch, one at a
+        time, Chen et al. 2016). Only what the blocks before it keep differs between that run
+        and the config, by the same bytes all through the stretch: the stretch is shifted by the
+        difference (``_kept``). A stretch is its highest moments at the profiled sizes, as lines
+        in the micro-batch size (see :class:`Window`); which of them is highest depends on ``m``.
         """
-        from autotune.profile import Window
-
-        sizes, base, plan = self.profile.micro_batch_sizes, self.base, self.plan
-        n = len(plan.checkpoints)
-        kept = [_lin((base.inputs[0][i], base.inputs[1][i]), sizes, m) for i in range(n)]
-        batch = _lin(base.batch, sizes, m)
-
-        def held(j: int, mode: str, ckpt: bool) -> int:  # what block j holds while it waits
-            if ckpt:
-                return kept[j]
-            prof = self.profile.modes[mode]
-            return _lin((prof.saved[0][j], prof.saved[1][j]), sizes, m) - _lin(
-                (prof.outputs[0][j], prof.outputs[1][j]), sizes, m
-            )
-
-        out: list[Window] = []
-        for w in range(n + 2):
-            running = n - w if 1 <= w <= n else None
-            like = running if running is not None else (n - 1 if w == 0 else 0)  # whose run to read
-            ckpt = plan.checkpoints[like] and base.checkpointed is not None
-            mode = plan.base_mode if ckpt else plan.block_modes[like]
-            series = base.checkpointed if ckpt and base.checkpointed is not None else self.profile.modes[mode].windows
-            waiting = range(running if running is not None else (n if w == 0 else 0))
-            shift = batch + sum(
-                held(j, plan.block_modes[j], plan.checkpoints[j]) - held(j, mode, bool(ckpt)) for j in waiting
-            )
+        sizes, plan, n = self.profile.micro_batch_sizes, self.plan, len(self.plan.checkpoints)
+        saves = {mode: _saves_at(self.profile.modes[mode].blocks, sizes, m) for mode in plan.modes}
+        config = list(zip(plan.block_modes, plan.checkpoints, strict=True))
+        batch = _lin(self.base.batch, sizes, m)
+        out: list[_Stretch] = []
+        for w in range(3 * n + 2):
+            owners, inputs, like, freed = _waiting(w, n)
+            mode, ckpt = config[like]  # whose run to read
+            series = self.profile.modes[mode].checkpointed if ckpt else self.profile.modes[mode].windows
+            assert series is not None, "predict_memory checks the checkpointed runs"
+            uniform = [(mode, ckpt)] * n
+            shift = batch + _kept(saves, config, owners, inputs, mode, freed)
+            shift -= _kept(saves, uniform, owners, inputs, mode, freed)
             moments = [_at(series, w, part, sizes, m) for part in range(3)]
-            out.append(Window(*(x._replace(activations=max(0, x.activations + shift)) for x in moments)))
+            out.append(_Stretch(*(x._replace(activations=max(0, x.activations + shift)) for x in moments)))
         return out
+
+
+def _saves_at(blocks: tuple[BlockSaves, BlockSaves], sizes: tuple[int, int], m: int) -> BlockSaves:
+    """Each field of each block linear in the micro-batch size through the two profiled points."""
+    fields = (tuple(_lin((a, b), sizes, m) for a, b in zip(x, y, strict=True)) for x, y in zip(*blocks, strict=True))
+    return type(blocks[0])(*fields)
+
+
+def _waiting(w: int, n: int) -> tuple[int, int, int, bool]:
+    """For window ``w`` (see ``Windows``): how many blocks hold what they saved, how many block
+    inputs may be held, which block's run to read, and whether the last of those inputs is freed
+    by the block that took it.
+
+    In block i's forward, blocks before it are done and its input is alive whoever keeps it (its
+    forward still uses it): i, i, i. In the head: n, n, n - 1. In block i's backward, its input
+    stays only if someone keeps it, and from the moment it is freed in the profile run, only if
+    someone else does: i, i + 1, i. After block 0: nothing, read from block 0's run.
+    """
+    if w < n:
+        return w, w, w, False
+    if w == n:
+        return n, n, n - 1, False
+    if w <= 3 * n:
+        i = n - 1 - (w - n - 1) // 2
+        return i, i + 1, i, (w - n - 1) % 2 == 1
+    return 0, 0, 0, False
+
+
+def _kept(
+    saves: dict[str, BlockSaves], blocks: list[tuple[str, bool]], owners: int, inputs: int, mode: str, freed: bool
+) -> int:
+    """Bytes that blocks ``0 .. owners - 1`` keep of what they saved, and the inputs of blocks
+    ``0 .. inputs - 1`` that are kept, each block in its (mode, checkpointed); ``freed``: block
+    ``inputs - 1`` no longer keeps its own.
+
+    A block's input is one fp32 storage (a bf16 island casts its output back), kept if the block
+    before it saves it (its last ReLU), if the block saves it (an fp32 LayerNorm or convolution;
+    a bf16 one saves its own cast instead), if it is checkpointed (its input is all it keeps), or
+    if code outside the blocks saves it (the stem, ``external``: read from ``mode``'s run, alike
+    in every island mode). Counted once: adding each block's saved bytes would count it twice
+    when both neighbours save it. The rest of what a block saves is its own.
+    """
+    n = len(blocks)
+    external = saves[mode].external
+
+    def own(j: int) -> int:
+        block_mode, ckpt = blocks[j]
+        s = saves[block_mode]
+        handed = s.outputs[j] if j + 1 < n else 0  # the last block's output is the head's input
+        return 0 if ckpt else max(0, s.saved[j] - s.saved_inputs[j] - handed)
+
+    def shared(j: int) -> int:  # block j's input
+        block_mode, ckpt = blocks[j]
+        before = blocks[j - 1] if j > 0 else None
+        by_previous = saves[before[0]].outputs[j - 1] if before is not None and not before[1] else 0
+        by_itself = saves[block_mode].inputs[j] if ckpt else saves[block_mode].saved_inputs[j]
+        return max(external[j], by_previous, 0 if freed and j == inputs - 1 else by_itself)
+
+    return sum(own(j) for j in range(owners)) + sum(shared(j) for j in range(inputs))
 
 
 def _lin(values: tuple[int, int], sizes: tuple[int, int], m: int) -> int:
@@ -315,14 +385,20 @@ def _lin(values: tuple[int, int], sizes: tuple[int, int], m: int) -> int:
     return max(0, round(v0 + (v1 - v0) * (m - m0) / (m1 - m0)))
 
 
-def _at(
-    windows: tuple[tuple[Window, ...], tuple[Window, ...]], w: int, part: int, sizes: tuple[int, int], m: int
-) -> Moment:
-    """Moment ``part`` (see :class:`Window`) of window ``w`` at micro-batch ``m``, each category linear in ``m``."""
-    from autotune.profile import Moment
+def _at(windows: Windows, w: int, part: int, sizes: tuple[int, int], m: int) -> Moment:
+    """Moment ``part`` (see :class:`Window`) of window ``w`` at micro-batch ``m``: of the window's
+    candidates, each category linear in ``m``, the highest by that part's measure."""
+    from autotune.memory_profile import Moment
 
-    x, y = windows[0][w][part], windows[1][w][part]
-    return Moment(*(_lin((a, b), sizes, m) for a, b in zip(x, y, strict=True)))
+    candidates = [
+        Moment(*(_lin((a, b), sizes, m) for a, b in zip(x, y, strict=True)))
+        for x, y in zip(windows[0][w][part], windows[1][w][part], strict=True)
+    ]
+    if not candidates:
+        return Moment(0, 0, 0)
+    if part == 1:  # kept: gradients count
+        return max(candidates, key=lambda x: x.activations + x.temporaries + x.gradients)
+    return max(candidates, key=lambda x: (x.activations + x.temporaries, -x.gradients))
 
 
 def _buffer_bytes(workload: Workload, weights: str) -> int:

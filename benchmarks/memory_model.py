@@ -11,9 +11,13 @@ DeepSpeed's ``estimate_zero2/3_model_states_mem_needs`` (the arithmetic behind t
 ``..._all_live`` printers, GPU side, no offload) are compared on the stage-2 and stage-3 configs;
 they count model states only, for mixed precision.
 
-Run: python benchmarks/memory_model.py [--grid dev|fresh] [--workloads gpt-tiny,...] [--save m.json | --load m.json]
-Measuring the dev grid of the four built-in workloads takes ~20 min on 2 cores (the fresh grid
-of six workloads ~15 min); --load re-predicts from saved measurements.
+A third grid, ``mixed``, mixes fp32 and bf16 blocks (autocast islands, drawn from a seed per
+workload), with checkpointing and accumulation: configs the memory model composes from uniform
+profile runs.
+
+Run: python benchmarks/memory_model.py [--grid dev|fresh|mixed] [--workloads gpt-tiny,...] [--local-only]
+[--save m.json | --load m.json]. Measuring the dev grid of the four built-in workloads takes ~20
+min on 2 cores (the fresh grid of six workloads ~15 min); --load re-predicts from saved measurements.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import statistics
 import time
 from collections.abc import Iterator
@@ -28,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune import TrainConfig, load_workload, measure, predict_memory
+from autotune.config import Precision
 from autotune.memory_model import plan_of
-from autotune.profile import profile_memory
+from autotune.memory_profile import profile_memory
 from autotune.runner.multirank import measure_ranks
 
 WORKLOADS = ("gpt-tiny", "mlp-digits", "resnet-tiny", "gpt-small")
@@ -86,12 +92,36 @@ def _fresh_grid(workload: str, num_blocks: int) -> Iterator[TrainConfig]:
         yield TrainConfig(micro_batch_size=3, precision="bf16", zero_stage=stage, ranks=2)
 
 
-GRIDS = {"dev": _grid, "fresh": _fresh_grid}
+def _mixed_grid(workload: str, num_blocks: int) -> Iterator[TrainConfig]:
+    """Blocks mixing fp32 and bf16 (autocast islands), drawn from a seed per workload: the
+    composition of mixed configs from uniform profile runs, with checkpointing and accumulation."""
+    rng = random.Random(workload)  # str seeds hash with SHA-512: the same draws on every run
+
+    def mixed() -> tuple[Precision, ...]:
+        while True:
+            drawn: tuple[Precision, ...] = tuple(rng.choice(("fp32", "bf16")) for _ in range(num_blocks))
+            if len(set(drawn)) == 2:
+                return drawn
+
+    def checkpoints() -> bool | tuple[bool, ...]:
+        return rng.choice((False, True, tuple(rng.random() < 0.5 for _ in range(num_blocks))))
+
+    for micro in (4, 24):
+        for accum in (1, 2):
+            for _ in range(2):
+                yield TrainConfig(
+                    micro_batch_size=micro, grad_accum_steps=accum, precision=mixed(), checkpoint=checkpoints()
+                )
+    for stage in (0, 2):  # an fp32 engine with autocast islands
+        yield TrainConfig(micro_batch_size=4, precision=mixed(), checkpoint=checkpoints(), zero_stage=stage, ranks=2)
 
 
-def _measure(workload: str, grid: str) -> list[dict[str, Any]]:
+GRIDS = {"dev": _grid, "fresh": _fresh_grid, "mixed": _mixed_grid}
+
+
+def _measure(workload: str, grid: str, *, local_only: bool) -> list[dict[str, Any]]:
     wl = load_workload(workload)
-    configs = list(GRIDS[grid](workload, len(wl.block_names())))
+    configs = [c for c in GRIDS[grid](workload, len(wl.block_names())) if c.ranks == 1 or not local_only]
     rows = []
     local = [c for c in configs if c.ranks == 1]
     start = time.perf_counter()
@@ -101,7 +131,7 @@ def _measure(workload: str, grid: str) -> list[dict[str, Any]]:
     print(f"{workload}: {len(local)} local configs in {time.perf_counter() - start:.0f} s", flush=True)
     start = time.perf_counter()
     distributed = [c for c in configs if c.ranks > 1]
-    for m in measure_ranks(wl, distributed, steps=1, warmup=1):
+    for m in measure_ranks(wl, distributed, steps=1, warmup=1) if distributed else []:
         rows.append(
             {
                 "workload": workload,
@@ -189,8 +219,10 @@ def main() -> None:
         "--grid",
         choices=sorted(GRIDS),
         default="dev",
-        help="dev: the grid the model was developed against; fresh: configs (and random:SEED workloads) it never saw",
+        help="dev: the grid the model was developed against; fresh: configs (and random:SEED workloads) it never "
+        "saw; mixed: fp32 and bf16 blocks mixed",
     )
+    parser.add_argument("--local-only", action="store_true", help="skip the 2-rank DeepSpeed configs")
     parser.add_argument("--save", type=Path, help="write the measurements to this JSON file")
     parser.add_argument("--load", type=Path, help="read measurements from this JSON file instead of measuring")
     args = parser.parse_args()
@@ -200,7 +232,7 @@ def main() -> None:
     if args.load:
         rows = json.loads(args.load.read_text())
     else:
-        rows = [row for w in args.workloads.split(",") for row in _measure(w, args.grid)]
+        rows = [row for w in args.workloads.split(",") for row in _measure(w, args.grid, local_only=args.local_only)]
         if args.save:
             args.save.write_text(json.dumps(rows, indent=1))
     _predict(rows)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune import ConfigError, MemoryEstimate, TrainConfig, Workload, load_workload, measure, predict_memory
-from autotune.profile import MemoryProfile, profile_memory
+from autotune.memory_profile import MemoryProfile, _profile_run, profile_memory
 
 ROOT = Path(__file__).parent.parent
 TINY = f"{ROOT / 'tests' / 'data' / 'my_workload.py'}:build"
@@ -94,6 +94,102 @@ def test_predicted_peak_is_within_tolerance_of_the_measured_peak(name: str, conf
     predicted = predict_memory(wl, config).total
     assert measured is not None
     assert abs(predicted - measured) <= TOLERANCE * measured, (predicted, measured)
+
+
+# ---- mixed precision: fp32 blocks and bf16 islands, composed from uniform profile runs ----------
+
+F, B = "fp32", "bf16"
+
+
+@pytest.fixture(scope="module")
+def resnet() -> Workload:
+    return load_workload("resnet-tiny")
+
+
+@pytest.fixture(scope="module")
+def resnet_profile(resnet: Workload) -> MemoryProfile:
+    return profile_memory(resnet, modes=(F, B))
+
+
+# ResNet's blocks share their boundaries: a block's final ReLU saves its output, which the next
+# block's first convolution saves again if fp32 (one storage) or casts and saves the cast if bf16;
+# the downsampling blocks (2 and 4) in bf16 end in a bf16 ReLU and return a new fp32 cast that only
+# an fp32 next block keeps. The patterns cover each neighbourhood, plain and checkpointed, at
+# micro-batches whose peak is in backward; the first two were 23% high and 20% low before.
+COMPOSED = [
+    TrainConfig(micro_batch_size=16, precision=(F, F, F, F, F, B)),
+    TrainConfig(micro_batch_size=16, precision=(B, B, B, F, F, F)),
+    TrainConfig(micro_batch_size=16, precision=(B, F) * 3, checkpoint=(True, False) * 3),
+    TrainConfig(micro_batch_size=5, precision=(F, B, B, F, F, B), checkpoint=(False,) * 3 + (True,) * 3),
+]
+
+
+def _ids(configs: list[TrainConfig]) -> list[str]:
+    def short(values: tuple[object, ...]) -> str:
+        return "".join({F: "f", B: "b", True: "c", False: "."}[v] for v in values)
+
+    # resnet-tiny's 6 blocks, e.g. "m16-bfbfbf-c.c.c.": micro-batch, precisions, checkpoints.
+    return [f"m{c.micro_batch_size}-{short(c.block_precisions(6))}-{short(c.block_checkpoints(6))}" for c in configs]
+
+
+@pytest.mark.parametrize("config", COMPOSED, ids=_ids(COMPOSED))
+def test_mixed_blocks_compose_into_exactly_the_fake_run_of_the_config(
+    resnet: Workload, resnet_profile: MemoryProfile, config: TrainConfig
+) -> None:
+    # The reference: the same fake-tensor forward/backward as the profile's, of this very config
+    # (a second of compute per config, which is why the profile runs uniform configs only).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    n = len(resnet.block_names())
+    run = _profile_run(
+        resnet,
+        FakeTensorMode(allow_non_fake_inputs=False),
+        config.micro_batch_size,
+        weights=None,
+        precisions=config.block_precisions(n),
+        checkpoints=config.block_checkpoints(n),
+    )
+    exact = max(x.activations + x.temporaries + x.gradients for x in run.series) + run.batch
+    predicted = predict_memory(resnet, config, profile=resnet_profile)
+    assert predicted.phase == "forward/backward"
+    assert predicted.activations + predicted.temporaries + predicted.gradients == exact
+
+
+@pytest.fixture(scope="module")
+def digits() -> Workload:
+    return load_workload("mlp-digits")
+
+
+@pytest.fixture(scope="module")
+def digits_profile(digits: Workload) -> MemoryProfile:
+    return profile_memory(digits, modes=(F, B))
+
+
+# Against real steps (measured bytes repeat exactly from run to run), with accumulation too. Fake
+# runs and real ones differ by a few hundred bytes with bf16 blocks (measured here: within 0.01%,
+# 23% off before), hence a tolerance rather than equality: the 5%.
+MEASURED_MIXED = [
+    ("resnet-tiny", TrainConfig(micro_batch_size=16, precision=(F, F, F, F, F, B))),
+    ("resnet-tiny", TrainConfig(micro_batch_size=16, precision=(B, B, B, F, F, F))),
+    ("resnet-tiny", TrainConfig(micro_batch_size=8, grad_accum_steps=2, precision=(B, B, F, F, B, F))),
+    ("resnet-tiny", TrainConfig(micro_batch_size=6, precision=(F, B) * 3, checkpoint=(False, True) * 3)),
+    ("mlp-digits", TrainConfig(micro_batch_size=256, precision=(B, F, F, B), checkpoint=(True, False, False, True))),
+    ("mlp-digits", TrainConfig(micro_batch_size=128, grad_accum_steps=2, precision=(F, F, B, B))),
+]
+_MEASURED_IDS = [f"{name}-{i}" for i, (name, _) in enumerate(MEASURED_MIXED)]
+
+
+@pytest.mark.parametrize(("name", "config"), MEASURED_MIXED, ids=_MEASURED_IDS)
+def test_mixed_precision_prediction_is_within_tolerance_of_the_measured_peak(
+    request: pytest.FixtureRequest, name: str, config: TrainConfig
+) -> None:
+    fixture = {"resnet-tiny": "resnet", "mlp-digits": "digits"}[name]  # profiled once per module
+    wl: Workload = request.getfixturevalue(fixture)
+    profile: MemoryProfile = request.getfixturevalue(f"{fixture}_profile")
+    measured = measure(wl, config, steps=1, warmup=1).peak_bytes
+    assert measured is not None
+    predicted = predict_memory(wl, config, profile=profile).total
+    assert abs(predicted / measured - 1) <= TOLERANCE, (predicted, measured)
 
 
 def test_predict_command_answers_for_a_cluster_and_exports_the_deepspeed_config(tmp_path: Path) -> None:

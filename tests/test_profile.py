@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from autotune import load_workload
+from autotune.memory_profile import profile_memory
 from autotune.profile import profile_blocks
 from tests.conftest import make_resmlp
 
@@ -30,3 +31,24 @@ def test_ranking_puts_hungriest_blocks_first() -> None:
     order = prof.ranked()
     assert [prof.saved_bytes[i] for i in order] == sorted(prof.saved_bytes, reverse=True)
     assert prof.names[order[0]].startswith("layer1")
+
+
+def test_memory_profile_tells_who_keeps_each_block_input() -> None:
+    # resnet-tiny, micro-batch 4: block i's input is the final ReLU output of block i - 1 (of the
+    # stem for block 0), fp32 whatever the precisions (a bf16 island casts its output back): one
+    # storage that either side may save. Composing mixed configs depends on telling who does.
+    wl = load_workload("resnet-tiny")
+    profile = profile_memory(wl, modes=("fp32", "bf16"), micro_batch_sizes=(2, 4), checkpointed=False)
+    fp32, bf16 = profile.modes["fp32"].blocks[1], profile.modes["bf16"].blocks[1]
+    # 16, 16, 16, 32, 32, 64 channels of 32x32, 32x32, 32x32, 16x16, 16x16, 8x8, 4 samples, 4 bytes.
+    inputs = (262_144,) * 3 + (131_072,) * 2 + (65_536,)
+    assert fp32.inputs == bf16.inputs == inputs
+    assert fp32.saved_inputs == inputs  # an fp32 first convolution saves its input...
+    assert bf16.saved_inputs == (0,) * 6  # ...a bf16 one the bf16 cast it makes
+    assert fp32.external == bf16.external == (inputs[0], 0, 0, 0, 0, 0)  # the stem's ReLU
+    # The final ReLU saves the block's output, the next block's input (the last one's goes to the
+    # head: not counted). In bf16 it does so in fp32 after a residual add with the fp32 input, but
+    # the downsampling blocks (2 and 4) add two bf16 branches: their bf16 ReLU output is theirs,
+    # and the fp32 cast they return is kept by no one unless the next block is fp32.
+    assert fp32.outputs == (*inputs[1:], 0)
+    assert bf16.outputs == (inputs[1], inputs[2], 0, inputs[4], 0, 0)

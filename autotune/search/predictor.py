@@ -63,7 +63,7 @@ class _Predictor:
     def _profile(self, workload: Workload, config: TrainConfig) -> Any:
         # The memory model's profiler (issue #3), looked up at run time: this module must not
         # depend statically on an API that is still being written.
-        profile_memory = importlib.import_module("autotune.profile").profile_memory
+        profile_memory = importlib.import_module("autotune.memory_profile").profile_memory
         assert self.plan_of is not None
         needed = set(self.plan_of(config, num_blocks=len(workload.block_names())).modes)
         current = self.profiles.get(id(workload))

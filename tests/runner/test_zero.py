@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autotune import Measurement, TrainConfig, TrainingError, UnsupportedError, load_workload, measure, predict_memory
-from autotune.profile import profile_memory
+from autotune.memory_profile import profile_memory
 from autotune.runner.multirank import measure_ranks
 from autotune.units import format_bytes
 
