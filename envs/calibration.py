@@ -37,7 +37,8 @@ from autotune.envs.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs
 
 from autotune.config import Precision, TrainConfig
 from autotune.memory_model import predict_memory
-from autotune.profile import profile_blocks, profile_memory
+from autotune.memory_profile import profile_memory
+from autotune.profile import profile_blocks
 from autotune.runner import Trainer, measure
 from autotune.workload import Workload
 
