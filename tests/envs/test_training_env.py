@@ -18,6 +18,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from autotune import Knobs
 from autotune.measurement.memory import tracked_step
+from tests.processes import alive
 
 USER = "tests.data.my_workload:build"  # 3 blocks, trains in milliseconds
 
@@ -146,16 +147,7 @@ def test_closing_the_env_reaps_its_ranks(ranked_env: TrainingEnv) -> None:
     pids = [*session.rank_pids, session.launcher_pid]
     ranked_env.close()
     assert ranked_env.session is None and session.closed
-    assert not any(_alive(pid) for pid in pids)
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent to reap it is not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_the_starting_peak_is_measured_with_optimizer_state() -> None:

@@ -21,6 +21,7 @@ import torch
 from autotune import ConfigError, TrainConfig, load_workload
 from autotune.runner.session import RankSession, SessionError
 from autotune.runner.zero_state import TrainingState
+from tests.processes import alive
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -36,15 +37,6 @@ def session() -> Iterator[RankSession]:
 
 def _config(**changes: object) -> TrainConfig:
     return TrainConfig(**({"micro_batch_size": 16, "ranks": 2} | changes))  # type: ignore[arg-type]
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent to reap it is not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def _assert_same_state(before: TrainingState, after: TrainingState) -> None:
@@ -162,13 +154,13 @@ def test_an_error_in_a_rank_comes_back_typed_and_no_process_is_left() -> None:
     with RankSession(ranks=2, timeout=120) as s:
         s.start(wl, _config(zero_stage=1))
         pids = [*s.rank_pids, s.launcher_pid]
-        assert all(_alive(pid) for pid in pids)
+        assert all(alive(pid) for pid in pids)
         # Rank 0 is left waiting for rank 1 in the gradient reduction: the session ends it.
         msg = "rank 1 failed in 'step': RuntimeError: rank 1 refuses this batch"
         with pytest.raises(SessionError, match=f"^{re.escape(msg)}$"):
             s.step()
         assert s.closed
-        assert not any(_alive(pid) for pid in pids)
+        assert not any(alive(pid) for pid in pids)
         msg = "the session is closed, but got command 'step'; start a new RankSession."
         with pytest.raises(SessionError, match=f"^{re.escape(msg)}$"):
             s.step()
@@ -183,7 +175,7 @@ def test_a_command_that_takes_too_long_ends_the_session() -> None:
         with pytest.raises(SessionError, match=f"^{re.escape(msg)}$"):
             s.start(wl, _config())
         assert s.closed
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_the_ranks_end_when_the_parent_is_killed(tmp_path: Path) -> None:
@@ -202,12 +194,12 @@ def test_the_ranks_end_when_the_parent_is_killed(tmp_path: Path) -> None:
     try:
         assert parent.stdout is not None
         pids = [int(p) for p in parent.stdout.readline().split()]
-        assert len(pids) == 3 and all(_alive(pid) for pid in pids)
+        assert len(pids) == 3 and all(alive(pid) for pid in pids)
     finally:
         parent.kill()  # SIGKILL: no finalizer, no atexit; the ranks' watchdogs must notice
         parent.wait()
         parent.stdout.close()  # type: ignore[union-attr]
     deadline = time.monotonic() + 60
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
