@@ -59,44 +59,26 @@ def pareto_figure(summary: StudySummary) -> Any:
     recommended configuration marked."""
     go = _require("plotly.graph_objects", "plotly")
     fig = go.Figure()
-    done = [r for r in summary.trials if r.feasible]
-    fig.add_trace(
-        go.Scatter(
-            x=[r.peak_mib for r in done],
-            y=[r.objective for r in done],
-            mode="markers",
-            name="trials",
-            text=[_label(r) for r in done],
-            marker={"color": "lightsteelblue", "size": 8},
-        )
-    )
-    front = list(summary.front)
-    fig.add_trace(
-        go.Scatter(
-            x=[r.peak_mib for r in front],
-            y=[r.objective for r in front],
-            mode="lines+markers",
-            name="Pareto front",
-            text=[_label(r) for r in front],
-            marker={"color": "royalblue", "size": 10},
-        )
-    )
-    for name, r in summary.baselines.items():
-        if r.feasible:
-            fig.add_trace(
-                go.Scatter(
-                    x=[r.peak_mib], y=[r.objective], mode="markers", name=f"baseline: {name}", text=[_label(r)],
-                    marker={"symbol": "x", "size": 14},
-                )
-            )  # fmt: skip
-    best = summary.recommended
-    if best is not None:
+
+    def points(rows: list[TrialRecord], name: str, marker: dict[str, Any], mode: str = "markers") -> None:
         fig.add_trace(
             go.Scatter(
-                x=[best.peak_mib], y=[best.objective], mode="markers", name="recommended (max per GiB)",
-                text=[_label(best)], marker={"symbol": "star", "size": 18, "color": "gold"},
+                x=[r.peak_mib for r in rows],
+                y=[r.objective for r in rows],
+                mode=mode,
+                name=name,
+                text=[_label(r) for r in rows],
+                marker=marker,
             )
-        )  # fmt: skip
+        )
+
+    points([r for r in summary.trials if r.feasible], "trials", {"color": "lightsteelblue", "size": 8})
+    points(list(summary.front), "Pareto front", {"color": "royalblue", "size": 10}, mode="lines+markers")
+    for name, r in summary.baselines.items():
+        if r.feasible:
+            points([r], f"baseline: {name}", {"symbol": "x", "size": 14})
+    if summary.recommended is not None:
+        points([summary.recommended], "recommended (max per GiB)", {"symbol": "star", "size": 18, "color": "gold"})
     fig.update_layout(
         title=f"{summary.name}: {summary.metric} vs peak memory (feasible trials)",
         xaxis_title="peak memory (MiB)",
