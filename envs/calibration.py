@@ -36,6 +36,7 @@ import torch
 from autotune.envs.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs_to_config
 
 from autotune.config import Precision, TrainConfig
+from autotune.errors import ConfigError
 from autotune.memory_model import predict_memory
 from autotune.memory_profile import profile_memory
 from autotune.profile import profile_blocks
@@ -114,7 +115,7 @@ class WorkloadProfile:
         if d.get("peak_table") is not None:
             d["peak_table"] = tuple(int(x) for x in d["peak_table"])
         if d.get("version", 1) > PROFILE_VERSION:
-            raise ValueError(f"profile version must be <= {PROFILE_VERSION}, but got {d['version']}.")
+            raise ConfigError(f"profile version must be <= {PROFILE_VERSION}, but got {d['version']}.")
         d["version"] = PROFILE_VERSION  # version 1 only lacks the (optional) peak table
         return cls(**d)
 

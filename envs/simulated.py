@@ -16,6 +16,7 @@ from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, Tun
 from autotune.envs.costmodel import CPU_ZERO_OVERHEAD, StepCost, randomized_profile, step_cost
 from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels
 
+from autotune.errors import ConfigError
 from autotune.measurement.goodput import statistical_efficiency
 
 __all__ = ["SimulatedEnv", "PROFILE_DIR", "shipped_profiles", "describe_model"]
@@ -79,13 +80,13 @@ class SimulatedEnv(TuningEnv):
         super().__init__(horizon=horizon, max_zero_stage=0)
         self.rank_choices = (ranks,) if isinstance(ranks, int) else tuple(ranks)
         if not self.rank_choices or any(not isinstance(r, int) or r < 1 for r in self.rank_choices):
-            raise ValueError(f"ranks must be an int >= 1 or a non-empty sequence of them, but got {ranks!r}.")
+            raise ConfigError(f"ranks must be an int >= 1 or a non-empty sequence of them, but got {ranks!r}.")
         if bandwidth is not None and not bandwidth > 0:
-            raise ValueError(f"bandwidth must be > 0 bytes/s, but got {bandwidth!r}.")
+            raise ConfigError(f"bandwidth must be > 0 bytes/s, but got {bandwidth!r}.")
         self.bandwidth_arg = bandwidth
         self.bandwidth = bandwidth or 1e9
         if zero_overhead is not None and not zero_overhead >= 0:
-            raise ValueError(f"zero_overhead must be >= 0, but got {zero_overhead!r}.")
+            raise ConfigError(f"zero_overhead must be >= 0, but got {zero_overhead!r}.")
         self.zero_overhead_arg = zero_overhead
         self.zero_overhead = CPU_ZERO_OVERHEAD if zero_overhead is None else zero_overhead
         loaded = [p if isinstance(p, WorkloadProfile) else load_profile(Path(p)) for p in profiles or []]

@@ -17,6 +17,7 @@ from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, Tun
 from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels, knobs_to_config
 
 from autotune.config import TrainConfig
+from autotune.errors import ConfigError
 from autotune.measurement.memory import tracked_step
 from autotune.measurement.oom import is_out_of_memory
 from autotune.profile import profile_blocks
@@ -73,12 +74,12 @@ class TrainingEnv(TuningEnv):
         ranks: int = 1,
     ) -> None:
         if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
-            raise ValueError(f"ranks must be an int >= 1, but got {ranks!r}.")
+            raise ConfigError(f"ranks must be an int >= 1, but got {ranks!r}.")
         super().__init__(horizon=horizon, max_zero_stage=_MAX_ZERO_STAGE if ranks > 1 else 0)
         if not workloads:
-            raise ValueError("TrainingEnv needs at least one workload reference, but got none.")
+            raise ConfigError("TrainingEnv needs at least one workload reference, but got none.")
         if steps_per_action < 2:
-            raise ValueError(f"steps_per_action must be >= 2, but got {steps_per_action}.")
+            raise ConfigError(f"steps_per_action must be >= 2, but got {steps_per_action}.")
         self.workload_refs = tuple(workloads)
         self.memory_budget = memory_budget
         self.steps_per_action = steps_per_action

@@ -22,6 +22,8 @@ from autotune.envs.calibration import WorkloadProfile
 from autotune.envs.core import OBSERVATION_SIZE
 from autotune.envs.simulated import SimulatedEnv
 
+from autotune.errors import ConfigError
+
 __all__ = ["Policy", "train_policy", "save_policy", "load_policy", "evaluate", "PRETRAINED_DIR", "POLICY_FORMAT"]
 
 POLICY_FORMAT = 1
@@ -122,7 +124,7 @@ def load_policy(directory: Path = PRETRAINED_DIR) -> Policy:
 
     meta = json.loads((directory / "policy.json").read_text())
     if meta.get("format") != POLICY_FORMAT or meta.get("observation_size") != OBSERVATION_SIZE:
-        raise ValueError(
+        raise ConfigError(
             f"policy in {directory} has format {meta.get('format')} and observation size "
             f"{meta.get('observation_size')}; this autotune reads format {POLICY_FORMAT} with size {OBSERVATION_SIZE}"
         )

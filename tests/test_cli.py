@@ -78,6 +78,7 @@ def test_measure_prints_a_table() -> None:
             "autotune measure: error: --memory-budget must be a number with an optional unit "
             "(B, KB, MB, GB, KiB, MiB, GiB, ...), but got 'lots'.",
         ),
+        (("tune", f"{USER}:build", "--ranks", "0"), "autotune tune: error: ranks must be an int >= 1, but got 0."),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(args: tuple[str, ...], line: str) -> None:
