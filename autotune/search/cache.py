@@ -32,6 +32,8 @@ from autotune.config import TrainConfig
 from autotune.measurement.record import Measurement
 
 if TYPE_CHECKING:
+    import torch
+
     from autotune.workload import Workload
 
 __all__ = ["MeasurementCache", "cache_key", "code_fingerprint", "machine_fingerprint", "workload_fingerprint"]
@@ -55,6 +57,7 @@ def workload_fingerprint(workload: Workload) -> str:
     would cost more than measuring); the weights are hashed byte for byte.
     """
     import torch
+    from torch.utils._pytree import tree_flatten
 
     h = hashlib.sha256()
     for part in (workload.name, str(workload.batch_size), repr(workload.model), ",".join(workload.block_names())):
@@ -62,15 +65,26 @@ def workload_fingerprint(workload: Workload) -> str:
         h.update(b"\0")
     for name, tensor in workload.model.state_dict().items():
         h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(_tensor_bytes(tensor))
     h.update(str(len(workload.dataset)).encode())  # type: ignore[arg-type]
-    first = workload.dataset[0]
-    for t in first if isinstance(first, (tuple, list)) else (first,):
-        if isinstance(t, torch.Tensor):
-            h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-        else:
-            h.update(repr(t).encode())
+    # A sample is any pytree: a tuple, a dict of tensors (Hugging Face batches), a scalar label.
+    leaves, spec = tree_flatten(workload.dataset[0])
+    h.update(str(spec).encode())
+    for leaf in leaves:
+        h.update(_tensor_bytes(leaf) if isinstance(leaf, torch.Tensor) else repr(leaf).encode())
     return h.hexdigest()
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    """The raw bytes of a tensor of any shape and dtype.
+
+    0-dim tensors (BatchNorm's ``num_batches_tracked``, scalar class labels) cannot be viewed as
+    another dtype, so every tensor is flattened first; dtype and shape are hashed with the bytes.
+    """
+    import torch
+
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    return f"{t.dtype}{tuple(t.shape)}".encode() + flat.view(torch.uint8).numpy().tobytes()
 
 
 def machine_fingerprint(*, threads: int | None, device: str) -> str:

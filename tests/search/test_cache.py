@@ -110,3 +110,28 @@ def test_machine_fingerprint_names_threads_and_device() -> None:
     text = machine_fingerprint(threads=1, device="cpu")
     assert f"torch {torch.__version__}" in text
     assert "threads 1 | device cpu" in text
+
+
+def test_workload_fingerprint_takes_scalar_buffers_scalar_labels_and_dict_samples() -> None:
+    """BatchNorm keeps a 0-dim ``num_batches_tracked``; classification data yields 0-dim labels;
+    Hugging Face data yields dicts. Each is fingerprinted, and a change to it changes the hash."""
+    from autotune.workload import Workload
+
+    def build(label: int, tracked: int) -> Workload:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+        model[1].num_batches_tracked.fill_(tracked)
+        data = [{"x": torch.zeros(4), "y": torch.tensor(label)}]
+        return Workload(name="bn", model=model, dataset=data, loss_fn=lambda m, b: m(b["x"]).sum(), blocks=["0", "2"])
+
+    base = workload_fingerprint(build(label=1, tracked=0))
+    assert base == workload_fingerprint(build(label=1, tracked=0))
+    assert base != workload_fingerprint(build(label=2, tracked=0))
+    assert base != workload_fingerprint(build(label=1, tracked=3))
+
+
+def test_workload_fingerprint_of_every_builtin_workload() -> None:
+    from autotune import zoo
+
+    prints = {name: workload_fingerprint(entry.build()) for name, entry in zoo.BUILTINS.items() if name != "gpt-small"}
+    assert len(set(prints.values())) == len(prints)
