@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: install demo test lint typecheck bench
+.PHONY: install demo test readme lint typecheck bench
 
 $(BIN)/.installed: requirements/dev.txt requirements/constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ lint: install typecheck
 
 test: lint
 	$(BIN)/pytest
+
+# Every command README.md shows, run as written in a copy of the repository (minutes).
+readme: install
+	$(BIN)/pytest -m readme -s tests/test_readme.py
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py

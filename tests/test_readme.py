@@ -1,0 +1,128 @@
+"""README.md's commands, as a user types them.
+
+Every ``autotune`` line in a ``bash`` block of README.md must parse with the real argument parser
+(fast, in the suite), and every one runs as written, in order, in a fresh copy of the repository
+(``pytest -m readme``, what ``make readme`` and CI run after the suite: it takes minutes). The
+``make`` lines are the two entry points CI itself runs; Python blocks run too, except the
+workload template (its ``...`` are placeholders).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from autotune.cli import _parser
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+class Block(NamedTuple):
+    line: int  # 1-based line of the first line of the block's body
+    lang: str
+    body: str
+
+
+def readme_blocks(text: str) -> list[Block]:
+    blocks: list[Block] = []
+    for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M):
+        blocks.append(Block(text.count("\n", 0, m.start()) + 2, m.group(1), m.group(2)))
+    return blocks
+
+
+def readme_commands() -> list[tuple[int, str]]:
+    """(line, command) of each autotune command in README's bash blocks, comments stripped."""
+    commands: list[tuple[int, str]] = []
+    for block in readme_blocks(README.read_text()):
+        if block.lang != "bash":
+            continue
+        for i, line in enumerate(block.body.splitlines()):
+            command = line.split("#", 1)[0].strip()
+            if command.startswith("autotune"):
+                commands.append((block.line + i, command))
+    return commands
+
+
+COMMANDS = readme_commands()
+
+
+def test_readme_shows_commands() -> None:
+    assert len(COMMANDS) >= 10
+
+
+@pytest.mark.parametrize(("line", "command"), COMMANDS, ids=[f"L{n}" for n, _ in COMMANDS])
+def test_readme_command_parses(line: int, command: str) -> None:
+    words = shlex.split(command)
+    assert ">" not in words or words.index(">") == len(words) - 2, f"README.md:{line}: one redirect, at the end"
+    args = words[1 : words.index(">")] if ">" in words else words[1:]
+    try:
+        _parser().parse_args(args)
+    except SystemExit as e:  # argparse exits 2 on a bad argument, 0 on --help/--version
+        assert e.code == 0, f"README.md:{line}: {command!r} does not parse"
+
+
+def _run_dashboard(words: list[str], cwd: Path, env: dict[str, str]) -> None:
+    """The dashboard serves until Ctrl-C: start it, wait for its page, then stop it as a user would."""
+    port = words[words.index("--port") + 1] if "--port" in words else "8080"
+    proc = subprocess.Popen(words, cwd=cwd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"dashboard exited: {proc.stderr.read() if proc.stderr else ''}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
+                    assert page.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the dashboard did not answer within 60 s"
+                time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.readme
+def test_readme_runs_as_written(tmp_path: Path) -> None:
+    """Each command and Python block, in README order, in a copy of the repository."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    repo = tmp_path / "repo"
+    for name in files:
+        if (ROOT / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, repo / name)
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "160"}
+    for block in readme_blocks(README.read_text()):
+        if block.lang == "python" and "..." not in block.body:
+            start = time.monotonic()
+            proc = subprocess.run([sys.executable, "-c", block.body], cwd=repo, env=env, capture_output=True, text=True)
+            assert proc.returncode == 0, f"README.md:{block.line}: python block failed:\n{proc.stderr[-3000:]}"
+            print(f"README.md:{block.line} python block: {time.monotonic() - start:.0f} s", file=sys.stderr)
+        if block.lang != "bash":
+            continue
+        for i, line in enumerate(block.body.splitlines()):
+            command = line.split("#", 1)[0].strip()
+            if not command.startswith("autotune"):
+                continue
+            start = time.monotonic()
+            words = shlex.split(command)
+            if words[1] == "dashboard":
+                _run_dashboard(words, repo, env)
+            else:
+                proc = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True)
+                assert proc.returncode == 0, (
+                    f"README.md:{block.line + i}: {command!r} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+                )
+            print(f"README.md:{block.line + i} {command}: {time.monotonic() - start:.0f} s", file=sys.stderr)
