@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 from autotune.apply import apply_block_knobs
 from autotune.config import Precision
+from autotune.fake_workspaces import RealWorkspaces
 from autotune.profile import _first_batch
 from autotune.workload import Workload
 
@@ -276,7 +277,8 @@ def _profile_run(
             batch = tree_map_only(torch.Tensor, fake.from_tensor, real_batch)
             if weights is not None:
                 batch = tree_map_only(torch.Tensor, lambda t: t.to(weights) if t.is_floating_point() else t, batch)
-            with tracker:
+            # RealWorkspaces below the tracker: it must see the real sizes (LSTM workspaces).
+            with RealWorkspaces(), tracker:
                 with saving:
                     loss = workload.loss_fn(model, batch)
                 loss.backward()
