@@ -228,7 +228,8 @@ class _Predictor:
         values = dict.fromkeys(_CATEGORIES, 0) | {"buffers": self.buffers}
         for key, value in [*self.states().items(), *extra.items()]:
             values[key] += max(0, int(value))
-        return MemoryEstimate(**values, phase=phase, ranks=self.plan.ranks)
+        counted: dict[str, Any] = values  # byte counts only: verified/verification are set by predict_memory
+        return MemoryEstimate(**counted, phase=phase, ranks=self.plan.ranks)
 
     def optimizer_step(self) -> MemoryEstimate:
         p, plan = self.profile, self.plan
