@@ -140,10 +140,15 @@ def _cmd_measure(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    """Exit 0 with the estimate (verified or not: the output says which); exit 1 with one line
+    (and, with ``--json``, ``{"verified": false, "reason": ...}``) if the model cannot be profiled."""
     import json
+    import warnings
 
     from rich.console import Console
 
+    from autotune.errors import PredictionError, PredictionWarning
+    from autotune.memory_check import unverified_message
     from autotune.memory_model import predict_memory
     from autotune.report import estimate_table
     from autotune.units import parse_bytes
@@ -152,8 +157,17 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     budget = parse_bytes(args.memory_budget, name="--memory-budget") if args.memory_budget else None
     workload = load_workload(args.workload)
     config = _config_from_args(args, num_blocks=len(workload.block_names()))
-    with Console(stderr=True).status(f"profiling {workload.name} (fake tensors, no compute)"):
-        estimate = predict_memory(workload, config, device_type=args.device)
+    status = f"profiling {workload.name} (fake tensors, then one real step to check)"
+    try:
+        # The check's warning is printed below as the command's own line, not as a Python warning.
+        with Console(stderr=True).status(status), warnings.catch_warnings():
+            warnings.simplefilter("ignore", PredictionWarning)
+            estimate = predict_memory(workload, config, device_type=args.device)
+    except PredictionError as e:
+        if args.json:
+            print(json.dumps({"workload": workload.name, "verified": False, "reason": str(e)}, indent=2))
+        print(f"autotune predict: {e}", file=sys.stderr)
+        return 1
     if args.export_deepspeed is not None:
         from autotune.runner.deepspeed_config import deepspeed_config
 
@@ -166,6 +180,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         print(estimate.to_json())
     else:
         Console().print(estimate_table(workload.name, config, estimate, budget))
+    if not estimate.verified and estimate.verification is not None:
+        print(
+            f"autotune predict: UNVERIFIED: {unverified_message(workload.name, estimate.verification)}", file=sys.stderr
+        )
     return 0
 
 

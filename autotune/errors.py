@@ -53,3 +53,20 @@ class MissingDependencyError(AutotuneError, ImportError):
 
 
 __all__ += ["SpecError", "StudyError", "MissingDependencyError"]
+
+
+class PredictionError(AutotuneError):
+    """The memory model cannot predict a workload (its fake-tensor profile failed); the message
+    says why. Measure the configuration instead."""
+
+
+class AutotuneWarning(UserWarning):
+    """Base class of every warning autotune emits deliberately."""
+
+
+class PredictionWarning(AutotuneWarning):
+    """A memory prediction is not trustworthy: it disagreed with a measured step, or could not be
+    made or checked. The message names the workload and the figures."""
+
+
+__all__ += ["PredictionError", "AutotuneWarning", "PredictionWarning"]

@@ -50,6 +50,7 @@ from autotune.measurement.record import MEMORY_CATEGORIES, MemoryBreakdown
 from autotune.runner.deepspeed_config import DEFAULT_BUCKET, bucket_elements, engine_precision
 
 if TYPE_CHECKING:
+    from autotune.memory_check import Verification
     from autotune.memory_profile import BlockSaves, MemoryProfile, Moment, Windows
     from autotune.workload import Workload
 
@@ -65,10 +66,16 @@ class MemoryEstimate(MemoryBreakdown):
 
     ``phase`` is where the peak is predicted; ``ranks`` the data-parallel ranks it assumes.
     A prediction, not a measurement: compare with :attr:`Measurement.memory`.
+
+    ``verified``: the profile behind it was checked against one real step and agreed within 5%
+    (``verification`` holds the figures; None if the profile was not checked). Act on an
+    unverified prediction (prune, skip) only knowing that it may be wrong: measure instead.
     """
 
     phase: Phase
     ranks: int
+    verified: bool = False
+    verification: Verification | None = None
 
     def __post_init__(self) -> None:
         for f in _CATEGORIES:
@@ -85,7 +92,9 @@ class MemoryEstimate(MemoryBreakdown):
         return MemoryBreakdown(**{f: getattr(self, f) for f in _CATEGORIES})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"total": self.total}
+        values = {f: getattr(self, f) for f in (*_CATEGORIES, "phase", "ranks")}
+        verification = None if self.verification is None else self.verification.to_dict()
+        return values | {"total": self.total, "verified": self.verified, "verification": verification}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -131,12 +140,17 @@ def predict_memory(
     ranks: int | None = None,
     profile: MemoryProfile | None = None,
     device_type: str = "cpu",
+    verify: bool = True,
 ) -> MemoryEstimate:
     """Predict the peak tensor bytes per rank of ``config`` (at ``ranks``, default ``config.ranks``).
 
     ``profile`` (from :func:`autotune.memory_profile.profile_memory` with at least ``plan_of(...).modes``)
     is measured when not given: a few seconds of fake-tensor forward/backward passes, no real
-    compute, so this answers for models and rank counts this machine cannot run.
+    compute, so this answers for models and rank counts this machine cannot run; with ``verify``
+    (the default) also checked against one real step (two real steps at micro-batch 4: pass
+    ``verify=False`` to skip them). The estimate is ``verified`` only if its profile was checked
+    and agreed (see :mod:`autotune.memory_check`). Raises :class:`PredictionError` if the model
+    cannot be profiled.
     """
     if ranks is not None:
         config = dataclasses.replace(config, ranks=ranks)
@@ -144,14 +158,16 @@ def predict_memory(
     if profile is None:
         from autotune.memory_profile import profile_memory
 
-        profile = profile_memory(workload, modes=plan.modes, checkpointed=any(plan.checkpoints))
+        profile = profile_memory(workload, modes=plan.modes, checkpointed=any(plan.checkpoints), verify=verify)
     missing = [m for m in plan.modes if m not in profile.modes]
     if missing:
         raise ConfigError(f"predict_memory: the profile lacks mode {missing[0]!r}; profile with modes={plan.modes}.")
     recomputed = {mode for mode, ckpt in zip(plan.block_modes, plan.checkpoints, strict=True) if ckpt}
     if any(profile.modes[mode].checkpointed is None for mode in recomputed):
         raise ConfigError("predict_memory: the profile has no checkpointed runs; profile with checkpointed=True.")
-    return _Predictor(workload, config, plan, profile).peak()
+    estimate = _Predictor(workload, config, plan, profile).peak()
+    check = profile.verification
+    return dataclasses.replace(estimate, verified=check is not None and check.verified, verification=check)
 
 
 class _Stretch(NamedTuple):
@@ -212,7 +228,8 @@ class _Predictor:
         values = dict.fromkeys(_CATEGORIES, 0) | {"buffers": self.buffers}
         for key, value in [*self.states().items(), *extra.items()]:
             values[key] += max(0, int(value))
-        return MemoryEstimate(**values, phase=phase, ranks=self.plan.ranks)
+        counted: dict[str, Any] = values  # byte counts only: verified/verification are set by predict_memory
+        return MemoryEstimate(**counted, phase=phase, ranks=self.plan.ranks)
 
     def optimizer_step(self) -> MemoryEstimate:
         p, plan = self.profile, self.plan

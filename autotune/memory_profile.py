@@ -20,21 +20,27 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import itertools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from autotune.apply import apply_block_knobs
 from autotune.config import Precision
+from autotune.errors import AutotuneError, PredictionError
+from autotune.fake_workspaces import RealWorkspaces
 from autotune.profile import _first_batch
 from autotune.workload import Workload
+
+if TYPE_CHECKING:
+    from autotune.memory_check import Verification
 
 __all__ = ["BlockSaves", "MODES", "MemoryProfile", "ModeProfile", "Moment", "Window", "profile_memory"]
 
@@ -128,6 +134,8 @@ class MemoryProfile:
             8 for Adam's two moments (plus the step counter's share).
         flat_step_ratio: What a step on that flat parameter allocates, per byte of the parameter.
         modes: One :class:`ModeProfile` per profiled mode (see ``MODES``).
+        verification: The profile's prediction checked against one real step
+            (:func:`autotune.memory_check.verify_profile`), or None if not checked.
     """
 
     names: tuple[str, ...]
@@ -140,6 +148,7 @@ class MemoryProfile:
     flat_state_ratio: float
     flat_step_ratio: float
     modes: dict[str, ModeProfile]
+    verification: Verification | None = None
 
 
 def profile_memory(
@@ -148,6 +157,7 @@ def profile_memory(
     modes: Sequence[str] = ("fp32",),
     micro_batch_sizes: tuple[int, int] = (2, 4),
     checkpointed: bool = True,
+    verify: bool = True,
 ) -> MemoryProfile:
     """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute).
 
@@ -158,12 +168,43 @@ def profile_memory(
     ones (the same bytes on the built-in workloads, to a few hundred bytes with bf16 blocks), so
     this is cheap for any model size: under a second of Python per run (four per mode: two sizes,
     plain and checkpointed), mostly MemTracker's bookkeeping.
-    """
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
+    ``verify=True`` (the default) then checks the profile against one real step
+    (:func:`autotune.memory_check.verify_profile`: two real steps at micro-batch
+    ``micro_batch_sizes[1]``, the fp32 mode profiled too if not asked for) and records the
+    result in ``verification``, warning (:class:`PredictionWarning`) if they disagree. A model
+    the fake run cannot go through (a data-dependent operation, an operator without a meta
+    kernel) raises :class:`PredictionError` with the reason.
+    """
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         raise ValueError(f"profile_memory: modes must be among {MODES}, but got {unknown[0]!r}.")
+    if verify and "fp32" not in modes:
+        modes = ("fp32", *modes)
+    try:
+        profile = _profile(workload, modes, micro_batch_sizes, checkpointed)
+    except AutotuneError:
+        raise
+    # The fake run executes the user's model code: whatever it raises there (FakeTensorMode's
+    # DataDependentOutputException on ``.item()``/``nonzero``, an operator with no meta kernel)
+    # means "cannot predict", with the reason, never a traceback in the caller.
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise PredictionError(
+            f"cannot profile workload {workload.name!r} under fake tensors: {type(e).__name__}: {first}"
+        ) from e
+    if not verify:
+        return profile
+    from autotune.memory_check import verify_profile
+
+    return dataclasses.replace(profile, verification=verify_profile(workload, profile))
+
+
+def _profile(
+    workload: Workload, modes: Sequence[str], micro_batch_sizes: tuple[int, int], checkpointed: bool
+) -> MemoryProfile:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     params = list(workload.model.parameters())
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     state, step, flat_state, flat_step = _optimizer_costs(workload, fake)
@@ -276,7 +317,8 @@ def _profile_run(
             batch = tree_map_only(torch.Tensor, fake.from_tensor, real_batch)
             if weights is not None:
                 batch = tree_map_only(torch.Tensor, lambda t: t.to(weights) if t.is_floating_point() else t, batch)
-            with tracker:
+            # RealWorkspaces below the tracker: it must see the real sizes (LSTM workspaces).
+            with RealWorkspaces(), tracker:
                 with saving:
                     loss = workload.loss_fn(model, batch)
                 loss.backward()

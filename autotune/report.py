@@ -108,8 +108,18 @@ def estimate_table(workload: str, config: TrainConfig, e: MemoryEstimate, budget
         value = getattr(e, f)
         if value:
             table.add_row(f"  {f.replace('_', ' ')}", format_bytes(value), "")
+    v = e.verification
+    if v is None:
+        table.add_row("verified", "no", "not checked against a real step")
+    else:
+        measured = "step failed" if v.measured is None else format_bytes(v.measured)
+        note = f"micro {v.config.micro_batch_size}, fp32: predicted {format_bytes(v.predicted)}, measured {measured}"
+        table.add_row("verified", "yes" if v.verified else "NO (UNVERIFIED)", note)
     if budget is not None:
-        table.add_row("memory budget", format_bytes(budget), "fits" if e.fits(budget) else "DOES NOT FIT")
+        verdict = "fits" if e.fits(budget) else "DOES NOT FIT"
+        table.add_row(
+            "memory budget", format_bytes(budget), verdict if e.verified else f"{verdict} (UNVERIFIED prediction)"
+        )
     return table
 
 

@@ -7,7 +7,10 @@ The contract used::
     predict_memory(workload, config) -> int | <object with .total or .peak_bytes>
 
 the predicted peak tensor bytes on one rank. A prediction only ever *skips* a trial (pruned, with
-the predicted bytes in the reason); it never replaces a measurement.
+the predicted bytes in the reason); it never replaces a measurement. A prediction that says it is
+not ``verified`` (its profile disagreed with a real step, see ``autotune.memory_check``), or a
+workload that cannot be profiled, raises :class:`PredictionError` here instead: the objective
+then measures the trial (never prunes it) and records the reason.
 
 Cost: a prediction profiles the model under fake tensors, seconds per call, which is more than
 measuring a small model. When the memory model offers the pieces (``plan_of`` naming the
@@ -17,12 +20,15 @@ study and reused, grown only when a config needs a mode it lacks; predictions ar
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.errors import PredictionError, PredictionWarning
 from autotune.workload import Workload
 
 __all__ = ["MemoryPredictor", "load_memory_predictor", "predicted_bytes"]
@@ -49,15 +55,23 @@ class _Predictor:
         self.plan_of = plan_of if plan_of is not None and "profile" in inspect.signature(fn).parameters else None
         self.memo: dict[tuple[int, str], int] = {}
         self.profiles: dict[int, Any] = {}  # id(workload) -> the study's reusable profile
+        self.failures: dict[int, PredictionError] = {}  # id(workload) -> why it cannot be profiled
 
     def __call__(self, workload: Workload, config: TrainConfig) -> int:
         key = (id(workload), config.to_json())
         if key not in self.memo:
             if self.plan_of is None:
-                self.memo[key] = predicted_bytes(self.fn(workload, config))
+                prediction = self.fn(workload, config)
             else:
                 profile = self._profile(workload, config)
-                self.memo[key] = predicted_bytes(self.fn(workload, config, profile=profile))
+                prediction = self.fn(workload, config, profile=profile)
+            if getattr(prediction, "verified", True) is False:
+                # The profile already warned, once, with the figures; every trial says why it
+                # was measured instead of judged by the prediction.
+                check = getattr(prediction, "verification", None)
+                reason = getattr(check, "reason", None) or "its profile was not checked against a real step"
+                raise PredictionError(f"unverified memory prediction for {workload.name!r}: {reason}")
+            self.memo[key] = predicted_bytes(prediction)
         return self.memo[key]
 
     def _profile(self, workload: Workload, config: TrainConfig) -> Any:
@@ -68,8 +82,22 @@ class _Predictor:
         needed = set(self.plan_of(config, num_blocks=len(workload.block_names())).modes)
         current = self.profiles.get(id(workload))
         have = set(current.modes) if current is not None else set()
+        if id(workload) in self.failures:
+            raise self.failures[id(workload)]
         if not needed <= have:
-            current = profile_memory(workload, modes=tuple(sorted(needed | have)))
+            modes = tuple(sorted(needed | have))
+            try:
+                # Verified once per workload (one real step); a profile grown later for a new
+                # mode keeps the first check, whose figures do not depend on the modes.
+                if current is None:
+                    current = profile_memory(workload, modes=modes)
+                else:
+                    grown = profile_memory(workload, modes=modes, verify=False)
+                    current = dataclasses.replace(grown, verification=current.verification)
+            except PredictionError as e:
+                warnings.warn(PredictionWarning(f"{e}; configurations will be measured, not pruned."), stacklevel=3)
+                self.failures[id(workload)] = e
+                raise
             self.profiles[id(workload)] = current
         return current
 
