@@ -18,7 +18,7 @@ from autotune.errors import ConfigError, UnsupportedError, WorkloadError
 from autotune.measurement.gns import GradientNoiseMonitor
 from autotune.workload import Workload
 
-__all__ = ["Trainer", "StepResult", "resolve_device"]
+__all__ = ["Trainer", "StepResult", "check_loss", "resolve_device"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +158,7 @@ class Trainer:
                 before_micro_batch()
             batch = tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), batch)
             loss = self.workload.loss_fn(self.model, batch)
-            _check_loss(loss, self.workload.name)
+            check_loss(loss, self.workload.name)
             self.scaler.scale(loss / n).backward()
             self.gns.end_micro_batch()
             losses.append(loss.detach())
@@ -213,7 +213,8 @@ class Trainer:
         self.gns.remove()
 
 
-def _check_loss(loss: object, workload: str) -> None:
+def check_loss(loss: object, workload: str) -> None:
+    """Raise :class:`WorkloadError` unless ``loss`` (what ``loss_fn`` returned) is a 0-dim tensor."""
     # Python-side metadata only (type, ndim, shape): no device sync. Without it a non-scalar loss
     # fails inside backward() with PyTorch's "grad can be implicitly created only for scalar outputs".
     if not isinstance(loss, torch.Tensor):
