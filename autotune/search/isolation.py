@@ -172,6 +172,10 @@ def _serve(conn: Connection, source: str, threads: int | None, device: str | Non
         torch.set_num_threads(threads)
     try:
         workload = load_workload(source)
+    except AutotuneError as e:
+        conn.send(("error", str(e)))
+        return
+    try:
         # One throwaway measurement pays the process's one-time costs (kernel selection, allocator
         # growth: the first measurement of gpt-tiny ran at half the throughput of later ones),
         # which would otherwise be charged to the first trial, and the first trial is a baseline.
