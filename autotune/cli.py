@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,18 @@ __all__ = ["main"]
 # parsers and sets ``func`` (a handler taking the parsed args, returning the exit code). They
 # must import only argparse-level code at module level, so ``autotune --help`` stays instant.
 _COMMAND_MODULES: tuple[str, ...] = ("autotune.search.commands", "autotune.policies.commands")
+
+#: Help of every ``--memory-budget`` (the syntax :func:`autotune.units.parse_memory_budget` reads).
+BUDGET_HELP = "a size with a unit (2GiB, 512MiB, 100MB) or a percentage of the default configuration's peak (75%%)"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("autotune")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotune", description="Measure and search PyTorch training configurations.")
+    parser.add_argument("--version", action="version", version=f"autotune {_version()}", help="print the version")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("workloads", help="list the built-in workloads with parameter counts")
@@ -61,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_flags(p)
     p.add_argument("--steps", type=int, default=8, help="timed optimizer steps (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup steps (default 2)")
-    p.add_argument("--memory-budget", help="e.g. 2GiB: a peak above it is reported as not fitting")
+    p.add_argument("--memory-budget", help=f"{BUDGET_HELP}: a peak above it is reported as not fitting")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto (default)")
     p.add_argument("--json", action="store_true", help="print the Measurement as JSON")
     p.set_defaults(func=_cmd_measure)
@@ -69,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="predict a config's peak memory per rank, by category, without running it")
     p.add_argument("--workload", "-w", required=True, help="as for measure")
     _add_config_flags(p)
-    p.add_argument("--memory-budget", help="e.g. 80GiB: say whether the predicted peak fits")
+    p.add_argument("--memory-budget", help=f"{BUDGET_HELP}: say whether the predicted peak fits")
     p.add_argument("--device", default="cpu", help="device kind the ranks would use: cpu (default) or cuda")
     p.add_argument("--export-deepspeed", type=Path, help="also write the DeepSpeed config JSON for these ranks here")
     p.add_argument("--json", action="store_true", help="print the MemoryEstimate as JSON")
@@ -105,18 +119,22 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 
 def _cmd_measure(args: argparse.Namespace) -> int:
-    from autotune.units import parse_bytes
+    from autotune.memory_model import budget_bytes
+    from autotune.runner.local import resolve_device
+    from autotune.units import parse_memory_budget
     from autotune.workload import load_workload
 
-    budget = parse_bytes(args.memory_budget, name="--memory-budget") if args.memory_budget else None
+    budget = parse_memory_budget(args.memory_budget) if args.memory_budget else None
+    device = resolve_device(args.device)  # no CUDA, or no such device: one line before any work
     workload = load_workload(args.workload)
+    config = _config_from_args(args, num_blocks=len(workload.block_names()))
+    budget_b = budget_bytes(budget, workload, ranks=config.ranks, device_type=device.type)
 
     from rich.console import Console
 
     from autotune.report import measurement_table
     from autotune.runner import measure
 
-    config = _config_from_args(args, num_blocks=len(workload.block_names()))
     err = Console(stderr=True)
     with err.status(f"measuring {workload.name}") as status:
 
@@ -128,7 +146,7 @@ def _cmd_measure(args: argparse.Namespace) -> int:
             config,
             steps=args.steps,
             warmup=args.warmup,
-            memory_budget=budget,
+            memory_budget=budget_b,
             device=args.device,
             progress=progress,
         )
@@ -149,12 +167,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     from autotune.errors import PredictionError, PredictionWarning
     from autotune.memory_check import unverified_message
-    from autotune.memory_model import predict_memory
+    from autotune.memory_model import budget_bytes, predict_memory
     from autotune.report import estimate_table
-    from autotune.units import parse_bytes
+    from autotune.units import parse_memory_budget
     from autotune.workload import load_workload
 
-    budget = parse_bytes(args.memory_budget, name="--memory-budget") if args.memory_budget else None
+    budget = parse_memory_budget(args.memory_budget) if args.memory_budget else None
+    if args.export_deepspeed is not None:
+        _check_writable(args.export_deepspeed, flag="--export-deepspeed")  # before minutes of profiling
     workload = load_workload(args.workload)
     config = _config_from_args(args, num_blocks=len(workload.block_names()))
     status = f"profiling {workload.name} (fake tensors, then one real step to check)"
@@ -162,6 +182,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         # The check's warning is printed below as the command's own line, not as a Python warning.
         with Console(stderr=True).status(status), warnings.catch_warnings():
             warnings.simplefilter("ignore", PredictionWarning)
+            budget_b = budget_bytes(budget, workload, ranks=config.ranks, device_type=args.device)
             estimate = predict_memory(workload, config, device_type=args.device)
     except PredictionError as e:
         if args.json:
@@ -169,22 +190,41 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         print(f"autotune predict: {e}", file=sys.stderr)
         return 1
     if args.export_deepspeed is not None:
-        from autotune.runner.deepspeed_config import deepspeed_config
-
-        largest = max(p.numel() for p in workload.model.parameters())
-        ds = deepspeed_config(
-            config, num_blocks=len(workload.block_names()), largest_parameter=largest, device_type=args.device
-        )
-        args.export_deepspeed.write_text(json.dumps(ds, indent=2) + "\n")
+        _export_deepspeed(args.export_deepspeed, workload, config, device_type=args.device)
     if args.json:
         print(estimate.to_json())
     else:
-        Console().print(estimate_table(workload.name, config, estimate, budget))
+        Console().print(estimate_table(workload.name, config, estimate, budget_b))
     if not estimate.verified and estimate.verification is not None:
         print(
             f"autotune predict: UNVERIFIED: {unverified_message(workload.name, estimate.verification)}", file=sys.stderr
         )
     return 0
+
+
+def _check_writable(path: Path, *, flag: str) -> None:
+    if path.is_dir():
+        raise ConfigError(f"{flag}: {str(path)!r} is a directory; give a file path such as {str(path / 'ds.json')!r}.")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag}: cannot write {str(path)!r}: directory {str(parent)!r} does not exist.")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"{flag}: cannot write {str(path)!r}: permission denied.")
+
+
+def _export_deepspeed(path: Path, workload: Any, config: Any, *, device_type: str) -> None:
+    import json
+
+    from autotune.runner.deepspeed_config import deepspeed_config
+
+    largest = max(p.numel() for p in workload.model.parameters())
+    ds = deepspeed_config(
+        config, num_blocks=len(workload.block_names()), largest_parameter=largest, device_type=device_type
+    )
+    try:
+        path.write_text(json.dumps(ds, indent=2) + "\n")
+    except OSError as e:
+        raise ConfigError(f"--export-deepspeed: cannot write {str(path)!r}: {e.strerror}.") from None
 
 
 def _config_from_args(args: argparse.Namespace, *, num_blocks: int) -> Any:

@@ -52,9 +52,10 @@ from autotune.runner.deepspeed_config import DEFAULT_BUCKET, bucket_elements, en
 if TYPE_CHECKING:
     from autotune.memory_check import Verification
     from autotune.memory_profile import BlockSaves, MemoryProfile, Moment, Windows
+    from autotune.units import MemoryBudget
     from autotune.workload import Workload
 
-__all__ = ["MemoryEstimate", "Plan", "plan_of", "predict_memory"]
+__all__ = ["MemoryEstimate", "Plan", "budget_bytes", "plan_of", "predict_memory"]
 
 Phase = Literal["forward/backward", "optimizer step"]
 _WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -425,3 +426,21 @@ def _buffer_bytes(workload: Workload, weights: str) -> int:
         size = _WEIGHT_BYTES[weights] if b.is_floating_point() else b.element_size()
         total += b.numel() * size
     return total
+
+
+def budget_bytes(
+    budget: MemoryBudget | None, workload: Workload, *, ranks: int = 1, device_type: str = "cpu"
+) -> int | None:
+    """``budget`` in bytes per rank, for ``measure``, ``predict`` and ``study``.
+
+    A percentage (``MemoryBudget.fraction``) is of the *predicted* peak per rank of the PyTorch
+    default configuration at ``ranks``: fp32, the workload's batch split over the ranks in one
+    micro-batch each, nothing recomputed, ZeRO stage 0 (what ``autotune tune`` starts from, and
+    measures instead). A prediction runs no real compute, so the budget is known before anything
+    runs or is written; on the local runner it equals the measured peak within a few hundred bytes.
+    """
+    if budget is None:
+        return None
+    per_rank = max(1, min(workload.batch_size // ranks, len(workload.dataset)))  # type: ignore[arg-type]
+    default = TrainConfig(micro_batch_size=per_rank, ranks=ranks)
+    return budget.resolve(lambda: predict_memory(workload, default, device_type=device_type).total)

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_map_only
 
 from autotune.apply import apply_block_knobs
 from autotune.config import Precision
+from autotune.runner.local import check_loss
 from autotune.workload import Workload
 
 __all__ = ["BlockProfile", "profile_blocks"]
@@ -60,7 +61,7 @@ def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: 
     ] + [model.get_submodule(name).register_forward_hook(_exit, with_kwargs=True) for name in names]
     batch = _first_batch(workload, micro_batch_size)
     try:
-        workload.loss_fn(model, batch)
+        check_loss(workload.loss_fn(model, batch), workload.name)  # a broken loss_fn: one line, before any run
     finally:
         for h in handles:
             h.remove()

@@ -1,12 +1,20 @@
-"""Byte sizes: parsing ``2GiB`` / ``512MB`` and printing them."""
+"""Byte sizes and memory budgets: parsing ``2GiB`` / ``512MB`` / ``75%`` and printing sizes.
+
+Every command that takes ``--memory-budget`` (and a study spec's ``memory_budget``) parses it
+with :func:`parse_memory_budget`: a size with a unit, or a percentage of the default
+configuration's peak. A bare number is refused: ``5`` could mean bytes, GiB or a fraction.
+"""
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from autotune.errors import ConfigError
 
-__all__ = ["parse_bytes", "format_bytes"]
+__all__ = ["MemoryBudget", "parse_memory_budget", "parse_bytes", "format_bytes"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -14,6 +22,9 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }  # fmt: skip
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_BUDGET = re.compile(r"^\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
+_BUDGET_FORMS = "a size with a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB) such as 2GiB, or a percentage of the "
+_BUDGET_FORMS += "default configuration's peak such as 75%"
 
 
 def parse_bytes(text: str, *, name: str = "memory size") -> int:
@@ -28,6 +39,69 @@ def parse_bytes(text: str, *, name: str = "memory size") -> int:
     if value <= 0:
         raise ConfigError(f"{name} must be positive, but got {text!r}.")
     return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBudget:
+    """Peak memory allowed: ``bytes``, or a ``fraction`` of the default configuration's peak (one of them).
+
+    What "the default configuration's peak" is depends on who resolves it (:meth:`resolve` takes
+    it as a callable, called only for a fraction): ``autotune tune`` measures it on the running
+    loop; ``measure``, ``predict`` and ``study`` predict it with the memory model
+    (:func:`autotune.memory_model.budget_bytes`).
+    """
+
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.bytes is None) == (self.fraction is None):
+            raise ConfigError(
+                f"MemoryBudget needs exactly one of bytes and fraction, but got bytes={self.bytes!r}, "
+                f"fraction={self.fraction!r}."
+            )
+        if self.bytes is not None and (
+            not isinstance(self.bytes, int) or isinstance(self.bytes, bool) or self.bytes < 1
+        ):
+            raise ConfigError(f"MemoryBudget.bytes must be an int >= 1, but got {self.bytes!r}.")
+        if self.fraction is not None and (
+            not isinstance(self.fraction, (int, float)) or not math.isfinite(self.fraction) or self.fraction <= 0
+        ):
+            raise ConfigError(f"MemoryBudget.fraction must be a finite number > 0, but got {self.fraction!r}.")
+
+    def resolve(self, default_peak: Callable[[], int]) -> int:
+        """Bytes: ``bytes`` as is, or ``fraction`` of ``default_peak()`` (at least 1)."""
+        if self.bytes is not None:
+            return self.bytes
+        assert self.fraction is not None
+        return max(1, int(default_peak() * self.fraction))
+
+    def __str__(self) -> str:
+        """The text :func:`parse_memory_budget` reads back: ``123456B`` or ``75%``."""
+        return f"{self.bytes}B" if self.bytes is not None else f"{self.fraction * 100:.15g}%"  # type: ignore[operator]
+
+
+def parse_memory_budget(text: str, *, name: str = "--memory-budget") -> MemoryBudget:
+    """``"2GiB"`` -> ``MemoryBudget(bytes=2147483648)``; ``"75%"`` -> ``MemoryBudget(fraction=0.75)``.
+
+    Units as :func:`parse_bytes`; a bare number, zero, a negative or a non-finite size is refused.
+    """
+    match = _BUDGET.match(text) if isinstance(text, str) else None
+    suffix = match.group(2).lower() if match else None
+    if match is None or (suffix not in _UNITS and suffix != "%"):
+        raise ConfigError(f"{name} must be {_BUDGET_FORMS}, but got {text!r}.")
+    number = float(match.group(1))
+    value = number / 100 if suffix == "%" else number * _UNITS.get(suffix, 1)
+    if not (math.isfinite(number) and math.isfinite(value)) or number <= 0:
+        raise ConfigError(f"{name} must be positive and finite, but got {text!r}.")
+    if suffix == "":
+        raise ConfigError(
+            f"{name} needs a unit: a size such as {match.group(1)}GiB or {match.group(1)}MiB, or a percentage "
+            f"such as 75%, but got {text!r}."
+        )
+    if suffix != "%" and value < 1:
+        raise ConfigError(f"{name} must be at least 1 byte, but got {text!r}.")
+    return MemoryBudget(fraction=value) if suffix == "%" else MemoryBudget(bytes=int(value))
 
 
 def format_bytes(n: float | None) -> str:

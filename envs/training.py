@@ -23,11 +23,22 @@ from autotune.measurement.oom import is_out_of_memory
 from autotune.profile import profile_blocks
 from autotune.runner.local import StepResult, Trainer
 from autotune.runner.session import RankSession, SessionStep
+from autotune.units import MemoryBudget
 from autotune.workload import Workload, load_workload
 
 __all__ = ["TrainingEnv"]
 
 _MAX_ZERO_STAGE = 3  # DeepSpeed's stages: 0 (data parallel), 1 (+ optimizer state), 2 (+ gradients), 3 (+ parameters)
+
+
+def _budget(value: MemoryBudget | int | float) -> MemoryBudget:
+    if isinstance(value, MemoryBudget):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(
+            f"memory_budget must be a MemoryBudget, bytes (int) or a fraction (float), but got {value!r}."
+        )
+    return MemoryBudget(bytes=value) if isinstance(value, int) else MemoryBudget(fraction=value)
 
 
 class TrainingEnv(TuningEnv):
@@ -37,8 +48,8 @@ class TrainingEnv(TuningEnv):
     - ``workloads``: workload references (built-in names, ``file.py:build``, ...); reset picks one
       with ``self.np_random`` and starts it from the PyTorch-default configuration (fp32, the
       workload's batch in one micro-batch per rank, nothing recomputed, ZeRO stage 0).
-    - ``memory_budget``: bytes (int), or a fraction (float) of the default configuration's
-      measured peak (per rank).
+    - ``memory_budget``: a :class:`~autotune.units.MemoryBudget`, bytes (int), or a fraction
+      (float) of the default configuration's measured peak (per rank).
     - ``steps_per_action``: real optimizer steps per env step. With one micro-batch per step on
       one rank, the first of them runs as two half micro-batches to feed the gradient-noise
       estimate and is not timed.
@@ -67,7 +78,7 @@ class TrainingEnv(TuningEnv):
         self,
         *,
         workloads: Sequence[str] = ("mlp-digits",),
-        memory_budget: int | float = 1.0,
+        memory_budget: MemoryBudget | int | float = 1.0,
         steps_per_action: int = 4,
         horizon: int = 16,
         device: str | None = None,
@@ -80,8 +91,10 @@ class TrainingEnv(TuningEnv):
             raise ConfigError("TrainingEnv needs at least one workload reference, but got none.")
         if steps_per_action < 2:
             raise ConfigError(f"steps_per_action must be >= 2, but got {steps_per_action}.")
+        if not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1:
+            raise ConfigError(f"horizon must be an int >= 1, but got {horizon!r}.")
         self.workload_refs = tuple(workloads)
-        self.memory_budget = memory_budget
+        self.memory_budget = _budget(memory_budget)
         self.steps_per_action = steps_per_action
         self.device = device
         self.ranks = ranks
@@ -123,7 +136,7 @@ class TrainingEnv(TuningEnv):
         # peak: a first step's peak leaves it out (gpt-tiny: 34.0 MB vs 44.1 MB from then on).
         self._loop().step()
         default_peak = self._peak_bytes(start)
-        budget = self.memory_budget if isinstance(self.memory_budget, int) else int(default_peak * self.memory_budget)
+        budget = self.memory_budget.resolve(lambda: default_peak)
         bytes_sorted = sorted(profile.saved_bytes, reverse=True)
         quarter = max(1, round(len(bytes_sorted) / 4))
         model = ModelDescriptor(

@@ -9,6 +9,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from autotune.cli import BUDGET_HELP
+
 __all__ = ["register"]
 
 
@@ -20,23 +22,26 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("train-policy", help="train PPO on the simulator and save it (safetensors + JSON)")
-    p.add_argument("--timesteps", type=int, default=200_000)
+    p.add_argument("--timesteps", type=int, default=200_000, help="PPO environment steps to train for (default 200000)")
     p.add_argument("--profiles", nargs="*", type=Path, help="profile JSONs (default: the shipped ones)")
     p.add_argument("--no-randomize", action="store_true", help="no domain randomization")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of PPO and the simulated environments (default 0)")
     p.add_argument("--out", type=Path, default=Path("policy"), help="output directory (default: ./policy)")
     p.set_defaults(func=_cmd_train_policy)
 
     p = sub.add_parser("tune", help="run a policy for one episode on the real training loop of a workload")
-    p.add_argument("workload")
+    p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
     p.add_argument("--policy", type=Path, help="policy directory (default: the shipped pretrained policy)")
-    p.add_argument("--memory-budget", type=float, default=0.75,
-                   help="budget as a fraction of the default configuration's peak (default 0.75)")  # fmt: skip
+    p.add_argument("--memory-budget", default="75%",
+                   help=f"{BUDGET_HELP}; the percentage is of the default's peak measured on the running loop "
+                        "(default 75%%)")  # fmt: skip
     p.add_argument("--steps", type=int, default=12, help="env steps (each trains --steps-per-action steps)")
-    p.add_argument("--steps-per-action", type=int, default=4)
+    p.add_argument(
+        "--steps-per-action", type=int, default=4, help="real optimizer steps per env step, >= 2 (default 4)"
+    )
     p.add_argument("--ranks", type=int, default=1,
                    help="data-parallel DeepSpeed ranks (> 1: the ZeRO action is live; needs deepspeed)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the episode's reset (default 0)")
     p.set_defaults(func=_cmd_tune)
 
 
@@ -83,13 +88,16 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from autotune.units import format_bytes
+    from autotune.units import format_bytes, parse_memory_budget
 
+    # Everything the user gave is checked before the first real training step (seconds to minutes).
+    budget = parse_memory_budget(args.memory_budget)
     policy = load_policy(args.policy or PRETRAINED_DIR)
-    env = TrainingEnv(workloads=[args.workload], memory_budget=args.memory_budget,
+    env = TrainingEnv(workloads=[args.workload], memory_budget=budget,
                       steps_per_action=args.steps_per_action, horizon=args.steps, ranks=args.ranks)  # fmt: skip
     console = Console()
     try:
+        policy.check_action_space(env.action_space)
         obs, info = env.reset(seed=args.seed)
         start, start_levels = env.knobs, env.levels
         table = Table(title=f"policy on {args.workload}: budget {format_bytes(info['budget_bytes'])}")

@@ -38,10 +38,21 @@ class Policy:
 
     network: Any  # stable_baselines3 ActorCriticPolicy
     metadata: dict[str, Any]
+    directory: Path | None = None  # where it was loaded from, for messages
 
     def act(self, observation: np.ndarray) -> np.ndarray:
         action, _ = self.network.predict(observation, deterministic=True)
         return np.asarray(action)
+
+    def check_action_space(self, space: gym.spaces.Space[Any]) -> None:
+        """Refuse an environment whose actions differ from the policy's (before any training runs)."""
+        nvec = [int(n) for n in self.metadata["action_nvec"]]
+        env_nvec = [int(n) for n in space.nvec] if isinstance(space, gym.spaces.MultiDiscrete) else None
+        if nvec != env_nvec:
+            where = f"policy {str(self.directory)!r}" if self.directory is not None else "the policy"
+            raise ConfigError(
+                f"{where} chooses actions from MultiDiscrete({nvec}), but the environment's action space is {space}."
+            )
 
 
 def _make_env(
@@ -67,6 +78,8 @@ def train_policy(
     verbose: int = 0,
 ) -> Any:
     """Train PPO on vectorized simulated envs; returns the SB3 ``PPO`` model."""
+    if not isinstance(timesteps, int) or isinstance(timesteps, bool) or timesteps < 1:
+        raise ConfigError(f"timesteps must be an int >= 1, but got {timesteps!r}.")
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -117,26 +130,90 @@ def save_policy(
     (directory / "policy.json").write_text(json.dumps(meta, indent=2))
 
 
+_POLICY_FILES = "a policy directory holds policy.json and policy.safetensors (autotune train-policy --out writes one)"
+
+
 def load_policy(directory: Path = PRETRAINED_DIR) -> Policy:
+    """Load a policy directory; anything wrong with it is a one-line :class:`ConfigError`."""
     from gymnasium import spaces
-    from safetensors.torch import load_file
     from stable_baselines3.common.policies import ActorCriticPolicy
 
-    meta = json.loads((directory / "policy.json").read_text())
-    if meta.get("format") != POLICY_FORMAT or meta.get("observation_size") != OBSERVATION_SIZE:
-        raise ConfigError(
-            f"policy in {directory} has format {meta.get('format')} and observation size "
-            f"{meta.get('observation_size')}; this autotune reads format {POLICY_FORMAT} with size {OBSERVATION_SIZE}"
-        )
+    meta = _read_metadata(directory)
+    state = _read_weights(directory)
     network = ActorCriticPolicy(
         spaces.Box(-1.0, 1.0, (OBSERVATION_SIZE,), dtype=np.float32),
         spaces.MultiDiscrete(meta["action_nvec"]),
         lr_schedule=lambda _: 0.0,
         net_arch=meta["net_arch"],
     )
-    network.load_state_dict(load_file(str(directory / "policy.safetensors")))
+    _check_shapes(directory, meta, state, network.state_dict())
+    network.load_state_dict(state)
     network.set_training_mode(False)
-    return Policy(network=network, metadata=meta)
+    return Policy(network=network, metadata=meta, directory=directory)
+
+
+def _read_metadata(directory: Path) -> dict[str, Any]:
+    where = f"policy {str(directory)!r}"
+    if not directory.exists():
+        raise ConfigError(f"{where} does not exist: {_POLICY_FILES}.")
+    if not directory.is_dir():
+        raise ConfigError(f"{where} is not a directory: {_POLICY_FILES}.")
+    for name in ("policy.json", "policy.safetensors"):
+        if not (directory / name).is_file():
+            raise ConfigError(f"{where} has no {name}: {_POLICY_FILES}.")
+    try:
+        meta: Any = json.loads((directory / "policy.json").read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: policy.json is not valid JSON ({str(e).splitlines()[0]}).") from None
+    required = ("format", "observation_size", "action_nvec", "net_arch")
+    missing = [k for k in required if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise ConfigError(f"{where}: policy.json lacks key {missing[0]!r} (required: {', '.join(required)}).")
+    if meta["format"] != POLICY_FORMAT or meta["observation_size"] != OBSERVATION_SIZE:
+        raise ConfigError(
+            f"{where} has format {meta['format']!r} and observation size {meta['observation_size']!r}; "
+            f"this autotune reads format {POLICY_FORMAT} with size {OBSERVATION_SIZE}."
+        )
+    for key, low in (("action_nvec", 2), ("net_arch", 1)):
+        value = meta[key]
+        if not isinstance(value, list) or not value or not all(_is_int(v) and v >= low for v in value):
+            raise ConfigError(
+                f"{where}: policy.json's {key} must be a non-empty list of ints >= {low}, but got {value!r}."
+            )
+    return dict(meta)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(directory / "policy.safetensors"))
+    except (SafetensorError, OSError) as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(
+            f"policy {str(directory)!r}: policy.safetensors is not a readable safetensors file ({detail})."
+        ) from None
+
+
+def _check_shapes(
+    directory: Path, meta: dict[str, Any], state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
+) -> None:
+    where = f"policy {str(directory)!r}: policy.safetensors does not match policy.json"
+    where += f" (action_nvec {meta['action_nvec']}, net_arch {meta['net_arch']})"
+    for key in sorted(set(expected) | set(state)):
+        if key not in state:
+            raise ConfigError(f"{where}: tensor {key!r} is missing.")
+        if key not in expected:
+            raise ConfigError(f"{where}: unexpected tensor {key!r}.")
+        if tuple(state[key].shape) != tuple(expected[key].shape):
+            raise ConfigError(
+                f"{where}: {key} has shape {tuple(state[key].shape)}, expected {tuple(expected[key].shape)}."
+            )
 
 
 def evaluate(act: Callable[[np.ndarray], np.ndarray], env: gym.Env[Any, Any], *, episodes: int, seed: int) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from autotune.cli import _parser, main
 
 ROOT = Path(__file__).parent.parent
 USER = ROOT / "tests" / "data" / "my_workload.py"
@@ -75,8 +78,8 @@ def test_measure_prints_a_table() -> None:
         ),
         (
             ("measure", "--workload", f"{USER}:build", "--memory-budget", "lots"),
-            "autotune measure: error: --memory-budget must be a number with an optional unit "
-            "(B, KB, MB, GB, KiB, MiB, GiB, ...), but got 'lots'.",
+            "autotune measure: error: --memory-budget must be a size with a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, "
+            "TiB) such as 2GiB, or a percentage of the default configuration's peak such as 75%, but got 'lots'.",
         ),
         (("tune", f"{USER}:build", "--ranks", "0"), "autotune tune: error: ranks must be an int >= 1, but got 0."),
     ],
@@ -103,3 +106,167 @@ def test_import_autotune_is_light() -> None:
     code = f"import sys, autotune; print(sorted(m for m in {heavy} if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+TINY = ROOT / "tests" / "search" / "tiny_workload.py"
+_POLICY_FILES = "a policy directory holds policy.json and policy.safetensors (autotune train-policy --out writes one)"
+
+
+@pytest.fixture(scope="module")
+def bad_policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Broken policy directories, and a sound one whose actions do not fit the environment."""
+    import gymnasium as gym
+    import numpy as np
+    from autotune.policies.ppo import PRETRAINED_DIR
+    from safetensors.torch import save_file
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    root = tmp_path_factory.mktemp("policies")
+    meta = json.loads((PRETRAINED_DIR / "policy.json").read_text())
+    weights = (PRETRAINED_DIR / "policy.safetensors").read_bytes()
+    (root / "a-file").write_text("")
+    (root / "empty").mkdir()
+    for name, text, tensors in [
+        ("not-json", "{nope", weights),
+        ("no-net-arch", json.dumps({k: v for k, v in meta.items() if k != "net_arch"}), weights),
+        ("random-bytes", json.dumps(meta), bytes(range(256)) * 4),
+        ("wrong-nvec", json.dumps({**meta, "action_nvec": [3, 3, 3, 3, 5]}), weights),
+    ]:
+        (root / name).mkdir()
+        (root / name / "policy.json").write_text(text)
+        (root / name / "policy.safetensors").write_bytes(tensors)
+    other = ActorCriticPolicy(
+        gym.spaces.Box(-1.0, 1.0, (18,), dtype=np.float32), gym.spaces.MultiDiscrete([3, 3, 3]), lambda _: 0.0
+    )
+    (root / "other-actions").mkdir()
+    save_file(other.state_dict(), str(root / "other-actions" / "policy.safetensors"))
+    (root / "other-actions" / "policy.json").write_text(
+        json.dumps({**meta, "action_nvec": [3, 3, 3], "net_arch": [64, 64]})
+    )
+    return root
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("tune", "TINY", "--policy", "P/missing"),
+         f"autotune tune: error: policy 'P/missing' does not exist: {_POLICY_FILES}."),
+        (("tune", "TINY", "--policy", "P/a-file"),
+         f"autotune tune: error: policy 'P/a-file' is not a directory: {_POLICY_FILES}."),
+        (("tune", "TINY", "--policy", "P/empty"),
+         f"autotune tune: error: policy 'P/empty' has no policy.json: {_POLICY_FILES}."),
+        (("tune", "TINY", "--policy", "P/not-json"),
+         "autotune tune: error: policy 'P/not-json': policy.json is not valid JSON (Expecting property name "
+         "enclosed in double quotes: line 1 column 2 (char 1))."),
+        (("tune", "TINY", "--policy", "P/no-net-arch"),
+         "autotune tune: error: policy 'P/no-net-arch': policy.json lacks key 'net_arch' (required: format, "
+         "observation_size, action_nvec, net_arch)."),
+        (("tune", "TINY", "--policy", "P/random-bytes"),
+         "autotune tune: error: policy 'P/random-bytes': policy.safetensors is not a readable safetensors file "
+         "(Error while deserializing header: header too large)."),
+        (("tune", "TINY", "--policy", "P/wrong-nvec"),
+         "autotune tune: error: policy 'P/wrong-nvec': policy.safetensors does not match policy.json (action_nvec "
+         "[3, 3, 3, 3, 5], net_arch [64, 64]): action_net.bias has shape (16,), expected (17,)."),
+        (("tune", "TINY", "--policy", "P/other-actions"),
+         "autotune tune: error: policy 'P/other-actions' chooses actions from MultiDiscrete([3, 3, 3]), but the "
+         "environment's action space is MultiDiscrete([3 3 3 3 4])."),
+        (("tune", "TINY", "--memory-budget", "0"),
+         "autotune tune: error: --memory-budget must be positive and finite, but got '0'."),
+        (("tune", "TINY", "--memory-budget", "-0.5"),
+         "autotune tune: error: --memory-budget must be positive and finite, but got '-0.5'."),
+        (("tune", "TINY", "--memory-budget", "0.75"),
+         "autotune tune: error: --memory-budget needs a unit: a size such as 0.75GiB or 0.75MiB, or a percentage "
+         "such as 75%, but got '0.75'."),
+        (("tune", "TINY", "--steps", "0"), "autotune tune: error: horizon must be an int >= 1, but got 0."),
+        (("predict", "-w", "TINY", "--memory-budget", "5"),
+         "autotune predict: error: --memory-budget needs a unit: a size such as 5GiB or 5MiB, or a percentage such "
+         "as 75%, but got '5'."),
+        (("measure", "-w", "TINY", "--device", "tpu"),
+         "autotune measure: error: device must be cpu, cuda, cuda:N or auto, but got 'tpu'."),
+        (("predict", "-w", "TINY", "--export-deepspeed", "no-dir/ds.json"),
+         "autotune predict: error: --export-deepspeed: cannot write 'no-dir/ds.json': directory 'no-dir' does not "
+         "exist."),
+        (("predict", "-w", "TINY", "--export-deepspeed", "P/empty"),
+         "autotune predict: error: --export-deepspeed: 'P/empty' is a directory; give a file path such as "
+         "'P/empty/ds.json'."),
+        (("dashboard", "--port", "99999"), "autotune dashboard: error: --port must be in [1, 65535], but got 99999."),
+        (("dashboard", "--port", "0"), "autotune dashboard: error: --port must be in [1, 65535], but got 0."),
+        (("dashboard", "--port", "-1"), "autotune dashboard: error: --port must be in [1, 65535], but got -1."),
+        (("train-policy", "--timesteps", "-5"),
+         "autotune train-policy: error: timesteps must be an int >= 1, but got -5."),
+        (("train-policy", "--timesteps", "0"),
+         "autotune train-policy: error: timesteps must be an int >= 1, but got 0."),
+        (("measure", "-w", "TINY_bad_loss", "--micro-batch", "4", "--accum", "2"),
+         "autotune measure: error: workload 'tiny': loss_fn must return a scalar tensor, but returned shape (4, 16)"),
+        (("measure", "-w", "TINY_float_loss", "--micro-batch", "4", "--accum", "2"),
+         "autotune measure: error: workload 'tiny': loss_fn must return a scalar tensor, but returned float"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    bad_policies: Path,
+    args: tuple[str, ...],
+    line: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    refs = {
+        "TINY": f"{TINY}:build",
+        "TINY_bad_loss": f"{TINY}:build_bad_loss",
+        "TINY_float_loss": f"{TINY}:build_float_loss",
+    }
+    argv = [refs.get(a, a.replace("P/", f"{bad_policies}/")) for a in args]
+    code = main([*argv, *(("--steps", "1", "--warmup", "1") if args[0] == "measure" else ())])
+    out = capsys.readouterr()
+    assert (code, out.err, out.out) == (2, line.replace("P/", f"{bad_policies}/") + "\n", "")
+    assert list(tmp_path.iterdir()) == []  # no database, no file, no directory
+
+
+def test_measure_on_cuda_without_cuda_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["measure", "-w", f"{TINY}:build", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err == (
+        "autotune measure: error: device 'cuda' needs CUDA, but torch.cuda.is_available() is False on this machine.\n"
+    )
+
+
+def test_a_percentage_budget_is_of_the_default_configurations_predicted_peak(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from autotune import TrainConfig, load_workload
+    from autotune.memory_model import predict_memory
+
+    workload = load_workload(f"{TINY}:build")
+    default_peak = predict_memory(workload, TrainConfig(micro_batch_size=16)).total
+    assert (
+        main(["measure", "-w", f"{TINY}:build", "--memory-budget", "150%", "--steps", "1", "--warmup", "1", "--json"])
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert (data["memory_budget"], data["status"]) == (int(default_peak * 1.5), "ok")  # micro-batch 8 fits
+
+
+def test_every_argument_has_help() -> None:
+    parser = _parser()
+    parsers = {"autotune": parser}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            parsers.update({f"autotune {n}": p for n, p in action.choices.items()})
+    missing = [
+        f"{name} {'/'.join(a.option_strings) or a.dest}"
+        for name, p in parsers.items()
+        for a in p._actions
+        if not isinstance(a, argparse._SubParsersAction) and not a.help
+    ]
+    assert missing == []
+    assert len(parsers) == 11
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert (exit_info.value.code, capsys.readouterr().out) == (0, "autotune 0.1.0\n")

@@ -14,11 +14,11 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from autotune.apply import BlockWrappers, apply_block_knobs
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, UnsupportedError
+from autotune.errors import ConfigError, UnsupportedError, WorkloadError
 from autotune.measurement.gns import GradientNoiseMonitor
 from autotune.workload import Workload
 
-__all__ = ["Trainer", "StepResult", "resolve_device"]
+__all__ = ["Trainer", "StepResult", "check_loss", "resolve_device"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,9 +33,23 @@ class StepResult:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``cpu``, ``cuda``, ``cuda:N`` or ``auto``/None (CUDA when available); anything else, or CUDA
+    on a machine without it, is a :class:`ConfigError` (a user mistake, found before any work)."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError):
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, but got {str(device)!r}.")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {str(device)!r} needs CUDA, but torch.cuda.is_available() is False on this machine.")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device {str(device)!r} does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)."
+        )
+    return resolved
 
 
 class Trainer:
@@ -144,6 +158,7 @@ class Trainer:
                 before_micro_batch()
             batch = tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), batch)
             loss = self.workload.loss_fn(self.model, batch)
+            check_loss(loss, self.workload.name)
             self.scaler.scale(loss / n).backward()
             self.gns.end_micro_batch()
             losses.append(loss.detach())
@@ -196,3 +211,17 @@ class Trainer:
             self._wrappers.remove()
             self._wrappers = None
         self.gns.remove()
+
+
+def check_loss(loss: object, workload: str) -> None:
+    """Raise :class:`WorkloadError` unless ``loss`` (what ``loss_fn`` returned) is a 0-dim tensor."""
+    # Python-side metadata only (type, ndim, shape): no device sync. Without it a non-scalar loss
+    # fails inside backward() with PyTorch's "grad can be implicitly created only for scalar outputs".
+    if not isinstance(loss, torch.Tensor):
+        raise WorkloadError(
+            f"workload {workload!r}: loss_fn must return a scalar tensor, but returned {type(loss).__name__}"
+        )
+    if loss.dim() != 0:
+        raise WorkloadError(
+            f"workload {workload!r}: loss_fn must return a scalar tensor, but returned shape {tuple(loss.shape)}"
+        )

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.cli import BUDGET_HELP
+
 if TYPE_CHECKING:
     import optuna
 
@@ -34,7 +36,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("target", metavar="WORKLOAD|SPEC.toml", help="built-in name, random:SEED, file.py:build, or a spec")
     p.add_argument("--trials", type=int, help="trials in the study, baselines and resumed ones included (default 20)")
-    p.add_argument("--memory-budget", help="peak tensor memory allowed, e.g. 2GiB")
+    p.add_argument("--memory-budget", help=f"peak tensor memory allowed per rank: {BUDGET_HELP}")
     p.add_argument("--storage", help="Optuna storage URL or SQLite path (default studies/autotune.db)")
     p.add_argument("--study-name", help="default: the workload's name")
     p.add_argument("--sampler", choices=_SAMPLERS, help="default tpe")
@@ -66,12 +68,10 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_cmd_best)
 
     p = subparsers.add_parser("dashboard", help="start optuna-dashboard on a study storage")
-    p.add_argument(
-        "storage", metavar="STORAGE", nargs="?", help="storage URL or SQLite path (default studies/autotune.db)"
-    )
+    p.add_argument("--storage", help="Optuna storage URL or SQLite path (default studies/autotune.db)")
     p.add_argument("--artifact-dir", default=None, help="artifact store directory (default studies/artifacts)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port to listen on, 1-65535 (default 8080)")
     p.set_defaults(func=_cmd_dashboard)
 
 
@@ -100,7 +100,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 def _spec_from_args(args: argparse.Namespace) -> StudySpec:
     from autotune.search.spec import StudySpec, load_spec, parse_duration
-    from autotune.units import parse_bytes
+    from autotune.units import parse_memory_budget
 
     target: str = args.target
     spec = load_spec(target) if target.endswith(".toml") else StudySpec(workload=target)
@@ -109,7 +109,7 @@ def _spec_from_args(args: argparse.Namespace) -> StudySpec:
         if getattr(args, flag) is not None:
             top[key] = getattr(args, flag)
     if args.memory_budget is not None:
-        top["memory_budget"] = parse_bytes(args.memory_budget, name="--memory-budget")
+        top["memory_budget"] = parse_memory_budget(args.memory_budget)
     if args.timeout is not None:
         top["timeout"] = parse_duration(args.timeout, name="--timeout")
     space: dict[str, Any] = {}
@@ -132,6 +132,13 @@ def _spec_from_args(args: argparse.Namespace) -> StudySpec:
         space=dataclasses.replace(spec.space, **space),
         measure=dataclasses.replace(spec.measure, **measure),
     )
+
+
+def _check_device(device: str | None) -> None:
+    if device is not None:  # no CUDA, or no such device: one line now, not a failed trial per config
+        from autotune.runner.local import resolve_device
+
+        resolve_device(device)
 
 
 def _options(args: argparse.Namespace, **extra: Any) -> RunOptions:
@@ -162,6 +169,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
     _quiet_optuna()
     spec = _spec_from_args(args)  # validation first: bad input must write nothing
+    _check_device(args.device)
     options = _options(args, worker=args.worker, create_only=args.create_only)
     prepared = prepare(spec)
     study = open_study(prepared, options)
@@ -176,6 +184,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from autotune.search.study import open_study, prepare, stored_spec
 
     _quiet_optuna()
+    _check_device(args.device)
     options = _options(args, worker=True)
     storage = open_storage(args.storage, create=False)
     try:
@@ -255,9 +264,12 @@ def _cmd_best(args: argparse.Namespace) -> int:
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from autotune.errors import ConfigError
     from autotune.search.dashboard import serve
     from autotune.search.storage import DEFAULT_ARTIFACTS, open_storage, storage_url
 
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in [1, 65535], but got {args.port}.")
     open_storage(args.storage, create=False)  # one clear line if it cannot be opened, before the server starts
     artifact_dir = Path(args.artifact_dir) if args.artifact_dir else DEFAULT_ARTIFACTS
     print(f"optuna-dashboard on http://{args.host}:{args.port} (Ctrl-C stops it)", file=sys.stderr)

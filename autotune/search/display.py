@@ -58,7 +58,9 @@ class ProgressDisplay(StudyObserver):
         self.live.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # Ctrl-C: erase the display, so the CLI's one line ("interrupted") is all that remains.
+        self.live.transient = exc_type is KeyboardInterrupt
         self.live.stop()
 
     def trial_started(self, number: int, config: TrainConfig, baseline: str | None) -> None:

@@ -8,20 +8,27 @@ a fresh child is started for the next trial. Startup (importing torch, building 
 its own limit and is not charged to a trial.
 
 The child also exits by itself within a second once its parent is gone (SIGKILL of the study
-process included), so an interrupted study leaves no orphan burning the CPU.
+process included), so an interrupted study leaves no orphan burning the CPU. It ignores SIGINT:
+Ctrl-C reaches the whole process group, and the parent alone answers it (one line, exit 130),
+killing the child on its way out instead of letting it print a traceback of its own.
+
+A workload that breaks its contract (:class:`WorkloadError`, e.g. a loss_fn that returns no
+scalar) is the user's mistake, not a failed configuration: it is raised again in the parent and
+ends the study.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.errors import AutotuneError, StudyError
+from autotune.errors import AutotuneError, StudyError, WorkloadError
 from autotune.measurement.record import Measurement
 
 __all__ = ["MeasurementFailed", "MeasurementProcess"]
@@ -70,10 +77,14 @@ class MeasurementProcess:
             name="autotune-measure",
             daemon=True,
         )
-        process.start()
+        with _sigint_ignored():  # inherited through exec: ignored from the child's first instruction
+            process.start()
         child.close()
         self._process, self._conn = process, parent
         kind, payload = self._receive(self.startup_timeout, what="starting the measurement process")
+        if kind == "user_error":
+            self.close()
+            raise WorkloadError(payload)
         if kind != "ready":
             self.close()
             raise StudyError(f"the measurement process could not build workload {self.source!r}: {payload}")
@@ -86,6 +97,8 @@ class MeasurementProcess:
         assert self._conn is not None
         self._conn.send((config.to_dict(), steps, warmup, memory_budget))
         kind, payload = self._receive(timeout, what="the measurement")
+        if kind == "user_error":
+            raise WorkloadError(payload)
         if kind == "error":
             raise MeasurementFailed(payload)
         return Measurement.from_dict(payload)
@@ -123,6 +136,19 @@ class MeasurementProcess:
         self.close()
 
 
+class _sigint_ignored:
+    """SIGINT ignored while a child is spawned (main thread only: elsewhere signals cannot be set)."""
+
+    def __enter__(self) -> None:
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 # ---- the child ---------------------------------------------------------------------------------
 
 
@@ -135,6 +161,7 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _serve(conn: Connection, source: str, threads: int | None, device: str | None, parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills this process
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     import torch
 
@@ -145,11 +172,18 @@ def _serve(conn: Connection, source: str, threads: int | None, device: str | Non
         torch.set_num_threads(threads)
     try:
         workload = load_workload(source)
+    except AutotuneError as e:
+        conn.send(("error", str(e)))
+        return
+    try:
         # One throwaway measurement pays the process's one-time costs (kernel selection, allocator
         # growth: the first measurement of gpt-tiny ran at half the throughput of later ones),
         # which would otherwise be charged to the first trial, and the first trial is a baseline.
         warm = TrainConfig(micro_batch_size=min(workload.batch_size, len(workload.dataset)))  # type: ignore[arg-type]
         measure(workload, warm, steps=1, warmup=1, device=device)
+    except WorkloadError as e:
+        conn.send(("user_error", str(e)))
+        return
     except AutotuneError as e:
         conn.send(("error", str(e)))
         return
@@ -163,6 +197,9 @@ def _serve(conn: Connection, source: str, threads: int | None, device: str | Non
             m = measure(
                 workload, TrainConfig.from_dict(config), steps=steps, warmup=warmup, memory_budget=budget, device=device
             )
+        except WorkloadError as e:  # the workload is broken for every config: the study stops
+            conn.send(("user_error", str(e)))
+            continue
         except AutotuneError as e:  # TrainingError, UnsupportedError, ConfigError: the trial fails
             conn.send(("error", f"{type(e).__name__}: {e}"))
             continue

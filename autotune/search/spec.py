@@ -6,7 +6,7 @@ A TOML spec looks like::
 
     workload = "gpt-tiny"
     trials = 24
-    memory_budget = "256MiB"
+    memory_budget = "256MiB"   # or "75%" of the PyTorch default's predicted peak; a bare number is refused
     sampler = "tpe"
 
     [space]
@@ -34,6 +34,7 @@ from typing import Any, Literal, get_args
 import tomllib
 
 from autotune.errors import ConfigError, SpecError
+from autotune.units import MemoryBudget, parse_memory_budget
 
 __all__ = [
     "BlockOverride",
@@ -187,7 +188,7 @@ class StudySpec:
     workload: str
     name: str | None = None
     trials: int = 20
-    memory_budget: int | None = None
+    memory_budget: MemoryBudget | None = None
     sampler: SamplerName = "tpe"
     seed: int = 0
     timeout: float | None = None
@@ -199,9 +200,9 @@ class StudySpec:
             raise SpecError(f"workload must be a non-empty string, but got {self.workload!r}.")
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise SpecError(f"name must be a non-empty string, but got {self.name!r}.")
-        _check_int("trials", self.trials, low=0)
-        if self.memory_budget is not None:
-            _check_int("memory_budget", self.memory_budget, low=1)
+        _check_int("trials", self.trials, low=1)
+        if self.memory_budget is not None and not isinstance(self.memory_budget, MemoryBudget):
+            raise SpecError(f"memory_budget must be a MemoryBudget, but got {self.memory_budget!r}.")
         if self.sampler not in SAMPLERS:
             raise SpecError(f"sampler must be one of {SAMPLERS}, but got {self.sampler!r}.")
         _check_int("seed", self.seed, low=0)
@@ -219,6 +220,7 @@ class StudySpec:
 def spec_to_dict(spec: StudySpec) -> dict[str, Any]:
     """Plain JSON-able data that :func:`spec_from_dict` reads back (stored on the study)."""
     data = asdict(spec)
+    data["memory_budget"] = None if spec.memory_budget is None else str(spec.memory_budget)
     data["space"]["blocks"] = {
         str(i): {k: v for k, v in asdict(o).items() if v is not None} for i, o in spec.space.blocks.items()
     }
@@ -250,20 +252,28 @@ def load_spec(path: str | Path) -> StudySpec:
 
 def spec_from_dict(data: Mapping[str, Any]) -> StudySpec:
     """Build a spec from parsed TOML: unknown keys are refused, durations and sizes parsed."""
-    from autotune.units import parse_bytes
-
     _refuse_unknown(data, _TOP | {"space", "measure"}, prefix="")
     top = dict(data)
-    if isinstance(top.get("memory_budget"), str):
-        try:
-            top["memory_budget"] = parse_bytes(top["memory_budget"], name="memory_budget")
-        except ConfigError as e:
-            raise SpecError(str(e)) from None
+    if "memory_budget" in top:
+        top["memory_budget"] = _memory_budget(top["memory_budget"])
     if "timeout" in top:
         top["timeout"] = parse_duration(top["timeout"], name="timeout")
     top["space"] = _space(_table(top.get("space", {}), "space"))
     top["measure"] = _measure(_table(top.get("measure", {}), "measure"))
     return StudySpec(**top)
+
+
+def _memory_budget(value: object) -> MemoryBudget:
+    # A TOML number is refused like a bare --memory-budget: 96 could mean bytes, MiB or a fraction.
+    if not isinstance(value, str):
+        raise SpecError(
+            f'memory_budget must be a string with a unit such as "96MiB" or a percentage such as "75%", '
+            f"but got {value!r}."
+        )
+    try:
+        return parse_memory_budget(value, name="memory_budget")
+    except ConfigError as e:
+        raise SpecError(str(e)) from None
 
 
 def _table(value: object, name: str) -> Mapping[str, Any]:

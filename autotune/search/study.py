@@ -91,6 +91,7 @@ class Prepared:
     fingerprint: str
     study_name: str
     reference_batch: int
+    memory_budget: int | None  # spec.memory_budget in bytes per rank (a percentage resolved)
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -99,7 +100,7 @@ class Prepared:
             "objectives": list(self.metric_names),
             "workload": self.spec.workload,
             "workload_fingerprint": self.fingerprint,
-            "memory_budget": self.spec.memory_budget,
+            "memory_budget": self.memory_budget,
             "space": json.loads(json.dumps(spec_to_dict(self.spec)["space"])),
             "reference_batch": self.reference_batch,
         }
@@ -127,7 +128,7 @@ def prepare(spec: StudySpec) -> Prepared:
     workload = load_workload(spec.workload)
     batches = spec.space.effective_batch_sizes or (workload.batch_size,)
     reference = spec.space.batch_size or workload.batch_size
-    _check_budget(spec, workload)
+    budget = _budget(spec, workload)
     n_data = len(workload.dataset)  # type: ignore[arg-type]
     space = SearchSpace(
         batch_sizes=batches,
@@ -146,20 +147,31 @@ def prepare(spec: StudySpec) -> Prepared:
         fingerprint=workload_fingerprint(workload),
         study_name=spec.study_name(workload.name),
         reference_batch=reference,
+        memory_budget=budget,
     )
 
 
-def _check_budget(spec: StudySpec, workload: Workload) -> None:
-    if spec.memory_budget is None:
-        return
+def _budget(spec: StudySpec, workload: Workload) -> int | None:
+    """The budget in bytes, checked against the least memory any rank can hold.
+
+    A percentage is of the memory model's predicted peak of the PyTorch default configuration
+    (:func:`autotune.memory_model.budget_bytes`) at the space's smallest rank count: a
+    prediction, because the budget must be known before the first (baseline) trial runs.
+    """
+    from autotune.memory_model import budget_bytes
+
+    budget = budget_bytes(spec.memory_budget, workload, ranks=min(spec.space.ranks))
+    if budget is None:
+        return None
     params = sum(p.numel() * p.element_size() for p in workload.model.parameters())
     # ZeRO-3 splits the parameters across ranks: the least any rank can hold.
     floor = params // max(spec.space.ranks) if max(spec.space.ranks) > 1 and 3 in spec.space.zero_stages else params
-    if spec.memory_budget < floor:
+    if budget < floor:
         raise SpecError(
             f"memory_budget must be at least the parameter memory of workload {workload.name!r} "
-            f"({format_bytes(floor)}), but got {format_bytes(spec.memory_budget)}."
+            f"({format_bytes(floor)}), but got {format_bytes(budget)}."
         )
+    return budget
 
 
 # ---- opening ----------------------------------------------------------------------------------------
@@ -307,7 +319,7 @@ def enqueue_baselines(study: optuna.Study, prepared: Prepared, predictor: Memory
         for t in study.get_trials(deepcopy=False)
         if not (t.state == TrialState.FAIL and t.user_attrs.get(ATTR.INTERRUPTED))
     }
-    budget = prepared.spec.memory_budget
+    budget = prepared.memory_budget
     fits = None
     if predictor is not None and budget is not None:
 
@@ -366,7 +378,7 @@ def run_study(
             workload_id=prepared.fingerprint,
             machine=machine_fingerprint(threads=spec.measure.threads, device=options.device or "auto"),
             cache=MeasurementCache(options.cache),
-            memory_budget=spec.memory_budget,
+            memory_budget=prepared.memory_budget,
             steps=spec.measure.steps,
             warmup=spec.measure.warmup,
             trial_timeout=spec.measure.trial_timeout,

@@ -157,3 +157,23 @@ def test_the_starting_peak_is_measured_with_optimizer_state() -> None:
     _, at_peak, _ = tracked_step(env.trainer)  # the same knobs again, in the middle of training
     assert info["peak_bytes"] == at_peak.total
     env.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"memory_budget": 0.0}, "MemoryBudget.fraction must be a finite number > 0, but got 0.0."),
+        ({"memory_budget": -0.5}, "MemoryBudget.fraction must be a finite number > 0, but got -0.5."),
+        ({"memory_budget": 0}, "MemoryBudget.bytes must be an int >= 1, but got 0."),
+        (
+            {"memory_budget": "75%"},
+            "memory_budget must be a MemoryBudget, bytes (int) or a fraction (float), but got '75%'.",
+        ),
+        ({"horizon": 0}, "horizon must be an int >= 1, but got 0."),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_training(kwargs: dict[str, object], message: str) -> None:
+    from autotune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        TrainingEnv(workloads=["no-such-workload"], **kwargs)  # type: ignore[arg-type]

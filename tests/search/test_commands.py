@@ -93,7 +93,24 @@ def test_help_lists_the_search_commands(tmp_path: Path) -> None:
             "or pass --storage",
         ),
         (
-            ("dashboard", "missing.db"),
+            ("study", "SPEC", "--trials", "0"),
+            "autotune study: error: trials must be >= 1, but got 0.",
+        ),
+        (
+            ("study", "SPEC", "--trials", "-1"),
+            "autotune study: error: trials must be >= 1, but got -1.",
+        ),
+        (
+            ("study", "SPEC", "--memory-budget", "5"),
+            "autotune study: error: --memory-budget needs a unit: a size such as 5GiB or 5MiB, or a percentage "
+            "such as 75%, but got '5'.",
+        ),
+        (
+            ("study", "BAD_LOSS", "--trials", "3"),
+            "autotune study: error: workload 'tiny': loss_fn must return a scalar tensor, but returned shape (2, 16)",
+        ),
+        (
+            ("dashboard", "--storage", "missing.db"),
             "autotune dashboard: error: no study storage at missing.db: run autotune study first, or pass --storage",
         ),
     ],
@@ -110,6 +127,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     monkeypatch.chdir(tmp_path)
     specs = {
         "SPEC": f"{TINY}:build",
+        "BAD_LOSS": f"{TINY}:build_bad_loss",
         "BAD_KEY": tmp_path / "bad_key.toml",
         "BAD_TYPE": tmp_path / "bad_type.toml",
     }
@@ -233,3 +251,40 @@ def test_best_exports_json_deepspeed_and_python(tmp_path: Path, capsys: pytest.C
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"]) == (16, config.micro_batch_size)
     compile(out["python"], "snippet.py", "exec")
     assert "BLOCKS = ['blocks.0', 'blocks.1', 'blocks.2', 'blocks.3']" in out["python"]
+
+
+def test_ctrl_c_mid_trial_is_one_line_exit_130_and_keeps_the_completed_trials(tmp_path: Path) -> None:
+    db, hold = tmp_path / "x.db", tmp_path / "hold"
+    args = ("study", f"{TINY}:build_holdable", "--trials", "4", "--storage", f"sqlite:///{db}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", *args, "--cache", str(tmp_path / "c.db"), *MEASURE],
+        env=_env(AUTOTUNE_TEST_HOLD=str(hold)),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the terminal's Ctrl-C reaches parent and child
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while _finished_count(db) < 1:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        hold.write_text("")
+        while not Path(f"{hold}.held").exists():  # a trial is running in the measuring child
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    hold.unlink()
+    assert (proc.returncode, err, out) == (130, "autotune study: interrupted\n", "")
+    _wait_gone(int(Path(f"{hold}.held").read_text()))
+    study = _study(db)
+    counted = _counted(study)
+    assert len(counted) >= 1 and all(t.state.name in ("COMPLETE", "PRUNED", "FAIL") for t in counted)
+    interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
+    assert [t.state.name for t in interrupted] == ["FAIL"]  # not counted: a rerun measures it again

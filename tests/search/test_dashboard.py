@@ -28,7 +28,7 @@ def study_db(tmp_path_factory: pytest.TempPathFactory, tiny_budget: int) -> Path
     root = tmp_path_factory.mktemp("dash")
     proc = subprocess.run(
         [sys.executable, "-m", "autotune.cli", "study", f"{TINY}:build", "--trials", "4",
-         "--memory-budget", str(tiny_budget), "--storage", str(root / "s.db"),
+         "--memory-budget", f"{tiny_budget}B", "--storage", str(root / "s.db"),
          "--artifact-dir", str(root / "artifacts"), "--cache", str(root / "c.db"),
          "--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress", "--no-memory-model"],
         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=root, timeout=300,
@@ -64,7 +64,7 @@ def test_the_pareto_figure_marks_baselines_and_the_recommendation(study_db: Path
 def dashboard(study_db: Path) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.cli", "dashboard", str(study_db), "--port", str(port),
+        [sys.executable, "-m", "autotune.cli", "dashboard", "--storage", str(study_db), "--port", str(port),
          "--artifact-dir", str(study_db.parent / "artifacts")],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

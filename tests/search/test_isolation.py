@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrainConfig
-from autotune.errors import StudyError
+from autotune.errors import StudyError, WorkloadError
 from autotune.search.isolation import MeasurementFailed, MeasurementProcess
 
 TINY = Path(__file__).parent / "tiny_workload.py"
@@ -51,3 +51,10 @@ def test_a_workload_that_cannot_be_built_is_a_study_error() -> None:
     )
     with pytest.raises(StudyError, match=f"^{re.escape(message)}$"):
         MeasurementProcess("nope.py:build").start()
+
+
+def test_a_broken_loss_fn_is_the_users_mistake_not_a_failed_trial() -> None:
+    message = "workload 'tiny': loss_fn must return a scalar tensor, but returned shape (8, 16)"
+    proc = MeasurementProcess(f"{TINY}:build_bad_loss", threads=1)
+    with proc, pytest.raises(WorkloadError, match=f"^{re.escape(message)}$"):
+        proc.start()

@@ -18,6 +18,7 @@ from autotune.search.spec import (
     spec_from_dict,
     spec_to_dict,
 )
+from autotune.units import MemoryBudget
 
 STUDIES = Path(__file__).parent.parent.parent / "studies"
 
@@ -59,7 +60,7 @@ threads = 1
         workload="gpt-tiny",
         name="mine",
         trials=7,
-        memory_budget=96 * 2**20,
+        memory_budget=MemoryBudget(bytes=96 * 2**20),
         sampler="nsga2",
         seed=3,
         timeout=1800.0,
@@ -92,12 +93,19 @@ def test_the_shipped_specs_are_valid(name: str) -> None:
         ('workload = "x"\n[space.blocks.1]\nprecison = "bf16"', "unknown key 'space.blocks.1.precison' "
          "(known keys: checkpoint, precision)."),
         ('workload = "x"\ntrials = "many"', "trials must be an int, but got 'many'."),
-        ('workload = "x"\ntrials = -1', "trials must be >= 0, but got -1."),
+        ('workload = "x"\ntrials = -1', "trials must be >= 1, but got -1."),
+        ('workload = "x"\ntrials = 0', "trials must be >= 1, but got 0."),
+        ('workload = "x"\nmemory_budget = 96', 'memory_budget must be a string with a unit such as "96MiB" or a '
+         'percentage such as "75%", but got 96.'),
+        ('workload = "x"\nmemory_budget = "96"', "memory_budget needs a unit: a size such as 96GiB or 96MiB, or a "
+         "percentage such as 75%, but got '96'."),
+        ('workload = "x"\nmemory_budget = "0%"', "memory_budget must be positive and finite, but got '0%'."),
         ('workload = 3', "workload must be a non-empty string, but got 3."),
         ('workload = "x"\nsampler = "cmaes"', "sampler must be one of ('tpe', 'nsga2', 'gp', 'random'), "
          "but got 'cmaes'."),
-        ('workload = "x"\nmemory_budget = "lots"', "memory_budget must be a number with an optional unit "
-         "(B, KB, MB, GB, KiB, MiB, GiB, ...), but got 'lots'."),
+        ('workload = "x"\nmemory_budget = "lots"', "memory_budget must be a size with a unit (B, KB, MB, GB, TB, "
+         "KiB, MiB, GiB, TiB) such as 2GiB, or a percentage of the default configuration's peak such as 75%, "
+         "but got 'lots'."),
         ('workload = "x"\ntimeout = "soon"', "timeout must be a duration like 90, 90s, 30m or 2h, but got 'soon'."),
         ('workload = "x"\nspace = 3', "space must be a table, but got 3."),
         ('workload = "x"\n[space]\nranks = 2', "space.ranks must be a non-empty list of ints, but got 2."),

@@ -21,6 +21,7 @@ from autotune.search.record import ATTR
 from autotune.search.results import summarize
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
 from autotune.search.study import RunOptions, count_done, open_study, prepare, recover_interrupted, run_study
+from autotune.units import MemoryBudget
 
 TINY = Path(__file__).parent / "tiny_workload.py"
 
@@ -61,7 +62,7 @@ def _run(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, int]:
 
 def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path, tiny_budget: int) -> None:
     budget = tiny_budget
-    study, ran = _run(_spec(memory_budget=budget), _options(tmp_path))
+    study, ran = _run(_spec(memory_budget=MemoryBudget(bytes=budget)), _options(tmp_path))
     assert ran == 5 and count_done(study) == 5
     t = study.trials
     # trial 0: the PyTorch default (micro-batch 16) does not fit 2 MiB and is retried as trial 2
@@ -112,7 +113,7 @@ def test_rerunning_resumes_extends_and_reuses_the_cache(tmp_path: Path) -> None:
 
 def test_the_memory_model_skips_configs_predicted_not_to_fit(tmp_path: Path, tiny_budget: int) -> None:
     budget = tiny_budget
-    spec = _spec(trials=4, sampler="random", memory_budget=budget)
+    spec = _spec(trials=4, sampler="random", memory_budget=MemoryBudget(bytes=budget))
     study, _ = _run(spec, _options(tmp_path, memory_model="tests.search.fake_memory_model"))
     t = study.trials
     assert (t[0].user_attrs[ATTR.BASELINE], t[0].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 4)
@@ -142,14 +143,14 @@ def test_an_existing_study_with_other_objectives_is_refused_and_left_untouched(t
 
 def test_an_existing_study_with_another_budget_is_refused(tmp_path: Path) -> None:
     options = _options(tmp_path, create_only=True)
-    prepared = prepare(_spec(memory_budget=2**21))
+    prepared = prepare(_spec(memory_budget=MemoryBudget(bytes=2**21)))
     run_study(prepared, open_study(prepared, options), options)
     message = (
         f"study 'tiny' already exists in 'sqlite:///{tmp_path / 's.db'}' with another memory budget "
         "(2097152, this run: 4194304); pass --study-name to start another study"
     )
     with pytest.raises(StudyError, match=f"^{re.escape(message)}$"):
-        open_study(prepare(_spec(memory_budget=2**22)), options)
+        open_study(prepare(_spec(memory_budget=MemoryBudget(bytes=2**22))), options)
 
 
 def test_a_worker_cannot_create_a_study(tmp_path: Path) -> None:
@@ -222,7 +223,10 @@ def test_with_a_batch_knob_the_study_maximizes_goodput(tmp_path: Path) -> None:
 def test_the_real_memory_model_when_it_exists(tmp_path: Path, tiny_budget: int) -> None:
     pytest.importorskip("autotune.memory_model", reason="the memory model (issue #3) is not in this tree yet")
     budget = tiny_budget
-    study, _ = _run(_spec(trials=2, memory_budget=budget), _options(tmp_path, memory_model="autotune.memory_model"))
+    study, _ = _run(
+        _spec(trials=2, memory_budget=MemoryBudget(bytes=budget)),
+        _options(tmp_path, memory_model="autotune.memory_model"),
+    )
     first = study.trials[0]
     assert ATTR.PREDICTION_ERROR not in first.user_attrs, first.user_attrs[ATTR.PREDICTION_ERROR]
     # The PyTorch default starts at the largest micro-batch the model predicts to fit, not at 16.

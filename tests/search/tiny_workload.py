@@ -88,3 +88,22 @@ def build_holdable() -> Workload:
         return _loss(m, batch)
 
     return Workload(name="tiny", model=wl.model, dataset=wl.dataset, loss_fn=loss, batch_size=16)
+
+
+def build_bad_loss() -> Workload:
+    """Like :func:`build`, but loss_fn returns the per-token losses, (batch, 16): a user mistake."""
+    wl = build()
+
+    def loss(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten(), reduction="none").view(x.shape[0], -1)
+
+    return Workload(name="tiny", model=wl.model, dataset=wl.dataset, loss_fn=loss, batch_size=16)
+
+
+def build_float_loss() -> Workload:
+    """Like :func:`build`, but loss_fn returns a Python float: a user mistake."""
+    wl = build()
+    return Workload(
+        name="tiny", model=wl.model, dataset=wl.dataset, loss_fn=lambda m, b: _loss(m, b).item(), batch_size=16
+    )

@@ -1,0 +1,89 @@
+"""The conformance matrix: every command on every model of the real-model corpus (tiny sizes).
+
+For each corpus model (Hugging Face transformers, vision, recurrent; see :mod:`autotune.zoo`):
+``measure`` twice (memory repeats exactly), ``predict`` against the measured peak of the same
+configuration (within 5%, or flagged unverified), ``study`` for a few trials (the two baselines,
+the measurement cache) and its exports (``best --format json|deepspeed|python``, the Python
+``apply()`` run on a fresh copy of the model), and ``tune`` for two steps. The CLI runs in this
+process (``autotune.cli.main``); study trials run in their measuring child as they do for users,
+which rebuilds the tiny model from its reference, ``tests/zoo/tiny_corpus.py:NAME``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+
+from autotune import TrainConfig, measure
+from autotune.cli import main
+from autotune.memory_model import predict_memory
+from autotune.workload import load_workload
+from autotune.zoo import CORPUS
+from tests.zoo import tiny_corpus
+
+NAMES = sorted(CORPUS)
+MEASURE = ("--steps", "2", "--warmup", "1", "--threads", "1")
+
+
+def _ref(name: str) -> str:
+    return f"{Path(tiny_corpus.__file__)}:{tiny_corpus.function_name(name)}"
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, f"autotune {' '.join(args)} exited {code}: {err}"
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_measure_repeats_exactly_and_predict_is_right_or_says_so(name: str) -> None:
+    workload = load_workload(_ref(name))
+    config = TrainConfig(micro_batch_size=max(1, workload.batch_size // 2), grad_accum_steps=2, checkpoint=True)
+    first, second = (measure(workload, config, steps=1, warmup=1) for _ in range(2))
+    assert first.status == second.status == "ok", first.reason
+    assert first.memory == second.memory
+    assert first.category_peaks == second.category_peaks
+    predicted = predict_memory(workload, config)
+    measured = first.peak_bytes
+    assert measured is not None
+    if predicted.verified:
+        assert abs(predicted.peak_bytes - measured) <= 0.05 * measured, (predicted.peak_bytes, measured)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_study_exports_and_tune(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ref, storage = _ref(name), f"sqlite:///{tmp_path / 'study.db'}"
+    common = ("--storage", storage, "--cache", str(tmp_path / "cache.db"), "--artifact-dir", str(tmp_path / "art"))
+    _cli(capsys, "study", ref, "--trials", "3", "--no-progress", *MEASURE, *common)
+    study = optuna.load_study(study_name=tiny_corpus.build(name).name, storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 3
+    assert [t.user_attrs.get("baseline") for t in trials[:2]] == ["pytorch-default", "seed-recipe"]
+    statuses = {t.user_attrs.get("status") for t in trials}
+    assert statuses <= {"ok", "failed", "over_budget", "predicted_over_budget"}, statuses
+    assert trials[0].user_attrs["status"] == "ok", trials[0].user_attrs
+
+    config = TrainConfig.from_json(_cli(capsys, "best", study.study_name, "--storage", storage, "--format", "json"))
+    ds = json.loads(_cli(capsys, "best", study.study_name, "--storage", storage, "--format", "deepspeed"))
+    assert ds["train_micro_batch_size_per_gpu"] == config.micro_batch_size
+    snippet = _cli(capsys, "best", study.study_name, "--storage", storage, "--format", "python")
+    namespace: dict[str, object] = {}
+    exec(compile(snippet, "best.py", "exec"), namespace)
+    fresh = tiny_corpus.build(name)
+    before = {k: v.detach().clone() for k, v in fresh.model.named_parameters()}
+    handle = namespace["apply"](fresh.model)  # type: ignore[operator]
+    batch = torch.utils.data.default_collate([fresh.dataset[i] for i in range(2)])
+    loss = fresh.loss_fn(fresh.model, batch)
+    loss.backward()
+    assert torch.isfinite(loss)
+    handle.remove()
+    assert "forward" not in vars(fresh.model.get_submodule(fresh.block_names()[0]))
+    assert all(torch.equal(before[k], v) for k, v in fresh.model.named_parameters())
+
+    out = _cli(capsys, "tune", ref, "--steps", "2", "--steps-per-action", "1", "--memory-budget", "75%")
+    assert "final config" in out
