@@ -217,9 +217,11 @@ def _export_deepspeed(path: Path, workload: Any, config: Any, *, device_type: st
 
     from autotune.runner.deepspeed_config import deepspeed_config
 
-    largest = max(p.numel() for p in workload.model.parameters())
     ds = deepspeed_config(
-        config, num_blocks=len(workload.block_names()), largest_parameter=largest, device_type=device_type
+        config,
+        num_blocks=len(workload.block_names()),
+        largest_parameter=workload.largest_parameter,
+        device_type=device_type,
     )
     try:
         path.write_text(json.dumps(ds, indent=2) + "\n")

@@ -85,6 +85,11 @@ class Workload:
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @property
+    def largest_parameter(self) -> int:
+        """Elements of the largest parameter: what DeepSpeed's bucket sizes are fitted to."""
+        return max((p.numel() for p in self.model.parameters()), default=1)
+
     def block_names(self) -> tuple[str, ...]:
         """The block names: the declared ones, else the auto-detected ones."""
         if self.blocks is not None:

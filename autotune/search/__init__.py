@@ -20,7 +20,7 @@ from autotune._lazy import lazy_module_attributes
 if TYPE_CHECKING:
     from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE, Baseline, baselines
     from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
-    from autotune.search.export import deepspeed_config, export_config, python_snippet
+    from autotune.search.export import export_config, python_snippet
     from autotune.search.isolation import MeasurementFailed, MeasurementProcess
     from autotune.search.objective import Objective, TrialFailed
     from autotune.search.predictor import MemoryPredictor, load_memory_predictor
@@ -53,7 +53,6 @@ __all__ = [
     "TrialRecord",
     "baselines",
     "count_done",
-    "deepspeed_config",
     "export_config",
     "load_memory_predictor",
     "load_spec",
@@ -76,7 +75,6 @@ _LAZY = {
     "MeasurementCache": "autotune.search.cache",
     "machine_fingerprint": "autotune.search.cache",
     "workload_fingerprint": "autotune.search.cache",
-    "deepspeed_config": "autotune.search.export",
     "export_config": "autotune.search.export",
     "python_snippet": "autotune.search.export",
     "MeasurementFailed": "autotune.search.isolation",

@@ -232,6 +232,7 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
                 artifact_dir=options.artifact_dir,
                 block_names=prepared.workload.block_names(),
                 workload=prepared.workload.name,
+                largest_parameter=prepared.workload.largest_parameter,
             )
         except MissingDependencyError as e:
             err.print(f"note: no dashboard plot or artifacts saved: {e}")
@@ -259,7 +260,16 @@ def _cmd_best(args: argparse.Namespace) -> int:
     blocks = tuple(study.user_attrs.get("blocks", ()))
     if not blocks:
         raise StudyError(f"study {args.study!r} stores no block names: was it created by autotune study?")
-    sys.stdout.write(export_config(best.config, args.format, block_names=blocks, workload=study.study_name))
+    largest = study.user_attrs.get("largest_parameter")
+    if largest is None:  # a study created before the attribute existed: rebuild its workload once
+        from autotune.search.study import stored_spec
+        from autotune.workload import load_workload
+
+        largest = load_workload(stored_spec(study).workload).largest_parameter
+    text = export_config(
+        best.config, args.format, block_names=blocks, workload=study.study_name, largest_parameter=largest
+    )
+    sys.stdout.write(text)
     return 0
 
 

@@ -94,6 +94,7 @@ def save_study_artifacts(
     artifact_dir: str | Path,
     block_names: tuple[str, ...],
     workload: str,
+    largest_parameter: int,
 ) -> list[str]:
     """Attach the Pareto plot and the recommended config (json, deepspeed, python) to ``study``.
 
@@ -113,7 +114,11 @@ def save_study_artifacts(
     with tempfile.TemporaryDirectory() as tmp:
         for fmt, suffix in (("json", "json"), ("deepspeed", "deepspeed.json"), ("python", "py")):
             path = Path(tmp) / f"{summary.name}-best-trial{best.number}.{suffix}"
-            path.write_text(export_config(best.config, fmt, block_names=block_names, workload=workload))
+            path.write_text(
+                export_config(
+                    best.config, fmt, block_names=block_names, workload=workload, largest_parameter=largest_parameter
+                )
+            )
             ids.append(
                 optuna.artifacts.upload_artifact(artifact_store=store, file_path=str(path), study_or_trial=study)
             )

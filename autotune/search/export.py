@@ -1,53 +1,25 @@
 """Exporting a configuration: our JSON, a DeepSpeed config, or a Python snippet.
 
-``deepspeed_config`` lives here until the config module grows its own DeepSpeed generator (the
-DeepSpeed runner, issue #3, needs one too; STYLE.md rule 3 wants it generated from TrainConfig,
-never hand-edited). DeepSpeed's config has one precision for the whole model and no notion of
+The DeepSpeed file comes from the one generator the DeepSpeed runner itself uses
+(:func:`autotune.runner.deepspeed_config.deepspeed_config`), so what a user runs on a cluster is
+byte for byte what was measured (bucket sizes included: DeepSpeed's defaults allocate a 2 GB
+bucket at stage 3). DeepSpeed's config has one precision for the whole model and no notion of
 *which* blocks to recompute (that is model code), so the per-block knobs go into the Python
-snippet; the DeepSpeed file holds only keys DeepSpeed knows.
+snippet.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 
-__all__ = ["ExportFormat", "EXPORT_FORMATS", "deepspeed_config", "export_config", "python_snippet"]
+__all__ = ["ExportFormat", "EXPORT_FORMATS", "export_config", "python_snippet"]
 
 ExportFormat = Literal["json", "deepspeed", "python"]
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
-
-
-def deepspeed_config(config: TrainConfig, *, num_blocks: int) -> dict[str, Any]:
-    """The DeepSpeed config dict for ``config``.
-
-    Precision: DeepSpeed's ``bf16``/``fp16`` sections cast the whole model, so they are enabled
-    only when every block uses that precision; mixed per-block precision stays fp32 here (apply
-    it with the Python snippet). Activation checkpointing: which blocks to recompute is decided
-    in the model's code (``deepspeed.checkpointing.checkpoint`` around them), so the section only
-    configures how, and is present when any block is checkpointed.
-    """
-    precisions = set(config.block_precisions(num_blocks))
-    ds: dict[str, Any] = {
-        "train_batch_size": config.effective_batch_size,
-        "train_micro_batch_size_per_gpu": config.micro_batch_size,
-        "gradient_accumulation_steps": config.grad_accum_steps,
-        "zero_optimization": {"stage": config.zero_stage},
-        "bf16": {"enabled": precisions == {"bf16"}},
-        "fp16": {"enabled": precisions == {"fp16"}},
-    }
-    if config.grad_clip is not None:
-        ds["gradient_clipping"] = config.grad_clip
-    if any(config.block_checkpoints(num_blocks)):
-        ds["activation_checkpointing"] = {
-            "partition_activations": config.ranks > 1,
-            "contiguous_memory_optimization": False,
-            "cpu_checkpointing": False,
-        }
-    return ds
 
 
 def python_snippet(config: TrainConfig, *, block_names: tuple[str, ...], workload: str) -> str:
@@ -73,12 +45,24 @@ def apply(model, device_type="cpu"):
 '''
 
 
-def export_config(config: TrainConfig, fmt: str, *, block_names: tuple[str, ...], workload: str) -> str:
-    """The text of ``config`` in format ``fmt`` (``json``, ``deepspeed`` or ``python``)."""
+def export_config(
+    config: TrainConfig, fmt: str, *, block_names: tuple[str, ...], workload: str, largest_parameter: int
+) -> str:
+    """The text of ``config`` in format ``fmt`` (``json``, ``deepspeed`` or ``python``).
+
+    ``largest_parameter``: elements of the model's largest parameter, which sizes DeepSpeed's buckets.
+    """
     if fmt == "json":
         return config.to_json() + "\n"
     if fmt == "deepspeed":
-        return json.dumps(deepspeed_config(config, num_blocks=len(block_names)), indent=2) + "\n"
+        from autotune.runner.deepspeed_config import deepspeed_config
+
+        # device_type "cuda": an exported file is for a GPU cluster (on a CPU engine the generator
+        # refuses fp16, which a CPU study never measures anyway); the JSON does not depend on it.
+        ds = deepspeed_config(
+            config, num_blocks=len(block_names), largest_parameter=largest_parameter, device_type="cuda"
+        )
+        return json.dumps(ds, indent=2) + "\n"
     if fmt == "python":
         return python_snippet(config, block_names=block_names, workload=workload)
     raise ConfigError(f"--format must be one of {EXPORT_FORMATS}, but got {fmt!r}.")

@@ -208,6 +208,7 @@ def open_study(prepared: Prepared, options: RunOptions) -> optuna.Study:
     study.set_user_attr("spec", spec_to_dict(prepared.spec))
     study.set_user_attr("trials", prepared.spec.trials)
     study.set_user_attr("blocks", list(prepared.workload.block_names()))  # for exports without the workload
+    study.set_user_attr("largest_parameter", prepared.workload.largest_parameter)  # DeepSpeed's bucket size
     return study
 
 

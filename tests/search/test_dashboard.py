@@ -54,7 +54,12 @@ def test_the_pareto_figure_marks_baselines_and_the_recommendation(study_db: Path
     assert len(list((study_db.parent / "artifacts").iterdir())) == 3
     assert (
         save_study_artifacts(
-            study, summary, artifact_dir=study_db.parent / "artifacts", block_names=("blocks.0",), workload="tiny"
+            study,
+            summary,
+            artifact_dir=study_db.parent / "artifacts",
+            block_names=("blocks.0",),
+            workload="tiny",
+            largest_parameter=1,
         )
         == []
     )

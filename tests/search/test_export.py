@@ -10,7 +10,8 @@ import pytest
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
-from autotune.search.export import deepspeed_config, export_config
+from autotune.runner.deepspeed_config import deepspeed_config
+from autotune.search.export import export_config
 from tests.conftest import make_resmlp
 
 BLOCKS = ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
@@ -20,37 +21,30 @@ CONFIG = TrainConfig(
 
 
 def test_json_is_the_train_config() -> None:
-    assert TrainConfig.from_json(export_config(CONFIG, "json", block_names=BLOCKS, workload="w")) == CONFIG
+    assert (
+        TrainConfig.from_json(export_config(CONFIG, "json", block_names=BLOCKS, workload="w", largest_parameter=1))
+        == CONFIG
+    )
 
 
-def test_deepspeed_config_from_train_config() -> None:
-    assert deepspeed_config(CONFIG, num_blocks=4) == {
-        "train_batch_size": 32,
-        "train_micro_batch_size_per_gpu": 8,
-        "gradient_accumulation_steps": 4,
-        "zero_optimization": {"stage": 0},
-        "bf16": {"enabled": True},
-        "fp16": {"enabled": False},
-        "gradient_clipping": 1.0,
-        "activation_checkpointing": {
-            "partition_activations": False,
-            "contiguous_memory_optimization": False,
-            "cpu_checkpointing": False,
-        },
-    }
-
-
-def test_deepspeed_mixed_per_block_precision_stays_fp32_and_no_checkpoint_section() -> None:
-    config = TrainConfig(micro_batch_size=4, precision=("bf16", "fp32", "fp32", "fp32"), grad_clip=None)
-    ds = deepspeed_config(config, num_blocks=4)
-    assert (ds["bf16"], ds["fp16"]) == ({"enabled": False}, {"enabled": False})
-    assert "activation_checkpointing" not in ds and "gradient_clipping" not in ds
-    text = export_config(config, "deepspeed", block_names=BLOCKS, workload="w")
-    assert json.loads(text) == ds
+def test_deepspeed_export_is_the_config_the_deepspeed_runner_measures() -> None:
+    """One generator: the exported file equals, key for key, what ZeroTrainer hands to
+    deepspeed.initialize for the same config and model (buckets sized to the largest parameter)."""
+    workload = make_resmlp()
+    for config in (CONFIG, TrainConfig(micro_batch_size=4, zero_stage=3, ranks=2, grad_clip=None)):
+        text = export_config(
+            config, "deepspeed", block_names=BLOCKS, workload="w", largest_parameter=workload.largest_parameter
+        )
+        measured = deepspeed_config(
+            config, num_blocks=len(BLOCKS), largest_parameter=workload.largest_parameter, device_type="cpu"
+        )
+        assert text == json.dumps(measured, indent=2) + "\n"
+    zero3 = json.loads(text)["zero_optimization"]
+    assert zero3["reduce_bucket_size"] == workload.largest_parameter  # not DeepSpeed's 5e8-element default
 
 
 def test_python_snippet_applies_the_knobs_to_a_model() -> None:
-    code = export_config(CONFIG, "python", block_names=BLOCKS, workload="resmlp")
+    code = export_config(CONFIG, "python", block_names=BLOCKS, workload="resmlp", largest_parameter=1)
     namespace: dict[str, Any] = {}
     exec(compile(code, "snippet.py", "exec"), namespace)
     assert namespace["CONFIG"] == CONFIG
@@ -64,4 +58,4 @@ def test_python_snippet_applies_the_knobs_to_a_model() -> None:
 def test_an_unknown_format_is_refused() -> None:
     message = "--format must be one of ('json', 'deepspeed', 'python'), but got 'yaml'."
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
-        export_config(CONFIG, "yaml", block_names=BLOCKS, workload="w")
+        export_config(CONFIG, "yaml", block_names=BLOCKS, workload="w", largest_parameter=1)

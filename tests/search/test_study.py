@@ -198,6 +198,7 @@ def test_spec_and_trials_are_stored_for_workers(tmp_path: Path) -> None:
     study = open_study(prepared, options)
     assert stored_spec(study) == spec
     assert study.user_attrs["blocks"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    assert study.user_attrs["largest_parameter"] == 32 * 128  # a 32 -> 128 Linear of the 4 blocks
     assert dataclasses.replace(spec, trials=9) == stored_spec(
         open_study(prepare(dataclasses.replace(spec, trials=9)), dataclasses.replace(options, create_only=False))
     )
