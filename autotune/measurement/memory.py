@@ -10,6 +10,7 @@ track one dedicated step and time the others untracked.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +86,11 @@ def tracked_step(trainer: Trainer) -> tuple[StepResult, MemoryBreakdown, MemoryB
     """
     tracker = _tracker_class()()
     tracker.track_external(trainer.model, trainer.optimizer)
-    with tracker:
+    with tracker, warnings.catch_warnings():
+        # Modules created inside forward (Hugging Face models build a CrossEntropyLoss() there)
+        # are gone by backward; MemTracker then skips their per-module hooks with this warning.
+        # The totals it reports are unaffected.
+        warnings.filterwarnings("ignore", message=r"Module is None\. Skipping (PRE|POST)_BW hook\.")
         # MemTracker's module stats raise on a module seen twice ("multiple iterative calls")
         # unless reset before each forward: with accumulation, before every micro-batch.
         result = trainer.step(before_micro_batch=tracker.reset_mod_stats)
