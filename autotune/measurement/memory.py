@@ -10,7 +10,6 @@ track one dedicated step and time the others untracked.
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +58,17 @@ def _tracker_class() -> type[Any]:
             super().__init__()
             self.category_peaks: dict[str, int] = {}
 
+        # A module created inside forward (Hugging Face models build a CrossEntropyLoss() there) is
+        # gone by backward: MemTracker skips its per-module backward hooks, with a UserWarning
+        # each time. Skip them quietly: they only feed per-module stats, never the totals.
+        def _pre_bw_hook(self, module: torch.nn.Module | None, args: Any) -> None:
+            if module is not None:
+                super()._pre_bw_hook(module, args)
+
+        def _post_bw_hook(self, module: torch.nn.Module | None, args: Any) -> None:
+            if module is not None:
+                super()._post_bw_hook(module, args)
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if getattr(func, "is_view", False):
                 # A view allocates nothing: its storage is its base's. MemTracker would count a
@@ -86,11 +96,7 @@ def tracked_step(trainer: Trainer) -> tuple[StepResult, MemoryBreakdown, MemoryB
     """
     tracker = _tracker_class()()
     tracker.track_external(trainer.model, trainer.optimizer)
-    with tracker, warnings.catch_warnings():
-        # Modules created inside forward (Hugging Face models build a CrossEntropyLoss() there)
-        # are gone by backward; MemTracker then skips their per-module hooks with this warning.
-        # The totals it reports are unaffected.
-        warnings.filterwarnings("ignore", message=r"Module is None\. Skipping (PRE|POST)_BW hook\.")
+    with tracker:
         # MemTracker's module stats raise on a module seen twice ("multiple iterative calls")
         # unless reset before each forward: with accumulation, before every micro-batch.
         result = trainer.step(before_micro_batch=tracker.reset_mod_stats)

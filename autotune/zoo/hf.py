@@ -68,9 +68,9 @@ def _workload(name: str, model: nn.Module, dataset: TensorDict, batch_size: int)
     return Workload(name=name, model=model, dataset=dataset, loss_fn=hf_loss, batch_size=batch_size)
 
 
-def _build(config_class: Any, model_class: Any, seed: int, **config: Any) -> nn.Module:
+def _build(config_class: Any, model_class: Any, seed: int, **config: Any) -> transformers.PreTrainedModel:
     with seeded_init(seed):
-        model: nn.Module = model_class(config_class(**config))
+        model: transformers.PreTrainedModel = model_class(config_class(**config))
     return model
 
 

@@ -10,7 +10,7 @@ from functools import cache
 import pytest
 import torch
 
-from autotune import measure
+from autotune import measure, predict_memory
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError
 from autotune.workload import Workload, load_workload
@@ -120,6 +120,27 @@ def test_checkpointing_every_block_runs_and_saves_activation_memory(name: str) -
     assert all(math.isfinite(x) for x in ckpt.losses)
     assert plain.memory is not None and ckpt.memory is not None
     assert ckpt.memory.activations < plain.memory.activations
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            name,
+            marks=pytest.mark.xfail(
+                strict=True, reason="fake tensors miss the activations of the fused LSTM kernel (NOTES.md)"
+            ),
+        )
+        if name == "lstm-lm"
+        else name
+        for name in CORPUS
+    ],
+)
+def test_the_fake_tensor_prediction_matches_the_measured_peak(name: str) -> None:
+    wl, config = tiny(name), TrainConfig(micro_batch_size=4)
+    measured = measure(wl, config, steps=1, warmup=1).peak_bytes
+    assert measured is not None
+    assert predict_memory(wl, config).total == pytest.approx(measured, rel=0.02)
 
 
 @pytest.mark.parametrize("name", list(CORPUS))
