@@ -7,13 +7,13 @@ resnet-tiny      CIFAR-style ResNet-14, ~0.18M parameters, on synthetic 32x32 10
 mlp-digits       residual MLP, ~0.55M parameters, on scikit-learn's bundled 8x8 digits
 hf-gpt2          transformers GPT2LMHeadModel, ~4.9M parameters, context 128, Markov text
 hf-bert          transformers BertForMaskedLM, ~5.0M parameters, 15% masked Markov text
-hf-llama         transformers LlamaForCausalLM, ~4.6M parameters, context 128, Markov text
+hf-llama         transformers LlamaForCausalLM, ~4.7M parameters, context 128, Markov text
 hf-t5            transformers T5ForConditionalGeneration, ~7.5M, 64 tokens -> the next 32
 hf-vit           transformers ViTForImageClassification, ~2.7M, 32x32 prototype images
-hf-resnet        transformers ResNetForImageClassification, bottlenecks, 64x64 images
-hf-convnext      transformers ConvNextForImageClassification, 64x64 images
-lstm-lm          4 residual nn.LSTM blocks, context 128, Markov text
-gru-lm           4 residual nn.GRU blocks, context 128, Markov text
+hf-resnet        transformers ResNetForImageClassification, ~3.5M, bottlenecks, 64x64 images
+hf-convnext      transformers ConvNextForImageClassification, ~6.4M, 64x64 images
+lstm-lm          4 residual nn.LSTM blocks, ~2.2M parameters, context 128, Markov text
+gru-lm           4 residual nn.GRU blocks, ~1.7M parameters, context 128, Markov text
 random:SEED      a generated architecture (mlp / attention / conv blocks), 0.05M-3M parameters
 ================ ==========================================================================
 

@@ -178,7 +178,7 @@ CORPUS: dict[str, CorpusEntry] = {
         ),
         CorpusEntry(
             name="hf-llama",
-            description="Llama causal LM (RMSNorm, rotary, SwiGLU, GQA), 4.6M params, 6 layers x 256, context 128",
+            description="Llama causal LM (RMSNorm, rotary, SwiGLU, GQA), 4.7M params, 6 layers x 256, context 128",
             library="transformers",
             model_class="LlamaForCausalLM",
             requires=TRANSFORMERS,
@@ -211,7 +211,7 @@ CORPUS: dict[str, CorpusEntry] = {
         ),
         CorpusEntry(
             name="hf-resnet",
-            description="ResNet, bottlenecks 2 per stage over 4 stages (128-1024 channels), 64x64 images, 10 classes",
+            description="ResNet, 3.5M params, 2 bottlenecks (BatchNorm) per stage x 4 stages of 128-1024, 64x64 images",
             library="transformers",
             model_class="ResNetForImageClassification",
             requires=TRANSFORMERS,
@@ -221,17 +221,17 @@ CORPUS: dict[str, CorpusEntry] = {
         ),
         CorpusEntry(
             name="hf-convnext",
-            description="ConvNeXt, 2 layers per stage over 4 stages (32-256 channels), 64x64 images, 10 classes",
+            description="ConvNeXt, 6.4M params, 2 layers per stage x 4 stages of 64-512, 64x64 images, 10 classes",
             library="transformers",
             model_class="ConvNextForImageClassification",
             requires=TRANSFORMERS,
             builder=_lazy("autotune.zoo.hf", "build_convnext"),
-            sizes={"depth": 2, "width": 32, "image_size": 64, "num_samples": 4000, "batch_size": 32},
+            sizes={"depth": 2, "width": 64, "image_size": 64, "num_samples": 4000, "batch_size": 32},
             tiny={"depth": 1, "width": 8} | _IMAGES_TINY,
         ),
         CorpusEntry(
             name="lstm-lm",
-            description="LSTM LM, 4 residual nn.LSTM blocks x 256, context 128, synthetic Markov text",
+            description="LSTM LM, 2.2M params, 4 residual nn.LSTM blocks x 256, context 128, synthetic Markov text",
             library="torch",
             model_class="nn.LSTM",
             requires=None,
@@ -241,7 +241,7 @@ CORPUS: dict[str, CorpusEntry] = {
         ),
         CorpusEntry(
             name="gru-lm",
-            description="GRU LM, 4 residual nn.GRU blocks x 256, context 128, synthetic Markov text",
+            description="GRU LM, 1.7M params, 4 residual nn.GRU blocks x 256, context 128, synthetic Markov text",
             library="torch",
             model_class="nn.GRU",
             requires=None,

@@ -159,6 +159,13 @@ def test_the_data_is_learnable(name: str) -> None:
     assert losses[-1] < 0.9 * losses[0]
 
 
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_the_description_states_the_parameter_count_at_the_built_in_size(name: str) -> None:
+    stated = re.search(r"(\d+\.\d)M params", CORPUS[name].description)
+    assert stated is not None
+    assert float(stated.group(1)) == round(CORPUS[name].build().num_parameters / 1e6, 1)
+
+
 def test_load_workload_resolves_a_corpus_name_at_its_built_in_size() -> None:
     wl = load_workload("gru-lm")
     assert wl.source == "gru-lm"
