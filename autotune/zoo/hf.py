@@ -24,8 +24,16 @@ from autotune.errors import WorkloadError
 from autotune.workload import Workload
 from autotune.zoo.data import TensorDict, markov_corpus, prototype_images, seeded_init
 
-__all__ = ["hf_loss", "build_gpt2", "build_bert", "build_llama", "build_t5", "build_vit", "build_resnet"]
-__all__ += ["build_convnext"]
+__all__ = [
+    "hf_loss",
+    "build_gpt2",
+    "build_bert",
+    "build_llama",
+    "build_t5",
+    "build_vit",
+    "build_resnet",
+    "build_convnext",
+]
 
 _NUM_CLASSES = 10
 
