@@ -110,10 +110,14 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
     from autotune.report import workloads_table
     from autotune.zoo import BUILTINS
 
-    rows = []
+    rows: list[tuple[str, str, str, str, str, str]] = []
     for name, entry in BUILTINS.items():
+        if entry.requires is not None and not entry.requires.available():
+            rows.append((name, entry.source, entry.requires.hint, "-", "-", entry.description))
+            continue
         wl = entry.build()
-        rows.append((name, wl.num_parameters, len(wl.block_names()), wl.batch_size, entry.description))
+        counts = (f"{wl.num_parameters:,}", str(len(wl.block_names())), str(wl.batch_size))
+        rows.append((name, entry.source, *counts, entry.description))
     Console().print(workloads_table(rows))
     return 0
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
 from rich.table import Table
 
 from autotune.measurement.record import Measurement, MemoryBreakdown
@@ -123,17 +124,19 @@ def estimate_table(workload: str, config: TrainConfig, e: MemoryEstimate, budget
     return table
 
 
-def workloads_table(rows: Sequence[tuple[str, int, int, int, str]]) -> Table:
-    """Rows of (name, parameters, blocks, reference batch, description)."""
+def workloads_table(rows: Sequence[tuple[str, str, str, str, str, str]]) -> Table:
+    """Rows of (name, source, parameters, blocks, reference batch, description), already formatted
+    (a workload whose library is missing shows what to install instead of its counts)."""
     table = Table(title="built-in workloads", header_style="bold")
     for col, justify in (
         ("name", "left"),
+        ("source", "left"),
         ("parameters", "right"),
         ("blocks", "right"),
         ("batch", "right"),
         ("description", "left"),
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for name, params, blocks, batch, description in rows:
-        table.add_row(name, f"{params:,}", str(blocks), str(batch), description)
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))  # "autotune[hf]" is not rich markup
     return table

@@ -127,33 +127,99 @@ def block_names(model: torch.nn.Module, names: Sequence[str], *, workload: str) 
 
 
 def find_blocks(model: torch.nn.Module, *, workload: str = "?") -> tuple[str, ...]:
-    """Auto-detect the blocks: the children of the largest ``ModuleList``/``Sequential`` whose
-    children all have one type (largest = most children, then most parameters).
+    """Auto-detect the blocks, in ``named_modules`` (forward-definition) order.
+
+    1. **Declared blocks.** Hugging Face models name their block classes in
+       ``_no_split_modules`` (what accelerate and FSDP wrap on); the union over every submodule
+       is read, so a user's wrapper around a Hugging Face backbone counts too. Of the declared
+       classes present, those with two or more instances are kept if there are any (BERT and
+       ViT also declare their single embedding module), then the *innermost* ones: a class
+       whose instances contain instances of another kept class is dropped (ConvNeXt declares
+       both its stages and the layers inside them; the layers are the blocks). The blocks are
+       the instances of the remaining classes.
+    2. **Repeated modules in containers.** Otherwise the candidates are the children of every
+       ``nn.ModuleList``/``nn.Sequential``/``nn.ModuleDict`` (except ModuleLists and ModuleDicts,
+       which have no forward), grouped by class; the blocks are the group of two or more that
+       holds the most parameters (ties: the coarser group, with fewer members). Pooling across
+       containers gives a ResNet whose bottlenecks sit in four ``nn.Sequential`` stages all its
+       bottlenecks, not one stage.
+
+    Either way an instance nested inside another selected instance is dropped (outermost only).
 
     Raises:
-        WorkloadError: if the model has no such container (pass ``blocks=`` explicitly then).
+        WorkloadError: if neither rule finds blocks (pass ``blocks=`` explicitly then).
     """
+    modules = list(model.named_modules())
+    chosen = _declared_blocks(model, modules) or _repeated_in_containers(modules)
+    if not chosen:
+        raise WorkloadError(
+            f"Workload {workload!r}: cannot auto-detect blocks (no class of model._no_split_modules is "
+            "present, and no two or more same-class modules with parameters sit in an nn.ModuleList, "
+            "nn.Sequential or nn.ModuleDict); pass blocks=[...] to Workload."
+        )
+    return _outermost(chosen)
+
+
+def _declared_blocks(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]) -> list[str]:
+    """Rule 1 of :func:`find_blocks`: instances of the innermost repeated declared classes."""
+    declared: set[str] = set()
+    for module in model.modules():
+        declared.update(getattr(module, "_no_split_modules", None) or ())
+    by_class: dict[str, list[str]] = {}
+    for name, module in modules:
+        if name and type(module).__name__ in declared:
+            by_class.setdefault(type(module).__name__, []).append(name)
+    repeated = {cls: names for cls, names in by_class.items() if len(names) >= 2}
+    kept = repeated or by_class
+    # A class is outer if one of its instances contains an instance of another kept class.
+    outer = {
+        cls
+        for cls, names in kept.items()
+        for other, inner in kept.items()
+        if other != cls and any(_contains(n, i) for n in names for i in inner)
+    }
+    innermost = {cls for cls in kept if cls not in outer}
+    return [name for name, module in modules if name and type(module).__name__ in innermost]
+
+
+def _repeated_in_containers(modules: list[tuple[str, torch.nn.Module]]) -> list[str]:
+    """Rule 2 of :func:`find_blocks`: the same-class container children holding the most parameters."""
     import torch
 
-    best: tuple[int, int, str, torch.nn.Module] | None = None
-    for name, module in model.named_modules():
-        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+    containers = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+    order = {name: i for i, (name, _) in enumerate(modules)}
+    groups: dict[type[torch.nn.Module], dict[str, torch.nn.Module]] = {}
+    for name, module in modules:
+        if not isinstance(module, containers):
             continue
-        children = list(module.children())
-        if len(children) < 2 or len({type(c) for c in children}) != 1:
-            continue
-        if sum(p.numel() for p in module.parameters()) == 0:
-            continue
-        key = (len(children), sum(p.numel() for p in module.parameters()), name, module)
-        if best is None or key[:2] > best[:2]:
-            best = key
-    if best is None:
-        raise WorkloadError(
-            f"Workload {workload!r}: cannot auto-detect blocks (no nn.ModuleList or nn.Sequential "
-            "of two or more same-typed modules with parameters); pass blocks=[...] to Workload."
-        )
-    prefix = f"{best[2]}." if best[2] else ""
-    return tuple(f"{prefix}{child}" for child, _ in best[3].named_children())
+        for child_name, child in module.named_children():
+            # ModuleList/ModuleDict have no forward: never a block. A Sequential is a common one.
+            if not isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+                groups.setdefault(type(child), {})[f"{name}.{child_name}" if name else child_name] = child
+    best: tuple[int, int, int] | None = None
+    chosen: list[str] = []
+    for members in groups.values():
+        # Count each parameter once: tied weights are shared between members.
+        params = {id(p): p.numel() for m in members.values() for p in m.parameters()}
+        # Ties (blocks whose only parameters are their sub-layers') go to the coarser group: fewer
+        # members, then the one met first (an outer module comes before its submodules).
+        key = (sum(params.values()), -len(members), -min(order[n] for n in members))
+        if len(members) >= 2 and key[0] > 0 and (best is None or key > best):
+            best, chosen = key, list(members)
+    return sorted(chosen, key=order.__getitem__)
+
+
+def _contains(outer: str, inner: str) -> bool:
+    return inner.startswith(f"{outer}.")
+
+
+def _outermost(names: list[str]) -> tuple[str, ...]:
+    """Drop every name nested inside another name of the list (``names`` is in ``named_modules`` order)."""
+    kept: list[str] = []
+    for name in names:
+        if not any(_contains(k, name) for k in kept):
+            kept.append(name)
+    return tuple(kept)
 
 
 def load_workload(ref: str) -> Workload:

@@ -270,3 +270,21 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert (exit_info.value.code, capsys.readouterr().out) == (0, "autotune 0.1.0\n")
+
+
+def test_workloads_without_transformers_lists_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In-process, to make `import transformers` fail; a subset of the built-ins keeps it fast.
+    from autotune import cli, zoo
+    from autotune.zoo.corpus import installed_version
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.setattr(zoo, "BUILTINS", {name: zoo.BUILTINS[name] for name in ("gpt-tiny", "hf-gpt2", "lstm-lm")})
+    monkeypatch.setenv("COLUMNS", "400")  # one table row per line
+    assert cli.main(["workloads"]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("│")}
+    assert list(rows) == ["gpt-tiny", "hf-gpt2", "lstm-lm"]
+    assert "autotune" in rows["gpt-tiny"] and "1,263,616" in rows["gpt-tiny"]
+    assert "GPT2LMHeadModel" in rows["hf-gpt2"] and "pip install 'autotune[hf]'" in rows["hf-gpt2"]
+    assert f"torch {installed_version('torch')} nn.LSTM" in rows["lstm-lm"] and "2,238,976" in rows["lstm-lm"]

@@ -58,6 +58,17 @@ def _tracker_class() -> type[Any]:
             super().__init__()
             self.category_peaks: dict[str, int] = {}
 
+        # A module created inside forward (Hugging Face models build a CrossEntropyLoss() there) is
+        # gone by backward: MemTracker skips its per-module backward hooks, with a UserWarning
+        # each time. Skip them quietly: they only feed per-module stats, never the totals.
+        def _pre_bw_hook(self, module: torch.nn.Module | None, args: Any) -> None:
+            if module is not None:
+                super()._pre_bw_hook(module, args)
+
+        def _post_bw_hook(self, module: torch.nn.Module | None, args: Any) -> None:
+            if module is not None:
+                super()._post_bw_hook(module, args)
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if getattr(func, "is_view", False):
                 # A view allocates nothing: its storage is its base's. MemTracker would count a

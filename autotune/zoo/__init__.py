@@ -1,12 +1,28 @@
-"""Built-in workloads and the random-architecture generator.
+"""Built-in workloads, the real-model corpus and the random-architecture generator.
 
 ================ ==========================================================================
 gpt-tiny         GPT-2-style LM, ~1.3M parameters, context 64, on a synthetic Markov language
 gpt-small        GPT-2-style LM, ~10.9M parameters, context 128, same kind of language
 resnet-tiny      CIFAR-style ResNet-14, ~0.18M parameters, on synthetic 32x32 10-class images
 mlp-digits       residual MLP, ~0.55M parameters, on scikit-learn's bundled 8x8 digits
+hf-gpt2          transformers GPT2LMHeadModel, ~4.9M parameters, context 128, Markov text
+hf-bert          transformers BertForMaskedLM, ~5.0M parameters, 15% masked Markov text
+hf-llama         transformers LlamaForCausalLM, ~4.7M parameters, context 128, Markov text
+hf-t5            transformers T5ForConditionalGeneration, ~7.5M, 64 tokens -> the next 32
+hf-vit           transformers ViTForImageClassification, ~2.7M, 32x32 prototype images
+hf-resnet        transformers ResNetForImageClassification, ~3.5M, bottlenecks, 64x64 images
+hf-convnext      transformers ConvNextForImageClassification, ~6.4M, 64x64 images
+lstm-lm          4 residual nn.LSTM blocks, ~2.2M parameters, context 128, Markov text
+gru-lm           4 residual nn.GRU blocks, ~1.7M parameters, context 128, Markov text
 random:SEED      a generated architecture (mlp / attention / conv blocks), 0.05M-3M parameters
 ================ ==========================================================================
+
+The ``hf-*``, ``lstm-lm`` and ``gru-lm`` workloads are the *corpus* (:mod:`autotune.zoo.corpus`):
+third-party model classes built from their config classes with random initialisation (nothing
+is downloaded), at any size: ``CORPUS[name].build(**overrides)``, ``CORPUS[name].tiny`` for
+tests. The ``hf-*`` ones need transformers (``pip install 'autotune[hf]'``). Vision models come
+from transformers because torchvision (and timm, which needs it) does not import beside the
+local CPU torch wheel this project is developed on (``operator torchvision::nms does not exist``).
 
 Every builder is deterministic: building twice gives bit-identical weights and data. Importing
 this package does not import torch (``autotune`` must import fast); each builder imports its
@@ -21,22 +37,36 @@ from typing import TYPE_CHECKING
 
 from autotune.errors import WorkloadError
 from autotune.workload import Workload
+from autotune.zoo.corpus import CORPUS, CorpusEntry, Requirement, build_corpus
 
 if TYPE_CHECKING:
     from typing import Unpack
 
     from autotune.zoo.random_arch import RandomOverrides
 
-__all__ = ["ZooEntry", "BUILTINS", "random_workload", "random_workload_from_ref"]
+__all__ = [
+    "ZooEntry",
+    "BUILTINS",
+    "CORPUS",
+    "CorpusEntry",
+    "Requirement",
+    "build_corpus",
+    "random_workload",
+    "random_workload_from_ref",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ZooEntry:
-    """A built-in workload: its name, a one-line description and its builder."""
+    """A built-in workload: its name, a one-line description, its builder, where its model class
+    comes from (``source``: ``autotune`` or e.g. ``transformers 5.23.0 GPT2LMHeadModel``, with the
+    version installed when the entry was made) and the optional dependency it needs, if any."""
 
     name: str
     description: str
     build: Callable[[], Workload]
+    source: str = "autotune"
+    requires: Requirement | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -45,6 +75,8 @@ class ZooEntry:
             raise WorkloadError(f"ZooEntry.description must be a non-empty string, but got {self.description!r}.")
         if not callable(self.build):
             raise WorkloadError(f"ZooEntry.build must be callable, but got {self.build!r}.")
+        if not isinstance(self.source, str) or not self.source:
+            raise WorkloadError(f"ZooEntry.source must be a non-empty string, but got {self.source!r}.")
 
 
 def _gpt_tiny() -> Workload:
@@ -93,6 +125,10 @@ BUILTINS: dict[str, ZooEntry] = {
             name="mlp-digits",
             description="residual MLP, 0.55M params, 4 blocks x 256, scikit-learn digits (8x8, 10 classes)",
             build=_mlp_digits,
+        ),
+        *(
+            ZooEntry(name=c.name, description=c.description, build=c.build, source=c.source, requires=c.requires)
+            for c in CORPUS.values()
         ),
     )
 }

@@ -16,7 +16,14 @@ from torch.utils.data import Dataset
 
 from autotune.errors import WorkloadError
 
-__all__ = ["TokenSequences", "seeded_init", "classification_loss", "markov_corpus", "prototype_images"]
+__all__ = [
+    "TokenSequences",
+    "TensorDict",
+    "seeded_init",
+    "classification_loss",
+    "markov_corpus",
+    "prototype_images",
+]
 
 
 @contextmanager
@@ -56,6 +63,25 @@ class TokenSequences(Dataset[torch.Tensor]):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return self.tokens[index]
+
+
+class TensorDict(Dataset[dict[str, torch.Tensor]]):
+    """A map-style dataset of named tensors with a common first dimension: item ``i`` is
+    ``{name: tensor[i]}``, the batch layout of Hugging Face models (``model(**batch)``)."""
+
+    def __init__(self, **tensors: torch.Tensor) -> None:
+        sizes = {name: t.size(0) if t.dim() > 0 else None for name, t in tensors.items()}
+        if not tensors or len(set(sizes.values())) != 1 or None in sizes.values():
+            raise WorkloadError(
+                f"TensorDict needs one or more tensors with the same first dimension, but got sizes {sizes!r}."
+            )
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return next(iter(self.tensors.values())).size(0)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {name: t[index] for name, t in self.tensors.items()}
 
 
 def markov_corpus(

@@ -18,7 +18,7 @@ from torch.utils.data import default_collate
 
 from autotune.errors import WorkloadError
 from autotune.workload import Workload, load_workload
-from autotune.zoo import BUILTINS, ZooEntry, random_workload, random_workload_from_ref
+from autotune.zoo import BUILTINS, CORPUS, ZooEntry, random_workload, random_workload_from_ref
 from autotune.zoo.random_arch import MAX_PARAMS, MAX_STEP_FLOPS, MIN_PARAMS, count_parameters, sample_spec
 
 # name -> (stated parameter range, exact count today, number of blocks)
@@ -67,10 +67,12 @@ def test_importing_zoo_does_not_import_torch_or_sklearn() -> None:
 
 
 def test_builtins_have_exactly_the_documented_names() -> None:
-    assert sorted(BUILTINS) == ["gpt-small", "gpt-tiny", "mlp-digits", "resnet-tiny"]
+    own = ["gpt-tiny", "gpt-small", "resnet-tiny", "mlp-digits"]
+    assert list(BUILTINS) == own + list(CORPUS)  # the corpus has its own tests (test_corpus.py)
     for name, entry in BUILTINS.items():
         assert entry.name == name
         assert entry.description
+        assert (entry.source == "autotune") == (name in own)
 
 
 @pytest.mark.parametrize(
@@ -79,6 +81,7 @@ def test_builtins_have_exactly_the_documented_names() -> None:
         ({"name": ""}, "ZooEntry.name must be a non-empty string, but got ''."),
         ({"description": ""}, "ZooEntry.description must be a non-empty string, but got ''."),
         ({"build": 3}, "ZooEntry.build must be callable, but got 3."),
+        ({"source": ""}, "ZooEntry.source must be a non-empty string, but got ''."),
     ],
 )
 def test_zoo_entry_validates_each_field(kwargs: dict[str, Any], msg: str) -> None:
