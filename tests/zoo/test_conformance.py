@@ -67,5 +67,5 @@ def test_study_exports_and_tune(name: str, tmp_path: Path, capsys: pytest.Captur
     assert "forward" not in vars(fresh.model.get_submodule(fresh.block_names()[0]))
     assert all(torch.equal(before[k], v) for k, v in fresh.model.named_parameters())
 
-    out = _cli(capsys, "tune", ref, "--steps", "2", "--steps-per-action", "1", "--memory-budget", "75%")
+    out = _cli(capsys, "tune", ref, "--steps", "2", "--steps-per-action", "2", "--memory-budget", "75%")
     assert "final config" in out
