@@ -8,9 +8,8 @@ CPU, where bf16 around ``nn.LSTM`` also fails). Each config is measured for real
 relative error of the predicted peak (median / p90 / max of |error|) and whether the profile was
 verified. A workload that cannot be profiled is listed with the reason.
 
-Default workloads: the built-in ones, plus the real-model corpus names when the zoo has them
-(``lstm-lm hf-gpt2 hf-bert hf-llama hf-vit hf-t5 hf-resnet hf-convnext``; names it lacks are
-skipped). Any ``load_workload`` reference works (``path/file.py:build``).
+Default workloads: every built-in one, the real-model corpus included (``autotune workloads``),
+at its built-in size. Any ``load_workload`` reference works (``path/file.py:build``).
 
 Run: python benchmarks/prediction_error.py [--workloads a,b] [--micro 2,8] [--bf16]
 """
@@ -24,11 +23,9 @@ import warnings
 import torch
 
 from autotune import TrainConfig, Workload, load_workload, measure, predict_memory
-from autotune.errors import PredictionError, PredictionWarning, WorkloadError
+from autotune.errors import PredictionError, PredictionWarning
 from autotune.memory_profile import profile_memory
 from autotune.zoo import BUILTINS
-
-CORPUS = ("lstm-lm", "hf-gpt2", "hf-bert", "hf-llama", "hf-vit", "hf-t5", "hf-resnet", "hf-convnext")
 
 
 def grid(n: int, micro: list[int], bf16: bool) -> list[TrainConfig]:
@@ -70,11 +67,11 @@ def row(workload: Workload, configs: list[TrainConfig]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", help="comma-separated references (default: built-ins + corpus present)")
+    parser.add_argument("--workloads", help="comma-separated references (default: every built-in)")
     parser.add_argument("--micro", default="2,8", help="micro-batch sizes (default 2,8)")
     parser.add_argument("--bf16", action="store_true", help="also bf16 on every block (slow on AVX2)")
     args = parser.parse_args()
-    refs = args.workloads.split(",") if args.workloads else [*BUILTINS, *CORPUS]
+    refs = args.workloads.split(",") if args.workloads else list(BUILTINS)
     micro = [int(x) for x in args.micro.split(",")]
     print(
         f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
@@ -84,12 +81,7 @@ def main() -> None:
     print("| workload | configs | median error | p90 | max | verified |")
     print("|---|---|---|---|---|---|")
     for ref in refs:
-        try:
-            workload = load_workload(ref)
-        except WorkloadError:
-            if ref in CORPUS:
-                continue  # the corpus is landing separately: skip names the zoo does not have yet
-            raise
+        workload = load_workload(ref)
         print(row(workload, grid(len(workload.block_names()), micro, args.bf16)), flush=True)
 
 
