@@ -144,13 +144,24 @@ def find_blocks(model: torch.nn.Module, *, workload: str = "?") -> tuple[str, ..
        containers gives a ResNet whose bottlenecks sit in four ``nn.Sequential`` stages all its
        bottlenecks, not one stage.
 
-    Either way an instance nested inside another selected instance is dropped (outermost only).
+    Either way, blocks must run one after another, each taking what the one before it made:
+    per-block checkpointing recomputes stretches of them, and the memory model composes a config
+    from them block by block. Units found in *parallel branches* of a repeated module are not
+    such a chain: Hugging Face's ResNet declares its conv layers and, beside them in each
+    bottleneck, the shortcut, with the residual add in neither. When the found units inside some
+    instance of a repeated (two or more instances), non-container module class sit in more than
+    one container, the instances of the innermost such class become the blocks instead (the
+    bottlenecks; the stem's conv layer, outside them, is not a block: with it the composition
+    was 9.7% off). Measured on that ResNet with every other block checkpointed: the conv layers
+    as blocks mispredict the peak by up to 8%, the bottlenecks by 0.02%. Then an instance nested
+    inside another selected instance is dropped (outermost only).
 
     Raises:
         WorkloadError: if neither rule finds blocks (pass ``blocks=`` explicitly then).
     """
     modules = list(model.named_modules())
     chosen = _declared_blocks(model, modules) or _repeated_in_containers(modules)
+    chosen = _without_parallel_branches(chosen, modules)
     if not chosen:
         raise WorkloadError(
             f"Workload {workload!r}: cannot auto-detect blocks (no class of model._no_split_modules is "
@@ -207,6 +218,35 @@ def _repeated_in_containers(modules: list[tuple[str, torch.nn.Module]]) -> list[
         if len(members) >= 2 and key[0] > 0 and (best is None or key > best):
             best, chosen = key, list(members)
     return sorted(chosen, key=order.__getitem__)
+
+
+def _without_parallel_branches(chosen: list[str], modules: list[tuple[str, torch.nn.Module]]) -> list[str]:
+    """The rule's chain condition (see :func:`find_blocks`): climb out of parallel branches."""
+    import torch
+
+    containers = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+    by_class: dict[type[torch.nn.Module], list[str]] = {}
+    for name, module in modules:
+        if name and not isinstance(module, containers):
+            by_class.setdefault(type(module), []).append(name)
+    splitting: list[list[str]] = []
+    for names in by_class.values():
+        if len(names) < 2:
+            continue
+        for outer in names:
+            parents = {c.rpartition(".")[0] for c in chosen if _contains(outer, c)}
+            if len(parents) >= 2 and outer not in chosen:
+                splitting.append(names)
+                break
+    if not splitting:
+        return chosen
+    # The innermost splitting class: its instances contain no instance of another splitting class.
+    inner = next(
+        names
+        for names in splitting
+        if not any(other is not names and any(_contains(n, o) for n in names for o in other) for other in splitting)
+    )
+    return inner
 
 
 def _contains(outer: str, inner: str) -> bool:

@@ -214,3 +214,35 @@ def test_loaded_workloads_remember_their_source() -> None:
     assert load_workload("tests.data.my_workload:build").source == "tests.data.my_workload:build"
     relative = USER.relative_to(Path.cwd())
     assert load_workload(f"{relative}:build").source == f"{USER}:build"
+
+
+def test_declared_units_in_parallel_branches_give_way_to_the_module_that_holds_them() -> None:
+    """Hugging Face's ResNet declares its conv layers and the shortcut beside them: not a chain of
+    blocks (the residual add is in neither), so the repeated bottleneck holding them is the block."""
+
+    class ConvLayer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x).relu()
+
+    class Bottleneck(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shortcut = ConvLayer()
+            self.layer = nn.Sequential(ConvLayer(), ConvLayer())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(x) + self.shortcut(x)
+
+    class Net(nn.Module):
+        _no_split_modules = ["ConvLayer"]
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = ConvLayer()
+            self.stages = nn.ModuleList(nn.Sequential(Bottleneck(), Bottleneck()) for _ in range(2))
+
+    assert find_blocks(Net()) == ("stages.0.0", "stages.0.1", "stages.1.0", "stages.1.1")

@@ -17,8 +17,6 @@ from autotune.workload import Workload, load_workload
 from autotune.zoo import BUILTINS, CORPUS, build_corpus
 from autotune.zoo.corpus import CorpusEntry, installed_version
 
-_RESNET_STAGE = ("shortcut", "layer.0", "layer.1", "layer.2")
-
 #: The auto-detected blocks of every corpus model at its tiny size (see find_blocks).
 EXPECTED_BLOCKS = {
     "hf-gpt2": ("transformer.h.0", "transformer.h.1"),
@@ -26,11 +24,9 @@ EXPECTED_BLOCKS = {
     "hf-llama": ("model.layers.0", "model.layers.1"),
     "hf-t5": ("encoder.block.0", "decoder.block.0"),
     "hf-vit": ("vit.layers.0", "vit.layers.1"),
-    # ResNet declares its conv-BN-activation layers and projection shortcuts (not the bottlenecks).
-    "hf-resnet": (
-        "resnet.embedder.embedder",
-        *(f"resnet.encoder.stages.{s}.layers.0.{part}" for s in range(4) for part in _RESNET_STAGE),
-    ),
+    # ResNet declares its conv-BN-activation layers and, beside them in each bottleneck, the
+    # projection shortcut: parallel branches, so the bottlenecks that hold them are the blocks.
+    "hf-resnet": tuple(f"resnet.encoder.stages.{s}.layers.0" for s in range(4)),
     # ConvNeXt declares its stages and the layers inside them: the innermost (layers) are the blocks.
     "hf-convnext": tuple(f"convnext.encoder.stages.{s}.layers.0" for s in range(4)),
     "lstm-lm": ("blocks.0", "blocks.1"),
@@ -44,7 +40,7 @@ BLOCK_CLASSES = {
     "hf-llama": {"LlamaDecoderLayer"},
     "hf-t5": {"T5Block"},
     "hf-vit": {"ViTLayer"},
-    "hf-resnet": {"ResNetConvLayer", "ResNetShortCut"},
+    "hf-resnet": {"ResNetBottleNeckLayer"},
     "hf-convnext": {"ConvNextLayer"},
     "lstm-lm": {"RecurrentBlock"},
     "gru-lm": {"RecurrentBlock"},
