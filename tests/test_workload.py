@@ -238,7 +238,7 @@ def test_declared_units_in_parallel_branches_give_way_to_the_module_that_holds_t
             return self.layer(x) + self.shortcut(x)
 
     class Net(nn.Module):
-        _no_split_modules = ["ConvLayer"]
+        _no_split_modules = ("ConvLayer",)
 
         def __init__(self) -> None:
             super().__init__()
