@@ -144,6 +144,26 @@ class TrainConfig:
 
     # ---- serialization ----------------------------------------------------------------------------
 
+    def knob_cells(self) -> tuple[str, str, str, str]:
+        """(micro x accum x ranks, precision, checkpointed blocks, ZeRO stage), short, for tables."""
+        precisions = self.precision if isinstance(self.precision, tuple) else None
+        checkpoints = self.checkpoint if isinstance(self.checkpoint, tuple) else None
+        if precisions is None:
+            prec = str(self.precision)
+        else:
+            low = [p for p in precisions if p != "fp32"]
+            prec = f"{low[0] if low else 'fp32'} {len(low)}/{len(precisions)}"
+        if checkpoints is None:
+            ckpt = "all" if self.checkpoint else "none"
+        else:
+            ckpt = f"{sum(checkpoints)}/{len(checkpoints)}"
+        return f"{self.micro_batch_size}x{self.grad_accum_steps}x{self.ranks}", prec, ckpt, str(self.zero_stage)
+
+    def describe(self) -> str:
+        """One line: ``micro x acc x ranks 8x4x1 | bf16 6/6 | ckpt 3/6 | ZeRO 0``."""
+        batch, prec, ckpt, zero = self.knob_cells()
+        return f"micro x acc x ranks {batch} | {prec} | ckpt {ckpt} | ZeRO {zero}"
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for key in ("precision", "checkpoint"):

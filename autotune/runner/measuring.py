@@ -69,7 +69,7 @@ def measure(
     except Exception as e:
         if not is_out_of_memory(e):
             raise TrainingError(
-                f"training {workload.name!r} failed under {config.to_dict()}: {type(e).__name__}: {e}"
+                f"training {workload.name!r} failed under {config.describe()}: {type(e).__name__}: {e}"
             ) from e
         status, reason = "oom", f"out of memory: {str(e).splitlines()[0]}"
     finally:

@@ -187,7 +187,7 @@ def _after_failure(workload: Workload, job: Job, run_dir: Path, error: LaunchErr
         return [*done, _failed(workload.name, job, config, reason)]
     if first.type in USER_ERRORS:
         raise USER_ERRORS[first.type](first.message)
-    where = f"training {workload.name!r} failed under {config.to_dict()} on rank {first.rank}"
+    where = f"training {workload.name!r} failed under {config.describe()} on rank {first.rank}"
     raise TrainingError(f"{where}: {first.type}: {first.message}")
 
 

@@ -29,8 +29,7 @@ __all__ = ["ProgressDisplay", "config_summary", "summary_view"]
 
 def config_summary(c: TrainConfig) -> str:
     """One line: ``micro x acc x ranks 8x4x1 | bf16 6/6 | ckpt 3/6 | ZeRO 0``."""
-    batch, prec, ckpt, zero = _knob_cells(c)
-    return f"micro x acc x ranks {batch} | {prec} | ckpt {ckpt} | ZeRO {zero}"
+    return c.describe()
 
 
 class ProgressDisplay(StudyObserver):
@@ -83,19 +82,6 @@ def _num(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _knob_cells(c: TrainConfig) -> tuple[str, str, str, str]:
-    """(micro x accum x ranks, precision, checkpointed blocks, ZeRO stage) for a table row."""
-    precisions = c.precision if isinstance(c.precision, tuple) else None
-    checkpoints = c.checkpoint if isinstance(c.checkpoint, tuple) else None
-    if precisions is None:
-        prec = str(c.precision)
-    else:
-        low = [p for p in precisions if p != "fp32"]
-        prec = f"{low[0] if low else 'fp32'} {len(low)}/{len(precisions)}"
-    ckpt = ("all" if c.checkpoint else "none") if checkpoints is None else f"{sum(checkpoints)}/{len(checkpoints)}"
-    return f"{c.micro_batch_size}x{c.grad_accum_steps}x{c.ranks}", prec, ckpt, str(c.zero_stage)
-
-
 def _front_table(s: StudySummary) -> Table:
     t = Table(title=f"Pareto front of {s.name!r}: max {s.metric}, min peak memory")
     columns = ("trial", "micro x acc x ranks", "precision", "ckpt", "ZeRO", f"{s.metric}/s", "peak", "per GiB", "note")
@@ -105,7 +91,7 @@ def _front_table(s: StudySummary) -> Table:
         assert r.config is not None
         note = ", ".join(x for x in (r.baseline, r is s.recommended and "RECOMMENDED") if x)
         t.add_row(
-            str(r.number), *_knob_cells(r.config), _num(r.objective), format_bytes(r.peak_bytes), _num(r.per_gib), note
+            str(r.number), *r.config.knob_cells(), _num(r.objective), format_bytes(r.peak_bytes), _num(r.per_gib), note
         )
     return t
 

@@ -109,7 +109,7 @@ def test_the_cli_measures_zero3_on_two_ranks() -> None:
 def test_a_failing_rank_is_reported_with_its_message() -> None:
     wl = load_workload(f"{HERE / 'zero_workloads.py'}:fails_on_rank_1")
     config = TrainConfig(micro_batch_size=8, ranks=2, zero_stage=1)
-    msg = f"training 'my-net-fails' failed under {config.to_dict()} on rank 1: RuntimeError: rank 1 refuses this batch"
+    msg = f"training 'my-net-fails' failed under {config.describe()} on rank 1: RuntimeError: rank 1 refuses this batch"
     with pytest.raises(TrainingError, match=f"^{re.escape(msg)}$"):
         measure(wl, config, steps=1, warmup=1)
 
