@@ -74,7 +74,8 @@ def test_readme_command_parses(line: int, command: str) -> None:
 
 
 def _run_dashboard(words: list[str], cwd: Path, env: dict[str, str]) -> None:
-    """The dashboard serves until Ctrl-C: start it, wait for its page, then stop it as a user would."""
+    """The dashboard serves until stopped: start it, wait for its page, then stop it. SIGTERM, not
+    SIGINT: a shell that starts this run in the background ignores SIGINT for all its children."""
     port = words[words.index("--port") + 1] if "--port" in words else "8080"
     proc = subprocess.Popen(words, cwd=cwd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
     try:
@@ -89,7 +90,7 @@ def _run_dashboard(words: list[str], cwd: Path, env: dict[str, str]) -> None:
                 assert time.monotonic() < deadline, "the dashboard did not answer within 60 s"
                 time.sleep(0.5)
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
 
 
