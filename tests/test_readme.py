@@ -85,7 +85,9 @@ def _run_dashboard(words: list[str], cwd: Path, env: dict[str, str]) -> None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
                     assert page.status == 200
-                    break
+                time.sleep(1)
+                assert proc.poll() is None, "the page answered, but not from this dashboard (port taken?)"
+                break
             except OSError:
                 assert time.monotonic() < deadline, "the dashboard did not answer within 60 s"
                 time.sleep(0.5)
