@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from autotune.config import TrainConfig
+from autotune.errors import MeasurementFailed, TrialFailed
 from autotune.knobs import Knobs
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.measurement.record import Measurement
 from autotune.search.baselines import PYTORCH_DEFAULT, smaller_micro_batch
 from autotune.search.cache import MeasurementCache, cache_key
-from autotune.search.isolation import MeasurementFailed
 from autotune.search.predictor import MemoryPredictor
 from autotune.search.record import ATTR, MIB
 from autotune.search.space import SearchSpace
@@ -43,10 +43,6 @@ __all__ = ["Measurer", "Objective", "TrialFailed", "set_constraints"]
 # does not read (NOTES.md); samplers and the dashboard both read the older "constraints" list
 # that `constraints_func` (deprecated in Optuna 5) used to write. We write that list ourselves.
 _CONSTRAINTS_KEY = "constraints"
-
-
-class TrialFailed(Exception):
-    """A trial that produced no measurement; the study records the reason and goes on."""
 
 
 class Measurer(Protocol):
