@@ -21,10 +21,11 @@ from autotune.errors import ConfigError
 from autotune.measurement.memory import tracked_step
 from autotune.measurement.oom import is_out_of_memory
 from autotune.profile import profile_blocks
+from autotune.resolve import load_workload
 from autotune.runner.local import StepResult, Trainer
 from autotune.runner.session import RankSession, SessionStep
 from autotune.units import MemoryBudget
-from autotune.workload import Workload, load_workload
+from autotune.workload import Workload
 
 __all__ = ["TrainingEnv"]
 

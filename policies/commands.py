@@ -49,7 +49,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from autotune.envs.calibration import calibrate, save_profile
     from rich.console import Console
 
-    from autotune.workload import load_workload
+    from autotune.resolve import load_workload
 
     workload = load_workload(args.workload)
     out = args.out or Path(f"{workload.name}.profile.json")

@@ -154,7 +154,7 @@ def _serve(conn: Connection, source: str, threads: int | None, device: str | Non
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     import torch
 
-    from autotune.workload import load_workload
+    from autotune.resolve import load_workload
     from autotune.runner import measure
 
     if threads is not None:

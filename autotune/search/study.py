@@ -123,7 +123,7 @@ class StudyObserver:
 def prepare(spec: StudySpec) -> Prepared:
     """Load the workload and check the spec against it; writes nothing anywhere."""
     from autotune.profile import profile_blocks
-    from autotune.workload import load_workload
+    from autotune.resolve import load_workload
 
     workload = load_workload(spec.workload)
     batches = spec.space.effective_batch_sizes or (workload.batch_size,)
