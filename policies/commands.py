@@ -70,7 +70,7 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
     from autotune.policies.ppo import RANK_CHOICES, save_policy, train_policy
 
     # A 64x64 MLP on batches of 256: one thread does it; a second only contends with the
-    # environments' Python (NOTES: under contention two threads can be slower than one).
+    # environments' Python (measured on 2 cores shared with other processes: two threads can be slower than one).
     torch.set_num_threads(1)
     profiles = [load_profile(p) for p in args.profiles] if args.profiles else shipped_profiles()
     model = train_policy(timesteps=args.timesteps, profiles=profiles, randomize=not args.no_randomize,

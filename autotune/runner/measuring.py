@@ -45,7 +45,7 @@ def measure(
     """
     _check_args(steps=steps, warmup=warmup, memory_budget=memory_budget)
     if config.zero_stage > 0 or config.ranks > 1:
-        from autotune.runner.multirank import measure_ranks  # DeepSpeed ranks: issue #3
+        from autotune.runner.multirank import measure_ranks  # lazy: the launcher and job schema
 
         runs = measure_ranks(
             workload,

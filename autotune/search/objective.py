@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["Measurer", "Objective", "TrialFailed", "set_constraints"]
 
 # Optuna 5's `Trial.set_constraint` writes "constraints:<name>" keys, which optuna-dashboard 0.21
-# does not read (NOTES.md); samplers and the dashboard both read the older "constraints" list
+# does not read (checked with optuna 5.0.0); samplers and the dashboard both read the older "constraints" list
 # that `constraints_func` (deprecated in Optuna 5) used to write. We write that list ourselves.
 _CONSTRAINTS_KEY = "constraints"
 
@@ -122,7 +122,7 @@ class Objective:
         try:
             predicted = self.predictor(self.workload, config)
         except Exception as e:
-            # The memory model is an optional add-on developed on its own (issue #3): whatever it
+            # The memory model is an optional add-on developed on its own: whatever it
             # raises, the trial is measured as if there were no model, and the error is recorded.
             trial.set_user_attr(ATTR.PREDICTION_ERROR, f"{type(e).__name__}: {e}")
             return
