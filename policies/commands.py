@@ -116,8 +116,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             if terminated:
                 break
         console.print(table)
-        console.print(f"return {total:+.3f}; default config: {env._config(start_levels).to_dict()}")
-        console.print(f"final config:   {env._config(env.levels).to_dict()}")
+        console.print(f"return {total:+.3f}; default config: {env.config_of(start_levels).to_dict()}")
+        console.print(f"final config:   {env.config_of(env.levels).to_dict()}")
         # The shared encoding (autotune.knobs): the same point in a study's terms, to check it there.
         console.print(f"final knobs:    {env.knobs}")
     finally:
