@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from autotune.knobs import Knobs
     from autotune.measurement import Measurement, MemoryBreakdown, NoiseEstimate, RankResult
     from autotune.memory_model import MemoryEstimate, predict_memory
+    from autotune.resolve import load_workload
     from autotune.runner import measure
-    from autotune.workload import Workload, load_workload
+    from autotune.workload import Workload
 
 __version__ = "0.1.0"
 
@@ -44,7 +45,7 @@ _LAZY = {
     "TrainConfig": "autotune.config",
     "Knobs": "autotune.knobs",
     "Workload": "autotune.workload",
-    "load_workload": "autotune.workload",
+    "load_workload": "autotune.resolve",
     "Measurement": "autotune.measurement",
     "MemoryBreakdown": "autotune.measurement",
     "NoiseEstimate": "autotune.measurement",

@@ -124,9 +124,9 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 def _cmd_measure(args: argparse.Namespace) -> int:
     from autotune.memory_model import budget_bytes
+    from autotune.resolve import load_workload
     from autotune.runner.local import resolve_device
     from autotune.units import parse_memory_budget
-    from autotune.workload import load_workload
 
     budget = parse_memory_budget(args.memory_budget) if args.memory_budget else None
     device = resolve_device(args.device)  # no CUDA, or no such device: one line before any work
@@ -173,8 +173,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from autotune.memory_check import unverified_message
     from autotune.memory_model import budget_bytes, predict_memory
     from autotune.report import estimate_table
+    from autotune.resolve import load_workload
     from autotune.units import parse_memory_budget
-    from autotune.workload import load_workload
 
     budget = parse_memory_budget(args.memory_budget) if args.memory_budget else None
     if args.export_deepspeed is not None:

@@ -70,3 +70,44 @@ class PredictionWarning(AutotuneWarning):
 
 
 __all__ += ["PredictionError", "AutotuneWarning", "PredictionWarning"]
+
+
+class LaunchError(TrainingError):
+    """torchrun exited with a non-zero status (a rank failed, or the launch timed out)."""
+
+
+class SessionError(TrainingError):
+    """A rank failed, stopped answering or exited, or the session is closed; the session is over."""
+
+
+class RankTraceback(Exception):
+    """A rank's own traceback (its exception lives in another process), chained as the cause.
+
+    Not an :class:`AutotuneError`: it is never raised, only attached as ``__cause__`` of the
+    error that is (a :class:`SessionError` or the rank's user error), to show where it began.
+    """
+
+
+class MeasurementFailed(Exception):
+    """A measurement ended without a result (training error, time limit, crash): ``reason`` says why.
+
+    Not an :class:`AutotuneError`: it is an expected outcome of a trial, not a user mistake, and
+    must not reach the CLI's ``except AutotuneError`` (exit code 2). The objective catches it, marks
+    the trial failed with the reason and the study goes on.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TrialFailed(Exception):
+    """A trial that produced no measurement; the study records the reason and goes on.
+
+    Not an :class:`AutotuneError`: Optuna's ``study.optimize(catch=(TrialFailed,))`` catches
+    exactly this type, so that any other error raised in a trial (a :class:`WorkloadError`: the
+    workload is broken for every config) still stops the study instead of failing every trial.
+    """
+
+
+__all__ += ["LaunchError", "SessionError", "RankTraceback", "MeasurementFailed", "TrialFailed"]

@@ -3,7 +3,8 @@
 Each corpus model (``autotune.zoo.CORPUS``) is built at its built-in size (or ``--tiny``) and
 measured with ``autotune.measure`` at one micro-batch (fp32, no checkpointing): median step time
 over ``--steps`` timed steps and the exact peak tensor bytes. The CPU capability and thread count
-are printed with the figures, since both change them (see NOTES.md).
+are printed with the figures, since both change them (bf16 is far slower than fp32 on a CPU without bf16
+units, and faster on one with AMX).
 
 Run: python benchmarks/corpus.py [--tiny] [--micro-batch 8] [--steps 5] [--names hf-gpt2,lstm-lm]
 """

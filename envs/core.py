@@ -57,8 +57,8 @@ class ModelDescriptor:
 
 @dataclass(frozen=True, kw_only=True)
 class MachineDescriptor:
-    """What a policy knows of the machine: measured, never assumed (NOTES: bf16 is ~20x slower
-    than fp32 on an AVX2 CPU and faster on an Ampere GPU)."""
+    """What a policy knows of the machine: measured, never assumed (on this project's machines bf16
+    was ~20x slower than fp32 on an AVX2 CPU with no bf16 units, and faster on an Ampere GPU)."""
 
     reduced_speed: float  # throughput of a reduced-precision step relative to fp32
     budget_ratio: float  # memory budget / model-state bytes (params + grads + optimizer state)

@@ -49,7 +49,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from autotune.envs.calibration import calibrate, save_profile
     from rich.console import Console
 
-    from autotune.workload import load_workload
+    from autotune.resolve import load_workload
 
     workload = load_workload(args.workload)
     out = args.out or Path(f"{workload.name}.profile.json")
@@ -70,7 +70,7 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
     from autotune.policies.ppo import RANK_CHOICES, save_policy, train_policy
 
     # A 64x64 MLP on batches of 256: one thread does it; a second only contends with the
-    # environments' Python (NOTES: under contention two threads can be slower than one).
+    # environments' Python (measured on 2 cores shared with other processes: two threads can be slower than one).
     torch.set_num_threads(1)
     profiles = [load_profile(p) for p in args.profiles] if args.profiles else shipped_profiles()
     model = train_policy(timesteps=args.timesteps, profiles=profiles, randomize=not args.no_randomize,
@@ -116,8 +116,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             if terminated:
                 break
         console.print(table)
-        console.print(f"return {total:+.3f}; default config: {env._config(start_levels).to_dict()}")
-        console.print(f"final config:   {env._config(env.levels).to_dict()}")
+        console.print(f"return {total:+.3f}; default config: {env.config_of(start_levels).to_dict()}")
+        console.print(f"final config:   {env.config_of(env.levels).to_dict()}")
         # The shared encoding (autotune.knobs): the same point in a study's terms, to check it there.
         console.print(f"final knobs:    {env.knobs}")
     finally:

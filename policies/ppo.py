@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from autotune.envs.calibration import WorkloadProfile
 from autotune.envs.core import OBSERVATION_SIZE
-from autotune.envs.simulated import SimulatedEnv
 
 from autotune.errors import ConfigError
 
@@ -55,18 +54,6 @@ class Policy:
             )
 
 
-def _make_env(
-    profiles: Sequence[WorkloadProfile] | None, randomize: bool, budget: float | None
-) -> Callable[[], gym.Env[Any, Any]]:
-    def make() -> gym.Env[Any, Any]:
-        # Randomized training also draws the rank count, so the ZeRO action has something to teach.
-        env = SimulatedEnv(profiles=profiles, randomize=randomize, memory_budget=budget,
-                           ranks=RANK_CHOICES if randomize else 1)  # fmt: skip
-        return gym.wrappers.TimeLimit(env, max_episode_steps=env.horizon)
-
-    return make
-
-
 def train_policy(
     *,
     timesteps: int,
@@ -84,7 +71,13 @@ def train_policy(
     from stable_baselines3.common.env_util import make_vec_env
 
     torch.manual_seed(seed)
-    venv = make_vec_env(_make_env(profiles, randomize, memory_budget), n_envs=n_envs, seed=seed)
+    # The registered env (``gym.make``): its TimeLimit comes from the registration's max_episode_steps.
+    # Randomized training also draws the rank count, so the ZeRO action has something to teach.
+    # A callable, not the id: given an id, make_vec_env asks for render_mode="rgb_array", which the
+    # env does not offer (Gymnasium warns).
+    env_kwargs: dict[str, Any] = {"profiles": profiles, "randomize": randomize, "memory_budget": memory_budget,
+                  "ranks": RANK_CHOICES if randomize else 1}  # fmt: skip
+    venv = make_vec_env(lambda: gym.make("autotune/Simulated-v0", **env_kwargs), n_envs=n_envs, seed=seed)
     model = PPO(
         "MlpPolicy",
         venv,

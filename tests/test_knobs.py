@@ -83,4 +83,4 @@ def test_an_environment_configuration_is_a_study_trial(levels: KnobLevels) -> No
 def test_levels_on_ranks_scale_the_effective_batch() -> None:
     knobs = KnobLevels(accum=1, micro=3, zero_stage=2).knobs(4, ranks=2)
     assert (knobs.batch_size, knobs.grad_accum_steps, knobs.zero_stage) == (32, 2, 2)
-    assert KnobLevels(zero_stage=2).knobs(4).zero_stage == 0  # one rank: no ZeRO (NOTES: it only adds)
+    assert KnobLevels(zero_stage=2).knobs(4).zero_stage == 0  # one rank: no ZeRO (it only adds a master copy)

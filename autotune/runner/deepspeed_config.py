@@ -18,7 +18,7 @@ So "all bf16" means bf16 *weights* here but bf16 *autocast* in the local runner 
 ``ranks=1``): the two runners measure different things for that config, on purpose.
 
 Buckets. DeepSpeed's defaults (5e8 elements) are sized for billion-parameter models: ZeRO-3's
-reduce bucket alone is a 2 GB fp32 ``torch.empty`` (NOTES.md). We size every bucket to the largest
+reduce bucket alone is a 2 GB fp32 ``torch.empty`` (5e8 x 4 bytes). We size every bucket to the largest
 parameter (the smallest bucket that still takes any single gradient whole), capped at the default,
 much as Hugging Face's ``"auto"`` sizes them from the hidden size (``hidden_size**2``).
 """

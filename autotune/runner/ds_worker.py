@@ -140,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(job: Job, run_dir: Path, rank: int, current: list[int]) -> None:
     import torch
 
+    from autotune.resolve import load_workload
     from autotune.runner.zero import import_deepspeed
-    from autotune.workload import load_workload
 
     # DeepSpeed 0.19.8 calls the deprecated all_gather_into_tensor; the warning says nothing about
     # the measured config, and would be printed once per engine.

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from autotune.errors import TrainingError
+from autotune.errors import LaunchError
 
 __all__ = ["LaunchError", "RankProcesses", "free_port", "launch_module", "start_module", "PIDS_DIR"]
 
@@ -33,10 +33,6 @@ __all__ = ["LaunchError", "RankProcesses", "free_port", "launch_module", "start_
 PIDS_DIR = "pids"
 _GRACE_SECONDS = 10.0
 _POLL_SECONDS = 0.2
-
-
-class LaunchError(TrainingError):
-    """torchrun exited with a non-zero status (a rank failed, or the launch timed out)."""
 
 
 def free_port() -> int:

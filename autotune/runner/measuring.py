@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
 
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, ConfigError, TrainingError
@@ -13,12 +12,10 @@ from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.record import Measurement, MemoryBreakdown, Status
 from autotune.measurement.trend import loss_slope
 from autotune.runner.local import StepResult, Trainer
+from autotune.runner.progress import ProgressFn
 from autotune.workload import Workload
 
 __all__ = ["measure", "ProgressFn"]
-
-#: ``progress(phase, done, total)``: phase is "warmup", "memory" or "timed".
-ProgressFn = Callable[[str, int, int], None]
 
 
 def measure(
@@ -48,7 +45,7 @@ def measure(
     """
     _check_args(steps=steps, warmup=warmup, memory_budget=memory_budget)
     if config.zero_stage > 0 or config.ranks > 1:
-        from autotune.runner.multirank import measure_ranks  # DeepSpeed ranks: issue #3
+        from autotune.runner.multirank import measure_ranks  # lazy: the launcher and job schema
 
         runs = measure_ranks(
             workload,

@@ -28,7 +28,7 @@ from autotune.measurement.trend import loss_slope
 from autotune.runner.deepspeed_config import engine_precision
 from autotune.runner.ds_worker import ERROR_GLOB, Job, RankError, RankReport, result_path
 from autotune.runner.launch import LaunchError, launch_module
-from autotune.runner.measuring import ProgressFn
+from autotune.runner.progress import ProgressFn
 from autotune.workload import Workload
 
 __all__ = ["USER_ERRORS", "check_configs", "child_env", "device_type_of", "log_tail", "measure_ranks"]

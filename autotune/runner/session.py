@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, TrainingError
+from autotune.errors import ConfigError, RankTraceback, SessionError
 from autotune.measurement.record import MemoryBreakdown
 from autotune.runner.launch import RankProcesses, start_module
 from autotune.runner.local import StepResult
@@ -59,10 +59,6 @@ __all__ = [
 _WORKER = "autotune.runner.session_worker"
 _TICK = 0.2  # seconds between checks that torchrun still runs while waiting for replies
 _CLOSE_SECONDS = 10.0  # for the ranks to close their engines and exit before they are killed
-
-
-class SessionError(TrainingError):
-    """A rank failed, stopped answering or exited, or the session is closed; the session is over."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -369,10 +365,6 @@ def _aggregate(results: list[StepResult]) -> SessionStep:
         overflow=any(r.overflow for r in results),
         per_rank=tuple(results),
     )
-
-
-class RankTraceback(Exception):
-    """A rank's own traceback (its exception lives in another process), chained as the cause."""
 
 
 def _rank_error(rank: int, op: str, error: dict[str, Any]) -> Exception:

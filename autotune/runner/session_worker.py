@@ -134,8 +134,8 @@ class _Rank:
         import torch
 
         from autotune.config import TrainConfig
+        from autotune.resolve import load_workload
         from autotune.runner.zero import ZeroTrainer, import_deepspeed
-        from autotune.workload import load_workload
 
         if not torch.distributed.is_initialized():
             # DeepSpeed 0.19.8 calls the deprecated all_gather_into_tensor: noise, once per engine.

@@ -18,30 +18,21 @@ from typing import TYPE_CHECKING
 from autotune._lazy import lazy_module_attributes
 
 if TYPE_CHECKING:
-    from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE, Baseline, baselines
-    from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
-    from autotune.search.export import export_config, python_snippet
-    from autotune.search.isolation import MeasurementFailed, MeasurementProcess
-    from autotune.search.objective import Objective, TrialFailed
-    from autotune.search.predictor import MemoryPredictor, load_memory_predictor
-    from autotune.search.record import TrialRecord, trial_record
+    from autotune.search.export import export_config
+    from autotune.search.objective import Objective
     from autotune.search.results import StudySummary, summarize
     from autotune.search.space import SearchSpace
     from autotune.search.spec import BlockOverride, MeasureSpec, SpaceSpec, StudySpec, load_spec
     from autotune.search.storage import DEFAULT_STORAGE, open_storage
     from autotune.search.study import Prepared, RunOptions, count_done, open_study, prepare, run_study
 
+# The public API: spec, space, objective and study entry points, and what the CLI uses of the
+# rest. Everything else (baselines, cache, isolation, predictor, records, dashboard) stays
+# importable from its own module.
 __all__ = [
-    "PYTORCH_DEFAULT",
-    "SEED_RECIPE",
     "DEFAULT_STORAGE",
-    "Baseline",
     "BlockOverride",
     "MeasureSpec",
-    "MeasurementCache",
-    "MeasurementFailed",
-    "MeasurementProcess",
-    "MemoryPredictor",
     "Objective",
     "Prepared",
     "RunOptions",
@@ -49,42 +40,19 @@ __all__ = [
     "SpaceSpec",
     "StudySpec",
     "StudySummary",
-    "TrialFailed",
-    "TrialRecord",
-    "baselines",
     "count_done",
     "export_config",
-    "load_memory_predictor",
     "load_spec",
-    "machine_fingerprint",
     "open_storage",
     "open_study",
     "prepare",
-    "python_snippet",
     "run_study",
     "summarize",
-    "trial_record",
-    "workload_fingerprint",
 ]
 
 _LAZY = {
-    "PYTORCH_DEFAULT": "autotune.search.baselines",
-    "SEED_RECIPE": "autotune.search.baselines",
-    "Baseline": "autotune.search.baselines",
-    "baselines": "autotune.search.baselines",
-    "MeasurementCache": "autotune.search.cache",
-    "machine_fingerprint": "autotune.search.cache",
-    "workload_fingerprint": "autotune.search.cache",
     "export_config": "autotune.search.export",
-    "python_snippet": "autotune.search.export",
-    "MeasurementFailed": "autotune.search.isolation",
-    "MeasurementProcess": "autotune.search.isolation",
     "Objective": "autotune.search.objective",
-    "TrialFailed": "autotune.search.objective",
-    "MemoryPredictor": "autotune.search.predictor",
-    "load_memory_predictor": "autotune.search.predictor",
-    "TrialRecord": "autotune.search.record",
-    "trial_record": "autotune.search.record",
     "StudySummary": "autotune.search.results",
     "summarize": "autotune.search.results",
     "SearchSpace": "autotune.search.space",

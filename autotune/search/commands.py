@@ -262,8 +262,8 @@ def _cmd_best(args: argparse.Namespace) -> int:
         raise StudyError(f"study {args.study!r} stores no block names: was it created by autotune study?")
     largest = study.user_attrs.get("largest_parameter")
     if largest is None:  # a study created before the attribute existed: rebuild its workload once
+        from autotune.resolve import load_workload
         from autotune.search.study import stored_spec
-        from autotune.workload import load_workload
 
         largest = load_workload(stored_spec(study).workload).largest_parameter
     text = export_config(

@@ -28,21 +28,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.errors import AutotuneError, StudyError, WorkloadError
+from autotune.errors import AutotuneError, MeasurementFailed, StudyError, WorkloadError
 from autotune.measurement.record import Measurement
 
 __all__ = ["MeasurementFailed", "MeasurementProcess"]
-
-
-class MeasurementFailed(Exception):
-    """A measurement ended without a result (training error, time limit, crash): ``reason`` says why.
-
-    Not an :class:`AutotuneError`: the study marks the trial failed with the reason and goes on.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class MeasurementProcess:
@@ -165,8 +154,8 @@ def _serve(conn: Connection, source: str, threads: int | None, device: str | Non
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     import torch
 
+    from autotune.resolve import load_workload
     from autotune.runner import measure
-    from autotune.workload import load_workload
 
     if threads is not None:
         torch.set_num_threads(threads)

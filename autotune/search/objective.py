@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from autotune.config import TrainConfig
+from autotune.errors import MeasurementFailed, TrialFailed
 from autotune.knobs import Knobs
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.measurement.record import Measurement
 from autotune.search.baselines import PYTORCH_DEFAULT, smaller_micro_batch
 from autotune.search.cache import MeasurementCache, cache_key
-from autotune.search.isolation import MeasurementFailed
 from autotune.search.predictor import MemoryPredictor
 from autotune.search.record import ATTR, MIB
 from autotune.search.space import SearchSpace
@@ -40,13 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["Measurer", "Objective", "TrialFailed", "set_constraints"]
 
 # Optuna 5's `Trial.set_constraint` writes "constraints:<name>" keys, which optuna-dashboard 0.21
-# does not read (NOTES.md); samplers and the dashboard both read the older "constraints" list
+# does not read (checked with optuna 5.0.0); samplers and the dashboard both read the older "constraints" list
 # that `constraints_func` (deprecated in Optuna 5) used to write. We write that list ourselves.
 _CONSTRAINTS_KEY = "constraints"
-
-
-class TrialFailed(Exception):
-    """A trial that produced no measurement; the study records the reason and goes on."""
 
 
 class Measurer(Protocol):
@@ -126,7 +122,7 @@ class Objective:
         try:
             predicted = self.predictor(self.workload, config)
         except Exception as e:
-            # The memory model is an optional add-on developed on its own (issue #3): whatever it
+            # The memory model is an optional add-on developed on its own: whatever it
             # raises, the trial is measured as if there were no model, and the error is recorded.
             trial.set_user_attr(ATTR.PREDICTION_ERROR, f"{type(e).__name__}: {e}")
             return

@@ -1,6 +1,6 @@
 """The hook to a memory model: skip configurations predicted not to fit, before measuring them.
 
-The memory model (``autotune.memory_model``, issue #3) is developed separately and is optional:
+The memory model (``autotune.memory_model``) is developed separately and is optional:
 it is imported lazily, and its absence means "no prediction" (every configuration is measured).
 The contract used::
 
@@ -75,7 +75,7 @@ class _Predictor:
         return self.memo[key]
 
     def _profile(self, workload: Workload, config: TrainConfig) -> Any:
-        # The memory model's profiler (issue #3), looked up at run time: this module must not
+        # The memory model's profiler (``autotune.memory_profile``), looked up at run time: this module must not
         # depend statically on an API that is still being written.
         profile_memory = importlib.import_module("autotune.memory_profile").profile_memory
         assert self.plan_of is not None

@@ -123,7 +123,7 @@ class SpaceSpec:
             is compared as goodput (Pollux, OSDI'21).
         precisions: Precisions the low-precision level may use (``fp32`` is always allowed).
         ranks: Data-parallel rank counts to try. Any value > 1 adds the ZeRO stage to the space;
-            it needs the DeepSpeed runner (issue #3): until then those trials fail cleanly.
+            it needs DeepSpeed (``pip install autotune[zero]``): without it those trials fail cleanly.
         zero_stages: ZeRO stages to try when ranks > 1.
         blocks: Per-block overrides by block index (forward order).
     """

@@ -8,7 +8,8 @@ Resume: rerunning the same command loads the study and runs only the trials stil
 trial left RUNNING by a process that died (SIGKILL, power loss) on this host is marked failed
 (user attribute ``interrupted``, not counted) and its params enqueued again, so killing a study
 loses at most the trial in flight. Workers (``--worker`` / ``autotune worker``) join a study
-created beforehand (two processes creating one study at once can crash one: NOTES.md) and stop
+created beforehand (two processes creating one study at once on a fresh SQLite or PostgreSQL database can crash
+one with a unique violation in alembic's tables) and stop
 once the study has its number of trials; each may overshoot by the one trial it had started.
 """
 
@@ -123,7 +124,7 @@ class StudyObserver:
 def prepare(spec: StudySpec) -> Prepared:
     """Load the workload and check the spec against it; writes nothing anywhere."""
     from autotune.profile import profile_blocks
-    from autotune.workload import load_workload
+    from autotune.resolve import load_workload
 
     workload = load_workload(spec.workload)
     batches = spec.space.effective_batch_sizes or (workload.batch_size,)

@@ -64,11 +64,11 @@ def test_reconfiguring_keeps_weights_and_optimizer_state_and_training_goes_on() 
     # Raise reduced precision and checkpointing to the next level, as an action does; compare
     # right after the change, before any training step.
     new = KnobLevels(micro=env.levels.micro, precision=2, checkpoint=2)
-    trainer.reconfigure(env._config(new))
+    trainer.reconfigure(env.config_of(new))
     assert all(torch.equal(a, b) for a, b in zip(params, trainer.model.parameters(), strict=True))
     for k, v in trainer.optimizer.state.items():
         assert all(torch.equal(state[k][n], t) for n, t in v.items() if isinstance(t, torch.Tensor))
-    trainer.reconfigure(env._config(env.levels))
+    trainer.reconfigure(env.config_of(env.levels))
     for _ in range(5):
         _, _, terminated, _, info = env.step(np.array([1, 1, 2, 2, 0]))  # more bf16 + recompute each step
         assert not terminated

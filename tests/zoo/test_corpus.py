@@ -13,7 +13,8 @@ import torch
 from autotune import measure, predict_memory
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError
-from autotune.workload import Workload, load_workload
+from autotune.resolve import load_workload
+from autotune.workload import Workload
 from autotune.zoo import BUILTINS, CORPUS, build_corpus
 from autotune.zoo.corpus import CorpusEntry, installed_version
 

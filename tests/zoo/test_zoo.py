@@ -17,7 +17,8 @@ import torch
 from torch.utils.data import default_collate
 
 from autotune.errors import WorkloadError
-from autotune.workload import Workload, load_workload
+from autotune.resolve import load_workload
+from autotune.workload import Workload
 from autotune.zoo import BUILTINS, CORPUS, ZooEntry, random_workload, random_workload_from_ref
 from autotune.zoo.random_arch import MAX_PARAMS, MAX_STEP_FLOPS, MIN_PARAMS, count_parameters, sample_spec
 

@@ -1,0 +1,130 @@
+"""Imports inside the autotune package point one way: no module-level import cycles.
+
+Only imports executed when a module is imported count: ones inside functions (deliberately lazy)
+and under ``if TYPE_CHECKING:`` (never run) are left out. ``envs/`` and ``policies/`` install as
+``autotune.envs`` and ``autotune.policies`` (pyproject's package-dir), so they are read as such.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Source folder -> the package it installs as.
+PACKAGES = {"autotune": "autotune", "envs": "autotune.envs", "policies": "autotune.policies"}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package, by dotted name."""
+    found: dict[str, Path] = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _module_level(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements run at import time: not in a def or class body, not under TYPE_CHECKING."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                found += _module_level(node.body)
+            found += _module_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                found += _module_level(block)
+        elif isinstance(node, ast.With):
+            found += _module_level(node.body)
+    return found
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The autotune modules an import statement loads (``from pkg import sub`` loads ``pkg.sub``)."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names if alias.name in modules}
+    base = node.module or ""
+    if node.level:  # relative: resolve against this module's package
+        package = module if is_package else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{base}" if base else package
+    targets = {f"{base}.{alias.name}" for alias in node.names} & modules
+    if base in modules and len(targets) < len(node.names):
+        targets.add(base)
+    return targets
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the autotune modules it imports at module level."""
+    modules = _modules()
+    names = set(modules)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        is_package = path.name == "__init__.py"
+        edges: set[str] = set()
+        for node in _module_level(tree.body):
+            edges |= _targets(node, name, is_package, names)
+        graph[name] = edges - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path that starts and ends at the same module, or None."""
+    done: set[str] = set()
+    stack: list[str] = []
+    on_stack: set[str] = set()
+
+    def visit(node: str) -> list[str] | None:
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in on_stack:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in done:
+                cycle = visit(nxt)
+                if cycle is not None:
+                    return cycle
+        stack.pop()
+        on_stack.discard(node)
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        if start not in done:
+            cycle = visit(start)
+            if cycle is not None:
+                return cycle
+    return None
+
+
+def test_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_graph_reads_the_package() -> None:
+    graph = import_graph()
+    assert "autotune.workload" in graph["autotune.zoo"]
+    assert "autotune.envs.core" in graph
+    # Lazy imports inside functions are not edges.
+    assert "autotune.runner.multirank" not in graph["autotune.runner.measuring"]
+
+
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
