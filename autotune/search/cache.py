@@ -7,8 +7,9 @@ machine is part of the key), while the study storage may be a shared PostgreSQL 
 ``put`` commits at once, so a SIGKILL loses at most the measurement in flight.
 
 The key also holds the measurement settings (steps, warmup), since a 3-step and a 20-step
-throughput are different numbers, and a hash of autotune's own measuring code (runner,
-measurement, apply), since a changed training loop or memory tracker makes old numbers stale.
+throughput are different numbers, and a hash of autotune's own code (every module but the
+searchers, the CLI and the envs/policies), since a changed training loop or memory tracker
+makes old numbers stale.
 The memory budget is *not* in the key: a cached ``ok`` measurement is re-judged against the
 current budget, and a cached ``over_budget`` one (no throughput) is reused only if it is still
 over the current budget.
@@ -17,6 +18,7 @@ over the current budget.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -105,14 +107,26 @@ def machine_fingerprint(*, threads: int | None, device: str) -> str:
     )
 
 
+#: Parts of the package that cannot change a measurement: the searchers and the CLI around the
+#: measuring core, and the environments and policies (``autotune.envs`` / ``autotune.policies``
+#: when installed). Everything else is hashed, so a new module on the measuring path (a tracker,
+#: a config rule) makes old numbers stale without anyone remembering to list it.
+_NOT_MEASURING = ("search/", "envs/", "policies/", "cli.py", "report.py")
+
+
+@functools.cache
 def code_fingerprint() -> str:
-    """SHA-256 of the source of the code that produces a measurement."""
+    """SHA-256 of the source of every module of the package that can change a measurement.
+
+    Cost: reads the package's sources once per process (a few hundred KB).
+    """
     package = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for path in sorted(
-        [package / "apply.py", *(package / "runner").glob("*.py"), *(package / "measurement").glob("*.py")]
-    ):
-        h.update(path.name.encode())
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative.startswith(_NOT_MEASURING):
+            continue
+        h.update(relative.encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 from autotune.config import TrainConfig
@@ -138,3 +139,31 @@ def test_workload_fingerprint_of_every_builtin_workload() -> None:
     prints = {name: workload_fingerprint(entry.build()) for name, entry in zoo.BUILTINS.items() if name not in skip}
     prints |= {name: workload_fingerprint(entry.build(**entry.tiny)) for name, entry in zoo.CORPUS.items()}
     assert len(set(prints.values())) == len(prints)
+
+
+def test_code_fingerprint_covers_the_measuring_modules_and_skips_the_searchers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any module on the measuring path (config rules included) changes the hash; a searcher does not."""
+    import shutil
+
+    import autotune.search.cache as cache
+
+    package = Path(cache.__file__).resolve().parent.parent
+    copy = tmp_path / "autotune"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cache, "__file__", str(copy / "search" / "cache.py"))
+
+    def fingerprint() -> str:
+        cache.code_fingerprint.cache_clear()
+        return cache.code_fingerprint()
+
+    base = fingerprint()
+    (copy / "search" / "display.py").write_text((copy / "search" / "display.py").read_text() + "\n# x\n")
+    assert fingerprint() == base
+    (copy / "config.py").write_text((copy / "config.py").read_text() + "\n# x\n")
+    changed = fingerprint()
+    assert changed != base
+    (copy / "measurement" / "new_tracker.py").write_text("X = 1\n")
+    assert fingerprint() != changed
+    cache.code_fingerprint.cache_clear()
