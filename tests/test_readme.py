@@ -77,11 +77,13 @@ def _run_dashboard(words: list[str], cwd: Path, env: dict[str, str]) -> None:
     """The dashboard serves until stopped: start it, wait for its page, then stop it. SIGTERM, not
     SIGINT: a shell that starts this run in the background ignores SIGINT for all its children."""
     port = words[words.index("--port") + 1] if "--port" in words else "8080"
-    proc = subprocess.Popen(words, cwd=cwd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    log = cwd / "dashboard.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(words, cwd=cwd, env=env, start_new_session=True, stdout=err, stderr=err)
     try:
         deadline = time.monotonic() + 60
         while True:
-            assert proc.poll() is None, f"dashboard exited: {proc.stderr.read() if proc.stderr else ''}"
+            assert proc.poll() is None, f"dashboard exited: {log.read_text()}"
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
                     assert page.status == 200
