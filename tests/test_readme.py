@@ -73,6 +73,35 @@ def test_readme_command_parses(line: int, command: str) -> None:
         assert e.code == 0, f"README.md:{line}: {command!r} does not parse"
 
 
+def inline_commands() -> list[str]:
+    """Commands quoted in README's prose (inline code, outside the code blocks), one space each."""
+    prose = re.sub(r"^```.*?^```", "", README.read_text(), flags=re.S | re.M)
+    spans = (" ".join(m.group(1).split()) for m in re.finditer(r"`([^`]+)`", prose))
+    return [t for t in spans if t.startswith(("autotune ", "python benchmarks/"))]
+
+
+# A syntax line (`autotune worker NAME --storage ...`) names its placeholders in capitals; a bare
+# `autotune study` names a command in a sentence. Everything else is a command to type.
+INLINE = [c for c in inline_commands() if len(c.split()) >= 3 and not re.search(r"\b[A-Z]{2,}\b|\.\.\.", c)]
+
+
+@pytest.mark.parametrize("command", INLINE)
+def test_readme_prose_command_is_real(command: str) -> None:
+    """Quoted commands parse (autotune) or name an existing benchmark and flags it defines."""
+    words = shlex.split(command)
+    if words[0] == "autotune":
+        try:
+            _parser().parse_args(words[1:])
+        except SystemExit as e:
+            assert e.code == 0, f"README.md: {command!r} does not parse"
+        return
+    script = ROOT / words[1]
+    assert script.is_file(), f"README.md: {command!r}: no {words[1]}"
+    source = script.read_text()
+    for flag in (w for w in words[2:] if w.startswith("--")):
+        assert f'"{flag}"' in source, f"README.md: {command!r}: {words[1]} has no {flag} option"
+
+
 def _run_dashboard(words: list[str], cwd: Path, env: dict[str, str]) -> None:
     """The dashboard serves until stopped: start it, wait for its page, then stop it. SIGTERM, not
     SIGINT: a shell that starts this run in the background ignores SIGINT for all its children."""
