@@ -42,6 +42,9 @@ def register(sub: Any) -> None:
     p.add_argument("--ranks", type=int, default=1,
                    help="data-parallel DeepSpeed ranks (> 1: the ZeRO action is live; needs deepspeed)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the episode's reset (default 0)")
+    p.add_argument(
+        "--json", action="store_true", help="print the episode as JSON: each step's action, config, measures, reward"
+    )
     p.set_defaults(func=_cmd_tune)
 
 
@@ -84,45 +87,49 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from autotune.envs.training import TrainingEnv
+    from autotune.policies.episode import run_episode
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
-    from rich.console import Console
-    from rich.table import Table
 
-    from autotune.units import format_bytes, parse_memory_budget
+    from autotune.units import parse_memory_budget
 
     # Everything the user gave is checked before the first real training step (seconds to minutes).
     budget = parse_memory_budget(args.memory_budget)
     policy = load_policy(args.policy or PRETRAINED_DIR)
     env = TrainingEnv(workloads=[args.workload], memory_budget=budget,
                       steps_per_action=args.steps_per_action, horizon=args.steps, ranks=args.ranks)  # fmt: skip
-    console = Console()
     try:
         policy.check_action_space(env.action_space)
-        obs, info = env.reset(seed=args.seed)
-        start, start_levels = env.knobs, env.levels
-        table = Table(title=f"policy on {args.workload}: budget {format_bytes(info['budget_bytes'])}")
-        for col in ("step", "action", "knobs", "samples/s", "peak", "B_noise", "loss", "reward"):
-            table.add_column(col, justify="right")
-        table.add_row("0", "-", start.describe(), f"{info['throughput']:.1f}", format_bytes(info["peak_bytes"]),
-                      _num(info["b_noise"]), f"{info['loss']:.4f}", "-")  # fmt: skip
-        total = 0.0
-        for t in range(1, args.steps + 1):
-            action = policy.act(obs)
-            obs, reward, terminated, _, info = env.step(action)
-            total += reward
-            table.add_row(str(t), ",".join(str(int(a)) for a in action), env.knobs.describe(),
-                          f"{info['throughput']:.1f}", format_bytes(info["peak_bytes"]), _num(info["b_noise"]),
-                          f"{info['loss']:.4f}", f"{reward:+.3f}")  # fmt: skip
-            if terminated:
-                break
-        console.print(table)
-        console.print(f"return {total:+.3f}; default config: {env.config_of(start_levels).to_dict()}")
-        console.print(f"final config:   {env.config_of(env.levels).to_dict()}")
-        # The shared encoding (autotune.knobs): the same point in a study's terms, to check it there.
-        console.print(f"final knobs:    {env.knobs}")
+        episode = run_episode(env, policy, workload=args.workload, seed=args.seed, steps=args.steps)
+        final_knobs = env.knobs
     finally:
         env.close()
+    if args.json:
+        print(episode.to_json())
+    else:
+        _print_episode(episode, final_knobs)
     return 0
+
+
+def _print_episode(episode: Any, final_knobs: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotune.units import format_bytes
+
+    console = Console()
+    table = Table(title=f"policy on {episode.workload}: budget {format_bytes(episode.budget_bytes)}")
+    for col in ("step", "action", "knobs", "samples/s", "peak", "B_noise", "loss", "reward"):
+        table.add_column(col, justify="right")
+    for s in episode.steps:
+        action = "-" if s.action is None else ",".join(str(a) for a in s.action)
+        reward = "-" if s.reward is None else f"{s.reward:+.3f}"
+        table.add_row(str(s.step), action, s.knobs, f"{s.throughput:.1f}", format_bytes(s.peak_bytes),
+                      _num(s.b_noise), f"{s.loss:.4f}", reward)  # fmt: skip
+    console.print(table)
+    console.print(f"return {episode.total_reward:+.3f}; default config: {episode.start_config.to_dict()}")
+    console.print(f"final config:   {episode.final_config.to_dict()}")
+    # The shared encoding (autotune.knobs): the same point in a study's terms, to check it there.
+    console.print(f"final knobs:    {final_knobs}")
 
 
 def _num(x: float | None) -> str:

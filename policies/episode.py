@@ -1,0 +1,104 @@
+"""One episode of a policy on the real training loop, as a record: what ``autotune tune`` shows.
+
+:func:`run_episode` drives a :class:`~autotune.envs.training.TrainingEnv` with a policy and
+returns an :class:`Episode`: every step's action, the configuration it led to (the shared
+:class:`~autotune.Knobs` encoding and the full :class:`~autotune.TrainConfig`), what the step
+measured and its reward. The CLI prints it as a table or, with ``--json``, as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import TrainConfig
+
+if TYPE_CHECKING:
+    from autotune.envs.training import TrainingEnv
+    from autotune.policies.ppo import Policy
+
+__all__ = ["Episode", "EpisodeStep", "run_episode"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeStep:
+    """One environment step (step 0: the configuration the episode starts from, no action)."""
+
+    step: int
+    action: tuple[int, ...] | None
+    knobs: str  # Knobs.describe(): batch, split, precision and recompute counts, ZeRO stage
+    config: TrainConfig
+    throughput: float
+    peak_bytes: int
+    b_noise: float | None
+    loss: float
+    reward: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "config": self.config.to_dict()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Episode:
+    """A whole episode: ``steps[0]`` is the start, ``steps[-1]`` where the policy left the run."""
+
+    workload: str
+    budget_bytes: int
+    steps: tuple[EpisodeStep, ...]
+
+    @property
+    def total_reward(self) -> float:
+        return sum(s.reward for s in self.steps if s.reward is not None)
+
+    @property
+    def start_config(self) -> TrainConfig:
+        return self.steps[0].config
+
+    @property
+    def final_config(self) -> TrainConfig:
+        return self.steps[-1].config
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "budget_bytes": self.budget_bytes,
+            "return": self.total_reward,
+            "start_config": self.start_config.to_dict(),
+            "final_config": self.final_config.to_dict(),
+            "steps": [s.to_dict() for s in self.steps],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, steps: int) -> Episode:
+    """Reset ``env`` with ``seed`` and let ``policy`` act for at most ``steps`` steps (fewer if the
+    episode terminates). Each step trains the real model ``env.steps_per_action`` optimizer steps."""
+    obs, info = env.reset(seed=seed)
+    records = [_record(env, 0, None, info, None)]
+    for t in range(1, steps + 1):
+        action = policy.act(obs)
+        obs, reward, terminated, _, info = env.step(action)
+        records.append(_record(env, t, tuple(int(a) for a in action), info, float(reward)))
+        if terminated:
+            break
+    return Episode(workload=workload, budget_bytes=int(info["budget_bytes"]), steps=tuple(records))
+
+
+def _record(
+    env: TrainingEnv, step: int, action: tuple[int, ...] | None, info: dict[str, Any], reward: float | None
+) -> EpisodeStep:
+    return EpisodeStep(
+        step=step,
+        action=action,
+        knobs=env.knobs.describe(),
+        config=env.config_of(env.levels),
+        throughput=float(info["throughput"]),
+        peak_bytes=int(info["peak_bytes"]),
+        b_noise=None if info["b_noise"] is None else float(info["b_noise"]),
+        loss=float(info["loss"]),
+        reward=reward,
+    )

@@ -1,0 +1,30 @@
+"""``autotune tune --json``: the episode as a record (run_episode), on a real training loop."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.config import TrainConfig
+
+TINY = Path(__file__).resolve().parent.parent / "search" / "tiny_workload.py"
+
+
+def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    episode = json.loads(out)
+    steps = episode["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert steps[0]["action"] is None and steps[0]["reward"] is None
+    assert all(len(s["action"]) == 5 and isinstance(s["reward"], float) for s in steps[1:])
+    assert episode["return"] == pytest.approx(sum(s["reward"] for s in steps[1:]))
+    assert TrainConfig.from_dict(episode["start_config"]) == TrainConfig.from_dict(steps[0]["config"])
+    assert TrainConfig.from_dict(episode["final_config"]) == TrainConfig.from_dict(steps[-1]["config"])
+    # The default budget is 75% of the starting configuration's measured peak.
+    assert episode["budget_bytes"] == int(0.75 * steps[0]["peak_bytes"])
+    assert all(s["peak_bytes"] > 0 and s["throughput"] > 0 for s in steps)
