@@ -71,6 +71,10 @@ class TrainingEnv(TuningEnv):
 
     Peak memory of each knob setting is measured exactly once per episode (one real step under
     MemTracker, the highest rank's peak with ranks > 1, then cached: it is identical every time).
+    A setting the model cannot run on this machine (one rank: a kernel that raises, such as bf16
+    autocast around ``nn.LSTM`` on an AVX2 CPU) is infeasible: refused like an over-budget one,
+    with the reason in ``infeasible``; if all-bf16 cannot run, the reduced-precision speed in the
+    observation is 0. A failure of the starting configuration is the user's and is raised.
     The gradient noise scale is estimated on one rank only: ZeRO reduces (and partitions) the
     gradients inside the engine, where the micro-batch gradients are not seen; with ranks > 1,
     ``b_noise`` is None (statistical efficiency 1).
@@ -105,6 +109,8 @@ class TrainingEnv(TuningEnv):
         self.workload: Workload | None = None
         self._ranking: tuple[int, ...] = ()
         self._peaks: dict[KnobLevels, int] = {}
+        #: Knob settings the model could not run on this machine this episode, with the reason.
+        self.infeasible: dict[KnobLevels, str] = {}
         self._model_states = 1  # params + grads + optimizer state, measured with the default knobs
         self._workloads: dict[str, Workload] = {}
 
@@ -134,6 +140,7 @@ class TrainingEnv(TuningEnv):
                 self.session = RankSession(ranks=self.ranks, device=self.device)
             self.session.start(wl, self.config_of(start))  # a fresh model, in the running ranks
         self._peaks = {}
+        self.infeasible = {}
         self.levels = start
         # Adam (and ZeRO's optimizers) create their state in the first step, after the activation
         # peak: a first step's peak leaves it out (gpt-tiny: 34.0 MB vs 44.1 MB from then on).
@@ -160,8 +167,22 @@ class TrainingEnv(TuningEnv):
         seconds = {}
         for level in (FRACTION_LEVELS - 1, 0):  # ends back on the starting (fp32) knobs
             loop.reconfigure(self.config_of(dataclasses.replace(knobs, precision=level)))
-            seconds[level] = min(loop.step().seconds for _ in range(2))
+            try:
+                seconds[level] = min(loop.step().seconds for _ in range(2))
+            except Exception as e:
+                if self.session is not None or level == 0 or is_out_of_memory(e):
+                    raise
+                # The model cannot run in reduced precision on this machine (oneDNN has no bf16
+                # LSTM primitive on AVX2 CPUs): the policy sees the slowest speed it knows.
+                self._discard_failed_step()
+                self.infeasible[dataclasses.replace(knobs, precision=level)] = _reason(e)
+                seconds[level] = float("inf")
         return seconds[0] / seconds[FRACTION_LEVELS - 1]
+
+    def _discard_failed_step(self) -> None:
+        """Drop what a step that raised half-way left behind: partial gradients of its micro-batches."""
+        assert self.trainer is not None
+        self.trainer.optimizer.zero_grad(set_to_none=True)
 
     def _peak_bytes(self, knobs: KnobLevels) -> int:
         """Measured once per knob setting (a real training step under MemTracker), then cached.
@@ -176,9 +197,15 @@ class TrainingEnv(TuningEnv):
                 self._peaks[knobs], self._model_states = self._tracked_step()
             except Exception as e:
                 # A rank's out-of-memory ends its session with a SessionError (not caught here).
-                if not is_out_of_memory(e):
+                # The starting configuration already trained one step: a failure here is a knob
+                # the model cannot take (a kernel this CPU lacks), not a bug in the user's code.
+                if self.session is not None or (knobs == self.levels and not is_out_of_memory(e)):
                     raise
-                self._peaks[knobs] = 2**62  # a real OOM: certainly over any budget
+                if not is_out_of_memory(e):
+                    self._discard_failed_step()
+                    self.infeasible[knobs] = _reason(e)
+                # Certainly over any budget: the env refuses it with the over-budget penalty.
+                self._peaks[knobs] = 2**62
             finally:
                 loop.reconfigure(self.config_of(self.levels))
         return self._peaks[knobs]
@@ -224,3 +251,9 @@ class TrainingEnv(TuningEnv):
         if self.session is not None:
             self.session.close()
             self.session = None
+
+
+def _reason(error: Exception) -> str:
+    """One line: the exception's type and the first line of its message."""
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"

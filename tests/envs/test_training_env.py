@@ -177,3 +177,29 @@ def test_bad_arguments_are_refused_before_any_training(kwargs: dict[str, object]
 
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         TrainingEnv(workloads=["no-such-workload"], **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_knob_the_model_cannot_take_is_infeasible_not_a_crash() -> None:
+    """bf16 that raises (a kernel this CPU lacks): reset measures its speed as 0, and an action into
+    it is refused like an over-budget one, with the reason kept; the run goes on in fp32."""
+    from autotune.envs.core import OVER_BUDGET_PENALTY
+    from autotune.envs.knobs import FRACTION_LEVELS
+
+    env = TrainingEnv(
+        workloads=["tests.data.no_low_precision:build"], steps_per_action=2, horizon=4, memory_budget=1 << 40
+    )
+    try:
+        obs, _ = env.reset(seed=0)
+        all_bf16 = dataclasses.replace(env.levels, precision=FRACTION_LEVELS - 1)
+        reason = "RuntimeError: could not create a primitive descriptor for this op in reduced precision"
+        assert env.infeasible == {all_bf16: reason}
+        assert obs[15] == -1.0  # log2 of the reduced-precision speed, clipped: the slowest it knows
+        start = env.levels
+        _, reward, terminated, _, info = env.step(np.array([1, 1, 2, 1, 0]))  # one more level of bf16
+        assert (reward, terminated, env.levels) == (-OVER_BUDGET_PENALTY, False, start)
+        assert info["reward_terms"] == {"over_budget": 1.0}
+        assert len(env.infeasible) == 2
+        _, reward, _, _, _ = env.step(np.array([1, 1, 1, 2, 0]))  # recompute more: fp32 still trains
+        assert reward != -OVER_BUDGET_PENALTY
+    finally:
+        env.close()
