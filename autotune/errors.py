@@ -111,3 +111,13 @@ class TrialFailed(Exception):
 
 
 __all__ += ["LaunchError", "SessionError", "RankTraceback", "MeasurementFailed", "TrialFailed"]
+
+
+def one_line(error: BaseException) -> str:
+    """``Type: first line of the message``: how a caught exception of user code is reported as a
+    reason (a failed check step, a profile that cannot run, a knob a model cannot take)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+__all__ += ["one_line"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, PredictionWarning
+from autotune.errors import ConfigError, PredictionWarning, one_line
 
 if TYPE_CHECKING:
     from autotune.memory_profile import MemoryProfile
@@ -119,5 +119,5 @@ def _measure_one_step(workload: Workload, config: TrainConfig) -> tuple[int | No
     # A check of user code: whatever it raises (a kernel this CPU lacks, out of memory) leaves
     # the prediction unverified, with the reason, rather than crashing the caller.
     except Exception as e:
-        return None, f"the real check step failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return None, f"the real check step failed: {one_line(e)}"
     return at_peak.total, None

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 from autotune.apply import apply_block_knobs
 from autotune.config import Precision
-from autotune.errors import AutotuneError, PredictionError
+from autotune.errors import AutotuneError, PredictionError, one_line
 from autotune.fake_workspaces import RealWorkspaces
 from autotune.profile import _first_batch
 from autotune.workload import Workload
@@ -189,10 +189,7 @@ def profile_memory(
     # DataDependentOutputException on ``.item()``/``nonzero``, an operator with no meta kernel)
     # means "cannot predict", with the reason, never a traceback in the caller.
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise PredictionError(
-            f"cannot profile workload {workload.name!r} under fake tensors: {type(e).__name__}: {first}"
-        ) from e
+        raise PredictionError(f"cannot profile workload {workload.name!r} under fake tensors: {one_line(e)}") from e
     if not verify:
         return profile
     from autotune.memory_check import verify_profile

@@ -8,7 +8,7 @@ in :mod:`autotune.zoo`; :mod:`autotune.resolve` turns a reference to either into
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -176,15 +176,7 @@ def _declared_blocks(model: torch.nn.Module, modules: list[tuple[str, torch.nn.M
         if name and type(module).__name__ in declared:
             by_class.setdefault(type(module).__name__, []).append(name)
     repeated = {cls: names for cls, names in by_class.items() if len(names) >= 2}
-    kept = repeated or by_class
-    # A class is outer if one of its instances contains an instance of another kept class.
-    outer = {
-        cls
-        for cls, names in kept.items()
-        for other, inner in kept.items()
-        if other != cls and any(_contains(n, i) for n in names for i in inner)
-    }
-    innermost = {cls for cls in kept if cls not in outer}
+    innermost = set(_innermost(repeated or by_class))
     return [name for name, module in modules if name and type(module).__name__ in innermost]
 
 
@@ -192,7 +184,7 @@ def _repeated_in_containers(modules: list[tuple[str, torch.nn.Module]]) -> list[
     """Rule 2 of :func:`find_blocks`: the same-class container children holding the most parameters."""
     import torch
 
-    containers = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+    containers = _containers()
     order = {name: i for i, (name, _) in enumerate(modules)}
     groups: dict[type[torch.nn.Module], dict[str, torch.nn.Module]] = {}
     for name, module in modules:
@@ -217,31 +209,39 @@ def _repeated_in_containers(modules: list[tuple[str, torch.nn.Module]]) -> list[
 
 def _without_parallel_branches(chosen: list[str], modules: list[tuple[str, torch.nn.Module]]) -> list[str]:
     """The rule's chain condition (see :func:`find_blocks`): climb out of parallel branches."""
-    import torch
-
-    containers = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+    containers = _containers()
     by_class: dict[type[torch.nn.Module], list[str]] = {}
     for name, module in modules:
         if name and not isinstance(module, containers):
             by_class.setdefault(type(module), []).append(name)
-    splitting: list[list[str]] = []
-    for names in by_class.values():
-        if len(names) < 2:
-            continue
-        for outer in names:
-            parents = {c.rpartition(".")[0] for c in chosen if _contains(outer, c)}
-            if len(parents) >= 2 and outer not in chosen:
-                splitting.append(names)
-                break
+
+    def splits(outer: str) -> bool:  # found units in two or more containers inside ``outer``
+        return outer not in chosen and len({c.rpartition(".")[0] for c in chosen if _contains(outer, c)}) >= 2
+
+    splitting = {cls: names for cls, names in by_class.items() if len(names) >= 2 and any(map(splits, names))}
     if not splitting:
         return chosen
-    # The innermost splitting class: its instances contain no instance of another splitting class.
-    inner = next(
-        names
-        for names in splitting
-        if not any(other is not names and any(_contains(n, o) for n in names for o in other) for other in splitting)
-    )
-    return inner
+    return splitting[_innermost(splitting)[0]]
+
+
+def _innermost(groups: Mapping[Any, list[str]]) -> list[Any]:
+    """The keys of ``groups`` (module names by class) none of whose instances contains an
+    instance of another group, in ``groups`` order."""
+    return [
+        key
+        for key, names in groups.items()
+        if not any(
+            other != key and any(_contains(n, i) for n in names for i in inner) for other, inner in groups.items()
+        )
+    ]
+
+
+def _containers() -> tuple[type[torch.nn.Module], ...]:
+    """The container classes: rule 2 groups their children, and the chain condition never climbs
+    to one of them (a container is not a repeated unit of the model's own)."""
+    import torch
+
+    return (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
 
 
 def _contains(outer: str, inner: str) -> bool:

@@ -17,7 +17,7 @@ from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, Tun
 from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels, knobs_to_config
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, one_line
 from autotune.measurement.memory import tracked_step
 from autotune.measurement.oom import is_out_of_memory
 from autotune.profile import profile_blocks
@@ -175,7 +175,7 @@ class TrainingEnv(TuningEnv):
                 # The model cannot run in reduced precision on this machine (oneDNN has no bf16
                 # LSTM primitive on AVX2 CPUs): the policy sees the slowest speed it knows.
                 self._discard_failed_step()
-                self.infeasible[dataclasses.replace(knobs, precision=level)] = _reason(e)
+                self.infeasible[dataclasses.replace(knobs, precision=level)] = one_line(e)
                 seconds[level] = float("inf")
         return seconds[0] / seconds[FRACTION_LEVELS - 1]
 
@@ -196,16 +196,19 @@ class TrainingEnv(TuningEnv):
             try:
                 self._peaks[knobs], self._model_states = self._tracked_step()
             except Exception as e:
-                # A rank's out-of-memory ends its session with a SessionError (not caught here).
-                # The starting configuration already trained one step: a failure here is a knob
-                # the model cannot take (a kernel this CPU lacks), not a bug in the user's code.
-                if self.session is not None or (knobs == self.levels and not is_out_of_memory(e)):
-                    raise
-                if not is_out_of_memory(e):
+                # 2**62 bytes: certainly over any budget, so the env refuses the setting with the
+                # over-budget penalty. A rank's out-of-memory ends its session with a SessionError
+                # (raised here). The starting configuration already trained one step, so another
+                # setting failing on one rank is a knob the model cannot take (a kernel this CPU
+                # lacks), not a bug in the user's code.
+                if is_out_of_memory(e):
+                    self._peaks[knobs] = 2**62
+                elif self.session is None and knobs != self.levels:
                     self._discard_failed_step()
-                    self.infeasible[knobs] = _reason(e)
-                # Certainly over any budget: the env refuses it with the over-budget penalty.
-                self._peaks[knobs] = 2**62
+                    self.infeasible[knobs] = one_line(e)
+                    self._peaks[knobs] = 2**62
+                else:
+                    raise
             finally:
                 loop.reconfigure(self.config_of(self.levels))
         return self._peaks[knobs]
@@ -251,9 +254,3 @@ class TrainingEnv(TuningEnv):
         if self.session is not None:
             self.session.close()
             self.session = None
-
-
-def _reason(error: Exception) -> str:
-    """One line: the exception's type and the first line of its message."""
-    lines = str(error).splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from autotune.errors import WorkloadError
 from autotune.workload import Workload
-from autotune.zoo.corpus import CORPUS, CorpusEntry, Requirement, build_corpus
+from autotune.zoo.corpus import CORPUS, CorpusEntry, Requirement, build_corpus, lazy_builder
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -79,52 +79,28 @@ class ZooEntry:
             raise WorkloadError(f"ZooEntry.source must be a non-empty string, but got {self.source!r}.")
 
 
-def _gpt_tiny() -> Workload:
-    from autotune.zoo.gpt import build_gpt_tiny
-
-    return build_gpt_tiny()
-
-
-def _gpt_small() -> Workload:
-    from autotune.zoo.gpt import build_gpt_small
-
-    return build_gpt_small()
-
-
-def _resnet_tiny() -> Workload:
-    from autotune.zoo.resnet import build_resnet_tiny
-
-    return build_resnet_tiny()
-
-
-def _mlp_digits() -> Workload:
-    from autotune.zoo.mlp import build_mlp_digits
-
-    return build_mlp_digits()
-
-
 BUILTINS: dict[str, ZooEntry] = {
     e.name: e
     for e in (
         ZooEntry(
             name="gpt-tiny",
             description="GPT-2-style LM, 1.3M params, 6 layers x 128, context 64, synthetic Markov text",
-            build=_gpt_tiny,
+            build=lazy_builder("autotune.zoo.gpt", "build_gpt_tiny"),
         ),
         ZooEntry(
             name="gpt-small",
             description="GPT-2-style LM, 10.9M params, 6 layers x 384, context 128, synthetic Markov text",
-            build=_gpt_small,
+            build=lazy_builder("autotune.zoo.gpt", "build_gpt_small"),
         ),
         ZooEntry(
             name="resnet-tiny",
             description="CIFAR-style ResNet-14, 0.18M params, synthetic 32x32 RGB images, 10 classes",
-            build=_resnet_tiny,
+            build=lazy_builder("autotune.zoo.resnet", "build_resnet_tiny"),
         ),
         ZooEntry(
             name="mlp-digits",
             description="residual MLP, 0.55M params, 4 blocks x 256, scikit-learn digits (8x8, 10 classes)",
-            build=_mlp_digits,
+            build=lazy_builder("autotune.zoo.mlp", "build_mlp_digits"),
         ),
         *(
             ZooEntry(name=c.name, description=c.description, build=c.build, source=c.source, requires=c.requires)

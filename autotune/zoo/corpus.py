@@ -138,7 +138,7 @@ def _is_size(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _lazy(module: str, function: str) -> Callable[..., Workload]:
+def lazy_builder(module: str, function: str) -> Callable[..., Workload]:
     """A builder that imports ``module`` (and torch, transformers with it) only when called."""
 
     def build(**sizes: int) -> Workload:
@@ -162,7 +162,7 @@ CORPUS: dict[str, CorpusEntry] = {
             library="transformers",
             model_class="GPT2LMHeadModel",
             requires=TRANSFORMERS,
-            builder=_lazy("autotune.zoo.hf", "build_gpt2"),
+            builder=lazy_builder("autotune.zoo.hf", "build_gpt2"),
             sizes=_LM,
             tiny=_LM_TINY,
         ),
@@ -172,7 +172,7 @@ CORPUS: dict[str, CorpusEntry] = {
             library="transformers",
             model_class="BertForMaskedLM",
             requires=TRANSFORMERS,
-            builder=_lazy("autotune.zoo.hf", "build_bert"),
+            builder=lazy_builder("autotune.zoo.hf", "build_bert"),
             sizes=_LM,
             tiny=_LM_TINY,
         ),
@@ -182,7 +182,7 @@ CORPUS: dict[str, CorpusEntry] = {
             library="transformers",
             model_class="LlamaForCausalLM",
             requires=TRANSFORMERS,
-            builder=_lazy("autotune.zoo.hf", "build_llama"),
+            builder=lazy_builder("autotune.zoo.hf", "build_llama"),
             sizes=_LM,
             tiny=_LM_TINY,
         ),
@@ -192,7 +192,7 @@ CORPUS: dict[str, CorpusEntry] = {
             library="transformers",
             model_class="T5ForConditionalGeneration",
             requires=TRANSFORMERS,
-            builder=_lazy("autotune.zoo.hf", "build_t5"),
+            builder=lazy_builder("autotune.zoo.hf", "build_t5"),
             sizes={"layers": 4, "width": 256, "heads": 4, "source_len": 64, "target_len": 32}
             | {"vocab": 512, "num_samples": 4096, "batch_size": 16},
             tiny={"layers": 1, "width": 32, "heads": 2, "source_len": 12, "target_len": 4}
@@ -204,7 +204,7 @@ CORPUS: dict[str, CorpusEntry] = {
             library="transformers",
             model_class="ViTForImageClassification",
             requires=TRANSFORMERS,
-            builder=_lazy("autotune.zoo.hf", "build_vit"),
+            builder=lazy_builder("autotune.zoo.hf", "build_vit"),
             sizes={"layers": 6, "width": 192, "heads": 3, "patch_size": 4, "image_size": 32}
             | {"num_samples": 4000, "batch_size": 32},
             tiny={"layers": 2, "width": 32, "heads": 2, "patch_size": 8} | _IMAGES_TINY,
@@ -215,7 +215,7 @@ CORPUS: dict[str, CorpusEntry] = {
             library="transformers",
             model_class="ResNetForImageClassification",
             requires=TRANSFORMERS,
-            builder=_lazy("autotune.zoo.hf", "build_resnet"),
+            builder=lazy_builder("autotune.zoo.hf", "build_resnet"),
             sizes={"depth": 2, "width": 128, "image_size": 64, "num_samples": 4000, "batch_size": 32},
             tiny={"depth": 1, "width": 16} | _IMAGES_TINY,
         ),
@@ -225,7 +225,7 @@ CORPUS: dict[str, CorpusEntry] = {
             library="transformers",
             model_class="ConvNextForImageClassification",
             requires=TRANSFORMERS,
-            builder=_lazy("autotune.zoo.hf", "build_convnext"),
+            builder=lazy_builder("autotune.zoo.hf", "build_convnext"),
             sizes={"depth": 2, "width": 64, "image_size": 64, "num_samples": 4000, "batch_size": 32},
             tiny={"depth": 1, "width": 8} | _IMAGES_TINY,
         ),
@@ -235,7 +235,7 @@ CORPUS: dict[str, CorpusEntry] = {
             library="torch",
             model_class="nn.LSTM",
             requires=None,
-            builder=_lazy("autotune.zoo.recurrent", "build_lstm_lm"),
+            builder=lazy_builder("autotune.zoo.recurrent", "build_lstm_lm"),
             sizes={"layers": 4, "width": 256, "seq_len": 128, "vocab": 512, "num_samples": 4096, "batch_size": 16},
             tiny={"layers": 2, "width": 32, "seq_len": 16, "vocab": 64, "num_samples": 64, "batch_size": 8},
         ),
@@ -245,7 +245,7 @@ CORPUS: dict[str, CorpusEntry] = {
             library="torch",
             model_class="nn.GRU",
             requires=None,
-            builder=_lazy("autotune.zoo.recurrent", "build_gru_lm"),
+            builder=lazy_builder("autotune.zoo.recurrent", "build_gru_lm"),
             sizes={"layers": 4, "width": 256, "seq_len": 128, "vocab": 512, "num_samples": 4096, "batch_size": 16},
             tiny={"layers": 2, "width": 32, "seq_len": 16, "vocab": 64, "num_samples": 64, "batch_size": 8},
         ),
