@@ -14,10 +14,9 @@ from autotune.errors import AutotuneError, ConfigError, TrainingError, Unsupport
 if TYPE_CHECKING:
     from autotune.config import TrainConfig
     from autotune.knobs import Knobs
-    from autotune.measurement import Measurement, MemoryBreakdown, NoiseEstimate, RankResult
-    from autotune.memory_model import MemoryEstimate, predict_memory
+    from autotune.measurement import Measurement, MemoryBreakdown, NoiseEstimate, RankResult, measure
+    from autotune.memory.model import MemoryEstimate, predict_memory
     from autotune.resolve import load_workload
-    from autotune.runner import measure
     from autotune.workload import Workload
 
 __version__ = "0.1.0"
@@ -50,9 +49,9 @@ _LAZY = {
     "MemoryBreakdown": "autotune.measurement",
     "NoiseEstimate": "autotune.measurement",
     "RankResult": "autotune.measurement",
-    "measure": "autotune.runner",
-    "MemoryEstimate": "autotune.memory_model",
-    "predict_memory": "autotune.memory_model",
+    "measure": "autotune.measurement",
+    "MemoryEstimate": "autotune.memory.model",
+    "predict_memory": "autotune.memory.model",
 }
 
 

@@ -123,9 +123,9 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 
 def _cmd_measure(args: argparse.Namespace) -> int:
-    from autotune.memory_model import budget_bytes
+    from autotune.memory.model import budget_bytes
     from autotune.resolve import load_workload
-    from autotune.runner.local import resolve_device
+    from autotune.train.local import resolve_device
     from autotune.units import parse_memory_budget
 
     budget = parse_memory_budget(args.memory_budget) if args.memory_budget else None
@@ -136,8 +136,8 @@ def _cmd_measure(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from autotune.measurement import measure
     from autotune.report import measurement_table
-    from autotune.runner import measure
 
     err = Console(stderr=True)
     with err.status(f"measuring {workload.name}") as status:
@@ -170,8 +170,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from autotune.errors import PredictionError, PredictionWarning
-    from autotune.memory_check import unverified_message
-    from autotune.memory_model import budget_bytes, predict_memory
+    from autotune.memory.check import unverified_message
+    from autotune.memory.model import budget_bytes, predict_memory
     from autotune.report import estimate_table
     from autotune.resolve import load_workload
     from autotune.units import parse_memory_budget
@@ -219,7 +219,7 @@ def _check_writable(path: Path, *, flag: str) -> None:
 def _export_deepspeed(path: Path, workload: Any, config: Any, *, device_type: str) -> None:
     import json
 
-    from autotune.runner.deepspeed_config import deepspeed_config
+    from autotune.train.deepspeed_config import deepspeed_config
 
     ds = deepspeed_config(
         config,

@@ -3,7 +3,7 @@
 A :class:`TrainConfig` names every block (a precision and a checkpoint flag each), so its size
 grows with the model. Searchers use a handful of numbers instead: the effective batch, how it
 splits into micro-batch x accumulation x ranks, the ZeRO stage, and two *counts* over the blocks
-ranked by the activation bytes they save for backward (:meth:`autotune.profile.BlockProfile.ranked`):
+ranked by the activation bytes they save for backward (:meth:`autotune.memory.blocks.BlockProfile.ranked`):
 "the n hungriest blocks run in low precision, the c hungriest are recomputed". The first unit of
 each count buys the most memory, and the same numbers mean the same thing on any model.
 

@@ -14,7 +14,7 @@ from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.config import TrainConfig
-    from autotune.memory_model import MemoryEstimate
+    from autotune.memory.model import MemoryEstimate
 
 __all__ = ["estimate_table", "measurement_table", "workloads_table"]
 

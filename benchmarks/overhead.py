@@ -18,8 +18,8 @@ import statistics
 import torch
 
 from autotune import TrainConfig, load_workload
-from autotune.measurement.memory import tracked_step
-from autotune.runner import Trainer
+from autotune.measurement.tracker import tracked_step
+from autotune.train import Trainer
 
 
 def _bench(workload: str, config: TrainConfig, steps: int) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """How far is ``predict_memory`` from the measured peak, per workload, and was it verified?
 
-For each workload reference, one profile (with its one-step check, :mod:`autotune.memory_check`)
+For each workload reference, one profile (with its one-step check, :mod:`autotune.memory.check`)
 and a grid of local-runner configs: micro-batch x checkpointing (none / every other block / all)
 x accumulation (1, 2), fp32 (``--bf16`` adds bf16 on every block: 10-50x slower on an AVX2
 CPU, where bf16 around ``nn.LSTM`` also fails). Each config is measured for real
@@ -24,7 +24,7 @@ import torch
 
 from autotune import TrainConfig, Workload, load_workload, measure, predict_memory
 from autotune.errors import PredictionError, PredictionWarning
-from autotune.memory_profile import profile_memory
+from autotune.memory.profile import profile_memory
 from autotune.zoo import BUILTINS
 
 

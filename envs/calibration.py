@@ -37,10 +37,11 @@ from autotune.envs.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs
 
 from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError
-from autotune.memory_model import predict_memory
-from autotune.memory_profile import profile_memory
-from autotune.profile import profile_blocks
-from autotune.runner import Trainer, measure
+from autotune.measurement import measure
+from autotune.memory.blocks import profile_blocks
+from autotune.memory.model import predict_memory
+from autotune.memory.profile import profile_memory
+from autotune.train import Trainer
 from autotune.workload import Workload
 
 __all__ = [

@@ -18,12 +18,12 @@ from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels, knobs_to_config
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, one_line
-from autotune.measurement.memory import tracked_step
 from autotune.measurement.oom import is_out_of_memory
-from autotune.profile import profile_blocks
+from autotune.measurement.tracker import tracked_step
+from autotune.memory.blocks import profile_blocks
+from autotune.procs.session import RankSession, SessionStep
 from autotune.resolve import load_workload
-from autotune.runner.local import StepResult, Trainer
-from autotune.runner.session import RankSession, SessionStep
+from autotune.train.local import StepResult, Trainer
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -55,8 +55,8 @@ class TrainingEnv(TuningEnv):
       one rank, the first of them runs as two half micro-batches to feed the gradient-noise
       estimate and is not timed.
     - ``device``: ``cpu``, ``cuda`` or None (CUDA when available).
-    - ``ranks``: data-parallel ranks. 1 trains in this process (``autotune.runner.local.Trainer``).
-      More trains on that many DeepSpeed ranks of a :class:`~autotune.runner.session.RankSession`,
+    - ``ranks``: data-parallel ranks. 1 trains in this process (``autotune.train.local.Trainer``).
+      More trains on that many DeepSpeed ranks of a :class:`~autotune.procs.session.RankSession`,
       started at the first reset (~10 s) and kept for every episode until ``close()``.
 
     ## ZeRO stages

@@ -122,7 +122,7 @@ def test_graph_reads_the_package() -> None:
     assert "autotune.workload" in graph["autotune.zoo"]
     assert "autotune.envs.core" in graph
     # Lazy imports inside functions are not edges.
-    assert "autotune.runner.multirank" not in graph["autotune.runner.measuring"]
+    assert "autotune.procs.multirank" not in graph["autotune.measurement.schedule"]
 
 
 def test_no_import_cycles() -> None:

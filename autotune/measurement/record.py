@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from autotune.config import TrainConfig
-from autotune.measurement.gns import NoiseEstimate
+from autotune.train.gns import NoiseEstimate
 
 __all__ = ["Measurement", "MemoryBreakdown", "RankResult", "Status", "GIB"]
 

@@ -111,7 +111,7 @@ def machine_fingerprint(*, threads: int | None, device: str) -> str:
 #: measuring core, and the environments and policies (``autotune.envs`` / ``autotune.policies``
 #: when installed). Everything else is hashed, so a new module on the measuring path (a tracker,
 #: a config rule) makes old numbers stale without anyone remembering to list it.
-_NOT_MEASURING = ("search/", "envs/", "policies/", "cli.py", "report.py")
+_NOT_MEASURING = ("search/", "procs/isolation.py", "envs/", "policies/", "cli.py", "report.py")
 
 
 @functools.cache

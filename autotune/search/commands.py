@@ -136,7 +136,7 @@ def _spec_from_args(args: argparse.Namespace) -> StudySpec:
 
 def _check_device(device: str | None) -> None:
     if device is not None:  # no CUDA, or no such device: one line now, not a failed trial per config
-        from autotune.runner.local import resolve_device
+        from autotune.train.local import resolve_device
 
         resolve_device(device)
 

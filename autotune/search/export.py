@@ -1,7 +1,7 @@
 """Exporting a configuration: our JSON, a DeepSpeed config, or a Python snippet.
 
 The DeepSpeed file comes from the one generator the DeepSpeed runner itself uses
-(:func:`autotune.runner.deepspeed_config.deepspeed_config`), so what a user runs on a cluster is
+(:func:`autotune.train.deepspeed_config.deepspeed_config`), so what a user runs on a cluster is
 byte for byte what was measured (bucket sizes included: DeepSpeed's defaults allocate a 2 GB
 bucket at stage 3). DeepSpeed's config has one precision for the whole model and no notion of
 *which* blocks to recompute (that is model code), so the per-block knobs go into the Python
@@ -26,7 +26,7 @@ def python_snippet(config: TrainConfig, *, block_names: tuple[str, ...], workloa
     """A Python snippet that applies ``config``'s per-block knobs to a model with these blocks."""
     return f'''"""Apply the configuration autotune found for {workload!r}."""
 from autotune import TrainConfig
-from autotune.apply import apply_block_knobs
+from autotune.train.wrappers import apply_block_knobs
 
 CONFIG = TrainConfig.from_json("""{config.to_json()}""")
 BLOCKS = {list(block_names)!r}
@@ -55,7 +55,7 @@ def export_config(
     if fmt == "json":
         return config.to_json() + "\n"
     if fmt == "deepspeed":
-        from autotune.runner.deepspeed_config import deepspeed_config
+        from autotune.train.deepspeed_config import deepspeed_config
 
         # device_type "cuda": an exported file is for a GPU cluster (on a CPU engine the generator
         # refuses fp16, which a CPU study never measures anyway); the JSON does not depend on it.

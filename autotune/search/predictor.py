@@ -1,6 +1,6 @@
 """The hook to a memory model: skip configurations predicted not to fit, before measuring them.
 
-The memory model (``autotune.memory_model``) is developed separately and is optional:
+The memory model (``autotune.memory.model``) is developed separately and is optional:
 it is imported lazily, and its absence means "no prediction" (every configuration is measured).
 The contract used::
 
@@ -8,7 +8,7 @@ The contract used::
 
 the predicted peak tensor bytes on one rank. A prediction only ever *skips* a trial (pruned, with
 the predicted bytes in the reason); it never replaces a measurement. A prediction that says it is
-not ``verified`` (its profile disagreed with a real step, see ``autotune.memory_check``), or a
+not ``verified`` (its profile disagreed with a real step, see ``autotune.memory.check``), or a
 workload that cannot be profiled, raises :class:`PredictionError` here instead: the objective
 then measures the trial (never prunes it) and records the reason.
 
@@ -37,7 +37,7 @@ __all__ = ["MemoryPredictor", "load_memory_predictor", "predicted_bytes"]
 MemoryPredictor = Callable[[Workload, TrainConfig], int]
 
 
-def load_memory_predictor(module: str = "autotune.memory_model") -> MemoryPredictor | None:
+def load_memory_predictor(module: str = "autotune.memory.model") -> MemoryPredictor | None:
     """``predict_memory`` from ``module`` as a memoized bytes-returning function, or None if absent."""
     try:
         mod = importlib.import_module(module)
@@ -75,9 +75,9 @@ class _Predictor:
         return self.memo[key]
 
     def _profile(self, workload: Workload, config: TrainConfig) -> Any:
-        # The memory model's profiler (``autotune.memory_profile``), looked up at run time: this module must not
+        # The memory model's profiler (``autotune.memory.profile``), looked up at run time: this module must not
         # depend statically on an API that is still being written.
-        profile_memory = importlib.import_module("autotune.memory_profile").profile_memory
+        profile_memory = importlib.import_module("autotune.memory.profile").profile_memory
         assert self.plan_of is not None
         needed = set(self.plan_of(config, num_blocks=len(workload.block_names())).modes)
         current = self.profiles.get(id(workload))

@@ -4,7 +4,7 @@ The effective batch is fixed by the user (or chosen from ``batch_sizes``), so th
 how training runs, not what it computes: micro-batch x accumulation x ranks == effective batch,
 and the sampler only picks the micro-batch among the divisors. Per-block precision and
 checkpointing are two *levels* applied to blocks ranked by the activation bytes they save for
-backward (:func:`autotune.profile.profile_blocks`): "the n hungriest blocks run in bf16, the c
+backward (:func:`autotune.memory.blocks.profile_blocks`): "the n hungriest blocks run in bf16, the c
 hungriest are recomputed". That is 2 integers instead of 2L flags, and it orders the blocks so the
 first unit of each level buys the most memory. Per-block overrides from the spec pin single blocks.
 The environments use the same Knobs, so :meth:`SearchSpace.params` turns a configuration an agent

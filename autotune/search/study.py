@@ -79,7 +79,7 @@ class RunOptions:
     worker: bool = False
     create_only: bool = False
     dashboard: bool = True
-    memory_model: str | None = "autotune.memory_model"
+    memory_model: str | None = "autotune.memory.model"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,7 +123,7 @@ class StudyObserver:
 
 def prepare(spec: StudySpec) -> Prepared:
     """Load the workload and check the spec against it; writes nothing anywhere."""
-    from autotune.profile import profile_blocks
+    from autotune.memory.blocks import profile_blocks
     from autotune.resolve import load_workload
 
     workload = load_workload(spec.workload)
@@ -156,10 +156,10 @@ def _budget(spec: StudySpec, workload: Workload) -> int | None:
     """The budget in bytes, checked against the least memory any rank can hold.
 
     A percentage is of the memory model's predicted peak of the PyTorch default configuration
-    (:func:`autotune.memory_model.budget_bytes`) at the space's smallest rank count: a
+    (:func:`autotune.memory.model.budget_bytes`) at the space's smallest rank count: a
     prediction, because the budget must be known before the first (baseline) trial runs.
     """
-    from autotune.memory_model import budget_bytes
+    from autotune.memory.model import budget_bytes
 
     budget = budget_bytes(spec.memory_budget, workload, ranks=min(spec.space.ranks))
     if budget is None:
@@ -348,8 +348,8 @@ def run_study(
 ) -> int:
     """Run trials until the study has ``spec.trials`` counted trials (or the timeout). Returns
     the number of trials this process ran."""
+    from autotune.procs.isolation import MeasurementProcess
     from autotune.search.dashboard import note_saver
-    from autotune.search.isolation import MeasurementProcess
     from autotune.search.objective import Objective, TrialFailed
 
     observer = observer or StudyObserver()

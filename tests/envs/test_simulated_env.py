@@ -16,7 +16,7 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from autotune import measure
-from autotune.profile import profile_blocks
+from autotune.memory.blocks import profile_blocks
 from tests.conftest import make_resmlp
 
 

@@ -17,7 +17,7 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from autotune import Knobs
-from autotune.measurement.memory import tracked_step
+from autotune.measurement.tracker import tracked_step
 from tests.processes import alive
 
 USER = "tests.data.my_workload:build"  # 3 blocks, trains in milliseconds

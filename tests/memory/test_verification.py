@@ -12,8 +12,8 @@ import pytest
 from autotune import TrainConfig, Workload, measure, predict_memory
 from autotune.cli import main
 from autotune.errors import PredictionError, PredictionWarning
-from autotune.memory_check import TOLERANCE
-from autotune.memory_profile import MemoryProfile, profile_memory
+from autotune.memory.check import TOLERANCE
+from autotune.memory.profile import MemoryProfile, profile_memory
 from autotune.search.predictor import load_memory_predictor
 from tests.memory.lstm import build, build_gru
 
@@ -35,7 +35,7 @@ def lstm_profile(lstm: Workload) -> MemoryProfile:
 @pytest.fixture
 def blind_to_workspaces(monkeypatch: pytest.MonkeyPatch) -> None:
     """The profile as it was before the fix: oneDNN's LSTM workspace at the meta kernel's 0 bytes."""
-    monkeypatch.setattr("autotune.fake_workspaces._UNDERSIZED", {})
+    monkeypatch.setattr("autotune.memory.fake_workspaces._UNDERSIZED", {})
 
 
 def _measured(workload: Workload, config: TrainConfig) -> int:

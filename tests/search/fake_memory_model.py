@@ -1,4 +1,4 @@
-"""A stand-in for ``autotune.memory_model``: predicts that micro-batches >= 8 do not fit."""
+"""A stand-in for ``autotune.memory.model``: predicts that micro-batches >= 8 do not fit."""
 
 from __future__ import annotations
 

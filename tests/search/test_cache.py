@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from autotune.config import TrainConfig
-from autotune.measurement.gns import NoiseEstimate
 from autotune.measurement.record import Measurement, MemoryBreakdown
 from autotune.search.cache import MeasurementCache, cache_key, machine_fingerprint, workload_fingerprint
+from autotune.train.gns import NoiseEstimate
 from tests.conftest import make_resmlp
 
 PEAK = 1000

@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.runner.launch import free_port
+from autotune.procs.launch import free_port
 from autotune.search.dashboard import PARETO_PLOT_ID, pareto_figure, save_study_artifacts
 from autotune.search.results import summarize
 

@@ -10,8 +10,8 @@ import pytest
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
-from autotune.runner.deepspeed_config import deepspeed_config
 from autotune.search.export import export_config
+from autotune.train.deepspeed_config import deepspeed_config
 from tests.conftest import make_resmlp
 
 BLOCKS = ("blocks.0", "blocks.1", "blocks.2", "blocks.3")

@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.runner.launch import free_port
+from autotune.procs.launch import free_port
 
 TINY = Path(__file__).parent / "tiny_workload.py"
 MEASURE = ("--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress", "--no-memory-model")

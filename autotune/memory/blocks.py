@@ -1,0 +1,97 @@
+"""Per-block activation profile: how many bytes each block saves for backward, per sample.
+
+Counted with ``torch.autograd.graph.saved_tensors_hooks`` around each block's forward: every
+tensor autograd saves inside the block is seen once, and its storage bytes are summed (storages,
+not tensors, so views of one buffer count once). This is exact and cheap (one forward pass),
+and it is what checkpointing a block removes and autocast shrinks. The search ranks blocks by
+it ("checkpoint the N hungriest blocks").
+
+The memory model's profile (every category, stretch by stretch, under ``FakeTensorMode``) is
+:func:`autotune.memory.profile.profile_memory`.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+from autotune.config import Precision
+from autotune.train.local import check_loss
+from autotune.train.wrappers import apply_block_knobs
+from autotune.workload import Workload
+
+__all__ = ["BlockProfile", "profile_blocks"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockProfile:
+    """Bytes saved for backward by each block, in forward order, for one precision.
+
+    ``saved_bytes[i]`` is for a micro-batch of ``micro_batch_size`` samples. Under autocast it
+    includes the low-precision weight copies autograd saves, which do not grow with the batch:
+    profile at two micro-batch sizes to separate the per-sample part.
+    """
+
+    names: tuple[str, ...]
+    precision: Precision
+    micro_batch_size: int
+    saved_bytes: tuple[int, ...]
+
+    def ranked(self) -> tuple[int, ...]:
+        """Block indices from most to least activation bytes (ties: earlier block first)."""
+        return tuple(sorted(range(len(self.names)), key=lambda i: (-self.saved_bytes[i], i)))
+
+
+def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: Precision = "fp32") -> BlockProfile:
+    """Run one forward pass of a copy of the model on CPU and count each block's saved bytes."""
+    model = copy.deepcopy(workload.model).train()
+    names = workload.block_names()
+    wrappers = apply_block_knobs(model, names, [precision] * len(names), [False] * len(names), device_type="cpu")
+    counts = [0] * len(names)
+    state = itertools.chain(model.parameters(), model.buffers())  # BatchNorm saves its running stats
+    params = {t.untyped_storage()._cdata for t in state}
+    handles = [
+        model.get_submodule(name).register_forward_pre_hook(_enter(counts, i, params), with_kwargs=True)
+        for i, name in enumerate(names)
+    ] + [model.get_submodule(name).register_forward_hook(_exit, with_kwargs=True) for name in names]
+    batch = _first_batch(workload, micro_batch_size)
+    try:
+        check_loss(workload.loss_fn(model, batch), workload.name)  # a broken loss_fn: one line, before any run
+    finally:
+        for h in handles:
+            h.remove()
+        wrappers.remove()
+    return BlockProfile(names=names, precision=precision, micro_batch_size=micro_batch_size, saved_bytes=tuple(counts))
+
+
+def _first_batch(workload: Workload, micro_batch_size: int) -> Any:
+    loader = torch.utils.data.DataLoader(workload.dataset, batch_size=micro_batch_size)
+    return tree_map_only(torch.Tensor, lambda t: t, next(iter(loader)))
+
+
+def _enter(counts: list[int], index: int, params: set[int]) -> Any:
+    # Storages are told apart by their StorageImpl (``_cdata``): fake tensors have no data pointer.
+    def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        seen = set(params)  # parameters and buffers saved for backward are model state, not activations
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            if storage._cdata not in seen:
+                seen.add(storage._cdata)
+                counts[index] += storage.nbytes()
+            return t
+
+        ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        ctx.__enter__()
+        module.__dict__["_autotune_profile_ctx"] = ctx
+
+    return hook
+
+
+def _exit(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    module.__dict__.pop("_autotune_profile_ctx").__exit__(None, None, None)

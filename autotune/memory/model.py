@@ -1,0 +1,446 @@
+"""Predict a configuration's peak tensor memory per rank, by category, before running it.
+
+Model states follow ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training
+Trillion Parameter Models", SC'20, Sec. 3 and 5): with Psi parameters on N data-parallel ranks,
+mixed-precision Adam keeps 2*Psi bytes of 16-bit parameters, 2*Psi of 16-bit gradients and
+K*Psi = 12*Psi of optimizer state (fp32 master weights + momentum + variance). Stage 1 partitions
+the optimizer state (2 + 2 + 12/N bytes per parameter), stage 2 the gradients too (2 + 14/N),
+stage 3 the parameters as well (16/N). In fp32 the parameters and gradients take 4 bytes and
+DeepSpeed still keeps an fp32 master partition at stages 1-3 (so K = 4 + Adam's 8: measured, and
+why stages 1-2 *add* memory at N = 1). K comes from the workload's own optimizer (profiled).
+
+On top of the model states, each phase of a step adds its transients:
+
+* forward/backward: activations and temporaries from the workload's profile
+  (:func:`autotune.memory.profile.profile_memory`), linear in the micro-batch size. The profile
+  runs every block alike (fp32, bf16, checkpointed or not); a config that mixes them is composed
+  stretch by stretch: each from the run that ran *its* block as the config says, shifted by what
+  the blocks before it keep in the config instead of in that run. A block keeps what its
+  precision saves or, checkpointed, only its input (plus one block recomputed at a time,
+  Korthikanti et al. 2022); its input is one storage that the block before it may save too,
+  counted once. Gradients as the runner keeps them (in ``.grad`` for the local runner and ZeRO
+  0-1, in buckets and an fp32 partition for ZeRO 2-3) and, at ZeRO-3, the parameters gathered for
+  the module being computed;
+* optimizer step: the full gradients and the optimizer's temporaries (stage 0; the local runner
+  also still holds the last micro-batch), or the fp32 gradient partition and the optimizer's
+  temporaries on it (stages 1-3).
+
+The peak is the larger of the two. What DeepSpeed does beyond the paper (bucket sizes, ZeRO 1-2's
+padding, stage 2's gradient partition buffer, stage 0's flattened all-reduce buffer, the gathered
+module at stage 3) was read from DeepSpeed 0.19.8 and checked against :func:`autotune.measure`.
+Measured error (``benchmarks/memory_model.py``, CPU, 1 and 2 ranks): on 156 configurations never
+looked at while writing this, all within 5% of the measured peak (max 4.8%, ZeRO-3; the local
+runner's within 0.03%); on 50 mixing fp32 and bf16 blocks (``--grid mixed``), within 0.8%; on the
+238 it was developed against, 99% (max 7.1%: ZeRO-3 on checkpointed ResNet blocks). On the local
+runner the forward/backward composition equals a fake-tensor run of the config itself byte for
+byte; real steps differ from fake ones by a few hundred bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError
+from autotune.measurement.record import MEMORY_CATEGORIES, MemoryBreakdown
+from autotune.train.deepspeed_config import DEFAULT_BUCKET, bucket_elements, engine_precision
+
+if TYPE_CHECKING:
+    from autotune.memory.check import Verification
+    from autotune.memory.profile import BlockSaves, MemoryProfile, Moment, Windows
+    from autotune.units import MemoryBudget
+    from autotune.workload import Workload
+
+__all__ = ["MemoryEstimate", "Plan", "budget_bytes", "plan_of", "predict_memory"]
+
+Phase = Literal["forward/backward", "optimizer step"]
+_WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate(MemoryBreakdown):
+    """Predicted tensor bytes of one rank at its peak, in :class:`MemoryBreakdown`'s categories.
+
+    ``phase`` is where the peak is predicted; ``ranks`` the data-parallel ranks it assumes.
+    A prediction, not a measurement: compare with :attr:`Measurement.memory`.
+
+    ``verified``: the profile behind it was checked against one real step and agreed within 5%
+    (``verification`` holds the figures; None if the profile was not checked). Act on an
+    unverified prediction (prune, skip) only knowing that it may be wrong: measure instead.
+    """
+
+    phase: Phase
+    ranks: int
+    verified: bool = False
+    verification: Verification | None = None
+
+    def __post_init__(self) -> None:
+        for f in _CATEGORIES:
+            value = getattr(self, f)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"MemoryEstimate.{f} must be an int >= 0, but got {value!r}.")
+        if not isinstance(self.ranks, int) or self.ranks < 1:
+            raise ConfigError(f"MemoryEstimate.ranks must be an int >= 1, but got {self.ranks!r}.")
+
+    def fits(self, budget: int) -> bool:
+        return self.total <= budget
+
+    def breakdown(self) -> MemoryBreakdown:
+        return MemoryBreakdown(**{f: getattr(self, f) for f in _CATEGORIES})
+
+    def to_dict(self) -> dict[str, Any]:
+        values = {f: getattr(self, f) for f in (*_CATEGORIES, "phase", "ranks")}
+        verification = None if self.verification is None else self.verification.to_dict()
+        return values | {"total": self.total, "verified": self.verified, "verification": verification}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+_CATEGORIES = MEMORY_CATEGORIES
+
+
+class Plan(NamedTuple):
+    """How a config runs: which runner, at which weight precision, each block in which profile mode."""
+
+    runner: Literal["local", "deepspeed"]
+    stage: int
+    ranks: int
+    weights: Literal["fp32", "bf16", "fp16"]
+    base_mode: str  # the profile mode of an uncheckpointed fp32 (or 16-bit engine) block
+    block_modes: tuple[str, ...]
+    checkpoints: tuple[bool, ...]
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """Profile modes the prediction needs."""
+        return tuple(dict.fromkeys((self.base_mode, *self.block_modes)))
+
+
+def plan_of(config: TrainConfig, *, num_blocks: int, device_type: str = "cpu") -> Plan:
+    """The runner ``autotune.measure`` would use for ``config``, and each block's profile mode."""
+    checkpoints = config.block_checkpoints(num_blocks)
+    if config.zero_stage == 0 and config.ranks == 1:  # the local runner: fp32 weights, autocast islands
+        return Plan("local", 0, 1, "fp32", "fp32", config.block_precisions(num_blocks), checkpoints)
+    weights = engine_precision(config, num_blocks=num_blocks, device_type=device_type)
+    if weights == "fp32":
+        modes = config.block_precisions(num_blocks)
+        return Plan("deepspeed", config.zero_stage, config.ranks, "fp32", "fp32", modes, checkpoints)
+    mode = f"{weights}-weights"
+    return Plan("deepspeed", config.zero_stage, config.ranks, weights, mode, (mode,) * num_blocks, checkpoints)
+
+
+def predict_memory(
+    workload: Workload,
+    config: TrainConfig,
+    *,
+    ranks: int | None = None,
+    profile: MemoryProfile | None = None,
+    device_type: str = "cpu",
+    verify: bool = True,
+) -> MemoryEstimate:
+    """Predict the peak tensor bytes per rank of ``config`` (at ``ranks``, default ``config.ranks``).
+
+    ``profile`` (from :func:`autotune.memory.profile.profile_memory` with at least ``plan_of(...).modes``)
+    is measured when not given: a few seconds of fake-tensor forward/backward passes, no real
+    compute, so this answers for models and rank counts this machine cannot run; with ``verify``
+    (the default) also checked against one real step (two real steps at micro-batch 4: pass
+    ``verify=False`` to skip them). The estimate is ``verified`` only if its profile was checked
+    and agreed (see :mod:`autotune.memory.check`). Raises :class:`PredictionError` if the model
+    cannot be profiled.
+    """
+    if ranks is not None:
+        config = dataclasses.replace(config, ranks=ranks)
+    plan = plan_of(config, num_blocks=len(workload.block_names()), device_type=device_type)
+    if profile is None:
+        from autotune.memory.profile import profile_memory
+
+        profile = profile_memory(workload, modes=plan.modes, checkpointed=any(plan.checkpoints), verify=verify)
+    missing = [m for m in plan.modes if m not in profile.modes]
+    if missing:
+        raise ConfigError(f"predict_memory: the profile lacks mode {missing[0]!r}; profile with modes={plan.modes}.")
+    recomputed = {mode for mode, ckpt in zip(plan.block_modes, plan.checkpoints, strict=True) if ckpt}
+    if any(profile.modes[mode].checkpointed is None for mode in recomputed):
+        raise ConfigError("predict_memory: the profile has no checkpointed runs; profile with checkpointed=True.")
+    estimate = _Predictor(workload, config, plan, profile).peak()
+    check = profile.verification
+    return dataclasses.replace(estimate, verified=check is not None and check.verified, verification=check)
+
+
+class _Stretch(NamedTuple):
+    """One window at the config's micro-batch: its highest moment by each of :class:`Window`'s measures."""
+
+    peak: Moment
+    kept: Moment
+    reducing: Moment
+
+
+class _Predictor:
+    def __init__(self, workload: Workload, config: TrainConfig, plan: Plan, profile: MemoryProfile) -> None:
+        self.config, self.plan, self.profile = config, plan, profile
+        self.psi = profile.num_parameters
+        self.q = math.ceil(self.psi / plan.ranks)  # elements of one rank's ZeRO partition
+        self.s = _WEIGHT_BYTES[plan.weights]  # bytes per parameter (and gradient) in the model
+        self.bucket = bucket_elements(profile.largest_parameter)
+        self.base = profile.modes[plan.base_mode]
+        self.buffers = _buffer_bytes(workload, plan.weights)
+
+    # ---- model states (between steps) ------------------------------------------------------------
+
+    def states(self) -> dict[str, int]:
+        """Parameters, gradients, optimizer state and DeepSpeed buffers held between steps."""
+        p, psi, q, s = self.profile, self.psi, self.q, self.s
+        master = 4 * q + round(p.flat_state_ratio * q)  # fp32 master partition + optimizer state on it
+        if self.plan.runner == "local" or (self.plan.stage == 0 and s == 4):
+            return {"parameters": 4 * psi, "gradients": 0, "optimizer_state": p.optimizer_state_bytes, "other": 0}
+        if self.plan.stage == 0:  # 16-bit engine, no ZeRO: fp32 master copy of every parameter
+            return {
+                "parameters": s * psi,
+                "gradients": 0,
+                "optimizer_state": 4 * psi + p.optimizer_state_bytes,
+                "other": 0,
+            }
+        if self.plan.stage < 3:
+            # ZeRO 1-2 pad their flat parameter group to a multiple of 2 x ranks elements
+            # (DeepSpeed's nccl_start_alignment_factor); each rank's partition is 1/N of that.
+            q12 = self._padded_partition()
+            master = 4 * q12 + round(p.flat_state_ratio * q12)
+            return {"parameters": s * q12 * self.plan.ranks, "gradients": 0, "optimizer_state": master, "other": 0}
+        # ZeRO-3 also keeps its gradient partition and one reduce bucket between steps.
+        return {"parameters": s * q, "gradients": s * q, "optimizer_state": master, "other": s * self.bucket}
+
+    def _padded_partition(self) -> int:
+        """ZeRO 1-2's partition: the flat group padded to a multiple of 2 x ranks elements
+        (DeepSpeed's nccl_start_alignment_factor), split in N."""
+        align = 2 * self.plan.ranks
+        return math.ceil(self.psi / align) * align // self.plan.ranks
+
+    # ---- the two phases ----------------------------------------------------------------------------
+
+    def peak(self) -> MemoryEstimate:
+        fb, opt = self.forward_backward(), self.optimizer_step()
+        return fb if fb.total >= opt.total else opt
+
+    def _estimate(self, phase: Phase, **extra: int) -> MemoryEstimate:
+        values = dict.fromkeys(_CATEGORIES, 0) | {"buffers": self.buffers}
+        for key, value in [*self.states().items(), *extra.items()]:
+            values[key] += max(0, int(value))
+        counted: dict[str, Any] = values  # byte counts only: verified/verification are set by predict_memory
+        return MemoryEstimate(**counted, phase=phase, ranks=self.plan.ranks)
+
+    def optimizer_step(self) -> MemoryEstimate:
+        p, plan = self.profile, self.plan
+        if plan.runner == "local":
+            # Full gradients, plus what the optimizer allocates (torch's for-loop AdamW: per
+            # tensor); the training loop still holds the last micro-batch.
+            batch = _lin(self.base.batch, p.micro_batch_sizes, self.config.micro_batch_size)
+            return self._estimate(
+                "optimizer step", gradients=4 * self.psi, temporaries=p.optimizer_step_bytes, activations=batch
+            )
+        if plan.stage == 0 and self.s == 4:
+            return self._estimate("optimizer step", gradients=4 * self.psi, temporaries=p.optimizer_step_bytes)
+        if plan.stage == 0:
+            # DeepSpeed's 16-bit optimizer wrapper makes an fp32 copy of every gradient for the master.
+            gradients = self.s * self.psi + 4 * self.psi
+            return self._estimate("optimizer step", gradients=gradients, temporaries=p.optimizer_step_bytes)
+        # Stages 1-3: the fp32 gradient partition of the master weights, and the optimizer's
+        # temporaries on the flat partition (for-loop AdamW: ~2 partition-sized tensors).
+        q = self.q if plan.stage == 3 else self._padded_partition()
+        return self._estimate("optimizer step", gradients=4 * q, temporaries=round(p.flat_step_ratio * 4 * q))
+
+    def forward_backward(self) -> MemoryEstimate:
+        plan, s, g = self.plan, self.s, self.base.gradients
+        k = self.config.grad_accum_steps
+        windows = self._windows(self.config.micro_batch_size)
+        candidates: list[MemoryEstimate] = []
+        if plan.runner == "local" or plan.stage <= 1:
+            # Gradients stay in .grad; from the second micro-batch on they are all there already.
+            for x in (x for window in windows for x in window):
+                grads = g if k > 1 else x.gradients
+                candidates.append(
+                    self._estimate(
+                        "forward/backward", activations=x.activations, temporaries=x.temporaries, gradients=grads
+                    )
+                )
+            temporaries, gradients = self._end_of_backward()
+            end = windows[-1].kept
+            candidates.append(
+                self._estimate(
+                    "forward/backward", activations=end.activations, temporaries=temporaries, gradients=g + gradients
+                )
+            )
+        else:
+            # ZeRO 2-3: each gradient is reduced into a bucket as it is produced and leaves .grad.
+            gathered = s * self.bucket if plan.stage == 3 else 0  # the module being computed, gathered
+            # Stage 2 reduces into a partition of the gradients (in the model's precision: its
+            # gradient accumulation dtype); with accumulation, the one of the earlier micro-batches
+            # stays while the next is being reduced (measured).
+            partition = s * self._padded_partition() if plan.stage == 2 else 0
+            moments = [(w.peak, w.peak.gradients >= s * self.bucket) for w in windows]
+            moments += [(w.reducing, True) for w in windows]
+            for x, reducing in moments:  # reducing: the first bucket has filled
+                held = partition * ((reducing or k > 1) + (reducing and k > 1))
+                # Gradients waiting for their bucket, and (stage 2, contiguous_gradients) the
+                # bucket they are copied into for the reduction.
+                flight = s * self.bucket * (1 + (plan.stage == 2)) if reducing else 0
+                candidates.append(
+                    self._estimate(
+                        "forward/backward",
+                        activations=x.activations,
+                        temporaries=x.temporaries,
+                        gradients=held + flight,
+                        parameters=gathered,
+                    )
+                )
+        return max(candidates, key=lambda e: e.total)
+
+    def _end_of_backward(self) -> tuple[int, int]:
+        """(temporaries, gradients) DeepSpeed adds once the gradients are complete."""
+        plan, s = self.plan, self.s
+        if plan.runner == "local":
+            return 0, 0
+        if plan.stage == 0:  # all gradients flattened into one all-reduce buffer (up to 5e8 elements)
+            return s * min(self.psi, DEFAULT_BUCKET), 0
+        # stage 1: the reduction into the fp32 gradient partition, bucket by bucket
+        return s * self.bucket, 4 * self.q
+
+    def _windows(self, m: int) -> list[_Stretch]:
+        """Forward and backward, stretch by stretch (see ``Windows``), at micro-batch ``m`` with
+        this config's blocks.
+
+        Each block's stretches (and the head's, the embedding's: their neighbours') come from the
+        profile run that ran that block as the config says: in its precision, plain or
+        checkpointed (all blocks are, in that run: each is recomputed in its stretch, one at a
+        time, Chen et al. 2016). Only what the blocks before it keep differs between that run
+        and the config, by the same bytes all through the stretch: the stretch is shifted by the
+        difference (``_kept``). A stretch is its highest moments at the profiled sizes, as lines
+        in the micro-batch size (see :class:`Window`); which of them is highest depends on ``m``.
+        """
+        sizes, plan, n = self.profile.micro_batch_sizes, self.plan, len(self.plan.checkpoints)
+        saves = {mode: _saves_at(self.profile.modes[mode].blocks, sizes, m) for mode in plan.modes}
+        config = list(zip(plan.block_modes, plan.checkpoints, strict=True))
+        batch = _lin(self.base.batch, sizes, m)
+        out: list[_Stretch] = []
+        for w in range(3 * n + 2):
+            owners, inputs, like, freed = _waiting(w, n)
+            mode, ckpt = config[like]  # whose run to read
+            series = self.profile.modes[mode].checkpointed if ckpt else self.profile.modes[mode].windows
+            assert series is not None, "predict_memory checks the checkpointed runs"
+            uniform = [(mode, ckpt)] * n
+            shift = batch + _kept(saves, config, owners, inputs, mode, freed)
+            shift -= _kept(saves, uniform, owners, inputs, mode, freed)
+            moments = [_at(series, w, part, sizes, m) for part in range(3)]
+            out.append(_Stretch(*(x._replace(activations=max(0, x.activations + shift)) for x in moments)))
+        return out
+
+
+def _saves_at(blocks: tuple[BlockSaves, BlockSaves], sizes: tuple[int, int], m: int) -> BlockSaves:
+    """Each field of each block linear in the micro-batch size through the two profiled points."""
+    fields = (tuple(_lin((a, b), sizes, m) for a, b in zip(x, y, strict=True)) for x, y in zip(*blocks, strict=True))
+    return type(blocks[0])(*fields)
+
+
+def _waiting(w: int, n: int) -> tuple[int, int, int, bool]:
+    """For window ``w`` (see ``Windows``): how many blocks hold what they saved, how many block
+    inputs may be held, which block's run to read, and whether the last of those inputs is freed
+    by the block that took it.
+
+    In block i's forward, blocks before it are done and its input is alive whoever keeps it (its
+    forward still uses it): i, i, i. In the head: n, n, n - 1. In block i's backward, its input
+    stays only if someone keeps it, and from the moment it is freed in the profile run, only if
+    someone else does: i, i + 1, i. After block 0: nothing, read from block 0's run.
+    """
+    if w < n:
+        return w, w, w, False
+    if w == n:
+        return n, n, n - 1, False
+    if w <= 3 * n:
+        i = n - 1 - (w - n - 1) // 2
+        return i, i + 1, i, (w - n - 1) % 2 == 1
+    return 0, 0, 0, False
+
+
+def _kept(
+    saves: dict[str, BlockSaves], blocks: list[tuple[str, bool]], owners: int, inputs: int, mode: str, freed: bool
+) -> int:
+    """Bytes that blocks ``0 .. owners - 1`` keep of what they saved, and the inputs of blocks
+    ``0 .. inputs - 1`` that are kept, each block in its (mode, checkpointed); ``freed``: block
+    ``inputs - 1`` no longer keeps its own.
+
+    A block's input is one fp32 storage (a bf16 island casts its output back), kept if the block
+    before it saves it (its last ReLU), if the block saves it (an fp32 LayerNorm or convolution;
+    a bf16 one saves its own cast instead), if it is checkpointed (its input is all it keeps), or
+    if code outside the blocks saves it (the stem, ``external``: read from ``mode``'s run, alike
+    in every island mode). Counted once: adding each block's saved bytes would count it twice
+    when both neighbours save it. The rest of what a block saves is its own.
+    """
+    n = len(blocks)
+    external = saves[mode].external
+
+    def own(j: int) -> int:
+        block_mode, ckpt = blocks[j]
+        s = saves[block_mode]
+        handed = s.outputs[j] if j + 1 < n else 0  # the last block's output is the head's input
+        return 0 if ckpt else max(0, s.saved[j] - s.saved_inputs[j] - handed)
+
+    def shared(j: int) -> int:  # block j's input
+        block_mode, ckpt = blocks[j]
+        before = blocks[j - 1] if j > 0 else None
+        by_previous = saves[before[0]].outputs[j - 1] if before is not None and not before[1] else 0
+        by_itself = saves[block_mode].inputs[j] if ckpt else saves[block_mode].saved_inputs[j]
+        return max(external[j], by_previous, 0 if freed and j == inputs - 1 else by_itself)
+
+    return sum(own(j) for j in range(owners)) + sum(shared(j) for j in range(inputs))
+
+
+def _lin(values: tuple[int, int], sizes: tuple[int, int], m: int) -> int:
+    """Linear in the micro-batch size through the two profiled points."""
+    (v0, v1), (m0, m1) = values, sizes
+    return max(0, round(v0 + (v1 - v0) * (m - m0) / (m1 - m0)))
+
+
+def _at(windows: Windows, w: int, part: int, sizes: tuple[int, int], m: int) -> Moment:
+    """Moment ``part`` (see :class:`Window`) of window ``w`` at micro-batch ``m``: of the window's
+    candidates, each category linear in ``m``, the highest by that part's measure."""
+    from autotune.memory.profile import Moment
+
+    candidates = [
+        Moment(*(_lin((a, b), sizes, m) for a, b in zip(x, y, strict=True)))
+        for x, y in zip(windows[0][w][part], windows[1][w][part], strict=True)
+    ]
+    if not candidates:
+        return Moment(0, 0, 0)
+    if part == 1:  # kept: gradients count
+        return max(candidates, key=lambda x: x.activations + x.temporaries + x.gradients)
+    return max(candidates, key=lambda x: (x.activations + x.temporaries, -x.gradients))
+
+
+def _buffer_bytes(workload: Workload, weights: str) -> int:
+    """Module buffers; a 16-bit DeepSpeed engine casts the float ones (deepspeed_config's buffer_dtype)."""
+    total = 0
+    for b in workload.model.buffers():
+        size = _WEIGHT_BYTES[weights] if b.is_floating_point() else b.element_size()
+        total += b.numel() * size
+    return total
+
+
+def budget_bytes(
+    budget: MemoryBudget | None, workload: Workload, *, ranks: int = 1, device_type: str = "cpu"
+) -> int | None:
+    """``budget`` in bytes per rank, for ``measure``, ``predict`` and ``study``.
+
+    A percentage (``MemoryBudget.fraction``) is of the *predicted* peak per rank of the PyTorch
+    default configuration at ``ranks``: fp32, the workload's batch split over the ranks in one
+    micro-batch each, nothing recomputed, ZeRO stage 0 (what ``autotune tune`` starts from, and
+    measures instead). A prediction runs no real compute, so the budget is known before anything
+    runs or is written; on the local runner it equals the measured peak within a few hundred bytes.
+    """
+    if budget is None:
+        return None
+    per_rank = max(1, min(workload.batch_size // ranks, len(workload.dataset)))  # type: ignore[arg-type]
+    default = TrainConfig(micro_batch_size=per_rank, ranks=ranks)
+    return budget.resolve(lambda: predict_memory(workload, default, device_type=device_type).total)

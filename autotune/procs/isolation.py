@@ -1,0 +1,195 @@
+"""Measurements in a child process with a hard time limit, so no configuration can hang a study.
+
+One long-lived child (``spawn`` start method: no forked torch or OpenMP state) rebuilds the
+workload from ``Workload.source`` once and then measures config after config, sent over a pipe.
+The parent waits at most ``timeout`` seconds for each answer; past it, or if the child dies
+(segfault, the kernel's OOM killer), the child is SIGKILLed, the trial fails with the reason, and
+a fresh child is started for the next trial. Startup (importing torch, building the workload) has
+its own limit and is not charged to a trial.
+
+The child also exits by itself within a second once its parent is gone (SIGKILL of the study
+process included), so an interrupted study leaves no orphan burning the CPU. It ignores SIGINT:
+Ctrl-C reaches the whole process group, and the parent alone answers it (one line, exit 130),
+killing the child on its way out instead of letting it print a traceback of its own.
+
+A workload that breaks its contract (:class:`WorkloadError`, e.g. a loss_fn that returns no
+scalar) is the user's mistake, not a failed configuration: it is raised again in the parent and
+ends the study.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from autotune.config import TrainConfig
+from autotune.errors import AutotuneError, MeasurementFailed, StudyError, WorkloadError
+from autotune.measurement.record import Measurement
+
+__all__ = ["MeasurementFailed", "MeasurementProcess"]
+
+
+class MeasurementProcess:
+    """A child process that measures configs of one workload.
+
+    Args:
+        source: ``Workload.source`` of the workload (a reference ``load_workload`` resolves).
+        threads: ``torch.set_num_threads`` in the child (None: torch's default).
+        device: Passed to :func:`autotune.measure`.
+        startup_timeout: Seconds allowed for the child to import torch and build the workload.
+    """
+
+    def __init__(
+        self, source: str, *, threads: int | None = None, device: str | None = None, startup_timeout: float = 600.0
+    ) -> None:
+        self.source = source
+        self.threads = threads
+        self.device = device
+        self.startup_timeout = startup_timeout
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def start(self) -> None:
+        """Start the child and wait until the workload is built (idempotent)."""
+        if self._process is not None and self._process.is_alive():
+            return
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        process = ctx.Process(
+            target=_serve,
+            args=(child, self.source, self.threads, self.device, os.getpid()),
+            name="autotune-measure",
+            daemon=True,
+        )
+        with _sigint_ignored():  # inherited through exec: ignored from the child's first instruction
+            process.start()
+        child.close()
+        self._process, self._conn = process, parent
+        kind, payload = self._receive(self.startup_timeout, what="starting the measurement process")
+        if kind == "user_error":
+            self.close()
+            raise WorkloadError(payload)
+        if kind != "ready":
+            self.close()
+            raise StudyError(f"the measurement process could not build workload {self.source!r}: {payload}")
+
+    def measure(
+        self, config: TrainConfig, *, steps: int, warmup: int, memory_budget: int | None, timeout: float
+    ) -> Measurement:
+        """Measure ``config``; raise :class:`MeasurementFailed` if it errs, crashes or takes too long."""
+        self.start()
+        assert self._conn is not None
+        self._conn.send((config.to_dict(), steps, warmup, memory_budget))
+        kind, payload = self._receive(timeout, what="the measurement")
+        if kind == "user_error":
+            raise WorkloadError(payload)
+        if kind == "error":
+            raise MeasurementFailed(payload)
+        return Measurement.from_dict(payload)
+
+    def _receive(self, timeout: float, *, what: str) -> tuple[str, Any]:
+        assert self._conn is not None and self._process is not None
+        try:
+            if self._conn.poll(timeout):
+                message: tuple[str, Any] = self._conn.recv()
+                return message
+        except (EOFError, OSError):
+            pass  # the child died: report its exit code below
+        if self._process.is_alive():
+            self.close()
+            raise MeasurementFailed(f"{what} exceeded the time limit of {timeout:g} s and was killed")
+        code = self._process.exitcode
+        self.close()
+        raise MeasurementFailed(f"the measurement process died during {what} (exit code {code})")
+
+    def close(self) -> None:
+        """Kill the child (if any) and forget it; the next measure starts a new one."""
+        if self._process is not None:
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join(timeout=10)
+            self._process = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> MeasurementProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _sigint_ignored:
+    """SIGINT ignored while a child is spawned (main thread only: elsewhere signals cannot be set)."""
+
+    def __enter__(self) -> None:
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+# ---- the child ---------------------------------------------------------------------------------
+
+
+def _watch_parent(parent_pid: int) -> None:
+    # The pipe tells the child its parent is gone only when it next reads; a measurement may run
+    # for minutes, so a thread checks once a second and ends the process when orphaned.
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(3)
+
+
+def _serve(conn: Connection, source: str, threads: int | None, device: str | None, parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills this process
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    import torch
+
+    from autotune.measurement import measure
+    from autotune.resolve import load_workload
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        workload = load_workload(source)
+    except AutotuneError as e:
+        conn.send(("error", str(e)))
+        return
+    try:
+        # One throwaway measurement pays the process's one-time costs (kernel selection, allocator
+        # growth: the first measurement of gpt-tiny ran at half the throughput of later ones),
+        # which would otherwise be charged to the first trial, and the first trial is a baseline.
+        warm = TrainConfig(micro_batch_size=min(workload.batch_size, len(workload.dataset)))  # type: ignore[arg-type]
+        measure(workload, warm, steps=1, warmup=1, device=device)
+    except WorkloadError as e:
+        conn.send(("user_error", str(e)))
+        return
+    except AutotuneError as e:
+        conn.send(("error", str(e)))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            config, steps, warmup, budget = conn.recv()
+        except EOFError:
+            return
+        try:
+            m = measure(
+                workload, TrainConfig.from_dict(config), steps=steps, warmup=warmup, memory_budget=budget, device=device
+            )
+        except WorkloadError as e:  # the workload is broken for every config: the study stops
+            conn.send(("user_error", str(e)))
+            continue
+        except AutotuneError as e:  # TrainingError, UnsupportedError, ConfigError: the trial fails
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+            continue
+        conn.send(("ok", m.to_dict()))

@@ -1,0 +1,211 @@
+"""One rank of a :class:`~autotune.procs.session.RankSession`.
+
+Started by the session through torchrun: ``python -m autotune.procs.session_worker RUN_DIR HOST
+PORT``. The rank registers its pid (for reaping), connects to the parent at HOST:PORT, says hello
+with the session's token (``AUTOTUNE_SESSION_TOKEN``: only the parent's own ranks are let in), and
+then answers one command at a time. Commands and replies are JSON lines, never pickles:
+
+    {"op": "step", "args": {}}               ->  {"ok": {...}}  or  {"error": {"type": ..., "message": ...}}
+
+Every rank gets every command from the parent and answers it itself, so a rank that fails reports
+its own exception even while the others wait for it inside a collective (the parent then ends them
+all). A watchdog thread ends the rank when the parent process is gone, whatever the rank is doing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import timedelta
+from io import BufferedIOBase
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PARENT_ENV", "TOKEN_ENV", "main"]
+
+TOKEN_ENV = "AUTOTUNE_SESSION_TOKEN"
+PARENT_ENV = "AUTOTUNE_SESSION_PARENT"
+_WATCH_SECONDS = 1.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from autotune.procs.launch import PIDS_DIR
+
+    args = sys.argv[1:] if argv is None else argv
+    run_dir, host, port = Path(args[0]), args[1], int(args[2])
+    (run_dir / PIDS_DIR / str(os.getpid())).touch()  # lets the session reap this rank whatever happens
+    _watch_parent(int(os.environ[PARENT_ENV]))
+    token = os.environ.pop(TOKEN_ENV)  # not inherited by anything this rank starts
+    rank = int(os.environ["RANK"])
+    with socket.create_connection((host, port), timeout=60) as sock:
+        sock.settimeout(None)
+        channel = sock.makefile("rwb")
+        _send(channel, {"hello": token, "rank": rank, "pid": os.getpid()})
+        _Rank(rank).serve(channel)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def _watch_parent(pid: int) -> None:
+    """End this process when the session's parent is gone (killed, crashed), even mid-collective."""
+    started = _start_time(pid)
+
+    def watch() -> None:
+        while _start_time(pid) == started:  # a reused pid has another start time
+            time.sleep(_WATCH_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="autotune-parent-watchdog", daemon=True).start()
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc (not Linux): existence only
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return "alive"
+
+
+def _send(channel: BufferedIOBase, message: dict[str, Any]) -> None:
+    channel.write(json.dumps(message).encode() + b"\n")
+    channel.flush()
+
+
+class _Rank:
+    """This rank's side of the session: a ZeroTrainer driven by the parent's commands."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.trainer: Any = None  # a ZeroTrainer once started
+        self._workloads: dict[str, Any] = {}
+        self._ops: dict[str, Callable[..., dict[str, Any]]] = {
+            "start": self.start,
+            "reconfigure": self.reconfigure,
+            "step": self.step,
+            "tracked_step": self.tracked_step,
+            "state": self.state,
+            "close": self.close,
+        }
+
+    def serve(self, channel: BufferedIOBase) -> None:
+        for line in channel:  # ends at EOF: the parent closed the connection (or died)
+            command = json.loads(line)
+            op = command["op"]
+            try:
+                if op not in self._ops:
+                    raise ValueError(f"unknown session command {op!r} (known: {', '.join(self._ops)}).")
+                reply: dict[str, Any] = {"ok": self._ops[op](**command["args"])}
+            except Exception as e:
+                from autotune.measurement.oom import is_out_of_memory
+
+                traceback.print_exc()  # into this rank's stderr log as well
+                reply = {
+                    "error": {
+                        "type": type(e).__name__,
+                        "message": str(e),
+                        "out_of_memory": is_out_of_memory(e),
+                        "traceback": traceback.format_exc(),
+                    }
+                }
+            _send(channel, reply)
+            if op == "close":
+                return
+
+    # ---- commands ---------------------------------------------------------------------------------
+
+    def start(self, *, workload: str, config: dict[str, Any], device: str, timeout: float) -> dict[str, Any]:
+        """A fresh trainer from the workload's initial model (the process group is made once)."""
+        import torch
+
+        from autotune.config import TrainConfig
+        from autotune.resolve import load_workload
+        from autotune.train.zero import ZeroTrainer, import_deepspeed
+
+        if not torch.distributed.is_initialized():
+            # DeepSpeed 0.19.8 calls the deprecated all_gather_into_tensor: noise, once per engine.
+            warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated", category=FutureWarning)
+            if device == "cuda":
+                torch.cuda.set_device(torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+            # A collective that waits longer than a command may take fails here, not only in the parent.
+            import_deepspeed().init_distributed(
+                dist_backend="nccl" if device == "cuda" else "gloo", timeout=timedelta(seconds=timeout)
+            )
+            # The first ZeRO 1-3 engine of a process imports DeepSpeed's Muon optimizer, which
+            # imports torch.compile's inductor: ~3-5 s here, once. Paid now, so that the first
+            # ZeRO stage change costs (and is timed) as what it is.
+            importlib.import_module("deepspeed.runtime.zero.muon.muon_optimizer")
+        if workload not in self._workloads:
+            self._workloads[workload] = load_workload(workload)
+        self.close()
+        cfg = TrainConfig.from_dict(config)
+        torch.manual_seed(cfg.seed)
+        dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if device == "cuda" else torch.device("cpu")
+        self.trainer = ZeroTrainer(self._workloads[workload], cfg, rank=self.rank, device=dev)
+        return {}
+
+    def _trainer(self) -> Any:
+        if self.trainer is None:
+            raise RuntimeError("no training has started on this rank; the session sends 'start' first.")
+        return self.trainer
+
+    def reconfigure(self, *, config: dict[str, Any]) -> dict[str, Any]:
+        from autotune.config import TrainConfig
+
+        start = time.perf_counter()
+        rebuilt = self._trainer().reconfigure(TrainConfig.from_dict(config))
+        return {"rebuilt": rebuilt, "seconds": time.perf_counter() - start}
+
+    def step(self) -> dict[str, Any]:
+        return asdict(self._trainer().step())
+
+    def tracked_step(self) -> dict[str, Any]:
+        from autotune.measurement.zero_tracker import tracked_zero_step
+
+        tracked = tracked_zero_step(self._trainer())
+        return {
+            "result": asdict(tracked.result),
+            "resident": asdict(tracked.resident),
+            "at_peak": asdict(tracked.at_peak),
+            "category_peaks": asdict(tracked.category_peaks),
+        }
+
+    def state(self, *, path: str) -> dict[str, Any]:
+        """Gather the full training state (a collective); rank 0 writes it to ``path``."""
+        from autotune.train.zero_state import gather_state, save_state
+
+        trainer = self._trainer()
+        state = gather_state(trainer.engine, trainer.optimizer)
+        if self.rank == 0:
+            save_state(state, Path(path))
+        return {"step_count": trainer.step_count}
+
+    def close(self) -> dict[str, Any]:
+        if self.trainer is not None:
+            trainer, self.trainer = self.trainer, None
+            trainer.close()
+        return {}
+
+
+if __name__ == "__main__":
+    code = main()
+    # Everything a rank owes is sent or written. The interpreter's own teardown (torch, DeepSpeed,
+    # inductor modules) takes ~3 s on 2 cores and would delay every session's close by as much.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from autotune import load_workload
+from autotune.memory.blocks import profile_blocks
+from autotune.memory.profile import profile_memory
+from tests.conftest import make_resmlp
+
+
+def test_block_saved_bytes_are_exact_and_scale_with_the_batch() -> None:
+    wl = make_resmlp()  # 4 identical blocks, d=64, seq 32
+    one, two = profile_blocks(wl, micro_batch_size=1), profile_blocks(wl, micro_batch_size=2)
+    # Per block and sample: LayerNorm input, LN output + mean + rstd, up-proj output, GELU output:
+    # 32 tokens x (64 + 64 + 1 + 1 + 256 + 256) fp32 values = 82,176 bytes.
+    assert one.saved_bytes == (82_176,) * 4
+    assert two.saved_bytes == (2 * 82_176,) * 4
+    assert one.names == ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
+
+
+def test_bf16_blocks_save_fewer_bytes_per_sample() -> None:
+    wl = load_workload("gpt-tiny")
+    fp32 = profile_blocks(wl, micro_batch_size=4, precision="fp32")
+    bf16_4 = profile_blocks(wl, micro_batch_size=4, precision="bf16")
+    bf16_8 = profile_blocks(wl, micro_batch_size=8, precision="bf16")
+    per_sample_bf16 = [(b - a) / 4 for a, b in zip(bf16_4.saved_bytes, bf16_8.saved_bytes, strict=True)]
+    assert all(s < f / 4 for s, f in zip(per_sample_bf16, fp32.saved_bytes, strict=True))
+
+
+def test_ranking_puts_hungriest_blocks_first() -> None:
+    wl = load_workload("resnet-tiny")  # early stages run at higher resolution: more activations
+    prof = profile_blocks(wl, micro_batch_size=2)
+    order = prof.ranked()
+    assert [prof.saved_bytes[i] for i in order] == sorted(prof.saved_bytes, reverse=True)
+    assert prof.names[order[0]].startswith("layer1")
+
+
+def test_memory_profile_tells_who_keeps_each_block_input() -> None:
+    # resnet-tiny, micro-batch 4: block i's input is the final ReLU output of block i - 1 (of the
+    # stem for block 0), fp32 whatever the precisions (a bf16 island casts its output back): one
+    # storage that either side may save. Composing mixed configs depends on telling who does.
+    wl = load_workload("resnet-tiny")
+    profile = profile_memory(wl, modes=("fp32", "bf16"), micro_batch_sizes=(2, 4), checkpointed=False)
+    fp32, bf16 = profile.modes["fp32"].blocks[1], profile.modes["bf16"].blocks[1]
+    # 16, 16, 16, 32, 32, 64 channels of 32x32, 32x32, 32x32, 16x16, 16x16, 8x8, 4 samples, 4 bytes.
+    inputs = (262_144,) * 3 + (131_072,) * 2 + (65_536,)
+    assert fp32.inputs == bf16.inputs == inputs
+    assert fp32.saved_inputs == inputs  # an fp32 first convolution saves its input...
+    assert bf16.saved_inputs == (0,) * 6  # ...a bf16 one the bf16 cast it makes
+    assert fp32.external == bf16.external == (inputs[0], 0, 0, 0, 0, 0)  # the stem's ReLU
+    # The final ReLU saves the block's output, the next block's input (the last one's goes to the
+    # head: not counted). In bf16 it does so in fp32 after a residual add with the fp32 input, but
+    # the downsampling blocks (2 and 4) add two bf16 branches: their bf16 ReLU output is theirs,
+    # and the fp32 cast they return is kept by no one unless the next block is fp32.
+    assert fp32.outputs == (*inputs[1:], 0)
+    assert bf16.outputs == (inputs[1], inputs[2], 0, inputs[4], 0, 0)

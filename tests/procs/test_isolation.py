@@ -1,0 +1,60 @@
+"""Measurements in a child process: results come back, hangs are killed at the time limit, the
+child is replaced after a failure."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.errors import StudyError, WorkloadError
+from autotune.procs.isolation import MeasurementFailed, MeasurementProcess
+
+TINY = Path(__file__).parent / "tiny_workload.py"
+
+
+def test_a_hanging_trial_is_killed_at_the_time_limit_and_the_next_one_runs() -> None:
+    with MeasurementProcess(f"{TINY}:build_hanging", threads=1) as proc:
+        m = proc.measure(
+            TrainConfig(micro_batch_size=4, grad_accum_steps=4), steps=2, warmup=1, memory_budget=None, timeout=120
+        )
+        assert (m.workload, m.status, m.config.micro_batch_size) == ("hanging", "ok", 4)
+        assert m.throughput is not None and m.throughput > 0
+        message = "the measurement exceeded the time limit of 2 s and was killed"
+        with pytest.raises(MeasurementFailed, match=f"^{re.escape(message)}$"):
+            proc.measure(
+                TrainConfig(micro_batch_size=1, grad_accum_steps=16), steps=2, warmup=1, memory_budget=None, timeout=2
+            )
+        again = proc.measure(
+            TrainConfig(micro_batch_size=8, grad_accum_steps=2), steps=2, warmup=1, memory_budget=None, timeout=120
+        )
+        assert again.status == "ok"
+
+
+def test_a_config_the_runner_refuses_fails_with_its_message() -> None:
+    message = (
+        "ConfigError: TrainConfig.micro_batch_size must be <= the dataset size of workload 'tiny' (256), but got 512."
+    )
+    with (
+        MeasurementProcess(f"{TINY}:build", threads=1) as proc,
+        pytest.raises(MeasurementFailed, match=f"^{re.escape(message)}$"),
+    ):
+        proc.measure(TrainConfig(micro_batch_size=512), steps=1, warmup=1, memory_budget=None, timeout=120)
+
+
+def test_a_workload_that_cannot_be_built_is_a_study_error() -> None:
+    message = (
+        "the measurement process could not build workload 'nope.py:build': "
+        "workload 'nope.py:build': file 'nope.py' does not exist"
+    )
+    with pytest.raises(StudyError, match=f"^{re.escape(message)}$"):
+        MeasurementProcess("nope.py:build").start()
+
+
+def test_a_broken_loss_fn_is_the_users_mistake_not_a_failed_trial() -> None:
+    message = "workload 'tiny': loss_fn must return a scalar tensor, but returned shape (8, 16)"
+    proc = MeasurementProcess(f"{TINY}:build_bad_loss", threads=1)
+    with proc, pytest.raises(WorkloadError, match=f"^{re.escape(message)}$"):
+        proc.start()

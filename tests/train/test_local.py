@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import torch
+
+from autotune import TrainConfig, Workload
+from autotune.train import Trainer
+from tests.conftest import make_resmlp
+
+
+def _grads_of_first_step(wl: Workload, config: TrainConfig) -> list[torch.Tensor]:
+    trainer = Trainer(wl, config)
+    captured: list[torch.Tensor] = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: captured.extend(
+            p.grad.clone() for p in trainer.model.parameters() if p.grad is not None
+        )
+    )
+    trainer.step()
+    trainer.close()
+    return captured
+
+
+def test_accumulation_keeps_the_full_batch_gradient() -> None:
+    wl = make_resmlp()
+    full = _grads_of_first_step(wl, TrainConfig(micro_batch_size=32, grad_accum_steps=1, grad_clip=None))
+    for micro, accum in [(16, 2), (8, 4), (4, 8)]:
+        acc = _grads_of_first_step(wl, TrainConfig(micro_batch_size=micro, grad_accum_steps=accum, grad_clip=None))
+        assert len(acc) == len(full) > 0
+        for a, b in zip(acc, full, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_trainer_leaves_the_workload_model_untouched() -> None:
+    wl = make_resmlp()
+    before = {k: v.clone() for k, v in wl.model.state_dict().items()}
+    trainer = Trainer(wl, TrainConfig(micro_batch_size=8, checkpoint=True, precision="bf16"))
+    trainer.step()
+    trainer.close()
+    after = wl.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all("forward" not in m.__dict__ for m in wl.model.modules())
+
+
+def test_linear_lr_scaling_reaches_the_optimizer() -> None:
+    wl = make_resmlp()  # batch_size 32, AdamW at lr 1e-3
+    trainer = Trainer(wl, TrainConfig(micro_batch_size=16, grad_accum_steps=4, lr_warmup_steps=2))
+    first, second, third = trainer.step(), trainer.step(), trainer.step()
+    trainer.close()
+    assert (first.lr, second.lr, third.lr) == (1e-3, 2e-3, 2e-3)  # 1e-3 * 64/32, half of it in warmup step 1

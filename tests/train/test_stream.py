@@ -1,0 +1,52 @@
+"""ShardStream: a DataLoader's batches over a DistributedSampler, with a micro-batch size per draw."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from autotune.errors import ConfigError
+from autotune.train.stream import ShardStream
+
+DATA = TensorDataset(torch.arange(50).float().unsqueeze(1), torch.arange(50) % 3)
+
+
+def _loader_batches(rank: int, micro: int, epochs: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    sampler: DistributedSampler[int] = DistributedSampler(DATA, num_replicas=2, rank=rank, seed=7, drop_last=True)
+    loader = DataLoader(DATA, batch_size=micro, sampler=sampler, drop_last=True)
+    out = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        out += list(loader)
+    return out
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_draws_what_the_data_loader_yields_epoch_after_epoch(rank: int) -> None:
+    expected = _loader_batches(rank, micro=4, epochs=3)  # 25 samples per shard: 6 batches, 1 dropped
+    stream = ShardStream(DATA, num_replicas=2, rank=rank, seed=7)
+    drawn = [stream.next(4) for _ in expected]
+    assert len(drawn) == 18 and stream.epoch == 2
+    for (x, y), (ex, ey) in zip(drawn, expected, strict=True):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+
+
+def test_a_micro_batch_change_keeps_the_place_in_the_epoch() -> None:
+    order = torch.cat([x for x, _ in _loader_batches(0, micro=1, epochs=1)]).flatten()
+    stream = ShardStream(DATA, num_replicas=2, rank=0, seed=7)
+    first, second, third = stream.next(4)[0], stream.next(8)[0], stream.next(2)[0]
+    assert torch.equal(torch.cat([first, second, third]).flatten(), order[:14])
+    assert (stream.epoch, stream.offset) == (0, 14)
+    stream.next(12)  # 14 + 12 > 25: the rest of epoch 0 is dropped, epoch 1 starts
+    assert (stream.epoch, stream.offset) == (1, 12)
+
+
+@pytest.mark.parametrize("micro", [0, 26])
+def test_micro_batch_must_fit_the_shard(micro: int) -> None:
+    stream = ShardStream(DATA, num_replicas=2, rank=0, seed=7)
+    msg = f"the micro-batch size must be in [1, 25] (this rank's shard of the dataset), but got {micro}."
+    with pytest.raises(ConfigError, match=f"^{re.escape(msg)}$"):
+        stream.next(micro)
