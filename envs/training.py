@@ -23,7 +23,8 @@ from autotune.measurement.tracker import tracked_step
 from autotune.memory.blocks import profile_blocks
 from autotune.procs.session import RankSession, SessionStep
 from autotune.resolve import load_workload
-from autotune.train.local import StepResult, Trainer
+from autotune.train.base import StepResult
+from autotune.train.local import Trainer
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import _parser, main
+from tests.paths import TINY_WORKLOAD
 
 ROOT = Path(__file__).parent.parent
 USER = ROOT / "tests" / "data" / "my_workload.py"
@@ -108,7 +109,7 @@ def test_import_autotune_is_light() -> None:
     assert proc.stdout.strip() == "[]"
 
 
-TINY = ROOT / "tests" / "search" / "tiny_workload.py"
+TINY = TINY_WORKLOAD
 _POLICY_FILES = "a policy directory holds policy.json and policy.safetensors (autotune train-policy --out writes one)"
 
 

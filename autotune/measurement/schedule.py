@@ -12,7 +12,8 @@ from autotune.measurement.progress import ProgressFn
 from autotune.measurement.record import Measurement, MemoryBreakdown, Status
 from autotune.measurement.tracker import device_peak, reset_device_peak, tracked_step
 from autotune.measurement.trend import loss_slope
-from autotune.train.local import StepResult, Trainer
+from autotune.train.base import StepResult
+from autotune.train.local import Trainer
 from autotune.workload import Workload
 
 __all__ = ["measure", "ProgressFn"]

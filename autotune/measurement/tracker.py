@@ -19,7 +19,8 @@ from autotune.errors import UnsupportedError
 from autotune.measurement.record import MemoryBreakdown
 
 if TYPE_CHECKING:
-    from autotune.train.local import StepResult, Trainer
+    from autotune.train.base import StepResult
+    from autotune.train.local import Trainer
 
 __all__ = ["tracked_step"]
 

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_map_only
 
 from autotune.measurement.record import MemoryBreakdown
 from autotune.measurement.tracker import breakdown, tracker_class
-from autotune.train.local import StepResult
+from autotune.train.base import StepResult
 from autotune.train.zero import ZeroTrainer
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from autotune.config import Precision
-from autotune.train.local import check_loss
+from autotune.train.base import check_loss
 from autotune.train.wrappers import apply_block_knobs
 from autotune.workload import Workload
 

@@ -42,7 +42,7 @@ from autotune.measurement.record import MemoryBreakdown
 from autotune.procs.launch import RankProcesses, start_module
 from autotune.procs.multirank import USER_ERRORS, check_configs, child_env, device_type_of, log_tail
 from autotune.procs.session_worker import PARENT_ENV, TOKEN_ENV
-from autotune.train.local import StepResult
+from autotune.train.base import StepResult
 from autotune.train.zero_state import TrainingState, load_state
 from autotune.workload import Workload
 

@@ -6,6 +6,7 @@ measures or searches: :mod:`autotune.measurement` runs these loops under a sched
 imported only by ``zero`` (in the ranks).
 """
 
-from autotune.train.local import StepResult, Trainer, check_loss, resolve_device
+from autotune.train.base import StepResult, check_loss
+from autotune.train.local import Trainer, resolve_device
 
 __all__ = ["StepResult", "Trainer", "check_loss", "resolve_device"]

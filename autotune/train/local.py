@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import copy
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -13,23 +11,13 @@ from torch.utils._pytree import tree_map_only
 from torch.utils.data import DataLoader, RandomSampler
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, UnsupportedError, WorkloadError
+from autotune.errors import ConfigError, UnsupportedError
+from autotune.train.base import BaseTrainer, check_loss
 from autotune.train.gns import GradientNoiseMonitor
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.workload import Workload
 
-__all__ = ["Trainer", "StepResult", "check_loss", "resolve_device"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepResult:
-    """One optimizer step."""
-
-    loss: float  # mean of the micro-batch losses
-    samples: int  # samples consumed by this rank
-    seconds: float  # wall time of the whole step, data loading included
-    lr: float
-    overflow: bool  # fp16 loss scaling found inf/nan gradients and skipped the update
+__all__ = ["Trainer", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -52,13 +40,17 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return resolved
 
 
-class Trainer:
-    """Trains a private copy of a workload's model under a config.
+class Trainer(BaseTrainer):
+    """Trains a workload's model in this process under a config that can change while it runs.
 
-    The model is deep-copied, so the workload can be measured again under another config.
+    By default the model is deep-copied (and its optimizer built by the workload), so the workload
+    can be measured again under another config. Given ``model`` and ``optimizer`` (the user's own
+    objects, e.g. from :class:`autotune.adapt.Adaptive`), it trains those in place instead.
     ``reconfigure`` swaps the config in place (wrappers, batch, LR), keeping weights and
     optimizer state: the Gymnasium environment changes knobs mid-training through it.
     """
+
+    supports_split = True
 
     def __init__(
         self,
@@ -68,41 +60,38 @@ class Trainer:
         device: str | torch.device | None = None,
         gns_decay: float = 0.9,
         track_noise: bool = True,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         if config.zero_stage != 0 or config.ranks != 1:
             raise UnsupportedError(
                 f"Trainer runs one local process (zero_stage=0, ranks=1), but got zero_stage={config.zero_stage} "
                 f"with ranks={config.ranks}; measure() runs those on DeepSpeed ranks."
             )
-        self.workload = workload
-        self.device = resolve_device(device)
-        self.block_names = workload.block_names()
-        self.model = copy.deepcopy(workload.model).to(self.device)
+        if (model is None) != (optimizer is None):
+            raise ConfigError(
+                "Trainer: give both model and optimizer (your own objects, trained in place), or neither."
+            )
+        super().__init__(workload, config, device=resolve_device(device))
+        self.model = (copy.deepcopy(workload.model) if model is None else model).to(self.device)
         self.model.train()
-        self.optimizer = workload.make_optimizer(self.model.parameters())
-        self._base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        self.optimizer = workload.make_optimizer(self.model.parameters()) if optimizer is None else optimizer
+        self._track_lrs()
         # track_noise=False exists for the overhead benchmark: no hooks, no per-step sync.
         self.gns = GradientNoiseMonitor(self.model.parameters() if track_noise else [], decay=gns_decay)
-        self.step_count = 0
         self._wrappers: BlockWrappers | None = None
         self._loader_key: tuple[int, int] | None = None
         self._batches: Iterator[Any] = iter(())
-        self.config = config
+        self._losses: list[torch.Tensor] = []
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
-        self.reconfigure(config)
+        self._apply(config)
 
     # ---- configuration --------------------------------------------------------------------------
 
-    def reconfigure(self, config: TrainConfig) -> None:
-        """Apply ``config`` to the live model: block wrappers, micro-batch, loss scaling."""
+    def _apply(self, config: TrainConfig) -> None:
+        """Block wrappers, micro-batch stream and loss scaling for ``config`` on the live model."""
         n = len(self.block_names)
         precisions, checkpoints = config.block_precisions(n), config.block_checkpoints(n)
-        if config.micro_batch_size > len(self.workload.dataset):  # type: ignore[arg-type]
-            raise ConfigError(
-                f"TrainConfig.micro_batch_size must be <= the dataset size of workload "
-                f"{self.workload.name!r} ({len(self.workload.dataset)}), "  # type: ignore[arg-type]
-                f"but got {config.micro_batch_size}."
-            )
         if self._wrappers is not None:
             self._wrappers.remove()
         self._wrappers = apply_block_knobs(
@@ -116,7 +105,7 @@ class Trainer:
         if key != self._loader_key:
             self._batches = self._batch_stream(config.micro_batch_size, config.seed)
             self._loader_key = key
-        self.config = config
+        return None
 
     def _batch_stream(self, micro_batch_size: int, seed: int) -> Iterator[Any]:
         generator = torch.Generator().manual_seed(seed)
@@ -125,70 +114,34 @@ class Trainer:
         while True:  # endless: a new shuffled epoch each time the loader runs out
             yield from loader
 
-    def lr(self) -> float:
-        """Learning rate of the first param group at the current step."""
-        return self._base_lrs[0] * self._lr_scale()
+    # ---- the step hooks ---------------------------------------------------------------------------
 
-    def _lr_scale(self) -> float:
+    def _next_batch(self) -> Any:
+        return tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), next(self._batches))
+
+    def _begin_step(self, count: int) -> None:
         c = self.config
-        return c.lr_multiplier(self.workload.batch_size) * c.lr_factor(self.step_count)
-
-    # ---- the step ---------------------------------------------------------------------------------
-
-    def step(self, *, split: int = 1, before_micro_batch: Callable[[], None] | None = None) -> StepResult:
-        """One optimizer step of ``grad_accum_steps`` micro-batches.
-
-        ``split`` > 1 (only with ``grad_accum_steps == 1``) runs the micro-batch as ``split``
-        equal chunks: same effective batch and gradient, but the noise monitor sees two batch sizes.
-        """
-        c = self.config
-        scale = self._lr_scale()
-        for group, base in zip(self.optimizer.param_groups, self._base_lrs, strict=True):
-            group["lr"] = base * scale
-        start = time.perf_counter()
-        micro_batches = self._micro_batches(split)
-        n = len(micro_batches) if split > 1 else c.grad_accum_steps
         # Cost: get_scale() is a device->host sync, paid only when fp16 loss scaling is on.
         loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        self.gns.begin_step(c.micro_batch_size // split, grad_multiplier=n / loss_scale)
-        losses: list[torch.Tensor] = []
-        for i in range(n):
-            batch = micro_batches[i] if micro_batches else next(self._batches)
-            if before_micro_batch is not None:
-                before_micro_batch()
-            batch = tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), batch)
-            loss = self.workload.loss_fn(self.model, batch)
-            check_loss(loss, self.workload.name)
-            self.scaler.scale(loss / n).backward()
-            self.gns.end_micro_batch()
-            losses.append(loss.detach())
+        micro = c.micro_batch_size * c.grad_accum_steps // count
+        self.gns.begin_step(micro, grad_multiplier=count / loss_scale)
+        self._losses = []
+
+    def _micro_step(self, batch: Any, *, index: int, count: int) -> None:
+        loss = self.workload.loss_fn(self.model, batch)
+        check_loss(loss, self.workload.name)
+        self.scaler.scale(loss / count).backward()
+        self.gns.end_micro_batch()
+        self._losses.append(loss.detach())
+
+    def _end_step(self) -> tuple[float, bool]:
         overflow = self._optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
-        mean_loss = torch.stack(losses).float().mean().item()  # sync point: also ends the step's work
+        mean_loss = torch.stack(self._losses).float().mean().item()  # sync point: also ends the step's work
+        self._losses = []
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        seconds = time.perf_counter() - start
-        self.step_count += 1
-        return StepResult(
-            loss=mean_loss,
-            samples=c.micro_batch_size * c.grad_accum_steps,
-            seconds=seconds,
-            lr=self._base_lrs[0] * scale,
-            overflow=overflow,
-        )
-
-    def _micro_batches(self, split: int) -> list[Any]:
-        if split <= 1:
-            return []
-        c = self.config
-        assert c.grad_accum_steps == 1 and c.micro_batch_size % split == 0, (split, c)
-        batch = next(self._batches)
-        chunk = c.micro_batch_size // split
-
-        def part(i: int) -> Any:
-            return tree_map_only(torch.Tensor, lambda t: t[i * chunk : (i + 1) * chunk], batch)
-
-        return [part(i) for i in range(split)]
+        return mean_loss, overflow
 
     def _optimizer_step(self) -> bool:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -206,22 +159,8 @@ class Trainer:
         return self.scaler.get_scale() < before  # the scaler backs off only after inf/nan grads
 
     def close(self) -> None:
-        """Remove wrappers and hooks from the (private) model."""
+        """Remove wrappers and hooks from the model."""
         if self._wrappers is not None:
             self._wrappers.remove()
             self._wrappers = None
         self.gns.remove()
-
-
-def check_loss(loss: object, workload: str) -> None:
-    """Raise :class:`WorkloadError` unless ``loss`` (what ``loss_fn`` returned) is a 0-dim tensor."""
-    # Python-side metadata only (type, ndim, shape): no device sync. Without it a non-scalar loss
-    # fails inside backward() with PyTorch's "grad can be implicitly created only for scalar outputs".
-    if not isinstance(loss, torch.Tensor):
-        raise WorkloadError(
-            f"workload {workload!r}: loss_fn must return a scalar tensor, but returned {type(loss).__name__}"
-        )
-    if loss.dim() != 0:
-        raise WorkloadError(
-            f"workload {workload!r}: loss_fn must return a scalar tensor, but returned shape {tuple(loss.shape)}"
-        )

@@ -18,8 +18,6 @@ import dataclasses
 import functools
 import importlib
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,8 +25,8 @@ from torch.utils._pytree import tree_map_only
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
+from autotune.train.base import BaseTrainer, check_loss
 from autotune.train.deepspeed_config import deepspeed_config, engine_precision
-from autotune.train.local import StepResult
 from autotune.train.stream import ShardStream
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.train.zero_state import TrainingState, gather_state, load_into_module, restore_state
@@ -57,7 +55,7 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
-class ZeroTrainer:
+class ZeroTrainer(BaseTrainer):
     """Trains a private copy of a workload's model on one rank of a DeepSpeed engine.
 
     ``reconfigure`` changes the config while training goes on. Per-block precision islands and
@@ -69,11 +67,9 @@ class ZeroTrainer:
 
     def __init__(self, workload: Workload, config: TrainConfig, *, rank: int, device: torch.device) -> None:
         import_deepspeed()
-        self.workload, self.config, self.device, self.rank = workload, config, device, rank
-        self.block_names = workload.block_names()
-        self.world = torch.distributed.get_world_size()
-        self._check(config)
-        self.step_count = 0
+        super().__init__(workload, config, device=device, world=torch.distributed.get_world_size())
+        self.rank = rank
+        self._total: torch.Tensor | None = None
         self._stream = ShardStream(workload.dataset, num_replicas=self.world, rank=rank, seed=config.seed)
         self._build(config, state=None)
 
@@ -82,12 +78,7 @@ class ZeroTrainer:
             raise ConfigError(
                 f"TrainConfig.ranks must equal the number of running ranks ({self.world}), but got {config.ranks}."
             )
-        size = len(self.workload.dataset)  # type: ignore[arg-type]
-        if config.micro_batch_size > size // self.world:
-            raise ConfigError(
-                f"TrainConfig.micro_batch_size must be <= the dataset size of workload {self.workload.name!r} "
-                f"per rank ({size} // {self.world} ranks), but got {config.micro_batch_size}."
-            )
+        super()._check(config)
 
     def _build(self, config: TrainConfig, *, state: TrainingState | None) -> None:
         """A new engine for ``config``, starting from ``state`` (None: the workload's initial model)."""
@@ -99,7 +90,7 @@ class ZeroTrainer:
         self._wrappers = self._wrap(model, config)
         # A torch optimizer instance: DeepSpeed's own "AdamW" would JIT-compile FusedAdam.
         self.optimizer = self.workload.make_optimizer(model.parameters())
-        self._base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        self._track_lrs()
         ds_config = deepspeed_config(
             config,
             num_blocks=len(self.block_names),
@@ -120,12 +111,11 @@ class ZeroTrainer:
 
     # ---- reconfiguration ------------------------------------------------------------------------
 
-    def reconfigure(self, config: TrainConfig) -> str | None:
+    def _apply(self, config: TrainConfig) -> str | None:
         """Switch to ``config`` between optimizer steps; return why a new engine was built, or None.
 
         Every rank must call it with the same config (a new engine is built collectively).
         """
-        self._check(config)
         reason = self._new_engine_reason(config)
         if reason is not None:
             state = gather_state(self.engine, self.optimizer)  # sync point: collectives at ZeRO 1-3
@@ -144,7 +134,6 @@ class ZeroTrainer:
             self.engine.set_train_batch_size(config.micro_batch_size * config.grad_accum_steps * self.world)
         if config.seed != self.config.seed:  # another data order, from its start (as the local Trainer)
             self._stream = ShardStream(self.workload.dataset, num_replicas=self.world, rank=self.rank, seed=config.seed)
-        self.config = config
         return reason
 
     def _new_engine_reason(self, config: TrainConfig) -> str | None:
@@ -167,60 +156,32 @@ class ZeroTrainer:
             )
         return None
 
-    # ---- the step ---------------------------------------------------------------------------------
-
-    def _lr_scale(self) -> float:
-        c = self.config
-        return c.lr_multiplier(self.workload.batch_size) * c.lr_factor(self.step_count)
-
-    def lr(self) -> float:
-        """Learning rate of the first param group at the current step (as the local Trainer's)."""
-        return self._base_lrs[0] * self._lr_scale()
-
-    def next_batches(self) -> list[Any]:
-        """The next step's micro-batches, on the device."""
-        return [self._next_batch() for _ in range(self.config.grad_accum_steps)]
+    # ---- the step hooks ---------------------------------------------------------------------------
 
     def _next_batch(self) -> Any:
         return self._to_device(self._stream.next(self.config.micro_batch_size))
 
-    def step(
-        self, *, batches: list[Any] | None = None, before_micro_batch: Callable[[], None] | None = None
-    ) -> StepResult:
-        """One optimizer step: ``grad_accum_steps`` micro-batches through the engine.
+    def _begin_step(self, count: int) -> None:
+        self._total = torch.zeros((), dtype=torch.float64, device=self.device)
 
-        ``loss`` is the mean over every rank's micro-batches (an all-reduce): the loss of the
-        effective batch, the same on every rank, so every rank takes the same decisions on it.
-        """
-        scale = self._lr_scale()
-        for group, base in zip(self.optimizer.param_groups, self._base_lrs, strict=True):
-            group["lr"] = base * scale
-        start = time.perf_counter()
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        k = self.config.grad_accum_steps
-        for i in range(k):
-            # Popped, so a micro-batch is freed after its backward, as in the local runner.
-            batch = batches.pop(0) if batches is not None else self._next_batch()
-            if before_micro_batch is not None:
-                before_micro_batch()
-            # The boundary said explicitly: DeepSpeed's own count ((micro_steps + 1) % k) would be
-            # out of phase after an accumulation change on a live engine.
-            self.engine.set_gradient_accumulation_boundary(i == k - 1)
-            loss = self.workload.loss_fn(self.engine, batch)
-            self.engine.backward(loss)  # scales by 1/grad_accum_steps itself
-            self.engine.step()  # steps the optimizer only at the accumulation boundary
-            total += loss.detach().double()
+    def _micro_step(self, batch: Any, *, index: int, count: int) -> None:
+        # The boundary said explicitly: DeepSpeed's own count ((micro_steps + 1) % k) would be
+        # out of phase after an accumulation change on a live engine.
+        self.engine.set_gradient_accumulation_boundary(index == count - 1)
+        loss = self.workload.loss_fn(self.engine, batch)
+        check_loss(loss, self.workload.name)
+        self.engine.backward(loss)  # scales by 1/grad_accum_steps itself
+        self.engine.step()  # steps the optimizer only at the accumulation boundary
+        assert self._total is not None
+        self._total += loss.detach().double()
+
+    def _end_step(self) -> tuple[float, bool]:
+        """``loss`` is the mean over every rank's micro-batches (an all-reduce): the loss of the
+        effective batch, the same on every rank, so every rank takes the same decisions on it."""
+        assert self._total is not None
+        total, self._total = self._total, None
         torch.distributed.all_reduce(total)  # sync point: also ends the step's work on every rank
-        seconds = time.perf_counter() - start
-        self.step_count += 1
-        c = self.config
-        return StepResult(
-            loss=total.item() / (c.grad_accum_steps * self.world),
-            samples=c.micro_batch_size * c.grad_accum_steps,
-            seconds=seconds,
-            lr=self._base_lrs[0] * scale,
-            overflow=not self.engine.was_step_applied(),
-        )
+        return total.item() / (self.config.grad_accum_steps * self.world), not self.engine.was_step_applied()
 
     def _to_device(self, batch: Any) -> Any:
         batch = tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), batch)

@@ -4,7 +4,6 @@ import dataclasses
 import re
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 
 import autotune.envs  # noqa: F401  (registers the environments)
 import gymnasium as gym
@@ -18,6 +17,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from autotune import Knobs
 from autotune.measurement.tracker import tracked_step
+from tests.paths import ZERO_WORKLOADS
 from tests.processes import alive
 
 USER = "tests.data.my_workload:build"  # 3 blocks, trains in milliseconds
@@ -106,7 +106,7 @@ def test_ranks_must_be_a_positive_int() -> None:
 
 # ---- two DeepSpeed ranks: one session for the module (a launch costs ~10 s) --------------------------
 
-TINY = f"{Path(__file__).parent.parent / 'runner' / 'zero_workloads.py'}:build"
+TINY = f"{ZERO_WORKLOADS}:build"
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ import pytest
 
 from autotune import ConfigError, MemoryEstimate, TrainConfig, Workload, load_workload, measure, predict_memory
 from autotune.memory.profile import MemoryProfile, _profile_run, profile_memory
+from tests.paths import ROOT, USER_WORKLOAD
 
-ROOT = Path(__file__).parent.parent
-TINY = f"{ROOT / 'tests' / 'data' / 'my_workload.py'}:build"
+TINY = f"{USER_WORKLOAD}:build"
 PSI, TENSORS = 3234, 8  # the tiny workload: 3 x Linear(32, 32) + Linear(32, 2)
 
 #: The issue's target, and what benchmarks/memory_model.py measures on the built-in workloads.

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from autotune.cli import main
 from autotune.config import TrainConfig
+from tests.paths import TINY_WORKLOAD
 
-TINY = Path(__file__).resolve().parent.parent / "search" / "tiny_workload.py"
+TINY = TINY_WORKLOAD
 
 
 def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:

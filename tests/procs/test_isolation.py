@@ -4,15 +4,15 @@ child is replaced after a failure."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from autotune.config import TrainConfig
 from autotune.errors import StudyError, WorkloadError
 from autotune.procs.isolation import MeasurementFailed, MeasurementProcess
+from tests.paths import TINY_WORKLOAD
 
-TINY = Path(__file__).parent / "tiny_workload.py"
+TINY = TINY_WORKLOAD
 
 
 def test_a_hanging_trial_is_killed_at_the_time_limit_and_the_next_one_runs() -> None:

@@ -21,11 +21,12 @@ import torch
 from autotune import ConfigError, TrainConfig, load_workload
 from autotune.procs.session import RankSession, SessionError
 from autotune.train.zero_state import TrainingState
+from tests.paths import ZERO_WORKLOADS
 from tests.processes import alive
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
-TINY = f"{HERE / 'zero_workloads.py'}:build"
+TINY = f"{ZERO_WORKLOADS}:build"
 PSI = 3234  # parameters of the tiny workload (8 tensors)
 
 
@@ -150,7 +151,7 @@ def test_user_mistakes_are_refused_before_the_ranks_and_the_session_goes_on(sess
 
 
 def test_an_error_in_a_rank_comes_back_typed_and_no_process_is_left() -> None:
-    wl = load_workload(f"{HERE / 'zero_workloads.py'}:fails_on_rank_1")
+    wl = load_workload(f"{ZERO_WORKLOADS}:fails_on_rank_1")
     with RankSession(ranks=2, timeout=120) as s:
         s.start(wl, _config(zero_stage=1))
         pids = [*s.rank_pids, s.launcher_pid]
@@ -167,7 +168,7 @@ def test_an_error_in_a_rank_comes_back_typed_and_no_process_is_left() -> None:
 
 
 def test_a_command_that_takes_too_long_ends_the_session() -> None:
-    wl = load_workload(f"{HERE / 'zero_workloads.py'}:hangs_on_rank_1")  # the parent's copy builds
+    wl = load_workload(f"{ZERO_WORKLOADS}:hangs_on_rank_1")  # the parent's copy builds
     with RankSession(ranks=2, timeout=120) as s:
         pids = [*s.rank_pids, s.launcher_pid]
         s.timeout = 4.0  # for the commands from here on (start-up alone takes ~5 s)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from autotune import TrainConfig, load_workload, measure
+from tests.paths import TINY_WORKLOAD
 
-TINY = Path(__file__).parent / "tiny_workload.py"
+TINY = TINY_WORKLOAD
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,10 @@ import pytest
 from autotune.cli import main
 from autotune.config import TrainConfig
 from autotune.zoo import BUILTINS
+from tests.paths import TINY_WORKLOAD
 
 ROOT = Path(__file__).parent.parent.parent
-TINY = Path(__file__).parent / "tiny_workload.py"
+TINY = TINY_WORKLOAD
 BUILTIN_NAMES = ", ".join(sorted(BUILTINS))
 MEASURE = ("--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress", "--no-memory-model")
 

@@ -17,8 +17,9 @@ import pytest
 from autotune.procs.launch import free_port
 from autotune.search.dashboard import PARETO_PLOT_ID, pareto_figure, save_study_artifacts
 from autotune.search.results import summarize
+from tests.paths import TINY_WORKLOAD
 
-TINY = Path(__file__).parent / "tiny_workload.py"
+TINY = TINY_WORKLOAD
 CHROMIUM = Path("/usr/bin/chromium")
 
 

@@ -20,8 +20,9 @@ import optuna
 import pytest
 
 from autotune.procs.launch import free_port
+from tests.paths import TINY_WORKLOAD
 
-TINY = Path(__file__).parent / "tiny_workload.py"
+TINY = TINY_WORKLOAD
 MEASURE = ("--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress", "--no-memory-model")
 
 

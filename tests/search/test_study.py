@@ -22,8 +22,9 @@ from autotune.search.results import summarize
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
 from autotune.search.study import RunOptions, count_done, open_study, prepare, recover_interrupted, run_study
 from autotune.units import MemoryBudget
+from tests.paths import TINY_WORKLOAD
 
-TINY = Path(__file__).parent / "tiny_workload.py"
+TINY = TINY_WORKLOAD
 
 
 def _spec(**kw: object) -> StudySpec:

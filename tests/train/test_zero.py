@@ -18,10 +18,11 @@ from autotune import Measurement, TrainConfig, TrainingError, UnsupportedError, 
 from autotune.memory.profile import profile_memory
 from autotune.procs.multirank import measure_ranks
 from autotune.units import format_bytes
+from tests.paths import ZERO_WORKLOADS
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
-TINY = f"{HERE / 'zero_workloads.py'}:build"
+TINY = f"{ZERO_WORKLOADS}:build"
 PSI, TENSORS = 3234, 8  # parameters and parameter tensors of the tiny workload
 PADDED = 3236  # the parameters in ZeRO 1-2's flat group, padded to a multiple of 2 x 2 ranks
 
@@ -107,7 +108,7 @@ def test_the_cli_measures_zero3_on_two_ranks() -> None:
 
 
 def test_a_failing_rank_is_reported_with_its_message() -> None:
-    wl = load_workload(f"{HERE / 'zero_workloads.py'}:fails_on_rank_1")
+    wl = load_workload(f"{ZERO_WORKLOADS}:fails_on_rank_1")
     config = TrainConfig(micro_batch_size=8, ranks=2, zero_stage=1)
     msg = f"training 'my-net-fails' failed under {config.describe()} on rank 1: RuntimeError: rank 1 refuses this batch"
     with pytest.raises(TrainingError, match=f"^{re.escape(msg)}$"):

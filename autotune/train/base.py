@@ -1,0 +1,202 @@
+"""The training loop every backend shares: one optimizer step, the learning rate, reconfiguration.
+
+Template method, as stable-baselines3's ``OnPolicyAlgorithm`` owns ``learn()`` and PPO adds
+``train()``: :class:`BaseTrainer` owns the step (the learning rate schedule and its batch-size
+scaling, the micro-batch loop of gradient accumulation, timing, the :class:`StepResult`) and the
+checks a config must pass; a backend adds only what differs:
+
+* how a micro-batch is fetched and trained (``_next_batch``, ``_begin_step``, ``_micro_step``);
+* how the step ends (``_end_step``: the optimizer step, the loss over every rank);
+* what changing the config means for it (``_apply``).
+
+Backends: :class:`autotune.train.local.Trainer` (one process) and
+:class:`autotune.train.zero.ZeroTrainer` (one DeepSpeed rank). The rank session
+(:class:`autotune.procs.session.RankSession`) drives ZeroTrainers in other processes through the
+same verbs (``reconfigure``, ``step``, ``close``).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError, UnsupportedError, WorkloadError
+from autotune.workload import Workload
+
+__all__ = ["BaseTrainer", "StepResult", "check_loss"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    """One optimizer step."""
+
+    loss: float  # mean of the micro-batch losses (of every rank's, on ranks)
+    samples: int  # samples consumed by this rank
+    seconds: float  # wall time of the whole step, data loading included
+    lr: float
+    overflow: bool  # fp16 loss scaling found inf/nan gradients and skipped the update
+
+
+class BaseTrainer(ABC):
+    """One reconfigurable training loop over a workload; backends fill in the hooks below.
+
+    A subclass's ``__init__`` calls ``super().__init__`` first, then builds its model and
+    optimizer and calls :meth:`_track_lrs` once the optimizer exists.
+    """
+
+    #: Whether one micro-batch may be trained as equal chunks (``step(split=...)``): the chunks'
+    #: gradients must be averaged by the trainer itself, not by an engine that knows the batch size.
+    supports_split = False
+
+    def __init__(self, workload: Workload, config: TrainConfig, *, device: torch.device, world: int = 1) -> None:
+        self.workload = workload
+        self.device = device
+        self.world = world
+        self.block_names = workload.block_names()
+        self.step_count = 0
+        self.optimizer: torch.optim.Optimizer
+        self._base_lrs: list[float] = []
+        self._check(config)
+        self.config = config
+
+    def _track_lrs(self) -> None:
+        """Remember the optimizer's learning rates as the base the schedule scales."""
+        self._base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    # ---- configuration --------------------------------------------------------------------------
+
+    def reconfigure(self, config: TrainConfig) -> str | None:
+        """Switch to ``config`` between optimizer steps, keeping weights and optimizer state.
+
+        Returns why the backend had to rebuild what it trains with (a new DeepSpeed engine), or None.
+        """
+        self._check(config)
+        reason = self._apply(config)
+        self.config = config
+        return reason
+
+    def _check(self, config: TrainConfig) -> None:
+        size = len(self.workload.dataset)  # type: ignore[arg-type]
+        if self.world == 1 and config.micro_batch_size > size:
+            raise ConfigError(
+                f"TrainConfig.micro_batch_size must be <= the dataset size of workload "
+                f"{self.workload.name!r} ({size}), but got {config.micro_batch_size}."
+            )
+        if self.world > 1 and config.micro_batch_size > size // self.world:
+            raise ConfigError(
+                f"TrainConfig.micro_batch_size must be <= the dataset size of workload {self.workload.name!r} "
+                f"per rank ({size} // {self.world} ranks), but got {config.micro_batch_size}."
+            )
+
+    @abstractmethod
+    def _apply(self, config: TrainConfig) -> str | None:
+        """Make the live loop train under ``config`` (``self.config`` is still the old one)."""
+
+    # ---- learning rate ----------------------------------------------------------------------------
+
+    def _lr_scale(self) -> float:
+        c = self.config
+        return c.lr_multiplier(self.workload.batch_size) * c.lr_factor(self.step_count)
+
+    def lr(self) -> float:
+        """Learning rate of the first param group at the current step."""
+        return self._base_lrs[0] * self._lr_scale()
+
+    # ---- the step ---------------------------------------------------------------------------------
+
+    def next_batches(self) -> list[Any]:
+        """The next step's micro-batches, on the device (to fetch them before a step, e.g. untracked)."""
+        return [self._next_batch() for _ in range(self.config.grad_accum_steps)]
+
+    def step(
+        self,
+        *,
+        split: int = 1,
+        batches: list[Any] | None = None,
+        before_micro_batch: Callable[[], None] | None = None,
+    ) -> StepResult:
+        """One optimizer step of ``grad_accum_steps`` micro-batches (``batches``, else fetched).
+
+        ``split`` > 1 (only with ``grad_accum_steps == 1``, on backends that support it) trains
+        the micro-batch as ``split`` equal chunks: the same effective batch and gradient, but the
+        gradient noise monitor sees two batch sizes (McCandlish et al. 2018, App. A).
+        ``before_micro_batch`` runs before each micro-batch (a memory tracker's reset).
+        """
+        c = self.config
+        scale = self._lr_scale()
+        for group, base in zip(self.optimizer.param_groups, self._base_lrs, strict=True):
+            group["lr"] = base * scale
+        start = time.perf_counter()
+        if split > 1:
+            batches = self._split(split)
+        n = len(batches) if batches is not None else c.grad_accum_steps
+        self._begin_step(n)
+        for i in range(n):
+            # Popped, so a micro-batch is freed after its backward.
+            batch = batches.pop(0) if batches is not None else self._next_batch()
+            if before_micro_batch is not None:
+                before_micro_batch()
+            self._micro_step(batch, index=i, count=n)
+        loss, overflow = self._end_step()  # a sync point: also ends the step's work on the device
+        seconds = time.perf_counter() - start
+        self.step_count += 1
+        return StepResult(
+            loss=loss,
+            samples=c.micro_batch_size * c.grad_accum_steps,
+            seconds=seconds,
+            lr=self._base_lrs[0] * scale,
+            overflow=overflow,
+        )
+
+    def _split(self, split: int) -> list[Any]:
+        c = self.config
+        if not self.supports_split:
+            raise UnsupportedError(f"{type(self).__name__} cannot split a micro-batch (split={split}).")
+        assert c.grad_accum_steps == 1 and c.micro_batch_size % split == 0, (split, c)
+        batch = self._next_batch()
+        chunk = c.micro_batch_size // split
+
+        def part(i: int) -> Any:
+            return tree_map_only(torch.Tensor, lambda t: t[i * chunk : (i + 1) * chunk], batch)
+
+        return [part(i) for i in range(split)]
+
+    @abstractmethod
+    def _next_batch(self) -> Any:
+        """The next micro-batch of this trainer's data stream, on the device."""
+
+    def _begin_step(self, count: int) -> None:  # noqa: B027 - an optional hook
+        """Before the first of ``count`` micro-batches."""
+
+    @abstractmethod
+    def _micro_step(self, batch: Any, *, index: int, count: int) -> None:
+        """Forward and backward of micro-batch ``index`` of ``count``."""
+
+    @abstractmethod
+    def _end_step(self) -> tuple[float, bool]:
+        """Finish the step (optimizer, gradients cleared); return (mean loss, overflow)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Undo what the trainer did to its model (wrappers, hooks); idempotent."""
+
+
+def check_loss(loss: object, workload: str) -> None:
+    """Raise :class:`WorkloadError` unless ``loss`` (what ``loss_fn`` returned) is a 0-dim tensor."""
+    # Python-side metadata only (type, ndim, shape): no device sync. Without it a non-scalar loss
+    # fails inside backward() with PyTorch's "grad can be implicitly created only for scalar outputs".
+    if not isinstance(loss, torch.Tensor):
+        raise WorkloadError(
+            f"workload {workload!r}: loss_fn must return a scalar tensor, but returned {type(loss).__name__}"
+        )
+    if loss.dim() != 0:
+        raise WorkloadError(
+            f"workload {workload!r}: loss_fn must return a scalar tensor, but returned shape {tuple(loss.shape)}"
+        )

@@ -1,0 +1,12 @@
+"""Where the test workloads live: one place, so a test module never guesses a sibling's path."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+#: A residual MLP that trains in milliseconds (``build``).
+TINY_WORKLOAD = DATA / "tiny_workload.py"
+#: Small workloads for DeepSpeed ranks (``build``, ``fails_on_rank_1``, ``hangs_on_rank_1``).
+ZERO_WORKLOADS = DATA / "zero_workloads.py"
+#: The README's example of a user's own workload file.
+USER_WORKLOAD = DATA / "my_workload.py"
