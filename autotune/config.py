@@ -120,6 +120,11 @@ class TrainConfig:
         return _broadcast("checkpoint", self.checkpoint, num_blocks)
 
     @property
+    def on_deepspeed(self) -> bool:
+        """Whether it trains on DeepSpeed ranks (ZeRO at any stage, or data parallel), not in one process."""
+        return self.zero_stage > 0 or self.ranks > 1
+
+    @property
     def uses_fp16(self) -> bool:
         return "fp16" in _as_tuple(self.precision)
 

@@ -33,7 +33,7 @@ def _bench(workload: str, config: TrainConfig, steps: int) -> dict[str, float]:
         for name, t in trainers.items():
             times[name].append(t.step().seconds)
         if i % 10 == 0:
-            times["memory"].append(tracked_step(trainers["noise"])[0].seconds)
+            times["memory"].append(tracked_step(trainers["noise"]).result.seconds)
     for t in trainers.values():
         t.close()
     plain = statistics.median(times["plain"])

@@ -220,8 +220,8 @@ class TrainingEnv(TuningEnv):
             tracked = self.session.tracked_step()
             return tracked.peak_bytes, max(m.category_peaks.model_states for m in tracked.per_rank)
         assert self.trainer is not None
-        _, at_peak, own = tracked_step(self.trainer)
-        return at_peak.total, own.model_states
+        local = tracked_step(self.trainer)
+        return local.at_peak.total, local.category_peaks.model_states
 
     def _train(self, knobs: KnobLevels) -> Interval:
         loop = self._loop()

@@ -128,3 +128,43 @@ def test_graph_reads_the_package() -> None:
 def test_no_import_cycles() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+#: The architecture's layers, lowest first (see ARCHITECTURE.md): a module may import modules of
+#: its own layer or below, never above. ``procs`` sits above ``measurement``: a rank runs the
+#: measurement schedule; ``measure()`` reaches the launcher through a lazy import only.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "units", "_lazy", "config", "knobs", "workload", "zoo", "resolve"),
+    ("train",),
+    ("measurement",),
+    ("memory", "procs"),
+    ("search", "envs", "report"),
+    ("policies", "adapt", "integrations"),
+    ("cli",),
+)
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None  # the package itself: the lazy public API
+    for rank, homes in enumerate(LAYERS):
+        if parts[1] in homes:
+            return rank
+    return None
+
+
+def test_every_home_has_a_layer() -> None:
+    homes = {name.split(".")[1] for name in import_graph() if name.count(".") >= 1}
+    unplaced = sorted(h for h in homes if _layer(f"autotune.{h}") is None)
+    assert unplaced == [], f"modules of no layer (add them to LAYERS and ARCHITECTURE.md): {unplaced}"
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if (a := _layer(module)) is not None and (b := _layer(target)) is not None and b > a
+    )
+    assert upward == [], "imports that point up the layers:\n" + "\n".join(upward)

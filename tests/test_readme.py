@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import pytest
 
-from autotune.cli import _parser
+from autotune.cli.main import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

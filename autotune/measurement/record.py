@@ -105,6 +105,9 @@ class Measurement:
     # One entry per data-parallel rank when the DeepSpeed runner measured it (zero_stage > 0 or
     # ranks > 1), else empty. ``memory`` above is then the rank with the highest peak.
     per_rank: tuple[RankResult, ...] = ()
+    # The config DeepSpeed ran with (``deepspeed.initialize(config=...)``), None on the local runner:
+    # what ``autotune best --format deepspeed`` exports for this TrainConfig, byte for byte.
+    deepspeed_config: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

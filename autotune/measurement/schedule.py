@@ -1,22 +1,37 @@
-"""``measure``: run the real training loop under a config and report exactly what it costs."""
+"""``measure``: run the real training loop under a config and report exactly what it costs.
+
+One schedule for every backend (:class:`Schedule`): ``warmup`` untimed steps, one step under
+exact memory tracking, then ``steps`` timed steps. It runs in this process over the local
+:class:`~autotune.train.local.Trainer`, and in each DeepSpeed rank over a
+:class:`~autotune.train.zero.ZeroTrainer` (:mod:`autotune.procs.ds_worker`); either way it ends
+in a :class:`RankReport`, and :func:`assemble` turns the reports of one config (one, or one per
+rank) into the :class:`~autotune.measurement.record.Measurement`: the one place it is built.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, ConfigError, TrainingError
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.progress import ProgressFn
-from autotune.measurement.record import Measurement, MemoryBreakdown, Status
-from autotune.measurement.tracker import device_peak, reset_device_peak, tracked_step
+from autotune.measurement.record import Measurement, MemoryBreakdown, RankResult, Status
+from autotune.measurement.tracker import TrackedStep, device_peak, reset_device_peak, tracked_step
 from autotune.measurement.trend import loss_slope
-from autotune.train.base import StepResult
+from autotune.train.base import BaseTrainer, StepResult
+from autotune.train.gns import NoiseEstimate
 from autotune.train.local import Trainer
-from autotune.workload import Workload
 
-__all__ = ["measure", "ProgressFn"]
+if TYPE_CHECKING:
+    from autotune.workload import Workload
+
+__all__ = ["ProgressFn", "RankReport", "Schedule", "assemble", "measure"]
 
 
 def measure(
@@ -45,7 +60,7 @@ def measure(
     ``per_rank`` entry per rank and ``memory`` of the rank with the highest peak.
     """
     _check_args(steps=steps, warmup=warmup, memory_budget=memory_budget)
-    if config.zero_stage > 0 or config.ranks > 1:
+    if config.on_deepspeed:
         from autotune.procs.multirank import measure_ranks  # lazy: the launcher and job schema
 
         runs = measure_ranks(
@@ -59,9 +74,16 @@ def measure(
         )
         return runs[0]
     trainer = Trainer(workload, config, device=device)
-    run = _Run(trainer, steps=steps, warmup=warmup, progress=progress)
+    schedule = Schedule(
+        trainer,
+        steps=steps,
+        warmup=warmup,
+        memory_budget=memory_budget,
+        progress=progress,
+        tracked_step=lambda: tracked_step(trainer),
+    )
     try:
-        status, reason = run.execute(memory_budget)
+        status, reason = schedule.execute()
     except AutotuneError:
         raise
     except Exception as e:
@@ -72,7 +94,16 @@ def measure(
         status, reason = "oom", f"out of memory: {str(e).splitlines()[0]}"
     finally:
         trainer.close()
-    return run.result(workload, config, status, reason, memory_budget)
+    return assemble(
+        workload.name,
+        config,
+        device=str(trainer.device),
+        warmup=warmup,
+        steps=steps,
+        memory_budget=memory_budget,
+        reports=[schedule.report(status, reason)],
+        noise=trainer.gns.estimate(),
+    )
 
 
 def _check_args(*, steps: int, warmup: int, memory_budget: int | None) -> None:
@@ -86,78 +117,195 @@ def _check_args(*, steps: int, warmup: int, memory_budget: int | None) -> None:
         raise ConfigError(f"measure: memory_budget must be a positive number of bytes, but got {memory_budget!r}.")
 
 
-class _Run:
-    """State of one measurement, so partial results survive an OOM or divergence."""
+@dataclass(frozen=True, kw_only=True)
+class RankReport:
+    """What one process measured of one config: the local process, or one DeepSpeed rank.
 
-    def __init__(self, trainer: Trainer, *, steps: int, warmup: int, progress: ProgressFn | None) -> None:
-        self.trainer = trainer
-        self.steps = steps
-        self.warmup = warmup
-        self.progress = progress
+    Plain data with a JSON round-trip: ranks send it to the parent as a file, never a pickle.
+    """
+
+    rank: int
+    status: Status
+    reason: str | None
+    losses: tuple[float, ...]  # every step's loss (over all ranks), warmup included
+    timed_samples: tuple[int, ...]  # this rank's samples in each timed step
+    timed_seconds: tuple[float, ...]
+    lr: float
+    overflow_steps: int
+    resident: MemoryBreakdown | None  # held between steps (ranks only)
+    memory: MemoryBreakdown | None  # at the moment of the peak total of the tracked step
+    category_peaks: MemoryBreakdown | None
+    device_peak_bytes: int | None
+    deepspeed_config: dict[str, Any] | None = None  # what the engine ran with (ranks only)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> RankReport:
+        d = json.loads(text)
+        for key in ("resident", "memory", "category_peaks"):
+            d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
+        for key in ("losses", "timed_samples", "timed_seconds"):
+            d[key] = tuple(d[key])
+        return cls(**d)
+
+
+class Schedule:
+    """warmup steps, one memory-tracked step, timed steps, over any trainer.
+
+    State survives a failure: after an OOM or a divergence, :meth:`report` still says what was
+    measured before it. On ranks every step's loss and ``worst_peak`` are the same on every rank
+    (all-reduced), so every rank takes the same verdict: no rank leaves the schedule while the
+    others wait in a collective.
+    """
+
+    def __init__(
+        self,
+        trainer: BaseTrainer,
+        *,
+        steps: int,
+        warmup: int,
+        memory_budget: int | None,
+        tracked_step: Callable[[], TrackedStep],
+        progress: ProgressFn | None = None,
+        worst_peak: Callable[[int], int] = lambda peak: peak,
+    ) -> None:
+        self.trainer, self.steps, self.warmup, self.memory_budget = trainer, steps, warmup, memory_budget
+        self.tracked_step, self.progress, self.worst_peak = tracked_step, progress, worst_peak
         self.results: list[StepResult] = []
         self.timed: list[StepResult] = []
-        self.memory: MemoryBreakdown | None = None
-        self.category_peaks: MemoryBreakdown | None = None
+        self.tracked: TrackedStep | None = None
         self.device_peak: int | None = None
 
     def _record(self, result: StepResult) -> bool:
         self.results.append(result)
         return math.isfinite(result.loss)
 
+    def _diverged(self) -> tuple[Status, str | None]:
+        return "diverged", f"loss is {self.results[-1].loss} at step {len(self.results)}"
+
     def _tick(self, phase: str, done: int, total: int) -> None:
         if self.progress is not None:
             self.progress(phase, done, total)
 
-    def execute(self, memory_budget: int | None) -> tuple[Status, str | None]:
+    def execute(self) -> tuple[Status, str | None]:
         t, c = self.trainer, self.trainer.config
-        split = 2 if c.grad_accum_steps == 1 and c.micro_batch_size % 2 == 0 else 1
+        # Two half micro-batches give the noise estimate its second batch size (McCandlish et al.
+        # 2018, App. A) when there is no accumulation to provide it.
+        split = 2 if t.supports_split and c.grad_accum_steps == 1 and c.micro_batch_size % 2 == 0 else 1
         for i in range(self.warmup):
             self._tick("warmup", i, self.warmup)
             if not self._record(t.step(split=split)):
-                return "diverged", f"loss is {self.results[-1].loss} at step {len(self.results)}"
+                return self._diverged()
         self._tick("memory", 0, 1)
         reset_device_peak(t.device)
-        result, self.memory, self.category_peaks = tracked_step(t)
+        self.tracked = self.tracked_step()
         self.device_peak = device_peak(t.device)
-        if not self._record(result):
-            return "diverged", f"loss is {result.loss} at step {len(self.results)}"
-        peak = max(self.memory.total, self.device_peak or 0)
-        if memory_budget is not None and peak > memory_budget:
-            return "over_budget", f"peak {peak} bytes exceeds the memory budget of {memory_budget} bytes"
+        if not self._record(self.tracked.result):
+            return self._diverged()
+        peak = self.worst_peak(max(self.tracked.at_peak.total, self.device_peak or 0))
+        if self.memory_budget is not None and peak > self.memory_budget:
+            return "over_budget", f"peak {peak} bytes exceeds the memory budget of {self.memory_budget} bytes"
         for i in range(self.steps):
             self._tick("timed", i, self.steps)
             result = t.step()
             self.timed.append(result)
             if not self._record(result):
-                return "diverged", f"loss is {result.loss} at step {len(self.results)}"
+                return self._diverged()
         self._tick("timed", self.steps, self.steps)
         return "ok", None
 
-    def result(
-        self, workload: Workload, config: TrainConfig, status: Status, reason: str | None, budget: int | None
-    ) -> Measurement:
-        rates = [r.samples / r.seconds for r in self.timed] if status == "ok" else []
-        quartiles = statistics.quantiles(rates, n=4, method="inclusive") if len(rates) >= 2 else rates * 3
-        losses = tuple(r.loss for r in self.results)
-        return Measurement(
-            workload=workload.name,
-            config=config,
-            device=str(self.trainer.device),
+    def report(self, status: Status, reason: str | None, *, rank: int = 0) -> RankReport:
+        tracked = self.tracked
+        return RankReport(
+            rank=rank,
             status=status,
             reason=reason,
-            warmup=self.warmup,
-            steps=self.steps,
-            throughput=statistics.median(rates) if rates else None,
-            throughput_p25=quartiles[0] if rates else None,
-            throughput_p75=quartiles[2] if rates else None,
-            step_seconds=statistics.median(r.seconds for r in self.timed) if rates else None,
-            memory=self.memory,
-            category_peaks=self.category_peaks,
-            device_peak_bytes=self.device_peak,
-            memory_budget=budget,
-            noise=self.trainer.gns.estimate(),
-            losses=losses,
-            loss_slope=loss_slope(losses),
-            overflow_steps=sum(r.overflow for r in self.results),
+            losses=tuple(r.loss for r in self.results),
+            timed_samples=tuple(r.samples for r in self.timed),
+            timed_seconds=tuple(r.seconds for r in self.timed),
             lr=self.results[-1].lr if self.results else self.trainer.lr(),
+            overflow_steps=sum(r.overflow for r in self.results),
+            resident=None if tracked is None else tracked.resident,
+            memory=None if tracked is None else tracked.at_peak,
+            category_peaks=None if tracked is None else tracked.category_peaks,
+            device_peak_bytes=self.device_peak,
+            deepspeed_config=self.trainer.deepspeed_config,
         )
+
+
+#: The noise scale needs each micro-batch gradient, which ZeRO reduces and partitions away.
+NO_NOISE = NoiseEstimate(b_simple=None, trace_sigma=None, grad_sq_norm=None, sigma2=None, steps=0)
+
+
+def assemble(
+    workload: str,
+    config: TrainConfig,
+    *,
+    device: str,
+    warmup: int,
+    steps: int,
+    memory_budget: int | None,
+    reports: Sequence[RankReport],
+    noise: NoiseEstimate = NO_NOISE,
+    failure: tuple[Status, str] | None = None,
+) -> Measurement:
+    """The Measurement of one config from what each process measured (one report, or one per rank).
+
+    A data-parallel step ends on all ranks together (the gradient reduction is a barrier): its
+    throughput is the samples of all ranks over the slowest rank's time (with one process: the
+    step's samples over its time). Memory is the rank with the highest peak's: what a per-device
+    budget must hold. ``failure`` (status, reason) with no reports: a config that never reported
+    (its ranks ran out of memory).
+    """
+    reason: str | None
+    if failure is not None:
+        assert not reports, "a failure replaces the reports"
+        status, reason = failure
+    else:
+        status, reason = reports[0].status, reports[0].reason
+    timed = len(reports[0].timed_seconds) if reports and status == "ok" else 0
+    seconds = [max(r.timed_seconds[i] for r in reports) for i in range(timed)]
+    rates = [sum(r.timed_samples[i] for r in reports) / seconds[i] for i in range(timed)]
+    quartiles = statistics.quantiles(rates, n=4, method="inclusive") if len(rates) >= 2 else rates * 3
+    worst = max(reports, key=lambda r: -1 if r.memory is None else r.memory.total) if reports else None
+    first = reports[0] if reports else None
+    losses = first.losses if first is not None else ()
+    return Measurement(
+        workload=workload,
+        config=config,
+        device=device,
+        status=status,
+        reason=reason,
+        warmup=warmup,
+        steps=steps,
+        throughput=statistics.median(rates) if rates else None,
+        throughput_p25=quartiles[0] if rates else None,
+        throughput_p75=quartiles[2] if rates else None,
+        step_seconds=statistics.median(seconds) if rates else None,
+        memory=None if worst is None else worst.memory,
+        category_peaks=None if worst is None else worst.category_peaks,
+        device_peak_bytes=max((r.device_peak_bytes for r in reports if r.device_peak_bytes is not None), default=None),
+        memory_budget=memory_budget,
+        noise=noise,
+        losses=losses,
+        loss_slope=loss_slope(losses) if first is not None else None,
+        overflow_steps=0 if first is None else first.overflow_steps,
+        lr=0.0 if first is None else first.lr,
+        per_rank=tuple(_rank_result(r) for r in reports) if config.on_deepspeed else (),
+        deepspeed_config=None if first is None else first.deepspeed_config,
+    )
+
+
+def _rank_result(r: RankReport) -> RankResult:
+    rates = [n / s for n, s in zip(r.timed_samples, r.timed_seconds, strict=True)]
+    return RankResult(
+        rank=r.rank,
+        throughput=statistics.median(rates) if rates else None,
+        step_seconds=statistics.median(r.timed_seconds) if rates else None,
+        memory=r.memory,
+        category_peaks=r.category_peaks,
+        resident=r.resident,
+        device_peak_bytes=r.device_peak_bytes,
+    )

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autotune.errors import UnsupportedError
 from autotune.measurement.record import MemoryBreakdown
+from autotune.train.base import StepResult
 
 if TYPE_CHECKING:
-    from autotune.train.base import StepResult
     from autotune.train.local import Trainer
 
-__all__ = ["tracked_step"]
+__all__ = ["TrackedStep", "breakdown", "device_peak", "reset_device_peak", "tracked_step", "tracker_class"]
 
 # MemTracker's category names (``_MemRefType`` values) -> our fields.
 _CATEGORIES = {
@@ -90,11 +91,18 @@ def tracker_class() -> type[Any]:
     return _CategoryPeakTracker
 
 
-def tracked_step(trainer: Trainer) -> tuple[StepResult, MemoryBreakdown, MemoryBreakdown]:
-    """Run one real optimizer step under exact memory tracking.
+@dataclass(frozen=True, kw_only=True)
+class TrackedStep:
+    """One real optimizer step under exact memory tracking."""
 
-    Returns the step, the breakdown at the peak total, and each category's own maximum.
-    """
+    result: StepResult
+    at_peak: MemoryBreakdown  # at the moment of the peak total
+    category_peaks: MemoryBreakdown  # each category's own maximum over the step
+    resident: MemoryBreakdown | None = None  # held between steps, counted before it (ranks only)
+
+
+def tracked_step(trainer: Trainer) -> TrackedStep:
+    """Run one real optimizer step of the local trainer under exact memory tracking."""
     tracker = tracker_class()()
     tracker.track_external(trainer.model, trainer.optimizer)
     with tracker:
@@ -104,7 +112,7 @@ def tracked_step(trainer: Trainer) -> tuple[StepResult, MemoryBreakdown, MemoryB
     snapshots = tracker.get_tracker_snapshot("peak")
     assert len(snapshots) <= 1, f"one device per rank expected, got {list(snapshots)}"
     at_peak = breakdown(next(iter(snapshots.values()), {}))
-    return result, at_peak, breakdown(tracker.category_peaks)
+    return TrackedStep(result=result, at_peak=at_peak, category_peaks=breakdown(tracker.category_peaks))
 
 
 def breakdown(snapshot: Mapping[Any, int]) -> MemoryBreakdown:

@@ -17,30 +17,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._pytree import tree_map_only
 
-from autotune.measurement.record import MemoryBreakdown
-from autotune.measurement.tracker import breakdown, tracker_class
-from autotune.train.base import StepResult
+from autotune.measurement.tracker import TrackedStep, breakdown, tracker_class
 from autotune.train.zero import ZeroTrainer
 
 if TYPE_CHECKING:
     from torch.distributed._tools.mem_tracker import MemTracker
 
-__all__ = ["ZeroTrackedStep", "tracked_zero_step"]
+__all__ = ["tracked_zero_step"]
 
 
-class ZeroTrackedStep(NamedTuple):
-    result: StepResult
-    resident: MemoryBreakdown  # held between steps, counted just before the tracked step
-    at_peak: MemoryBreakdown  # at the moment of peak total
-    category_peaks: MemoryBreakdown  # each category's own maximum
-
-
-def tracked_zero_step(trainer: ZeroTrainer) -> ZeroTrackedStep:
+def tracked_zero_step(trainer: ZeroTrainer) -> TrackedStep:
     """One real optimizer step under exact memory tracking, with DeepSpeed's buffers labelled."""
     tracker = tracker_class()()
     _label_model_states(tracker, trainer)
@@ -56,7 +47,9 @@ def tracked_zero_step(trainer: ZeroTrainer) -> ZeroTrackedStep:
     snapshots = tracker.get_tracker_snapshot("peak")
     assert len(snapshots) <= 1, f"one device per rank expected, got {list(snapshots)}"
     at_peak = breakdown(next(iter(snapshots.values()), {}))
-    return ZeroTrackedStep(result, resident, at_peak, breakdown(tracker.category_peaks))
+    return TrackedStep(
+        result=result, at_peak=at_peak, category_peaks=breakdown(tracker.category_peaks), resident=resident
+    )
 
 
 def _label_model_states(tracker: MemTracker, trainer: ZeroTrainer) -> None:

@@ -113,7 +113,7 @@ def _measure_one_step(workload: Workload, config: TrainConfig) -> tuple[int | No
         trainer = Trainer(workload, config, device="cpu")
         try:
             trainer.step()  # creates the optimizer state, as measure()'s warmup does
-            _, at_peak, _ = tracked_step(trainer)
+            at_peak = tracked_step(trainer).at_peak
         finally:
             trainer.close()
     # A check of user code: whatever it raises (a kernel this CPU lacks, out of memory) leaves

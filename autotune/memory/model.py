@@ -124,7 +124,7 @@ class Plan(NamedTuple):
 def plan_of(config: TrainConfig, *, num_blocks: int, device_type: str = "cpu") -> Plan:
     """The runner ``autotune.measure`` would use for ``config``, and each block's profile mode."""
     checkpoints = config.block_checkpoints(num_blocks)
-    if config.zero_stage == 0 and config.ranks == 1:  # the local runner: fp32 weights, autocast islands
+    if not config.on_deepspeed:  # the local runner: fp32 weights, autocast islands
         return Plan("local", 0, 1, "fp32", "fp32", config.block_precisions(num_blocks), checkpoints)
     weights = engine_precision(config, num_blocks=num_blocks, device_type=device_type)
     if weights == "fp32":

@@ -13,7 +13,6 @@ job.json`` (NCCL, one GPU per rank).
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -25,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.measurement.record import MemoryBreakdown, Status
+from autotune.measurement.schedule import RankReport
 
-__all__ = ["Job", "RankError", "RankReport", "main", "result_path", "ERROR_GLOB"]
+__all__ = ["ERROR_GLOB", "Job", "RankError", "main", "result_path"]
 
 ERROR_GLOB = "error-rank*.json"
 
@@ -51,33 +50,6 @@ class Job:
     def from_json(cls, text: str) -> Job:
         d = json.loads(text)
         d["configs"] = tuple(TrainConfig.from_dict(c) for c in d["configs"])
-        return cls(**d)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RankReport:
-    """One rank's measurement of one config."""
-
-    rank: int
-    status: Status
-    reason: str | None
-    losses: tuple[float, ...]  # every step's loss over all ranks, warmup included
-    timed_samples: tuple[int, ...]  # this rank's samples in each timed step
-    timed_seconds: tuple[float, ...]
-    lr: float
-    overflow_steps: int
-    resident: MemoryBreakdown | None
-    memory: MemoryBreakdown | None
-    category_peaks: MemoryBreakdown | None
-    device_peak_bytes: int | None
-
-    @classmethod
-    def from_json(cls, text: str) -> RankReport:
-        d = json.loads(text)
-        for key in ("resident", "memory", "category_peaks"):
-            d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
-        for key in ("losses", "timed_samples", "timed_seconds"):
-            d[key] = tuple(d[key])
         return cls(**d)
 
 
@@ -157,7 +129,7 @@ def _run(job: Job, run_dir: Path, rank: int, current: list[int]) -> None:
     for index, config in enumerate(job.configs):
         current.append(index)
         report = _measure(workload, config, job, rank, device, progress=_Progress(run_dir, index, rank))
-        _write(result_path(run_dir, index, rank), json.dumps(asdict(report), indent=2))
+        _write(result_path(run_dir, index, rank), report.to_json())
 
 
 class _Progress:
@@ -174,89 +146,31 @@ class _Progress:
 def _measure(workload: Any, config: TrainConfig, job: Job, rank: int, device: Any, progress: _Progress) -> RankReport:
     import torch
 
+    from autotune.measurement.schedule import Schedule
+    from autotune.measurement.zero_tracker import tracked_zero_step
     from autotune.train.zero import ZeroTrainer
+
+    def worst_peak(peak: int) -> int:
+        worst = torch.tensor(peak, dtype=torch.int64, device=device)
+        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+        return int(worst.item())
 
     torch.manual_seed(config.seed)
     trainer = ZeroTrainer(workload, config, rank=rank, device=device)
-    schedule = _Schedule(trainer, job, progress)
+    schedule = Schedule(
+        trainer,
+        steps=job.steps,
+        warmup=job.warmup,
+        memory_budget=job.memory_budget,
+        tracked_step=lambda: tracked_zero_step(trainer),
+        progress=progress,
+        worst_peak=worst_peak,
+    )
     try:
         status, reason = schedule.execute()
     finally:
         trainer.close()
-    results = schedule.results
-    return RankReport(
-        rank=rank,
-        status=status,
-        reason=reason,
-        losses=tuple(r.loss for r in results),
-        timed_samples=tuple(r.samples for r in schedule.timed),
-        timed_seconds=tuple(r.seconds for r in schedule.timed),
-        lr=results[-1].lr if results else trainer.lr(),
-        overflow_steps=sum(r.overflow for r in results),
-        resident=schedule.resident,
-        memory=schedule.at_peak,
-        category_peaks=schedule.category_peaks,
-        device_peak_bytes=schedule.device_peak,
-    )
-
-
-class _Schedule:
-    """warmup steps, one memory-tracked step, timed steps: the order of the local ``measure``.
-
-    Each step's loss is the mean over all ranks, so a divergence or a budget verdict is the
-    same on every rank: no rank leaves the schedule while the others wait in a collective.
-    """
-
-    def __init__(self, trainer: Any, job: Job, progress: _Progress) -> None:
-        self.trainer, self.job, self.progress = trainer, job, progress
-        self.results: list[Any] = []
-        self.timed: list[Any] = []
-        self.resident: MemoryBreakdown | None = None
-        self.at_peak: MemoryBreakdown | None = None
-        self.category_peaks: MemoryBreakdown | None = None
-        self.device_peak: int | None = None
-
-    def _record(self, result: Any) -> bool:
-        self.results.append(result)
-        return math.isfinite(result.loss)
-
-    def _diverged(self) -> tuple[Status, str | None]:
-        return "diverged", f"loss is {self.results[-1].loss} at step {len(self.results)}"
-
-    def execute(self) -> tuple[Status, str | None]:
-        from autotune.measurement.tracker import device_peak, reset_device_peak
-        from autotune.measurement.zero_tracker import tracked_zero_step
-
-        job, trainer, device = self.job, self.trainer, self.trainer.device
-        for i in range(job.warmup):
-            self.progress("warmup", i, job.warmup)
-            if not self._record(trainer.step()):
-                return self._diverged()
-        self.progress("memory", 0, 1)
-        reset_device_peak(device)
-        tracked = tracked_zero_step(trainer)
-        self.device_peak = device_peak(device)
-        self.resident, self.at_peak, self.category_peaks = tracked.resident, tracked.at_peak, tracked.category_peaks
-        if not self._record(tracked.result):
-            return self._diverged()
-        worst = self._worst_peak(max(tracked.at_peak.total, self.device_peak or 0))
-        if job.memory_budget is not None and worst > job.memory_budget:
-            return "over_budget", f"peak {worst} bytes exceeds the memory budget of {job.memory_budget} bytes"
-        for i in range(job.steps):
-            self.progress("timed", i, job.steps)
-            result = trainer.step()
-            self.timed.append(result)
-            if not self._record(result):
-                return self._diverged()
-        self.progress("timed", job.steps, job.steps)
-        return "ok", None
-
-    def _worst_peak(self, peak: int) -> int:
-        import torch
-
-        worst = torch.tensor(peak, dtype=torch.int64, device=self.trainer.device)
-        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
-        return int(worst.item())
+    return schedule.report(status, reason, rank=rank)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,13 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from multiprocessing.connection import Connection
 from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, MeasurementFailed, StudyError, WorkloadError
 from autotune.measurement.record import Measurement
+from autotune.procs.watchdog import watch_parent
 
 __all__ = ["MeasurementFailed", "MeasurementProcess"]
 
@@ -141,17 +141,11 @@ class _sigint_ignored:
 # ---- the child ---------------------------------------------------------------------------------
 
 
-def _watch_parent(parent_pid: int) -> None:
-    # The pipe tells the child its parent is gone only when it next reads; a measurement may run
-    # for minutes, so a thread checks once a second and ends the process when orphaned.
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    os._exit(3)
-
-
 def _serve(conn: Connection, source: str, threads: int | None, device: str | None, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills this process
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    # The pipe tells the child its parent is gone only when it next reads; a measurement may run
+    # for minutes.
+    watch_parent(parent_pid, exit_code=3)
     import torch
 
     from autotune.measurement import measure

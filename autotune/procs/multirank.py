@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -23,12 +22,12 @@ from pathlib import Path
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, ConfigError, TrainingError, UnsupportedError, WorkloadError
 from autotune.measurement.progress import ProgressFn
-from autotune.measurement.record import Measurement, RankResult
-from autotune.measurement.trend import loss_slope
-from autotune.procs.ds_worker import ERROR_GLOB, Job, RankError, RankReport, result_path
+from autotune.measurement.record import Measurement
+from autotune.measurement.schedule import RankReport, assemble
+from autotune.procs.ds_worker import ERROR_GLOB, Job, RankError, result_path
 from autotune.procs.launch import LaunchError, launch_module
+from autotune.train.base import check_micro_batch
 from autotune.train.deepspeed_config import engine_precision
-from autotune.train.gns import NoiseEstimate
 from autotune.workload import Workload
 
 __all__ = ["USER_ERRORS", "check_configs", "child_env", "device_type_of", "log_tail", "measure_ranks"]
@@ -92,14 +91,10 @@ def check_configs(workload: Workload, configs: Sequence[TrainConfig], device_typ
         )
     if not configs or len({c.ranks for c in configs}) != 1:
         raise ConfigError(f"measure_ranks needs configs with one rank count, but got {[c.ranks for c in configs]}.")
-    n, size = len(workload.block_names()), len(workload.dataset)  # type: ignore[arg-type]
+    n = len(workload.block_names())
     for c in configs:
         engine_precision(c, num_blocks=n, device_type=device_type)
-        if c.micro_batch_size > size // c.ranks:
-            raise ConfigError(
-                f"TrainConfig.micro_batch_size must be <= the dataset size of workload {workload.name!r} "
-                f"per rank ({size} // {c.ranks} ranks), but got {c.micro_batch_size}."
-            )
+        check_micro_batch(workload, c, world=c.ranks)
 
 
 def _launch(
@@ -204,78 +199,26 @@ def log_tail(run_dir: Path, lines: int = 20) -> str:
 
 
 def _aggregate(workload: str, job: Job, index: int, reports: list[RankReport]) -> Measurement:
-    """One Measurement from every rank's report of config ``index``.
-
-    A data-parallel step ends on all ranks together (the gradient reduction is a barrier): its
-    throughput is the samples of all ranks over the slowest rank's time.
-    """
-    first, config = reports[0], job.configs[index]
-    rates = [
-        sum(r.timed_samples[i] for r in reports) / max(r.timed_seconds[i] for r in reports)
-        for i in range(len(first.timed_seconds))
-    ]
-    steps_seconds = [max(r.timed_seconds[i] for r in reports) for i in range(len(first.timed_seconds))]
-    quartiles = statistics.quantiles(rates, n=4, method="inclusive") if len(rates) >= 2 else rates * 3
-    worst = max(reports, key=lambda r: -1 if r.memory is None else r.memory.total)
-    return Measurement(
-        workload=workload,
-        config=config,
+    """One Measurement from every rank's report of config ``index``."""
+    return assemble(
+        workload,
+        job.configs[index],
         device=job.device,
-        status=first.status,
-        reason=first.reason,
         warmup=job.warmup,
         steps=job.steps,
-        throughput=statistics.median(rates) if rates else None,
-        throughput_p25=quartiles[0] if rates else None,
-        throughput_p75=quartiles[2] if rates else None,
-        step_seconds=statistics.median(steps_seconds) if rates else None,
-        memory=worst.memory,
-        category_peaks=worst.category_peaks,
-        device_peak_bytes=max((r.device_peak_bytes for r in reports if r.device_peak_bytes is not None), default=None),
         memory_budget=job.memory_budget,
-        # The noise scale needs each micro-batch gradient, which ZeRO reduces and partitions away.
-        noise=NoiseEstimate(b_simple=None, trace_sigma=None, grad_sq_norm=None, sigma2=None, steps=0),
-        losses=first.losses,
-        loss_slope=loss_slope(first.losses),
-        overflow_steps=first.overflow_steps,
-        lr=first.lr,
-        per_rank=tuple(_rank_result(r) for r in reports),
-    )
-
-
-def _rank_result(r: RankReport) -> RankResult:
-    rates = [n / s for n, s in zip(r.timed_samples, r.timed_seconds, strict=True)]
-    return RankResult(
-        rank=r.rank,
-        throughput=statistics.median(rates) if rates else None,
-        step_seconds=statistics.median(r.timed_seconds) if rates else None,
-        memory=r.memory,
-        category_peaks=r.category_peaks,
-        resident=r.resident,
-        device_peak_bytes=r.device_peak_bytes,
+        reports=reports,
     )
 
 
 def _failed(workload: str, job: Job, config: TrainConfig, reason: str) -> Measurement:
-    return Measurement(
-        workload=workload,
-        config=config,
+    return assemble(
+        workload,
+        config,
         device=job.device,
-        status="oom",
-        reason=reason,
         warmup=job.warmup,
         steps=job.steps,
-        throughput=None,
-        throughput_p25=None,
-        throughput_p75=None,
-        step_seconds=None,
-        memory=None,
-        category_peaks=None,
-        device_peak_bytes=None,
         memory_budget=job.memory_budget,
-        noise=NoiseEstimate(b_simple=None, trace_sigma=None, grad_sq_norm=None, sigma2=None, steps=0),
-        losses=(),
-        loss_slope=None,
-        overflow_steps=0,
-        lr=0.0,
+        reports=[],
+        failure=("oom", reason),
     )

@@ -19,7 +19,6 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 import traceback
 import warnings
@@ -29,6 +28,8 @@ from datetime import timedelta
 from io import BufferedIOBase
 from pathlib import Path
 from typing import Any
+
+from autotune.procs.watchdog import watch_parent
 
 __all__ = ["PARENT_ENV", "TOKEN_ENV", "main"]
 
@@ -43,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     run_dir, host, port = Path(args[0]), args[1], int(args[2])
     (run_dir / PIDS_DIR / str(os.getpid())).touch()  # lets the session reap this rank whatever happens
-    _watch_parent(int(os.environ[PARENT_ENV]))
+    watch_parent(int(os.environ[PARENT_ENV]), exit_code=1, interval=_WATCH_SECONDS)
     token = os.environ.pop(TOKEN_ENV)  # not inherited by anything this rank starts
     rank = int(os.environ["RANK"])
     with socket.create_connection((host, port), timeout=60) as sock:
@@ -55,31 +56,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if torch is not None and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
-
-
-def _watch_parent(pid: int) -> None:
-    """End this process when the session's parent is gone (killed, crashed), even mid-collective."""
-    started = _start_time(pid)
-
-    def watch() -> None:
-        while _start_time(pid) == started:  # a reused pid has another start time
-            time.sleep(_WATCH_SECONDS)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="autotune-parent-watchdog", daemon=True).start()
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except FileNotFoundError:
-        return None
-    except OSError:  # no /proc (not Linux): existence only
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        return "alive"
 
 
 def _send(channel: BufferedIOBase, message: dict[str, Any]) -> None:
@@ -177,13 +153,7 @@ class _Rank:
     def tracked_step(self) -> dict[str, Any]:
         from autotune.measurement.zero_tracker import tracked_zero_step
 
-        tracked = tracked_zero_step(self._trainer())
-        return {
-            "result": asdict(tracked.result),
-            "resident": asdict(tracked.resident),
-            "at_peak": asdict(tracked.at_peak),
-            "category_peaks": asdict(tracked.category_peaks),
-        }
+        return asdict(tracked_zero_step(self._trainer()))
 
     def state(self, *, path: str) -> dict[str, Any]:
         """Gather the full training state (a collective); rank 0 writes it to ``path``."""

@@ -30,7 +30,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError, WorkloadError
 from autotune.workload import Workload
 
-__all__ = ["BaseTrainer", "StepResult", "check_loss"]
+__all__ = ["BaseTrainer", "StepResult", "check_loss", "check_micro_batch"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +54,8 @@ class BaseTrainer(ABC):
     #: Whether one micro-batch may be trained as equal chunks (``step(split=...)``): the chunks'
     #: gradients must be averaged by the trainer itself, not by an engine that knows the batch size.
     supports_split = False
+    #: The config the backend hands ``deepspeed.initialize`` (None: no DeepSpeed engine).
+    deepspeed_config: dict[str, Any] | None = None
 
     def __init__(self, workload: Workload, config: TrainConfig, *, device: torch.device, world: int = 1) -> None:
         self.workload = workload
@@ -83,17 +85,7 @@ class BaseTrainer(ABC):
         return reason
 
     def _check(self, config: TrainConfig) -> None:
-        size = len(self.workload.dataset)  # type: ignore[arg-type]
-        if self.world == 1 and config.micro_batch_size > size:
-            raise ConfigError(
-                f"TrainConfig.micro_batch_size must be <= the dataset size of workload "
-                f"{self.workload.name!r} ({size}), but got {config.micro_batch_size}."
-            )
-        if self.world > 1 and config.micro_batch_size > size // self.world:
-            raise ConfigError(
-                f"TrainConfig.micro_batch_size must be <= the dataset size of workload {self.workload.name!r} "
-                f"per rank ({size} // {self.world} ranks), but got {config.micro_batch_size}."
-            )
+        check_micro_batch(self.workload, config, world=self.world)
 
     @abstractmethod
     def _apply(self, config: TrainConfig) -> str | None:
@@ -186,6 +178,21 @@ class BaseTrainer(ABC):
     @abstractmethod
     def close(self) -> None:
         """Undo what the trainer did to its model (wrappers, hooks); idempotent."""
+
+
+def check_micro_batch(workload: Workload, config: TrainConfig, *, world: int) -> None:
+    """A micro-batch must fit in each rank's share of the dataset (its data stream drops the rest)."""
+    size = len(workload.dataset)  # type: ignore[arg-type]
+    if world == 1 and config.micro_batch_size > size:
+        raise ConfigError(
+            f"TrainConfig.micro_batch_size must be <= the dataset size of workload "
+            f"{workload.name!r} ({size}), but got {config.micro_batch_size}."
+        )
+    if world > 1 and config.micro_batch_size > size // world:
+        raise ConfigError(
+            f"TrainConfig.micro_batch_size must be <= the dataset size of workload {workload.name!r} "
+            f"per rank ({size} // {world} ranks), but got {config.micro_batch_size}."
+        )
 
 
 def check_loss(loss: object, workload: str) -> None:

@@ -63,7 +63,7 @@ class Trainer(BaseTrainer):
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
-        if config.zero_stage != 0 or config.ranks != 1:
+        if config.on_deepspeed:
             raise UnsupportedError(
                 f"Trainer runs one local process (zero_stage=0, ranks=1), but got zero_stage={config.zero_stage} "
                 f"with ranks={config.ranks}; measure() runs those on DeepSpeed ranks."

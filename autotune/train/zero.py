@@ -97,6 +97,7 @@ class ZeroTrainer(BaseTrainer):
             largest_parameter=max(p.numel() for p in model.parameters()),
             device_type=self.device.type,
         )
+        self.deepspeed_config = ds_config
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=ds_config)
         if state is not None:
             restore_state(self.engine, self.optimizer, state)

@@ -154,7 +154,7 @@ def test_the_starting_peak_is_measured_with_optimizer_state() -> None:
     env = _env(memory_budget=10.0)
     _, info = env.reset(seed=0)
     assert env.trainer is not None and env.trainer.optimizer.state  # trained before measuring
-    _, at_peak, _ = tracked_step(env.trainer)  # the same knobs again, in the middle of training
+    at_peak = tracked_step(env.trainer).at_peak  # the same knobs again, in the middle of training
     assert info["peak_bytes"] == at_peak.total
     env.close()
 

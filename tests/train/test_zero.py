@@ -17,6 +17,7 @@ import pytest
 from autotune import Measurement, TrainConfig, TrainingError, UnsupportedError, load_workload, measure, predict_memory
 from autotune.memory.profile import profile_memory
 from autotune.procs.multirank import measure_ranks
+from autotune.search.export import export_config
 from autotune.units import format_bytes
 from tests.paths import ZERO_WORKLOADS
 
@@ -73,6 +74,24 @@ def test_first_step_losses_agree_across_stages(by_stage: dict[tuple[str, int], M
         first = [m.losses[0] for (p, _), m in by_stage.items() if p == precision]
         assert len(first) >= 3
         assert all(math.isclose(x, first[0], rel_tol=tolerance) for x in first), first
+
+
+def test_the_exported_deepspeed_config_is_the_one_the_ranks_ran_with(
+    by_stage: dict[tuple[str, int], Measurement],
+) -> None:
+    """`best --format deepspeed` and `predict --export-deepspeed` write what the measured engine got."""
+    workload = load_workload(TINY)
+    for m in by_stage.values():
+        exported = export_config(
+            m.config,
+            "deepspeed",
+            block_names=workload.block_names(),
+            workload=workload.name,
+            largest_parameter=workload.largest_parameter,
+        )
+        assert m.deepspeed_config is not None
+        assert json.loads(exported) == m.deepspeed_config
+    assert by_stage["fp32", 3].deepspeed_config["zero_optimization"]["stage"] == 3  # type: ignore[index]
 
 
 def test_measurement_with_ranks_round_trips_through_json(by_stage: dict[tuple[str, int], Measurement]) -> None:

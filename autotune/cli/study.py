@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.cli import BUDGET_HELP
+from autotune.cli.flags import BUDGET_HELP
 
 if TYPE_CHECKING:
     import optuna

@@ -19,7 +19,6 @@ from autotune.config import TrainConfig
 from autotune.zoo import BUILTINS
 from tests.paths import TINY_WORKLOAD
 
-ROOT = Path(__file__).parent.parent.parent
 TINY = TINY_WORKLOAD
 BUILTIN_NAMES = ", ".join(sorted(BUILTINS))
 MEASURE = ("--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress", "--no-memory-model")

@@ -1,67 +1,23 @@
-"""The ``autotune`` command: thin commands over the library.
+"""``autotune workloads``, ``measure`` and ``predict``: one workload, one config, measured or predicted.
 
-A user mistake (bad workload reference, bad config value) prints one line and exits with 2;
-a configuration that fails to train exits with 1; no traceback either way.
+Only argparse at import time; torch and the library load inside the handlers.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError, ConfigError, TrainingError
+from autotune.cli.flags import BUDGET_HELP, add_config_flags, config_from_args
+from autotune.errors import ConfigError
 
-__all__ = ["main"]
-
-# Modules that add subcommands: each has ``register(subparsers) -> None``, which adds its
-# parsers and sets ``func`` (a handler taking the parsed args, returning the exit code). They
-# must import only argparse-level code at module level, so ``autotune --help`` stays instant.
-_COMMAND_MODULES: tuple[str, ...] = ("autotune.search.commands", "autotune.policies.commands")
-
-#: Help of every ``--memory-budget`` (the syntax :func:`autotune.units.parse_memory_budget` reads).
-BUDGET_HELP = "a size with a unit (2GiB, 512MiB, 100MB) or a percentage of the default configuration's peak (75%%)"
+__all__ = ["register"]
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("autotune")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if not hasattr(args, "func"):
-        parser.print_help()
-        return 2
-    try:
-        result: int = args.func(args)
-        return result
-    except TrainingError as e:
-        print(f"autotune {args.command}: {e}", file=sys.stderr)
-        return 1
-    except AutotuneError as e:
-        print(f"autotune {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"autotune {args.command}: interrupted", file=sys.stderr)
-        return 130
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autotune", description="Measure and search PyTorch training configurations.")
-    parser.add_argument("--version", action="version", version=f"autotune {_version()}", help="print the version")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def register(sub: Any) -> None:
     p = sub.add_parser("workloads", help="list the built-in workloads with parameter counts")
     p.set_defaults(func=_cmd_workloads)
 
@@ -72,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="built-in name, random:SEED, path/to/file.py:build or package.module:build",
     )
-    _add_config_flags(p)
+    add_config_flags(p)
     p.add_argument("--steps", type=int, default=8, help="timed optimizer steps (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup steps (default 2)")
     p.add_argument("--memory-budget", help=f"{BUDGET_HELP}: a peak above it is reported as not fitting")
@@ -82,26 +38,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("predict", help="predict a config's peak memory per rank, by category, without running it")
     p.add_argument("--workload", "-w", required=True, help="as for measure")
-    _add_config_flags(p)
+    add_config_flags(p)
     p.add_argument("--memory-budget", help=f"{BUDGET_HELP}: say whether the predicted peak fits")
     p.add_argument("--device", default="cpu", help="device kind the ranks would use: cpu (default) or cuda")
     p.add_argument("--export-deepspeed", type=Path, help="also write the DeepSpeed config JSON for these ranks here")
     p.add_argument("--json", action="store_true", help="print the MemoryEstimate as JSON")
     p.set_defaults(func=_cmd_predict)
-
-    for module in _COMMAND_MODULES:
-        importlib.import_module(module).register(sub)
-    return parser
-
-
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="TrainConfig JSON file; the flags below override it")
-    p.add_argument("--micro-batch", type=int, help="micro-batch size (default 8)")
-    p.add_argument("--accum", type=int, help="gradient-accumulation steps (default 1)")
-    p.add_argument("--precision", help="fp32|bf16|fp16 for every block, or a comma list, one per block")
-    p.add_argument("--checkpoint", help="none|all, or comma-separated block indices to recompute")
-    p.add_argument("--zero-stage", type=int, help="DeepSpeed ZeRO stage 0-3")
-    p.add_argument("--ranks", type=int, help="data-parallel ranks")
 
 
 def _cmd_workloads(args: argparse.Namespace) -> int:
@@ -131,7 +73,7 @@ def _cmd_measure(args: argparse.Namespace) -> int:
     budget = parse_memory_budget(args.memory_budget) if args.memory_budget else None
     device = resolve_device(args.device)  # no CUDA, or no such device: one line before any work
     workload = load_workload(args.workload)
-    config = _config_from_args(args, num_blocks=len(workload.block_names()))
+    config = config_from_args(args, num_blocks=len(workload.block_names()))
     budget_b = budget_bytes(budget, workload, ranks=config.ranks, device_type=device.type)
 
     from rich.console import Console
@@ -180,7 +122,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.export_deepspeed is not None:
         _check_writable(args.export_deepspeed, flag="--export-deepspeed")  # before minutes of profiling
     workload = load_workload(args.workload)
-    config = _config_from_args(args, num_blocks=len(workload.block_names()))
+    config = config_from_args(args, num_blocks=len(workload.block_names()))
     status = f"profiling {workload.name} (fake tensors, then one real step to check)"
     try:
         # The check's warning is printed below as the command's own line, not as a Python warning.
@@ -231,49 +173,3 @@ def _export_deepspeed(path: Path, workload: Any, config: Any, *, device_type: st
         path.write_text(json.dumps(ds, indent=2) + "\n")
     except OSError as e:
         raise ConfigError(f"--export-deepspeed: cannot write {str(path)!r}: {e.strerror}.") from None
-
-
-def _config_from_args(args: argparse.Namespace, *, num_blocks: int) -> Any:
-    from autotune.config import TrainConfig
-
-    config = TrainConfig()
-    if args.config is not None:
-        try:
-            text = args.config.read_text()
-        except OSError as e:
-            raise ConfigError(f"--config: cannot read {str(args.config)!r}: {e.strerror}.") from None
-        config = TrainConfig.from_json(text)
-    overrides: dict[str, Any] = {}
-    if args.micro_batch is not None:
-        overrides["micro_batch_size"] = args.micro_batch
-    if args.accum is not None:
-        overrides["grad_accum_steps"] = args.accum
-    if args.zero_stage is not None:
-        overrides["zero_stage"] = args.zero_stage
-    if args.ranks is not None:
-        overrides["ranks"] = args.ranks
-    if args.precision is not None:
-        parts = [s.strip() for s in args.precision.split(",")]
-        overrides["precision"] = parts[0] if len(parts) == 1 else tuple(parts)
-    if args.checkpoint is not None:
-        overrides["checkpoint"] = _parse_checkpoint(args.checkpoint, num_blocks)
-    return dataclasses.replace(config, **overrides)
-
-
-def _parse_checkpoint(text: str, num_blocks: int) -> bool | tuple[bool, ...]:
-    if text in ("none", "all"):
-        return text == "all"
-    try:
-        indices = {int(s) for s in text.split(",")}
-    except ValueError:
-        raise ConfigError(
-            f"--checkpoint must be none, all or comma-separated block indices, but got {text!r}."
-        ) from None
-    bad = sorted(i for i in indices if not 0 <= i < num_blocks)
-    if bad:
-        raise ConfigError(f"--checkpoint block indices must be in [0, {num_blocks - 1}], but got {bad[0]}.")
-    return tuple(i in indices for i in range(num_blocks))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import _parser, main
-from tests.paths import TINY_WORKLOAD
+from autotune.cli.main import _parser, main
+from tests.paths import ROOT, TINY_WORKLOAD, USER_WORKLOAD
 
-ROOT = Path(__file__).parent.parent
-USER = ROOT / "tests" / "data" / "my_workload.py"
+USER = USER_WORKLOAD
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

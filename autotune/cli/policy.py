@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autotune.cli import BUDGET_HELP
+from autotune.cli.flags import BUDGET_HELP
 
 __all__ = ["register"]
 
@@ -49,9 +49,9 @@ def register(sub: Any) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from autotune.envs.calibration import calibrate, save_profile
     from rich.console import Console
 
+    from autotune.envs.calibration import calibrate, save_profile
     from autotune.resolve import load_workload
 
     workload = load_workload(args.workload)
@@ -68,6 +68,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 def _cmd_train_policy(args: argparse.Namespace) -> int:
     import torch
+
     from autotune.envs.calibration import load_profile
     from autotune.envs.simulated import shipped_profiles
     from autotune.policies.ppo import RANK_CHOICES, save_policy, train_policy
@@ -89,7 +90,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from autotune.envs.training import TrainingEnv
     from autotune.policies.episode import run_episode
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
-
     from autotune.units import parse_memory_budget
 
     # Everything the user gave is checked before the first real training step (seconds to minutes).
