@@ -72,10 +72,6 @@ class PredictionWarning(AutotuneWarning):
 __all__ += ["PredictionError", "AutotuneWarning", "PredictionWarning"]
 
 
-class LaunchError(TrainingError):
-    """torchrun exited with a non-zero status (a rank failed, or the launch timed out)."""
-
-
 class SessionError(TrainingError):
     """A rank failed, stopped answering or exited, or the session is closed; the session is over."""
 
@@ -110,7 +106,7 @@ class TrialFailed(Exception):
     """
 
 
-__all__ += ["LaunchError", "SessionError", "RankTraceback", "MeasurementFailed", "TrialFailed"]
+__all__ += ["SessionError", "RankTraceback", "MeasurementFailed", "TrialFailed"]
 
 
 def one_line(error: BaseException) -> str:

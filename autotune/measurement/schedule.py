@@ -3,7 +3,7 @@
 One schedule for every backend (:class:`Schedule`): ``warmup`` untimed steps, one step under
 exact memory tracking, then ``steps`` timed steps. It runs in this process over the local
 :class:`~autotune.train.local.Trainer`, and in each DeepSpeed rank over a
-:class:`~autotune.train.zero.ZeroTrainer` (:mod:`autotune.procs.ds_worker`); either way it ends
+:class:`~autotune.train.zero.ZeroTrainer` (:mod:`autotune.procs.session_worker`); either way it ends
 in a :class:`RankReport`, and :func:`assemble` turns the reports of one config (one, or one per
 rank) into the :class:`~autotune.measurement.record.Measurement`: the one place it is built.
 """
@@ -61,7 +61,7 @@ def measure(
     """
     _check_args(steps=steps, warmup=warmup, memory_budget=memory_budget)
     if config.on_deepspeed:
-        from autotune.procs.multirank import measure_ranks  # lazy: the launcher and job schema
+        from autotune.procs.multirank import measure_ranks  # lazy: the rank session and its launcher
 
         runs = measure_ranks(
             workload,
@@ -143,7 +143,11 @@ class RankReport:
 
     @classmethod
     def from_json(cls, text: str) -> RankReport:
-        d = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankReport:
+        d = dict(data)
         for key in ("resident", "memory", "category_peaks"):
             d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
         for key in ("losses", "timed_samples", "timed_seconds"):

@@ -3,13 +3,13 @@
 The ranks are started by PyTorch's own launcher, ``torchrun`` (``python -m torch.distributed.run``),
 exactly as a user starts them on a cluster node: it sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT``, and ends the other ranks when one fails. autotune adds no
-process-group protocol of its own; results come back as files the ranks write (see
-:mod:`autotune.procs.ds_worker`).
+process-group protocol of its own; the ranks talk to the parent over the session's channel (see
+:mod:`autotune.procs.session`).
 
 Reaping. torchrun starts each rank in a session of its own, so killing torchrun's process group
 does not reach them, and a torchrun killed with SIGKILL leaves them running. Each rank therefore
-writes its pid to ``pids/`` in the run directory first thing; whatever happens here (error, timeout,
-Ctrl-C), torchrun is asked to stop (SIGTERM, which it forwards to the ranks), then killed, and then
+writes its pid to ``pids/`` in the run directory first thing; whatever happens (error, timeout,
+Ctrl-C), ``reap()`` asks torchrun to stop (SIGTERM, which it forwards to the ranks), then killed, and then
 every rank session still alive is killed by pid. Only processes this launch started are signalled.
 """
 
@@ -21,13 +21,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from autotune.errors import LaunchError
-
-__all__ = ["LaunchError", "RankProcesses", "free_port", "launch_module", "start_module", "PIDS_DIR"]
+__all__ = ["PIDS_DIR", "RankProcesses", "child_env", "free_port", "log_tail", "start_module"]
 
 #: Sub-directory of the run directory where each rank writes a file named after its pid.
 PIDS_DIR = "pids"
@@ -99,40 +96,31 @@ def start_module(
     return RankProcesses(proc, run_dir, module)
 
 
-def launch_module(
-    module: str,
-    args: Sequence[str],
-    *,
-    nprocs: int,
-    run_dir: Path,
-    env: Mapping[str, str] | None = None,
-    timeout: float | None = None,
-    poll: Callable[[], None] | None = None,
-) -> None:
-    """Run ``python -m module *args`` as ``nprocs`` ranks on this machine and wait for them.
-
-    Output as in :func:`start_module`. ``poll`` is called every 0.2 s while waiting.
-
-    Raises:
-        LaunchError: torchrun exited non-zero, or ``timeout`` seconds passed. The ranks are gone.
-    """
-    ranks = start_module(module, args, nprocs=nprocs, run_dir=run_dir, env=env)
-    try:
-        _wait(ranks.proc, timeout=timeout, poll=poll)
-    finally:
-        ranks.reap()
-    if ranks.proc.returncode != 0:
-        raise LaunchError(f"torchrun exited with status {ranks.proc.returncode}; see {run_dir / 'torchrun.log'}")
+def child_env(device_type: str, ranks: int) -> dict[str, str]:
+    """The environment of ``ranks`` DeepSpeed ranks started from this process."""
+    env = dict(os.environ)
+    if device_type == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"  # never probe for a GPU stack
+        # Ranks share the cores: one share each (2 ranks on 2 cores: 1 thread), else OpenMP
+        # threads of different ranks spin against each other.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks))
+    # A rank imports the workload as this process did: from the same script directory too.
+    script_dir = sys.path[0] if sys.path and sys.path[0] and Path(sys.path[0]).is_dir() else None
+    if script_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (script_dir, env.get("PYTHONPATH")) if p)
+    return env
 
 
-def _wait(proc: subprocess.Popen[bytes], *, timeout: float | None, poll: Callable[[], None] | None) -> None:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while proc.poll() is None:
-        if deadline is not None and time.monotonic() > deadline:
-            raise LaunchError(f"the ranks did not finish within {timeout:g} s")
-        if poll is not None:
-            poll()
-        time.sleep(_POLL_SECONDS)
+def log_tail(run_dir: Path, lines: int = 20) -> str:
+    """The last lines of every rank's stderr and of torchrun's log in a run directory."""
+    logs = [*sorted((run_dir / "logs").rglob("stderr.log")), run_dir / "torchrun.log"]
+    tails = []
+    for log in logs:
+        with contextlib.suppress(OSError):
+            text = log.read_text(errors="replace").strip().splitlines()[-lines:]
+            if text:
+                tails.append(f"--- {log.relative_to(run_dir)}\n" + "\n".join(text))
+    return "\n".join(tails)
 
 
 def _kill_session(pid: int, module: str) -> None:

@@ -1,11 +1,12 @@
-"""A persistent multi-rank training session: N DeepSpeed ranks started once, driven by commands.
+"""A multi-rank training session: N DeepSpeed ranks started once, driven by commands.
 
-:func:`~autotune.procs.multirank.measure_ranks` launches ranks for a fixed job and reads their
-results from files when they exit. An environment that changes knobs while training goes on needs
-the ranks to stay: :class:`RankSession` starts them once with torchrun (the launcher and reaping of
-:mod:`autotune.procs.launch`, the environment of :func:`~autotune.procs.multirank.child_env`),
-then sends commands (start, reconfigure, step, tracked step, state, close) as JSON lines over one
-localhost TCP connection per rank (:mod:`autotune.procs.session_worker` is the other end).
+The one way autotune runs ranks: measuring a config (:func:`~autotune.procs.multirank.measure_ranks`,
+the ``measure`` command: the measurement schedule in every rank) and training that changes its
+config as it goes (the environment: start, reconfigure, step, tracked step, state). The ranks are
+started once with torchrun (the launcher, environment and reaping of :mod:`autotune.procs.launch`);
+commands and replies are JSON lines over one localhost TCP connection per rank
+(:mod:`autotune.procs.session_worker` is the other end, with the parent watchdog of
+:mod:`autotune.procs.watchdog`).
 
 Every rank answers every command itself, so the parent aggregates (loss: the all-reduced mean,
 samples: summed, seconds: the slowest rank, memory: the rank with the highest peak, every rank
@@ -31,18 +32,29 @@ import socket
 import tempfile
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, RankTraceback, SessionError
-from autotune.measurement.record import MemoryBreakdown
-from autotune.procs.launch import RankProcesses, start_module
-from autotune.procs.multirank import USER_ERRORS, check_configs, child_env, device_type_of, log_tail
+from autotune.errors import (
+    AutotuneError,
+    ConfigError,
+    RankTraceback,
+    SessionError,
+    TrainingError,
+    UnsupportedError,
+    WorkloadError,
+)
+from autotune.measurement.progress import ProgressFn
+from autotune.measurement.record import Measurement, MemoryBreakdown, Status
+from autotune.measurement.schedule import RankReport, assemble
+from autotune.procs.launch import RankProcesses, child_env, log_tail, start_module
 from autotune.procs.session_worker import PARENT_ENV, TOKEN_ENV
-from autotune.train.base import StepResult
+from autotune.train.base import StepResult, check_micro_batch
+from autotune.train.deepspeed_config import engine_precision
 from autotune.train.zero_state import TrainingState, load_state
 from autotune.workload import Workload
 
@@ -56,9 +68,42 @@ __all__ = [
     "TrackedSessionStep",
 ]
 
+# User mistakes found inside a rank keep their type, so the CLI still exits with 2 for them.
+USER_ERRORS: dict[str, type[AutotuneError]] = {
+    "ConfigError": ConfigError,
+    "UnsupportedError": UnsupportedError,
+    "WorkloadError": WorkloadError,
+}
 _WORKER = "autotune.procs.session_worker"
 _TICK = 0.2  # seconds between checks that torchrun still runs while waiting for replies
 _CLOSE_SECONDS = 10.0  # for the ranks to close their engines and exit before they are killed
+
+
+def device_type_of(device: str | None) -> str:
+    """``cpu`` or ``cuda`` for a device argument (None or ``auto``: CUDA when available)."""
+    import torch
+
+    if device is None or device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        raise UnsupportedError(f"the DeepSpeed runner runs on cpu or cuda, but got device {device!r}.")
+    return kind
+
+
+def check_configs(workload: Workload, configs: Sequence[TrainConfig], device_type: str) -> None:
+    """What the parent can check before any rank starts: a user mistake is one error here, not N in logs."""
+    if workload.source is None:
+        raise UnsupportedError(
+            f"workload {workload.name!r} has no source reference, but every DeepSpeed rank rebuilds it "
+            "from one; load it with autotune.load_workload(...) (or set Workload.source)."
+        )
+    if not configs or len({c.ranks for c in configs}) != 1:
+        raise ConfigError(f"measure_ranks needs configs with one rank count, but got {[c.ranks for c in configs]}.")
+    n = len(workload.block_names())
+    for c in configs:
+        engine_precision(c, num_blocks=n, device_type=device_type)
+        check_micro_batch(workload, c, world=c.ranks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,6 +263,51 @@ class RankSession:
         self.config = config
         return Reconfigured(seconds=max(r["seconds"] for r in replies), rebuilt=replies[0]["rebuilt"])
 
+    def measure(
+        self,
+        workload: Workload,
+        config: TrainConfig,
+        *,
+        steps: int,
+        warmup: int,
+        memory_budget: int | None,
+        progress: ProgressFn | None = None,
+    ) -> Measurement:
+        """Measure ``config`` from the workload's initial model: every rank runs the measurement
+        schedule (:class:`~autotune.measurement.schedule.Schedule`) and reports; an out-of-memory
+        rank gives an ``oom`` Measurement and ends the session."""
+        self._check(workload, config)
+        assert workload.source is not None  # check_configs
+        self.workload = self.config = None  # the ranks close their trainer after measuring
+        try:
+            replies = self._call(
+                "measure",
+                on_progress=None if progress is None else lambda p: progress(p["phase"], p["done"], p["total"]),
+                workload=workload.source,
+                config=config.to_dict(),
+                device=self.device_type,
+                timeout=self.timeout,
+                steps=steps,
+                warmup=warmup,
+                memory_budget=memory_budget,
+            )
+            failure: tuple[Status, str] | None = None
+        except RankFailed as e:
+            if not e.out_of_memory:
+                where = f"training {workload.name!r} failed under {config.describe()} on rank {e.rank}"
+                raise TrainingError(f"{where}: {e.type}: {e.message}") from e
+            replies, failure = [], ("oom", f"out of memory on rank {e.rank}: {e.message.splitlines()[0]}")
+        return assemble(
+            workload.name,
+            config,
+            device=self.device_type,
+            warmup=warmup,
+            steps=steps,
+            memory_budget=memory_budget,
+            reports=[RankReport.from_dict(r) for r in replies],
+            failure=failure,
+        )
+
     def step(self) -> SessionStep:
         """One optimizer step on every rank."""
         self._started()
@@ -287,11 +377,29 @@ class RankSession:
             )
         check_configs(workload, [config], self.device_type)
 
-    def _call(self, op: str, *, wait: float | None = None, **args: Any) -> list[dict[str, Any]]:
+    def _call(
+        self,
+        op: str,
+        *,
+        wait: float | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        **args: Any,
+    ) -> list[dict[str, Any]]:
         """Send ``op`` to every rank; return their replies in rank order, or end the session and raise.
 
-        ``wait``: seconds to wait for the replies (default: the session's timeout).
+        ``wait``: seconds to wait for the replies (default: the session's timeout). A rank may send
+        ``{"progress": ...}`` lines before its reply: they go to ``on_progress``. Ctrl-C while
+        waiting ends the session at once (the ranks are busy; nothing would answer a ``close``).
         """
+        try:
+            return self._exchange(op, wait, on_progress, args)
+        except KeyboardInterrupt:
+            self._finalizer()
+            raise
+
+    def _exchange(
+        self, op: str, wait: float | None, on_progress: Callable[[dict[str, Any]], None] | None, args: dict[str, Any]
+    ) -> list[dict[str, Any]]:
         if self.closed:
             raise SessionError(f"the session is closed, but got command {op!r}; start a new RankSession.")
         line = json.dumps({"op": op, "args": args}).encode() + b"\n"
@@ -311,19 +419,21 @@ class RankSession:
             readable, _, _ = select.select(waiting, [], [], _TICK)
             for sock in readable:
                 rank = self._sockets.index(sock)
-                reply = self._receive(rank, op)
-                if reply is None:
-                    continue
-                if "error" in reply:
-                    self._finalizer()  # the others may wait for this rank in a collective: end them
-                    raise _rank_error(rank, op, reply["error"])
-                replies[rank] = reply["ok"]
+                for message in self._receive(rank, op):
+                    if "progress" in message:
+                        if on_progress is not None:
+                            on_progress(message["progress"])
+                        continue
+                    if "error" in message:
+                        self._finalizer()  # the others may wait for this rank in a collective: end them
+                        raise _rank_error(rank, op, message["error"])
+                    replies[rank] = message["ok"]
             if len(replies) < self.ranks:
                 self._check_alive(f"command {op!r}", deadline, wait)
         return [replies[r] for r in range(self.ranks)]
 
-    def _receive(self, rank: int, op: str) -> dict[str, Any] | None:
-        """The rank's reply once a whole line has arrived, else None."""
+    def _receive(self, rank: int, op: str) -> list[dict[str, Any]]:
+        """The whole lines (JSON messages) the rank has sent so far; a partial line waits in its buffer."""
         data = self._sockets[rank].recv(1 << 16)
         if not data:  # the rank closed its end: it is exiting
             tail = log_tail(self._run_dir)
@@ -331,13 +441,9 @@ class RankSession:
             raise SessionError(f"rank {rank} closed its connection during {op!r}; the session is closed.\n{tail}")
         buffer = self._buffers[rank]
         buffer += data
-        if b"\n" not in buffer:
-            return None
-        line, _, rest = bytes(buffer).partition(b"\n")
-        assert not rest, "one reply per command"
-        buffer.clear()
-        reply: dict[str, Any] = json.loads(line)
-        return reply
+        *lines, rest = bytes(buffer).split(b"\n")
+        buffer[:] = rest
+        return [json.loads(line) for line in lines]
 
 
 def _read_hello(conn: socket.socket, deadline: float) -> dict[str, Any] | None:
@@ -367,13 +473,23 @@ def _aggregate(results: list[StepResult]) -> SessionStep:
     )
 
 
+class RankFailed(SessionError):
+    """A rank's command raised (not a user mistake): which rank, its exception, whether it ran out of memory."""
+
+    def __init__(self, *, rank: int, op: str, type: str, message: str, out_of_memory: bool) -> None:
+        super().__init__(f"rank {rank} failed in {op!r}: {type}: {message}")
+        self.rank, self.type, self.message, self.out_of_memory = rank, type, message, out_of_memory
+
+
 def _rank_error(rank: int, op: str, error: dict[str, Any]) -> Exception:
     """The rank's exception as an autotune error: a user mistake keeps its type and message."""
     user_error = USER_ERRORS.get(error["type"])
     if user_error is not None:
         e: Exception = user_error(error["message"])
     else:
-        e = SessionError(f"rank {rank} failed in {op!r}: {error['type']}: {error['message']}")
+        e = RankFailed(
+            rank=rank, op=op, type=error["type"], message=error["message"], out_of_memory=error["out_of_memory"]
+        )
     e.__cause__ = RankTraceback(f"rank {rank}:\n{error['traceback']}")
     return e
 

@@ -70,8 +70,10 @@ class _Rank:
         self.rank = rank
         self.trainer: Any = None  # a ZeroTrainer once started
         self._workloads: dict[str, Any] = {}
+        self._channel: BufferedIOBase | None = None
         self._ops: dict[str, Callable[..., dict[str, Any]]] = {
             "start": self.start,
+            "measure": self.measure,
             "reconfigure": self.reconfigure,
             "step": self.step,
             "tracked_step": self.tracked_step,
@@ -80,6 +82,7 @@ class _Rank:
         }
 
     def serve(self, channel: BufferedIOBase) -> None:
+        self._channel = channel
         for line in channel:  # ends at EOF: the parent closed the connection (or died)
             command = json.loads(line)
             op = command["op"]
@@ -149,6 +152,54 @@ class _Rank:
 
     def step(self) -> dict[str, Any]:
         return asdict(self._trainer().step())
+
+    def measure(
+        self,
+        *,
+        workload: str,
+        config: dict[str, Any],
+        device: str,
+        timeout: float,
+        steps: int,
+        warmup: int,
+        memory_budget: int | None,
+    ) -> dict[str, Any]:
+        """Measure ``config`` from the workload's initial model: the one measurement schedule of
+        :mod:`autotune.measurement.schedule`, run in this rank; the reply is this rank's RankReport.
+
+        Rank 0 sends the schedule's progress as ``{"progress": ...}`` lines before its reply.
+        """
+        import torch
+
+        from autotune.measurement.schedule import Schedule
+        from autotune.measurement.zero_tracker import tracked_zero_step
+
+        self.start(workload=workload, config=config, device=device, timeout=timeout)
+        trainer = self._trainer()
+
+        def worst_peak(peak: int) -> int:  # every rank takes the budget verdict on the same number
+            worst = torch.tensor(peak, dtype=torch.int64, device=trainer.device)
+            torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+            return int(worst.item())
+
+        schedule = Schedule(
+            trainer,
+            steps=steps,
+            warmup=warmup,
+            memory_budget=memory_budget,
+            tracked_step=lambda: tracked_zero_step(trainer),
+            progress=self._progress if self.rank == 0 else None,
+            worst_peak=worst_peak,
+        )
+        try:
+            status, reason = schedule.execute()
+        finally:
+            self.close()
+        return asdict(schedule.report(status, reason, rank=self.rank))
+
+    def _progress(self, phase: str, done: int, total: int) -> None:
+        assert self._channel is not None
+        _send(self._channel, {"progress": {"phase": phase, "done": done, "total": total}})
 
     def tracked_step(self) -> dict[str, Any]:
         from autotune.measurement.zero_tracker import tracked_zero_step

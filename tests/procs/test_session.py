@@ -204,3 +204,21 @@ def test_the_ranks_end_when_the_parent_is_killed(tmp_path: Path) -> None:
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(pid) for pid in pids)
+
+
+def test_ctrl_c_while_the_ranks_measure_ends_them_at_once() -> None:
+    """Interrupted in the middle of a measurement (here: from its progress callback), the session
+    ends every rank at once instead of asking busy ranks to close."""
+    wl = load_workload(TINY)
+
+    def interrupt(phase: str, done: int, total: int) -> None:
+        if phase == "timed":
+            raise KeyboardInterrupt
+
+    session = RankSession(ranks=2, timeout=300)
+    with pytest.raises(KeyboardInterrupt):
+        session.measure(
+            wl, TrainConfig(micro_batch_size=8, ranks=2), steps=3, warmup=1, memory_budget=None, progress=interrupt
+        )
+    assert session.closed
+    assert not any(alive(pid) for pid in session.rank_pids)
