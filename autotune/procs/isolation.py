@@ -1,7 +1,8 @@
 """Measurements in a child process with a hard time limit, so no configuration can hang a study.
 
 One long-lived child (``spawn`` start method: no forked torch or OpenMP state) rebuilds the
-workload from ``Workload.source`` once and then measures config after config, sent over a pipe.
+workload from ``Workload.source`` once and then measures config after config, sent over a pipe
+as JSON messages (:mod:`autotune.procs.channel`, as the rank session's).
 The parent waits at most ``timeout`` seconds for each answer; past it, or if the child dies
 (segfault, the kernel's OOM killer), the child is SIGKILLed, the trial fails with the reason, and
 a fresh child is started for the next trial. Startup (importing torch, building the workload) has
@@ -29,6 +30,7 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, MeasurementFailed, StudyError, WorkloadError
 from autotune.measurement.record import Measurement
+from autotune.procs.channel import command, decode, encode, error_reply
 from autotune.procs.watchdog import watch_parent
 
 __all__ = ["MeasurementFailed", "MeasurementProcess"]
@@ -70,13 +72,15 @@ class MeasurementProcess:
             process.start()
         child.close()
         self._process, self._conn = process, parent
-        kind, payload = self._receive(self.startup_timeout, what="starting the measurement process")
-        if kind == "user_error":
+        reply = self._receive(self.startup_timeout, what="starting the measurement process")
+        if "error" in reply:
             self.close()
-            raise WorkloadError(payload)
-        if kind != "ready":
-            self.close()
-            raise StudyError(f"the measurement process could not build workload {self.source!r}: {payload}")
+            error = reply["error"]
+            if error["type"] == "WorkloadError":
+                raise WorkloadError(error["message"])
+            if error["type"] == "StudyError":
+                raise StudyError(error["message"])
+            raise StudyError(f"the measurement process could not build workload {self.source!r}: {error['message']}")
 
     def measure(
         self, config: TrainConfig, *, steps: int, warmup: int, memory_budget: int | None, timeout: float
@@ -84,20 +88,22 @@ class MeasurementProcess:
         """Measure ``config``; raise :class:`MeasurementFailed` if it errs, crashes or takes too long."""
         self.start()
         assert self._conn is not None
-        self._conn.send((config.to_dict(), steps, warmup, memory_budget))
-        kind, payload = self._receive(timeout, what="the measurement")
-        if kind == "user_error":
-            raise WorkloadError(payload)
-        if kind == "error":
-            raise MeasurementFailed(payload)
-        return Measurement.from_dict(payload)
+        self._conn.send_bytes(
+            encode(command("measure", config=config.to_dict(), steps=steps, warmup=warmup, memory_budget=memory_budget))
+        )
+        reply = self._receive(timeout, what="the measurement")
+        if "error" in reply:
+            error = reply["error"]
+            if error["type"] == "WorkloadError":  # the workload is broken for every config: the study stops
+                raise WorkloadError(error["message"])
+            raise MeasurementFailed(f"{error['type']}: {error['message']}")
+        return Measurement.from_dict(reply["ok"])
 
-    def _receive(self, timeout: float, *, what: str) -> tuple[str, Any]:
+    def _receive(self, timeout: float, *, what: str) -> dict[str, Any]:
         assert self._conn is not None and self._process is not None
         try:
             if self._conn.poll(timeout):
-                message: tuple[str, Any] = self._conn.recv()
-                return message
+                return decode(self._conn.recv_bytes())
         except (EOFError, OSError):
             pass  # the child died: report its exit code below
         if self._process.is_alive():
@@ -149,41 +155,47 @@ def _serve(conn: Connection, source: str, threads: int | None, device: str | Non
     import torch
 
     from autotune.measurement import measure
-    from autotune.resolve import load_workload
 
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        workload = load_workload(source)
+        workload = _build(source, device)
     except AutotuneError as e:
-        conn.send(("error", str(e)))
+        conn.send_bytes(encode(error_reply(e)))
         return
-    try:
-        # One throwaway measurement pays the process's one-time costs (kernel selection, allocator
-        # growth: the first measurement of gpt-tiny ran at half the throughput of later ones),
-        # which would otherwise be charged to the first trial, and the first trial is a baseline.
-        warm = TrainConfig(micro_batch_size=min(workload.batch_size, len(workload.dataset)))  # type: ignore[arg-type]
-        measure(workload, warm, steps=1, warmup=1, device=device)
-    except WorkloadError as e:
-        conn.send(("user_error", str(e)))
-        return
-    except AutotuneError as e:
-        conn.send(("error", str(e)))
-        return
-    conn.send(("ready", None))
+    conn.send_bytes(encode({"ok": "ready"}))
     while True:
         try:
-            config, steps, warmup, budget = conn.recv()
+            args = decode(conn.recv_bytes())["args"]
         except EOFError:
             return
         try:
+            config = TrainConfig.from_dict(args["config"])
             m = measure(
-                workload, TrainConfig.from_dict(config), steps=steps, warmup=warmup, memory_budget=budget, device=device
+                workload,
+                config,
+                steps=args["steps"],
+                warmup=args["warmup"],
+                memory_budget=args["memory_budget"],
+                device=device,
             )
-        except WorkloadError as e:  # the workload is broken for every config: the study stops
-            conn.send(("user_error", str(e)))
+        except AutotuneError as e:  # WorkloadError ends the study; anything else fails the trial
+            conn.send_bytes(encode(error_reply(e)))
             continue
-        except AutotuneError as e:  # TrainingError, UnsupportedError, ConfigError: the trial fails
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-            continue
-        conn.send(("ok", m.to_dict()))
+        conn.send_bytes(encode({"ok": m.to_dict()}))
+
+
+def _build(source: str, device: str | None) -> Any:
+    from autotune.measurement import measure
+    from autotune.resolve import load_workload
+
+    try:
+        workload = load_workload(source)
+    except AutotuneError as e:
+        raise StudyError(f"the measurement process could not build workload {source!r}: {e}") from e
+    # One throwaway measurement pays the process's one-time costs (kernel selection, allocator
+    # growth: the first measurement of gpt-tiny ran at half the throughput of later ones),
+    # which would otherwise be charged to the first trial, and the first trial is a baseline.
+    warm = TrainConfig(micro_batch_size=min(workload.batch_size, len(workload.dataset)))  # type: ignore[arg-type]
+    measure(workload, warm, steps=1, warmup=1, device=device)
+    return workload

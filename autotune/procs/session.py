@@ -51,6 +51,7 @@ from autotune.errors import (
 from autotune.measurement.progress import ProgressFn
 from autotune.measurement.record import Measurement, MemoryBreakdown, Status
 from autotune.measurement.schedule import RankReport, assemble
+from autotune.procs.channel import command, decode, encode
 from autotune.procs.launch import RankProcesses, child_env, log_tail, start_module
 from autotune.procs.session_worker import PARENT_ENV, TOKEN_ENV
 from autotune.train.base import StepResult, check_micro_batch
@@ -402,7 +403,7 @@ class RankSession:
     ) -> list[dict[str, Any]]:
         if self.closed:
             raise SessionError(f"the session is closed, but got command {op!r}; start a new RankSession.")
-        line = json.dumps({"op": op, "args": args}).encode() + b"\n"
+        line = encode(command(op, **args))
         try:
             for sock in self._sockets:
                 sock.sendall(line)
@@ -443,7 +444,7 @@ class RankSession:
         buffer += data
         *lines, rest = bytes(buffer).split(b"\n")
         buffer[:] = rest
-        return [json.loads(line) for line in lines]
+        return [decode(line) for line in lines]
 
 
 def _read_hello(conn: socket.socket, deadline: float) -> dict[str, Any] | None:

@@ -15,7 +15,6 @@ all). A watchdog thread ends the rank when the parent process is gone, whatever 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import socket
 import sys
@@ -29,6 +28,7 @@ from io import BufferedIOBase
 from pathlib import Path
 from typing import Any
 
+from autotune.procs.channel import decode, encode, error_reply
 from autotune.procs.watchdog import watch_parent
 
 __all__ = ["PARENT_ENV", "TOKEN_ENV", "main"]
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _send(channel: BufferedIOBase, message: dict[str, Any]) -> None:
-    channel.write(json.dumps(message).encode() + b"\n")
+    channel.write(encode(message))
     channel.flush()
 
 
@@ -84,24 +84,15 @@ class _Rank:
     def serve(self, channel: BufferedIOBase) -> None:
         self._channel = channel
         for line in channel:  # ends at EOF: the parent closed the connection (or died)
-            command = json.loads(line)
+            command = decode(line)
             op = command["op"]
             try:
                 if op not in self._ops:
                     raise ValueError(f"unknown session command {op!r} (known: {', '.join(self._ops)}).")
                 reply: dict[str, Any] = {"ok": self._ops[op](**command["args"])}
             except Exception as e:
-                from autotune.measurement.oom import is_out_of_memory
-
                 traceback.print_exc()  # into this rank's stderr log as well
-                reply = {
-                    "error": {
-                        "type": type(e).__name__,
-                        "message": str(e),
-                        "out_of_memory": is_out_of_memory(e),
-                        "traceback": traceback.format_exc(),
-                    }
-                }
+                reply = error_reply(e)
             _send(channel, reply)
             if op == "close":
                 return
