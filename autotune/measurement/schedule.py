@@ -133,7 +133,7 @@ class RankReport:
     lr: float
     overflow_steps: int
     resident: MemoryBreakdown | None  # held between steps (ranks only)
-    memory: MemoryBreakdown | None  # at the moment of the peak total of the tracked step
+    at_peak: MemoryBreakdown | None  # at the moment of the peak total of the tracked step
     category_peaks: MemoryBreakdown | None
     device_peak_bytes: int | None
     deepspeed_config: dict[str, Any] | None = None  # what the engine ran with (ranks only)
@@ -148,7 +148,7 @@ class RankReport:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankReport:
         d = dict(data)
-        for key in ("resident", "memory", "category_peaks"):
+        for key in ("resident", "at_peak", "category_peaks"):
             d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
         for key in ("losses", "timed_samples", "timed_seconds"):
             d[key] = tuple(d[key])
@@ -232,7 +232,7 @@ class Schedule:
             lr=self.results[-1].lr if self.results else self.trainer.lr(),
             overflow_steps=sum(r.overflow for r in self.results),
             resident=None if tracked is None else tracked.resident,
-            memory=None if tracked is None else tracked.at_peak,
+            at_peak=None if tracked is None else tracked.at_peak,
             category_peaks=None if tracked is None else tracked.category_peaks,
             device_peak_bytes=self.device_peak,
             deepspeed_config=self.trainer.deepspeed_config,
@@ -273,7 +273,7 @@ def assemble(
     seconds = [max(r.timed_seconds[i] for r in reports) for i in range(timed)]
     rates = [sum(r.timed_samples[i] for r in reports) / seconds[i] for i in range(timed)]
     quartiles = statistics.quantiles(rates, n=4, method="inclusive") if len(rates) >= 2 else rates * 3
-    worst = max(reports, key=lambda r: -1 if r.memory is None else r.memory.total) if reports else None
+    worst = max(reports, key=lambda r: -1 if r.at_peak is None else r.at_peak.total) if reports else None
     first = reports[0] if reports else None
     losses = first.losses if first is not None else ()
     return Measurement(
@@ -288,7 +288,7 @@ def assemble(
         throughput_p25=quartiles[0] if rates else None,
         throughput_p75=quartiles[2] if rates else None,
         step_seconds=statistics.median(seconds) if rates else None,
-        memory=None if worst is None else worst.memory,
+        memory=None if worst is None else worst.at_peak,
         category_peaks=None if worst is None else worst.category_peaks,
         device_peak_bytes=max((r.device_peak_bytes for r in reports if r.device_peak_bytes is not None), default=None),
         memory_budget=memory_budget,
@@ -308,7 +308,7 @@ def _rank_result(r: RankReport) -> RankResult:
         rank=r.rank,
         throughput=statistics.median(rates) if rates else None,
         step_seconds=statistics.median(r.timed_seconds) if rates else None,
-        memory=r.memory,
+        memory=r.at_peak,
         category_peaks=r.category_peaks,
         resident=r.resident,
         device_peak_bytes=r.device_peak_bytes,
