@@ -53,11 +53,14 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 class Trainer:
-    """Trains a private copy of a workload's model under a config.
+    """Trains a private copy of a workload's model under a config, or the user's own model.
 
-    The model is deep-copied, so the workload can be measured again under another config.
-    ``reconfigure`` swaps the config in place (wrappers, batch, LR), keeping weights and
-    optimizer state: the Gymnasium environment changes knobs mid-training through it.
+    By default the model is deep-copied, so the workload can be measured again under another
+    config. With ``model`` (and optionally ``optimizer``) the trainer trains those objects in
+    place: no copy, nothing moved (the device is the model's unless ``device`` says otherwise),
+    the optimizer used as given: :class:`autotune.adapt.Adaptive` runs the user's own training
+    through it. ``reconfigure`` swaps the config in place (wrappers, batch, LR), keeping weights
+    and optimizer state: the Gymnasium environment changes knobs mid-training through it.
     """
 
     def __init__(
@@ -68,18 +71,29 @@ class Trainer:
         device: str | torch.device | None = None,
         gns_decay: float = 0.9,
         track_noise: bool = True,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         if config.zero_stage != 0 or config.ranks != 1:
             raise UnsupportedError(
                 f"Trainer runs one local process (zero_stage=0, ranks=1), but got zero_stage={config.zero_stage} "
                 f"with ranks={config.ranks}; measure() runs those on DeepSpeed ranks."
             )
+        if optimizer is not None and model is None:
+            raise ConfigError(
+                "Trainer(optimizer=...) needs model=... too: the optimizer must hold that model's parameters."
+            )
         self.workload = workload
-        self.device = resolve_device(device)
         self.block_names = workload.block_names()
-        self.model = copy.deepcopy(workload.model).to(self.device)
+        if model is None:
+            self.device = resolve_device(device)
+            self.model = copy.deepcopy(workload.model).to(self.device)
+        else:
+            first = next(model.parameters(), None)
+            self.device = resolve_device(device) if device is not None or first is None else first.device
+            self.model = model
         self.model.train()
-        self.optimizer = workload.make_optimizer(self.model.parameters())
+        self.optimizer = optimizer if optimizer is not None else workload.make_optimizer(self.model.parameters())
         self._base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
         # track_noise=False exists for the overhead benchmark: no hooks, no per-step sync.
         self.gns = GradientNoiseMonitor(self.model.parameters() if track_noise else [], decay=gns_decay)
