@@ -14,6 +14,8 @@ from autotune.workload import Workload
 from tests.conftest import make_resmlp
 
 BATCH = 32
+BAD_BUDGET = "memory_budget must be bytes (int), a string such as '8GiB' or '75%', or None, but got 1.5."
+BAD_POLICY = "policy must be 'pretrained', a policy directory, a TrainConfig, a DecisionSource or None, but got int."
 
 
 class Scripted(DecisionSource):
@@ -123,8 +125,10 @@ def test_batch_grows_only_when_the_noise_scale_supports_it() -> None:
     [
         ({"decide_every": 1}, "decide_every must be an int >= 2, but got 1."),
         ({"batch_size": 0}, "batch_size must be an int >= 1, but got 0."),
-        ({"memory_budget": 1.5}, "memory_budget must be bytes (int), a string such as '8GiB' or '75%', or None, but got 1.5."),
-        ({"policy": 3}, "policy must be 'pretrained', a policy directory, a TrainConfig, a DecisionSource or None, but got int."),
+        ({"memory_budget": 1.5},
+         BAD_BUDGET),
+        ({"policy": 3},
+         BAD_POLICY),
         ({"min_efficiency": 0.0}, "min_efficiency must be in (0, 1], but got 0.0."),
     ],
 )  # fmt: skip
@@ -137,6 +141,9 @@ def test_user_mistakes_are_one_line_config_errors(kwargs: dict[str, object], mes
 
 def test_a_fixed_config_of_another_effective_batch_is_refused() -> None:
     wl, opt = _user_objects()
-    message = "FixedConfig's effective batch must be the run's (32), but got 16 (micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0)."
+    message = (
+        "FixedConfig's effective batch must be the run's (32), but got 16 "
+        "(micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0)."
+    )
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=TrainConfig(micro_batch_size=16))

@@ -8,11 +8,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import transformers  # noqa: E402
+import transformers
 
-from autotune import TrainConfig  # noqa: E402
-from autotune.integrations.hf import AutotuneCallback  # noqa: E402
-from autotune.zoo import CORPUS  # noqa: E402
+from autotune import TrainConfig
+from autotune.integrations.hf import AutotuneCallback
+from autotune.zoo import CORPUS
 
 
 class Spy(transformers.TrainerCallback):  # type: ignore[misc]

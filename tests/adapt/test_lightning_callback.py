@@ -8,12 +8,12 @@ import torch
 
 pytest.importorskip("lightning")
 
-import lightning as L  # noqa: E402
+import lightning as L
 
-from autotune import TrainConfig  # noqa: E402
-from autotune.integrations.lightning import AutotuneCallback  # noqa: E402
-from autotune.workload import find_blocks  # noqa: E402
-from autotune.zoo import CORPUS  # noqa: E402
+from autotune import TrainConfig
+from autotune.integrations.lightning import AutotuneCallback
+from autotune.workload import find_blocks
+from autotune.zoo import CORPUS
 
 
 class LitLM(L.LightningModule):  # type: ignore[misc]
