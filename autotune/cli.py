@@ -22,7 +22,11 @@ __all__ = ["main"]
 # Modules that add subcommands: each has ``register(subparsers) -> None``, which adds its
 # parsers and sets ``func`` (a handler taking the parsed args, returning the exit code). They
 # must import only argparse-level code at module level, so ``autotune --help`` stays instant.
-_COMMAND_MODULES: tuple[str, ...] = ("autotune.search.commands", "autotune.policies.commands")
+_COMMAND_MODULES: tuple[str, ...] = (
+    "autotune.search.commands",
+    "autotune.policies.commands",
+    "autotune.adapt.commands",
+)
 
 #: Help of every ``--memory-budget`` (the syntax :func:`autotune.units.parse_memory_budget` reads).
 BUDGET_HELP = "a size with a unit (2GiB, 512MiB, 100MB) or a percentage of the default configuration's peak (75%%)"

@@ -39,7 +39,7 @@ def _hf_loss(model: Any, batch: Any) -> Any:
     return model(**batch).loss
 
 
-class AutotuneCallback(TrainerCallback):  # type: ignore[misc]
+class AutotuneCallback(TrainerCallback):
     """Adapt per-block precision and checkpointing of the Trainer's model while it trains.
 
     Args:
