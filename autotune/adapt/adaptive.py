@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["Adaptive", "decision_source"]
 
 PolicyArg = str | Path | TrainConfig | DecisionSource | None
+_NOISE_STEPS = 4  # steps before each decision whose gradients feed the noise estimate
+_LOSSES = 16  # recent losses an observation carries
 
 
 def decision_source(policy: PolicyArg) -> DecisionSource | None:
@@ -158,6 +160,13 @@ class Adaptive:
         self.gate = BudgetGate(self.workload, 1, profile=_profile(self.workload, self.source))
         self.gate.budget = self.budget_bytes = self._resolve(budget, default)
         start, why = self._start(default, budget)
+        if isinstance(self.source, FixedConfig):  # a fixed configuration runs from the first step if it fits
+            self.source.start(self._context(start))
+            if self.gate.check(self.source.config).admitted:
+                start, why = (
+                    self.source.config,
+                    f"the fixed configuration; {self.gate.check(self.source.config).reason}",
+                )
         self._noise = adapt_batch or (self.source is not None and self.source.needs_noise)
         self.trainer = InPlaceTrainer(self.workload, start, model=model, optimizer=optimizer, device=device,
                                       track_noise=self._noise)  # fmt: skip
@@ -167,14 +176,18 @@ class Adaptive:
         self._recent: list[float] = []
         self._previous = start
         if start != default:
-            self._history.append(Change(step=0, source="budget", before=default, after=start, applied=True, reason=why))
-        if self.source is not None:
-            from autotune.memory.blocks import profile_blocks
+            self._history.append(Change(step=0, source=self.source.name if why.startswith("the fixed") else "budget",
+                                        before=default, after=start, applied=True, reason=why))  # fmt: skip
+        if self.source is not None and not isinstance(self.source, FixedConfig):
+            self.source.start(self._context(start))
 
-            ranking = profile_blocks(self.workload, micro_batch_size=2).ranked()
-            device_type = self.trainer.device.type
-            self.source.start(RunContext(workload=self.workload, start=start, budget_bytes=self.budget_bytes,
-                                         ranking=ranking, device_type=device_type))  # fmt: skip
+    def _context(self, start: TrainConfig) -> RunContext:
+        from autotune.memory.blocks import profile_blocks
+
+        ranking = profile_blocks(self.workload, micro_batch_size=2).ranked()
+        device = next((p.device.type for p in self.workload.model.parameters()), "cpu")
+        return RunContext(workload=self.workload, start=start, budget_bytes=self.budget_bytes, ranking=ranking,
+                          device_type=device)  # fmt: skip
 
     # ---- setup ------------------------------------------------------------------------------------
 
@@ -236,6 +249,8 @@ class Adaptive:
         t, config = self.trainer, self.trainer.config
         index, peak = t.step_count, None
         decision_due = (index + 1) % self.decide_every == 0
+        # The noise estimate folds in only the last steps before a decision (see SampledNoise).
+        t.noise.enabled = self._noise and (-(index + 1)) % self.decide_every < _NOISE_STEPS
         # Adam creates its state in the first step, after the activation peak: track from step 1.
         if self.track_memory and index >= 1 and config not in self.gate.measured:
             result, at_peak, _ = tracked_step(t)
@@ -272,7 +287,7 @@ class Adaptive:
             throughput=statistics.median(self._recent) if self._recent else 0.0,
             peak_bytes=peak,
             b_noise=t.gns.estimate().b_simple if self._noise else None,
-            losses=tuple(s.loss for s in self.steps),
+            losses=tuple(s.loss for s in self.steps[-_LOSSES:]),
         )
 
     def _decide(self) -> None:

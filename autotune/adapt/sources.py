@@ -99,6 +99,10 @@ class FixedConfig(DecisionSource):
         )
 
     def propose(self, observation: Observation) -> Proposal | None:
-        if observation.config == self.config:
+        config, batch = self.config, observation.config.effective_batch_size
+        if batch != config.effective_batch_size and batch % config.micro_batch_size == 0:
+            # The run's batch grew (``adapt_batch``): keep it, in this configuration's micro-batches.
+            config = dataclasses.replace(config, grad_accum_steps=batch // config.micro_batch_size)
+        if observation.config == config:
             return None
-        return Proposal(config=self.config, reason="the fixed configuration")
+        return Proposal(config=config, reason="the fixed configuration")
