@@ -44,7 +44,7 @@ def _step_loss(module: Any, batch: Any) -> torch.Tensor:
     return loss
 
 
-class AutotuneCallback(Callback):  # type: ignore[misc]
+class AutotuneCallback(Callback):
     """Adapt per-block precision and checkpointing of the ``LightningModule`` while it fits.
 
     Args: as :class:`autotune.integrations.hf.AutotuneCallback`.

@@ -45,6 +45,14 @@ def _run(policy: object, steps: int, **kwargs: object) -> tuple[Adaptive, list[f
     return tuner, losses
 
 
+def _default_peak() -> int:
+    """The default configuration's predicted peak (a 100% budget)."""
+    wl, opt = _user_objects()
+    probe = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=None)
+    probe.close()
+    return probe.budget_bytes
+
+
 def _fp32(micro: int, checkpoint: bool | tuple[bool, ...] = False) -> TrainConfig:
     return TrainConfig(micro_batch_size=micro, grad_accum_steps=BATCH // micro, checkpoint=checkpoint, grad_clip=None)
 
@@ -75,12 +83,7 @@ def test_fp32_knob_changes_keep_the_loss_trajectory_of_a_fixed_run() -> None:
 
 
 def test_a_budget_below_the_default_peak_is_never_exceeded() -> None:
-    wl, _ = _user_objects()
-    probe = Adaptive(wl.model, torch.optim.AdamW(wl.model.parameters()), wl.loss_fn, wl.dataset, batch_size=BATCH,
-                     policy=None)  # fmt: skip
-    default_peak = probe.budget_bytes  # 100%: the default's predicted peak
-    probe.close()
-    budget = int(0.6 * default_peak)
+    budget = int(0.6 * _default_peak())
     default = _fp32(BATCH)
     tuner, _ = _run(FixedConfig(default), 6, memory_budget=budget, decide_every=2)
     tracked = [s.peak_bytes for s in tuner.steps if s.peak_bytes is not None]
@@ -147,3 +150,20 @@ def test_a_fixed_config_of_another_effective_batch_is_refused() -> None:
     )
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=TrainConfig(micro_batch_size=16))
+
+
+def test_a_config_measured_over_the_budget_is_left_at_once() -> None:
+    wl, opt = _user_objects()
+    budget = int(0.8 * _default_peak())
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, memory_budget=budget,
+                     policy=Scripted([_fp32(BATCH)]), decide_every=2)  # fmt: skip
+    start = tuner.config
+    tuner.gate.predict = lambda config: (1, True)  # type: ignore[method-assignment]  # a prediction that lies
+    steps = [tuner.step() for _ in range(4)]
+    tuner.close()
+    applied, reverted = tuner.history[1:]
+    assert (applied.after, applied.applied) == (_fp32(BATCH), True)
+    assert (reverted.reverted, reverted.applied, reverted.step) == (True, False, 3)
+    assert reverted.measured_bytes is not None and reverted.measured_bytes > budget
+    assert steps[2].peak_bytes == reverted.measured_bytes  # the one step it ran, tracked
+    assert tuner.config == start
