@@ -11,9 +11,11 @@ memory budget = the default configuration's own peak):
              (gradient-noise hooks, the noise split step, the policy's forward), steps alternated
              with a second default run in the same process (ABAB) so drift hits both alike
 
-Reported: samples/s over all steps (tracked steps and reconfigurations included), the highest
-measured peak (exact MemTracker bytes of each configuration's tracked step), samples/s per GiB of
-it, the mean loss of the last 5 steps (same effective batch: equal steps are equal samples), and
+Reported: samples/s over all steps (tracked steps and reconfigurations included), the run's
+highest measured peak (exact MemTracker bytes of each configuration's tracked step; an adaptive
+run's includes the configurations it left), samples/s per GiB of it, the final configuration's
+measured peak (what the run holds from its last change on), the mean loss of the last 5 steps
+(same effective batch: equal steps are equal samples), and
 the number and wall time of reconfigurations.
 
 Run: python benchmarks/adaptive.py [--size small] [--steps 40] [--decide-every 5] [--threads 2]
@@ -88,6 +90,7 @@ def _run(tuner: Adaptive, steps: int) -> dict[str, Any]:
         "changes": len(applied),
         "change_s": sum(c.seconds for c in applied),
         "final": tuner.config,
+        "final_peak": tuner.gate.measured.get(tuner.config),
     }
 
 
@@ -119,17 +122,20 @@ def main() -> None:
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} threads, {args.steps} steps, size {args.size}, "
           f"decide every {args.decide_every}")  # fmt: skip
-    print("| model | variant | samples/s | peak MiB | samples/s/GiB | loss (last 5) | reconfigs (s) | final config |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+    print("| model | variant | samples/s | run peak MiB | samples/s per run-peak GiB | final config's peak MiB | "
+          "loss (last 5) | reconfigs (s) | final config |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for name in args.workloads.split(","):
         default = _run(_tuner(name, args.size, None, args.decide_every), args.steps)
         adaptive = _run(_tuner(name, args.size, "pretrained", args.decide_every), args.steps)
         fixed = _run(_tuner(name, args.size, adaptive["final"], args.decide_every), args.steps)
         for label, r in (("default", default), ("adaptive", adaptive), ("fixed (adaptive's final)", fixed)):
+            final_peak = "-" if r["final_peak"] is None else f"{r['final_peak'] / 2**20:.2f}"
+            changes = f"{r['changes']} ({r['change_s']:.3f})"
             print(f"| {name} | {label} | {r['thr']:.1f} | {r['peak'] / 2**20:.2f} | {r['thr_gib']:.0f} | "
-                  f"{r['loss']:.4f} | {r['changes']} ({r['change_s']:.3f}) | {r['final'].describe()} |")  # fmt: skip
+                  f"{final_peak} | {r['loss']:.4f} | {changes} | {r['final'].describe()} |")  # fmt: skip
         cost = _observation_cost(name, args.size, args.steps, args.decide_every)
-        print(f"| {name} | observation cost | {cost:+.1%} of step time | | | | | |")
+        print(f"| {name} | observation cost | {cost:+.1%} of step time | | | | | | |")
 
 
 if __name__ == "__main__":

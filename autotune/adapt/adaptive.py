@@ -160,13 +160,12 @@ class Adaptive:
         self.gate = BudgetGate(self.workload, 1, profile=_profile(self.workload, self.source))
         self.gate.budget = self.budget_bytes = self._resolve(budget, default)
         start, why = self._start(default, budget)
+        by = "budget"
         if isinstance(self.source, FixedConfig):  # a fixed configuration runs from the first step if it fits
             self.source.start(self._context(start))
-            if self.gate.check(self.source.config).admitted:
-                start, why = (
-                    self.source.config,
-                    f"the fixed configuration; {self.gate.check(self.source.config).reason}",
-                )
+            verdict = self.gate.check(self.source.config)
+            if verdict.admitted:
+                start, why, by = self.source.config, f"the fixed configuration; {verdict.reason}", self.source.name
         self._noise = adapt_batch or (self.source is not None and self.source.needs_noise)
         self.trainer = InPlaceTrainer(self.workload, start, model=model, optimizer=optimizer, device=device,
                                       track_noise=self._noise)  # fmt: skip
@@ -176,8 +175,7 @@ class Adaptive:
         self._recent: list[float] = []
         self._previous = start
         if start != default:
-            self._history.append(Change(step=0, source=self.source.name if why.startswith("the fixed") else "budget",
-                                        before=default, after=start, applied=True, reason=why))  # fmt: skip
+            self._history.append(Change(step=0, source=by, before=default, after=start, applied=True, reason=why))
         if self.source is not None and not isinstance(self.source, FixedConfig):
             self.source.start(self._context(start))
 
