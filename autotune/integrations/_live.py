@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ from autotune.adapt.gate import BudgetGate
 from autotune.adapt.records import Change
 from autotune.adapt.sources import Observation, RunContext
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError
+from autotune.errors import AutotuneWarning, ConfigError
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
@@ -72,11 +73,30 @@ class LiveKnobs:
 
         self.gate.budget = self.budget.resolve(default_peak)
         self._model, self._names = model, workload.block_names()
+        self._fit_budget(default)
         if self.source is not None:
             device = next((p.device.type for p in model.parameters()), "cpu")
             ranking = profile_blocks(workload, micro_batch_size=2).ranked()
             self.source.start(RunContext(workload=workload, start=default, budget_bytes=self.gate.budget,
                                          ranking=ranking, device_type=device))  # fmt: skip
+
+    def _fit_budget(self, default: TrainConfig) -> None:
+        """A default over the budget starts recomputing every block, if that fits; the loop itself
+        cannot be stopped from a callback, so if nothing fits it says so and trains as it is."""
+        assert self.gate is not None
+        verdict = self.gate.check(default)
+        if verdict.admitted or (self.budget.fraction is not None and self.budget.fraction >= 1.0):
+            return
+        target = dataclasses.replace(default, checkpoint=True)
+        fits = self.gate.check(target)
+        reason = f"the default is over the budget ({verdict.reason}); every block recomputed: {fits.reason}"
+        self.history.append(Change(step=0, source="budget", before=default, after=target, applied=fits.admitted,
+                                   reason=reason, predicted_bytes=fits.predicted))  # fmt: skip
+        if fits.admitted:
+            self.apply(target)
+        else:
+            warnings.warn(AutotuneWarning(f"nothing this callback may change fits the memory budget: {reason}"),
+                          stacklevel=4)  # fmt: skip
 
     def step_begin(self) -> None:
         self._started = time.perf_counter()
