@@ -167,3 +167,12 @@ def test_a_config_measured_over_the_budget_is_left_at_once() -> None:
     assert reverted.measured_bytes is not None and reverted.measured_bytes > budget
     assert steps[2].peak_bytes == reverted.measured_bytes  # the one step it ran, tracked
     assert tuner.config == start
+
+
+def test_adapt_batch_grows_the_batch_and_scales_the_learning_rate() -> None:
+    tuner, _ = _run(None, 8, adapt_batch=True, min_efficiency=0.01, decide_every=4, memory_budget="150%")
+    change, after_last_step = tuner.history
+    assert (change.step, change.source, change.applied) == (4, "adapt_batch", True)
+    assert (after_last_step.step, after_last_step.after.effective_batch_size) == (8, 128)
+    assert change.reason.startswith("gradient noise scale ") and "LR x2" in change.reason
+    assert [(s.samples, s.lr) for s in tuner.steps] == [(32, 1e-3)] * 4 + [(64, 2e-3)] * 4  # linear scaling
