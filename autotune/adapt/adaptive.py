@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 import statistics
 import time
-import warnings
 from collections.abc import Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.adapt.batch import grow_batch
-from autotune.adapt.gate import BudgetGate, Verdict
+from autotune.adapt.gate import BudgetGate, Verdict, as_budget
 from autotune.adapt.loop import InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change
 from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, PredictionError, PredictionWarning
+from autotune.errors import ConfigError
 from autotune.measurement.tracker import tracked_step
-from autotune.units import MemoryBudget, parse_memory_budget
+from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 
     from torch.utils.data import Dataset
 
-    from autotune.memory.profile import MemoryProfile
 
 __all__ = ["Adaptive", "decision_source"]
 
@@ -60,20 +58,6 @@ def decision_source(policy: PolicyArg) -> DecisionSource | None:
     raise ConfigError(
         "policy must be 'pretrained', a policy directory, a TrainConfig, a DecisionSource or None, "
         f"but got {type(policy).__name__}."
-    )
-
-
-def _budget(value: MemoryBudget | str | int | None) -> MemoryBudget:
-    if value is None:
-        return MemoryBudget(fraction=1.0)  # the default run's own peak: adaptation only saves
-    if isinstance(value, MemoryBudget):
-        return value
-    if isinstance(value, str):
-        return parse_memory_budget(value, name="memory_budget")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return MemoryBudget(bytes=value)
-    raise ConfigError(
-        f"memory_budget must be bytes (int), a string such as '8GiB' or '75%', or None, but got {value!r}."
     )
 
 
@@ -155,10 +139,11 @@ class Adaptive:
         size = len(dataset) if isinstance(dataset, Sized) else batch_size
         default = TrainConfig(micro_batch_size=min(batch_size, size), grad_clip=grad_clip, lr_scaling=lr_scaling,  # type: ignore[arg-type]
                               seed=seed)  # fmt: skip
-        budget = _budget(memory_budget)
+        budget = as_budget(memory_budget)
         self._default, self._fraction = default, budget.fraction
-        self.gate = BudgetGate(self.workload, 1, profile=_profile(self.workload, self.source))
-        self.gate.budget = self.budget_bytes = self._resolve(budget, default)
+        reduced = self.source is not None  # only a decision source proposes bf16 blocks
+        self.gate = BudgetGate.build(self.workload, budget, default, reduced_precision=reduced)
+        self.budget_bytes = self.gate.budget
         start, why = self._start(default, budget)
         by = "budget"
         if isinstance(self.source, FixedConfig):  # a fixed configuration runs from the first step if it fits
@@ -188,16 +173,6 @@ class Adaptive:
                           device_type=device)  # fmt: skip
 
     # ---- setup ------------------------------------------------------------------------------------
-
-    def _resolve(self, budget: MemoryBudget, default: TrainConfig) -> int:
-        def default_peak() -> int:
-            predicted = self.gate.predict(default)
-            if predicted is None:
-                raise ConfigError("memory_budget as a percentage needs a memory prediction of the default "
-                                  "configuration, which failed: give the budget in bytes (e.g. '8GiB').")  # fmt: skip
-            return predicted[0]
-
-        return budget.resolve(default_peak)
 
     def _start(self, default: TrainConfig, budget: MemoryBudget) -> tuple[TrainConfig, str]:
         """The default if it fits (or the budget is at least the default's own peak), else the first
@@ -351,16 +326,3 @@ def _with_seconds(change: Change, seconds: float) -> Change:
     import dataclasses
 
     return dataclasses.replace(change, seconds=seconds)
-
-
-def _profile(workload: Workload, source: DecisionSource | None) -> MemoryProfile | None:
-    """The memory model's profile (fp32 and bf16 blocks, plain and recomputed), verified on one real
-    step of a copy of the model; None if the model cannot be profiled (then only measured configs pass)."""
-    from autotune.memory.profile import profile_memory
-
-    modes = ("fp32",) if source is None else ("fp32", "bf16")
-    try:
-        return profile_memory(workload, modes=modes, checkpointed=True, verify=True)
-    except PredictionError as e:
-        warnings.warn(PredictionWarning(f"{e}: only measured configurations will be admitted"), stacklevel=3)
-        return None

@@ -10,17 +10,48 @@ no out-of-memory error the default run would not have had.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, PredictionError, PredictionWarning
+from autotune.units import MemoryBudget, parse_memory_budget
 
 if TYPE_CHECKING:
     from autotune.memory.profile import MemoryProfile
     from autotune.workload import Workload
 
-__all__ = ["BudgetGate", "Verdict"]
+__all__ = ["BudgetGate", "Verdict", "as_budget", "memory_profile"]
+
+
+def as_budget(value: MemoryBudget | str | int | None) -> MemoryBudget:
+    """What users pass as ``memory_budget``: None is 100% of the default's peak (adaptation only saves)."""
+    if value is None:
+        return MemoryBudget(fraction=1.0)
+    if isinstance(value, MemoryBudget):
+        return value
+    if isinstance(value, str):
+        return parse_memory_budget(value, name="memory_budget")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return MemoryBudget(bytes=value)
+    raise ConfigError(
+        f"memory_budget must be bytes (int), a string such as '8GiB' or '75%', or None, but got {value!r}."
+    )
+
+
+def memory_profile(workload: Workload, *, reduced_precision: bool) -> MemoryProfile | None:
+    """The memory model's profile (fp32 and, if asked, bf16 blocks; plain and recomputed), verified
+    on one real step of a copy of the model; None if the model cannot be profiled (then only
+    measured configurations pass the gate)."""
+    from autotune.memory.profile import profile_memory
+
+    modes = ("fp32", "bf16") if reduced_precision else ("fp32",)
+    try:
+        return profile_memory(workload, modes=modes, checkpointed=True, verify=True)
+    except PredictionError as e:
+        warnings.warn(PredictionWarning(f"{e}: only measured configurations will be admitted"), stacklevel=3)
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +85,25 @@ class BudgetGate:
         self.profile = profile
         self.measured: dict[TrainConfig, int] = {}
         self._predicted: dict[TrainConfig, tuple[int, bool]] = {}
+
+    @classmethod
+    def build(
+        cls, workload: Workload, budget: MemoryBudget, default: TrainConfig, *, reduced_precision: bool
+    ) -> BudgetGate:
+        """Profile ``workload`` and resolve ``budget`` (a percentage: of ``default``'s predicted peak)."""
+        gate = cls(workload, 1, profile=memory_profile(workload, reduced_precision=reduced_precision))
+
+        def default_peak() -> int:
+            predicted = gate.predict(default)
+            if predicted is None:
+                raise ConfigError(
+                    "memory_budget as a percentage needs a memory prediction of the default configuration, "
+                    "which failed: give the budget in bytes (e.g. '8GiB')."
+                )
+            return predicted[0]
+
+        gate.budget = budget.resolve(default_peak)
+        return gate
 
     def record(self, config: TrainConfig, peak_bytes: int) -> None:
         """A real step of ``config`` peaked at ``peak_bytes`` (exact: the same every time)."""

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from autotune.adapt.adaptive import PolicyArg, _budget, _profile, decision_source
-from autotune.adapt.gate import BudgetGate
+from autotune.adapt.adaptive import PolicyArg, decision_source
+from autotune.adapt.gate import BudgetGate, as_budget
 from autotune.adapt.records import Change
 from autotune.adapt.sources import Observation, RunContext
 from autotune.config import TrainConfig
@@ -40,7 +40,7 @@ class LiveKnobs:
         if not isinstance(decide_every, int) or isinstance(decide_every, bool) or decide_every < 2:
             raise ConfigError(f"decide_every must be an int >= 2, but got {decide_every!r}.")
         self.source = decision_source(policy)
-        self.budget = _budget(memory_budget)
+        self.budget = as_budget(memory_budget)
         self.decide_every = decide_every
         self.blocks = blocks
         self.history: list[Change] = []
@@ -62,16 +62,8 @@ class LiveKnobs:
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=self.blocks,
                             batch_size=micro_batch_size * accum)  # fmt: skip
         self.config = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
-        self.gate = BudgetGate(workload, 1, profile=_profile(workload, self.source))
+        self.gate = BudgetGate.build(workload, self.budget, self.config, reduced_precision=self.source is not None)
         default = self.config
-
-        def default_peak() -> int:
-            predicted = self.gate.predict(default) if self.gate is not None else None
-            if predicted is None:
-                raise ConfigError("memory_budget as a percentage needs a memory prediction, which failed: give bytes.")
-            return predicted[0]
-
-        self.gate.budget = self.budget.resolve(default_peak)
         self._model, self._names = model, workload.block_names()
         self._fit_budget(default)
         if self.source is not None:
