@@ -19,6 +19,7 @@ measured peak (what the run holds from its last change on), the mean loss of the
 the number and wall time of reconfigurations.
 
 Run: python benchmarks/adaptive.py [--size small] [--steps 40] [--decide-every 5] [--threads 2]
+     [--observation-only]
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--decide-every", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--observation-only", action="store_true", help="measure only the observation cost")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -126,6 +128,10 @@ def main() -> None:
           "loss (last 5) | reconfigs (s) | final config |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for name in args.workloads.split(","):
+        if args.observation_only:
+            cost = _observation_cost(name, args.size, args.steps, args.decide_every)
+            print(f"| {name} | observation cost | {cost:+.1%} of step time | | | | | | |")
+            continue
         default = _run(_tuner(name, args.size, None, args.decide_every), args.steps)
         adaptive = _run(_tuner(name, args.size, "pretrained", args.decide_every), args.steps)
         fixed = _run(_tuner(name, args.size, adaptive["final"], args.decide_every), args.steps)
