@@ -138,8 +138,9 @@ def main() -> None:
         for label, r in (("default", default), ("adaptive", adaptive), ("fixed (adaptive's final)", fixed)):
             final_peak = "-" if r["final_peak"] is None else f"{r['final_peak'] / 2**20:.2f}"
             changes = f"{r['changes']} ({r['change_s']:.3f})"
+            final = r["final"].describe().replace(" | ", ", ")  # a table cell: no pipes
             print(f"| {name} | {label} | {r['thr']:.1f} | {r['peak'] / 2**20:.2f} | {r['thr_gib']:.0f} | "
-                  f"{final_peak} | {r['loss']:.4f} | {changes} | {r['final'].describe()} |")  # fmt: skip
+                  f"{final_peak} | {r['loss']:.4f} | {changes} | {final} |")  # fmt: skip
         cost = _observation_cost(name, args.size, args.steps, args.decide_every)
         print(f"| {name} | observation cost | {cost:+.1%} of step time | | | | | | |")
 
