@@ -9,7 +9,7 @@ memory budget = the default configuration's own peak):
   fixed      the configuration the adaptive run ended on, from the first step (hindsight)
   observe    the pretrained policy deciding, its proposals discarded: what observing costs
              (gradient-noise hooks, the noise split step, the policy's forward), steps alternated
-             with a second default run in the same process (ABAB) so drift hits both alike
+             with a second default run in the same process (ABBA) so drift hits both alike
 
 Reported: samples/s over all steps (tracked steps and reconfigurations included), the run's
 highest measured peak (exact MemTracker bytes of each configuration's tracked step; an adaptive
@@ -99,8 +99,9 @@ def _observation_cost(name: str, size: str, steps: int, decide_every: int) -> fl
     """Wall time of observed steps over plain ones, alternated, tracked steps left out."""
     plain, observed = _tuner(name, size, None, decide_every), _tuner(name, size, Observe(), decide_every)
     times: dict[str, list[float]] = {"plain": [], "observe": []}
-    for _ in range(steps):
-        for key, tuner in (("plain", plain), ("observe", observed)):
+    pair = (("plain", plain), ("observe", observed))
+    for i in range(steps):
+        for key, tuner in pair if i % 2 == 0 else pair[::-1]:  # ABBA: neither always runs first
             t0 = time.perf_counter()
             s = tuner.step()
             if s.peak_bytes is None and s.step >= 2:
