@@ -12,6 +12,7 @@ from autotune._lazy import lazy_module_attributes
 from autotune.errors import AutotuneError, ConfigError, TrainingError, UnsupportedError, WorkloadError
 
 if TYPE_CHECKING:
+    from autotune.adapt import Adaptive
     from autotune.config import TrainConfig
     from autotune.knobs import Knobs
     from autotune.measurement import Measurement, MemoryBreakdown, NoiseEstimate, RankResult, measure
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "Adaptive",
     "AutotuneError",
     "ConfigError",
     "Knobs",
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "Adaptive": "autotune.adapt",
     "TrainConfig": "autotune.config",
     "Knobs": "autotune.knobs",
     "Workload": "autotune.workload",

@@ -18,7 +18,12 @@ __all__ = ["main"]
 # The command registry: each module has ``register(subparsers) -> None``, which adds its parsers
 # and sets ``func`` (a handler taking the parsed args, returning the exit code). They must import
 # only argparse-level code at module level, so ``autotune --help`` stays instant.
-COMMAND_MODULES: tuple[str, ...] = ("autotune.cli.run", "autotune.cli.study", "autotune.cli.policy")
+COMMAND_MODULES: tuple[str, ...] = (
+    "autotune.cli.run",
+    "autotune.cli.study",
+    "autotune.cli.policy",
+    "autotune.cli.train",
+)
 
 
 def _version() -> str:

@@ -41,13 +41,14 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 class Trainer(BaseTrainer):
-    """Trains a workload's model in this process under a config that can change while it runs.
+    """Trains a private copy of a workload's model under a config, or the user's own model.
 
-    By default the model is deep-copied (and its optimizer built by the workload), so the workload
-    can be measured again under another config. Given ``model`` and ``optimizer`` (the user's own
-    objects, e.g. from :class:`autotune.adapt.Adaptive`), it trains those in place instead.
-    ``reconfigure`` swaps the config in place (wrappers, batch, LR), keeping weights and
-    optimizer state: the Gymnasium environment changes knobs mid-training through it.
+    By default the model is deep-copied, so the workload can be measured again under another
+    config. With ``model`` (and optionally ``optimizer``) the trainer trains those objects in
+    place: no copy, nothing moved (the device is the model's unless ``device`` says otherwise),
+    the optimizer used as given: :class:`autotune.adapt.Adaptive` runs the user's own training
+    through it. ``reconfigure`` swaps the config in place (wrappers, batch, LR), keeping weights
+    and optimizer state: the Gymnasium environment changes knobs mid-training through it.
     """
 
     supports_split = True
@@ -68,14 +69,19 @@ class Trainer(BaseTrainer):
                 f"Trainer runs one local process (zero_stage=0, ranks=1), but got zero_stage={config.zero_stage} "
                 f"with ranks={config.ranks}; measure() runs those on DeepSpeed ranks."
             )
-        if (model is None) != (optimizer is None):
+        if optimizer is not None and model is None:
             raise ConfigError(
-                "Trainer: give both model and optimizer (your own objects, trained in place), or neither."
+                "Trainer(optimizer=...) needs model=... too: the optimizer must hold that model's parameters."
             )
-        super().__init__(workload, config, device=resolve_device(device))
-        self.model = (copy.deepcopy(workload.model) if model is None else model).to(self.device)
+        if model is None:
+            resolved = resolve_device(device)
+        else:
+            first = next(model.parameters(), None)
+            resolved = resolve_device(device) if device is not None or first is None else first.device
+        super().__init__(workload, config, device=resolved)
+        self.model = copy.deepcopy(workload.model).to(self.device) if model is None else model
         self.model.train()
-        self.optimizer = workload.make_optimizer(self.model.parameters()) if optimizer is None else optimizer
+        self.optimizer = optimizer if optimizer is not None else workload.make_optimizer(self.model.parameters())
         self._track_lrs()
         # track_noise=False exists for the overhead benchmark: no hooks, no per-step sync.
         self.gns = GradientNoiseMonitor(self.model.parameters() if track_noise else [], decay=gns_decay)

@@ -1,0 +1,51 @@
+"""Adaptive tuning inside the user's own training run.
+
+:class:`Adaptive` trains the user's model and optimizer in place and keeps them at the best
+configuration the decision source finds, within a memory budget every candidate is checked
+against first. The Hugging Face and Lightning callbacks (:mod:`autotune.integrations`) apply
+the same decisions inside those frameworks' loops.
+
+Lazy (PEP 562), as the top-level package: ``autotune train --help`` must not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune._lazy import lazy_module_attributes
+
+if TYPE_CHECKING:
+    from autotune.adapt.adaptive import Adaptive, decision_source
+    from autotune.adapt.gate import BudgetGate, Verdict
+    from autotune.adapt.records import AdaptStep, Change
+    from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
+
+__all__ = [
+    "AdaptStep",
+    "Adaptive",
+    "BudgetGate",
+    "Change",
+    "DecisionSource",
+    "FixedConfig",
+    "Observation",
+    "Proposal",
+    "RunContext",
+    "Verdict",
+    "decision_source",
+]
+
+_LAZY = {
+    "Adaptive": "autotune.adapt.adaptive",
+    "decision_source": "autotune.adapt.adaptive",
+    "BudgetGate": "autotune.adapt.gate",
+    "Verdict": "autotune.adapt.gate",
+    "AdaptStep": "autotune.adapt.records",
+    "Change": "autotune.adapt.records",
+    "DecisionSource": "autotune.adapt.sources",
+    "FixedConfig": "autotune.adapt.sources",
+    "Observation": "autotune.adapt.sources",
+    "Proposal": "autotune.adapt.sources",
+    "RunContext": "autotune.adapt.sources",
+}
+
+__getattr__, __dir__ = lazy_module_attributes(__name__, globals(), _LAZY)

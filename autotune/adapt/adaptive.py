@@ -1,0 +1,328 @@
+"""``Adaptive``: the user's own training run, kept at the best configuration as training changes.
+
+The user's model and optimizer are trained in place (no copy) by the local training loop
+(:class:`autotune.adapt.loop.InPlaceTrainer`). Every ``decide_every`` steps a decision source
+(the pretrained policy, a fixed configuration, a user's policy file, any :class:`DecisionSource`)
+may propose another configuration; the budget gate (:mod:`autotune.adapt.gate`) admits it only
+if its peak memory is known to fit. The first step under each configuration runs under exact
+memory tracking (~2x a step, once per configuration); a configuration measured over the budget
+is left at once. Every decision, applied or refused, is in :attr:`Adaptive.history`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+from collections.abc import Sized
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from autotune.adapt.batch import grow_batch
+from autotune.adapt.gate import BudgetGate, Verdict, as_budget
+from autotune.adapt.loop import InPlaceTrainer
+from autotune.adapt.records import AdaptStep, Change
+from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError
+from autotune.measurement.tracker import tracked_step
+from autotune.units import MemoryBudget
+from autotune.workload import Workload
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from torch.utils.data import Dataset
+
+
+__all__ = ["Adaptive", "decision_source"]
+
+PolicyArg = str | Path | TrainConfig | DecisionSource | None
+_NOISE_STEPS = 4  # steps before each decision whose gradients feed the noise estimate
+_LOSSES = 16  # recent losses an observation carries
+
+
+def decision_source(policy: PolicyArg) -> DecisionSource | None:
+    """``"pretrained"`` (the shipped policy), a policy directory, a :class:`TrainConfig` (fixed),
+    a :class:`DecisionSource`, or None (no decisions: the run stays where it starts)."""
+    if policy is None or isinstance(policy, DecisionSource):
+        return policy
+    if isinstance(policy, TrainConfig):
+        return FixedConfig(policy)
+    if isinstance(policy, (str, Path)):
+        from autotune.adapt.policy import PolicySource
+
+        return PolicySource(None if policy == "pretrained" else Path(policy))
+    raise ConfigError(
+        "policy must be 'pretrained', a policy directory, a TrainConfig, a DecisionSource or None, "
+        f"but got {type(policy).__name__}."
+    )
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name} must be an int >= {low}, but got {value!r}.")
+
+
+def _like(optimizer: torch.optim.Optimizer) -> Callable[[Any], torch.optim.Optimizer]:
+    """A factory for the user's optimizer class and defaults: the memory model counts *its* state.
+
+    Only the defaults its constructor takes (torch's AdamW keeps ``decoupled_weight_decay`` in its
+    defaults without accepting it)."""
+    accepted = inspect.signature(type(optimizer)).parameters
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    return lambda params: type(optimizer)(params, **defaults)
+
+
+class Adaptive:
+    """Train ``model`` with ``optimizer`` in place, adapting how each step is computed.
+
+    Args:
+        model, optimizer: The user's objects; they are the ones trained (no copy, nothing moved).
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
+        dataset: Map-style dataset; batches use the default collate.
+        batch_size: The effective batch: by default it never changes (only its split into
+            micro-batches x accumulation does).
+        memory_budget: Peak tensor bytes allowed: ``"8GiB"``, bytes, ``"75%"`` of the default
+            configuration's predicted peak, or None (100%: adaptation never uses more memory
+            than the default run). A budget below the default's peak starts from the first of
+            smaller micro-batches, then recompute, that fits.
+        policy: Where decisions come from (see :func:`decision_source`); default the pretrained policy.
+        decide_every: Steps between decisions (>= 2: never every step).
+        adapt_batch: Let the effective batch grow with the gradient noise scale (see
+            :mod:`autotune.adapt.batch`), up to ``max_batch_size`` (default 8 x ``batch_size``).
+        blocks: Block module names (default: auto-detected, see :func:`autotune.workload.find_blocks`).
+        device: Where batches go (default: the model's device).
+        grad_clip, lr_scaling, seed: As in :class:`TrainConfig` (no clipping by default: the
+            user's loop decides that).
+        track_memory: Track the first step of each configuration exactly (needed for the gate to
+            admit configs whose prediction is unverified, and for ``history``'s measured bytes).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        dataset: Dataset[Any],
+        *,
+        batch_size: int,
+        memory_budget: MemoryBudget | str | int | None = None,
+        policy: PolicyArg = "pretrained",
+        decide_every: int = 50,
+        adapt_batch: bool = False,
+        min_efficiency: float = 0.9,
+        max_batch_size: int | None = None,
+        blocks: Sequence[str] | None = None,
+        device: str | torch.device | None = None,
+        grad_clip: float | None = None,
+        lr_scaling: str = "linear",
+        seed: int = 0,
+        track_memory: bool = True,
+        name: str = "user",
+    ) -> None:
+        _check_int("batch_size", batch_size, 1)
+        _check_int("decide_every", decide_every, 2)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"optimizer must be a torch.optim.Optimizer, but got {type(optimizer).__name__}.")
+        if not 0.0 < min_efficiency <= 1.0:
+            raise ConfigError(f"min_efficiency must be in (0, 1], but got {min_efficiency!r}.")
+        self.max_batch_size = 8 * batch_size if max_batch_size is None else max_batch_size
+        _check_int("max_batch_size", self.max_batch_size, batch_size)
+        self.workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=blocks,
+                                 optimizer=_like(optimizer), batch_size=batch_size)  # fmt: skip
+        self.source = decision_source(policy)
+        self.decide_every, self.adapt_batch, self.min_efficiency = decide_every, adapt_batch, min_efficiency
+        self.track_memory = track_memory
+        size = len(dataset) if isinstance(dataset, Sized) else batch_size
+        default = TrainConfig(micro_batch_size=min(batch_size, size), grad_clip=grad_clip, lr_scaling=lr_scaling,  # type: ignore[arg-type]
+                              seed=seed)  # fmt: skip
+        budget = as_budget(memory_budget)
+        self._default, self._fraction = default, budget.fraction
+        reduced = self.source is not None  # only a decision source proposes bf16 blocks
+        self.gate = BudgetGate.build(self.workload, budget, default, reduced_precision=reduced)
+        self.budget_bytes = self.gate.budget
+        start, why = self._start(default, budget)
+        by = "budget"
+        if isinstance(self.source, FixedConfig):  # a fixed configuration runs from the first step if it fits
+            self.source.start(self._context(start))
+            verdict = self.gate.check(self.source.config)
+            if verdict.admitted:
+                start, why, by = self.source.config, f"the fixed configuration; {verdict.reason}", self.source.name
+        self._noise = adapt_batch or (self.source is not None and self.source.needs_noise)
+        self.trainer = InPlaceTrainer(self.workload, start, model=model, optimizer=optimizer, device=device,
+                                      track_noise=self._noise)  # fmt: skip
+        self.steps: list[AdaptStep] = []
+        self._history: list[Change] = []
+        self._refused: set[TrainConfig] = set()
+        self._recent: list[float] = []
+        self._previous = start
+        if start != default:
+            self._history.append(Change(step=0, source=by, before=default, after=start, applied=True, reason=why))
+        if self.source is not None and not isinstance(self.source, FixedConfig):
+            self.source.start(self._context(start))
+
+    def _context(self, start: TrainConfig) -> RunContext:
+        from autotune.memory.blocks import profile_blocks
+
+        ranking = profile_blocks(self.workload, micro_batch_size=2).ranked()
+        device = next((p.device.type for p in self.workload.model.parameters()), "cpu")
+        return RunContext(workload=self.workload, start=start, budget_bytes=self.budget_bytes, ranking=ranking,
+                          device_type=device)  # fmt: skip
+
+    # ---- setup ------------------------------------------------------------------------------------
+
+    def _start(self, default: TrainConfig, budget: MemoryBudget) -> tuple[TrainConfig, str]:
+        """The default if it fits (or the budget is at least the default's own peak), else the first
+        of smaller micro-batches, then recompute on every block, that the gate admits."""
+        verdict = self.gate.check(default)
+        if verdict.admitted or (budget.fraction is not None and budget.fraction >= 1.0):
+            return default, ""
+        batch, tried = default.micro_batch_size, []
+        for ckpt in (False, True):
+            micro = batch
+            while micro >= 1:
+                if batch % micro == 0:
+                    config = _split(default, micro, ckpt)
+                    candidate = self.gate.check(config)
+                    if candidate.admitted:
+                        return config, f"the default {_over(verdict)}; {candidate.reason}"
+                    tried.append(candidate)
+                micro //= 2
+        smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
+        raise ConfigError(
+            f"memory_budget {self.budget_bytes} B is below every fp32 configuration of batch {batch} "
+            f"(smallest predicted peak {smallest} B, +{self.gate.headroom:.0%} headroom): raise the budget."
+        )
+
+    # ---- the run ------------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> TrainConfig:
+        """The configuration the next step runs under."""
+        return self.trainer.config
+
+    @property
+    def history(self) -> tuple[Change, ...]:
+        """Every decision so far: applied, refused by the budget gate, or reverted."""
+        return tuple(self._history)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trainer.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.trainer.optimizer
+
+    def step(self) -> AdaptStep:
+        """One optimizer step of the user's model; every ``decide_every`` steps, one decision."""
+        t, config = self.trainer, self.trainer.config
+        index, peak = t.step_count, None
+        decision_due = (index + 1) % self.decide_every == 0
+        # The noise estimate folds in only the last steps before a decision (see SampledNoise).
+        t.noise.enabled = self._noise and (-(index + 1)) % self.decide_every < _NOISE_STEPS
+        # Adam creates its state in the first step, after the activation peak: track from step 1.
+        if self.track_memory and index >= 1 and config not in self.gate.measured:
+            tracked = tracked_step(t)
+            result, peak = tracked.result, tracked.at_peak.total
+            self.gate.record(config, peak)
+            if config == self._default and self._fraction is not None:
+                # A percentage is of the default's peak: its measurement replaces its prediction
+                # (they differ by a few hundred bytes on the local runner).
+                self.budget_bytes = self.gate.budget = max(self.budget_bytes, int(peak * self._fraction))
+        elif self._noise and decision_due and config.grad_accum_steps == 1 and config.micro_batch_size % 2 == 0:
+            result = t.step(split=2)  # two batch sizes for the noise estimate: same gradient
+        else:
+            result = t.step()
+            if index >= 1:
+                self._recent.append(result.samples / result.seconds)
+        record = AdaptStep(step=index, loss=result.loss, samples=result.samples, seconds=result.seconds, lr=result.lr,
+                           config=config, peak_bytes=peak)  # fmt: skip
+        self.steps.append(record)
+        if peak is not None and peak > self.budget_bytes and config != self._previous:
+            self._revert(config, peak)
+        elif decision_due:
+            self._decide()
+        return record
+
+    def _observation(self) -> Observation:
+        t, config = self.trainer, self.trainer.config
+        peak = self.gate.measured.get(config)
+        if peak is None:
+            predicted = self.gate.predict(config)
+            peak = predicted[0] if predicted is not None else self.budget_bytes
+        return Observation(
+            step=t.step_count,
+            config=config,
+            throughput=statistics.median(self._recent) if self._recent else 0.0,
+            peak_bytes=peak,
+            b_noise=t.gns.estimate().b_simple if self._noise else None,
+            losses=tuple(s.loss for s in self.steps[-_LOSSES:]),
+        )
+
+    def _decide(self) -> None:
+        obs = self._observation()
+        proposal: Proposal | None = None
+        source = "adapt_batch"
+        if self.adapt_batch:
+            proposal = grow_batch(obs, base_batch_size=self.workload.batch_size, min_efficiency=self.min_efficiency,
+                                  max_batch_size=self.max_batch_size)  # fmt: skip
+        if proposal is None and self.source is not None:
+            proposal, source = self.source.propose(obs), self.source.name
+        if proposal is None or proposal.config == obs.config:
+            return
+        verdict = self.gate.check(proposal.config)
+        if not verdict.admitted:
+            if proposal.config not in self._refused:  # once per config: a fixed source proposes it every time
+                self._refused.add(proposal.config)
+                self._history.append(self._change(obs, proposal, source, verdict, applied=False))
+            return
+        start = time.perf_counter()
+        self.trainer.reconfigure(proposal.config)
+        change = self._change(obs, proposal, source, verdict, applied=True)
+        self._history.append(_with_seconds(change, time.perf_counter() - start))
+        self._previous, self._recent = obs.config, []
+
+    def _change(self, obs: Observation, proposal: Proposal, source: str, verdict: Verdict, *, applied: bool) -> Change:
+        return Change(step=obs.step, source=source, before=obs.config, after=proposal.config, applied=applied,
+                      reason=f"{proposal.reason}; {verdict.reason}", predicted_bytes=verdict.predicted,
+                      measured_bytes=verdict.measured)  # fmt: skip
+
+    def _revert(self, config: TrainConfig, peak: int) -> None:
+        """A tracked step measured ``config`` over the budget (the prediction was off): go back."""
+        self.trainer.reconfigure(self._previous)
+        reason = f"measured {peak} B > budget {self.budget_bytes} B: back to {self._previous.describe()}"
+        self._history.append(Change(step=self.trainer.step_count, source="budget", before=config, after=config,
+                                    applied=False, reverted=True, reason=reason, measured_bytes=peak))  # fmt: skip
+        self._refused.add(config)
+        self._recent = []
+
+    def close(self) -> None:
+        """Remove every wrapper and hook from the user's model: it is exactly as it was given."""
+        self.trainer.close()
+
+    def __enter__(self) -> Adaptive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _split(config: TrainConfig, micro: int, checkpoint: bool) -> TrainConfig:
+    import dataclasses
+
+    accum = config.effective_batch_size // micro
+    return dataclasses.replace(config, micro_batch_size=micro, grad_accum_steps=accum, checkpoint=checkpoint)
+
+
+def _over(verdict: Verdict) -> str:
+    return f"is over the budget ({verdict.reason})"
+
+
+def _with_seconds(change: Change, seconds: float) -> Change:
+    import dataclasses
+
+    return dataclasses.replace(change, seconds=seconds)

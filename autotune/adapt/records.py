@@ -1,0 +1,70 @@
+"""What an adaptive run did, step by step, and why its configuration changed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import TrainConfig
+
+__all__ = ["AdaptStep", "Change"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaptStep:
+    """One optimizer step of the user's model.
+
+    ``peak_bytes`` is the exact peak tensor memory of the step (MemTracker) when the step was
+    tracked (the first one under each configuration), else None.
+    """
+
+    step: int  # 0-based index of this optimizer step
+    loss: float
+    samples: int
+    seconds: float
+    lr: float
+    config: TrainConfig
+    peak_bytes: int | None = None
+
+    @property
+    def throughput(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """A configuration the decision source proposed, applied or refused, and why.
+
+    ``step`` counts the optimizer steps done before the decision. ``applied`` False: the budget
+    gate refused it (``reason`` says by how much, or that the prediction was not verified) or a
+    measured step of it exceeded the budget and the run went back (``reverted``).
+    """
+
+    step: int
+    source: str
+    before: TrainConfig
+    after: TrainConfig
+    applied: bool
+    reason: str
+    predicted_bytes: int | None = None
+    measured_bytes: int | None = None
+    seconds: float = 0.0  # wall time of the reconfiguration itself (wrappers, data stream)
+    reverted: bool = False
+
+    def describe(self) -> str:
+        verdict = "applied" if self.applied else ("reverted" if self.reverted else "refused")
+        return f"step {self.step}: {verdict} {self.after.describe()} ({self.source}: {self.reason})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "source": self.source,
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict(),
+            "applied": self.applied,
+            "reverted": self.reverted,
+            "reason": self.reason,
+            "predicted_bytes": self.predicted_bytes,
+            "measured_bytes": self.measured_bytes,
+            "seconds": self.seconds,
+        }

@@ -1,0 +1,89 @@
+"""``autotune train WORKLOAD --steps N [--adapt]``: train a workload, adapting its configuration.
+
+Only argparse at import time; torch and the tuner load inside the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from autotune.cli.flags import BUDGET_HELP
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("train", help="train a workload for N steps; with --adapt, keep it at the best configuration")
+    p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
+    p.add_argument("--adapt", action="store_true", help="adapt the configuration as training goes (default: fixed)")
+    p.add_argument("--policy", type=Path, help="policy directory for --adapt (default: the shipped pretrained one)")
+    p.add_argument("--memory-budget", help=f"{BUDGET_HELP} (default: the default configuration's own peak)")
+    p.add_argument("--decide-every", type=int, default=10, help="steps between decisions, >= 2 (default 10)")
+    p.add_argument("--adapt-batch", action="store_true", help="let the effective batch grow with the gradient noise")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: where the model is)")
+    p.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from autotune.adapt.adaptive import Adaptive
+    from autotune.errors import ConfigError
+    from autotune.resolve import load_workload
+
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, but got {args.steps}.")
+    if args.policy is not None and not args.adapt:
+        raise ConfigError("--policy needs --adapt (without it the run keeps the default configuration).")
+    wl = load_workload(args.workload)
+    policy = (args.policy or "pretrained") if args.adapt else None
+    tuner = Adaptive(wl.model, wl.make_optimizer(wl.model.parameters()), wl.loss_fn, wl.dataset,
+                     batch_size=wl.batch_size, memory_budget=args.memory_budget, policy=policy,
+                     decide_every=args.decide_every, adapt_batch=args.adapt_batch, blocks=wl.blocks,
+                     device=args.device, name=wl.name)  # fmt: skip
+    try:
+        _train(tuner, args.steps, wl.name)
+    finally:
+        tuner.close()
+    _summary(tuner)
+    return 0
+
+
+def _train(tuner: Any, steps: int, name: str) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[status]}"))  # fmt: skip
+    with Progress(*columns, transient=False) as progress:
+        task = progress.add_task(f"train {name}", total=steps, status="")
+        for _ in range(steps):
+            s = tuner.step()
+            status = f"loss {s.loss:.4f} | {s.throughput:.1f} samples/s | {tuner.config.describe()}"
+            progress.update(task, advance=1, status=status)
+
+
+def _summary(tuner: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotune.units import format_bytes
+
+    console = Console()
+    steps = tuner.steps
+    samples = sum(s.samples for s in steps)
+    seconds = sum(s.seconds for s in steps)
+    peaks = [s.peak_bytes for s in steps if s.peak_bytes is not None]
+    console.print(f"{len(steps)} steps, {samples} samples in {seconds:.1f} s ({samples / max(seconds, 1e-9):.1f} "
+                  f"samples/s), final loss {steps[-1].loss:.4f}, budget {format_bytes(tuner.budget_bytes)}, "
+                  f"highest measured peak {format_bytes(max(peaks) if peaks else None)}")  # fmt: skip
+    if not tuner.history:
+        console.print(f"configuration: {tuner.config.describe()} (no change)")
+        return
+    table = Table(title="configuration changes")
+    for col in ("step", "verdict", "configuration", "why"):
+        table.add_column(col)
+    for c in tuner.history:
+        verdict = "applied" if c.applied else ("reverted" if c.reverted else "refused")
+        table.add_row(str(c.step), verdict, c.after.describe(), f"{c.source}: {c.reason}")
+    console.print(table)

@@ -1,0 +1,78 @@
+"""``AutotuneCallback`` for the Hugging Face ``transformers.Trainer``.
+
+What it changes mid-run, and what it cannot:
+
+* **Per-block precision** (bf16 autocast islands around the blocks the model declares in
+  ``_no_split_modules``) and **per-block activation checkpointing**: both live on the model, so
+  any loop honours them from the next forward pass.
+* **Not the micro-batch**: the Trainer's DataLoader is built once with
+  ``per_device_train_batch_size``.
+* **Not the gradient accumulation**: ``Trainer._inner_training_loop`` computes the optimizer steps
+  per epoch, the LR scheduler's length and the step arithmetic that decides when to sync from
+  ``args.gradient_accumulation_steps`` before the first step, so a change mid-run would desync
+  them (and, with the micro-batch fixed, would change the effective batch, which stays the user's).
+* **Not fp16 blocks**: they need a loss scaler inside the Trainer's backward (``args.fp16``).
+
+Every change passes the memory model first and is in :attr:`AutotuneCallback.history`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.adapt.adaptive import PolicyArg
+from autotune.errors import MissingDependencyError
+from autotune.integrations._live import LiveKnobs
+from autotune.units import MemoryBudget
+
+try:
+    from transformers import TrainerCallback
+except ImportError as e:  # optional dependency: name it
+    raise MissingDependencyError(
+        f"autotune.integrations.hf needs transformers: pip install 'autotune[hf]' ({e})."
+    ) from None
+
+__all__ = ["AutotuneCallback"]
+
+
+def _hf_loss(model: Any, batch: Any) -> Any:
+    return model(**batch).loss
+
+
+class AutotuneCallback(TrainerCallback):
+    """Adapt per-block precision and checkpointing of the Trainer's model while it trains.
+
+    Args:
+        policy: ``"pretrained"``, a policy directory, a ``TrainConfig`` (fixed) or a
+            ``DecisionSource`` (see :func:`autotune.adapt.decision_source`).
+        memory_budget: As for :class:`autotune.Adaptive` (default: the default's own peak).
+        decide_every: Optimizer steps between decisions (>= 2).
+        blocks: Block module names (default: auto-detected).
+    """
+
+    def __init__(self, *, policy: PolicyArg = "pretrained", memory_budget: MemoryBudget | str | int | None = None,
+                 decide_every: int = 50, blocks: list[str] | None = None) -> None:  # fmt: skip
+        self.live = LiveKnobs(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
+        self._logged = 0
+
+    @property
+    def history(self) -> list[Any]:
+        return self.live.history
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None,
+                       **kwargs: Any) -> None:  # fmt: skip
+        dataset = train_dataloader.dataset if train_dataloader is not None else None
+        self.live.begin(model, dataset, _hf_loss, micro_batch_size=args.per_device_train_batch_size,
+                        accum=args.gradient_accumulation_steps, name=type(model).__name__)  # fmt: skip
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.live.step_begin()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # Losses come from the Trainer's own logs (every ``logging_steps``): no extra sync.
+        losses = [e["loss"] for e in state.log_history[self._logged :] if "loss" in e]
+        self._logged = len(state.log_history)
+        self.live.step_end(state.global_step, losses[-1] if losses else None)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.live.remove()

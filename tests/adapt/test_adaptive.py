@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from autotune import TrainConfig
+from autotune.adapt import Adaptive, DecisionSource, FixedConfig, Observation, Proposal
+from autotune.adapt.batch import grow_batch
+from autotune.errors import ConfigError
+from autotune.workload import Workload
+from tests.conftest import make_resmlp
+
+BATCH = 32
+BAD_BUDGET = "memory_budget must be bytes (int), a string such as '8GiB' or '75%', or None, but got 1.5."
+BAD_POLICY = "policy must be 'pretrained', a policy directory, a TrainConfig, a DecisionSource or None, but got int."
+
+
+class Scripted(DecisionSource):
+    """Proposes the given configs in turn, one per decision."""
+
+    name = "scripted"
+
+    def __init__(self, configs: list[TrainConfig]) -> None:
+        self.configs = list(configs)
+
+    def propose(self, observation: Observation) -> Proposal | None:
+        if not self.configs:
+            return None
+        return Proposal(config=self.configs.pop(0), reason="scripted")
+
+
+def _user_objects() -> tuple[Workload, torch.optim.Optimizer]:
+    wl = make_resmlp()  # seeded: two calls build identical models and data
+    return wl, torch.optim.AdamW(wl.model.parameters(), lr=1e-3)
+
+
+def _run(policy: object, steps: int, **kwargs: object) -> tuple[Adaptive, list[float]]:
+    wl, opt = _user_objects()
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=policy, **kwargs)  # type: ignore[arg-type]
+    losses = [tuner.step().loss for _ in range(steps)]
+    tuner.close()
+    return tuner, losses
+
+
+def _default_peak() -> int:
+    """The default configuration's predicted peak (a 100% budget)."""
+    wl, opt = _user_objects()
+    probe = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=None)
+    probe.close()
+    return probe.budget_bytes
+
+
+def _fp32(micro: int, checkpoint: bool | tuple[bool, ...] = False) -> TrainConfig:
+    return TrainConfig(micro_batch_size=micro, grad_accum_steps=BATCH // micro, checkpoint=checkpoint, grad_clip=None)
+
+
+def test_the_user_model_and_optimizer_are_the_ones_trained() -> None:
+    wl, opt = _user_objects()
+    before = [p.detach().clone() for p in wl.model.parameters()]
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=_fp32(8, True), decide_every=2)
+    for _ in range(4):
+        tuner.step()
+    tuner.close()
+    assert tuner.model is wl.model and tuner.optimizer is opt
+    assert tuner.config == _fp32(8, True)  # the fixed config was applied in place
+    params = list(wl.model.parameters())
+    assert all(not torch.equal(a, b) for a, b in zip(before, params, strict=True))
+    assert all(opt.state[p]["step"] == 4 for p in params)
+    assert all("forward" not in m.__dict__ for m in wl.model.modules())  # close() removed every wrapper
+
+
+def test_fp32_knob_changes_keep_the_loss_trajectory_of_a_fixed_run() -> None:
+    script = [_fp32(16), _fp32(8, True), _fp32(32, (True, False, True, False)), _fp32(4)]
+    adaptive, changed = _run(Scripted(script), 12, decide_every=2)
+    _, fixed = _run(None, 12)
+    applied = [c.after for c in adaptive.history if c.applied]
+    assert applied == script  # every proposal passed the budget gate (all below the default's peak)
+    assert {s.config.effective_batch_size for s in adaptive.steps} == {BATCH}
+    torch.testing.assert_close(torch.tensor(changed), torch.tensor(fixed), rtol=1e-5, atol=1e-6)
+
+
+def test_a_budget_below_the_default_peak_is_never_exceeded() -> None:
+    budget = int(0.6 * _default_peak())
+    default = _fp32(BATCH)
+    tuner, _ = _run(FixedConfig(default), 6, memory_budget=budget, decide_every=2)
+    tracked = [s.peak_bytes for s in tuner.steps if s.peak_bytes is not None]
+    assert tuner.budget_bytes == budget
+    assert tracked and max(tracked) <= budget  # exact MemTracker bytes of real steps
+    first, refused = tuner.history[0], tuner.history[1]
+    assert first.source == "budget" and first.applied and first.after == tuner.steps[0].config != default
+    assert (refused.after, refused.applied, refused.source) == (default, False, "fixed")
+    assert len(tuner.history) == 2  # refused once, not at every decision
+    assert all(s.config != default for s in tuner.steps)
+
+
+def test_the_pretrained_policy_keeps_the_effective_batch_and_the_budget() -> None:
+    tuner, losses = _run("pretrained", 8, decide_every=2)
+    assert all(s.config.effective_batch_size == BATCH for s in tuner.steps)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    for change in tuner.history:
+        assert change.source == "policy" and change.before.effective_batch_size == BATCH
+        if change.applied:
+            assert tuner.gate.check(change.after).admitted
+    assert all(s.peak_bytes is None or s.peak_bytes <= tuner.budget_bytes for s in tuner.steps)
+
+
+def test_batch_grows_only_when_the_noise_scale_supports_it() -> None:
+    config = _fp32(8)
+    obs = Observation(step=4, config=config, throughput=1.0, peak_bytes=1, b_noise=1000.0, losses=(1.0,))
+    proposal = grow_batch(obs, base_batch_size=BATCH, min_efficiency=0.9, max_batch_size=8 * BATCH)
+    assert proposal is not None and proposal.config == dataclasses.replace(config, grad_accum_steps=8)
+    assert proposal.config.lr_multiplier(BATCH) == 2.0  # linear LR scaling follows the batch
+    assert proposal.reason == (
+        "gradient noise scale 1000 samples: batch 64 keeps 0.970 >= 0.9 of batch 32's per-sample progress; LR x2"
+    )
+    low = dataclasses.replace(obs, b_noise=10.0)
+    assert grow_batch(low, base_batch_size=BATCH, min_efficiency=0.9, max_batch_size=8 * BATCH) is None
+    assert grow_batch(obs, base_batch_size=BATCH, min_efficiency=0.9, max_batch_size=BATCH) is None
+    unknown = dataclasses.replace(obs, b_noise=None)
+    assert grow_batch(unknown, base_batch_size=BATCH, min_efficiency=0.9, max_batch_size=8 * BATCH) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"decide_every": 1}, "decide_every must be an int >= 2, but got 1."),
+        ({"batch_size": 0}, "batch_size must be an int >= 1, but got 0."),
+        ({"memory_budget": 1.5},
+         BAD_BUDGET),
+        ({"policy": 3},
+         BAD_POLICY),
+        ({"min_efficiency": 0.0}, "min_efficiency must be in (0, 1], but got 0.0."),
+    ],
+)  # fmt: skip
+def test_user_mistakes_are_one_line_config_errors(kwargs: dict[str, object], message: str) -> None:
+    wl, opt = _user_objects()
+    args = {"batch_size": BATCH, "policy": None} | kwargs
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, **args)  # type: ignore[arg-type]
+
+
+def test_a_fixed_config_of_another_effective_batch_is_refused() -> None:
+    wl, opt = _user_objects()
+    message = (
+        "FixedConfig's effective batch must be the run's (32), but got 16 "
+        "(micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0)."
+    )
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=TrainConfig(micro_batch_size=16))
+
+
+def test_a_config_measured_over_the_budget_is_left_at_once() -> None:
+    wl, opt = _user_objects()
+    budget = int(0.8 * _default_peak())
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, memory_budget=budget,
+                     policy=Scripted([_fp32(BATCH)]), decide_every=2)  # fmt: skip
+    start = tuner.config
+    tuner.gate.predict = lambda config: (1, True)  # type: ignore[method-assignment]  # a prediction that lies
+    steps = [tuner.step() for _ in range(4)]
+    tuner.close()
+    applied, reverted = tuner.history[1:]
+    assert (applied.after, applied.applied) == (_fp32(BATCH), True)
+    assert (reverted.reverted, reverted.applied, reverted.step) == (True, False, 3)
+    assert reverted.measured_bytes is not None and reverted.measured_bytes > budget
+    assert steps[2].peak_bytes == reverted.measured_bytes  # the one step it ran, tracked
+    assert tuner.config == start
+
+
+def test_adapt_batch_grows_the_batch_and_scales_the_learning_rate() -> None:
+    tuner, _ = _run(None, 8, adapt_batch=True, min_efficiency=0.01, decide_every=4, memory_budget="150%")
+    change, after_last_step = tuner.history
+    assert (change.step, change.source, change.applied) == (4, "adapt_batch", True)
+    assert (after_last_step.step, after_last_step.after.effective_batch_size) == (8, 128)
+    assert change.reason.startswith("gradient noise scale ") and "LR x2" in change.reason
+    assert [(s.samples, s.lr) for s in tuner.steps] == [(32, 1e-3)] * 4 + [(64, 2e-3)] * 4  # linear scaling

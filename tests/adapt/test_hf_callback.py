@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import transformers
+
+from autotune import TrainConfig
+from autotune.integrations.hf import AutotuneCallback
+from autotune.zoo import CORPUS
+
+
+class Spy(transformers.TrainerCallback):  # type: ignore[misc]
+    """Records, at each step's end, which blocks run wrapped (after the autotune callback acts)."""
+
+    def __init__(self, blocks: list[str]) -> None:
+        self.blocks = blocks
+        self.wrapped: list[int] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self.wrapped.append(sum("forward" in model.get_submodule(b).__dict__ for b in self.blocks))
+
+
+def test_the_callback_applies_checkpointing_inside_a_real_trainer(tmp_path: Path) -> None:
+    entry = CORPUS["hf-gpt2"]
+    wl = entry.build(**entry.tiny)
+    blocks = list(wl.block_names())
+    config = TrainConfig(micro_batch_size=4, checkpoint=True)
+    callback = AutotuneCallback(policy=config, decide_every=2)
+    spy = Spy(blocks)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=6,
+                                          report_to=[], logging_steps=1, save_strategy="no", use_cpu=True,
+                                          disable_tqdm=True, seed=0)  # fmt: skip
+    trainer = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, spy])
+    result = trainer.train()
+    assert trainer.model is wl.model
+    assert math.isfinite(result.training_loss)
+    [change] = callback.history
+    assert (change.step, change.applied, change.after.checkpoint) == (2, True, True)
+    assert spy.wrapped == [0, len(blocks), len(blocks), len(blocks), len(blocks), len(blocks)]
+    assert all("forward" not in m.__dict__ for m in wl.model.modules())  # removed at on_train_end
+
+
+def test_a_default_over_the_budget_starts_recomputing_every_block(tmp_path: Path) -> None:
+    entry = CORPUS["hf-gpt2"]
+    wl = entry.build(**entry.tiny)
+    blocks = list(wl.block_names())
+    callback, spy = AutotuneCallback(policy=None, memory_budget="80%"), Spy(blocks)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=2,
+                                          report_to=[], save_strategy="no", use_cpu=True,
+                                          disable_tqdm=True)  # fmt: skip
+    transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, spy]).train()
+    [change] = callback.history
+    assert (change.step, change.source, change.applied, change.after.checkpoint) == (0, "budget", True, True)
+    assert change.predicted_bytes is not None and change.predicted_bytes * 1.02 <= callback.live.gate.budget
+    assert spy.wrapped == [len(blocks), len(blocks)]
