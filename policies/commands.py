@@ -35,7 +35,19 @@ def register(sub: Any) -> None:
     p.add_argument("--memory-budget", default="75%",
                    help=f"{BUDGET_HELP}; the percentage is of the default's peak measured on the running loop "
                         "(default 75%%)")  # fmt: skip
-    p.add_argument("--steps", type=int, default=12, help="env steps (each trains --steps-per-action steps)")
+    p.add_argument("--steps", type=int, default=8, help="env steps (each trains --steps-per-action steps; default 8)")
+    p.add_argument(
+        "--fine-tune-seconds",
+        type=float,
+        default=30.0,
+        help="profile the model (seconds) and fine-tune the policy on its calibrated simulator for "
+        "this long before acting on the real loop; 0: act with the policy as is (default 30)",
+    )
+    p.add_argument(
+        "--adapt-batch",
+        action="store_true",
+        help="let the policy grow the effective batch (never below the workload's), rewarded by goodput",
+    )
     p.add_argument(
         "--steps-per-action", type=int, default=4, help="real optimizer steps per env step, >= 2 (default 4)"
     )
@@ -90,13 +102,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from autotune.policies.episode import run_episode
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
 
+    from autotune.resolve import load_workload
     from autotune.units import parse_memory_budget
 
     # Everything the user gave is checked before the first real training step (seconds to minutes).
     budget = parse_memory_budget(args.memory_budget)
     policy = load_policy(args.policy or PRETRAINED_DIR)
-    env = TrainingEnv(workloads=[args.workload], memory_budget=budget,
-                      steps_per_action=args.steps_per_action, horizon=args.steps, ranks=args.ranks)  # fmt: skip
+    workload = load_workload(args.workload)
+    if args.fine_tune_seconds > 0:
+        policy = _fine_tuned(policy, workload, budget, args)
+    env = TrainingEnv(workloads=[workload], memory_budget=budget, steps_per_action=args.steps_per_action,
+                      horizon=args.steps, ranks=args.ranks, adapt_batch=args.adapt_batch)  # fmt: skip
     try:
         policy.check_action_space(env.action_space)
         episode = run_episode(env, policy, workload=args.workload, seed=args.seed, steps=args.steps)
@@ -108,6 +124,24 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     else:
         _print_episode(episode, final_knobs)
     return 0
+
+
+def _fine_tuned(policy: Any, workload: Any, budget: Any, args: argparse.Namespace) -> Any:
+    """The policy fine-tuned on ``workload``'s calibrated simulator (``policies/transfer.py``)."""
+    from autotune.envs.costmodel import step_cost
+    from autotune.envs.knobs import KnobLevels
+    from autotune.policies.transfer import fine_tune, profile_for_tuning
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status(f"profiling {workload.name} for the simulator"):
+        profile = profile_for_tuning(workload)
+    fraction = budget.fraction
+    if fraction is None:  # bytes: as a fraction of the default's peak the memory model predicts
+        fraction = budget.bytes / step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
+    with console.status(f"fine-tuning the policy on {workload.name}'s simulator ({args.fine_tune_seconds:g} s)"):
+        return fine_tune(policy, profile, memory_budget=fraction, seconds=args.fine_tune_seconds, seed=args.seed,
+                         adapt_batch=args.adapt_batch)  # fmt: skip
 
 
 def _print_episode(episode: Any, final_knobs: Any) -> None:
@@ -128,6 +162,8 @@ def _print_episode(episode: Any, final_knobs: Any) -> None:
     console.print(table)
     console.print(f"return {episode.total_reward:+.3f}; default config: {episode.start_config.to_dict()}")
     console.print(f"final config:   {episode.final_config.to_dict()}")
+    best = episode.best
+    console.print(f"best measured within budget (step {best.step}, {best.knobs}): {best.config.to_dict()}")
     # The shared encoding (autotune.knobs): the same point in a study's terms, to check it there.
     console.print(f"final knobs:    {final_knobs}")
 

@@ -14,7 +14,8 @@ TINY = Path(__file__).resolve().parent.parent / "search" / "tiny_workload.py"
 
 
 def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--json"])
+    code = main(["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--fine-tune-seconds", "0",
+                 "--json"])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
     episode = json.loads(out)
@@ -28,3 +29,6 @@ def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:
     # The default budget is 75% of the starting configuration's measured peak.
     assert episode["budget_bytes"] == int(0.75 * steps[0]["peak_bytes"])
     assert all(s["peak_bytes"] > 0 and s["throughput"] > 0 for s in steps)
+    assert all(s["batch"] == steps[0]["batch"] for s in steps)  # the user's batch, held
+    best = steps[episode["best_step"]]
+    assert TrainConfig.from_dict(episode["best_config"]) == TrainConfig.from_dict(best["config"])
