@@ -11,6 +11,7 @@ real training loop has already seen *this* model on *this* machine.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -19,9 +20,10 @@ from autotune.envs.calibration import WorkloadProfile, calibrate
 from autotune.policies.ppo import Policy, new_ppo, simulated_venv
 
 from autotune.errors import ConfigError
+from autotune.knobs import Knobs
 from autotune.workload import Workload
 
-__all__ = ["profile_for_tuning", "fine_tune"]
+__all__ = ["profile_for_tuning", "fine_tune", "propose"]
 
 
 def profile_for_tuning(workload: Workload, *, curve_steps: int = 12) -> WorkloadProfile:
@@ -77,3 +79,42 @@ def fine_tune(
     meta["fine_tuned"] = {"on": profile.workload, "steps": int(model.num_timesteps),
                           "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
     return Policy(network=model.policy, metadata=meta, directory=policy.directory)
+
+
+def propose(
+    workload: Workload,
+    *,
+    memory_budget: int | None,
+    seconds: float = 10.0,
+    policy: Policy | None = None,
+    seed: int = 0,
+) -> Knobs:
+    """The policy's proposal for ``workload`` without a real env step: profile the model, fine-tune
+    the (pretrained) policy on its calibrated simulator for ``seconds``, play one deterministic
+    episode there and return the best configuration it reached within ``memory_budget`` (bytes
+    per rank; None: the default's peak), as shared :class:`~autotune.Knobs`. ``autotune study``
+    enqueues it next to its baselines (one more measured trial)."""
+    from autotune.envs.costmodel import step_cost
+    from autotune.envs.knobs import KnobLevels
+    from autotune.envs.simulated import SimulatedEnv
+    from autotune.policies.ppo import EPISODE_STEPS, load_policy
+
+    profile = profile_for_tuning(workload)
+    default_peak = step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
+    fraction = 1.0 if memory_budget is None else memory_budget / default_peak
+    tuned = fine_tune(policy or load_policy(), profile, memory_budget=fraction, seconds=seconds, seed=seed)
+    env = SimulatedEnv(profiles=[profile], memory_budget=fraction, noise=0.0, horizon=EPISODE_STEPS)
+    obs, info = env.reset(seed=seed)
+
+    def value(info: dict[str, Any]) -> float:  # throughput per byte at the fixed batch, within budget
+        fits = info["peak_bytes"] <= info["budget_bytes"]
+        return float(info["throughput"]) / float(info["peak_bytes"]) if fits else -math.inf
+
+    best: tuple[float, Knobs] = (value(info), env.knobs)
+    for _ in range(EPISODE_STEPS):
+        obs, _, terminated, _, info = env.step(tuned.act(obs))
+        if value(info) > best[0]:
+            best = (value(info), env.knobs)
+        if terminated:
+            break
+    return best[1]
