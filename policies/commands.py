@@ -44,6 +44,11 @@ def register(sub: Any) -> None:
         "this long before acting on the real loop; 0: act with the policy as is (default 30)",
     )
     p.add_argument(
+        "--storage",
+        help="also record the best step as a trial of the study of this workload and budget in this storage "
+        "(e.g. sqlite:///studies/autotune.db), next to Optuna's trials",
+    )
+    p.add_argument(
         "--adapt-batch",
         action="store_true",
         help="let the policy grow the effective batch (never below the workload's), rewarded by goodput",
@@ -119,11 +124,34 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         final_knobs = env.knobs
     finally:
         env.close()
+    if args.storage:
+        _record(args, budget, episode, env)
     if args.json:
         print(episode.to_json())
     else:
         _print_episode(episode, final_knobs)
     return 0
+
+
+def _record(args: argparse.Namespace, budget: Any, episode: Any, env: Any) -> None:
+    """The episode's best step as a trial of the study ``autotune study WORKLOAD --memory-budget B``
+    would open in ``--storage`` (created if absent)."""
+    import sys
+
+    from autotune.knobs import Knobs
+    from autotune.search.spec import StudySpec
+    from autotune.search.study import RunOptions, open_study, prepare, record_trial
+
+    best = episode.best
+    c, n = best.config, len(env.workload.block_names())
+    knobs = Knobs(batch_size=c.effective_batch_size, micro_batch_size=c.micro_batch_size,
+                  low_precision_blocks=sum(p != "fp32" for p in c.block_precisions(n)),
+                  checkpoint_blocks=sum(c.block_checkpoints(n)))  # fmt: skip
+    prepared = prepare(StudySpec(workload=args.workload, memory_budget=budget))
+    study = open_study(prepared, RunOptions(storage=args.storage))
+    number = record_trial(study, prepared, knobs, throughput=best.throughput, peak_bytes=best.peak_bytes,
+                          source="policy")  # fmt: skip
+    print(f"recorded as trial {number} of study {study.study_name!r} in {args.storage}", file=sys.stderr)
 
 
 def _fine_tuned(policy: Any, workload: Any, budget: Any, args: argparse.Namespace) -> Any:

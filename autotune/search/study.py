@@ -415,3 +415,32 @@ def run_study(
             gc_after_trial=False,
         )
     return ran
+
+
+def record_trial(
+    study: optuna.Study, prepared: Prepared, knobs: Any, *, throughput: float, peak_bytes: int, source: str
+) -> int:
+    """Add a configuration measured elsewhere (``autotune tune``'s best step) as a completed trial,
+    through Optuna's own protocol (enqueue, ask, suggest, tell), so ``autotune best``, exports
+    and the dashboard show it next to the study's trials. ``source`` goes in the baseline
+    attribute. Returns the trial number."""
+    from autotune.search.objective import set_constraints
+
+    study.enqueue_trial(prepared.space.params(knobs), user_attrs={ATTR.BASELINE: source})
+    trial = study.ask()
+    config = prepared.space.config(prepared.space.suggest(trial))
+    attrs = {
+        ATTR.CONFIG: config.to_dict(),
+        ATTR.STATUS: "ok",
+        ATTR.THROUGHPUT: throughput,
+        ATTR.GOODPUT: throughput,  # at the user's batch: statistical efficiency 1
+        ATTR.EFFICIENCY: 1.0,
+        ATTR.PEAK: peak_bytes,
+        ATTR.PER_GIB: throughput / (peak_bytes / 2**30),
+    }
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    if prepared.memory_budget is not None:
+        set_constraints(trial, [float(peak_bytes - prepared.memory_budget)])
+    study.tell(trial, [throughput, peak_bytes / 2**20])
+    return trial.number
