@@ -206,7 +206,8 @@ class TrainingEnv(TuningEnv):
             self._reduced_failure = one_line(e).rpartition("under fake tensors: ")[2]
             try:
                 self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True, verify=False)
-            except PredictionError:
+            except PredictionError:  # not a precision problem: no memory model for this model
+                self._reduced_failure = None
                 return
         predicted = self._predicted_peak(start)
         self.prediction_verified = predicted is not None and abs(predicted - measured) <= TOLERANCE * measured
