@@ -114,12 +114,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     budget = parse_memory_budget(args.memory_budget)
     policy = load_policy(args.policy or PRETRAINED_DIR)
     workload = load_workload(args.workload)
-    if args.fine_tune_seconds > 0:
-        policy = _fine_tuned(policy, workload, budget, args)
     env = TrainingEnv(workloads=[workload], memory_budget=budget, steps_per_action=args.steps_per_action,
                       horizon=args.steps, ranks=args.ranks, adapt_batch=args.adapt_batch)  # fmt: skip
     try:
-        policy.check_action_space(env.action_space)
+        policy.check_action_space(env.action_space)  # before profiling and fine-tuning (seconds)
+        if args.fine_tune_seconds > 0:
+            policy = _fine_tuned(policy, workload, budget, args)
         episode = run_episode(env, policy, workload=args.workload, seed=args.seed, steps=args.steps)
         final_knobs = env.knobs
     finally:
