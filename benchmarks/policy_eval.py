@@ -15,7 +15,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 from autotune.envs import SimulatedEnv, WorkloadProfile, shipped_profiles
-from autotune.policies.ppo import PRETRAINED_DIR, RANK_CHOICES, evaluate, load_policy
+from autotune.policies.ppo import EPISODE_STEPS, PRETRAINED_DIR, RANK_CHOICES, evaluate, load_policy
 
 
 def main() -> None:
@@ -36,7 +36,8 @@ def main() -> None:
     ]
     for label, profiles, randomize, ranks in settings:
         env = gym.wrappers.TimeLimit(
-            SimulatedEnv(profiles=profiles, randomize=randomize, ranks=ranks), max_episode_steps=16
+            SimulatedEnv(profiles=profiles, randomize=randomize, ranks=ranks, horizon=EPISODE_STEPS),
+            max_episode_steps=EPISODE_STEPS,
         )
         rng = np.random.default_rng(0)
 

@@ -24,6 +24,7 @@ from autotune.envs.knobs import (
 )
 from gymnasium import spaces
 
+from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.measurement.trend import loss_slope
@@ -38,7 +39,7 @@ __all__ = [
     "DIVERGENCE_PENALTY",
 ]
 
-OBSERVATION_SIZE = 18
+OBSERVATION_SIZE = 20
 OVER_BUDGET_PENALTY = 1.0
 DIVERGENCE_PENALTY = 2.0
 RECONFIG_WEIGHT = 1.0
@@ -62,6 +63,7 @@ class MachineDescriptor:
 
     reduced_speed: float  # throughput of a reduced-precision step relative to fp32
     budget_ratio: float  # memory budget / model-state bytes (params + grads + optimizer state)
+    recompute_cost: float = 0.0  # step time with every block recomputed / plain step time - 1
 
 
 class Interval(NamedTuple):
@@ -79,21 +81,27 @@ class Interval(NamedTuple):
 class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     """Shared spec of ``autotune/Training-v0`` and ``autotune/Simulated-v0``.
 
+    The user's effective batch B_0 (micro-batch x accumulation x ranks at reset) is the training
+    maths the user chose (learning rate, schedule): by default no action changes it, and the
+    objective is throughput per GiB of peak memory at that batch. With ``adapt_batch`` the batch
+    may grow, never below B_0, and the objective becomes goodput per GiB (Pollux, Qiao et al.
+    OSDI'21): a larger batch only pays if the gradient noise scale supports it.
+
     ## Action Space
     ``MultiDiscrete([3, 3, 3, 3, 4])``:
 
     | index | knob | values |
     |---|---|---|
-    | 0 | gradient-accumulation steps, level in (1, 2, 4, 8, 16) | 0 down, 1 keep, 2 up |
-    | 1 | micro-batch size, level in (1, 2, ..., 128) | 0 down, 1 keep, 2 up |
+    | 0 | split: micro-batch (1-128) x accumulation (1-128) | 0 micro x2 and accum /2, 1 keep, 2 micro /2 and accum x2 |
+    | 1 | effective batch (only with ``adapt_batch``; otherwise ignored) | 0 halve (never below B_0), 1 keep, 2 double |
     | 2 | blocks in reduced precision: level l puts round(l/4 L) blocks, hungriest first | 0 down, 1 keep, 2 up |
     | 3 | blocks checkpointed (recomputed), same levels and order | 0 down, 1 keep, 2 up |
     | 4 | ZeRO stage 0-3 | min(stage, max_zero_stage): 0 with one rank (where stages 1-2 only add memory) |
 
-    Levels clip at their ends, so every action is valid (no masking).
+    A move the tables cannot take keeps that knob, so every action is valid (no action masking).
 
     ## Observation Space
-    ``Box(-1, 1, (18,), float32)``, each entry normalized and clipped:
+    ``Box(-1, 1, (20,), float32)``, each entry normalized and clipped:
 
     | index | observation | encoding |
     |---|---|---|
@@ -109,18 +117,21 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     | 12 | model: log10 activation bytes per sample | log10(A) / 5 - 1 |
     | 13 | model: number of blocks | log2(L) / 3 - 1 |
     | 14 | model: activation share of the hungriest quarter of blocks | 2 s - 1 |
-    | 15 | machine: reduced-precision speed vs fp32 | log2(r) / 5 |
+    | 15 | machine: reduced-precision speed vs fp32 (measured at reset) | log2(r) / 5 |
     | 16 | machine: memory budget vs model-state bytes | log2(b) / 4 |
     | 17 | machine: data-parallel ranks R (ZeRO divides model states by R) | log2(R) / 3 |
+    | 18 | machine: cost of recomputing every block (measured at reset) | 2 c - 1, c = t_ckpt / t - 1 |
+    | 19 | batch adaptation: -1 when off, else the batch vs the user's | log2(B / B_0) / 4 |
 
     ## Rewards
-    With goodput = throughput x statistical efficiency (Pollux, OSDI'21:
-    (B_noise + B_0) / (B_noise + B), B_0 the episode's starting batch) and G = goodput / peak GiB,
+    With G = throughput / peak GiB at the fixed batch, or, with ``adapt_batch``, goodput / peak
+    GiB, goodput = throughput x (B_noise + B_0) / (B_noise + B) (Pollux; B_noise the gradient noise
+    scale of McCandlish et al. 2018; the efficiency is <= 1 since B >= B_0),
 
         r_t = log G_t - log G_0 - w * reconfig_seconds / train_seconds
 
-    so the return rewards reaching a better configuration quickly and staying there, the batch
-    cannot be inflated past what the gradient noise supports, and a reconfiguration pays the
+    G_0 is the episode's starting configuration, so staying on it earns 0 per step and the return
+    rewards reaching a better configuration quickly and staying there; a reconfiguration pays the
     training time it costs (w = 1). A configuration whose peak would exceed the budget is not
     run (on a GPU it would run out of memory): r = -1 and the knobs stay, so staying on an
     over-budget configuration keeps costing. (The episode's starting configuration is always run
@@ -133,17 +144,21 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's convention)
 
-    def __init__(self, *, horizon: int, max_zero_stage: int = 0) -> None:
+    def __init__(self, *, horizon: int, max_zero_stage: int = 0, adapt_batch: bool = False) -> None:
         self.action_space = spaces.MultiDiscrete([3, 3, 3, 3, ZERO_STAGES])
         self.observation_space = spaces.Box(-1.0, 1.0, (OBSERVATION_SIZE,), dtype=np.float32)
         self.horizon = horizon
         self.max_zero_stage = max_zero_stage
+        if not isinstance(adapt_batch, bool):
+            raise ConfigError(f"adapt_batch must be a bool, but got {adapt_batch!r}.")
+        self.adapt_batch = adapt_batch
         self.ranks = 1  # data-parallel ranks the episode trains on (ZeRO needs more than one)
         self.levels = KnobLevels()
         self._t = 0
         self._first: Interval | None = None
         self._last: Interval | None = None
-        self._batch0 = 1
+        self._batch0 = 1  # global (all ranks)
+        self._levels_batch0 = 1  # one rank's: micro-batch x accumulation
         self._losses: list[float] = []
         self._model: ModelDescriptor | None = None
         self._machine: MachineDescriptor | None = None
@@ -173,6 +188,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         self._t = 0
         self._losses = []
         self._batch0 = self._global_batch(self.levels)
+        self._levels_batch0 = self.levels.effective_batch_size
         first = self._train(self.levels)
         self._first = self._last = first
         self._losses.append(first.loss)
@@ -181,7 +197,13 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         assert self._first is not None and self._last is not None, "call reset() before step()"
         self._t += 1
-        new = apply_action(self.levels, tuple(int(a) for a in action), max_zero_stage=self.max_zero_stage)
+        new = apply_action(
+            self.levels,
+            tuple(int(a) for a in action),
+            max_zero_stage=self.max_zero_stage,
+            adapt_batch=self.adapt_batch,
+            min_batch=self._levels_batch0,
+        )
         if self._peak_bytes(new) > self._budget:  # also when staying on an over-budget config
             return (
                 self._observation(self._last),
@@ -202,7 +224,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
             )
         self._last = result
         self._losses.append(result.loss)
-        score, score0 = self._score(result), self._score(self._first)
+        score, score0 = self.score(result), self.score(self._first)
         reconfig = RECONFIG_WEIGHT * result.reconfig_seconds / max(result.train_seconds, 1e-9)
         reward = score - score0 - reconfig
         terms = {"score": score, "score0": score0, "reconfig": reconfig}
@@ -221,9 +243,12 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         assert self._model is not None, "call reset() first"
         return self.levels.knobs(self._model.num_blocks, ranks=self.ranks)
 
-    def _score(self, r: Interval) -> float:
-        """log(goodput per GiB of peak)."""
-        eff = statistical_efficiency(batch_size=r.batch, base_batch_size=self._batch0, noise_scale=r.b_noise)
+    def score(self, r: Interval) -> float:
+        """log(throughput per GiB of peak) at the user's batch; log(goodput per GiB) with
+        ``adapt_batch`` (the batch is then >= B_0, so the Pollux efficiency is <= 1)."""
+        eff = 1.0
+        if self.adapt_batch:
+            eff = statistical_efficiency(batch_size=r.batch, base_batch_size=self._batch0, noise_scale=r.b_noise)
         return math.log(max(r.throughput * eff, 1e-12) / (r.peak_bytes / GIB))
 
     def _observation(self, r: Interval) -> np.ndarray:
@@ -250,6 +275,8 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
             math.log2(max(mach.reduced_speed, 1e-6)) / 5,
             math.log2(max(mach.budget_ratio, 1e-6)) / 4,
             math.log2(self.ranks) / 3,
+            2.0 * mach.recompute_cost - 1.0,
+            math.log2(self._global_batch(k) / self._batch0) / 4 if self.adapt_batch else -1.0,
         ]
         return np.clip(np.asarray(obs, dtype=np.float32), -1.0, 1.0)
 
@@ -257,6 +284,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         return {
             "levels": self.levels,
             "knobs": self.knobs,
+            "batch": self._global_batch(self.levels),
             "throughput": r.throughput,
             "peak_bytes": r.peak_bytes,
             "b_noise": r.b_noise,

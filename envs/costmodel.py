@@ -49,7 +49,7 @@ import numpy as np
 from autotune.envs.calibration import WorkloadProfile, peak_table_index
 from autotune.envs.knobs import KnobLevels, blocks_at_level
 
-__all__ = ["CPU_ZERO_OVERHEAD", "StepCost", "step_cost", "randomized_profile", "ranking"]
+__all__ = ["CPU_ZERO_OVERHEAD", "StepCost", "step_cost", "randomized_machine", "randomized_profile", "ranking"]
 
 
 @dataclass(frozen=True)
@@ -170,4 +170,17 @@ def randomized_profile(p: WorkloadProfile, rng: np.random.Generator) -> Workload
         blocks_fraction=phi,
         reduced_slowdown=float(math.exp(rng.uniform(math.log(0.3), math.log(30.0)))),
         peak_table=None,  # another model: the block-sum model above
+    )
+
+
+def randomized_machine(p: WorkloadProfile, rng: np.random.Generator) -> WorkloadProfile:
+    """The same model (its exact memory table kept) on another machine: the reduced-precision
+    slowdown drawn log-uniformly in [0.3, 30] (bf16 tensor cores to an AVX2 CPU without bf16
+    units; on this project's AVX-512 CPUs it measured 0.5-1.7) and the recompute cost scaled by
+    a log-uniform factor in [1/2, 2]."""
+    return dataclasses.replace(
+        p,
+        workload=f"{p.workload}~machine",
+        reduced_slowdown=float(math.exp(rng.uniform(math.log(0.3), math.log(30.0)))),
+        recompute_fraction=p.recompute_fraction * float(math.exp(rng.uniform(math.log(0.5), math.log(2.0)))),
     )

@@ -6,6 +6,12 @@ same on every model: accumulation and micro-batch move by powers of two, and pre
 checkpointing by quarters of the blocks: level l of 4 puts round(l/4 * L) blocks in reduced
 precision (or recompute), the ones with the most activation bytes first (``BlockProfile.ranked``),
 where each change saves the most memory. :meth:`KnobLevels.knobs` gives the shared Knobs.
+
+The effective batch (micro-batch x accumulation x ranks) is the user's training maths: its
+learning rate, its schedule, its statistical efficiency. An action therefore moves the *split*
+of the batch (micro-batch x2 and accumulation /2, or the reverse), never the product; only with
+batch adaptation on may the batch change, and then never below the user's (Pollux, Qiao et al.
+OSDI'21, adapts the batch upward from the one the user's learning rate was tuned for).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from autotune.knobs import Knobs
 
 __all__ = ["ACCUM_LEVELS", "MICRO_LEVELS", "FRACTION_LEVELS", "KnobLevels", "knobs_to_config", "apply_action"]
 
-ACCUM_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16)
+ACCUM_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 MICRO_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 FRACTION_LEVELS = 5  # 0, 1/4, 1/2, 3/4, all of the blocks
 ZERO_STAGES = 4
@@ -57,9 +63,14 @@ class KnobLevels:
 
     @classmethod
     def default_for(cls, batch_size: int) -> KnobLevels:
-        """PyTorch's default way to train: the whole batch in one fp32 pass, nothing recomputed."""
-        micro = min(range(len(MICRO_LEVELS)), key=lambda i: abs(math.log2(MICRO_LEVELS[i] / batch_size)))
-        return cls(micro=micro)
+        """PyTorch's default way to train: the whole batch in one fp32 pass, nothing recomputed.
+
+        The batch is rounded to the nearest power of two the tables reach (exact for the powers of
+        two up to 128 x 128); a batch above the largest micro-batch is accumulated.
+        """
+        total = min(range(len(MICRO_LEVELS) + len(ACCUM_LEVELS) - 1), key=lambda i: abs(i - math.log2(batch_size)))
+        micro = min(total, len(MICRO_LEVELS) - 1)
+        return cls(micro=micro, accum=total - micro)
 
     def knobs(self, num_blocks: int, *, reduced: Precision = "bf16", ranks: int = 1) -> Knobs:
         """These levels on a model of ``num_blocks`` blocks with ``ranks`` ranks, as shared Knobs."""
@@ -90,21 +101,49 @@ def knobs_to_config(levels: KnobLevels, ranking: tuple[int, ...], *, reduced: Pr
     return levels.knobs(len(ranking), reduced=reduced, ranks=ranks).to_config(ranking, base=base)
 
 
-def apply_action(knobs: KnobLevels, action: tuple[int, ...], *, max_zero_stage: int) -> KnobLevels:
-    """Apply a MultiDiscrete action ``(accum, micro, precision, checkpoint, zero)``.
+def apply_action(
+    knobs: KnobLevels,
+    action: tuple[int, ...],
+    *,
+    max_zero_stage: int,
+    adapt_batch: bool = False,
+    min_batch: int = 1,
+) -> KnobLevels:
+    """Apply a MultiDiscrete action ``(split, batch, precision, checkpoint, zero)``.
 
-    The first four are deltas (0: down, 1: keep, 2: up) clipped at the ends of their tables; the
-    last is the ZeRO stage, mapped to ``min(stage, max_zero_stage)`` (0 when there is one rank
-    or no ZeRO runner), so every action is valid and no masking is needed.
+    ``split`` (0: fewer, larger micro-batches; 1: keep; 2: more, smaller ones) doubles one of
+    micro-batch and accumulation and halves the other, so the effective batch never changes; a
+    split the tables cannot take (micro-batch 1, or accumulation at its end) keeps the knobs.
+    ``batch`` (0: halve, 1: keep, 2: double) acts only with ``adapt_batch`` and never takes the
+    effective batch (one rank's: the caller divides by the ranks) below ``min_batch``; it moves
+    the accumulation first, so the micro-batch, and with it the activation memory, stays.
+    Precision and checkpoint are deltas clipped at the ends of their tables; the last entry is the
+    ZeRO stage, mapped to ``min(stage, max_zero_stage)`` (0 when there is one rank or no ZeRO
+    runner). Every action is valid: no masking in the action space.
     """
-    a_acc, a_micro, a_prec, a_ckpt, a_zero = (int(x) for x in action)
+    a_split, a_batch, a_prec, a_ckpt, a_zero = (int(x) for x in action)
 
     def step(value: int, delta: int, n: int) -> int:
         return min(max(value + delta - 1, 0), n - 1)
 
+    micro, accum = knobs.micro, knobs.accum
+    if a_split != 1:
+        up = 1 if a_split == 0 else -1  # micro-batch level up by `up`, accumulation down by it
+        if 0 <= micro + up < len(MICRO_LEVELS) and 0 <= accum - up < len(ACCUM_LEVELS):
+            micro, accum = micro + up, accum - up
+    if adapt_batch and a_batch == 2:
+        if accum + 1 < len(ACCUM_LEVELS):
+            accum += 1
+        elif micro + 1 < len(MICRO_LEVELS):
+            micro += 1
+    elif adapt_batch and a_batch == 0 and ACCUM_LEVELS[accum] * MICRO_LEVELS[micro] >= 2 * min_batch:
+        if accum > 0:
+            accum -= 1
+        else:
+            micro -= 1
     return KnobLevels(
-        accum=step(knobs.accum, a_acc, len(ACCUM_LEVELS)),
-        micro=step(knobs.micro, a_micro, len(MICRO_LEVELS)),
+        accum=accum,
+        micro=micro,
         precision=step(knobs.precision, a_prec, FRACTION_LEVELS),
         checkpoint=step(knobs.checkpoint, a_ckpt, FRACTION_LEVELS),
         zero_stage=min(a_zero, max_zero_stage),

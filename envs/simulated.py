@@ -6,6 +6,7 @@ microseconds instead of seconds, so PPO can take the ~10^5 steps it needs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from autotune.envs.calibration import WorkloadProfile, load_profile
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.envs.costmodel import CPU_ZERO_OVERHEAD, StepCost, randomized_profile, step_cost
+from autotune.envs.costmodel import CPU_ZERO_OVERHEAD, StepCost, randomized_machine, randomized_profile, step_cost
 from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels
 
 from autotune.errors import ConfigError
@@ -49,7 +50,12 @@ class SimulatedEnv(TuningEnv):
     - ``memory_budget``: budget as a fraction of the default configuration's peak, or None to
       draw it each episode log-uniformly between the least memory any knobs reach and 1.3x the
       default peak. Budgets are never set below 1.05x that least memory (always feasible).
-    - ``randomize``: domain randomization of model and machine (``randomized_profile``).
+    - ``randomize``: domain randomization (``randomized_profile``): in half of the episodes a
+      synthetic model around the drawn profile on a drawn machine, in the other half the
+      profile's own model (its exact memory table kept) on a drawn machine
+      (``randomized_machine``): reduced-precision speed from a GPU's tensor cores to an AVX2 CPU.
+    - ``adapt_batch``: let the batch action grow the batch (never below the profile's), with
+      goodput in the reward (:class:`TuningEnv`); off by default: the batch is the user's.
     - ``steps_per_action``: optimizer steps per env step (as in the real env).
     - ``noise``: relative standard deviation of simulated throughput measurements.
     - ``horizon``: episode length used to encode the fraction of training budget used.
@@ -76,8 +82,9 @@ class SimulatedEnv(TuningEnv):
         ranks: int | Sequence[int] = 1,
         bandwidth: float | None = None,
         zero_overhead: float | None = None,
+        adapt_batch: bool = False,
     ) -> None:
-        super().__init__(horizon=horizon, max_zero_stage=0)
+        super().__init__(horizon=horizon, max_zero_stage=0, adapt_batch=adapt_batch)
         self.rank_choices = (ranks,) if isinstance(ranks, int) else tuple(ranks)
         if not self.rank_choices or any(not isinstance(r, int) or r < 1 for r in self.rank_choices):
             raise ConfigError(f"ranks must be an int >= 1 or a non-empty sequence of them, but got {ranks!r}.")
@@ -103,7 +110,11 @@ class SimulatedEnv(TuningEnv):
     def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
         rng = self.np_random
         profile = self.profiles[int(rng.integers(len(self.profiles)))]
-        self.profile = randomized_profile(profile, rng) if self.randomize else profile
+        if self.randomize:
+            whole = rng.uniform() < 0.5
+            self.profile = randomized_profile(profile, rng) if whole else randomized_machine(profile, rng)
+        else:
+            self.profile = profile
         self.ranks = self.rank_choices[int(rng.integers(len(self.rank_choices)))]
         self.max_zero_stage = 3 if self.ranks > 1 else 0
         if self.bandwidth_arg is None and self.randomize:
@@ -131,10 +142,16 @@ class SimulatedEnv(TuningEnv):
         return start, describe_model(self.profile), self._machine_descriptor(budget), budget
 
     def _machine_descriptor(self, budget: int) -> MachineDescriptor:
-        full = KnobLevels(precision=FRACTION_LEVELS - 1)
-        plain = KnobLevels()
-        speed = _local_seconds(self.profile, plain) / _local_seconds(self.profile, full)
-        return MachineDescriptor(reduced_speed=speed, budget_ratio=budget / self.profile.model_state_bytes)
+        # The same two ratios TrainingEnv measures at reset, at the episode's starting knobs.
+        plain = KnobLevels.default_for(self.profile.batch_size)
+        full = dataclasses.replace(plain, precision=FRACTION_LEVELS - 1)
+        ckpt = dataclasses.replace(plain, checkpoint=FRACTION_LEVELS - 1)
+        t = _local_seconds(self.profile, plain)
+        return MachineDescriptor(
+            reduced_speed=t / _local_seconds(self.profile, full),
+            budget_ratio=budget / self.profile.model_state_bytes,
+            recompute_cost=_local_seconds(self.profile, ckpt) / t - 1.0,
+        )
 
     def _cost(self, knobs: KnobLevels) -> StepCost:
         return step_cost(

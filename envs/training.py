@@ -4,6 +4,13 @@ Each step applies the agent's knob changes to the live model (per-block wrappers
 accumulation, loss scaling; weights and optimizer state untouched; with several ranks a ZeRO stage
 change rebuilds the DeepSpeed engines and carries that state over), trains a few real optimizer
 steps and measures them. Spaces and reward are :class:`TuningEnv`'s.
+
+Budget safety: a configuration is run only if the memory model
+(:func:`autotune.memory.model.predict_memory`, a fake-tensor profile of the model) predicts it
+within the budget with a margin, and only if that model was verified on this workload (its
+prediction of the starting configuration within 5% of the measured peak): an unverified
+prediction counts as over budget unless the configuration was measured. On a GPU, a config over
+the budget would run out of memory; here it simply is never run.
 """
 
 from __future__ import annotations
@@ -14,13 +21,16 @@ import time
 from collections.abc import Sequence
 
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels, knobs_to_config
+from autotune.envs.knobs import ACCUM_LEVELS, FRACTION_LEVELS, KnobLevels, knobs_to_config
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, one_line
+from autotune.errors import ConfigError, PredictionError, one_line
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.tracker import tracked_step
 from autotune.memory.blocks import profile_blocks
+from autotune.memory.check import TOLERANCE
+from autotune.memory.model import predict_memory
+from autotune.memory.profile import MemoryProfile, profile_memory
 from autotune.procs.session import RankSession, SessionStep
 from autotune.resolve import load_workload
 from autotune.train.base import StepResult
@@ -31,6 +41,10 @@ from autotune.workload import Workload
 __all__ = ["TrainingEnv"]
 
 _MAX_ZERO_STAGE = 3  # DeepSpeed's stages: 0 (data parallel), 1 (+ optimizer state), 2 (+ gradients), 3 (+ parameters)
+#: A configuration runs only if predicted at most (1 - margin) x budget: the memory model is within
+#: 0.03% on the local runner, and real steps differ from fake ones by a few hundred bytes.
+PREDICTION_MARGIN = 0.02
+_OVER = 2**62  # certainly over any budget
 
 
 def _budget(value: MemoryBudget | int | float) -> MemoryBudget:
@@ -47,9 +61,12 @@ class TrainingEnv(TuningEnv):
     """The real training loop as an environment: see :class:`TuningEnv` for spaces and reward.
 
     ## Arguments
-    - ``workloads``: workload references (built-in names, ``file.py:build``, ...); reset picks one
-      with ``self.np_random`` and starts it from the PyTorch-default configuration (fp32, the
-      workload's batch in one micro-batch per rank, nothing recomputed, ZeRO stage 0).
+    - ``workloads``: workload references (built-in names, ``file.py:build``, ...) or Workloads;
+      reset picks one with ``self.np_random`` and starts it from the PyTorch-default
+      configuration (fp32, the workload's batch in one micro-batch per rank, nothing recomputed,
+      ZeRO stage 0). That batch stays the effective batch unless ``adapt_batch``.
+    - ``adapt_batch``: let the agent grow the batch (never below the workload's), rewarded by
+      goodput (:class:`TuningEnv`).
     - ``memory_budget``: a :class:`~autotune.units.MemoryBudget`, bytes (int), or a fraction
       (float) of the default configuration's measured peak (per rank).
     - ``steps_per_action``: real optimizer steps per env step. With one micro-batch per step on
@@ -71,7 +88,11 @@ class TrainingEnv(TuningEnv):
     12.6M-parameter GPT, nothing saved).
 
     Peak memory of each knob setting is measured exactly once per episode (one real step under
-    MemTracker, the highest rank's peak with ranks > 1, then cached: it is identical every time).
+    MemTracker, the highest rank's peak with ranks > 1, then cached: it is identical every time),
+    and with one rank only after the memory model admitted it (module docstring); with ranks > 1
+    the prediction is not used (the profile would need the 16-bit engine's modes) and every
+    setting is measured as before. At reset, the reduced-precision speed and the recompute cost
+    are measured at the largest micro-batch (same batch) the memory model admits under the budget.
     A setting the model cannot run on this machine (one rank: a kernel that raises, such as bf16
     autocast around ``nn.LSTM`` on an AVX2 CPU) is infeasible: refused like an over-budget one,
     with the reason in ``infeasible``; if all-bf16 cannot run, the reduced-precision speed in the
@@ -84,16 +105,17 @@ class TrainingEnv(TuningEnv):
     def __init__(
         self,
         *,
-        workloads: Sequence[str] = ("mlp-digits",),
+        workloads: Sequence[str | Workload] = ("mlp-digits",),
         memory_budget: MemoryBudget | int | float = 1.0,
         steps_per_action: int = 4,
         horizon: int = 16,
         device: str | None = None,
         ranks: int = 1,
+        adapt_batch: bool = False,
     ) -> None:
         if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
             raise ConfigError(f"ranks must be an int >= 1, but got {ranks!r}.")
-        super().__init__(horizon=horizon, max_zero_stage=_MAX_ZERO_STAGE if ranks > 1 else 0)
+        super().__init__(horizon=horizon, max_zero_stage=_MAX_ZERO_STAGE if ranks > 1 else 0, adapt_batch=adapt_batch)
         if not workloads:
             raise ConfigError("TrainingEnv needs at least one workload reference, but got none.")
         if steps_per_action < 2:
@@ -113,7 +135,13 @@ class TrainingEnv(TuningEnv):
         #: Knob settings the model could not run on this machine this episode, with the reason.
         self.infeasible: dict[KnobLevels, str] = {}
         self._model_states = 1  # params + grads + optimizer state, measured with the default knobs
-        self._workloads: dict[str, Workload] = {}
+        self._workloads: dict[int, Workload] = {}
+        self._memory: MemoryProfile | None = None  # the memory model's profile of this episode's model
+        self._reduced_failure: str | None = None  # why reduced precision cannot even be profiled
+        #: Whether the memory model predicted this episode's starting peak within 5%.
+        self.prediction_verified = False
+        #: Every peak measured by a real step this episode (including reset's), in order.
+        self.measured_peaks: list[tuple[KnobLevels, int]] = []
 
     def config_of(self, knobs: KnobLevels) -> TrainConfig:
         """The training configuration that ``knobs`` (knob levels) encode for the current workload."""
@@ -125,10 +153,11 @@ class TrainingEnv(TuningEnv):
         return loop
 
     def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
-        ref = self.workload_refs[int(self.np_random.integers(len(self.workload_refs)))]
-        if ref not in self._workloads:
-            self._workloads[ref] = load_workload(ref)
-        wl = self.workload = self._workloads[ref]
+        i = int(self.np_random.integers(len(self.workload_refs)))
+        if i not in self._workloads:
+            ref = self.workload_refs[i]
+            self._workloads[i] = ref if isinstance(ref, Workload) else load_workload(ref)
+        wl = self.workload = self._workloads[i]
         profile = profile_blocks(wl, micro_batch_size=2)
         self._ranking = profile.ranked()
         # Data parallelism splits the workload's batch over the ranks (so its LR applies as is).
@@ -142,12 +171,14 @@ class TrainingEnv(TuningEnv):
             self.session.start(wl, self.config_of(start))  # a fresh model, in the running ranks
         self._peaks = {}
         self.infeasible = {}
+        self.measured_peaks = []
         self.levels = start
         # Adam (and ZeRO's optimizers) create their state in the first step, after the activation
         # peak: a first step's peak leaves it out (gpt-tiny: 34.0 MB vs 44.1 MB from then on).
         self._loop().step()
-        default_peak = self._peak_bytes(start)
-        budget = self.memory_budget.resolve(lambda: default_peak)
+        default_peak = self._measured_peak(start)
+        budget = self._budget = self.memory_budget.resolve(lambda: default_peak)
+        self._verify_memory_model(wl, start, default_peak)
         bytes_sorted = sorted(profile.saved_bytes, reverse=True)
         quarter = max(1, round(len(bytes_sorted) / 4))
         model = ModelDescriptor(
@@ -156,29 +187,90 @@ class TrainingEnv(TuningEnv):
             num_blocks=len(profile.names),
             top_quarter_share=sum(bytes_sorted[:quarter]) / max(sum(bytes_sorted), 1),
         )
-        machine = MachineDescriptor(reduced_speed=self._reduced_speed(start), budget_ratio=budget / self._model_states)
+        speed, recompute = self._machine_speeds(start)
+        machine = MachineDescriptor(
+            reduced_speed=speed, budget_ratio=budget / self._model_states, recompute_cost=recompute
+        )
         return start, model, machine, budget
 
-    def _reduced_speed(self, knobs: KnobLevels) -> float:
-        """Step throughput with every block in reduced precision relative to fp32, measured here
-        on two real steps each: the simulator's definition (``SimulatedEnv``), so a policy sees
-        the same quantity on both. Costs four training steps per episode (with ranks > 1, two
-        engine rebuilds too: all blocks bf16 is a bf16 engine)."""
-        loop = self._loop()
-        seconds = {}
-        for level in (FRACTION_LEVELS - 1, 0):  # ends back on the starting (fp32) knobs
-            loop.reconfigure(self.config_of(dataclasses.replace(knobs, precision=level)))
+    def _verify_memory_model(self, wl: Workload, start: KnobLevels, measured: int) -> None:
+        """Profile the model for the memory model (fake tensors, seconds) and check its prediction
+        of the starting configuration against the peak just measured. A model whose reduced
+        precision cannot even be profiled (a kernel this CPU lacks raises under fake tensors as it
+        does for real) gets an fp32-only profile, and reduced precision is infeasible."""
+        self._memory, self.prediction_verified, self._reduced_failure = None, False, None
+        if self.ranks > 1:
+            return
+        try:
+            self._memory = profile_memory(wl, modes=("fp32", "bf16"), checkpointed=True, verify=False)
+        except PredictionError as e:
+            self._reduced_failure = one_line(e).rpartition("under fake tensors: ")[2]
             try:
-                seconds[level] = min(loop.step().seconds for _ in range(2))
+                self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True, verify=False)
+            except PredictionError:  # not a precision problem: no memory model for this model
+                self._reduced_failure = None
+                return
+        predicted = self._predicted_peak(start)
+        self.prediction_verified = predicted is not None and abs(predicted - measured) <= TOLERANCE * measured
+
+    def _predicted_peak(self, knobs: KnobLevels) -> int | None:
+        """The memory model's peak of ``knobs``, or None where it has none (no profile, or a
+        precision it could not profile)."""
+        if self._memory is None or self.workload is None:
+            return None
+        try:
+            return predict_memory(self.workload, self.config_of(knobs), profile=self._memory).total
+        except ConfigError:  # the profile lacks the reduced-precision mode
+            return None
+
+    def _admitted(self, knobs: KnobLevels) -> bool:
+        """Whether ``knobs`` may run: measured before within the budget, or predicted within it
+        with the margin by a verified memory model."""
+        if knobs in self._peaks:
+            return self._peaks[knobs] <= self._budget
+        predicted = self._predicted_peak(knobs) if self.prediction_verified else None
+        return predicted is not None and predicted <= (1.0 - PREDICTION_MARGIN) * self._budget
+
+    def _machine_speeds(self, knobs: KnobLevels) -> tuple[float, float]:
+        """Step throughput with every block in reduced precision relative to fp32, and the extra
+        time of recomputing every block, each measured here on two real steps: the simulator's
+        definitions (``SimulatedEnv``), so a policy sees the same quantities on both. Costs six
+        training steps per episode (with ranks > 1, engine rebuilds too: all blocks bf16 is a
+        bf16 engine). With one rank the probes run at the largest micro-batch (same batch) whose
+        probe configurations the memory model admits; if there is none, they are not run and the
+        policy sees neutral values (speed 1, recompute cost 0.5). Reduced precision that cannot
+        run here reads as speed 0."""
+        full = FRACTION_LEVELS - 1
+        probes = {"plain": (0, 0), "recompute": (0, full)}
+        if self._reduced_failure is None:
+            probes["reduced"] = (full, 0)
+        else:
+            self.infeasible[dataclasses.replace(knobs, precision=full)] = self._reduced_failure
+        base = knobs
+        while self.ranks == 1 and not all(
+            self._admitted(dataclasses.replace(base, precision=p, checkpoint=c)) for p, c in probes.values()
+        ):
+            if base.micro == 0 or base.accum + 1 >= len(ACCUM_LEVELS):
+                return (1.0 if "reduced" in probes else 0.0), 0.5
+            base = dataclasses.replace(base, micro=base.micro - 1, accum=base.accum + 1)
+        loop = self._loop()
+        seconds = {"reduced": float("inf")}
+        for key, (p, c) in probes.items():
+            probe = dataclasses.replace(base, precision=p, checkpoint=c)
+            loop.reconfigure(self.config_of(probe))
+            try:
+                seconds[key] = min(loop.step().seconds for _ in range(2))
             except Exception as e:
-                if self.session is not None or level == 0 or is_out_of_memory(e):
+                if self.session is not None or key == "plain" or is_out_of_memory(e):
                     raise
                 # The model cannot run in reduced precision on this machine (oneDNN has no bf16
                 # LSTM primitive on AVX2 CPUs): the policy sees the slowest speed it knows.
                 self._discard_failed_step()
-                self.infeasible[dataclasses.replace(knobs, precision=level)] = one_line(e)
-                seconds[level] = float("inf")
-        return seconds[0] / seconds[FRACTION_LEVELS - 1]
+                self.infeasible[probe] = one_line(e)
+                seconds[key] = float("inf")
+        loop.reconfigure(self.config_of(knobs))  # back on the starting knobs
+        recompute = seconds["recompute"] / seconds["plain"] - 1.0 if seconds["recompute"] < float("inf") else 1.0
+        return seconds["plain"] / seconds["reduced"], recompute
 
     def _discard_failed_step(self) -> None:
         """Drop what a step that raised half-way left behind: partial gradients of its micro-batches."""
@@ -186,6 +278,19 @@ class TrainingEnv(TuningEnv):
         self.trainer.optimizer.zero_grad(set_to_none=True)
 
     def _peak_bytes(self, knobs: KnobLevels) -> int:
+        """The measured peak of ``knobs``, measured only if the memory model admits it (one rank):
+        otherwise the prediction (or, unverified, certainly over budget) and nothing runs."""
+        if knobs in self._peaks or self.ranks > 1:
+            return self._measured_peak(knobs)
+        if self._reduced_failure is not None and knobs.precision > 0:
+            self.infeasible[knobs] = self._reduced_failure
+            return _OVER
+        if not self._admitted(knobs):
+            predicted = self._predicted_peak(knobs) if self.prediction_verified else None
+            return _OVER if predicted is None else max(predicted, self._budget + 1)
+        return self._measured_peak(knobs)
+
+    def _measured_peak(self, knobs: KnobLevels) -> int:
         """Measured once per knob setting (a real training step under MemTracker), then cached.
 
         With ranks > 1, measuring another ZeRO stage builds its engines and then the current ones
@@ -196,6 +301,7 @@ class TrainingEnv(TuningEnv):
             loop.reconfigure(self.config_of(knobs))
             try:
                 self._peaks[knobs], self._model_states = self._tracked_step()
+                self.measured_peaks.append((knobs, self._peaks[knobs]))
             except Exception as e:
                 # 2**62 bytes: certainly over any budget, so the env refuses the setting with the
                 # over-budget penalty. A rank's out-of-memory ends its session with a SessionError

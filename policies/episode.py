@@ -29,6 +29,7 @@ class EpisodeStep:
     step: int
     action: tuple[int, ...] | None
     knobs: str  # Knobs.describe(): batch, split, precision and recompute counts, ZeRO stage
+    batch: int  # the effective batch (all ranks): the user's unless batch adaptation is on
     config: TrainConfig
     throughput: float
     peak_bytes: int
@@ -53,6 +54,13 @@ class Episode:
         return sum(s.reward for s in self.steps if s.reward is not None)
 
     @property
+    def best(self) -> EpisodeStep:
+        """The measured step with the most throughput per GiB of peak within the budget (what a
+        study's best trial is to its trials); the start if none fits (nothing else ran)."""
+        fits = [s for s in self.steps if s.peak_bytes <= self.budget_bytes]
+        return max(fits, key=lambda s: s.throughput / s.peak_bytes) if fits else self.steps[0]
+
+    @property
     def start_config(self) -> TrainConfig:
         return self.steps[0].config
 
@@ -67,6 +75,8 @@ class Episode:
             "return": self.total_reward,
             "start_config": self.start_config.to_dict(),
             "final_config": self.final_config.to_dict(),
+            "best_step": self.best.step,
+            "best_config": self.best.config.to_dict(),
             "steps": [s.to_dict() for s in self.steps],
         }
 
@@ -95,6 +105,7 @@ def _record(
         step=step,
         action=action,
         knobs=env.knobs.describe(),
+        batch=int(info["batch"]),
         config=env.config_of(env.levels),
         throughput=float(info["throughput"]),
         peak_bytes=int(info["peak_bytes"]),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import autotune.envs  # noqa: F401  (registers the environments)
 import gymnasium as gym
 import numpy as np
 import torch
@@ -23,9 +24,23 @@ from autotune.envs.core import OBSERVATION_SIZE
 
 from autotune.errors import ConfigError
 
-__all__ = ["Policy", "train_policy", "save_policy", "load_policy", "evaluate", "PRETRAINED_DIR", "POLICY_FORMAT"]
+__all__ = [
+    "Policy",
+    "train_policy",
+    "save_policy",
+    "load_policy",
+    "evaluate",
+    "simulated_venv",
+    "new_ppo",
+    "PRETRAINED_DIR",
+    "POLICY_FORMAT",
+    "EPISODE_STEPS",
+]
 
-POLICY_FORMAT = 1
+POLICY_FORMAT = 2  # 2: the batch is the user's (split and batch actions), 20 observations
+#: Real env steps of an episode at ``tune`` (each trains a few optimizer steps): the policy is
+#: trained on episodes of this length, so its time observation means the same there.
+EPISODE_STEPS = 8
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 NET_ARCH = (64, 64)
 RANK_CHOICES = (1, 1, 2, 4, 8)  # one rank in 2 of 5 episodes: the common case, where ZeRO is off
@@ -54,6 +69,51 @@ class Policy:
             )
 
 
+def simulated_venv(
+    *,
+    profiles: Sequence[WorkloadProfile] | None,
+    randomize: bool,
+    memory_budget: float | None,
+    n_envs: int,
+    seed: int,
+    adapt_batch: bool = False,
+) -> Any:
+    """Vectorized ``autotune/Simulated-v0`` with episodes of :data:`EPISODE_STEPS` steps."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    # Randomized training also draws the rank count, so the ZeRO action has something to teach.
+    # A callable, not the id: given an id, make_vec_env asks for render_mode="rgb_array", which the
+    # env does not offer (Gymnasium warns).
+    env_kwargs: dict[str, Any] = {"profiles": profiles, "randomize": randomize, "memory_budget": memory_budget,
+                  "ranks": RANK_CHOICES if randomize else 1, "horizon": EPISODE_STEPS,
+                  "adapt_batch": adapt_batch}  # fmt: skip
+    return make_vec_env(
+        lambda: gym.make("autotune/Simulated-v0", max_episode_steps=EPISODE_STEPS, **env_kwargs),
+        n_envs=n_envs,
+        seed=seed,
+    )
+
+
+def new_ppo(venv: Any, *, seed: int, verbose: int = 0, learning_rate: float = 3e-4) -> Any:
+    """SB3 PPO with this project's hyperparameters (one place: training and fine-tuning share them)."""
+    from stable_baselines3 import PPO
+
+    return PPO(
+        "MlpPolicy",
+        venv,
+        n_steps=256,  # x n_envs per rollout: 32 episodes of 8 steps per env between updates
+        batch_size=256,
+        n_epochs=10,
+        gamma=0.9,  # episodes are 8 steps: a short horizon
+        ent_coef=0.01,
+        learning_rate=learning_rate,
+        policy_kwargs={"net_arch": list(NET_ARCH)},
+        seed=seed,
+        verbose=verbose,
+        device="cpu",
+    )
+
+
 def train_policy(
     *,
     timesteps: int,
@@ -63,35 +123,17 @@ def train_policy(
     n_envs: int = 4,
     seed: int = 0,
     verbose: int = 0,
+    init: Policy | None = None,
 ) -> Any:
-    """Train PPO on vectorized simulated envs; returns the SB3 ``PPO`` model."""
+    """Train PPO on vectorized simulated envs (from ``init``'s weights if given); returns the SB3 ``PPO``."""
     if not isinstance(timesteps, int) or isinstance(timesteps, bool) or timesteps < 1:
         raise ConfigError(f"timesteps must be an int >= 1, but got {timesteps!r}.")
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.env_util import make_vec_env
-
     torch.manual_seed(seed)
-    # The registered env (``gym.make``): its TimeLimit comes from the registration's max_episode_steps.
-    # Randomized training also draws the rank count, so the ZeRO action has something to teach.
-    # A callable, not the id: given an id, make_vec_env asks for render_mode="rgb_array", which the
-    # env does not offer (Gymnasium warns).
-    env_kwargs: dict[str, Any] = {"profiles": profiles, "randomize": randomize, "memory_budget": memory_budget,
-                  "ranks": RANK_CHOICES if randomize else 1}  # fmt: skip
-    venv = make_vec_env(lambda: gym.make("autotune/Simulated-v0", **env_kwargs), n_envs=n_envs, seed=seed)
-    model = PPO(
-        "MlpPolicy",
-        venv,
-        n_steps=256,  # x n_envs per rollout: 16 episodes of 16 steps per env between updates
-        batch_size=256,
-        n_epochs=10,
-        gamma=0.95,  # episodes are 16 steps: a short horizon
-        ent_coef=0.01,
-        learning_rate=3e-4,
-        policy_kwargs={"net_arch": list(NET_ARCH)},
-        seed=seed,
-        verbose=verbose,
-        device="cpu",
-    )
+    venv = simulated_venv(profiles=profiles, randomize=randomize, memory_budget=memory_budget, n_envs=n_envs,
+                          seed=seed)  # fmt: skip
+    model = new_ppo(venv, seed=seed, verbose=verbose)
+    if init is not None:
+        model.policy.load_state_dict(init.network.state_dict())
     model.learn(total_timesteps=timesteps)
     return model
 

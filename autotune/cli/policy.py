@@ -35,7 +35,24 @@ def register(sub: Any) -> None:
     p.add_argument("--memory-budget", default="75%",
                    help=f"{BUDGET_HELP}; the percentage is of the default's peak measured on the running loop "
                         "(default 75%%)")  # fmt: skip
-    p.add_argument("--steps", type=int, default=12, help="env steps (each trains --steps-per-action steps)")
+    p.add_argument("--steps", type=int, default=8, help="env steps (each trains --steps-per-action steps; default 8)")
+    p.add_argument(
+        "--fine-tune-seconds",
+        type=float,
+        default=30.0,
+        help="profile the model (seconds) and fine-tune the policy on its calibrated simulator for "
+        "this long before acting on the real loop; 0: act with the policy as is (default 30)",
+    )
+    p.add_argument(
+        "--storage",
+        help="also record the best step as a trial of the study of this workload and budget in this storage "
+        "(e.g. sqlite:///studies/autotune.db), next to Optuna's trials",
+    )
+    p.add_argument(
+        "--adapt-batch",
+        action="store_true",
+        help="let the policy grow the effective batch (never below the workload's), rewarded by goodput",
+    )
     p.add_argument(
         "--steps-per-action", type=int, default=4, help="real optimizer steps per env step, >= 2 (default 4)"
     )
@@ -90,24 +107,70 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from autotune.envs.training import TrainingEnv
     from autotune.policies.episode import run_episode
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
+    from autotune.resolve import load_workload
     from autotune.units import parse_memory_budget
 
     # Everything the user gave is checked before the first real training step (seconds to minutes).
     budget = parse_memory_budget(args.memory_budget)
     policy = load_policy(args.policy or PRETRAINED_DIR)
-    env = TrainingEnv(workloads=[args.workload], memory_budget=budget,
-                      steps_per_action=args.steps_per_action, horizon=args.steps, ranks=args.ranks)  # fmt: skip
+    workload = load_workload(args.workload)
+    env = TrainingEnv(workloads=[workload], memory_budget=budget, steps_per_action=args.steps_per_action,
+                      horizon=args.steps, ranks=args.ranks, adapt_batch=args.adapt_batch)  # fmt: skip
     try:
-        policy.check_action_space(env.action_space)
+        policy.check_action_space(env.action_space)  # before profiling and fine-tuning (seconds)
+        if args.fine_tune_seconds > 0:
+            policy = _fine_tuned(policy, workload, budget, args)
         episode = run_episode(env, policy, workload=args.workload, seed=args.seed, steps=args.steps)
         final_knobs = env.knobs
     finally:
         env.close()
+    if args.storage:
+        _record(args, budget, episode, env)
     if args.json:
         print(episode.to_json())
     else:
         _print_episode(episode, final_knobs)
     return 0
+
+
+def _record(args: argparse.Namespace, budget: Any, episode: Any, env: Any) -> None:
+    """The episode's best step as a trial of the study ``autotune study WORKLOAD --memory-budget B``
+    would open in ``--storage`` (created if absent)."""
+    import sys
+
+    from autotune.knobs import Knobs
+    from autotune.search.spec import StudySpec
+    from autotune.search.study import RunOptions, open_study, prepare, record_trial
+
+    best = episode.best
+    c, n = best.config, len(env.workload.block_names())
+    knobs = Knobs(batch_size=c.effective_batch_size, micro_batch_size=c.micro_batch_size,
+                  low_precision_blocks=sum(p != "fp32" for p in c.block_precisions(n)),
+                  checkpoint_blocks=sum(c.block_checkpoints(n)))  # fmt: skip
+    prepared = prepare(StudySpec(workload=args.workload, memory_budget=budget))
+    study = open_study(prepared, RunOptions(storage=args.storage))
+    number = record_trial(study, prepared, knobs, throughput=best.throughput, peak_bytes=best.peak_bytes,
+                          source="policy")  # fmt: skip
+    print(f"recorded as trial {number} of study {study.study_name!r} in {args.storage}", file=sys.stderr)
+
+
+def _fine_tuned(policy: Any, workload: Any, budget: Any, args: argparse.Namespace) -> Any:
+    """The policy fine-tuned on ``workload``'s calibrated simulator (``policies/transfer.py``)."""
+    from rich.console import Console
+
+    from autotune.envs.costmodel import step_cost
+    from autotune.envs.knobs import KnobLevels
+    from autotune.policies.transfer import fine_tune, profile_for_tuning
+
+    console = Console(stderr=True)
+    with console.status(f"profiling {workload.name} for the simulator"):
+        profile = profile_for_tuning(workload)
+    fraction = budget.fraction
+    if fraction is None:  # bytes: as a fraction of the default's peak the memory model predicts
+        fraction = budget.bytes / step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
+    with console.status(f"fine-tuning the policy on {workload.name}'s simulator ({args.fine_tune_seconds:g} s)"):
+        return fine_tune(policy, profile, memory_budget=fraction, seconds=args.fine_tune_seconds, seed=args.seed,
+                         adapt_batch=args.adapt_batch)  # fmt: skip
 
 
 def _print_episode(episode: Any, final_knobs: Any) -> None:
@@ -128,6 +191,8 @@ def _print_episode(episode: Any, final_knobs: Any) -> None:
     console.print(table)
     console.print(f"return {episode.total_reward:+.3f}; default config: {episode.start_config.to_dict()}")
     console.print(f"final config:   {episode.final_config.to_dict()}")
+    best = episode.best
+    console.print(f"best measured within budget (step {best.step}, {best.knobs}): {best.config.to_dict()}")
     # The shared encoding (autotune.knobs): the same point in a study's terms, to check it there.
     console.print(f"final knobs:    {final_knobs}")
 

@@ -84,6 +84,11 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-memory-model", action="store_true", help="measure every config, even those predicted not to fit"
     )
+    p.add_argument(
+        "--policy-proposal",
+        action="store_true",
+        help="also enqueue the pretrained policy's proposal, fine-tuned on the model's calibrated simulator",
+    )
 
 
 # ---- study -----------------------------------------------------------------------------------------
@@ -152,6 +157,7 @@ def _options(args: argparse.Namespace, **extra: Any) -> RunOptions:
         artifact_dir=args.artifact_dir or DEFAULT_ARTIFACTS,
         device=args.device,
         memory_model=None if args.no_memory_model else RunOptions.memory_model,
+        policy_proposal=getattr(args, "policy_proposal", False),
         **extra,
     )
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from autotune.config import Precision, TrainConfig
-from autotune.errors import SpecError, StudyError
+from autotune.errors import ConfigError, SpecError, StudyError
 from autotune.search.baselines import baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
 from autotune.search.predictor import MemoryPredictor, load_memory_predictor
@@ -70,6 +70,9 @@ class RunOptions:
         create_only: Create the study and enqueue baselines, run no trial.
         dashboard: Save trial notes, the Pareto plot and artifacts for optuna-dashboard.
         memory_model: Module whose ``predict_memory`` skips configs predicted not to fit (None: off).
+        policy_proposal: Also enqueue the pretrained policy's proposal for this model (profiled and
+            fine-tuned on its calibrated simulator, ``autotune.policies.transfer.propose``; tens of
+            seconds before the first trial; needs the ``rl`` extra).
     """
 
     storage: str | None = None
@@ -80,6 +83,7 @@ class RunOptions:
     create_only: bool = False
     dashboard: bool = True
     memory_model: str | None = "autotune.memory.model"
+    policy_proposal: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,8 +316,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def enqueue_baselines(study: optuna.Study, prepared: Prepared, predictor: MemoryPredictor | None) -> list[str]:
-    """Enqueue each baseline not yet tried, waiting or running (first run, or after a crash)."""
+def enqueue_baselines(
+    study: optuna.Study, prepared: Prepared, predictor: MemoryPredictor | None, *, policy_proposal: bool = False
+) -> list[str]:
+    """Enqueue each baseline not yet tried, waiting or running (first run, or after a crash), and
+    with ``policy_proposal`` the pretrained policy's proposal (baseline name ``policy``)."""
     from optuna.trial import TrialState
 
     present = {
@@ -337,6 +344,16 @@ def enqueue_baselines(study: optuna.Study, prepared: Prepared, predictor: Memory
         if b.name not in present:
             study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
             added.append(b.name)
+    if policy_proposal and "policy" not in present:
+        from autotune.policies.transfer import propose
+
+        knobs = propose(prepared.workload, memory_budget=budget)
+        try:
+            params = prepared.space.params(knobs)
+        except ConfigError:  # the proposal lies outside this study's space: nothing to enqueue
+            return added
+        study.enqueue_trial(params, user_attrs={ATTR.BASELINE: "policy"})
+        added.append("policy")
     return added
 
 
@@ -357,7 +374,7 @@ def run_study(
     recover_interrupted(study)
     predictor = None if options.memory_model is None else load_memory_predictor(options.memory_model)
     if not options.worker:
-        enqueue_baselines(study, prepared, predictor)
+        enqueue_baselines(study, prepared, predictor, policy_proposal=options.policy_proposal)
     remaining = spec.trials - count_done(study)
     if remaining <= 0 or options.create_only:
         return 0
@@ -398,3 +415,32 @@ def run_study(
             gc_after_trial=False,
         )
     return ran
+
+
+def record_trial(
+    study: optuna.Study, prepared: Prepared, knobs: Any, *, throughput: float, peak_bytes: int, source: str
+) -> int:
+    """Add a configuration measured elsewhere (``autotune tune``'s best step) as a completed trial,
+    through Optuna's own protocol (enqueue, ask, suggest, tell), so ``autotune best``, exports
+    and the dashboard show it next to the study's trials. ``source`` goes in the baseline
+    attribute. Returns the trial number."""
+    from autotune.search.objective import set_constraints
+
+    study.enqueue_trial(prepared.space.params(knobs), user_attrs={ATTR.BASELINE: source})
+    trial = study.ask()
+    config = prepared.space.config(prepared.space.suggest(trial))
+    attrs = {
+        ATTR.CONFIG: config.to_dict(),
+        ATTR.STATUS: "ok",
+        ATTR.THROUGHPUT: throughput,
+        ATTR.GOODPUT: throughput,  # at the user's batch: statistical efficiency 1
+        ATTR.EFFICIENCY: 1.0,
+        ATTR.PEAK: peak_bytes,
+        ATTR.PER_GIB: throughput / (peak_bytes / 2**30),
+    }
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    if prepared.memory_budget is not None:
+        set_constraints(trial, [float(peak_bytes - prepared.memory_budget)])
+    study.tell(trial, [throughput, peak_bytes / 2**20])
+    return trial.number

@@ -136,7 +136,9 @@ def bad_policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (root / name / "policy.json").write_text(text)
         (root / name / "policy.safetensors").write_bytes(tensors)
     other = ActorCriticPolicy(
-        gym.spaces.Box(-1.0, 1.0, (18,), dtype=np.float32), gym.spaces.MultiDiscrete([3, 3, 3]), lambda _: 0.0
+        gym.spaces.Box(-1.0, 1.0, (meta["observation_size"],), dtype=np.float32),
+        gym.spaces.MultiDiscrete([3, 3, 3]),
+        lambda _: 0.0,
     )
     (root / "other-actions").mkdir()
     save_file(other.state_dict(), str(root / "other-actions" / "policy.safetensors"))

@@ -22,15 +22,40 @@ def test_levels_pick_the_hungriest_blocks_first() -> None:
 
 def test_actions_are_deltas_clipped_at_the_ends_and_zero_is_mapped() -> None:
     k = KnobLevels(accum=0, micro=7, precision=4, checkpoint=2)
-    assert apply_action(k, (0, 2, 2, 0, 3), max_zero_stage=0) == KnobLevels(accum=0, micro=7, precision=4, checkpoint=1)
-    assert apply_action(k, (2, 0, 1, 1, 3), max_zero_stage=2).zero_stage == 2
+    assert apply_action(k, (1, 1, 2, 0, 3), max_zero_stage=0) == KnobLevels(accum=0, micro=7, precision=4, checkpoint=1)
+    assert apply_action(k, (1, 1, 1, 1, 3), max_zero_stage=2).zero_stage == 2
     assert apply_action(k, (1, 1, 1, 1, 0), max_zero_stage=3) == k
 
 
-def test_default_knobs_follow_the_workload_batch() -> None:
+def test_the_split_action_moves_micro_batch_and_accumulation_never_the_batch() -> None:
+    k = KnobLevels(accum=0, micro=5)  # 32 x 1
+    smaller = apply_action(k, (2, 1, 1, 1, 0), max_zero_stage=0)
+    assert (smaller.micro_batch_size, smaller.accum_steps) == (16, 2)
+    assert apply_action(smaller, (0, 1, 1, 1, 0), max_zero_stage=0) == k
+    assert apply_action(k, (0, 1, 1, 1, 0), max_zero_stage=0) == k  # accumulation 1 cannot halve
+    one = KnobLevels(accum=5, micro=0)  # 1 x 32
+    assert apply_action(one, (2, 1, 1, 1, 0), max_zero_stage=0) == one  # micro-batch 1 cannot halve
+    # the batch action is ignored without batch adaptation
+    assert apply_action(k, (1, 2, 1, 1, 0), max_zero_stage=0) == k
+    assert apply_action(k, (1, 0, 1, 1, 0), max_zero_stage=0) == k
+
+
+def test_batch_adaptation_grows_by_accumulation_and_never_goes_below_the_minimum() -> None:
+    k = KnobLevels(accum=0, micro=5)
+    grown = apply_action(k, (1, 2, 1, 1, 0), max_zero_stage=0, adapt_batch=True, min_batch=32)
+    assert (grown.micro_batch_size, grown.accum_steps) == (32, 2)
+    assert apply_action(grown, (1, 0, 1, 1, 0), max_zero_stage=0, adapt_batch=True, min_batch=32) == k
+    assert apply_action(k, (1, 0, 1, 1, 0), max_zero_stage=0, adapt_batch=True, min_batch=32) == k
+    top = KnobLevels(accum=7, micro=6)
+    assert apply_action(top, (1, 2, 1, 1, 0), max_zero_stage=0, adapt_batch=True).micro == 7
+
+
+def test_default_knobs_keep_the_workload_batch() -> None:
     assert KnobLevels.default_for(32).micro_batch_size == 32
     assert KnobLevels.default_for(24).micro_batch_size in (16, 32)
-    assert KnobLevels.default_for(1000).micro_batch_size == 128
+    big = KnobLevels.default_for(1024)
+    assert (big.micro_batch_size, big.accum_steps) == (128, 8)
+    assert KnobLevels.default_for(1).effective_batch_size == 1
 
 
 def test_invalid_knobs() -> None:

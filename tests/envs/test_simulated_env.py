@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from autotune.envs import SimulatedEnv, WorkloadProfile, calibrate, load_profile, save_profile, shipped_profiles
 from autotune.envs.calibration import peak_table_index
+from autotune.envs.core import OBSERVATION_SIZE
 from autotune.envs.costmodel import step_cost
 from autotune.envs.knobs import KnobLevels, knobs_to_config
 from gymnasium.utils.env_checker import check_env
@@ -75,7 +76,7 @@ def test_calibration_round_trips_through_json(tmp_path: Path) -> None:
     env = SimulatedEnv(profiles=[again], memory_budget=0.8)
     obs, info = env.reset(seed=0)
     assert info["budget_bytes"] < info["peak_bytes"]  # 0.8 of the default's peak
-    assert obs.shape == (18,)
+    assert obs.shape == (OBSERVATION_SIZE,)
 
 
 def test_calibrated_memory_is_the_measured_peak(tmp_path: Path) -> None:

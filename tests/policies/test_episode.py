@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,8 @@ TINY = TINY_WORKLOAD
 
 
 def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--json"])
+    code = main(["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--fine-tune-seconds", "0",
+                 "--json"])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
     episode = json.loads(out)
@@ -28,3 +30,25 @@ def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:
     # The default budget is 75% of the starting configuration's measured peak.
     assert episode["budget_bytes"] == int(0.75 * steps[0]["peak_bytes"])
     assert all(s["peak_bytes"] > 0 and s["throughput"] > 0 for s in steps)
+    assert all(s["batch"] == steps[0]["batch"] for s in steps)  # the user's batch, held
+    best = steps[episode["best_step"]]
+    assert TrainConfig.from_dict(episode["best_config"]) == TrainConfig.from_dict(best["config"])
+
+
+def test_tune_records_its_best_step_as_a_study_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import optuna
+
+    from autotune.search.record import ATTR
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    code = main(["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--fine-tune-seconds", "0",
+                 "--memory-budget", "90%", "--storage", storage, "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    episode = json.loads(out)
+    (summary,) = optuna.get_all_study_summaries(storage)
+    (trial,) = optuna.load_study(study_name=summary.study_name, storage=storage).trials
+    best = episode["steps"][episode["best_step"]]
+    assert trial.state.name == "COMPLETE" and trial.user_attrs[ATTR.BASELINE] == "policy"
+    assert trial.values == [best["throughput"], best["peak_bytes"] / 2**20]
+    assert TrainConfig.from_dict(trial.user_attrs[ATTR.CONFIG]) == TrainConfig.from_dict(episode["best_config"])

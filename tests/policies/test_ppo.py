@@ -4,13 +4,16 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
-from autotune.envs import SimulatedEnv
-from autotune.policies.ppo import evaluate, load_policy, save_policy, train_policy
+from autotune.envs import SimulatedEnv, shipped_profiles
+from autotune.envs.core import OBSERVATION_SIZE
+from autotune.policies.ppo import EPISODE_STEPS, evaluate, load_policy, save_policy, train_policy
+from autotune.policies.transfer import fine_tune
 
 
 def _env() -> gym.Env[np.ndarray, np.ndarray]:
-    return gym.wrappers.TimeLimit(SimulatedEnv(randomize=False), max_episode_steps=16)
+    return gym.wrappers.TimeLimit(SimulatedEnv(randomize=False, horizon=EPISODE_STEPS), max_episode_steps=EPISODE_STEPS)
 
 
 def test_ppo_beats_random_and_always_keep_on_the_simulator(tmp_path: Path) -> None:
@@ -24,7 +27,7 @@ def test_ppo_beats_random_and_always_keep_on_the_simulator(tmp_path: Path) -> No
     save_policy(model, tmp_path / "p", trained_on=["shipped profiles"], timesteps=12_000)
     assert sorted(f.name for f in (tmp_path / "p").iterdir()) == ["policy.json", "policy.safetensors"]
     loaded = load_policy(tmp_path / "p")
-    obs = torch.rand(32, 18).numpy() * 2 - 1
+    obs = torch.rand(32, OBSERVATION_SIZE).numpy() * 2 - 1
     assert np.array_equal(loaded.act(obs), model.predict(obs, deterministic=True)[0])
 
 
@@ -32,7 +35,30 @@ def test_the_shipped_policy_loads_and_beats_always_keep() -> None:
     """The pretrained policy matches this code's spaces and still does better than doing nothing
     on the calibrated profiles (the README's table has the full evaluation)."""
     policy = load_policy()
-    assert policy.metadata["observation_size"] == 18 and policy.metadata["action_nvec"] == [3, 3, 3, 3, 4]
+    assert policy.metadata["observation_size"] == OBSERVATION_SIZE
+    assert policy.metadata["action_nvec"] == [3, 3, 3, 3, 4]
     shipped = evaluate(policy.act, _env(), episodes=24, seed=2000)
     keep = evaluate(lambda o: np.array([1, 1, 1, 1, 0]), _env(), episodes=24, seed=2000)
     assert shipped > keep, (shipped, keep)
+
+
+def test_the_shipped_policy_loads_without_unpickling(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a policy file must load without pickle")
+
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    policy = load_policy()
+    assert policy.act(np.zeros(OBSERVATION_SIZE, dtype=np.float32)).shape == (5,)
+
+
+def test_fine_tuning_on_one_profile_is_bounded_and_keeps_the_spaces() -> None:
+    policy = load_policy()
+    profile = next(p for p in shipped_profiles() if p.workload == "mlp-digits")
+    tuned = fine_tune(policy, profile, memory_budget=0.75, seconds=0.5, n_envs=1)
+    assert tuned.metadata["fine_tuned"]["on"] == "mlp-digits" and tuned.metadata["fine_tuned"]["steps"] >= 256
+    assert tuned.act(np.zeros(OBSERVATION_SIZE, dtype=np.float32)).shape == (5,)
+    assert fine_tune(policy, profile, memory_budget=0.75, seconds=0) is policy

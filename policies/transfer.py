@@ -1,0 +1,120 @@
+"""Transfer by design: profile the new model, fine-tune the pretrained policy on its calibrated
+simulator for bounded time, then act on the real loop.
+
+GDP (Zhou et al. 2019) pretrains a placement policy over many graphs and fine-tunes it on the new
+one; DreamShard (Zha et al. NeurIPS'22) trains on a learned cost model instead of the hardware.
+Here the cost model is the simulator calibrated on the new model and this machine
+(:func:`autotune.envs.calibration.calibrate`: its exact memory table, its reduced-precision speed
+and recompute cost measured here, seconds for small models), so the policy that then acts on the
+real training loop has already seen *this* model on *this* machine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+from autotune.envs.calibration import WorkloadProfile, calibrate
+from autotune.policies.ppo import Policy, new_ppo, simulated_venv
+
+from autotune.errors import ConfigError
+from autotune.knobs import Knobs
+from autotune.workload import Workload
+
+__all__ = ["profile_for_tuning", "fine_tune", "propose"]
+
+
+def profile_for_tuning(workload: Workload, *, curve_steps: int = 12) -> WorkloadProfile:
+    """The calibrated simulator's profile of ``workload`` on this machine. The loss and noise
+    curves only matter with batch adaptation: a short one keeps this to the cost of the timed
+    configurations and the memory table."""
+    return calibrate(workload, curve_steps=curve_steps)
+
+
+def fine_tune(
+    policy: Policy,
+    profile: WorkloadProfile,
+    *,
+    memory_budget: float,
+    seconds: float,
+    seed: int = 0,
+    n_envs: int = 4,
+    adapt_batch: bool = False,
+) -> Policy:
+    """PPO from ``policy``'s weights on ``profile``'s simulator at ``memory_budget`` (fraction of
+    the default's peak), for about ``seconds`` of wall time (checked after each rollout of
+    ``256 x n_envs`` steps, then updated on: ~2-4 s here, at least one). ``seconds <= 0`` returns
+    ``policy`` unchanged."""
+    if not np.isfinite(seconds):
+        raise ConfigError(f"seconds must be a finite number, but got {seconds!r}.")
+    if seconds <= 0:
+        return policy
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class _Deadline(BaseCallback):
+        """Stops learning at the first rollout that ends past the deadline, after its update
+        (stopping inside a rollout would drop it without an update)."""
+
+        def __init__(self, deadline: float) -> None:
+            super().__init__()
+            self.deadline = deadline
+            self.stop = False
+
+        def _on_rollout_end(self) -> None:
+            self.stop = time.perf_counter() >= self.deadline
+
+        def _on_step(self) -> bool:
+            return not self.stop
+
+    venv = simulated_venv(profiles=[profile], randomize=False, memory_budget=memory_budget, n_envs=n_envs,
+                          seed=seed, adapt_batch=adapt_batch)  # fmt: skip
+    model: Any = new_ppo(venv, seed=seed, learning_rate=1e-4)
+    model.policy.load_state_dict(policy.network.state_dict())
+    start = time.perf_counter()
+    model.learn(total_timesteps=10**9, callback=_Deadline(start + seconds))
+    model.policy.set_training_mode(False)
+    meta = dict(policy.metadata)
+    meta["fine_tuned"] = {"on": profile.workload, "steps": int(model.num_timesteps),
+                          "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+    return Policy(network=model.policy, metadata=meta, directory=policy.directory)
+
+
+def propose(
+    workload: Workload,
+    *,
+    memory_budget: int | None,
+    seconds: float = 10.0,
+    policy: Policy | None = None,
+    seed: int = 0,
+) -> Knobs:
+    """The policy's proposal for ``workload`` without a real env step: profile the model, fine-tune
+    the (pretrained) policy on its calibrated simulator for ``seconds``, play one deterministic
+    episode there and return the best configuration it reached within ``memory_budget`` (bytes
+    per rank; None: the default's peak), as shared :class:`~autotune.Knobs`. ``autotune study``
+    enqueues it next to its baselines (one more measured trial)."""
+    from autotune.envs.costmodel import step_cost
+    from autotune.envs.knobs import KnobLevels
+    from autotune.envs.simulated import SimulatedEnv
+    from autotune.policies.ppo import EPISODE_STEPS, load_policy
+
+    profile = profile_for_tuning(workload)
+    default_peak = step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
+    fraction = 1.0 if memory_budget is None else memory_budget / default_peak
+    tuned = fine_tune(policy or load_policy(), profile, memory_budget=fraction, seconds=seconds, seed=seed)
+    env = SimulatedEnv(profiles=[profile], memory_budget=fraction, noise=0.0, horizon=EPISODE_STEPS)
+    obs, info = env.reset(seed=seed)
+
+    def value(info: dict[str, Any]) -> float:  # throughput per byte at the fixed batch, within budget
+        fits = info["peak_bytes"] <= info["budget_bytes"]
+        return float(info["throughput"]) / float(info["peak_bytes"]) if fits else -math.inf
+
+    best: tuple[float, Knobs] = (value(info), env.knobs)
+    for _ in range(EPISODE_STEPS):
+        obs, _, terminated, _, info = env.step(tuned.act(obs))
+        if value(info) > best[0]:
+            best = (value(info), env.knobs)
+        if terminated:
+            break
+    return best[1]
