@@ -339,7 +339,7 @@ def _curves(
     seen = 0
     try:
         for _ in range(steps):
-            r = trainer.step(split=2 if micro % 2 == 0 else 1)
+            r = trainer.step(split=trainer.noise_split)
             seen += r.samples
             b = trainer.gns.estimate().b_simple
             samples.append(float(seen))

@@ -35,6 +35,7 @@ __all__ = [
     "ModelDescriptor",
     "TuningEnv",
     "OBSERVATION_SIZE",
+    "observation_vector",
     "OVER_BUDGET_PENALTY",
     "DIVERGENCE_PENALTY",
 ]
@@ -253,32 +254,21 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _observation(self, r: Interval) -> np.ndarray:
         assert self._first is not None and self._model is not None and self._machine is not None
-        k, m, mach = self.levels, self._model, self._machine
-        b_noise = 0.0 if r.b_noise is None or r.b_noise <= 0 else math.log2(r.b_noise / self._global_batch(k)) / 5
-        loss0 = self._first.loss if self._first.loss != 0 else 1.0
-        obs = [
-            b_noise,
-            r.peak_bytes / self._budget - 1.0,
-            10.0 * (loss_slope(self._losses[-4:]) or 0.0) / max(abs(r.loss), 1e-9),
-            r.loss / loss0 - 1.0,
-            math.log2(max(r.throughput, 1e-12) / max(self._first.throughput, 1e-12)) / 4,
-            2.0 * self._t / self.horizon - 1.0,
-            2.0 * k.accum / (len(ACCUM_LEVELS) - 1) - 1.0,
-            2.0 * k.micro / (len(MICRO_LEVELS) - 1) - 1.0,
-            2.0 * k.precision / (FRACTION_LEVELS - 1) - 1.0,
-            2.0 * k.checkpoint / (FRACTION_LEVELS - 1) - 1.0,
-            2.0 * k.zero_stage / (ZERO_STAGES - 1) - 1.0,
-            math.log10(max(m.num_parameters, 1)) / 5 - 1.0,
-            math.log10(max(m.activation_bytes_per_sample, 1.0)) / 5 - 1.0,
-            math.log2(max(m.num_blocks, 1)) / 3 - 1.0,
-            2.0 * m.top_quarter_share - 1.0,
-            math.log2(max(mach.reduced_speed, 1e-6)) / 5,
-            math.log2(max(mach.budget_ratio, 1e-6)) / 4,
-            math.log2(self.ranks) / 3,
-            2.0 * mach.recompute_cost - 1.0,
-            math.log2(self._global_batch(k) / self._batch0) / 4 if self.adapt_batch else -1.0,
-        ]
-        return np.clip(np.asarray(obs, dtype=np.float32), -1.0, 1.0)
+        return observation_vector(
+            r,
+            first=self._first,
+            losses=self._losses,
+            t=self._t,
+            horizon=self.horizon,
+            levels=self.levels,
+            model=self._model,
+            machine=self._machine,
+            budget=self._budget,
+            batch=self._global_batch(self.levels),
+            batch0=self._batch0,
+            ranks=self.ranks,
+            adapt_batch=self.adapt_batch,
+        )
 
     def _info(self, r: Interval, *, reward_terms: dict[str, float] | None) -> dict[str, Any]:
         return {
@@ -292,3 +282,52 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
             "budget_bytes": self._budget,
             "reward_terms": reward_terms or {},
         }
+
+
+def observation_vector(
+    r: Interval,
+    *,
+    first: Interval,
+    losses: list[float],
+    t: int,
+    horizon: int,
+    levels: KnobLevels,
+    model: ModelDescriptor,
+    machine: MachineDescriptor,
+    budget: int,
+    batch: int,
+    batch0: int,
+    ranks: int,
+    adapt_batch: bool,
+) -> np.ndarray:
+    """The observation (the table in :class:`TuningEnv`'s docstring), from what a run measured.
+
+    One implementation for the environments and for a policy acting on a user's own run
+    (:class:`autotune.adapt.policy.PolicySource`): a policy sees the same numbers wherever it acts.
+    """
+    k, m, mach = levels, model, machine
+    b_noise = 0.0 if r.b_noise is None or r.b_noise <= 0 else math.log2(r.b_noise / batch) / 5
+    loss0 = first.loss if first.loss != 0 else 1.0
+    obs = [
+        b_noise,
+        r.peak_bytes / budget - 1.0,
+        10.0 * (loss_slope(losses[-4:]) or 0.0) / max(abs(r.loss), 1e-9),
+        r.loss / loss0 - 1.0,
+        math.log2(max(r.throughput, 1e-12) / max(first.throughput, 1e-12)) / 4,
+        2.0 * t / horizon - 1.0,
+        2.0 * k.accum / (len(ACCUM_LEVELS) - 1) - 1.0,
+        2.0 * k.micro / (len(MICRO_LEVELS) - 1) - 1.0,
+        2.0 * k.precision / (FRACTION_LEVELS - 1) - 1.0,
+        2.0 * k.checkpoint / (FRACTION_LEVELS - 1) - 1.0,
+        2.0 * k.zero_stage / (ZERO_STAGES - 1) - 1.0,
+        math.log10(max(m.num_parameters, 1)) / 5 - 1.0,
+        math.log10(max(m.activation_bytes_per_sample, 1.0)) / 5 - 1.0,
+        math.log2(max(m.num_blocks, 1)) / 3 - 1.0,
+        2.0 * m.top_quarter_share - 1.0,
+        math.log2(max(mach.reduced_speed, 1e-6)) / 5,
+        math.log2(max(mach.budget_ratio, 1e-6)) / 4,
+        math.log2(ranks) / 3,
+        2.0 * mach.recompute_cost - 1.0,
+        math.log2(batch / batch0) / 4 if adapt_batch else -1.0,
+    ]
+    return np.clip(np.asarray(obs, dtype=np.float32), -1.0, 1.0)

@@ -338,7 +338,7 @@ class TrainingEnv(TuningEnv):
         reconfig = time.perf_counter() - t0
         results: list[StepResult | SessionStep] = []
         local = self.trainer
-        if local is not None and knobs.accum_steps == 1 and knobs.micro_batch_size % 2 == 0:
+        if local is not None and local.noise_split == 2:
             results.append(local.step(split=2))  # the noise estimate's second batch size
         timed = [loop.step() for _ in range(self.steps_per_action - len(results))]
         results += timed

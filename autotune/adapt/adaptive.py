@@ -233,7 +233,7 @@ class Adaptive:
                 # A percentage is of the default's peak: its measurement replaces its prediction
                 # (they differ by a few hundred bytes on the local runner).
                 self.budget_bytes = self.gate.budget = max(self.budget_bytes, int(peak * self._fraction))
-        elif self._noise and decision_due and config.grad_accum_steps == 1 and config.micro_batch_size % 2 == 0:
+        elif self._noise and decision_due and t.noise_split == 2:
             result = t.step(split=2)  # two batch sizes for the noise estimate: same gradient
         else:
             result = t.step()

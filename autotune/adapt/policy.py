@@ -3,15 +3,17 @@
 The policy sees the observation vector of the tuning environments (:class:`autotune.envs.core.TuningEnv`'s
 table: gradient noise, memory pressure, loss trend, throughput, knob levels, model and machine
 descriptors) built from what the user's run measured, and answers with a ``MultiDiscrete`` action.
-Its batch moves keep the user's effective batch: "more accumulation" and "smaller micro-batch"
-both halve the micro-batch and double the accumulation (and the reverse), never changing their
-product. Precision and checkpointing move by quarters of the blocks, hungriest first. The ZeRO
-action is ignored here (one process).
+Its actions mean what they mean in the environments (:func:`autotune.envs.knobs.apply_action`):
+the split of the user's effective batch moves (micro-batch x2 and accumulation /2, or the
+reverse), never the batch; precision and checkpointing move by quarters of the blocks, hungriest
+first; no ZeRO (one process). A split the environments' level tables cannot express (a batch that
+is not a power of two) gets no proposal.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -21,18 +23,17 @@ import torch
 
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
 from autotune.errors import MissingDependencyError
-from autotune.knobs import Knobs
-from autotune.measurement.trend import loss_slope
 from autotune.train.wrappers import apply_block_knobs
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from autotune.config import TrainConfig
+    from autotune.envs.core import MachineDescriptor, ModelDescriptor
+    from autotune.envs.knobs import KnobLevels
     from autotune.workload import Workload
 
 __all__ = ["PolicySource"]
-
-_LEVELS = 4  # precision / checkpoint levels: quarters of the blocks (FRACTION_LEVELS - 1)
 
 
 def _load(directory: Path | None) -> Any:
@@ -59,12 +60,14 @@ class PolicySource(DecisionSource):
         self.policy = _load(None if directory is None else Path(directory))
         self.horizon = horizon
         self._context: RunContext | None = None
-        self._descriptor: tuple[float, ...] = ()
+        self._model: ModelDescriptor | None = None
+        self._machine: MachineDescriptor | None = None
         self._decisions = 0
         self._first: Observation | None = None
         self._reduced_ok = True
 
     def start(self, context: RunContext) -> None:
+        from autotune.envs.core import MachineDescriptor, ModelDescriptor
         from autotune.memory.blocks import profile_blocks
 
         self._context = context
@@ -75,77 +78,85 @@ class PolicySource(DecisionSource):
         self._reduced_ok = speed > 0
         model = context.workload.model
         states = sum(p.numel() * p.element_size() for p in model.parameters()) * 4  # params, grads, Adam's two moments
-        self._descriptor = (
-            math.log10(max(sum(p.numel() for p in model.parameters()), 1)) / 5 - 1.0,
-            math.log10(max(sum(profile.saved_bytes) / profile.micro_batch_size, 1.0)) / 5 - 1.0,
-            math.log2(max(len(profile.names), 1)) / 3 - 1.0,
-            2.0 * sum(saved[:quarter]) / max(sum(saved), 1) - 1.0,
-            math.log2(max(speed, 1e-6)) / 5,
-            math.log2(max(context.budget_bytes / states, 1e-6)) / 4,
-            0.0,  # log2(ranks) / 3 with one rank
+        self._model = ModelDescriptor(
+            num_parameters=sum(p.numel() for p in model.parameters()),
+            activation_bytes_per_sample=sum(profile.saved_bytes) / profile.micro_batch_size,
+            num_blocks=len(profile.names),
+            top_quarter_share=sum(saved[:quarter]) / max(sum(saved), 1),
         )
+        # The recompute cost is not measured on the user's run (it would cost a recomputed step):
+        # 0 reads as "recompute is free", the optimistic end of what the policy was trained on.
+        self._machine = MachineDescriptor(reduced_speed=max(speed, 1e-6), budget_ratio=context.budget_bytes / states)
 
     def observation(self, obs: Observation) -> np.ndarray:
-        """The environments' observation vector (see ``TuningEnv``'s table) for ``obs``."""
-        import numpy as np
+        """The environments' observation vector (:func:`autotune.envs.core.observation_vector`) for ``obs``."""
+        from autotune.envs.core import Interval, observation_vector
 
         assert self._context is not None and self._first is not None, "start() and a first observation"
-        c, n, first = obs.config, len(self._context.ranking), self._first
-        batch = c.effective_batch_size
-        b_noise = 0.0 if obs.b_noise is None or obs.b_noise <= 0 else math.log2(obs.b_noise / batch) / 5
-        loss = obs.losses[-1] if obs.losses else 0.0
-        loss0 = first.losses[-1] if first.losses and first.losses[-1] != 0 else 1.0
-        low = sum(p != "fp32" for p in c.block_precisions(n))
-        ckpt = sum(c.block_checkpoints(n))
-        values = [
-            b_noise,
-            obs.peak_bytes / self._context.budget_bytes - 1.0,
-            10.0 * (loss_slope(list(obs.losses[-4:])) or 0.0) / max(abs(loss), 1e-9),
-            loss / loss0 - 1.0,
-            math.log2(max(obs.throughput, 1e-12) / max(first.throughput, 1e-12)) / 4,
-            2.0 * min(self._decisions, self.horizon) / self.horizon - 1.0,
-            2.0 * min(math.log2(c.grad_accum_steps), 4) / 4 - 1.0,  # ACCUM_LEVELS 1..16
-            2.0 * min(math.log2(c.micro_batch_size), 7) / 7 - 1.0,  # MICRO_LEVELS 1..128
-            2.0 * round(low / n * _LEVELS) / _LEVELS - 1.0,
-            2.0 * round(ckpt / n * _LEVELS) / _LEVELS - 1.0,
-            -1.0,  # ZeRO stage 0
-            *self._descriptor,
-        ]
-        return np.clip(np.asarray(values, dtype=np.float32), -1.0, 1.0)
+        assert self._model is not None and self._machine is not None
+        levels = _levels_of(obs.config, len(self._context.ranking))
+        assert levels is not None, "propose() only observes configurations the levels can express"
+
+        def interval(o: Observation) -> Interval:
+            return Interval(batch=o.config.effective_batch_size, throughput=o.throughput, peak_bytes=o.peak_bytes,
+                            b_noise=o.b_noise, loss=o.losses[-1] if o.losses else 0.0,
+                            train_seconds=0.0, reconfig_seconds=0.0)  # fmt: skip
+
+        batch = obs.config.effective_batch_size
+        return observation_vector(
+            interval(obs),
+            first=interval(self._first),
+            losses=list(obs.losses),
+            t=min(self._decisions, self.horizon),
+            horizon=self.horizon,
+            levels=levels,
+            model=self._model,
+            machine=self._machine,
+            budget=self._context.budget_bytes,
+            batch=batch,
+            batch0=batch,
+            ranks=1,
+            adapt_batch=False,
+        )
 
     def propose(self, observation: Observation) -> Proposal | None:
+        from autotune.envs.knobs import apply_action, knobs_to_config
+
         assert self._context is not None, "start() first"
+        ranking = self._context.ranking
+        levels = _levels_of(observation.config, len(ranking))
+        if levels is None:  # a split the level tables cannot express (not powers of two): keep it
+            return None
         if self._first is None:
             self._first = observation
-        action = [int(a) for a in self.policy.act(self.observation(observation))]
+        action = tuple(int(a) for a in self.policy.act(self.observation(observation)))
         self._decisions += 1
-        config = self._apply(observation, action)
+        # The environments' action semantics, applied by their own function: the split moves, the
+        # effective batch never does (no batch adaptation here), one process (no ZeRO).
+        moved = apply_action(levels, action, max_zero_stage=0)
+        if not self._reduced_ok:  # a reduced precision this machine cannot run is never proposed
+            moved = dataclasses.replace(moved, precision=0)
+        config = knobs_to_config(moved, ranking, base=observation.config)
         if config == observation.config:
             return None
-        return Proposal(config=config, reason=f"policy action {tuple(action)}")
+        return Proposal(config=config, reason=f"policy action {action}")
 
-    def _apply(self, obs: Observation, action: list[int]) -> Any:
-        assert self._context is not None
-        c, ranking = obs.config, self._context.ranking
-        n = len(ranking)
-        a_acc, a_micro, a_prec, a_ckpt = (a - 1 for a in action[:4])  # -1 down, 0 keep, +1 up
-        batch, micro = c.effective_batch_size, c.micro_batch_size
-        grow = a_micro - a_acc  # a larger micro-batch, or less accumulation: same direction
-        if grow > 0 and micro * 2 <= batch and batch % (micro * 2) == 0:
-            micro *= 2
-        elif grow < 0 and micro % 2 == 0:
-            micro //= 2
-        low = round(sum(p != "fp32" for p in c.block_precisions(n)) / n * _LEVELS)
-        ckpt = round(sum(c.block_checkpoints(n)) / n * _LEVELS)
-        low = min(max(low + a_prec, 0), _LEVELS if self._reduced_ok else 0)
-        ckpt = min(max(ckpt + a_ckpt, 0), _LEVELS)
-        knobs = Knobs(
-            batch_size=batch,
-            micro_batch_size=micro,
-            low_precision_blocks=round(low / _LEVELS * n),
-            checkpoint_blocks=round(ckpt / _LEVELS * n),
-        )
-        return knobs.to_config(ranking, base=c)
+
+def _levels_of(config: TrainConfig, num_blocks: int) -> KnobLevels | None:
+    """``config`` as the environments' knob levels, or None when its split is not in their tables."""
+    from autotune.envs.knobs import ACCUM_LEVELS, FRACTION_LEVELS, MICRO_LEVELS, KnobLevels
+
+    if config.micro_batch_size not in MICRO_LEVELS or config.grad_accum_steps not in ACCUM_LEVELS:
+        return None
+    quarters = FRACTION_LEVELS - 1
+    low = sum(p != "fp32" for p in config.block_precisions(num_blocks))
+    ckpt = sum(config.block_checkpoints(num_blocks))
+    return KnobLevels(
+        accum=ACCUM_LEVELS.index(config.grad_accum_steps),
+        micro=MICRO_LEVELS.index(config.micro_batch_size),
+        precision=round(low / num_blocks * quarters),
+        checkpoint=round(ckpt / num_blocks * quarters),
+    )
 
 
 def _reduced_speed(workload: Workload, micro_batch_size: int, device_type: str) -> float:

@@ -194,10 +194,8 @@ class Schedule:
             self.progress(phase, done, total)
 
     def execute(self) -> tuple[Status, str | None]:
-        t, c = self.trainer, self.trainer.config
-        # Two half micro-batches give the noise estimate its second batch size (McCandlish et al.
-        # 2018, App. A) when there is no accumulation to provide it.
-        split = 2 if t.supports_split and c.grad_accum_steps == 1 and c.micro_batch_size % 2 == 0 else 1
+        t = self.trainer
+        split = t.noise_split
         for i in range(self.warmup):
             self._tick("warmup", i, self.warmup)
             if not self._record(t.step(split=split)):

@@ -103,6 +103,14 @@ class BaseTrainer(ABC):
 
     # ---- the step ---------------------------------------------------------------------------------
 
+    @property
+    def noise_split(self) -> int:
+        """2 when the step's one micro-batch can be trained as two halves (the same gradient), which
+        gives the gradient noise estimate the second batch size it needs when there is no
+        accumulation to provide it (McCandlish et al. 2018, App. A); else 1."""
+        c = self.config
+        return 2 if self.supports_split and c.grad_accum_steps == 1 and c.micro_batch_size % 2 == 0 else 1
+
     def next_batches(self) -> list[Any]:
         """The next step's micro-batches, on the device (to fetch them before a step, e.g. untracked)."""
         return [self._next_batch() for _ in range(self.config.grad_accum_steps)]
