@@ -237,9 +237,9 @@ class TrainingEnv(TuningEnv):
         definitions (``SimulatedEnv``), so a policy sees the same quantities on both. Costs six
         training steps per episode (with ranks > 1, engine rebuilds too: all blocks bf16 is a
         bf16 engine). With one rank the probes run at the largest micro-batch (same batch) whose
-        probe configurations the memory model admits; if there is none, they are not run and the
-        policy sees neutral values (speed 1, recompute cost 0.5). Reduced precision that cannot
-        run here reads as speed 0."""
+        probe configurations the memory model admits, two samples at least; if there is none, they
+        are not run and the policy sees neutral values (speed 1, recompute cost 0.5). Reduced
+        precision that cannot run here reads as speed 0."""
         full = FRACTION_LEVELS - 1
         probes = {"plain": (0, 0), "recompute": (0, full)}
         if self._reduced_failure is None:
@@ -250,7 +250,9 @@ class TrainingEnv(TuningEnv):
         while self.ranks == 1 and not all(
             self._admitted(dataclasses.replace(base, precision=p, checkpoint=c)) for p, c in probes.values()
         ):
-            if base.micro == 0 or base.accum + 1 >= len(ACCUM_LEVELS):
+            # Never below two samples: a micro-batch of one is no batch a BatchNorm model trains on
+            # ("Expected more than 1 value per channel when training", HF ResNet's last stage).
+            if base.micro <= 1 or base.accum + 1 >= len(ACCUM_LEVELS):
                 return (1.0 if "reduced" in probes else 0.0), 0.5
             base = dataclasses.replace(base, micro=base.micro - 1, accum=base.accum + 1)
         loop = self._loop()
