@@ -32,11 +32,9 @@ except ImportError as e:  # optional dependency: name it
         f"autotune.integrations.hf needs transformers: pip install 'autotune[hf]' ({e})."
     ) from None
 
+from autotune.zoo.hf import hf_loss  # after the check above: it imports transformers
+
 __all__ = ["AutotuneCallback"]
-
-
-def _hf_loss(model: Any, batch: Any) -> Any:
-    return model(**batch).loss
 
 
 class AutotuneCallback(TrainerCallback):
@@ -62,7 +60,7 @@ class AutotuneCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None,
                        **kwargs: Any) -> None:  # fmt: skip
         dataset = train_dataloader.dataset if train_dataloader is not None else None
-        self.live.begin(model, dataset, _hf_loss, micro_batch_size=args.per_device_train_batch_size,
+        self.live.begin(model, dataset, hf_loss, micro_batch_size=args.per_device_train_batch_size,
                         accum=args.gradient_accumulation_steps, name=type(model).__name__)  # fmt: skip
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
