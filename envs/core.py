@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -28,6 +28,9 @@ from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.measurement.trend import loss_slope
+
+if TYPE_CHECKING:
+    from autotune.memory.blocks import BlockProfile
 
 __all__ = [
     "Interval",
@@ -55,6 +58,18 @@ class ModelDescriptor:
     activation_bytes_per_sample: float  # fp32, no checkpointing, whole model
     num_blocks: int
     top_quarter_share: float  # share of block activation bytes in the hungriest quarter of blocks
+
+    @classmethod
+    def of_blocks(cls, profile: BlockProfile, *, num_parameters: int) -> ModelDescriptor:
+        """From a measured per-block activation profile (the real env, and a policy on a user's run)."""
+        saved = sorted(profile.saved_bytes, reverse=True)
+        quarter = max(1, round(len(saved) / 4))
+        return cls(
+            num_parameters=num_parameters,
+            activation_bytes_per_sample=sum(saved) / profile.micro_batch_size,
+            num_blocks=len(profile.names),
+            top_quarter_share=sum(saved[:quarter]) / max(sum(saved), 1),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

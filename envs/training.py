@@ -179,14 +179,7 @@ class TrainingEnv(TuningEnv):
         default_peak = self._measured_peak(start)
         budget = self._budget = self.memory_budget.resolve(lambda: default_peak)
         self._verify_memory_model(wl, start, default_peak)
-        bytes_sorted = sorted(profile.saved_bytes, reverse=True)
-        quarter = max(1, round(len(bytes_sorted) / 4))
-        model = ModelDescriptor(
-            num_parameters=wl.num_parameters,
-            activation_bytes_per_sample=sum(profile.saved_bytes) / profile.micro_batch_size,
-            num_blocks=len(profile.names),
-            top_quarter_share=sum(bytes_sorted[:quarter]) / max(sum(bytes_sorted), 1),
-        )
+        model = ModelDescriptor.of_blocks(profile, num_parameters=wl.num_parameters)
         speed, recompute = self._machine_speeds(start)
         machine = MachineDescriptor(
             reduced_speed=speed, budget_ratio=budget / self._model_states, recompute_cost=recompute

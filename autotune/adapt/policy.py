@@ -72,18 +72,11 @@ class PolicySource(DecisionSource):
 
         self._context = context
         profile = profile_blocks(context.workload, micro_batch_size=2)
-        saved = sorted(profile.saved_bytes, reverse=True)
-        quarter = max(1, round(len(saved) / 4))
         speed = _reduced_speed(context.workload, context.start.micro_batch_size, context.device_type)
         self._reduced_ok = speed > 0
         model = context.workload.model
         states = sum(p.numel() * p.element_size() for p in model.parameters()) * 4  # params, grads, Adam's two moments
-        self._model = ModelDescriptor(
-            num_parameters=sum(p.numel() for p in model.parameters()),
-            activation_bytes_per_sample=sum(profile.saved_bytes) / profile.micro_batch_size,
-            num_blocks=len(profile.names),
-            top_quarter_share=sum(saved[:quarter]) / max(sum(saved), 1),
-        )
+        self._model = ModelDescriptor.of_blocks(profile, num_parameters=context.workload.num_parameters)
         # The recompute cost is not measured on the user's run (it would cost a recomputed step):
         # 0 reads as "recompute is free", the optimistic end of what the policy was trained on.
         self._machine = MachineDescriptor(reduced_speed=max(speed, 1e-6), budget_ratio=context.budget_bytes / states)
