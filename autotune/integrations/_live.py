@@ -1,11 +1,14 @@
 """What the framework callbacks share: per-block knobs on a model another loop trains.
 
-A framework's loop owns the micro-batch (its DataLoader) and, in practice, the accumulation (both
-Hugging Face's and Lightning's loops fix their step arithmetic when training starts), so the
-user's effective batch stays as it is and a callback changes only what lives on the model:
-per-block precision (bf16 autocast islands; fp16 would need the loop's loss scaler) and per-block
-activation checkpointing. Every proposal passes the budget gate (:mod:`autotune.adapt.gate`)
-first; no step is tracked inside the framework's loop, so only verified predictions admit.
+A framework's loop owns the micro-batch (its DataLoader) and the accumulation. What lives on the
+model changes at once: per-block precision (bf16 autocast islands; fp16 would need the loop's
+loss scaler) and per-block activation checkpointing. The split of the user's effective batch into
+micro-batch x accumulation changes only where the loop can rebuild its DataLoader and honour a new
+accumulation, at an epoch boundary (Lightning; not Hugging Face's Trainer): such a change is
+*pending* from the decision until the framework says it took effect (:meth:`LiveKnobs.take_split`).
+The effective batch never changes. Every proposal passes the budget gate
+(:mod:`autotune.adapt.gate`) first; no step is tracked inside the framework's loop, so only
+verified predictions admit.
 """
 
 from __future__ import annotations
@@ -53,10 +56,15 @@ class LiveKnobs:
         self._losses: list[float] = []
         self._started: float | None = None
         self._refused: set[TrainConfig] = set()
+        self.split = False  # whether the loop lets the micro-batch x accumulation split change
+        self.pending: Change | None = None  # an admitted split change waiting for the loop's epoch boundary
 
     def begin(self, model: torch.nn.Module, dataset: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], *,
-              micro_batch_size: int, accum: int, name: str) -> None:  # fmt: skip
-        """Profile the model (a copy of it), resolve the budget, start the decision source."""
+              micro_batch_size: int, accum: int, name: str, split: bool = False) -> None:  # fmt: skip
+        """Profile the model (a copy of it), resolve the budget, start the decision source.
+
+        ``split``: the loop can take a new micro-batch x accumulation at its next epoch boundary."""
+        self.split = split
         from autotune.memory.blocks import profile_blocks
 
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=self.blocks,
@@ -105,7 +113,7 @@ class LiveKnobs:
 
     def _decide(self, step: int) -> None:
         assert self.config is not None and self.gate is not None, "begin() first"
-        if self.source is None:
+        if self.source is None or self.pending is not None:  # a change still waits for its epoch boundary
             return
         samples = self.config.effective_batch_size
         predicted = self.gate.predict(self.config)
@@ -115,9 +123,12 @@ class LiveKnobs:
         proposal = self.source.propose(obs)
         if proposal is None:
             return
-        # Only what lives on the model: the loop keeps its micro-batch and accumulation.
+        # What lives on the model, and the split where the loop can take one (same effective batch).
         target = dataclasses.replace(self.config, precision=proposal.config.precision,
                                      checkpoint=proposal.config.checkpoint)  # fmt: skip
+        if self.split and proposal.config.effective_batch_size == self.config.effective_batch_size:
+            target = dataclasses.replace(target, micro_batch_size=proposal.config.micro_batch_size,
+                                         grad_accum_steps=proposal.config.grad_accum_steps)  # fmt: skip
         if target == self.config or "fp16" in target.block_precisions(len(self._names)):
             return
         verdict = self.gate.check(target)
@@ -128,9 +139,30 @@ class LiveKnobs:
                 self._refused.add(target)
                 self.history.append(change)
             return
+        if target.micro_batch_size != self.config.micro_batch_size:
+            self.pending = change  # applied when the loop has rebuilt its DataLoader (take_split)
+            return
         start = time.perf_counter()
         self.apply(target)
         self.history.append(dataclasses.replace(change, seconds=time.perf_counter() - start))
+        self._seconds = []
+
+    def take_split(self, step: int, micro_batch_size: int | None) -> None:
+        """The loop reached the epoch boundary a pending split change waited for, and its new
+        DataLoader has ``micro_batch_size`` (None: it could not rebuild one). The model's knobs
+        follow only if the loop took the micro-batch; otherwise the change is refused and the
+        split stays fixed for the rest of the run."""
+        change, self.pending = self.pending, None
+        if change is None:
+            return
+        if micro_batch_size != change.after.micro_batch_size:
+            self.split = False
+            why = f"the loop's DataLoader kept micro-batch {micro_batch_size}, so the split stays as it is"
+            self.history.append(dataclasses.replace(change, step=step, applied=False, reason=f"{change.reason}; {why}"))
+            return
+        start = time.perf_counter()
+        self.apply(change.after)
+        self.history.append(dataclasses.replace(change, step=step, seconds=time.perf_counter() - start))
         self._seconds = []
 
     def apply(self, config: TrainConfig) -> None:

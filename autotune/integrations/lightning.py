@@ -4,10 +4,17 @@ What it changes mid-fit, and what it cannot (as the Hugging Face callback, :mod:
 
 * **Per-block precision** (bf16 autocast islands) and **per-block activation checkpointing** on
   the ``LightningModule``'s blocks: they live on the model, so the next forward honours them.
-* **Not the micro-batch**: the DataLoader's ``batch_size`` is fixed when the fit starts.
-* **Not the accumulation**: Lightning's own ``GradientAccumulationScheduler`` shows how it can
-  change mid-fit (``trainer.accumulate_grad_batches``, at an epoch start), but with the
-  micro-batch fixed any change changes the user's effective batch, which this callback keeps.
+* **The split** of the effective batch into micro-batch x accumulation, at the next epoch
+  boundary, through Lightning's own mechanisms: the ``batch_size`` attribute its
+  ``BatchSizeFinder`` scales (on the module, its ``hparams`` or the datamodule; the
+  ``train_dataloader()`` hook must read it), one DataLoader reload
+  (``reload_dataloaders_every_n_epochs`` for that epoch, then the user's value again) and
+  ``trainer.accumulate_grad_batches`` set at the epoch start, as ``GradientAccumulationScheduler``
+  does. Their product, the user's effective batch, never changes. Not when the module has no
+  ``batch_size`` attribute (a DataLoader handed to ``fit`` has its batch size fixed), uses manual
+  optimization, or runs under the DeepSpeed strategy (which refuses an accumulation change); a
+  reload that does not take the new batch size refuses the change and fixes the split for the run.
+  A change decided in the middle of an epoch waits for its end (long epochs: a long wait).
 * **Not fp16 blocks** (they need the precision plugin's loss scaler).
 
 The loss the memory model profiles is ``training_step(batch, 0)`` (its ``"loss"`` if it returns a
@@ -28,6 +35,8 @@ from autotune.units import MemoryBudget
 
 try:
     from lightning.pytorch import Callback
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+    from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 except ImportError as e:  # optional dependency: name it
     raise MissingDependencyError(
         f"autotune.integrations.lightning needs lightning: pip install 'autotune[lightning]' ({e})."
@@ -45,7 +54,8 @@ def _step_loss(module: Any, batch: Any) -> torch.Tensor:
 
 
 class AutotuneCallback(Callback):
-    """Adapt per-block precision and checkpointing of the ``LightningModule`` while it fits.
+    """Adapt per-block precision and checkpointing of the ``LightningModule`` while it fits, and the
+    micro-batch x accumulation split at epoch boundaries (see the module's docstring).
 
     Args: as :class:`autotune.integrations.hf.AutotuneCallback`.
     """
@@ -54,6 +64,8 @@ class AutotuneCallback(Callback):
                  decide_every: int = 50, blocks: list[str] | None = None) -> None:  # fmt: skip
         self.live = LiveKnobs(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
         self._step = 0
+        self._reload: int | None = None  # the user's reload_dataloaders_every_n_epochs while a reload is asked
+        self._batch_size: Any = None  # the module's batch_size before a pending change set it
 
     @property
     def history(self) -> list[Any]:
@@ -62,8 +74,32 @@ class AutotuneCallback(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         loader = trainer.train_dataloader
         self._step = trainer.global_step
+        split = (lightning_hasattr(pl_module, "batch_size") and pl_module.automatic_optimization
+                 and not isinstance(trainer.strategy, DeepSpeedStrategy))  # fmt: skip
         self.live.begin(pl_module, loader.dataset, _step_loss, micro_batch_size=loader.batch_size,
-                        accum=trainer.accumulate_grad_batches, name=type(pl_module).__name__)  # fmt: skip
+                        accum=trainer.accumulate_grad_batches, name=type(pl_module).__name__, split=split)  # fmt: skip
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        pending = self.live.pending
+        if pending is None or self._reload is not None:
+            return
+        # BatchSizeFinder's way: the attribute the dataloader hook reads, then one reload.
+        self._batch_size = lightning_getattr(pl_module, "batch_size")
+        lightning_setattr(pl_module, "batch_size", pending.after.micro_batch_size)
+        self._reload = trainer.reload_dataloaders_every_n_epochs
+        trainer.reload_dataloaders_every_n_epochs = 1
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        pending = self.live.pending
+        if pending is None or self._reload is None:
+            return
+        trainer.reload_dataloaders_every_n_epochs, self._reload = self._reload, None
+        micro = getattr(trainer.train_dataloader, "batch_size", None)
+        if micro == pending.after.micro_batch_size:
+            trainer.accumulate_grad_batches = pending.after.grad_accum_steps  # GradientAccumulationScheduler's hook
+        else:
+            lightning_setattr(pl_module, "batch_size", self._batch_size)
+        self.live.take_split(trainer.global_step, micro)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx % trainer.accumulate_grad_batches == 0:

@@ -62,3 +62,58 @@ def test_the_callback_applies_checkpointing_inside_a_real_fit() -> None:
     # 8 micro-batches: the first two optimizer steps plain, the last two recomputed
     assert spy.wrapped == [0, 0, 0, 0, len(blocks), len(blocks), len(blocks), len(blocks)]
     assert all("forward" not in m.__dict__ for m in module.modules())
+
+
+class LitBatched(LitLM):
+    """Reads its micro-batch from ``self.batch_size`` in ``train_dataloader``: what Lightning's
+    ``BatchSizeFinder`` and this callback's split change rely on."""
+
+    def __init__(self, net: torch.nn.Module, loss_fn: Any, dataset: Any, batch_size: int) -> None:
+        super().__init__(net, loss_fn)
+        self.dataset, self.batch_size = dataset, batch_size
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader[Any]:
+        return torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size)  # no shuffle: same order
+
+
+def _fit(module: L.LightningModule, callbacks: list[Any], **kwargs: Any) -> L.Trainer:
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)  # fmt: skip
+    trainer.fit(module, **kwargs)
+    return trainer
+
+
+@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
+def test_the_split_changes_at_the_epoch_boundary_and_the_training_maths_stay() -> None:
+    entry = CORPUS["lstm-lm"]
+    wl = entry.build(**entry.tiny)  # 64 samples: 8 optimizer steps of 8 per epoch
+    fixed = LitBatched(wl.model, wl.loss_fn, wl.dataset, batch_size=8)
+    _fit(fixed, [])
+    ref = entry.build(**entry.tiny)  # the same seeded initial weights
+    module = LitBatched(ref.model, ref.loss_fn, ref.dataset, batch_size=8)
+    callback = AutotuneCallback(policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2), decide_every=2)
+    trainer = _fit(module, [callback])
+    # decided at step 2, applied when epoch 1 began (after 8 steps), undone nowhere
+    [change] = callback.history
+    assert (change.step, change.applied, change.after.micro_batch_size, change.after.grad_accum_steps) == (8, True, 4, 2)
+    assert (module.batch_size, trainer.accumulate_grad_batches, trainer.reload_dataloaders_every_n_epochs) == (4, 2, 0)
+    assert trainer.train_dataloader.batch_size == 4 and trainer.global_step == 16
+    # 8 x 1 then 4 x 2 trains the very weights 8 x 1 throughout does (the same 8 samples per step)
+    for a, b in zip(module.parameters(), fixed.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
+def test_a_dataloader_that_ignores_batch_size_keeps_the_split() -> None:
+    entry = CORPUS["lstm-lm"]
+    wl = entry.build(**entry.tiny)
+    module = LitBatched(wl.model, wl.loss_fn, wl.dataset, batch_size=8)
+    callback = AutotuneCallback(policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2), decide_every=2)
+    # a DataLoader handed to fit() is reloaded as it is: the new batch size cannot reach it
+    trainer = _fit(module, [callback], train_dataloaders=torch.utils.data.DataLoader(wl.dataset, batch_size=8))
+    [change] = callback.history
+    assert (change.step, change.applied) == (8, False)
+    assert change.reason.endswith("the loop's DataLoader kept micro-batch 8, so the split stays as it is")
+    assert (module.batch_size, trainer.accumulate_grad_batches, callback.live.split) == (8, 1, False)
