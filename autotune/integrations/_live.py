@@ -149,15 +149,19 @@ class LiveKnobs:
 
     def take_split(self, step: int, micro_batch_size: int | None) -> None:
         """The loop reached the epoch boundary a pending split change waited for, and its new
-        DataLoader has ``micro_batch_size`` (None: it could not rebuild one). The model's knobs
-        follow only if the loop took the micro-batch; otherwise the change is refused and the
-        split stays fixed for the rest of the run."""
+        DataLoader has ``micro_batch_size`` (None: the run ended first). The model's knobs follow
+        only if the loop took the micro-batch; otherwise the change is refused and the split stays
+        fixed for the rest of the run."""
         change, self.pending = self.pending, None
         if change is None:
             return
         if micro_batch_size != change.after.micro_batch_size:
             self.split = False
-            why = f"the loop's DataLoader kept micro-batch {micro_batch_size}, so the split stays as it is"
+            why = (
+                "the run ended before the next epoch boundary"
+                if micro_batch_size is None
+                else f"the loop's DataLoader kept micro-batch {micro_batch_size}, so the split stays as it is"
+            )
             self.history.append(dataclasses.replace(change, step=step, applied=False, reason=f"{change.reason}; {why}"))
             return
         start = time.perf_counter()

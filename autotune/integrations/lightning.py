@@ -118,4 +118,8 @@ class AutotuneCallback(Callback):
         self.live.step_end(step, loss)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._reload is not None:  # a reload was asked for an epoch that never came
+            trainer.reload_dataloaders_every_n_epochs, self._reload = self._reload, None
+            lightning_setattr(pl_module, "batch_size", self._batch_size)
+        self.live.take_split(trainer.global_step, None)  # a change still pending is refused, logged
         self.live.remove()

@@ -76,9 +76,10 @@ class LitBatched(LitLM):
         return torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size)  # no shuffle: same order
 
 
-def _fit(module: L.LightningModule, callbacks: list[Any], **kwargs: Any) -> L.Trainer:
-    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)  # fmt: skip
+def _fit(module: L.LightningModule, callbacks: list[Any], max_steps: int = -1, **kwargs: Any) -> L.Trainer:
+    trainer = L.Trainer(max_epochs=2, max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=callbacks)  # fmt: skip
     trainer.fit(module, **kwargs)
     return trainer
 
@@ -96,7 +97,8 @@ def test_the_split_changes_at_the_epoch_boundary_and_the_training_maths_stay() -
     trainer = _fit(module, [callback])
     # decided at step 2, applied when epoch 1 began (after 8 steps), undone nowhere
     [change] = callback.history
-    assert (change.step, change.applied, change.after.micro_batch_size, change.after.grad_accum_steps) == (8, True, 4, 2)
+    after = change.after
+    assert (change.step, change.applied, after.micro_batch_size, after.grad_accum_steps) == (8, True, 4, 2)
     assert (module.batch_size, trainer.accumulate_grad_batches, trainer.reload_dataloaders_every_n_epochs) == (4, 2, 0)
     assert trainer.train_dataloader.batch_size == 4 and trainer.global_step == 16
     # 8 x 1 then 4 x 2 trains the very weights 8 x 1 throughout does (the same 8 samples per step)
@@ -117,3 +119,17 @@ def test_a_dataloader_that_ignores_batch_size_keeps_the_split() -> None:
     assert (change.step, change.applied) == (8, False)
     assert change.reason.endswith("the loop's DataLoader kept micro-batch 8, so the split stays as it is")
     assert (module.batch_size, trainer.accumulate_grad_batches, callback.live.split) == (8, 1, False)
+
+
+@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
+def test_a_split_change_the_fit_never_reaches_is_logged_refused_and_undone() -> None:
+    entry = CORPUS["lstm-lm"]
+    wl = entry.build(**entry.tiny)
+    module = LitBatched(wl.model, wl.loss_fn, wl.dataset, batch_size=8)
+    callback = AutotuneCallback(policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2), decide_every=2)
+    trainer = _fit(module, [callback], max_steps=8)  # stops at the end of the first epoch
+    [change] = callback.history
+    assert (change.step, change.applied) == (8, False)
+    assert change.reason.endswith("the run ended before the next epoch boundary")
+    assert (module.batch_size, trainer.reload_dataloaders_every_n_epochs, callback.live.pending) == (8, 0, None)
