@@ -26,6 +26,7 @@ from autotune.envs.knobs import ACCUM_LEVELS, FRACTION_LEVELS, KnobLevels, knobs
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionError, one_line
 from autotune.measurement.oom import is_out_of_memory
+from autotune.measurement.probe import probe_speeds
 from autotune.measurement.tracker import tracked_step
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.check import TOLERANCE
@@ -226,46 +227,35 @@ class TrainingEnv(TuningEnv):
 
     def _machine_speeds(self, knobs: KnobLevels) -> tuple[float, float]:
         """Step throughput with every block in reduced precision relative to fp32, and the extra
-        time of recomputing every block, each measured here on two real steps: the simulator's
-        definitions (``SimulatedEnv``), so a policy sees the same quantities on both. Costs six
-        training steps per episode (with ranks > 1, engine rebuilds too: all blocks bf16 is a
-        bf16 engine). With one rank the probes run at the largest micro-batch (same batch) whose
-        probe configurations the memory model admits, two samples at least; if there is none, they
-        are not run and the policy sees neutral values (speed 1, recompute cost 0.5). Reduced
-        precision that cannot run here reads as speed 0."""
+        time of recomputing every block (:func:`autotune.measurement.probe.probe_speeds`, two real
+        steps each): the simulator's definitions (``SimulatedEnv``), so a policy sees the same
+        quantities on both. With one rank the probes run at the largest micro-batch (same batch)
+        whose probe configurations the memory model admits, two samples at least; if there is
+        none, they are not run and the policy sees neutral values (speed 1, recompute cost 0.5).
+        Reduced precision that cannot run here reads as speed 0 (and its setting is infeasible)."""
         full = FRACTION_LEVELS - 1
-        probes = {"plain": (0, 0), "recompute": (0, full)}
-        if self._reduced_failure is None:
-            probes["reduced"] = (full, 0)
-        else:
+        probes = [(0, 0), (0, full)] + ([(full, 0)] if self._reduced_failure is None else [])
+        if self._reduced_failure is not None:
             self.infeasible[dataclasses.replace(knobs, precision=full)] = self._reduced_failure
         base = knobs
         while self.ranks == 1 and not all(
-            self._admitted(dataclasses.replace(base, precision=p, checkpoint=c)) for p, c in probes.values()
+            self._admitted(dataclasses.replace(base, precision=p, checkpoint=c)) for p, c in probes
         ):
             # Never below two samples: a micro-batch of one is no batch a BatchNorm model trains on
             # ("Expected more than 1 value per channel when training", HF ResNet's last stage).
             if base.micro <= 1 or base.accum + 1 >= len(ACCUM_LEVELS):
-                return (1.0 if "reduced" in probes else 0.0), 0.5
+                return (1.0 if self._reduced_failure is None else 0.0), 0.5
             base = dataclasses.replace(base, micro=base.micro - 1, accum=base.accum + 1)
         loop = self._loop()
-        seconds = {"reduced": float("inf")}
-        for key, (p, c) in probes.items():
-            probe = dataclasses.replace(base, precision=p, checkpoint=c)
-            loop.reconfigure(self.config_of(probe))
-            try:
-                seconds[key] = min(loop.step().seconds for _ in range(2))
-            except Exception as e:
-                if self.session is not None or key == "plain" or is_out_of_memory(e):
-                    raise
-                # The model cannot run in reduced precision on this machine (oneDNN has no bf16
-                # LSTM primitive on AVX2 CPUs): the policy sees the slowest speed it knows.
-                self._discard_failed_step()
-                self.infeasible[probe] = one_line(e)
-                seconds[key] = float("inf")
-        loop.reconfigure(self.config_of(knobs))  # back on the starting knobs
-        recompute = seconds["recompute"] / seconds["plain"] - 1.0 if seconds["recompute"] < float("inf") else 1.0
-        return seconds["plain"] / seconds["reduced"], recompute
+        plain = dataclasses.replace(base, precision=0, checkpoint=0)
+        # config_of's reduced precision (bf16); on ranks a failing rank ends the session: no recovery
+        speeds = probe_speeds(loop, self.config_of(plain), reduced="bf16", probe_reduced=self._reduced_failure is None,
+                              recover=None if self.session is not None else self._discard_failed_step)  # fmt: skip
+        if base != knobs:  # back on the starting knobs (the probes ran at a smaller micro-batch)
+            loop.reconfigure(self.config_of(knobs))
+        if speeds.reduced_failure is not None:
+            self.infeasible[dataclasses.replace(plain, precision=full)] = speeds.reduced_failure
+        return speeds.reduced_speed, speeds.recompute_cost
 
     def _discard_failed_step(self) -> None:
         """Drop what a step that raised half-way left behind: partial gradients of its micro-batches."""

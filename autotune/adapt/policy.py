@@ -12,10 +12,7 @@ is not a power of two) gets no proposal.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import math
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +20,6 @@ import torch
 
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
 from autotune.errors import MissingDependencyError
-from autotune.train.wrappers import apply_block_knobs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,6 +27,7 @@ if TYPE_CHECKING:
     from autotune.config import TrainConfig
     from autotune.envs.core import MachineDescriptor, ModelDescriptor
     from autotune.envs.knobs import KnobLevels
+    from autotune.measurement.probe import MachineSpeeds
     from autotune.workload import Workload
 
 __all__ = ["PolicySource"]
@@ -72,14 +69,13 @@ class PolicySource(DecisionSource):
 
         self._context = context
         profile = profile_blocks(context.workload, micro_batch_size=2)
-        speed = _reduced_speed(context.workload, context.start.micro_batch_size, context.device_type)
-        self._reduced_ok = speed > 0
+        speeds = _machine_speeds(context.workload, context.start)
+        self._reduced_ok = speeds.reduced_speed > 0
         model = context.workload.model
         states = sum(p.numel() * p.element_size() for p in model.parameters()) * 4  # params, grads, Adam's two moments
         self._model = ModelDescriptor.of_blocks(profile, num_parameters=context.workload.num_parameters)
-        # The recompute cost is not measured on the user's run (it would cost a recomputed step):
-        # 0 reads as "recompute is free", the optimistic end of what the policy was trained on.
-        self._machine = MachineDescriptor(reduced_speed=max(speed, 1e-6), budget_ratio=context.budget_bytes / states)
+        self._machine = MachineDescriptor(reduced_speed=speeds.reduced_speed, recompute_cost=speeds.recompute_cost,
+                                          budget_ratio=context.budget_bytes / states)  # fmt: skip
 
     def observation(self, obs: Observation) -> np.ndarray:
         """The environments' observation vector (:func:`autotune.envs.core.observation_vector`) for ``obs``."""
@@ -152,34 +148,21 @@ def _levels_of(config: TrainConfig, num_blocks: int) -> KnobLevels | None:
     )
 
 
-def _reduced_speed(workload: Workload, micro_batch_size: int, device_type: str) -> float:
-    """fp32 forward+backward time over all-bf16's, on a copy of the model (the user's is not
-    touched): the environments' ``reduced_speed``, measured, as it reverses between CPUs. 0 when
-    the model cannot run in bf16 here (oneDNN has no bf16 LSTM on AVX2 CPUs)."""
-    from torch.utils._pytree import tree_map_only
-    from torch.utils.data import DataLoader
+def _machine_speeds(workload: Workload, start: TrainConfig) -> MachineSpeeds:
+    """The environments' machine probes (:func:`autotune.measurement.probe.probe_speeds`: whole
+    optimizer steps, all-bf16 and all-recomputed against fp32) on a copy of the user's model with
+    a fresh optimizer of the user's class: the user's objects are not touched. One micro-batch
+    (at most 8 samples) per step keeps the copy's activations small; it holds a second set of
+    parameters, gradients and optimizer state for these six steps. A model that cannot run in bf16
+    here (oneDNN has no bf16 LSTM on AVX2 CPUs) reads as speed 0: bf16 is never proposed."""
+    from autotune.measurement.probe import probe_speeds
+    from autotune.train.local import Trainer
 
-    model = copy.deepcopy(workload.model).train()
-    names = workload.block_names()
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    batch = next(iter(DataLoader(workload.dataset, batch_size=min(micro_batch_size, 8))))
-    batch = tree_map_only(torch.Tensor, lambda t: t.to(device), batch)
-    seconds: dict[str, float] = {}
-    for precision in ("bf16", "fp32"):
-        wrappers = apply_block_knobs(model, names, [precision] * len(names), [False] * len(names),
-                                     device_type=device_type)  # fmt: skip
-        try:
-            times = []
-            for _ in range(2):
-                t0 = time.perf_counter()
-                workload.loss_fn(model, batch).backward()
-                times.append(time.perf_counter() - t0)
-            seconds[precision] = min(times)
-        except RuntimeError:
-            # oneDNN refuses bf16 kernels it lacks ("could not create a primitive descriptor"):
-            # a knob this machine cannot take, so never proposed.
-            seconds[precision] = math.inf
-        finally:
-            wrappers.remove()
-            model.zero_grad(set_to_none=True)
-    return seconds["fp32"] / seconds["bf16"]
+    device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
+    probe = dataclasses.replace(start, micro_batch_size=min(start.micro_batch_size, 8), grad_accum_steps=1,
+                                precision="fp32", checkpoint=False)  # fmt: skip
+    trainer = Trainer(workload, probe, device=device, track_noise=False)
+    try:
+        return probe_speeds(trainer, probe, recover=lambda: trainer.optimizer.zero_grad(set_to_none=True))
+    finally:
+        trainer.close()

@@ -1,0 +1,86 @@
+"""What the machine makes of a model: reduced precision's speed and recompute's cost, measured.
+
+The two numbers a policy needs to know the machine rather than assume it (bf16 is 10-50x
+*slower* than fp32 on an AVX2 CPU without bf16 units, 2-3x faster on an AMX CPU or an Ampere
+GPU; recomputing every block costs about one more forward pass, more on memory-bound models).
+One definition serves the real environment at reset, the simulator's descriptor and a policy on
+the user's own run: whole optimizer steps of the same loop, every block in reduced precision
+(resp. recomputed) against plain fp32, best of ``steps`` each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+from autotune.config import Precision, TrainConfig
+from autotune.errors import one_line
+from autotune.measurement.oom import is_out_of_memory
+
+__all__ = ["MachineSpeeds", "ProbeLoop", "probe_speeds"]
+
+
+class _Timed(Protocol):
+    @property
+    def seconds(self) -> float: ...
+
+
+class ProbeLoop(Protocol):
+    """A training loop whose configuration changes in place: the local Trainer, a RankSession."""
+
+    def reconfigure(self, config: TrainConfig) -> object: ...
+
+    def step(self) -> _Timed: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MachineSpeeds:
+    """``reduced_speed``: plain step time / all-reduced step time (> 1: reduced is faster; 0: the
+    model cannot run in reduced precision here, ``reduced_failure`` says why).
+    ``recompute_cost``: all-recomputed step time / plain step time - 1."""
+
+    reduced_speed: float
+    recompute_cost: float
+    reduced_failure: str | None = None
+
+
+def probe_speeds(
+    loop: ProbeLoop,
+    base: TrainConfig,
+    *,
+    reduced: Precision = "bf16",
+    steps: int = 2,
+    recover: Callable[[], None] | None = None,
+    probe_reduced: bool = True,
+) -> MachineSpeeds:
+    """Time ``steps`` optimizer steps of ``loop`` under ``base`` with every block in fp32, then in
+    ``reduced``, then recomputed; leave the loop on ``base``. Costs 3 x ``steps`` training steps
+    (with DeepSpeed ranks, engine rebuilds too: all blocks bf16 is a bf16 engine).
+
+    A reduced-precision step that raises (oneDNN has no bf16 LSTM primitive on AVX2 CPUs) reads as
+    speed 0 when ``recover`` can clean up after it (drop its partial gradients); without
+    ``recover``, and for an out-of-memory error or a failing fp32 step, the error propagates.
+    ``probe_reduced=False``: reduced precision is already known not to run (speed 0, no step)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, but got {steps}.")
+    plain = dataclasses.replace(base, precision="fp32", checkpoint=False)
+    probes = {"plain": plain, "recompute": dataclasses.replace(plain, checkpoint=True)}
+    if probe_reduced:
+        probes["reduced"] = dataclasses.replace(plain, precision=reduced)
+    seconds = {"reduced": math.inf}
+    failure: str | None = None
+    for key, config in probes.items():
+        loop.reconfigure(config)
+        try:
+            seconds[key] = min(loop.step().seconds for _ in range(steps))
+        except Exception as e:
+            if key != "reduced" or recover is None or is_out_of_memory(e):
+                raise
+            recover()
+            failure = one_line(e)
+    loop.reconfigure(base)
+    recompute = seconds["recompute"] / seconds["plain"] - 1.0
+    return MachineSpeeds(reduced_speed=seconds["plain"] / seconds["reduced"], recompute_cost=recompute,
+                         reduced_failure=failure)  # fmt: skip
