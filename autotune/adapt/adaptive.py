@@ -83,6 +83,9 @@ def _like(optimizer: torch.optim.Optimizer) -> Callable[[Any], torch.optim.Optim
 class Adaptive:
     """Train ``model`` with ``optimizer`` in place, adapting how each step is computed.
 
+    On DeepSpeed ranks, with the ZeRO stage as a knob too: :meth:`on_ranks` (a workload
+    reference: the model lives in the rank processes).
+
     Args:
         model, optimizer: The user's objects; they are the ones trained (no copy, nothing moved).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``.

@@ -27,6 +27,7 @@ def register(sub: Any) -> None:
     p.add_argument("--adapt-batch", action="store_true", help="let the effective batch grow with the gradient noise")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: where the model is)")
     add_ranks_flag(p)
+    p.add_argument("--json", action="store_true", help="print the run as JSON: every step and every decision")
     p.set_defaults(func=_cmd_train)
 
 
@@ -55,19 +56,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
                          decide_every=args.decide_every, adapt_batch=args.adapt_batch, blocks=wl.blocks,
                          device=args.device, name=wl.name)  # fmt: skip
     try:
-        _train(tuner, args.steps, wl.name)
+        _train(tuner, args.steps, wl.name, quiet=args.json)
     finally:
         tuner.close()  # on ranks: every process reaped, Ctrl-C and errors included
-    _summary(tuner)
+    if args.json:
+        import json
+
+        history = [c.to_dict() for c in tuner.history]
+        run = {"budget_bytes": tuner.budget_bytes, "steps": [s.to_dict() for s in tuner.steps], "history": history}
+        print(json.dumps(run, indent=2))
+    else:
+        _summary(tuner)
     return 0
 
 
-def _train(tuner: Any, steps: int, name: str) -> None:
+def _train(tuner: Any, steps: int, name: str, *, quiet: bool) -> None:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[status]}"))  # fmt: skip
-    with Progress(*columns, transient=False) as progress:
+    console = Console(stderr=True) if quiet else None  # stdout is the JSON's
+    with Progress(*columns, transient=quiet, console=console) as progress:
         task = progress.add_task(f"train {name}", total=steps, status="")
         for _ in range(steps):
             s = tuner.step()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import select
 from typing import Any
 
@@ -41,6 +42,16 @@ def test_adaptive_training_reports_the_run(capsys: pytest.CaptureFixture[str]) -
     assert main(["train", "mlp-digits", "--steps", "4", "--adapt", "--decide-every", "2"]) == 0
     out = capsys.readouterr().out
     assert "4 steps, 128 samples in" in out  # mlp-digits trains batches of 32
+
+
+def test_json_is_every_step_and_decision(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "mlp-digits", "--steps", "2", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run.keys() == {"budget_bytes", "steps", "history"} and run["history"] == []
+    steps = [(s["step"], s["samples"], s["config"]["micro_batch_size"]) for s in run["steps"]]
+    assert steps == [(0, 32, 32), (1, 32, 32)]
+    # The first step creates Adam's state; the second, the default's first full one, is tracked.
+    assert run["steps"][0]["peak_bytes"] is None and 0 < run["steps"][1]["peak_bytes"] <= run["budget_bytes"]
 
 
 def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
