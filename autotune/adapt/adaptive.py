@@ -1,16 +1,19 @@
 """``Adaptive``: the user's own training run, kept at the best configuration as training changes.
 
 The user's model and optimizer are trained in place (no copy) by the local training loop
-(:class:`autotune.adapt.loop.InPlaceTrainer`). Every ``decide_every`` steps a decision source
-(the pretrained policy, a fixed configuration, a user's policy file, any :class:`DecisionSource`)
-may propose another configuration; the budget gate (:mod:`autotune.adapt.gate`) admits it only
-if its peak memory is known to fit. The first step under each configuration runs under exact
-memory tracking (~2x a step, once per configuration); a configuration measured over the budget
-is left at once. Every decision, applied or refused, is in :attr:`Adaptive.history`.
+(:class:`autotune.adapt.loop.InPlaceTrainer`); :meth:`Adaptive.on_ranks` trains a workload on
+DeepSpeed ranks instead (:class:`autotune.adapt.ranks.RankLoop`), where the ZeRO stage is a knob
+too. Either way, every ``decide_every`` steps a decision source (the pretrained policy, a fixed
+configuration, a user's policy file, any :class:`DecisionSource`) may propose another
+configuration; the budget gate (:mod:`autotune.adapt.gate`) admits it only if its peak memory
+(per rank) is known to fit. The first step under each configuration runs under exact memory
+tracking (~2x a step, once per configuration); a configuration measured over the budget is left
+at once. Every decision, applied or refused, is in :attr:`Adaptive.history`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import statistics
 import time
@@ -22,12 +25,11 @@ import torch
 
 from autotune.adapt.batch import grow_batch
 from autotune.adapt.gate import BudgetGate, Verdict, as_budget
-from autotune.adapt.loop import InPlaceTrainer
+from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change
 from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError
-from autotune.measurement.tracker import tracked_step
+from autotune.errors import ConfigError, UnsupportedError
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from torch.utils.data import Dataset
+
+    from autotune.procs.session import RankSession
 
 
 __all__ = ["Adaptive", "decision_source"]
@@ -78,6 +82,9 @@ def _like(optimizer: torch.optim.Optimizer) -> Callable[[Any], torch.optim.Optim
 
 class Adaptive:
     """Train ``model`` with ``optimizer`` in place, adapting how each step is computed.
+
+    On DeepSpeed ranks, with the ZeRO stage as a knob too: :meth:`on_ranks` (a workload
+    reference: the model lives in the rank processes).
 
     Args:
         model, optimizer: The user's objects; they are the ones trained (no copy, nothing moved).
@@ -124,25 +131,127 @@ class Adaptive:
         name: str = "user",
     ) -> None:
         _check_int("batch_size", batch_size, 1)
-        _check_int("decide_every", decide_every, 2)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer must be a torch.optim.Optimizer, but got {type(optimizer).__name__}.")
+        workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=blocks,
+                            optimizer=_like(optimizer), batch_size=batch_size)  # fmt: skip
+        size = len(dataset) if isinstance(dataset, Sized) else batch_size
+        default = TrainConfig(micro_batch_size=min(batch_size, size), grad_clip=grad_clip, lr_scaling=lr_scaling,  # type: ignore[arg-type]
+                              seed=seed)  # fmt: skip
+
+        def loop(start: TrainConfig, noise: bool) -> AdaptLoop:
+            return InPlaceTrainer(workload, start, model=model, optimizer=optimizer, device=device, track_noise=noise)
+
+        device_type = next((p.device.type for p in model.parameters()), "cpu")
+        self._setup(workload, default, loop, memory_budget=memory_budget, policy=policy, decide_every=decide_every,
+                    adapt_batch=adapt_batch, min_efficiency=min_efficiency, max_batch_size=max_batch_size,
+                    track_memory=track_memory, device_type=device_type)  # fmt: skip
+
+    @classmethod
+    def on_ranks(
+        cls,
+        workload: str | Workload,
+        *,
+        ranks: int,
+        memory_budget: MemoryBudget | str | int | None = None,
+        policy: PolicyArg = "pretrained",
+        decide_every: int = 50,
+        device: str | None = None,
+        grad_clip: float | None = None,
+        lr_scaling: str = "linear",
+        seed: int = 0,
+        track_memory: bool = True,
+        timeout: float = 600.0,
+        session: RankSession | None = None,
+    ) -> Adaptive:
+        """Train a workload on ``ranks`` DeepSpeed ranks, adapting its configuration, ZeRO stage included.
+
+        The model lives in the rank processes, each rebuilding it from the workload's reference
+        (a built-in name such as ``"gpt-tiny"``, ``"path/to/file.py:build"``, ``"package.module:build"``,
+        or a :class:`Workload` from :func:`autotune.load_workload`), so this takes a reference, not
+        model and optimizer objects: the trained state stays in the ranks (no ``model`` here).
+
+        The workload's batch is the effective batch over all ranks, split evenly (it must divide
+        by ``ranks``). Decisions, the budget gate and :attr:`history` are the local run's; the
+        memory budget is per rank (a percentage: of the default configuration's predicted peak
+        per rank: fp32, one micro-batch per rank, ZeRO stage 0) and the gate predicts each config
+        with ZeRO's partitioning. A ZeRO stage (or bf16-engine) change builds new engines with
+        the training state carried over; its seconds are in the history's ``seconds``. No batch
+        adaptation and no gradient noise (ZeRO reduces gradients inside the engine). The ranks
+        start after every argument is checked (~10 s on 2 CPU cores) and end at :meth:`close`,
+        on an error, Ctrl-C, or when the parent dies.
+
+        Args:
+            ranks: DeepSpeed data-parallel ranks, >= 2 (one process: construct :class:`Adaptive`).
+            device: ``cpu``, ``cuda`` (one GPU per rank) or None (CUDA when available).
+            timeout: Seconds one command to the ranks (a step, a reconfiguration) may take.
+            session: A running :class:`~autotune.procs.session.RankSession` of ``ranks`` ranks to
+                train in instead of starting one (a start costs ~10 s: runs can share one, as the
+                environment's episodes do); what it trained before ends, its device is used, and
+                :meth:`close` leaves it open for its owner.
+            Others: as for :class:`Adaptive`.
+        """
+        from autotune.adapt.ranks import RankLoop
+        from autotune.procs.session import check_configs, device_type_of
+        from autotune.resolve import load_workload
+
+        if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 2:
+            raise ConfigError(f"ranks must be an int >= 2 (one process: Adaptive(model, ...)), but got {ranks!r}.")
+        if session is not None and (session.closed or session.ranks != ranks):
+            state = "closed" if session.closed else f"of {session.ranks} ranks"
+            raise ConfigError(f"session must be an open RankSession of ranks={ranks}, but got one {state}.")
+        wl = load_workload(workload) if isinstance(workload, str) else workload
+        if wl.batch_size % ranks:
+            raise ConfigError(
+                f"the batch of workload {wl.name!r} ({wl.batch_size}) must divide evenly by ranks={ranks}."
+            )
+        default = TrainConfig(micro_batch_size=wl.batch_size // ranks, ranks=ranks, grad_clip=grad_clip,
+                              lr_scaling=lr_scaling, seed=seed)  # type: ignore[arg-type]  # fmt: skip
+        device_type = device_type_of(device) if session is None else session.device_type
+        check_configs(wl, [default], device_type)  # a reference and a micro-batch the ranks can take
+
+        def loop(start: TrainConfig, noise: bool) -> AdaptLoop:
+            if session is not None:
+                return RankLoop(session, wl, start, owned=False)
+            return RankLoop.launch(wl, start, device_type=device_type, timeout=timeout)
+
+        self = cls.__new__(cls)
+        self._setup(wl, default, loop, memory_budget=memory_budget, policy=policy, decide_every=decide_every,
+                    adapt_batch=False, min_efficiency=1.0, max_batch_size=None, track_memory=track_memory,
+                    device_type=device_type)  # fmt: skip
+        return self
+
+    def _setup(
+        self,
+        workload: Workload,
+        default: TrainConfig,
+        loop: Callable[[TrainConfig, bool], AdaptLoop],
+        *,
+        memory_budget: MemoryBudget | str | int | None,
+        policy: PolicyArg,
+        decide_every: int,
+        adapt_batch: bool,
+        min_efficiency: float,
+        max_batch_size: int | None,
+        track_memory: bool,
+        device_type: str,
+    ) -> None:
+        """What both loops share: the source, the gate, the starting config, then ``loop(start, noise)``."""
+        batch_size = workload.batch_size
+        _check_int("decide_every", decide_every, 2)
         if not 0.0 < min_efficiency <= 1.0:
             raise ConfigError(f"min_efficiency must be in (0, 1], but got {min_efficiency!r}.")
         self.max_batch_size = 8 * batch_size if max_batch_size is None else max_batch_size
         _check_int("max_batch_size", self.max_batch_size, batch_size)
-        self.workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=blocks,
-                                 optimizer=_like(optimizer), batch_size=batch_size)  # fmt: skip
+        self.workload = workload
         self.source = decision_source(policy)
         self.decide_every, self.adapt_batch, self.min_efficiency = decide_every, adapt_batch, min_efficiency
         self.track_memory = track_memory
-        size = len(dataset) if isinstance(dataset, Sized) else batch_size
-        default = TrainConfig(micro_batch_size=min(batch_size, size), grad_clip=grad_clip, lr_scaling=lr_scaling,  # type: ignore[arg-type]
-                              seed=seed)  # fmt: skip
+        self._device_type = device_type
         budget = as_budget(memory_budget)
         self._default, self._fraction = default, budget.fraction
         reduced = self.source is not None  # only a decision source proposes bf16 blocks
-        self.gate = BudgetGate.build(self.workload, budget, default, reduced_precision=reduced)
+        self.gate = BudgetGate.build(workload, budget, default, reduced_precision=reduced, device_type=device_type)
         self.budget_bytes = self.gate.budget
         start, why = self._start(default, budget)
         by = "budget"
@@ -151,9 +260,11 @@ class Adaptive:
             verdict = self.gate.check(self.source.config)
             if verdict.admitted:
                 start, why, by = self.source.config, f"the fixed configuration; {verdict.reason}", self.source.name
-        self._noise = adapt_batch or (self.source is not None and self.source.needs_noise)
-        self.trainer = InPlaceTrainer(self.workload, start, model=model, optimizer=optimizer, device=device,
-                                      track_noise=self._noise)  # fmt: skip
+        if self.source is not None and not isinstance(self.source, FixedConfig):
+            self.source.start(self._context(start))
+        wants_noise = adapt_batch or (self.source is not None and self.source.needs_noise)
+        self.trainer = loop(start, wants_noise)  # the ranks start here: after every check above
+        self._noise = wants_noise and self.trainer.noise is not None
         self.steps: list[AdaptStep] = []
         self._history: list[Change] = []
         self._refused: set[TrainConfig] = set()
@@ -161,40 +272,41 @@ class Adaptive:
         self._previous = start
         if start != default:
             self._history.append(Change(step=0, source=by, before=default, after=start, applied=True, reason=why))
-        if self.source is not None and not isinstance(self.source, FixedConfig):
-            self.source.start(self._context(start))
 
     def _context(self, start: TrainConfig) -> RunContext:
         from autotune.memory.blocks import profile_blocks
 
         ranking = profile_blocks(self.workload, micro_batch_size=2).ranked()
-        device = next((p.device.type for p in self.workload.model.parameters()), "cpu")
         return RunContext(workload=self.workload, start=start, budget_bytes=self.budget_bytes, ranking=ranking,
-                          device_type=device)  # fmt: skip
+                          device_type=self._device_type)  # fmt: skip
 
     # ---- setup ------------------------------------------------------------------------------------
 
     def _start(self, default: TrainConfig, budget: MemoryBudget) -> tuple[TrainConfig, str]:
         """The default if it fits (or the budget is at least the default's own peak), else the first
-        of smaller micro-batches, then recompute on every block, that the gate admits."""
+        of smaller micro-batches (on ranks: each at the lowest ZeRO stage that fits), then
+        recompute on every block, that the gate admits."""
         verdict = self.gate.check(default)
         if verdict.admitted or (budget.fraction is not None and budget.fraction >= 1.0):
             return default, ""
         batch, tried = default.micro_batch_size, []
+        stages = range(4) if default.ranks > 1 else range(1)
         for ckpt in (False, True):
             micro = batch
             while micro >= 1:
-                if batch % micro == 0:
-                    config = _split(default, micro, ckpt)
+                for stage in stages if batch % micro == 0 else ():
+                    config = _split(default, micro, ckpt, stage)
                     candidate = self.gate.check(config)
                     if candidate.admitted:
                         return config, f"the default {_over(verdict)}; {candidate.reason}"
                     tried.append(candidate)
                 micro //= 2
         smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
+        per_rank = " per rank" if default.ranks > 1 else ""
         raise ConfigError(
-            f"memory_budget {self.budget_bytes} B is below every fp32 configuration of batch {batch} "
-            f"(smallest predicted peak {smallest} B, +{self.gate.headroom:.0%} headroom): raise the budget."
+            f"memory_budget {self.budget_bytes} B{per_rank} is below every fp32 configuration of batch "
+            f"{default.effective_batch_size} (smallest predicted peak {smallest} B, +{self.gate.headroom:.0%} "
+            "headroom): raise the budget."
         )
 
     # ---- the run ------------------------------------------------------------------------------------
@@ -211,23 +323,32 @@ class Adaptive:
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.trainer.model
+        """The user's model (on ranks there is none here: each rank trains its own copy)."""
+        return self._in_place().model
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        return self.trainer.optimizer
+        return self._in_place().optimizer
+
+    def _in_place(self) -> InPlaceTrainer:
+        if not isinstance(self.trainer, InPlaceTrainer):
+            raise UnsupportedError(
+                "Adaptive.on_ranks trains the model in the rank processes: there is no model or optimizer "
+                "object in this one."
+            )
+        return self.trainer
 
     def step(self) -> AdaptStep:
         """One optimizer step of the user's model; every ``decide_every`` steps, one decision."""
         t, config = self.trainer, self.trainer.config
         index, peak = t.step_count, None
         decision_due = (index + 1) % self.decide_every == 0
-        # The noise estimate folds in only the last steps before a decision (see SampledNoise).
-        t.noise.enabled = self._noise and (-(index + 1)) % self.decide_every < _NOISE_STEPS
+        if t.noise is not None:
+            # The noise estimate folds in only the last steps before a decision (see SampledNoise).
+            t.noise.enabled = self._noise and (-(index + 1)) % self.decide_every < _NOISE_STEPS
         # Adam creates its state in the first step, after the activation peak: track from step 1.
         if self.track_memory and index >= 1 and config not in self.gate.measured:
-            tracked = tracked_step(t)
-            result, peak = tracked.result, tracked.at_peak.total
+            result, peak = t.measured_step()
             self.gate.record(config, peak)
             if config == self._default and self._fraction is not None:
                 # A percentage is of the default's peak: its measurement replaces its prediction
@@ -259,7 +380,7 @@ class Adaptive:
             config=config,
             throughput=statistics.median(self._recent) if self._recent else 0.0,
             peak_bytes=peak,
-            b_noise=t.gns.estimate().b_simple if self._noise else None,
+            b_noise=t.noise.estimate().b_simple if self._noise and t.noise is not None else None,
             losses=tuple(s.loss for s in self.steps[-_LOSSES:]),
         )
 
@@ -281,9 +402,11 @@ class Adaptive:
                 self._history.append(self._change(obs, proposal, source, verdict, applied=False))
             return
         start = time.perf_counter()
-        self.trainer.reconfigure(proposal.config)
+        rebuilt = self.trainer.reconfigure(proposal.config)
         change = self._change(obs, proposal, source, verdict, applied=True)
-        self._history.append(_with_seconds(change, time.perf_counter() - start))
+        if rebuilt is not None:  # new DeepSpeed engines, the state carried over: what the seconds paid for
+            change = dataclasses.replace(change, reason=f"{change.reason}; new engines: {rebuilt.partition(':')[0]}")
+        self._history.append(dataclasses.replace(change, seconds=time.perf_counter() - start))
         self._previous, self._recent = obs.config, []
 
     def _change(self, obs: Observation, proposal: Proposal, source: str, verdict: Verdict, *, applied: bool) -> Change:
@@ -301,7 +424,8 @@ class Adaptive:
         self._recent = []
 
     def close(self) -> None:
-        """Remove every wrapper and hook from the user's model: it is exactly as it was given."""
+        """Remove every wrapper and hook from the user's model: it is exactly as it was given (on
+        ranks: close their engines and reap every process)."""
         self.trainer.close()
 
     def __enter__(self) -> Adaptive:
@@ -311,18 +435,11 @@ class Adaptive:
         self.close()
 
 
-def _split(config: TrainConfig, micro: int, checkpoint: bool) -> TrainConfig:
-    import dataclasses
-
-    accum = config.effective_batch_size // micro
-    return dataclasses.replace(config, micro_batch_size=micro, grad_accum_steps=accum, checkpoint=checkpoint)
+def _split(config: TrainConfig, micro: int, checkpoint: bool, zero_stage: int = 0) -> TrainConfig:
+    accum = config.micro_batch_size * config.grad_accum_steps // micro  # per rank: the ranks stay
+    return dataclasses.replace(config, micro_batch_size=micro, grad_accum_steps=accum, checkpoint=checkpoint,
+                               zero_stage=zero_stage)  # fmt: skip
 
 
 def _over(verdict: Verdict) -> str:
     return f"is over the budget ({verdict.reason})"
-
-
-def _with_seconds(change: Change, seconds: float) -> Change:
-    import dataclasses
-
-    return dataclasses.replace(change, seconds=seconds)

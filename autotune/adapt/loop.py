@@ -1,19 +1,28 @@
-"""The local Trainer on the user's own model and optimizer, with a data stream that keeps its place."""
+"""The loop :class:`~autotune.adapt.Adaptive` drives, and its local backend.
+
+:class:`AdaptLoop` is what the adaptive run needs of a training loop: a step, a step under exact
+memory tracking, a reconfiguration, and the gradient-noise hooks where the backend has them. Two
+backends implement it: :class:`InPlaceTrainer` (the local Trainer on the user's own model and
+optimizer, with a data stream that keeps its place) and :class:`autotune.adapt.ranks.RankLoop`
+(the rank session's DeepSpeed ranks).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from autotune.config import TrainConfig
+from autotune.measurement.tracker import tracked_step
+from autotune.train.base import StepResult
 from autotune.train.gns import GradientNoiseMonitor, NoiseEstimate
 from autotune.train.local import Trainer
 from autotune.train.stream import ShardStream
 from autotune.workload import Workload
 
-__all__ = ["InPlaceTrainer", "SampledNoise"]
+__all__ = ["AdaptLoop", "InPlaceTrainer", "SampledNoise"]
 
 
 class SampledNoise:
@@ -47,6 +56,41 @@ class SampledNoise:
         self.monitor.remove()
 
 
+class AdaptLoop(Protocol):
+    """A training loop an adaptive run can drive: the verbs of :class:`~autotune.train.base.BaseTrainer`.
+
+    ``noise`` is None where the backend cannot see micro-batch gradients (ZeRO reduces them inside
+    the engine); then ``noise_split`` is 1.
+    """
+
+    @property
+    def config(self) -> TrainConfig: ...
+
+    @property
+    def step_count(self) -> int: ...
+
+    @property
+    def noise(self) -> SampledNoise | None: ...
+
+    @property
+    def noise_split(self) -> int: ...
+
+    def step(self, *, split: int = 1) -> StepResult:
+        """One optimizer step (``split`` > 1: see :meth:`BaseTrainer.step`)."""
+        ...
+
+    def measured_step(self) -> tuple[StepResult, int]:
+        """One optimizer step under exact memory tracking: (its result, its peak tensor bytes;
+        with several ranks, the highest rank's)."""
+        ...
+
+    def reconfigure(self, config: TrainConfig) -> str | None:
+        """Switch to ``config`` between steps, keeping the training state; why it rebuilt, or None."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class InPlaceTrainer(Trainer):
     """:class:`Trainer` over the user's objects, trained in place.
 
@@ -70,6 +114,10 @@ class InPlaceTrainer(Trainer):
         super().__init__(workload, config, model=model, optimizer=optimizer, device=device, track_noise=track_noise)
         self.noise = SampledNoise(self.gns)
         self.gns = self.noise  # type: ignore[assignment]  # the same protocol, sampled
+
+    def measured_step(self) -> tuple[StepResult, int]:
+        tracked = tracked_step(self)
+        return tracked.result, tracked.at_peak.total
 
     def _batch_stream(self, micro_batch_size: int, seed: int) -> Iterator[Any]:
         while True:  # lazy: draws only when a step asks, so a reconfiguration loses no samples

@@ -6,8 +6,8 @@ descriptors) built from what the user's run measured, and answers with a ``Multi
 Its actions mean what they mean in the environments (:func:`autotune.envs.knobs.apply_action`):
 the split of the user's effective batch moves (micro-batch x2 and accumulation /2, or the
 reverse), never the batch; precision and checkpointing move by quarters of the blocks, hungriest
-first; no ZeRO (one process). A split the environments' level tables cannot express (a batch that
-is not a power of two) gets no proposal.
+first; the ZeRO stage is the action's on DeepSpeed ranks and 0 on one process. A split the
+environments' level tables cannot express (a batch that is not a power of two) gets no proposal.
 """
 
 from __future__ import annotations
@@ -62,12 +62,14 @@ class PolicySource(DecisionSource):
         self._decisions = 0
         self._first: Observation | None = None
         self._reduced_ok = True
+        self._ranks = 1
 
     def start(self, context: RunContext) -> None:
         from autotune.envs.core import MachineDescriptor, ModelDescriptor
         from autotune.memory.blocks import profile_blocks
 
         self._context = context
+        self._ranks = context.start.ranks
         profile = profile_blocks(context.workload, micro_batch_size=2)
         speeds = _machine_speeds(context.workload, context.start)
         self._reduced_ok = speeds.reduced_speed > 0
@@ -104,12 +106,12 @@ class PolicySource(DecisionSource):
             budget=self._context.budget_bytes,
             batch=batch,
             batch0=batch,
-            ranks=1,
+            ranks=self._ranks,
             adapt_batch=False,
         )
 
     def propose(self, observation: Observation) -> Proposal | None:
-        from autotune.envs.knobs import apply_action, knobs_to_config
+        from autotune.envs.knobs import ZERO_STAGES, apply_action, knobs_to_config
 
         assert self._context is not None, "start() first"
         ranking = self._context.ranking
@@ -121,11 +123,11 @@ class PolicySource(DecisionSource):
         action = tuple(int(a) for a in self.policy.act(self.observation(observation)))
         self._decisions += 1
         # The environments' action semantics, applied by their own function: the split moves, the
-        # effective batch never does (no batch adaptation here), one process (no ZeRO).
-        moved = apply_action(levels, action, max_zero_stage=0)
+        # effective batch never does (no batch adaptation here); ZeRO only on ranks.
+        moved = apply_action(levels, action, max_zero_stage=ZERO_STAGES - 1 if self._ranks > 1 else 0)
         if not self._reduced_ok:  # a reduced precision this machine cannot run is never proposed
             moved = dataclasses.replace(moved, precision=0)
-        config = knobs_to_config(moved, ranking, base=observation.config)
+        config = knobs_to_config(moved, ranking, ranks=self._ranks, base=observation.config)
         if config == observation.config:
             return None
         return Proposal(config=config, reason=f"policy action {action}")
@@ -145,6 +147,7 @@ def _levels_of(config: TrainConfig, num_blocks: int) -> KnobLevels | None:
         micro=MICRO_LEVELS.index(config.micro_batch_size),
         precision=round(low / num_blocks * quarters),
         checkpoint=round(ckpt / num_blocks * quarters),
+        zero_stage=config.zero_stage,
     )
 
 
@@ -159,8 +162,9 @@ def _machine_speeds(workload: Workload, start: TrainConfig) -> MachineSpeeds:
     from autotune.train.local import Trainer
 
     device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
+    # One local process even for a run on ranks: the probes time a rank's compute, not its collectives.
     probe = dataclasses.replace(start, micro_batch_size=min(start.micro_batch_size, 8), grad_accum_steps=1,
-                                precision="fp32", checkpoint=False)  # fmt: skip
+                                precision="fp32", checkpoint=False, ranks=1, zero_stage=0)  # fmt: skip
     trainer = Trainer(workload, probe, device=device, track_noise=False)
     try:
         return probe_speeds(trainer, probe, recover=lambda: trainer.optimizer.zero_grad(set_to_none=True))

@@ -30,6 +30,17 @@ class AdaptStep:
     def throughput(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "loss": self.loss,
+            "samples": self.samples,
+            "seconds": self.seconds,
+            "lr": self.lr,
+            "config": self.config.to_dict(),
+            "peak_bytes": self.peak_bytes,
+        }
+
 
 @dataclass(frozen=True, kw_only=True)
 class Change:

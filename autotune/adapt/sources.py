@@ -27,7 +27,7 @@ class RunContext:
     """What a source knows of the run before its first step."""
 
     workload: Workload
-    start: TrainConfig  # the configuration the run starts from
+    start: TrainConfig  # the configuration the run starts from (its ranks: the run's, fixed)
     budget_bytes: int
     ranking: tuple[int, ...]  # block indices, most activation bytes first (BlockProfile.ranked)
     device_type: str
@@ -84,9 +84,11 @@ class FixedConfig(DecisionSource):
                 f"FixedConfig's effective batch must be the run's ({context.start.effective_batch_size}), "
                 f"but got {self.config.effective_batch_size} ({self.config.describe()})."
             )
-        if self.config.ranks != 1 or self.config.zero_stage != 0:
+        ranks = context.start.ranks
+        if self.config.ranks != ranks or (ranks == 1 and self.config.zero_stage != 0):
+            where = "one process (ranks=1, zero_stage=0)" if ranks == 1 else f"the run's {ranks} ranks"
             raise ConfigError(
-                f"FixedConfig must run on one process (ranks=1, zero_stage=0), but got ranks={self.config.ranks}, "
+                f"FixedConfig must run on {where}, but got ranks={self.config.ranks}, "
                 f"zero_stage={self.config.zero_stage}."
             )
         # The run's own hygiene (LR scaling, clipping, seed) stays: only the knobs come from here.
@@ -96,6 +98,7 @@ class FixedConfig(DecisionSource):
             grad_accum_steps=self.config.grad_accum_steps,
             precision=self.config.precision,
             checkpoint=self.config.checkpoint,
+            zero_stage=self.config.zero_stage,
         )
 
     def propose(self, observation: Observation) -> Proposal | None:

@@ -9,10 +9,16 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["BUDGET_HELP", "add_config_flags", "config_from_args"]
+__all__ = ["BUDGET_HELP", "add_config_flags", "add_ranks_flag", "config_from_args"]
 
 #: Help of every ``--memory-budget`` (the syntax :func:`autotune.units.parse_memory_budget` reads).
 BUDGET_HELP = "a size with a unit (2GiB, 512MiB, 100MB) or a percentage of the default configuration's peak (75%%)"
+
+
+def add_ranks_flag(p: argparse.ArgumentParser) -> None:
+    """``--ranks N`` of the commands that train as they tune (``tune``, ``train --adapt``)."""
+    help_text = "data-parallel DeepSpeed ranks (> 1: the ZeRO stage is a live knob; needs deepspeed; default 1)"
+    p.add_argument("--ranks", type=int, default=1, help=help_text)
 
 
 def add_config_flags(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autotune.cli.flags import BUDGET_HELP
+from autotune.cli.flags import BUDGET_HELP, add_ranks_flag
 
 __all__ = ["register"]
 
@@ -56,8 +56,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--steps-per-action", type=int, default=4, help="real optimizer steps per env step, >= 2 (default 4)"
     )
-    p.add_argument("--ranks", type=int, default=1,
-                   help="data-parallel DeepSpeed ranks (> 1: the ZeRO action is live; needs deepspeed)")  # fmt: skip
+    add_ranks_flag(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the episode's reset (default 0)")
     p.add_argument(
         "--json", action="store_true", help="print the episode as JSON: each step's action, config, measures, reward"

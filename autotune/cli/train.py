@@ -1,5 +1,7 @@
-"""``autotune train WORKLOAD --steps N [--adapt]``: train a workload, adapting its configuration.
+"""``autotune train WORKLOAD --steps N [--adapt] [--ranks N]``: train a workload, adapting its configuration.
 
+In this process (:class:`autotune.adapt.Adaptive`), or on N DeepSpeed ranks
+(:meth:`autotune.adapt.Adaptive.on_ranks`: the ZeRO stage is a knob too, the budget per rank).
 Only argparse at import time; torch and the tuner load inside the handler.
 """
 
@@ -9,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autotune.cli.flags import BUDGET_HELP
+from autotune.cli.flags import BUDGET_HELP, add_ranks_flag
 
 __all__ = ["register"]
 
@@ -24,6 +26,8 @@ def register(sub: Any) -> None:
     p.add_argument("--decide-every", type=int, default=10, help="steps between decisions, >= 2 (default 10)")
     p.add_argument("--adapt-batch", action="store_true", help="let the effective batch grow with the gradient noise")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: where the model is)")
+    add_ranks_flag(p)
+    p.add_argument("--json", action="store_true", help="print the run as JSON: every step and every decision")
     p.set_defaults(func=_cmd_train)
 
 
@@ -36,26 +40,44 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--steps must be >= 1, but got {args.steps}.")
     if args.policy is not None and not args.adapt:
         raise ConfigError("--policy needs --adapt (without it the run keeps the default configuration).")
+    if args.ranks < 1:
+        raise ConfigError(f"--ranks must be >= 1, but got {args.ranks}.")
+    if args.ranks > 1 and args.adapt_batch:
+        raise ConfigError("--adapt-batch needs one process (--ranks 1): the batch follows the gradient noise "
+                          "scale, which ZeRO's engines do not expose.")  # fmt: skip
     wl = load_workload(args.workload)
     policy = (args.policy or "pretrained") if args.adapt else None
-    tuner = Adaptive(wl.model, wl.make_optimizer(wl.model.parameters()), wl.loss_fn, wl.dataset,
-                     batch_size=wl.batch_size, memory_budget=args.memory_budget, policy=policy,
-                     decide_every=args.decide_every, adapt_batch=args.adapt_batch, blocks=wl.blocks,
-                     device=args.device, name=wl.name)  # fmt: skip
+    if args.ranks > 1:
+        tuner = Adaptive.on_ranks(wl, ranks=args.ranks, memory_budget=args.memory_budget, policy=policy,
+                                  decide_every=args.decide_every, device=args.device)  # fmt: skip
+    else:
+        tuner = Adaptive(wl.model, wl.make_optimizer(wl.model.parameters()), wl.loss_fn, wl.dataset,
+                         batch_size=wl.batch_size, memory_budget=args.memory_budget, policy=policy,
+                         decide_every=args.decide_every, adapt_batch=args.adapt_batch, blocks=wl.blocks,
+                         device=args.device, name=wl.name)  # fmt: skip
     try:
-        _train(tuner, args.steps, wl.name)
+        _train(tuner, args.steps, wl.name, quiet=args.json)
     finally:
-        tuner.close()
-    _summary(tuner)
+        tuner.close()  # on ranks: every process reaped, Ctrl-C and errors included
+    if args.json:
+        import json
+
+        history = [c.to_dict() for c in tuner.history]
+        run = {"budget_bytes": tuner.budget_bytes, "steps": [s.to_dict() for s in tuner.steps], "history": history}
+        print(json.dumps(run, indent=2))
+    else:
+        _summary(tuner)
     return 0
 
 
-def _train(tuner: Any, steps: int, name: str) -> None:
+def _train(tuner: Any, steps: int, name: str, *, quiet: bool) -> None:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[status]}"))  # fmt: skip
-    with Progress(*columns, transient=False) as progress:
+    console = Console(stderr=True) if quiet else None  # stdout is the JSON's
+    with Progress(*columns, transient=quiet, console=console) as progress:
         task = progress.add_task(f"train {name}", total=steps, status="")
         for _ in range(steps):
             s = tuner.step()
@@ -74,16 +96,20 @@ def _summary(tuner: Any) -> None:
     samples = sum(s.samples for s in steps)
     seconds = sum(s.seconds for s in steps)
     peaks = [s.peak_bytes for s in steps if s.peak_bytes is not None]
-    console.print(f"{len(steps)} steps, {samples} samples in {seconds:.1f} s ({samples / max(seconds, 1e-9):.1f} "
-                  f"samples/s), final loss {steps[-1].loss:.4f}, budget {format_bytes(tuner.budget_bytes)}, "
+    ranks = tuner.config.ranks
+    where = f" on {ranks} ranks" if ranks > 1 else ""
+    per_rank = " per rank" if ranks > 1 else ""
+    rate = samples / max(seconds, 1e-9)
+    console.print(f"{len(steps)} steps{where}, {samples} samples in {seconds:.1f} s ({rate:.1f} "
+                  f"samples/s), final loss {steps[-1].loss:.4f}, budget {format_bytes(tuner.budget_bytes)}{per_rank}, "
                   f"highest measured peak {format_bytes(max(peaks) if peaks else None)}")  # fmt: skip
     if not tuner.history:
         console.print(f"configuration: {tuner.config.describe()} (no change)")
         return
     table = Table(title="configuration changes")
-    for col in ("step", "verdict", "configuration", "why"):
+    for col in ("step", "verdict", "configuration", "seconds", "why"):
         table.add_column(col)
     for c in tuner.history:
         verdict = "applied" if c.applied else ("reverted" if c.reverted else "refused")
-        table.add_row(str(c.step), verdict, c.after.describe(), f"{c.source}: {c.reason}")
+        table.add_row(str(c.step), verdict, c.after.describe(), f"{c.seconds:.3f}", f"{c.source}: {c.reason}")
     console.print(table)

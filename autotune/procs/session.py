@@ -60,6 +60,7 @@ from autotune.train.zero_state import TrainingState, load_state
 from autotune.workload import Workload
 
 __all__ = [
+    "RankFailed",
     "RankMemory",
     "RankSession",
     "RankTraceback",
@@ -295,8 +296,7 @@ class RankSession:
             failure: tuple[Status, str] | None = None
         except RankFailed as e:
             if not e.out_of_memory:
-                where = f"training {workload.name!r} failed under {config.describe()} on rank {e.rank}"
-                raise TrainingError(f"{where}: {e.type}: {e.message}") from e
+                raise e.training_error(workload, config) from e
             replies, failure = [], ("oom", f"out of memory on rank {e.rank}: {e.message.splitlines()[0]}")
         return assemble(
             workload.name,
@@ -480,6 +480,11 @@ class RankFailed(SessionError):
     def __init__(self, *, rank: int, op: str, type: str, message: str, out_of_memory: bool) -> None:
         super().__init__(f"rank {rank} failed in {op!r}: {type}: {message}")
         self.rank, self.type, self.message, self.out_of_memory = rank, type, message, out_of_memory
+
+    def training_error(self, workload: Workload, config: TrainConfig) -> TrainingError:
+        """This failure as what it is to the caller: ``workload`` could not train under ``config``."""
+        where = f"training {workload.name!r} failed under {config.describe()} on rank {self.rank}"
+        return TrainingError(f"{where}: {self.type}: {self.message}")
 
 
 def _rank_error(rank: int, op: str, error: dict[str, Any]) -> Exception:

@@ -7,29 +7,16 @@ import pytest
 import torch
 
 from autotune import TrainConfig
-from autotune.adapt import Adaptive, DecisionSource, FixedConfig, Observation, Proposal
+from autotune.adapt import Adaptive, FixedConfig, Observation
 from autotune.adapt.batch import grow_batch
 from autotune.errors import ConfigError
 from autotune.workload import Workload
+from tests.adapt.scripted import Scripted
 from tests.conftest import make_resmlp
 
 BATCH = 32
 BAD_BUDGET = "memory_budget must be bytes (int), a string such as '8GiB' or '75%', or None, but got 1.5."
 BAD_POLICY = "policy must be 'pretrained', a policy directory, a TrainConfig, a DecisionSource or None, but got int."
-
-
-class Scripted(DecisionSource):
-    """Proposes the given configs in turn, one per decision."""
-
-    name = "scripted"
-
-    def __init__(self, configs: list[TrainConfig]) -> None:
-        self.configs = list(configs)
-
-    def propose(self, observation: Observation) -> Proposal | None:
-        if not self.configs:
-            return None
-        return Proposal(config=self.configs.pop(0), reason="scripted")
 
 
 def _user_objects() -> tuple[Workload, torch.optim.Optimizer]:

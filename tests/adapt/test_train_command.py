@@ -1,9 +1,17 @@
 from __future__ import annotations
 
+import json
+import select
+from typing import Any
+
 import pytest
 
+import autotune.procs.session
 from autotune.adapt.adaptive import Adaptive
 from autotune.cli import main
+from autotune.procs.session import RankSession
+from tests.paths import ZERO_WORKLOADS
+from tests.processes import alive
 
 
 @pytest.mark.parametrize(
@@ -15,6 +23,12 @@ from autotune.cli import main
         (("--adapt", "--decide-every", "1"), "autotune train: error: decide_every must be an int >= 2, but got 1.\n"),
         (("--memory-budget", "8"), "autotune train: error: memory_budget needs a unit: a size such as 8GiB or 8MiB, "
                                    "or a percentage such as 75%, but got '8'.\n"),
+        (("--ranks", "0"), "autotune train: error: --ranks must be >= 1, but got 0.\n"),
+        (("--ranks", "2", "--adapt-batch"), "autotune train: error: --adapt-batch needs one process (--ranks 1): the "
+                                            "batch follows the gradient noise scale, which ZeRO's engines do not "
+                                            "expose.\n"),
+        (("--ranks", "3"), "autotune train: error: the batch of workload 'mlp-digits' (32) must divide evenly by "
+                           "ranks=3.\n"),
     ],
 )  # fmt: skip
 def test_user_mistakes_are_one_line_exit_2(
@@ -30,6 +44,16 @@ def test_adaptive_training_reports_the_run(capsys: pytest.CaptureFixture[str]) -
     assert "4 steps, 128 samples in" in out  # mlp-digits trains batches of 32
 
 
+def test_json_is_every_step_and_decision(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "mlp-digits", "--steps", "2", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run.keys() == {"budget_bytes", "steps", "history"} and run["history"] == []
+    steps = [(s["step"], s["samples"], s["config"]["micro_batch_size"]) for s in run["steps"]]
+    assert steps == [(0, 32, 32), (1, 32, 32)]
+    # The first step creates Adam's state; the second, the default's first full one, is tracked.
+    assert run["steps"][0]["peak_bytes"] is None and 0 < run["steps"][1]["peak_bytes"] <= run["budget_bytes"]
+
+
 def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     def interrupted(self: Adaptive) -> None:
         raise KeyboardInterrupt
@@ -37,3 +61,53 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
     monkeypatch.setattr(Adaptive, "step", interrupted)
     assert main(["train", "mlp-digits", "--steps", "3"]) == 130
     assert capsys.readouterr().err == "autotune train: interrupted\n"
+
+
+@pytest.fixture
+def sessions(monkeypatch: pytest.MonkeyPatch) -> list[RankSession]:
+    """Every RankSession the command starts (to check that its processes are gone after)."""
+    started: list[RankSession] = []
+    init = RankSession.__init__
+
+    def recording(self: RankSession, **kwargs: Any) -> None:
+        started.append(self)
+        init(self, **kwargs)
+
+    monkeypatch.setattr(RankSession, "__init__", recording)
+    return started
+
+
+def _pids(session: RankSession) -> list[int]:
+    return [*session.rank_pids, session.launcher_pid]
+
+
+def test_adaptive_training_on_ranks_reports_the_run_and_leaves_no_process(
+    sessions: list[RankSession], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["train", f"{ZERO_WORKLOADS}:build", "--steps", "4", "--adapt", "--ranks", "2", "--decide-every", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "4 steps on 2 ranks, 128 samples in" in out  # 16 per rank
+    assert "per rank" in out
+    (session,) = sessions
+    assert session.closed and len(session.rank_pids) == 2
+    assert not any(alive(pid) for pid in _pids(session))
+
+
+def test_ctrl_c_on_ranks_exits_130_and_leaves_no_process(
+    sessions: list[RankSession], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Interrupted:
+        """Ctrl-C while the parent waits for the ranks' first reply (their start)."""
+
+        @staticmethod
+        def select(*args: Any) -> Any:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(autotune.procs.session, "select", Interrupted)
+    assert main(["train", f"{ZERO_WORKLOADS}:build", "--steps", "3", "--ranks", "2"]) == 130
+    assert capsys.readouterr().err == "autotune train: interrupted\n"
+    (session,) = sessions
+    assert len(session.rank_pids) == 2 and session.closed
+    assert not any(alive(pid) for pid in _pids(session))
+    assert select.select is not None  # the real module is untouched: only the session's name for it

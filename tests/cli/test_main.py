@@ -290,3 +290,19 @@ def test_workloads_without_transformers_lists_what_to_install(
     assert "autotune" in rows["gpt-tiny"] and "1,263,616" in rows["gpt-tiny"]
     assert "GPT2LMHeadModel" in rows["hf-gpt2"] and "pip install 'autotune[hf]'" in rows["hf-gpt2"]
     assert f"torch {installed_version('torch')} nn.LSTM" in rows["lstm-lm"] and "2,238,976" in rows["lstm-lm"]
+
+
+def test_the_commands_that_train_as_they_tune_share_one_ranks_flag() -> None:
+    parser = _parser()
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    def ranks_flag(command: str) -> tuple[object, str | None]:
+        (flag,) = [a for a in subcommands[command]._actions if a.dest == "ranks"]
+        return flag.default, flag.help
+
+    assert ranks_flag("train") == ranks_flag("tune")
+    assert ranks_flag("train") == (
+        1,
+        "data-parallel DeepSpeed ranks (> 1: the ZeRO stage is a live knob; needs deepspeed; default 1)",
+    )
+    assert parser.parse_args(["train", "gpt-tiny", "--ranks", "2"]).ranks == 2
