@@ -3,10 +3,11 @@
 ``calibrate`` solves the simulator's time model from five step times measured in this process;
 a study measured many more configurations, in its own measuring process (with its own thread
 count), at the configurations that matter. :func:`fit_time_terms` refits the model's per-model
-time terms to them, minimizing the squared *relative* error of the simulated step time:
+time terms to them, minimizing the squared log-ratio of simulated to measured throughput:
 
 * the three linear terms (per-step fixed, per-micro-batch fixed and per-sample seconds, all >= 0)
-  by non-negative least squares, exactly, for each candidate pair of
+  by non-negative least squares on the relative step-time errors (the log-ratios to first
+  order), for each candidate pair of
 * the reduced-precision slowdown and the recompute fraction, searched on a log grid around the
   calibrated values (a term the trials cannot identify, e.g. the slowdown of a study with no
   bf16 trial, stays at its calibrated value: ties go to the grid point nearest to it).
@@ -32,7 +33,7 @@ from autotune.envs.costmodel import step_seconds
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 
-__all__ = ["MeasuredConfig", "fit_time_terms", "rms_relative_error", "simulated_throughput"]
+__all__ = ["MeasuredConfig", "fit_time_terms", "simulated_throughput", "throughput_error"]
 
 _GRID = np.exp(np.linspace(math.log(1 / 8), math.log(8), 25))  # multipliers around the calibrated value
 _RECOMPUTE_GRID = np.linspace(0.0, 3.0, 31)  # absolute recompute fractions (a calibrated 0 has no scale)
@@ -60,9 +61,11 @@ def simulated_throughput(profile: WorkloadProfile, config: TrainConfig) -> float
     return config.effective_batch_size / seconds
 
 
-def rms_relative_error(profile: WorkloadProfile, measured: Sequence[MeasuredConfig]) -> float:
-    """Root mean square over ``measured`` of (simulated - measured throughput) / measured."""
-    errors = [(simulated_throughput(profile, m.config) - m.throughput) / m.throughput for m in measured]
+def throughput_error(profile: WorkloadProfile, measured: Sequence[MeasuredConfig]) -> float:
+    """Root mean square over ``measured`` of log(simulated / measured throughput): symmetric, so
+    a trial measured 3x slower than usual (a shared machine) weighs as much as one 3x faster;
+    ``exp`` of it is the typical factor the simulator is off by."""
+    errors = [math.log(simulated_throughput(profile, m.config) / m.throughput) for m in measured]
     return math.sqrt(sum(e * e for e in errors) / len(errors))
 
 
@@ -85,13 +88,13 @@ def fit_time_terms(profile: WorkloadProfile, measured: Sequence[MeasuredConfig])
     """``profile`` with its time terms refit to ``measured`` (see the module docstring)."""
     _check(profile, measured)
     seconds = np.array([m.config.effective_batch_size / m.throughput for m in measured])
-    best: tuple[float, WorkloadProfile] = (_loss(profile, seconds, measured), profile)
+    best: tuple[float, WorkloadProfile] = (_loss(profile, measured), profile)
     slowdowns = [profile.reduced_slowdown * float(g) for g in _GRID]
     recomputes = sorted({profile.recompute_fraction, *(float(r) for r in _RECOMPUTE_GRID)})
     for slowdown, recompute in itertools.product(slowdowns, recomputes):
         candidate = dataclasses.replace(profile, reduced_slowdown=slowdown, recompute_fraction=recompute)
         fitted = _fit_linear(candidate, seconds, measured)
-        loss = _loss(fitted, seconds, measured) + _prior(profile, fitted)
+        loss = _loss(fitted, measured) + _prior(profile, fitted)
         if loss < best[0]:
             best = (loss, fitted)
     return best[1]
@@ -104,9 +107,11 @@ def _prior(calibrated: WorkloadProfile, p: WorkloadProfile) -> float:
     return 1e-9 * far
 
 
-def _loss(p: WorkloadProfile, seconds: np.ndarray, measured: Sequence[MeasuredConfig]) -> float:
-    simulated = np.array([m.config.effective_batch_size / simulated_throughput(p, m.config) for m in measured])
-    return float(np.sum(((simulated - seconds) / seconds) ** 2))
+def _loss(p: WorkloadProfile, measured: Sequence[MeasuredConfig]) -> float:
+    """What is reported and minimized (:func:`throughput_error`). The least squares below solve for
+    relative step-time errors, the same to first order: they propose candidates, this judges
+    them, so the calibrated profile is never replaced by one that fits the trials worse."""
+    return throughput_error(p, measured) ** 2
 
 
 def _fit_linear(p: WorkloadProfile, seconds: np.ndarray, measured: Sequence[MeasuredConfig]) -> WorkloadProfile:

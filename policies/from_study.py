@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.envs.calibration import WorkloadProfile
-from autotune.envs.fit import MeasuredConfig, fit_time_terms, rms_relative_error
+from autotune.envs.fit import MeasuredConfig, fit_time_terms, throughput_error
 from autotune.policies.ppo import Policy, load_policy, write_policy
 from autotune.policies.transfer import fine_tune, profile_for_tuning
 
@@ -36,8 +36,9 @@ REDUCED = "bf16"  # the reduced precision profile_for_tuning calibrates
 
 @dataclass(frozen=True, kw_only=True)
 class StudyFineTune:
-    """What :func:`fine_tune_from_study` did: the fit (root-mean-square relative error of the
-    simulator's throughput at the trials' configurations, before and after) and the saved policy."""
+    """What :func:`fine_tune_from_study` did: the fit (the simulator's throughput error at the
+    trials' configurations, before and after: :func:`autotune.envs.fit.throughput_error`, the
+    RMS of log(simulated / measured)) and the saved policy."""
 
     study: str
     trials: int
@@ -124,10 +125,10 @@ def fine_tune_from_study(
     default_peak = step_cost(fitted, KnobLevels.default_for(fitted.batch_size)).peak_bytes
     fraction = 1.0 if budget is None else budget / default_peak
     tuned = fine_tune(base, fitted, memory_budget=fraction, seconds=seconds, seed=seed)
-    before, after = rms_relative_error(profile, measured), rms_relative_error(fitted, measured)
+    before, after = throughput_error(profile, measured), throughput_error(fitted, measured)
     meta = dict(tuned.metadata)
     meta["fine_tuned"] = {**meta.get("fine_tuned", {}), "from_study": study, "trials": len(measured),
-                          "throughput_error_rms": {"calibrated": before, "fitted": after}}  # fmt: skip
+                          "throughput_error": {"calibrated": before, "fitted": after}}  # fmt: skip
     write_policy(tuned.network, out, metadata=meta)
     return StudyFineTune(study=study, trials=len(measured), error_before=before, error_after=after, profile=fitted,
                          policy=Policy(network=tuned.network, metadata=meta, directory=out), out=out)  # fmt: skip

@@ -120,6 +120,8 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
 
 
 def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
+    import math
+
     import torch
     from rich.console import Console
 
@@ -133,7 +135,8 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
         done = fine_tune_from_study(args.workload, study=args.study, storage=args.storage, out=args.out,
                                     seconds=args.seconds, seed=args.seed, policy=args.policy)  # fmt: skip
     steps = done.policy.metadata["fine_tuned"]["steps"]
-    fit = f"simulated throughput error, rms: {done.error_before:.1%} calibrated -> {done.error_after:.1%} fitted"
+    before, after = math.exp(done.error_before), math.exp(done.error_after)
+    fit = f"simulated throughput off by x{before:.2f} calibrated -> x{after:.2f} fitted, geometric RMS"
     print(f"saved {done.out}: fitted to {done.trials} trials of study {done.study!r} ({fit}), fine-tuned {steps} steps")
     return 0
 

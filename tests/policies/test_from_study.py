@@ -4,6 +4,7 @@ fine-tuned on; the saved policy runs in ``tune --policy DIR`` and ``Adaptive(pol
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -40,13 +41,14 @@ def test_the_fitted_simulator_is_closer_and_the_saved_policy_runs(
     assert main(args) == 0
     printed = capsys.readouterr().out
     meta = json.loads((out / "policy.json").read_text())["fine_tuned"]
-    error = meta["throughput_error_rms"]
+    error = meta["throughput_error"]
     # The simulator's throughput at the trials' configurations, before and after the fit.
     assert error["fitted"] < error["calibrated"], error
-    assert (meta["from_study"], meta["on"]) == ("tiny", TINY)
+    assert (meta["from_study"], meta["on"], meta["trials"]) == ("tiny", TINY, 6)
+    before, after = math.exp(error["calibrated"]), math.exp(error["fitted"])
     assert printed == (
-        f"saved {out}: fitted to {meta['trials']} trials of study 'tiny' (simulated throughput error, rms: "
-        f"{error['calibrated']:.1%} calibrated -> {error['fitted']:.1%} fitted), fine-tuned {meta['steps']} steps\n"
+        f"saved {out}: fitted to 6 trials of study 'tiny' (simulated throughput off by x{before:.2f} calibrated "
+        f"-> x{after:.2f} fitted, geometric RMS), fine-tuned {meta['steps']} steps\n"
     )
     assert load_policy(out).metadata["fine_tuned"] == meta
     assert decision_source(out).policy.metadata["fine_tuned"] == meta  # type: ignore[union-attr]
