@@ -52,7 +52,12 @@ class MissingDependencyError(AutotuneError, ImportError):
     """An optional dependency is not installed; the message names the package (or extra) to install."""
 
 
-__all__ += ["SpecError", "StudyError", "MissingDependencyError"]
+class ProposalError(AutotuneError):
+    """The policy cannot propose a configuration for a workload (it cannot be profiled, or the
+    memory model its simulator relies on is off); the message says why. A study goes on without it."""
+
+
+__all__ += ["SpecError", "StudyError", "MissingDependencyError", "ProposalError"]
 
 
 class PredictionError(AutotuneError):

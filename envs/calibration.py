@@ -99,6 +99,9 @@ class WorkloadProfile:
     curve_b_noise: tuple[float, ...]
     #: Predicted peak bytes of every KnobLevels setting: index with :func:`peak_table_index`.
     peak_table: tuple[int, ...] | None = None
+    #: Measured (MemTracker) peak bytes of the default configuration, which checks the table's
+    #: prediction of it; None in profiles written before it was recorded.
+    default_peak_bytes: int | None = None
 
     @property
     def model_state_bytes(self) -> int:
@@ -133,9 +136,12 @@ def load_profile(path: Path) -> WorkloadProfile:
 Progress = Callable[[str], None]
 
 
-def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: int = 60,
+def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: int = 60, timing_rounds: int = 8,
               progress: Progress | None = None) -> WorkloadProfile:  # fmt: skip
-    """Measure ``workload`` on this machine (tens of seconds for the built-in workloads)."""
+    """Measure ``workload`` on this machine (tens of seconds for the built-in workloads).
+
+    ``timing_rounds``: interleaved steps per timed configuration (their median is used); fewer
+    is faster and noisier (gpt-tiny, 1 thread: 8 rounds took 21 s of a 45 s calibration)."""
     say = progress or (lambda _: None)
     b0 = workload.batch_size
     b_small = max(1, b0 // 4)
@@ -157,6 +163,7 @@ def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: i
             "checkpoint": TrainConfig(micro_batch_size=b0, checkpoint=True),
             "accum": TrainConfig(micro_batch_size=b_small, grad_accum_steps=2),
         },
+        rounds=timing_rounds,
     )
     # Solve the time model from the five step times (steps of the same process, interleaved):
     # one more micro-batch of b_small (accum) gives a micro-batch's time; the rest of the small
@@ -197,6 +204,7 @@ def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: i
         curve_loss=losses,
         curve_b_noise=noise,
         peak_table=table,
+        default_peak_bytes=default.memory.total,
     )
 
 

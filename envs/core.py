@@ -26,7 +26,7 @@ from gymnasium import spaces
 
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
-from autotune.measurement.goodput import statistical_efficiency
+from autotune.measurement.objective import score
 from autotune.measurement.trend import loss_slope
 
 if TYPE_CHECKING:
@@ -47,7 +47,6 @@ OBSERVATION_SIZE = 20
 OVER_BUDGET_PENALTY = 1.0
 DIVERGENCE_PENALTY = 2.0
 RECONFIG_WEIGHT = 1.0
-GIB = 1024**3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,11 +260,12 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def score(self, r: Interval) -> float:
         """log(throughput per GiB of peak) at the user's batch; log(goodput per GiB) with
-        ``adapt_batch`` (the batch is then >= B_0, so the Pollux efficiency is <= 1)."""
-        eff = 1.0
-        if self.adapt_batch:
-            eff = statistical_efficiency(batch_size=r.batch, base_batch_size=self._batch0, noise_scale=r.b_noise)
-        return math.log(max(r.throughput * eff, 1e-12) / (r.peak_bytes / GIB))
+        ``adapt_batch`` (the batch is then >= B_0, so the Pollux efficiency is <= 1): the
+        objective every searcher shares (:func:`autotune.measurement.objective.score`)."""
+        measured = score(throughput=r.throughput, peak_bytes=r.peak_bytes, batch_size=r.batch,
+                         base_batch_size=self._batch0, noise_scale=r.b_noise,
+                         batch_is_knob=self.adapt_batch)  # fmt: skip
+        return measured.log_per_gib
 
     def _observation(self, r: Interval) -> np.ndarray:
         assert self._first is not None and self._model is not None and self._machine is not None

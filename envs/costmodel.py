@@ -43,13 +43,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
 from autotune.envs.calibration import WorkloadProfile, peak_table_index
 from autotune.envs.knobs import KnobLevels, blocks_at_level
 
-__all__ = ["CPU_ZERO_OVERHEAD", "StepCost", "step_cost", "randomized_machine", "randomized_profile", "ranking"]
+__all__ = [
+    "CPU_ZERO_OVERHEAD",
+    "StepCost",
+    "step_cost",
+    "step_seconds",
+    "randomized_machine",
+    "randomized_profile",
+    "ranking",
+]
 
 
 @dataclass(frozen=True)
@@ -88,19 +97,36 @@ def step_cost(
     return StepCost(seconds=local.seconds + comm, peak_bytes=int(max(peak, 0.0)))
 
 
-def _local_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
-    order = ranking(p)
-    low = blocks_at_level(knobs.precision, order)
-    ckpt = blocks_at_level(knobs.checkpoint, order)
-    b, k = knobs.micro_batch_size, knobs.accum_steps
+def step_seconds(
+    p: WorkloadProfile,
+    *,
+    micro_batch_size: int,
+    accum_steps: int,
+    reduced: Collection[int],
+    recomputed: Collection[int],
+) -> float:
+    """Seconds of one optimizer step on one rank: ``t_step`` of the module docstring, with the
+    blocks (indices in forward order) in reduced precision and recomputed given explicitly, so any
+    configuration (a study's trial, not only the environments' quarter levels) can be timed."""
+    b, k = micro_batch_size, accum_steps
     block_time = sum(
-        blk.time_share * (p.reduced_slowdown if i in low else 1.0) * (1.0 + p.recompute_fraction * (i in ckpt))
+        blk.time_share
+        * (p.reduced_slowdown if i in reduced else 1.0)
+        * (1.0 + p.recompute_fraction * (i in recomputed))
         for i, blk in enumerate(p.blocks)
     )
     t_micro = (p.micro_fixed_seconds + b * p.micro_seconds_per_sample) * (
         1.0 - p.blocks_fraction + p.blocks_fraction * block_time
     )
-    seconds = p.step_fixed_seconds + k * t_micro
+    return p.step_fixed_seconds + k * t_micro
+
+
+def _local_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
+    order = ranking(p)
+    low = blocks_at_level(knobs.precision, order)
+    ckpt = blocks_at_level(knobs.checkpoint, order)
+    b, k = knobs.micro_batch_size, knobs.accum_steps
+    seconds = step_seconds(p, micro_batch_size=b, accum_steps=k, reduced=low, recomputed=ckpt)
 
     def full(i: int) -> float:
         blk = p.blocks[i]

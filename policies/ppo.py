@@ -28,6 +28,7 @@ __all__ = [
     "Policy",
     "train_policy",
     "save_policy",
+    "write_policy",
     "load_policy",
     "evaluate",
     "simulated_venv",
@@ -142,11 +143,7 @@ def save_policy(
     model: Any, directory: Path, *, trained_on: Sequence[str], timesteps: int, extra: dict[str, Any] | None = None
 ) -> None:
     import stable_baselines3
-    from safetensors.torch import save_file
 
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.policy.state_dict().items()}
-    save_file(state, str(directory / "policy.safetensors"))
     meta = {
         "format": POLICY_FORMAT,
         "algorithm": "PPO",
@@ -162,7 +159,18 @@ def save_policy(
         },
         **(extra or {}),
     }
-    (directory / "policy.json").write_text(json.dumps(meta, indent=2))
+    write_policy(model.policy, directory, metadata=meta)
+
+
+def write_policy(network: Any, directory: Path, *, metadata: dict[str, Any]) -> None:
+    """Write a policy directory: ``network``'s weights (safetensors) and ``metadata`` (JSON, with
+    the keys :func:`load_policy` requires, as a loaded :class:`Policy` carries them)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in network.state_dict().items()}
+    save_file(state, str(directory / "policy.safetensors"))
+    (directory / "policy.json").write_text(json.dumps(metadata, indent=2))
 
 
 _POLICY_FILES = "a policy directory holds policy.json and policy.safetensors (autotune train-policy --out writes one)"

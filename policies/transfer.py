@@ -19,18 +19,20 @@ import numpy as np
 from autotune.envs.calibration import WorkloadProfile, calibrate
 from autotune.policies.ppo import Policy, new_ppo, simulated_venv
 
-from autotune.errors import ConfigError
+from autotune.errors import AutotuneError, ConfigError, ProposalError, one_line
 from autotune.knobs import Knobs
+from autotune.measurement.objective import per_gib
+from autotune.memory.check import TOLERANCE
 from autotune.workload import Workload
 
 __all__ = ["profile_for_tuning", "fine_tune", "propose"]
 
 
-def profile_for_tuning(workload: Workload, *, curve_steps: int = 12) -> WorkloadProfile:
+def profile_for_tuning(workload: Workload, *, curve_steps: int = 12, timing_rounds: int = 8) -> WorkloadProfile:
     """The calibrated simulator's profile of ``workload`` on this machine. The loss and noise
     curves only matter with batch adaptation: a short one keeps this to the cost of the timed
     configurations and the memory table."""
-    return calibrate(workload, curve_steps=curve_steps)
+    return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds)
 
 
 def fine_tune(
@@ -81,34 +83,56 @@ def fine_tune(
     return Policy(network=model.policy, metadata=meta, directory=policy.directory)
 
 
+#: What ``autotune study`` spends on its policy proposal: a quick profile (2 timing rounds, a
+#: 2-step curve: the curves only matter with batch adaptation) and no fine-tuning. Measured on
+#: gpt-tiny (1 thread): a full profile took 45 s, 21 of them in 8 timing rounds (README).
+PROPOSAL_TIMING_ROUNDS = 2
+PROPOSAL_CURVE_STEPS = 2
+
+
 def propose(
     workload: Workload,
     *,
     memory_budget: int | None,
-    seconds: float = 10.0,
+    seconds: float = 0.0,
     policy: Policy | None = None,
     seed: int = 0,
 ) -> Knobs:
-    """The policy's proposal for ``workload`` without a real env step: profile the model, fine-tune
-    the (pretrained) policy on its calibrated simulator for ``seconds``, play one deterministic
-    episode there and return the best configuration it reached within ``memory_budget`` (bytes
-    per rank; None: the default's peak), as shared :class:`~autotune.Knobs`. ``autotune study``
-    enqueues it next to its baselines (one more measured trial)."""
+    """The policy's proposal for ``workload`` without a real env step: profile the model (a quick
+    profile), fine-tune the (pretrained) policy on its calibrated simulator for ``seconds``
+    (default 0: as shipped), play one deterministic episode there and return the best
+    configuration it reached within ``memory_budget`` (bytes per rank; None: the default's peak),
+    as shared :class:`~autotune.Knobs`. ``autotune study`` enqueues it next to its baselines (one
+    more measured trial).
+
+    Raises :class:`ProposalError` when the model cannot be profiled here, or when the memory model
+    behind the simulator's peaks misses the default configuration's measured peak by more than
+    :data:`autotune.memory.check.TOLERANCE` (a proposal "within the budget" would then mean nothing).
+    """
     from autotune.envs.costmodel import step_cost
     from autotune.envs.knobs import KnobLevels
     from autotune.envs.simulated import SimulatedEnv
     from autotune.policies.ppo import EPISODE_STEPS, load_policy
 
-    profile = profile_for_tuning(workload)
+    try:
+        profile = profile_for_tuning(workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS)
+    except (AutotuneError, RuntimeError) as e:  # the user's model failed a profiling step
+        raise ProposalError(f"{workload.name} cannot be profiled for the simulator: {one_line(e)}") from None
     default_peak = step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
+    measured = profile.default_peak_bytes
+    if measured is not None and abs(default_peak - measured) > TOLERANCE * measured:
+        raise ProposalError(
+            f"the memory model predicts {default_peak} B for {workload.name}'s default configuration, "
+            f"which measured {measured} B (more than {TOLERANCE:.0%} off)"
+        )
     fraction = 1.0 if memory_budget is None else memory_budget / default_peak
     tuned = fine_tune(policy or load_policy(), profile, memory_budget=fraction, seconds=seconds, seed=seed)
     env = SimulatedEnv(profiles=[profile], memory_budget=fraction, noise=0.0, horizon=EPISODE_STEPS)
     obs, info = env.reset(seed=seed)
 
-    def value(info: dict[str, Any]) -> float:  # throughput per byte at the fixed batch, within budget
+    def value(info: dict[str, Any]) -> float:  # the shared objective at the fixed batch, within budget
         fits = info["peak_bytes"] <= info["budget_bytes"]
-        return float(info["throughput"]) / float(info["peak_bytes"]) if fits else -math.inf
+        return per_gib(float(info["throughput"]), int(info["peak_bytes"])) if fits else -math.inf
 
     best: tuple[float, Knobs] = (value(info), env.knobs)
     for _ in range(EPISODE_STEPS):

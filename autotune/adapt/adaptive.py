@@ -26,10 +26,11 @@ import torch
 from autotune.adapt.batch import grow_batch
 from autotune.adapt.gate import BudgetGate, Verdict, as_budget
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
-from autotune.adapt.records import AdaptStep, Change
+from autotune.adapt.records import AdaptStep, Change, ConfigRecord
 from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
+from autotune.measurement.objective import score
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -267,6 +268,7 @@ class Adaptive:
         self._noise = wants_noise and self.trainer.noise is not None
         self.steps: list[AdaptStep] = []
         self._history: list[Change] = []
+        self._judged: dict[TrainConfig, ConfigRecord] = {}
         self._refused: set[TrainConfig] = set()
         self._recent: list[float] = []
         self._previous = start
@@ -320,6 +322,18 @@ class Adaptive:
     def history(self) -> tuple[Change, ...]:
         """Every decision so far: applied, refused by the budget gate, or reverted."""
         return tuple(self._history)
+
+    @property
+    def configs(self) -> tuple[ConfigRecord, ...]:
+        """Every configuration judged so far (measured peak and throughput), in the order first run."""
+        return tuple(self._judged.values())
+
+    @property
+    def best(self) -> ConfigRecord | None:
+        """The judged configuration with the most throughput (goodput with ``adapt_batch``) per GiB
+        of peak within the budget: what a study would recommend among them."""
+        fits = [r for r in self._judged.values() if r.score.peak_bytes <= self.budget_bytes]
+        return max(fits, key=lambda r: r.score.per_gib, default=None)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -386,6 +400,7 @@ class Adaptive:
 
     def _decide(self) -> None:
         obs = self._observation()
+        self._judge(obs)
         proposal: Proposal | None = None
         source = "adapt_batch"
         if self.adapt_batch:
@@ -408,6 +423,16 @@ class Adaptive:
             change = dataclasses.replace(change, reason=f"{change.reason}; new engines: {rebuilt.partition(':')[0]}")
         self._history.append(dataclasses.replace(change, seconds=time.perf_counter() - start))
         self._previous, self._recent = obs.config, []
+
+    def _judge(self, obs: Observation) -> None:
+        """Record ``obs.config``'s objective once its peak is measured and its steps timed."""
+        if obs.throughput <= 0 or obs.config not in self.gate.measured:
+            return
+        judged = score(throughput=obs.throughput, peak_bytes=obs.peak_bytes, batch_size=obs.config.effective_batch_size,
+                       base_batch_size=self.workload.batch_size, noise_scale=obs.b_noise,
+                       batch_is_knob=self.adapt_batch)  # fmt: skip
+        # A config judged again keeps its place (dicts keep first insertion order); the latest numbers win.
+        self._judged[obs.config] = ConfigRecord(step=obs.step, config=obs.config, noise_scale=obs.b_noise, score=judged)
 
     def _change(self, obs: Observation, proposal: Proposal, source: str, verdict: Verdict, *, applied: bool) -> Change:
         return Change(step=obs.step, source=source, before=obs.config, after=proposal.config, applied=applied,

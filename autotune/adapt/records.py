@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.measurement.objective import Score
 
-__all__ = ["AdaptStep", "Change"]
+__all__ = ["AdaptStep", "Change", "ConfigRecord"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,4 +79,32 @@ class Change:
             "predicted_bytes": self.predicted_bytes,
             "measured_bytes": self.measured_bytes,
             "seconds": self.seconds,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigRecord:
+    """A configuration the run trained under, judged as every searcher judges one.
+
+    Taken at the latest decision made under ``config`` once its peak was measured: ``score`` is
+    :func:`autotune.measurement.objective.score` of the median throughput of its untracked steps,
+    its measured peak and the gradient noise scale (goodput only with ``adapt_batch``), the very
+    numbers an environment's reward and a study's recommended trial use.
+    """
+
+    step: int  # optimizer steps done when it was judged
+    config: TrainConfig
+    noise_scale: float | None
+    score: Score
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "config": self.config.to_dict(),
+            "throughput": self.score.throughput,
+            "peak_bytes": self.score.peak_bytes,
+            "noise_scale": self.noise_scale,
+            "efficiency": self.score.efficiency,
+            "value": self.score.value,
+            "per_gib": self.score.per_gib,
         }

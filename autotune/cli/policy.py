@@ -1,4 +1,4 @@
-"""CLI commands of the policy workflow: ``profile``, ``train-policy``, ``tune``.
+"""CLI commands of the policy workflow: ``profile``, ``train-policy``, ``fine-tune-policy``, ``tune``.
 
 Only argparse at import time; gymnasium, SB3 and torch load inside the handlers.
 """
@@ -28,6 +28,22 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of PPO and the simulated environments (default 0)")
     p.add_argument("--out", type=Path, default=Path("policy"), help="output directory (default: ./policy)")
     p.set_defaults(func=_cmd_train_policy)
+
+    p = sub.add_parser(
+        "fine-tune-policy",
+        help="fit a workload's simulator to a finished study's trials and fine-tune the policy on it",
+        description="Profile WORKLOAD, fit its simulator's time terms to the throughput the study measured, "
+        "fine-tune the policy on it at the study's memory budget and save it (for tune --policy DIR and "
+        "Adaptive(policy=DIR)).",
+    )
+    p.add_argument("workload", help="the study's workload: built-in name, random:SEED, path/to/file.py:build, ...")
+    p.add_argument("--study", required=True, help="name of a study of WORKLOAD (at least 3 completed trials)")
+    p.add_argument("--storage", help="Optuna storage URL or SQLite path (default studies/autotune.db)")
+    p.add_argument("--out", type=Path, required=True, help="output policy directory")
+    p.add_argument("--seconds", type=float, default=30.0, help="fine-tuning wall time in seconds (default 30)")
+    p.add_argument("--policy", type=Path, help="policy to start from (default: the shipped pretrained policy)")
+    p.add_argument("--seed", type=int, default=0, help="seed of PPO and the simulated environments (default 0)")
+    p.set_defaults(func=_cmd_fine_tune_policy)
 
     p = sub.add_parser("tune", help="run a policy for one episode on the real training loop of a workload")
     p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
@@ -99,6 +115,28 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
                 extra={"randomize": not args.no_randomize, "seed": args.seed,
                        "ranks": list(RANK_CHOICES) if not args.no_randomize else [1]})  # fmt: skip
     print(f"saved {args.out}/policy.safetensors and {args.out}/policy.json")
+    return 0
+
+
+def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
+    import math
+
+    import torch
+    from rich.console import Console
+
+    from autotune.errors import ConfigError
+    from autotune.policies.from_study import fine_tune_from_study
+
+    if not args.seconds > 0:
+        raise ConfigError(f"--seconds must be > 0, but got {args.seconds!r}.")
+    torch.set_num_threads(1)  # as train-policy: a 64x64 MLP; a second thread only contends
+    with Console(stderr=True).status(f"profiling {args.workload}, fitting it to study {args.study!r}, fine-tuning"):
+        done = fine_tune_from_study(args.workload, study=args.study, storage=args.storage, out=args.out,
+                                    seconds=args.seconds, seed=args.seed, policy=args.policy)  # fmt: skip
+    steps = done.policy.metadata["fine_tuned"]["steps"]
+    before, after = math.exp(done.error_before), math.exp(done.error_after)
+    fit = f"simulated throughput off by x{before:.2f} calibrated -> x{after:.2f} fitted, geometric RMS"
+    print(f"saved {done.out}: fitted to {done.trials} trials of study {done.study!r} ({fit}), fine-tuned {steps} steps")
     return 0
 
 

@@ -50,6 +50,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--warmup", type=int, help="warmup steps per trial (default 1)")
     p.add_argument("--trial-timeout", help="time limit of one trial, e.g. 90s (default 5m)")
     p.add_argument("--threads", type=int, help="torch threads in the measuring process (default: torch's)")
+    p.add_argument(
+        "--policy-proposal",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="enqueue the pretrained policy's proposal for the model as a third baseline (default: on, "
+        "or the spec's policy_proposal; a quick profile of the model first, seconds to tens of seconds)",
+    )
     _run_flags(p)
     p.add_argument("--worker", action="store_true", help="join the existing study (created with --create-only)")
     p.add_argument("--create-only", action="store_true", help="create the study and enqueue the baselines, then exit")
@@ -84,11 +91,6 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-memory-model", action="store_true", help="measure every config, even those predicted not to fit"
     )
-    p.add_argument(
-        "--policy-proposal",
-        action="store_true",
-        help="also enqueue the pretrained policy's proposal, fine-tuned on the model's calibrated simulator",
-    )
 
 
 # ---- study -----------------------------------------------------------------------------------------
@@ -110,7 +112,8 @@ def _spec_from_args(args: argparse.Namespace) -> StudySpec:
     target: str = args.target
     spec = load_spec(target) if target.endswith(".toml") else StudySpec(workload=target)
     top: dict[str, Any] = {}
-    for flag, key in (("trials", "trials"), ("study_name", "name"), ("sampler", "sampler"), ("seed", "seed")):
+    for flag, key in (("trials", "trials"), ("study_name", "name"), ("sampler", "sampler"), ("seed", "seed"),
+                      ("policy_proposal", "policy_proposal")):  # fmt: skip
         if getattr(args, flag) is not None:
             top[key] = getattr(args, flag)
     if args.memory_budget is not None:
@@ -157,7 +160,6 @@ def _options(args: argparse.Namespace, **extra: Any) -> RunOptions:
         artifact_dir=args.artifact_dir or DEFAULT_ARTIFACTS,
         device=args.device,
         memory_model=None if args.no_memory_model else RunOptions.memory_model,
-        policy_proposal=getattr(args, "policy_proposal", False),
         **extra,
     )
 

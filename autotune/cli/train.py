@@ -103,6 +103,10 @@ def _summary(tuner: Any) -> None:
     console.print(f"{len(steps)} steps{where}, {samples} samples in {seconds:.1f} s ({rate:.1f} "
                   f"samples/s), final loss {steps[-1].loss:.4f}, budget {format_bytes(tuner.budget_bytes)}{per_rank}, "
                   f"highest measured peak {format_bytes(max(peaks) if peaks else None)}")  # fmt: skip
+    best = tuner.best  # judged as a study judges its trials (autotune.measurement.objective)
+    if best is not None:
+        console.print(f"best measured: {best.config.describe()}: {best.score.throughput:.1f} samples/s, peak "
+                      f"{format_bytes(best.score.peak_bytes)}, {best.score.per_gib:.1f} samples/s per GiB")  # fmt: skip
     if not tuner.history:
         console.print(f"configuration: {tuner.config.describe()} (no change)")
         return

@@ -1,8 +1,10 @@
 """What a configuration costs, measured on the real training loop: :func:`measure` (the schedule),
-exact memory by category, loss trend, goodput and the :class:`Measurement` record.
+exact memory by category, loss trend, goodput, the :class:`Measurement` record and the objective
+(:func:`score`) every searcher maximizes.
 """
 
 from autotune.measurement.goodput import statistical_efficiency
+from autotune.measurement.objective import Score, per_gib, score
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.progress import ProgressFn
 from autotune.measurement.record import GIB, Measurement, MemoryBreakdown, RankResult, Status
@@ -17,10 +19,13 @@ __all__ = [
     "NoiseEstimate",
     "ProgressFn",
     "RankResult",
+    "Score",
     "Status",
     "ema",
     "is_out_of_memory",
     "loss_slope",
     "measure",
+    "per_gib",
+    "score",
     "statistical_efficiency",
 ]

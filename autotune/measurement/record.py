@@ -7,11 +7,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from autotune.config import TrainConfig
+from autotune.measurement.objective import GIB, per_gib
 from autotune.train.gns import NoiseEstimate
 
 __all__ = ["Measurement", "MemoryBreakdown", "RankResult", "Status", "GIB"]
 
-GIB = 1024**3
 #: The fields of :class:`MemoryBreakdown`, in display order (subclasses add non-byte fields).
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "buffers", "other")
 Status = Literal["ok", "over_budget", "oom", "diverged"]
@@ -122,7 +122,7 @@ class Measurement:
         """Samples/s per GiB of peak tensor memory: the quantity autotune maximizes."""
         if self.throughput is None or not self.peak_bytes:
             return None
-        return self.throughput / (self.peak_bytes / GIB)
+        return per_gib(self.throughput, self.peak_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

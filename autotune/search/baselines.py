@@ -10,6 +10,10 @@
   Sublinear Memory Cost"), ZeRO-2 where ranks > 1. The space expresses checkpointing as a count
   over blocks ranked by activation bytes, so "every sqrt(L)-th block" becomes "ceil(L / sqrt(L))
   blocks": the same number of recomputed blocks, the same memory for models of identical blocks.
+
+A third trial, ``policy``, is the pretrained policy's proposal for the model (enqueued by the
+study unless its spec turns ``policy_proposal`` off; ``autotune tune --storage`` records its best
+step under the same name).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from dataclasses import dataclass, replace
 from autotune.knobs import Knobs
 from autotune.search.space import SearchSpace
 
-__all__ = ["Baseline", "PYTORCH_DEFAULT", "SEED_RECIPE", "baselines", "smaller_micro_batch"]
+__all__ = ["Baseline", "POLICY_PROPOSAL", "PYTORCH_DEFAULT", "SEED_RECIPE", "baselines", "smaller_micro_batch"]
 
 PYTORCH_DEFAULT = "pytorch-default"
 SEED_RECIPE = "seed-recipe"
+POLICY_PROPOSAL = "policy"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -62,6 +62,9 @@ class ProgressDisplay(StudyObserver):
         self.live.transient = exc_type is KeyboardInterrupt
         self.live.stop()
 
+    def note(self, message: str) -> None:
+        self.console.print(message, markup=False, highlight=False)
+
     def trial_started(self, number: int, config: TrainConfig, baseline: str | None) -> None:
         self.now.plain = (
             f"  now: trial {number}" + (f" ({baseline})" if baseline else "") + f": {config_summary(config)}"

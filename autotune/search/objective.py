@@ -25,6 +25,7 @@ from autotune.config import TrainConfig
 from autotune.errors import MeasurementFailed, TrialFailed
 from autotune.knobs import Knobs
 from autotune.measurement.goodput import statistical_efficiency
+from autotune.measurement.objective import score
 from autotune.measurement.record import Measurement
 from autotune.search.baselines import PYTORCH_DEFAULT, smaller_micro_batch
 from autotune.search.cache import MeasurementCache, cache_key
@@ -171,17 +172,20 @@ class Objective:
         }
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
-        if m.status != "ok" or m.throughput is None or peak is None:
+        if m.status != "ok" or m.throughput is None or not peak:
             reason = m.reason or m.status
             if baseline == PYTORCH_DEFAULT and m.status in ("over_budget", "oom"):
                 reason += self._retry_default(trial, knobs)
             self._finish(trial, config, status=m.status, reason=reason, m=m)
             raise optuna.TrialPruned(reason)
-        goodput = m.throughput * efficiency
-        trial.set_user_attr(ATTR.GOODPUT, goodput)
+        # The one objective (goodput only when the batch is a knob): the trial's first value,
+        # whose value per GiB picks the recommended trial (results.py).
+        s = score(throughput=m.throughput, peak_bytes=peak, batch_size=config.effective_batch_size,
+                  base_batch_size=self.base_batch_size, noise_scale=m.noise.b_simple,
+                  batch_is_knob=self.space.multi_batch)  # fmt: skip
+        trial.set_user_attr(ATTR.GOODPUT, m.throughput * s.efficiency)
         self._finish(trial, config, status="ok", reason=None, m=m)
-        value = goodput if self.space.multi_batch else m.throughput
-        return value, peak / MIB
+        return s.value, peak / MIB
 
     def _retry_default(self, trial: optuna.Trial, knobs: Knobs) -> str:
         """The PyTorch default did not fit: enqueue it again with the next smaller micro-batch."""

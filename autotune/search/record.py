@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
-from autotune.measurement.record import GIB
+from autotune.measurement.objective import per_gib
 
 if TYPE_CHECKING:
     import optuna
@@ -72,7 +72,7 @@ class TrialRecord:
     def per_gib(self) -> float | None:
         if self.objective is None or not self.peak_bytes:
             return None
-        return self.objective / (self.peak_bytes / GIB)
+        return per_gib(self.objective, self.peak_bytes)
 
     @property
     def peak_mib(self) -> float | None:

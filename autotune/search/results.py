@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.errors import StudyError
-from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.record import TrialRecord, trial_record
 
 if TYPE_CHECKING:
@@ -65,10 +65,11 @@ def summarize(study: optuna.Study) -> StudySummary:
     records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
     front = pareto_front(records)
     # The headline: highest objective per GiB of peak memory among feasible trials (all of them
-    # lie on or behind the front; the maximum of a ratio is always on the front).
+    # lie on or behind the front; the maximum of a ratio is always on the front). The objective
+    # and its value per GiB are autotune.measurement.objective's, as for the envs and Adaptive.
     recommended = max(front, key=lambda r: (r.per_gib or 0.0, -r.number), default=None)
     baselines: dict[str, TrialRecord] = {}
-    for name in (PYTORCH_DEFAULT, SEED_RECIPE):
+    for name in (PYTORCH_DEFAULT, SEED_RECIPE, POLICY_PROPOSAL):
         tried = [r for r in records if r.baseline == name]
         feasible = [r for r in tried if r.feasible]
         if feasible or tried:

@@ -8,6 +8,7 @@ A TOML spec looks like::
     trials = 24
     memory_budget = "256MiB"   # or "75%" of the PyTorch default's predicted peak; a bare number is refused
     sampler = "tpe"
+    policy_proposal = true     # enqueue the pretrained policy's proposal next to the two baselines
 
     [space]
     batch_size = 32
@@ -183,7 +184,12 @@ class MeasureSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class StudySpec:
-    """A whole study. ``name`` None derives one from the workload (see :meth:`study_name`)."""
+    """A whole study. ``name`` None derives one from the workload (see :meth:`study_name`).
+
+    ``policy_proposal``: enqueue the pretrained policy's proposal for this model
+    (:func:`autotune.policies.transfer.propose`: a quick profile, seconds to tens of seconds,
+    then one simulated episode) as a third baseline trial, named ``policy``.
+    """
 
     workload: str
     name: str | None = None
@@ -192,6 +198,7 @@ class StudySpec:
     sampler: SamplerName = "tpe"
     seed: int = 0
     timeout: float | None = None
+    policy_proposal: bool = True
     space: SpaceSpec = field(default_factory=SpaceSpec)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
 
@@ -208,6 +215,8 @@ class StudySpec:
         _check_int("seed", self.seed, low=0)
         if self.timeout is not None:
             _check_positive("timeout", self.timeout)
+        if not isinstance(self.policy_proposal, bool):
+            raise SpecError(f"policy_proposal must be true or false, but got {self.policy_proposal!r}.")
         if not isinstance(self.space, SpaceSpec):
             raise SpecError(f"space must be a table, but got {self.space!r}.")
         if not isinstance(self.measure, MeasureSpec):

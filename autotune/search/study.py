@@ -19,23 +19,27 @@ import dataclasses
 import json
 import os
 import socket
+import sys
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from autotune.config import Precision, TrainConfig
-from autotune.errors import ConfigError, SpecError, StudyError
-from autotune.search.baselines import baselines
+from autotune.errors import ConfigError, ProposalError, SpecError, StudyError
+from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
 from autotune.search.predictor import MemoryPredictor, load_memory_predictor
-from autotune.search.record import ATTR, GOODPUT_METRIC_NAMES, METRIC_NAMES
+from autotune.search.record import ATTR, GOODPUT_METRIC_NAMES, METRIC_NAMES, MIB
 from autotune.search.space import SearchSpace
 from autotune.search.spec import StudySpec, spec_from_dict, spec_to_dict
 from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE, open_storage, redact, storage_url
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import optuna
 
     from autotune.workload import Workload
@@ -70,9 +74,8 @@ class RunOptions:
         create_only: Create the study and enqueue baselines, run no trial.
         dashboard: Save trial notes, the Pareto plot and artifacts for optuna-dashboard.
         memory_model: Module whose ``predict_memory`` skips configs predicted not to fit (None: off).
-        policy_proposal: Also enqueue the pretrained policy's proposal for this model (profiled and
-            fine-tuned on its calibrated simulator, ``autotune.policies.transfer.propose``; tens of
-            seconds before the first trial; needs the ``rl`` extra).
+
+    Whether the policy's proposal is enqueued is the spec's (``StudySpec.policy_proposal``).
     """
 
     storage: str | None = None
@@ -83,7 +86,6 @@ class RunOptions:
     create_only: bool = False
     dashboard: bool = True
     memory_model: str | None = "autotune.memory.model"
-    policy_proposal: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +118,11 @@ class Prepared:
 
 
 class StudyObserver:
-    """Hooks for a progress display; the default does nothing."""
+    """Hooks for a progress display; the default prints notes to stderr and nothing else."""
+
+    def note(self, message: str) -> None:
+        """One line about the study itself (e.g. the policy's proposal, or why there is none)."""
+        print(message, file=sys.stderr)
 
     def trial_started(self, number: int, config: TrainConfig, baseline: str | None) -> None:
         pass
@@ -317,10 +323,16 @@ def _alive(pid: int) -> bool:
 
 
 def enqueue_baselines(
-    study: optuna.Study, prepared: Prepared, predictor: MemoryPredictor | None, *, policy_proposal: bool = False
+    study: optuna.Study,
+    prepared: Prepared,
+    predictor: MemoryPredictor | None,
+    *,
+    policy_proposal: bool = False,
+    note: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Enqueue each baseline not yet tried, waiting or running (first run, or after a crash), and
-    with ``policy_proposal`` the pretrained policy's proposal (baseline name ``policy``)."""
+    with ``policy_proposal`` the pretrained policy's proposal (baseline name ``policy``). ``note``
+    gets one line saying what the proposal is, what it cost, or why there is none."""
     from optuna.trial import TrialState
 
     present = {
@@ -344,17 +356,29 @@ def enqueue_baselines(
         if b.name not in present:
             study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
             added.append(b.name)
-    if policy_proposal and "policy" not in present:
+    if policy_proposal and POLICY_PROPOSAL not in present:
+        enqueued, message = _enqueue_proposal(study, prepared)
+        if enqueued:
+            added.append(POLICY_PROPOSAL)
+        (note or StudyObserver().note)(message)
+    return added
+
+
+def _enqueue_proposal(study: optuna.Study, prepared: Prepared) -> tuple[bool, str]:
+    """Enqueue the policy's proposal: whether it was, and the one line to show (what, or why not)."""
+    start = time.perf_counter()
+    try:
         from autotune.policies.transfer import propose
 
-        knobs = propose(prepared.workload, memory_budget=budget)
-        try:
-            params = prepared.space.params(knobs)
-        except ConfigError:  # the proposal lies outside this study's space: nothing to enqueue
-            return added
-        study.enqueue_trial(params, user_attrs={ATTR.BASELINE: "policy"})
-        added.append("policy")
-    return added
+        knobs = propose(prepared.workload, memory_budget=prepared.memory_budget)
+        params = prepared.space.params(knobs)
+    except ImportError as e:  # stable-baselines3 / gymnasium are the ``rl`` extra
+        return False, f"no policy proposal: the policy needs pip install 'autotune[rl]' ({e})"
+    except (ProposalError, ConfigError) as e:  # ConfigError: the proposal lies outside this study's space
+        return False, f"no policy proposal: {e}"
+    study.enqueue_trial(params, user_attrs={ATTR.BASELINE: POLICY_PROPOSAL})
+    seconds = time.perf_counter() - start
+    return True, f"policy proposal enqueued: {knobs.describe()} ({seconds:.0f} s to profile the model and simulate)"
 
 
 def run_study(
@@ -374,7 +398,7 @@ def run_study(
     recover_interrupted(study)
     predictor = None if options.memory_model is None else load_memory_predictor(options.memory_model)
     if not options.worker:
-        enqueue_baselines(study, prepared, predictor, policy_proposal=options.policy_proposal)
+        enqueue_baselines(study, prepared, predictor, policy_proposal=spec.policy_proposal, note=observer.note)
     remaining = spec.trials - count_done(study)
     if remaining <= 0 or options.create_only:
         return 0
@@ -424,23 +448,28 @@ def record_trial(
     through Optuna's own protocol (enqueue, ask, suggest, tell), so ``autotune best``, exports
     and the dashboard show it next to the study's trials. ``source`` goes in the baseline
     attribute. Returns the trial number."""
+    from autotune.measurement.objective import per_gib, score
     from autotune.search.objective import set_constraints
 
     study.enqueue_trial(prepared.space.params(knobs), user_attrs={ATTR.BASELINE: source})
     trial = study.ask()
     config = prepared.space.config(prepared.space.suggest(trial))
+    # Measured at the user's batch without a noise estimate: efficiency 1, value = throughput.
+    s = score(throughput=throughput, peak_bytes=peak_bytes, batch_size=config.effective_batch_size,
+              base_batch_size=prepared.reference_batch, noise_scale=None,
+              batch_is_knob=prepared.space.multi_batch)  # fmt: skip
     attrs = {
         ATTR.CONFIG: config.to_dict(),
         ATTR.STATUS: "ok",
         ATTR.THROUGHPUT: throughput,
-        ATTR.GOODPUT: throughput,  # at the user's batch: statistical efficiency 1
-        ATTR.EFFICIENCY: 1.0,
+        ATTR.GOODPUT: throughput * s.efficiency,
+        ATTR.EFFICIENCY: s.efficiency,
         ATTR.PEAK: peak_bytes,
-        ATTR.PER_GIB: throughput / (peak_bytes / 2**30),
+        ATTR.PER_GIB: per_gib(throughput, peak_bytes),
     }
     for k, v in attrs.items():
         trial.set_user_attr(k, v)
     if prepared.memory_budget is not None:
         set_constraints(trial, [float(peak_bytes - prepared.memory_budget)])
-    study.tell(trial, [throughput, peak_bytes / 2**20])
+    study.tell(trial, [s.value, peak_bytes / MIB])
     return trial.number

@@ -3,13 +3,18 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 import torch
+from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
+from autotune.envs.knobs import KnobLevels
 
-from autotune import TrainConfig
+from autotune import Knobs, TrainConfig
 from autotune.adapt import Adaptive, FixedConfig, Observation
 from autotune.adapt.batch import grow_batch
 from autotune.errors import ConfigError
+from autotune.measurement.record import Measurement, MemoryBreakdown
+from autotune.train.gns import NoiseEstimate
 from autotune.workload import Workload
 from tests.adapt.scripted import Scripted
 from tests.conftest import make_resmlp
@@ -163,3 +168,82 @@ def test_adapt_batch_grows_the_batch_and_scales_the_learning_rate() -> None:
     assert (after_last_step.step, after_last_step.after.effective_batch_size) == (8, 128)
     assert change.reason.startswith("gradient noise scale ") and "LR x2" in change.reason
     assert [(s.samples, s.lr) for s in tuner.steps] == [(32, 1e-3)] * 4 + [(64, 2e-3)] * 4  # linear scaling
+
+
+class _Replay(TuningEnv):
+    """Replays given intervals: an environment whose reward is computed on chosen measured numbers."""
+
+    def __init__(self, intervals: list[Interval]) -> None:
+        super().__init__(horizon=4)
+        self.intervals = intervals
+
+    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
+        model = ModelDescriptor(num_parameters=1, activation_bytes_per_sample=1.0, num_blocks=4, top_quarter_share=0.5)
+        return KnobLevels.default_for(BATCH), model, MachineDescriptor(reduced_speed=1.0, budget_ratio=2.0), 2**40
+
+    def _peak_bytes(self, knobs: KnobLevels) -> int:
+        return 0
+
+    def _train(self, knobs: KnobLevels) -> Interval:
+        return self.intervals.pop(0)
+
+
+class _Replayed:
+    """A study measurer that returns, for each micro-batch size, the numbers Adaptive measured."""
+
+    def __init__(self, numbers: dict[int, tuple[float, int]]) -> None:
+        self.numbers = numbers
+
+    def measure(self, config: TrainConfig, **_: object) -> Measurement:
+        throughput, peak = self.numbers[config.micro_batch_size]
+        memory = MemoryBreakdown(parameters=peak, gradients=0, optimizer_state=0, activations=0, temporaries=0,
+                                 buffers=0, other=0)  # fmt: skip
+        return Measurement(workload="w", config=config, device="cpu", status="ok", reason=None, warmup=1, steps=1,
+                           throughput=throughput, throughput_p25=throughput, throughput_p75=throughput,
+                           step_seconds=BATCH / throughput, memory=memory, category_peaks=memory,
+                           device_peak_bytes=None, memory_budget=None,
+                           noise=NoiseEstimate(b_simple=None, trace_sigma=None, grad_sq_norm=None, sigma2=None,
+                                               steps=0),
+                           losses=(1.0,), loss_slope=None, overflow_steps=0, lr=1e-3)  # fmt: skip
+
+
+def test_adaptive_the_envs_and_the_study_judge_the_same_numbers_identically() -> None:
+    import optuna
+
+    from autotune.search.cache import MeasurementCache
+    from autotune.search.objective import Objective
+    from autotune.search.results import summarize
+    from autotune.search.space import SearchSpace
+
+    tuner, _ = _run(Scripted([_fp32(8)]), 8, decide_every=4)  # judged at steps 3 and 7
+    first, second = tuner.configs
+    assert (first.config.micro_batch_size, second.config.micro_batch_size) == (BATCH, 8)
+    assert tuner.best is max((first, second), key=lambda r: r.score.per_gib)
+    for r in (first, second):
+        assert r.score.per_gib == r.score.throughput / (r.score.peak_bytes / 2**30)
+        assert r.score.value == r.score.throughput  # the user's batch: throughput, not goodput
+
+    # An environment's reward on the same numbers.
+    env = _Replay([Interval(batch=BATCH, throughput=r.score.throughput, peak_bytes=r.score.peak_bytes, b_noise=None,
+                            loss=1.0, train_seconds=1.0, reconfig_seconds=0.0) for r in (first, second)])  # fmt: skip
+    env.reset(seed=0)
+    _, reward, *_, info = env.step(np.array([1, 1, 1, 1, 0]))
+    assert info["reward_terms"]["score"] == second.score.log_per_gib
+    assert info["reward_terms"]["score0"] == first.score.log_per_gib
+    assert reward == second.score.log_per_gib - first.score.log_per_gib
+
+    # A study that measured the same numbers recommends the same configuration, at the same value.
+    space = SearchSpace(batch_sizes=(BATCH,), ranking=(0, 1, 2, 3), max_micro_batch=BATCH)
+    numbers = {r.config.micro_batch_size: (r.score.throughput, r.score.peak_bytes) for r in (first, second)}
+    objective = Objective(space=space, measurer=_Replayed(numbers), workload=make_resmlp(), workload_id="w",
+                          machine="m", cache=MeasurementCache(None), memory_budget=None, steps=1, warmup=1,
+                          trial_timeout=60.0, base_batch_size=BATCH)  # fmt: skip
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for micro in numbers:
+        study.enqueue_trial(space.params(Knobs(batch_size=BATCH, micro_batch_size=micro)))
+    study.optimize(objective, n_trials=2)
+    recommended = summarize(study).recommended
+    assert tuner.best is not None and recommended is not None and recommended.config is not None
+    assert recommended.config.micro_batch_size == tuner.best.config.micro_batch_size
+    assert recommended.per_gib == tuner.best.score.per_gib

@@ -265,7 +265,7 @@ def test_every_argument_has_help() -> None:
         if not isinstance(a, argparse._SubParsersAction) and not a.help
     ]
     assert missing == []
-    assert len(parsers) == 12
+    assert len(parsers) == 13
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -255,7 +255,8 @@ def test_best_exports_json_deepspeed_and_python(tmp_path: Path, capsys: pytest.C
 
 def test_ctrl_c_mid_trial_is_one_line_exit_130_and_keeps_the_completed_trials(tmp_path: Path) -> None:
     db, hold = tmp_path / "x.db", tmp_path / "hold"
-    args = ("study", f"{TINY}:build_holdable", "--trials", "4", "--storage", f"sqlite:///{db}")
+    # No policy proposal: its line would precede the one this test checks is all that remains.
+    args = ("study", f"{TINY}:build_holdable", "--trials", "4", "--storage", f"sqlite:///{db}", "--no-policy-proposal")
     proc = subprocess.Popen(
         [sys.executable, "-m", "autotune.cli", *args, "--cache", str(tmp_path / "c.db"), *MEASURE],
         env=_env(AUTOTUNE_TEST_HOLD=str(hold)),
@@ -288,3 +289,11 @@ def test_ctrl_c_mid_trial_is_one_line_exit_130_and_keeps_the_completed_trials(tm
     assert len(counted) >= 1 and all(t.state.name in ("COMPLETE", "PRUNED", "FAIL") for t in counted)
     interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
     assert [t.state.name for t in interrupted] == ["FAIL"]  # not counted: a rerun measures it again
+
+
+def test_no_policy_proposal_enqueues_only_the_two_baselines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "s.db"
+    args = ["study", f"{TINY}:build", "--storage", str(db), "--create-only", "--no-policy-proposal"]
+    assert main(args) == 0
+    assert capsys.readouterr().err == "study 'tiny' ready: 2 trials enqueued; start the workers now\n"
+    assert [t.user_attrs["baseline"] for t in _study(db).trials] == ["pytorch-default", "seed-recipe"]

@@ -1,25 +1,27 @@
-"""The policy's proposal for a model it never saw, as ``autotune study --policy-proposal`` enqueues it."""
+"""The policy's proposal for a model it never saw, as ``autotune study`` enqueues it (by default)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from autotune.policies.transfer import propose
 
 from autotune import Knobs
-from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.record import ATTR
 from autotune.search.spec import MeasureSpec, StudySpec
 from autotune.search.study import RunOptions, open_study, prepare, run_study
 from tests.conftest import make_resmlp
-from tests.paths import TINY_WORKLOAD
+from tests.paths import DATA, TINY_WORKLOAD
 
 TINY = TINY_WORKLOAD
+DATA_DEPENDENT = DATA / "data_dependent.py"
 
 
 def test_the_proposal_keeps_the_batch_and_fits_the_budget_in_the_simulator() -> None:
     workload = make_resmlp(n=256)
-    knobs = propose(workload, memory_budget=None, seconds=0)
+    knobs = propose(workload, memory_budget=None)
     assert isinstance(knobs, Knobs)
     assert knobs.batch_size == workload.batch_size  # the user's batch
 
@@ -29,11 +31,38 @@ def test_a_study_with_the_policy_proposal_measures_it_as_one_more_baseline(tmp_p
         workload=f"{TINY}:build", trials=3, measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=120)
     )
     options = RunOptions(storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "artifacts",
-                         memory_model=None, policy_proposal=True)  # fmt: skip
-    prepared = prepare(spec)
+                         memory_model=None)  # fmt: skip
+    prepared = prepare(spec)  # the spec's policy_proposal is on by default
     study = open_study(prepared, options)
     run_study(prepared, study, options)
     baselines = [t.user_attrs.get(ATTR.BASELINE) for t in study.trials]
-    assert baselines[:3] == [PYTORCH_DEFAULT, SEED_RECIPE, "policy"]
+    assert baselines == [PYTORCH_DEFAULT, SEED_RECIPE, POLICY_PROPOSAL]
     assert study.trials[2].state.name == "COMPLETE"
     assert "micro_batch_size" in study.trials[2].params  # a point of the study's space
+
+
+def test_without_a_proposal_the_study_goes_on_and_says_why_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = StudySpec(workload=f"{DATA_DEPENDENT}:build", trials=2,
+                     measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=120))  # fmt: skip
+    options = RunOptions(storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "artifacts",
+                         memory_model=None, create_only=True)  # fmt: skip
+    prepared = prepare(spec)
+    study = open_study(prepared, options)
+    capsys.readouterr()
+    run_study(prepared, study, options)
+    (line,) = capsys.readouterr().err.splitlines()
+    # FakeTensorMode cannot run a forward that branches on a value: no memory table, no proposal.
+    assert line.startswith("no policy proposal: data-dependent cannot be profiled for the simulator: PredictionError: ")
+    assert [t.user_attrs.get(ATTR.BASELINE) for t in study.trials] == [PYTORCH_DEFAULT, SEED_RECIPE]
+
+
+def test_a_spec_can_turn_the_proposal_off(tmp_path: Path) -> None:
+    spec = StudySpec(workload=f"{TINY}:build", trials=3, policy_proposal=False)
+    options = RunOptions(storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "artifacts",
+                         memory_model=None, create_only=True)  # fmt: skip
+    prepared = prepare(spec)
+    study = open_study(prepared, options)
+    run_study(prepared, study, options)
+    assert [t.user_attrs.get(ATTR.BASELINE) for t in study.trials] == [PYTORCH_DEFAULT, SEED_RECIPE]

@@ -8,6 +8,7 @@ binaries are missing here, the fixture installs them with apt-get, and skips onl
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -75,7 +76,10 @@ def test_two_workers_share_one_study(postgres_url: str, tmp_path: Path) -> None:
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert create.returncode == 0, create.stderr
-    assert create.stderr == "study 'tiny' ready: 2 trials enqueued; start the workers now\n"
+    # The two baselines and the policy's proposal (its line says what it proposes and what it cost).
+    proposal, ready = create.stderr.splitlines()
+    assert re.fullmatch(r"policy proposal enqueued: .+ \(\d+ s to profile the model and simulate\)", proposal), proposal
+    assert ready == "study 'tiny' ready: 3 trials enqueued; start the workers now"
     workers = [
         subprocess.Popen(
             [

@@ -40,6 +40,7 @@ memory_budget = "96MiB"
 sampler = "nsga2"
 seed = 3
 timeout = "30m"
+policy_proposal = false
 [space]
 batch_size = 32
 batch_sizes = [16, 32]
@@ -64,6 +65,7 @@ threads = 1
         sampler="nsga2",
         seed=3,
         timeout=1800.0,
+        policy_proposal=False,
         space=SpaceSpec(
             batch_size=32,
             batch_sizes=(16, 32),
@@ -84,8 +86,9 @@ def test_the_shipped_specs_are_valid(name: str) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('workload = "x"\ntrial = 3', "unknown key 'trial' (known keys: measure, memory_budget, name, sampler, "
-         "seed, space, timeout, trials, workload)."),
+        ('workload = "x"\ntrial = 3', "unknown key 'trial' (known keys: measure, memory_budget, name, "
+         "policy_proposal, sampler, seed, space, timeout, trials, workload)."),
+        ('workload = "x"\npolicy_proposal = "no"', "policy_proposal must be true or false, but got 'no'."),
         ('workload = "x"\n[space]\nrank = [2]', "unknown key 'space.rank' (known keys: batch_size, batch_sizes, "
          "blocks, precisions, ranks, zero_stages)."),
         ('workload = "x"\n[measure]\nstep = 2', "unknown key 'measure.step' (known keys: steps, threads, "

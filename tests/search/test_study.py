@@ -16,7 +16,7 @@ import pytest
 
 from autotune.errors import StudyError
 from autotune.measurement.goodput import statistical_efficiency
-from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.record import ATTR
 from autotune.search.results import summarize
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
@@ -32,6 +32,8 @@ def _spec(**kw: object) -> StudySpec:
         "workload": f"{TINY}:build",
         "trials": 5,
         "measure": MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=120),
+        # Each proposal profiles the model (seconds): only the tests about it ask for it.
+        "policy_proposal": False,
     }
     args.update(kw)
     return StudySpec(**args)  # type: ignore[arg-type]
@@ -63,10 +65,11 @@ def _run(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, int]:
 
 def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path, tiny_budget: int) -> None:
     budget = tiny_budget
-    study, ran = _run(_spec(memory_budget=MemoryBudget(bytes=budget)), _options(tmp_path))
+    study, ran = _run(_spec(memory_budget=MemoryBudget(bytes=budget), policy_proposal=True), _options(tmp_path))
     assert ran == 5 and count_done(study) == 5
     t = study.trials
-    # trial 0: the PyTorch default (micro-batch 16) does not fit 2 MiB and is retried as trial 2
+    # trial 0: the PyTorch default (micro-batch 16) does not fit 2 MiB and is retried as trial 3,
+    # after the seed recipe and the policy's proposal
     assert (t[0].state.name, t[0].user_attrs[ATTR.BASELINE], t[0].params["micro_batch_size"]) == (
         "PRUNED",
         PYTORCH_DEFAULT,
@@ -82,7 +85,11 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
         SEED_RECIPE,
         {"micro_batch_size": 4, "low_precision_blocks": 4, "checkpoint_blocks": 2},
     )
-    assert (t[2].user_attrs[ATTR.BASELINE], t[2].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 8)
+    assert t[2].user_attrs[ATTR.BASELINE] == POLICY_PROPOSAL
+    assert (t[3].user_attrs[ATTR.BASELINE], t[3].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 8)
+    assert [trial.user_attrs.get(ATTR.BASELINE) for trial in t] == [
+        PYTORCH_DEFAULT, SEED_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, None
+    ]  # fmt: skip
     for trial in t[1:]:
         if trial.state.name == "COMPLETE":
             assert trial.values[1] == trial.user_attrs[ATTR.PEAK] / 2**20
@@ -93,7 +100,10 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
     assert study.metric_names == ["throughput (samples/s)", "peak memory (MiB)"]
     summary = summarize(study)
     assert summary.recommended is not None and summary.recommended.feasible
-    assert {i.baseline for i in summary.improvements} == {PYTORCH_DEFAULT, SEED_RECIPE}
+    # Every feasible baseline, the policy's proposal included, is compared with the recommendation.
+    feasible = {name for name, b in summary.baselines.items() if b.feasible}
+    assert set(summary.baselines) == {PYTORCH_DEFAULT, SEED_RECIPE, POLICY_PROPOSAL}
+    assert {i.baseline for i in summary.improvements} == feasible >= {PYTORCH_DEFAULT}
 
 
 def test_rerunning_resumes_extends_and_reuses_the_cache(tmp_path: Path) -> None:

@@ -39,7 +39,8 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 def test_study_exports_and_tune(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ref, storage = tiny_corpus.reference(name), f"sqlite:///{tmp_path / 'study.db'}"
     common = ("--storage", storage, "--cache", str(tmp_path / "cache.db"), "--artifact-dir", str(tmp_path / "art"))
-    _cli(capsys, "study", ref, "--trials", "3", "--no-progress", *MEASURE, *common)
+    # No policy proposal: its profile would add seconds per model (tests/policies covers it).
+    _cli(capsys, "study", ref, "--trials", "3", "--no-progress", "--no-policy-proposal", *MEASURE, *common)
     study = optuna.load_study(study_name=tiny_corpus.build(name).name, storage=storage)
     trials = study.get_trials(deepcopy=False)
     assert len(trials) == 3
