@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 __all__ = ["Adaptive", "decision_source"]
 
 PolicyArg = str | Path | TrainConfig | DecisionSource | None
+#: How much better (objective per GiB) a measured configuration must be to be returned to, and how
+#: much worse one must be to be left: ~ the spread of a median of a few timed steps on a busy CPU.
+_MARGIN = 0.03
+_TRUSTED_STEPS = 3  # timed steps (a median of) before measurement may overrule the decision source
 _NOISE_STEPS = 4  # steps before each decision whose gradients feed the noise estimate
 _LOSSES = 16  # recent losses an observation carries
 
@@ -401,6 +405,8 @@ class Adaptive:
     def _decide(self) -> None:
         obs = self._observation()
         self._judge(obs)
+        if self._back_if_worse(obs):
+            return
         proposal: Proposal | None = None
         source = "adapt_batch"
         if self.adapt_batch:
@@ -409,6 +415,17 @@ class Adaptive:
         if proposal is None and self.source is not None:
             proposal, source = self.source.propose(obs), self.source.name
         if proposal is None or proposal.config == obs.config:
+            return
+        known, here = self._trusted(proposal.config), self._trusted(obs.config)
+        if known is not None and here is not None and known.score.per_gib < (1 + _MARGIN) * here.score.per_gib:
+            # Measured before, and not clearly better: going there again would only pay the move.
+            if proposal.config not in self._refused:
+                self._refused.add(proposal.config)
+                why = (f"measured at step {known.step}: {known.score.per_gib:.1f} per GiB, not {_MARGIN:.0%} above "
+                       f"this configuration's {here.score.per_gib:.1f}")  # fmt: skip
+                self._history.append(Change(step=obs.step, source=source, before=obs.config, after=proposal.config,
+                                            applied=False, reason=f"{proposal.reason}; {why}",
+                                            measured_bytes=known.score.peak_bytes))  # fmt: skip
             return
         verdict = self.gate.check(proposal.config)
         if not verdict.admitted:
@@ -424,6 +441,30 @@ class Adaptive:
         self._history.append(dataclasses.replace(change, seconds=time.perf_counter() - start))
         self._previous, self._recent = obs.config, []
 
+    def _back_if_worse(self, obs: Observation) -> bool:
+        """Measurement overrules the decision source: a configuration measured more than the margin
+        below the one it replaced (objective per GiB, :func:`autotune.measurement.objective.score`)
+        is left for that one, and the source's later proposals of it are refused (above). The
+        run can then lose against where it was only for the ``decide_every`` steps it takes to
+        find out, and two configurations of about equal worth are not swapped back and forth."""
+        before, here = self._trusted(self._previous), self._trusted(obs.config)
+        if before is None or here is None or here.score.per_gib >= (1 - _MARGIN) * before.score.per_gib:
+            return False
+        start = time.perf_counter()
+        self.trainer.reconfigure(self._previous)
+        reason = (f"measured {here.score.per_gib:.1f} per GiB, below the {before.score.per_gib:.1f} of the "
+                  f"configuration it replaced: back to it")  # fmt: skip
+        self._history.append(Change(step=obs.step, source="measured", before=obs.config, after=self._previous,
+                                    applied=True, reason=reason, measured_bytes=before.score.peak_bytes,
+                                    seconds=time.perf_counter() - start))  # fmt: skip
+        self._previous, self._recent = obs.config, []
+        return True
+
+    def _trusted(self, config: TrainConfig) -> ConfigRecord | None:
+        """``config``'s record if its throughput is a median of enough timed steps to act on."""
+        record = self._judged.get(config)
+        return record if record is not None and record.timed_steps >= _TRUSTED_STEPS else None
+
     def _judge(self, obs: Observation) -> None:
         """Record ``obs.config``'s objective once its peak is measured and its steps timed."""
         if obs.throughput <= 0 or obs.config not in self.gate.measured:
@@ -432,7 +473,8 @@ class Adaptive:
                        base_batch_size=self.workload.batch_size, noise_scale=obs.b_noise,
                        batch_is_knob=self.adapt_batch)  # fmt: skip
         # A config judged again keeps its place (dicts keep first insertion order); the latest numbers win.
-        self._judged[obs.config] = ConfigRecord(step=obs.step, config=obs.config, noise_scale=obs.b_noise, score=judged)
+        self._judged[obs.config] = ConfigRecord(step=obs.step, config=obs.config, timed_steps=len(self._recent),
+                                                noise_scale=obs.b_noise, score=judged)  # fmt: skip
 
     def _change(self, obs: Observation, proposal: Proposal, source: str, verdict: Verdict, *, applied: bool) -> Change:
         return Change(step=obs.step, source=source, before=obs.config, after=proposal.config, applied=applied,

@@ -48,8 +48,10 @@ class Change:
     """A configuration the decision source proposed, applied or refused, and why.
 
     ``step`` counts the optimizer steps done before the decision. ``applied`` False: the budget
-    gate refused it (``reason`` says by how much, or that the prediction was not verified) or a
-    measured step of it exceeded the budget and the run went back (``reverted``).
+    gate refused it (``reason`` says by how much, or that the prediction was not verified), it was
+    measured before and was not better than the configuration the run is on, or a measured step
+    of it exceeded the budget and the run went back (``reverted``). ``source`` "measured": the run
+    left a configuration measured worse than the one it had replaced.
     """
 
     step: int
@@ -94,6 +96,7 @@ class ConfigRecord:
 
     step: int  # optimizer steps done when it was judged
     config: TrainConfig
+    timed_steps: int  # untracked steps behind the median throughput
     noise_scale: float | None
     score: Score
 
@@ -101,6 +104,7 @@ class ConfigRecord:
         return {
             "step": self.step,
             "config": self.config.to_dict(),
+            "timed_steps": self.timed_steps,
             "throughput": self.score.throughput,
             "peak_bytes": self.score.peak_bytes,
             "noise_scale": self.noise_scale,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -68,8 +69,10 @@ def test_fp32_knob_changes_keep_the_loss_trajectory_of_a_fixed_run() -> None:
     script = [_fp32(16), _fp32(8, True), _fp32(32, (True, False, True, False)), _fp32(4)]
     adaptive, changed = _run(Scripted(script), 12, decide_every=2)
     _, fixed = _run(None, 12)
-    applied = [c.after for c in adaptive.history if c.applied]
-    assert applied == script  # every proposal passed the budget gate (all below the default's peak)
+    # Every proposal passed the budget gate (all below the default's peak). A move back from a
+    # configuration measured slower per GiB (wall-clock: it may or may not happen) is fp32 too.
+    applied = [c.after for c in adaptive.history if c.applied and c.source == "scripted"]
+    assert applied == script
     assert {s.config.effective_batch_size for s in adaptive.steps} == {BATCH}
     torch.testing.assert_close(torch.tensor(changed), torch.tensor(fixed), rtol=1e-5, atol=1e-6)
 
@@ -247,3 +250,34 @@ def test_adaptive_the_envs_and_the_study_judge_the_same_numbers_identically() ->
     assert tuner.best is not None and recommended is not None and recommended.config is not None
     assert recommended.config.micro_batch_size == tuner.best.config.micro_batch_size
     assert recommended.per_gib == tuner.best.score.per_gib
+
+
+def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
+    fast, slow = _fp32(BATCH), _fp32(8)
+    wl, opt = _user_objects()
+    # A decision every 5 steps: each configuration's first step is tracked, then 3-4 timed steps
+    # (3 at least before measurement overrules the source).
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([slow, slow]),
+                     decide_every=5)  # fmt: skip
+    # Step times by configuration (the steps themselves are real): 8 x 4 takes 100x as long, far
+    # more than its smaller peak can make up per GiB.
+    real_step = tuner.trainer.step
+    seconds = {fast: 0.01, slow: 1.0}
+
+    def step(**kwargs: Any) -> Any:
+        return dataclasses.replace(real_step(**kwargs), seconds=seconds[tuner.config])
+
+    tuner.trainer.step = step  # type: ignore[method-assign]
+    for _ in range(20):
+        tuner.step()
+    tuner.close()
+    assert [s.config for s in tuner.steps] == [fast] * 5 + [slow] * 5 + [fast] * 10
+    went, back, again = tuner.history
+    assert (went.step, went.source, went.after, went.applied) == (5, "scripted", slow, True)
+    assert (back.step, back.source, back.before, back.after, back.applied) == (10, "measured", slow, fast, True)
+    assert re.fullmatch(r"measured [\d.]+ per GiB, below the [\d.]+ of the configuration it replaced: back to it",
+                        back.reason)  # fmt: skip
+    assert (again.step, again.source, again.after, again.applied) == (15, "scripted", slow, False)
+    assert again.reason.startswith("scripted; measured at step 10: ")
+    assert [(r.config, r.timed_steps) for r in tuner.configs] == [(fast, 10), (slow, 4)]  # fast: re-judged at step 20
+    assert tuner.best is not None and tuner.best.config == fast
