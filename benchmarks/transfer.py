@@ -19,7 +19,13 @@ PyTorch default's measured peak:
    re-timed grid points: one pass over the grid on a shared machine is noisy), peaks from the
    exact measurement.
 
+With ``--dominance-margin M`` the grid measures fp32 first and leaves, as dominated, a configuration
+whose optimistic samples/s per GiB is under 1/M of the best so far (see :func:`measure_grid`): for
+CPUs without fast bf16 (an AVX2 CPU, or one emulated with ``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2``), where the bf16 half of the grid would take hours.
+
 Run: OMP_NUM_THREADS=1 python benchmarks/transfer.py [--models ...] [--fine-tune-seconds 20]
+     [--dominance-margin 2] [--out transfer.json]
 """
 
 from __future__ import annotations
