@@ -1,38 +1,57 @@
-"""Default vs adaptive vs a fixed configuration, on the user's own run of three corpus models.
+"""Default vs adaptive vs a study's best fixed configuration, on the user's own run of three corpus models.
 
-Every variant trains a fresh, identically initialised model for ``--steps`` optimizer steps at the
-workload's effective batch through :class:`autotune.Adaptive` (one loop, one data stream, the
-memory budget = the default configuration's own peak):
+For each model, at the workload's effective batch and one memory budget (the PyTorch default's
+measured peak, what :class:`autotune.Adaptive` uses when given none):
 
-  default    policy=None: PyTorch's default way (the whole batch in one fp32 pass), never changed
-  adaptive   the shipped pretrained policy, a decision every ``--decide-every`` steps
-  fixed      the configuration the adaptive run ended on, from the first step (hindsight)
-  observe    the pretrained policy deciding, its proposals discarded: what observing costs
-             (gradient-noise hooks, the noise split step, the policy's forward), steps alternated
-             with a second default run in the same process (ABBA) so drift hits both alike
+1. study: a real Optuna study of the same model through the public API (``autotune.search``:
+   a spec built here, ``prepare`` / ``open_study`` / ``run_study`` / ``summarize``, SQLite in a
+   temporary directory or ``--storage``), ``--study-trials`` trials, its wall time reported; its
+   recommendation (the most samples/s per GiB of peak within the budget) is "study-best";
+2. three fresh, identically initialised runs of ``--steps`` optimizer steps through
+   :class:`autotune.Adaptive` (one loop, one data stream), steps interleaved in one process
+   (the order rotates every round) so that drift on a shared machine hits all three alike:
 
-Reported: samples/s over all steps (tracked steps and reconfigurations included), the run's
-highest measured peak (exact MemTracker bytes of each configuration's tracked step; an adaptive
-run's includes the configurations it left), samples/s per GiB of it, the final configuration's
-measured peak (what the run holds from its last change on), the mean loss of the last 5 steps
-(same effective batch: equal steps are equal samples), and
-the number and wall time of reconfigurations.
+  default     policy=None: PyTorch's default way (the whole batch in one fp32 pass), never changed
+  adaptive    the shipped pretrained policy, a decision every ``--decide-every`` steps, no study
+  study-best  the study's recommendation as a fixed configuration, from the first step
 
-Run: python benchmarks/adaptive.py [--size small] [--steps 40] [--decide-every 5] [--threads 2]
-     [--observation-only]
+``--observation-only`` instead measures what observing costs: the pretrained policy deciding,
+its proposals discarded (gradient-noise hooks, the noise split step, the policy's forward),
+steps alternated with a plain default run in the same process (ABBA).
+
+Reported per run: samples/s over all steps (tracked steps, decisions and reconfigurations
+included), the run's highest measured peak (exact MemTracker bytes of each configuration's
+tracked step; an adaptive run's includes the configurations it left), samples/s per GiB of it;
+"settled": the configuration of the run's last steps, the median samples/s of its untracked
+steps (how many in brackets) and its measured peak, and samples/s per GiB of that; the mean loss
+of the last 5 steps (same effective batch: equal steps are equal samples); the number and wall
+time of reconfigurations. ``--out`` writes every run's decision history as JSON.
+
+Run: python benchmarks/adaptive.py [--size small] [--steps 60] [--decide-every 10] [--threads 1]
+     [--study-trials 24] [--storage studies.db] [--out adaptive.json] [--observation-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from autotune.adapt import Adaptive, DecisionSource, Observation, Proposal, RunContext
 from autotune.adapt.policy import PolicySource
+from autotune.config import TrainConfig
+from autotune.measurement import measure
+from autotune.resolve import load_workload
+from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, open_study, prepare, run_study, summarize
+from autotune.search.baselines import PYTORCH_DEFAULT
+from autotune.search.results import require_recommended
+from autotune.units import MemoryBudget
 from autotune.zoo import CORPUS
 
 GIB = 1024**3
@@ -43,6 +62,7 @@ SMALL: dict[str, dict[str, int]] = {
                "batch_size": 32},
     "lstm-lm": {"layers": 4, "width": 128, "seq_len": 64, "vocab": 256, "num_samples": 1024, "batch_size": 32},
 }  # fmt: skip
+VARIANTS = ("default", "adaptive", "study-best")
 
 
 class Observe(DecisionSource):
@@ -62,37 +82,142 @@ class Observe(DecisionSource):
         return None
 
 
-def _build(name: str, size: str) -> Any:
-    entry = CORPUS[name]
-    return entry.build(**(entry.tiny if size == "tiny" else SMALL[name]))
+def _sizes(name: str, size: str) -> dict[str, int]:
+    return dict(CORPUS[name].tiny if size == "tiny" else SMALL[name])
 
 
 def _tuner(name: str, size: str, policy: Any, decide_every: int) -> Adaptive:
-    wl = _build(name, size)
+    wl = CORPUS[name].build(**_sizes(name, size))
     opt = wl.make_optimizer(wl.model.parameters())
     return Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=wl.batch_size, policy=policy,
                     decide_every=decide_every, blocks=wl.blocks, name=wl.name)  # fmt: skip
 
 
-def _run(tuner: Adaptive, steps: int) -> dict[str, Any]:
+# ---- the study ------------------------------------------------------------------------------------
+
+
+def _default_peak(source: Path) -> int:
+    """The PyTorch default's measured peak: the budget every run reaches once it has tracked the
+    default (a percentage would be of its *prediction*, which sits a few bytes below the measured
+    peak, and the study's default baseline would be pruned as over it)."""
+    workload = load_workload(f"{source}:build")
+    measured = measure(workload, TrainConfig(micro_batch_size=workload.batch_size), steps=1, warmup=1)
+    assert measured.peak_bytes is not None
+    return measured.peak_bytes
+
+
+def _study(name: str, size: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """A real study of the same model, batch and budget; its recommendation and wall time."""
+    # The study measures in a child process that resolves the workload by reference: a file here.
+    source = workdir / f"{name.replace('-', '_')}_{size}.py"
+    source.write_text(f"from autotune.zoo import CORPUS\n\n\ndef build():\n"
+                      f"    return CORPUS[{name!r}].build(**{_sizes(name, size)!r})\n")  # fmt: skip
+    spec = StudySpec(
+        workload=f"{source}:build",
+        name=f"adaptive-benchmark-{name}-{size}",
+        trials=args.study_trials,
+        memory_budget=MemoryBudget(bytes=_default_peak(source)),
+        sampler="tpe",
+        seed=0,
+        space=SpaceSpec(precisions=("fp32", "bf16")),
+        measure=MeasureSpec(steps=args.study_steps, warmup=1, trial_timeout=600.0, threads=args.threads or None),
+    )
+    options = RunOptions(storage=args.storage or str(workdir / "studies.db"), cache=None,
+                         artifact_dir=workdir / "artifacts", dashboard=False)  # fmt: skip
     start = time.perf_counter()
-    for _ in range(steps):
-        tuner.step()
+    prepared = prepare(spec)
+    study = open_study(prepared, options)
+    run_study(prepared, study, options)
     wall = time.perf_counter() - start
-    tuner.close()
-    samples = sum(s.samples for s in tuner.steps)
-    peak = max(s.peak_bytes for s in tuner.steps if s.peak_bytes is not None)
-    applied = [c for c in tuner.history if c.applied]
+    summary = summarize(study)
+    best = require_recommended(summary)
+    assert best.config is not None and best.per_gib is not None
+    gain = summary.improvement(PYTORCH_DEFAULT)
     return {
-        "thr": samples / wall,
+        "config": best.config,
+        "trial": best.number,
+        "per_gib": best.per_gib,
+        "over_default": None if gain is None else gain.per_gib,
+        "trials": len(summary.trials),
+        "states": summary.states,
+        "seconds": wall,
+        "budget": prepared.memory_budget,
+    }
+
+
+# ---- the three runs -------------------------------------------------------------------------------
+
+
+def _interleaved(tuners: dict[str, Adaptive], steps: int) -> dict[str, list[float]]:
+    """Wall seconds of every ``step()`` (decisions and reconfigurations included), the variants'
+    order rotating each round so none always runs first."""
+    walls: dict[str, list[float]] = {k: [] for k in tuners}
+    order = list(tuners)
+    for i in range(steps):
+        for key in order[i % len(order) :] + order[: i % len(order)]:
+            t0 = time.perf_counter()
+            tuners[key].step()
+            walls[key].append(time.perf_counter() - t0)
+    return walls
+
+
+def _summary(tuner: Adaptive, walls: list[float]) -> dict[str, Any]:
+    steps = tuner.steps
+    samples = sum(s.samples for s in steps)
+    peak = max(s.peak_bytes for s in steps if s.peak_bytes is not None)
+    applied = [c for c in tuner.history if c.applied]
+    settled = steps[-1].config  # what the run's last steps ran under
+    tail: list[float] = []
+    for s, wall in zip(reversed(steps), reversed(walls), strict=True):
+        if s.config != settled:
+            break
+        if s.peak_bytes is None and s.step >= 1:  # untracked steps only
+            tail.append(s.samples / wall)
+    settled_peak = tuner.gate.measured[settled]
+    settled_thr = statistics.median(tail) if tail else float("nan")
+    return {
+        "thr": samples / sum(walls),
         "peak": peak,
-        "thr_gib": samples / wall / (peak / GIB),
-        "loss": statistics.fmean(s.loss for s in tuner.steps[-5:]),
+        "thr_gib": samples / sum(walls) / (peak / GIB),
+        "settled": settled,
+        "settled_steps": len(tail),
+        "settled_thr": settled_thr,
+        "settled_peak": settled_peak,
+        "settled_gib": settled_thr / (settled_peak / GIB),
+        "loss": statistics.fmean(s.loss for s in steps[-5:]),
         "changes": len(applied),
         "change_s": sum(c.seconds for c in applied),
         "final": tuner.config,
-        "final_peak": tuner.gate.measured.get(tuner.config),
+        "history": [c.to_dict() for c in tuner.history],
     }
+
+
+def _compare(name: str, size: str, args: argparse.Namespace, best: TrainConfig) -> dict[str, dict[str, Any]]:
+    tuners = {
+        "default": _tuner(name, size, None, args.decide_every),
+        "adaptive": _tuner(name, size, "pretrained", args.decide_every),
+        "study-best": _tuner(name, size, best, args.decide_every),
+    }
+    try:
+        walls = _interleaved(tuners, args.steps)
+    finally:
+        for tuner in tuners.values():
+            tuner.close()
+    for change in tuners["adaptive"].history:
+        print(f"  {name} adaptive: {change.describe()}", flush=True)
+    for change in tuners["study-best"].history:
+        print(f"  {name} study-best: {change.describe()}", flush=True)
+    return {k: _summary(t, walls[k]) for k, t in tuners.items()}
+
+
+def _row(name: str, label: str, r: dict[str, Any]) -> str:
+    cell = r["settled"].describe().replace(" | ", ", ")  # a table cell: no pipes
+    return (f"| {name} | {label} | {r['thr']:.1f} | {r['peak'] / 2**20:.2f} | {r['thr_gib']:.0f} | "
+            f"{r['settled_thr']:.1f} ({r['settled_steps']}) | {r['settled_peak'] / 2**20:.2f} | "
+            f"{r['settled_gib']:.0f} | {r['loss']:.4f} | {r['changes']} ({r['change_s']:.3f}) | {cell} |")  # fmt: skip
+
+
+# ---- observation cost -----------------------------------------------------------------------------
 
 
 def _observation_cost(name: str, size: str, steps: int, decide_every: int) -> float:
@@ -115,35 +240,50 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="hf-gpt2,hf-vit,lstm-lm")
     parser.add_argument("--size", choices=("tiny", "small"), default="small")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--decide-every", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--decide-every", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--study-trials", type=int, default=24, help="trials of each model's study")
+    parser.add_argument("--study-steps", type=int, default=4, help="timed steps per study trial")
+    parser.add_argument("--storage", help="the studies' storage (default: SQLite in a temporary directory)")
+    parser.add_argument("--out", type=Path, help="write every run's figures and decision history as JSON")
     parser.add_argument("--observation-only", action="store_true", help="measure only the observation cost")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} threads, {args.steps} steps, size {args.size}, "
-          f"decide every {args.decide_every}")  # fmt: skip
-    print("| model | variant | samples/s | run peak MiB | samples/s per run-peak GiB | final config's peak MiB | "
-          "loss (last 5) | reconfigs (s) | final config |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
-    for name in args.workloads.split(","):
-        if args.observation_only:
+          f"decide every {args.decide_every}", flush=True)  # fmt: skip
+    if args.observation_only:
+        print("| model | observation cost |\n|---|---:|")
+        for name in args.workloads.split(","):
             cost = _observation_cost(name, args.size, args.steps, args.decide_every)
-            print(f"| {name} | observation cost | {cost:+.1%} of step time | | | | | | |")
-            continue
-        default = _run(_tuner(name, args.size, None, args.decide_every), args.steps)
-        adaptive = _run(_tuner(name, args.size, "pretrained", args.decide_every), args.steps)
-        fixed = _run(_tuner(name, args.size, adaptive["final"], args.decide_every), args.steps)
-        for label, r in (("default", default), ("adaptive", adaptive), ("fixed (adaptive's final)", fixed)):
-            final_peak = "-" if r["final_peak"] is None else f"{r['final_peak'] / 2**20:.2f}"
-            changes = f"{r['changes']} ({r['change_s']:.3f})"
-            final = r["final"].describe().replace(" | ", ", ")  # a table cell: no pipes
-            print(f"| {name} | {label} | {r['thr']:.1f} | {r['peak'] / 2**20:.2f} | {r['thr_gib']:.0f} | "
-                  f"{final_peak} | {r['loss']:.4f} | {changes} | {final} |")  # fmt: skip
-        cost = _observation_cost(name, args.size, args.steps, args.decide_every)
-        print(f"| {name} | observation cost | {cost:+.1%} of step time | | | | | | |")
+            print(f"| {name} | {cost:+.1%} of step time |", flush=True)
+        return
+    rows, out = [], {}
+    with tempfile.TemporaryDirectory(prefix="autotune-adaptive-") as tmp:
+        for name in args.workloads.split(","):
+            study = _study(name, args.size, args, Path(tmp))
+            print(f"{name}: study of {study['trials']} trials ({study['states']}) in {study['seconds']:.0f} s, "
+                  f"best trial {study['trial']}: {study['config'].describe()}, {study['per_gib']:.0f} samples/s "
+                  f"per GiB, {study['over_default'] or float('nan'):.2f}x the default's", flush=True)  # fmt: skip
+            runs = _compare(name, args.size, args, study["config"])
+            rows += [_row(name, label, runs[label]) for label in VARIANTS]
+            ratio = {k: runs["adaptive"][k] / runs["study-best"][k] for k in ("thr_gib", "settled_gib")}
+            print(f"{name}: adaptive / study-best samples/s per GiB: whole run {ratio['thr_gib']:.2f}, "
+                  f"settled {ratio['settled_gib']:.2f}; over the default (settled): adaptive "
+                  f"{runs['adaptive']['settled_gib'] / runs['default']['settled_gib']:.2f}x, study-best "
+                  f"{runs['study-best']['settled_gib'] / runs['default']['settled_gib']:.2f}x", flush=True)  # fmt: skip
+            out[name] = {"study": {**study, "config": study["config"].to_dict()},
+                         "runs": {k: {**r, "settled": r["settled"].to_dict(), "final": r["final"].to_dict()}
+                                  for k, r in runs.items()}}  # fmt: skip
+    print("\n| model | variant | samples/s | run peak MiB | samples/s per run-peak GiB | settled samples/s "
+          "(steps) | settled peak MiB | settled samples/s per GiB | loss (last 5) | reconfigs (s) | "
+          "settled config |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("\n".join(rows))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
