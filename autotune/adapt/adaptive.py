@@ -273,6 +273,7 @@ class Adaptive:
         self.steps: list[AdaptStep] = []
         self._history: list[Change] = []
         self._judged: dict[TrainConfig, ConfigRecord] = {}
+        self._on_trial = False  # the current config came from a proposal, and the one it replaced may be better
         self._refused: set[TrainConfig] = set()
         self._recent: list[float] = []
         self._previous = start
@@ -439,7 +440,7 @@ class Adaptive:
         if rebuilt is not None:  # new DeepSpeed engines, the state carried over: what the seconds paid for
             change = dataclasses.replace(change, reason=f"{change.reason}; new engines: {rebuilt.partition(':')[0]}")
         self._history.append(dataclasses.replace(change, seconds=time.perf_counter() - start))
-        self._previous, self._recent = obs.config, []
+        self._previous, self._recent, self._on_trial = obs.config, [], True
 
     def _back_if_worse(self, obs: Observation) -> bool:
         """Measurement overrules the decision source: a configuration measured more than the margin
@@ -447,6 +448,8 @@ class Adaptive:
         is left for that one, and the source's later proposals of it are refused (above). The
         run can then lose against where it was only for the ``decide_every`` steps it takes to
         find out, and two configurations of about equal worth are not swapped back and forth."""
+        if not self._on_trial:  # the run is where measurement put it: no going back and forth on noise
+            return False
         before, here = self._trusted(self._previous), self._trusted(obs.config)
         if before is None or here is None or here.score.per_gib >= (1 - _MARGIN) * before.score.per_gib:
             return False
@@ -457,7 +460,7 @@ class Adaptive:
         self._history.append(Change(step=obs.step, source="measured", before=obs.config, after=self._previous,
                                     applied=True, reason=reason, measured_bytes=before.score.peak_bytes,
                                     seconds=time.perf_counter() - start))  # fmt: skip
-        self._previous, self._recent = obs.config, []
+        self._previous, self._recent, self._on_trial = obs.config, [], False
         return True
 
     def _trusted(self, config: TrainConfig) -> ConfigRecord | None:

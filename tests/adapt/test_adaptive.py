@@ -281,3 +281,23 @@ def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
     assert again.reason.startswith("scripted; measured at step 10: ")
     assert [(r.config, r.timed_steps) for r in tuner.configs] == [(fast, 10), (slow, 4)]  # fast: re-judged at step 20
     assert tuner.best is not None and tuner.best.config == fast
+
+
+def test_once_measurement_moved_the_run_back_a_noisier_remeasure_does_not_move_it_again() -> None:
+    fast, slow = _fp32(BATCH), _fp32(8)
+    wl, opt = _user_objects()
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([slow]),
+                     decide_every=5)  # fmt: skip
+    real_step = tuner.trainer.step
+
+    def step(**kwargs: Any) -> Any:
+        # Back on ``fast`` from step 10, it now times far slower than ``slow`` did (a busy machine).
+        seconds = 1.0 if tuner.config == slow else (0.01 if len(tuner.steps) < 10 else 100.0)
+        return dataclasses.replace(real_step(**kwargs), seconds=seconds)
+
+    tuner.trainer.step = step  # type: ignore[method-assign]
+    for _ in range(20):
+        tuner.step()
+    tuner.close()
+    assert [s.config for s in tuner.steps] == [fast] * 5 + [slow] * 5 + [fast] * 10
+    assert [(c.step, c.source, c.after) for c in tuner.history] == [(5, "scripted", slow), (10, "measured", fast)]
