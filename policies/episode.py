@@ -48,6 +48,7 @@ class Episode:
     workload: str
     budget_bytes: int
     steps: tuple[EpisodeStep, ...]
+    adapt_batch: bool = False  # the batch was a knob: steps are judged by goodput
 
     @property
     def total_reward(self) -> float:
@@ -55,10 +56,18 @@ class Episode:
 
     @property
     def best(self) -> EpisodeStep:
-        """The measured step with the most throughput per GiB of peak within the budget (what a
-        study's best trial is to its trials); the start if none fits (nothing else ran)."""
+        """The measured step with the most throughput (goodput with batch adaptation) per GiB of
+        peak within the budget, by the objective the study and the environments use
+        (:func:`autotune.measurement.objective.score`); the start if none fits (nothing else ran)."""
+        from autotune.measurement.objective import score
+
+        def per_gib(s: EpisodeStep) -> float:
+            return score(throughput=s.throughput, peak_bytes=s.peak_bytes, batch_size=s.batch,
+                         base_batch_size=self.steps[0].batch, noise_scale=s.b_noise,
+                         batch_is_knob=self.adapt_batch).per_gib  # fmt: skip
+
         fits = [s for s in self.steps if s.peak_bytes <= self.budget_bytes]
-        return max(fits, key=lambda s: s.throughput / s.peak_bytes) if fits else self.steps[0]
+        return max(fits, key=per_gib) if fits else self.steps[0]
 
     @property
     def start_config(self) -> TrainConfig:
@@ -72,6 +81,7 @@ class Episode:
         return {
             "workload": self.workload,
             "budget_bytes": self.budget_bytes,
+            "adapt_batch": self.adapt_batch,
             "return": self.total_reward,
             "start_config": self.start_config.to_dict(),
             "final_config": self.final_config.to_dict(),
@@ -95,7 +105,8 @@ def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, s
         records.append(_record(env, t, tuple(int(a) for a in action), info, float(reward)))
         if terminated:
             break
-    return Episode(workload=workload, budget_bytes=int(info["budget_bytes"]), steps=tuple(records))
+    return Episode(workload=workload, budget_bytes=int(info["budget_bytes"]), steps=tuple(records),
+                   adapt_batch=env.adapt_batch)  # fmt: skip
 
 
 def _record(

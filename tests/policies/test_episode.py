@@ -52,3 +52,16 @@ def test_tune_records_its_best_step_as_a_study_trial(tmp_path: Path, capsys: pyt
     assert trial.state.name == "COMPLETE" and trial.user_attrs[ATTR.BASELINE] == "policy"
     assert trial.values == [best["throughput"], best["peak_bytes"] / 2**20]
     assert TrainConfig.from_dict(trial.user_attrs[ATTR.CONFIG]) == TrainConfig.from_dict(episode["best_config"])
+
+
+def test_the_best_step_is_the_objective_s_goodput_when_the_batch_was_a_knob() -> None:
+    from autotune.policies.episode import Episode, EpisodeStep
+
+    def step(i: int, batch: int, throughput: float) -> EpisodeStep:
+        return EpisodeStep(step=i, action=None, knobs="", batch=batch, config=TrainConfig(micro_batch_size=batch),
+                           throughput=throughput, peak_bytes=2**30, b_noise=10.0, loss=1.0, reward=None)  # fmt: skip
+
+    steps = (step(0, 32, 100.0), step(1, 64, 150.0))
+    # At batch 64 against 32 with a noise scale of 10 samples: efficiency 42/74, goodput 85 < 100.
+    assert Episode(workload="w", budget_bytes=2**30, steps=steps).best.step == 1
+    assert Episode(workload="w", budget_bytes=2**30, steps=steps, adapt_batch=True).best.step == 0
