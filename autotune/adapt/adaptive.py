@@ -265,8 +265,19 @@ class Adaptive:
             verdict = self.gate.check(self.source.config)
             if verdict.admitted:
                 start, why, by = self.source.config, f"the fixed configuration; {verdict.reason}", self.source.name
+        refused_plan: Change | None = None
         if self.source is not None and not isinstance(self.source, FixedConfig):
-            self.source.start(self._context(start))
+            context = self._context(start)
+            self.source.start(context)
+            plan = self.source.plan(context)
+            planned = None if plan is None or plan.config == start else self.gate.check(plan.config)
+            if plan is not None and planned is not None:
+                if planned.admitted:
+                    start, why, by = plan.config, f"{plan.reason}; {planned.reason}", self.source.name
+                else:  # logged after the start below
+                    refused_plan = Change(step=0, source=self.source.name, before=start, after=plan.config,
+                                          applied=False, reason=f"{plan.reason}; {planned.reason}",
+                                          predicted_bytes=planned.predicted)  # fmt: skip
         wants_noise = adapt_batch or (self.source is not None and self.source.needs_noise)
         self.trainer = loop(start, wants_noise)  # the ranks start here: after every check above
         self._noise = wants_noise and self.trainer.noise is not None
@@ -279,6 +290,8 @@ class Adaptive:
         self._previous = start
         if start != default:
             self._history.append(Change(step=0, source=by, before=default, after=start, applied=True, reason=why))
+        if refused_plan is not None:
+            self._history.append(refused_plan)
 
     def _context(self, start: TrainConfig) -> RunContext:
         from autotune.memory.blocks import profile_blocks

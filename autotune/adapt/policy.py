@@ -13,6 +13,7 @@ environments' level tables cannot express (a batch that is not a power of two) g
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,9 +54,10 @@ class PolicySource(DecisionSource):
     name = "policy"
     needs_noise = True
 
-    def __init__(self, directory: str | Path | None = None, *, horizon: int = 16) -> None:
+    def __init__(self, directory: str | Path | None = None, *, horizon: int = 16, plan: bool = True) -> None:
         self.policy = _load(None if directory is None else Path(directory))
         self.horizon = horizon
+        self.plan_start = plan
         self._context: RunContext | None = None
         self._model: ModelDescriptor | None = None
         self._machine: MachineDescriptor | None = None
@@ -78,6 +80,28 @@ class PolicySource(DecisionSource):
         self._model = ModelDescriptor.of_blocks(profile, num_parameters=context.workload.num_parameters)
         self._machine = MachineDescriptor(reduced_speed=speeds.reduced_speed, recompute_cost=speeds.recompute_cost,
                                           budget_ratio=context.budget_bytes / states)  # fmt: skip
+
+    def plan(self, context: RunContext) -> Proposal | None:
+        """The policy's plan on the model's calibrated simulator (:func:`autotune.policies.transfer.propose`,
+        what ``autotune study`` enqueues: a quick profile on copies of the model, seconds, no
+        fine-tuning): the run starts there instead of walking to it one decision at a time from
+        the default, whose peak it would otherwise hold first. One process only; None when the
+        model cannot be profiled (the run then starts where the budget put it)."""
+        if not self.plan_start or context.start.ranks != 1:
+            return None
+        from autotune.errors import ProposalError
+        from autotune.policies.transfer import propose
+
+        started = time.perf_counter()
+        try:
+            knobs = propose(context.workload, memory_budget=context.budget_bytes, policy=self.policy)
+        except ProposalError:
+            return None
+        if knobs.batch_size != context.start.effective_batch_size:
+            return None
+        config = knobs.to_config(context.ranking, base=context.start)
+        seconds = time.perf_counter() - started
+        return Proposal(config=config, reason=f"the policy's plan on the calibrated simulator ({seconds:.0f} s)")
 
     def observation(self, obs: Observation) -> np.ndarray:
         """The environments' observation vector (:func:`autotune.envs.core.observation_vector`) for ``obs``."""

@@ -62,6 +62,11 @@ class DecisionSource(ABC):
     def start(self, context: RunContext) -> None:  # noqa: B027 (optional hook)
         """Called once before the first step."""
 
+    def plan(self, context: RunContext) -> Proposal | None:
+        """Where the run should start, decided before its first step (after :meth:`start`), or
+        None: where the budget put it. Passes the budget gate like any proposal."""
+        return None
+
     @abstractmethod
     def propose(self, observation: Observation) -> Proposal | None:
         """A config to switch to, or None to stay."""

@@ -11,7 +11,7 @@ from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, Tun
 from autotune.envs.knobs import KnobLevels
 
 from autotune import Knobs, TrainConfig
-from autotune.adapt import Adaptive, FixedConfig, Observation
+from autotune.adapt import Adaptive, FixedConfig, Observation, Proposal, RunContext
 from autotune.adapt.batch import grow_batch
 from autotune.errors import ConfigError
 from autotune.measurement.record import Measurement, MemoryBreakdown
@@ -301,3 +301,37 @@ def test_once_measurement_moved_the_run_back_a_noisier_remeasure_does_not_move_i
     tuner.close()
     assert [s.config for s in tuner.steps] == [fast] * 5 + [slow] * 5 + [fast] * 10
     assert [(c.step, c.source, c.after) for c in tuner.history] == [(5, "scripted", slow), (10, "measured", fast)]
+
+
+class Planned(Scripted):
+    """Scripted proposals, and a start plan."""
+
+    def __init__(self, start: TrainConfig, configs: list[TrainConfig]) -> None:
+        super().__init__(configs)
+        self.start_at = start
+
+    def plan(self, context: RunContext) -> Proposal | None:
+        return Proposal(config=self.start_at, reason="planned")
+
+
+def test_a_source_s_plan_is_where_the_run_starts_if_the_gate_admits_it() -> None:
+    wl, opt = _user_objects()
+    planned = _fp32(8, True)
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Planned(planned, []))
+    tuner.step()
+    tuner.close()
+    [change] = tuner.history
+    assert (change.step, change.source, change.before, change.after, change.applied) == (
+        0, "scripted", _fp32(BATCH), planned, True)  # fmt: skip
+    assert change.reason.startswith("planned; predicted ") and tuner.steps[0].config == planned
+    # A plan over the budget is not where the run starts: the budget's start is.
+    wl, opt = _user_objects()
+    budget = int(0.6 * _default_peak())
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, memory_budget=budget,
+                     policy=Planned(_fp32(BATCH), []))  # fmt: skip
+    tuner.close()
+    start, refused = tuner.history
+    assert start.source == "budget" and tuner.config == start.after != _fp32(BATCH)
+    assert (refused.step, refused.source, refused.before, refused.after, refused.applied) == (
+        0, "scripted", start.after, _fp32(BATCH), False)  # fmt: skip
+    assert refused.reason.startswith("planned; predicted ") and "> budget" in refused.reason
