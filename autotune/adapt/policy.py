@@ -54,7 +54,7 @@ class PolicySource(DecisionSource):
     name = "policy"
     needs_noise = True
 
-    def __init__(self, directory: str | Path | None = None, *, horizon: int = 16, plan: bool = True) -> None:
+    def __init__(self, directory: str | Path | None = None, *, horizon: int = 16, plan: bool = False) -> None:
         self.policy = _load(None if directory is None else Path(directory))
         self.horizon = horizon
         self.plan_start = plan
@@ -86,7 +86,14 @@ class PolicySource(DecisionSource):
         what ``autotune study`` enqueues: a quick profile on copies of the model, seconds, no
         fine-tuning): the run starts there instead of walking to it one decision at a time from
         the default, whose peak it would otherwise hold first. One process only; None when the
-        model cannot be profiled (the run then starts where the budget put it)."""
+        model cannot be profiled (the run then starts where the budget put it).
+
+        Off by default (``PolicySource(plan=True)`` turns it on): measured against a study's best
+        (README, benchmarks/adaptive.py), the plan's quick profile sent hf-gpt2 and lstm-lm to the
+        smallest-memory corner (1 x 32, all bf16, all recomputed), where every policy action
+        clips and measurement has nothing to compare with: whole-run samples/s per GiB rose
+        (0.11 -> 0.67, 0.13 -> 0.39 of the study's best) but the settled configuration fell
+        (1.17 -> 0.73, 0.94 -> 0.39)."""
         if not self.plan_start or context.start.ranks != 1:
             return None
         from autotune.errors import ProposalError
