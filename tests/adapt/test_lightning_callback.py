@@ -15,6 +15,13 @@ from autotune.integrations.lightning import AutotuneCallback
 from autotune.workload import find_blocks
 from autotune.zoo import CORPUS
 
+pytestmark = [
+    # Lightning's advice for real runs (DataLoader workers, logging intervals), irrelevant to a tiny fit.
+    pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning"),
+    # Lightning 2.6's own pytree code on torch 2.13 (torch deprecated LeafSpec): not ours to fix.
+    pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning"),
+]
+
 
 class LitLM(L.LightningModule):  # type: ignore[misc]
     def __init__(self, net: torch.nn.Module, loss_fn: Any) -> None:
@@ -38,10 +45,6 @@ class Spy(L.Callback):  # type: ignore[misc]
         self.wrapped.append(sum("forward" in module.get_submodule(b).__dict__ for b in self.blocks))
 
 
-# Lightning's advice for real runs (DataLoader workers, logging intervals), irrelevant to a tiny fit.
-@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
-# Lightning 2.6's own pytree code on torch 2.13 (torch deprecated LeafSpec): not ours to fix.
-@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
 def test_the_callback_applies_checkpointing_inside_a_real_fit() -> None:
     entry = CORPUS["lstm-lm"]
     wl = entry.build(**entry.tiny)
@@ -76,6 +79,15 @@ class LitBatched(LitLM):
         return torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size)  # no shuffle: same order
 
 
+def _lstm_at_8() -> tuple[Any, LitBatched, AutotuneCallback]:
+    """Tiny lstm-lm (64 samples: 8 optimizer steps of 8 per epoch), a callback that moves it to 4 x 2."""
+    entry = CORPUS["lstm-lm"]
+    wl = entry.build(**entry.tiny)  # seeded: every call builds the same initial weights
+    module = LitBatched(wl.model, wl.loss_fn, wl.dataset, batch_size=8)
+    callback = AutotuneCallback(policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2), decide_every=2)
+    return wl, module, callback
+
+
 def _fit(module: L.LightningModule, callbacks: list[Any], max_steps: int = -1, **kwargs: Any) -> L.Trainer:
     trainer = L.Trainer(max_epochs=2, max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -84,16 +96,10 @@ def _fit(module: L.LightningModule, callbacks: list[Any], max_steps: int = -1, *
     return trainer
 
 
-@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
-@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
 def test_the_split_changes_at_the_epoch_boundary_and_the_training_maths_stay() -> None:
-    entry = CORPUS["lstm-lm"]
-    wl = entry.build(**entry.tiny)  # 64 samples: 8 optimizer steps of 8 per epoch
-    fixed = LitBatched(wl.model, wl.loss_fn, wl.dataset, batch_size=8)
+    _, fixed, _ = _lstm_at_8()
     _fit(fixed, [])
-    ref = entry.build(**entry.tiny)  # the same seeded initial weights
-    module = LitBatched(ref.model, ref.loss_fn, ref.dataset, batch_size=8)
-    callback = AutotuneCallback(policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2), decide_every=2)
+    _, module, callback = _lstm_at_8()  # the same seeded initial weights
     trainer = _fit(module, [callback])
     # decided at step 2, applied when epoch 1 began (after 8 steps), undone nowhere
     [change] = callback.history
@@ -106,13 +112,8 @@ def test_the_split_changes_at_the_epoch_boundary_and_the_training_maths_stay() -
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
-@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
 def test_a_dataloader_that_ignores_batch_size_keeps_the_split() -> None:
-    entry = CORPUS["lstm-lm"]
-    wl = entry.build(**entry.tiny)
-    module = LitBatched(wl.model, wl.loss_fn, wl.dataset, batch_size=8)
-    callback = AutotuneCallback(policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2), decide_every=2)
+    wl, module, callback = _lstm_at_8()
     # a DataLoader handed to fit() is reloaded as it is: the new batch size cannot reach it
     trainer = _fit(module, [callback], train_dataloaders=torch.utils.data.DataLoader(wl.dataset, batch_size=8))
     [change] = callback.history
@@ -121,13 +122,8 @@ def test_a_dataloader_that_ignores_batch_size_keeps_the_split() -> None:
     assert (module.batch_size, trainer.accumulate_grad_batches, callback.live.split) == (8, 1, False)
 
 
-@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
-@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
 def test_a_split_change_the_fit_never_reaches_is_logged_refused_and_undone() -> None:
-    entry = CORPUS["lstm-lm"]
-    wl = entry.build(**entry.tiny)
-    module = LitBatched(wl.model, wl.loss_fn, wl.dataset, batch_size=8)
-    callback = AutotuneCallback(policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2), decide_every=2)
+    _, module, callback = _lstm_at_8()
     trainer = _fit(module, [callback], max_steps=8)  # stops at the end of the first epoch
     [change] = callback.history
     assert (change.step, change.applied) == (8, False)
