@@ -120,9 +120,9 @@ def _fit_linear(p: WorkloadProfile, seconds: np.ndarray, measured: Sequence[Meas
     t = t_fixed + k * (t_mf + b * t_ps) * A, with A the block factor of the configuration: linear
     in the three terms. Three unknowns: every active set is tried (7 least-squares solves)."""
     rows = []
+    unit = dataclasses.replace(p, step_fixed_seconds=0.0, micro_fixed_seconds=1.0, micro_seconds_per_sample=0.0)
     for m in measured:
         c = m.config
-        unit = dataclasses.replace(p, step_fixed_seconds=0.0, micro_fixed_seconds=1.0, micro_seconds_per_sample=0.0)
         reduced, recomputed = _block_sets(p, c)
         k_a = step_seconds(
             unit,
