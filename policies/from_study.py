@@ -49,18 +49,6 @@ class StudyFineTune:
     out: Path
 
 
-def _load(storage: str | None, name: str) -> optuna.Study:
-    import optuna
-
-    from autotune.search.storage import open_storage, redact, storage_url
-
-    opened = open_storage(storage, create=False)
-    try:
-        return optuna.load_study(study_name=name, storage=opened)
-    except KeyError:
-        raise StudyError(f"study {name!r} does not exist in {redact(storage_url(storage))!r}") from None
-
-
 def measured_trials(study: optuna.Study, workload: Workload) -> list[MeasuredConfig]:
     """The study's completed trials as measured configurations, checked to be ``workload``'s:
     one rank, no ZeRO, fp32 or bf16 blocks (what the simulator's single-rank time model covers)."""
@@ -114,10 +102,11 @@ def fine_tune_from_study(
     from autotune.envs.knobs import KnobLevels
 
     from autotune.resolve import load_workload
+    from autotune.search.storage import load_existing_study
 
     loaded = load_workload(workload)
     base = load_policy(policy) if policy is not None else load_policy()
-    found = _load(storage, study)
+    found = load_existing_study(storage, study)
     measured = measured_trials(found, loaded)
     profile = profile_for_tuning(loaded)
     fitted = fit_time_terms(profile, measured)

@@ -185,23 +185,14 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    import optuna
-
-    from autotune.errors import StudyError
-    from autotune.search.storage import open_storage, redact, storage_url
+    from autotune.search.storage import load_existing_study
     from autotune.search.study import open_study, prepare, stored_spec
 
     _quiet_optuna()
     _check_device(args.device)
     options = _options(args, worker=True)
-    storage = open_storage(args.storage, create=False)
-    try:
-        existing = optuna.load_study(study_name=args.study, storage=storage)
-    except KeyError:
-        raise StudyError(
-            f"study {args.study!r} does not exist in {redact(storage_url(args.storage))!r}: "
-            "create it first with autotune study ... --create-only"
-        ) from None
+    existing = load_existing_study(args.storage, args.study,
+                                   hint=": create it first with autotune study ... --create-only")  # fmt: skip
     spec = dataclasses.replace(stored_spec(existing), name=args.study)
     prepared = prepare(spec)
     study = open_study(prepared, options)
@@ -251,18 +242,13 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
 
 
 def _cmd_best(args: argparse.Namespace) -> int:
-    import optuna
 
     from autotune.errors import StudyError
     from autotune.search.export import export_config
     from autotune.search.results import require_recommended, summarize
-    from autotune.search.storage import open_storage, redact, storage_url
+    from autotune.search.storage import load_existing_study
 
-    storage = open_storage(args.storage, create=False)
-    try:
-        study = optuna.load_study(study_name=args.study, storage=storage)
-    except KeyError:
-        raise StudyError(f"study {args.study!r} does not exist in {redact(storage_url(args.storage))!r}") from None
+    study = load_existing_study(args.storage, args.study)
     best = require_recommended(summarize(study))
     assert best.config is not None
     blocks = tuple(study.user_attrs.get("blocks", ()))

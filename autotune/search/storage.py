@@ -20,7 +20,15 @@ from autotune.errors import MissingDependencyError, StudyError
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["DEFAULT_STORAGE", "DEFAULT_ARTIFACTS", "DEFAULT_CACHE", "open_storage", "redact", "storage_url"]
+__all__ = [
+    "DEFAULT_STORAGE",
+    "DEFAULT_ARTIFACTS",
+    "DEFAULT_CACHE",
+    "load_existing_study",
+    "open_storage",
+    "redact",
+    "storage_url",
+]
 
 DEFAULT_STORAGE = Path("studies") / "autotune.db"
 DEFAULT_ARTIFACTS = Path("studies") / "artifacts"
@@ -76,3 +84,15 @@ def open_storage(storage: str | None, *, create: bool = True) -> optuna.storages
     except (sqlalchemy.exc.SQLAlchemyError, ValueError, ImportError) as e:
         detail = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
         raise StudyError(f"cannot open storage {redact(url)!r}: {detail}") from None
+
+
+def load_existing_study(storage: str | None, name: str, *, hint: str = "") -> optuna.Study:
+    """Study ``name`` in ``storage`` (which must exist: nothing is created); one that does not
+    exist is a :class:`StudyError` naming the redacted storage, then ``hint``."""
+    import optuna
+
+    opened = open_storage(storage, create=False)
+    try:
+        return optuna.load_study(study_name=name, storage=opened)
+    except KeyError:
+        raise StudyError(f"study {name!r} does not exist in {redact(storage_url(storage))!r}{hint}") from None
