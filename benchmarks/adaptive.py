@@ -25,7 +25,7 @@ tracked step; an adaptive run's includes the configurations it left), samples/s 
 "settled": the configuration of the run's last steps, the median samples/s of its untracked
 steps (how many in brackets) and its measured peak, and samples/s per GiB of that; the mean loss
 of the last 5 steps (same effective batch: equal steps are equal samples); the number and wall
-time of reconfigurations. ``--out`` writes every run's decision history as JSON.
+time of reconfigurations. ``--out`` writes every run's decision history and judged configurations as JSON.
 
 Run: python benchmarks/adaptive.py [--size small] [--steps 60] [--decide-every 10] [--threads 1]
      [--study-trials 24] [--storage studies.db] [--out adaptive.json] [--observation-only]
@@ -189,13 +189,14 @@ def _summary(tuner: Adaptive, walls: list[float]) -> dict[str, Any]:
         "change_s": sum(c.seconds for c in applied),
         "final": tuner.config,
         "history": [c.to_dict() for c in tuner.history],
+        "judged": [r.to_dict() for r in tuner.configs],
     }
 
 
 def _compare(name: str, size: str, args: argparse.Namespace, best: TrainConfig) -> dict[str, dict[str, Any]]:
     tuners = {
         "default": _tuner(name, size, None, args.decide_every),
-        "adaptive": _tuner(name, size, "pretrained", args.decide_every),
+        "adaptive": _tuner(name, size, PolicySource(plan=args.plan), args.decide_every),
         "study-best": _tuner(name, size, best, args.decide_every),
     }
     try:
@@ -205,6 +206,10 @@ def _compare(name: str, size: str, args: argparse.Namespace, best: TrainConfig) 
             tuner.close()
     for change in tuners["adaptive"].history:
         print(f"  {name} adaptive: {change.describe()}", flush=True)
+    for r in tuners["adaptive"].configs:  # what each configuration it ran measured, as it judged them
+        print(f"  {name} adaptive judged at step {r.step}: {r.config.describe()}: {r.score.throughput:.1f} "
+              f"samples/s ({r.timed_steps} steps), {r.score.peak_bytes / 2**20:.2f} MiB, {r.score.per_gib:.0f} "
+              "per GiB", flush=True)  # fmt: skip
     for change in tuners["study-best"].history:
         print(f"  {name} study-best: {change.describe()}", flush=True)
     return {k: _summary(t, walls[k]) for k, t in tuners.items()}
@@ -247,6 +252,13 @@ def main() -> None:
     parser.add_argument("--study-steps", type=int, default=4, help="timed steps per study trial")
     parser.add_argument("--storage", help="the studies' storage (default: SQLite in a temporary directory)")
     parser.add_argument("--out", type=Path, help="write every run's figures and decision history as JSON")
+    parser.add_argument(
+        "--plan",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="start the adaptive run at the calibrated simulator's best (PolicySource(plan=...); default: "
+        "PolicySource's, on for CPU runs)",
+    )
     parser.add_argument("--observation-only", action="store_true", help="measure only the observation cost")
     args = parser.parse_args()
     if args.threads:

@@ -7,7 +7,7 @@
   the part that grows with the batch is separated from the fixed part: autocast weight copies),
   and each block's input bytes (what a checkpointed block keeps);
 - per-block forward time (forward hooks; exact on CPU, where kernels run synchronously) and whole
-  step times under five configurations, interleaved, from which the fixed and per-sample costs,
+  step times under six configurations, interleaved, from which the fixed and per-sample costs,
   the reduced-precision speed and the recompute cost are solved (``calibrate``);
 - loss and gradient-noise-scale curves of a real run of the default configuration;
 - the peak memory of every knob setting the environment can reach (``peak_table``), predicted by
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from autotune.envs.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs_to_config
 
@@ -52,6 +53,7 @@ __all__ = [
     "interleaved_step_seconds",
     "memory_table",
     "peak_table_index",
+    "relative_nnls",
     "save_profile",
 ]
 
@@ -153,7 +155,8 @@ def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: i
     block_acts = sum(b.fp32_fixed + b0 * b.fp32_per_sample for b in blocks)
     say("per-block forward time")
     shares, block_fraction = _block_forward_shares(workload, b0)
-    say("step times under four configurations")
+    say("step times under six configurations")
+    tiny_accum = min(4, b_small)  # several micro-batches of one sample: their cost dominates the step
     times = interleaved_step_seconds(
         workload,
         {
@@ -162,17 +165,22 @@ def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: i
             "reduced": TrainConfig(micro_batch_size=b0, precision=reduced),
             "checkpoint": TrainConfig(micro_batch_size=b0, checkpoint=True),
             "accum": TrainConfig(micro_batch_size=b_small, grad_accum_steps=2),
+            "tiny": TrainConfig(micro_batch_size=1, grad_accum_steps=tiny_accum),
         },
         rounds=timing_rounds,
     )
-    # Solve the time model from the five step times (steps of the same process, interleaved):
-    # one more micro-batch of b_small (accum) gives a micro-batch's time; the rest of the small
-    # step is the per-step fixed cost; two batch sizes give the per-sample slope.
-    micro_small = max(times["accum"] - times["small"], 1e-9)
-    step_fixed = max(times["small"] - micro_small, 0.0)
-    micro_default = max(times["default"] - step_fixed, 1e-9)
-    per_sample = max((micro_default - micro_small) / (b0 - b_small), 0.0) if b0 > b_small else micro_default / b0
-    micro_fixed = max(micro_small - b_small * per_sample, 0.0)
+    # Solve the linear time terms t = t_fixed + k * (t_mf + b * t_ps) from the four fp32 step
+    # times (one more micro-batch of b_small, ``accum``, separates the per-step fixed cost) by
+    # non-negative least squares on relative errors. The micro-batch-of-one point is measured, not
+    # extrapolated: from b_small and b0 alone, noise set the per-micro-batch cost to 0 on a 4-block
+    # GPT-2 (2 timing rounds), the simulator then read micro-batch 1 as free and the policy's plan
+    # went to 1 x 32, measured far slower.
+    fp32 = [(b_small, 1, "small"), (b0, 1, "default"), (b_small, 2, "accum"), (1, tiny_accum, "tiny")]
+    rows = np.array([[1.0, k, k * b] for b, k, _ in fp32])
+    step_fixed, micro_fixed, per_sample = (
+        float(v) for v in relative_nnls(rows, np.array([times[key] for _, _, key in fp32]))
+    )
+    micro_default = max(micro_fixed + b0 * per_sample, 1e-9)
     # Precision and recompute change only block time, a fraction of the micro-batch time.
     block_time = max(block_fraction * micro_default, 1e-9)
     slowdown = 1.0 + (times["reduced"] - times["default"]) / block_time
@@ -320,6 +328,29 @@ def _block_forward_shares(workload: Workload, micro: int, repeats: int = 3) -> t
         h.remove()
     blocks_total = sum(spent) or 1.0
     return [s / blocks_total for s in spent], min(sum(spent) / max(total, 1e-12), 1.0)
+
+
+def relative_nnls(rows: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Non-negative ``theta`` minimizing sum(((rows @ theta) / seconds - 1) ** 2): the time terms
+    that fit measured step times (``rows @ theta``: each row's predicted seconds) in relative
+    error, so a short step weighs as much as a long one. Every active set of the (few) columns
+    is tried: 2**n - 1 least-squares solves."""
+    x = rows / seconds[:, None]
+    y = np.ones(len(seconds))
+    n = rows.shape[1]
+    best: tuple[float, np.ndarray] | None = None
+    for active in itertools.chain.from_iterable(itertools.combinations(range(n), r) for r in range(1, n + 1)):
+        cols = list(active)
+        solution, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+        if np.any(solution < 0):
+            continue
+        theta = np.zeros(n)
+        theta[cols] = solution
+        residual = float(np.sum((x @ theta - y) ** 2))
+        if best is None or residual < best[0]:
+            best = (residual, theta)
+    assert best is not None, "a single column with positive entries always has a non-negative solution"
+    return best[1]
 
 
 def interleaved_step_seconds(workload: Workload, configs: dict[str, TrainConfig], rounds: int = 8) -> dict[str, float]:

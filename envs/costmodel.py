@@ -48,11 +48,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from autotune.envs.calibration import WorkloadProfile, peak_table_index
-from autotune.envs.knobs import KnobLevels, blocks_at_level
+from autotune.envs.knobs import ACCUM_LEVELS, FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, blocks_at_level
+
+from autotune.measurement.objective import per_gib
 
 __all__ = [
     "CPU_ZERO_OVERHEAD",
     "StepCost",
+    "ranked_settings",
     "step_cost",
     "step_seconds",
     "randomized_machine",
@@ -210,3 +213,22 @@ def randomized_machine(p: WorkloadProfile, rng: np.random.Generator) -> Workload
         reduced_slowdown=float(math.exp(rng.uniform(math.log(0.3), math.log(30.0)))),
         recompute_fraction=p.recompute_fraction * float(math.exp(rng.uniform(math.log(0.5), math.log(2.0)))),
     )
+
+
+def ranked_settings(p: WorkloadProfile, batch_size: int, *, reduced: bool = True) -> list[tuple[float, KnobLevels]]:
+    """Every one-rank knob setting of effective batch ``batch_size`` that the level tables express
+    (micro-batch x accumulation splits, precision and checkpoint quarters; fp32 only unless
+    ``reduced``), with its simulated samples/s per GiB of peak, best first (ties: less memory)."""
+    out: list[tuple[float, int, KnobLevels]] = []
+    for micro, m in enumerate(MICRO_LEVELS):
+        if batch_size % m or batch_size // m not in ACCUM_LEVELS:
+            continue
+        accum = ACCUM_LEVELS.index(batch_size // m)
+        for precision in range(FRACTION_LEVELS if reduced else 1):
+            for checkpoint in range(FRACTION_LEVELS):
+                levels = KnobLevels(accum=accum, micro=micro, precision=precision, checkpoint=checkpoint)
+                cost = step_cost(p, levels)
+                value = per_gib(batch_size / cost.seconds, cost.peak_bytes)  # the one objective
+                out.append((value, cost.peak_bytes, levels))
+    out.sort(key=lambda t: (-t[0], t[1]))
+    return [(value, levels) for value, _, levels in out]

@@ -1,6 +1,6 @@
 """Fitting a calibrated profile's time terms to measured configurations (a finished study's trials).
 
-``calibrate`` solves the simulator's time model from five step times measured in this process;
+``calibrate`` solves the simulator's time model from six step times measured in this process;
 a study measured many more configurations, in its own measuring process (with its own thread
 count), at the configurations that matter. :func:`fit_time_terms` refits the model's per-model
 time terms to them, minimizing the squared log-ratio of simulated to measured throughput:
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from autotune.envs.calibration import WorkloadProfile
+from autotune.envs.calibration import WorkloadProfile, relative_nnls
 from autotune.envs.costmodel import step_seconds
 
 from autotune.config import TrainConfig
@@ -132,19 +132,5 @@ def _fit_linear(p: WorkloadProfile, seconds: np.ndarray, measured: Sequence[Meas
             recomputed=recomputed,
         )  # fmt: skip  (= k * A)
         rows.append([1.0, k_a, k_a * c.micro_batch_size])
-    x = np.array(rows) / seconds[:, None]  # relative errors: each row divided by its measured time
-    y = np.ones(len(measured))
-    best: tuple[float, np.ndarray] | None = None
-    for active in itertools.chain.from_iterable(itertools.combinations(range(3), r) for r in (1, 2, 3)):
-        cols = list(active)
-        solution, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
-        if np.any(solution < 0):
-            continue
-        theta = np.zeros(3)
-        theta[cols] = solution
-        residual = float(np.sum((x @ theta - y) ** 2))
-        if best is None or residual < best[0]:
-            best = (residual, theta)
-    assert best is not None, "a single column with positive entries always has a non-negative solution"
-    t_fixed, t_mf, t_ps = (float(v) for v in best[1])
+    t_fixed, t_mf, t_ps = (float(v) for v in relative_nnls(np.array(rows), seconds))
     return dataclasses.replace(p, step_fixed_seconds=t_fixed, micro_fixed_seconds=t_mf, micro_seconds_per_sample=t_ps)

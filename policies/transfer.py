@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from autotune.measurement.objective import per_gib
 from autotune.memory.check import TOLERANCE
 from autotune.workload import Workload
 
-__all__ = ["profile_for_tuning", "fine_tune", "propose"]
+__all__ = ["profile_for_tuning", "fine_tune", "propose", "quick_profile", "simulated_best"]
 
 
 def profile_for_tuning(workload: Workload, *, curve_steps: int = 12, timing_rounds: int = 8) -> WorkloadProfile:
@@ -90,6 +91,50 @@ PROPOSAL_TIMING_ROUNDS = 2
 PROPOSAL_CURVE_STEPS = 2
 
 
+def quick_profile(workload: Workload) -> WorkloadProfile:
+    """The calibrated simulator's quick profile of ``workload`` (what ``autotune study``'s proposal
+    and an adaptive run's plan use: seconds for the corpus models). It runs steps of copies of the
+    model, the default configuration's included: its memory is that step's, beside the model's.
+
+    Raises :class:`ProposalError` when the model cannot be profiled here, or when the memory model
+    behind the simulator's peaks misses the default configuration's measured peak by more than
+    :data:`autotune.memory.check.TOLERANCE` (a configuration "within the budget" would then mean
+    nothing)."""
+    from autotune.envs.costmodel import step_cost
+    from autotune.envs.knobs import KnobLevels
+
+    try:
+        profile = profile_for_tuning(workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS)
+    except (AutotuneError, RuntimeError) as e:  # the user's model failed a profiling step
+        raise ProposalError(f"{workload.name} cannot be profiled for the simulator: {one_line(e)}") from None
+    default_peak = step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
+    measured = profile.default_peak_bytes
+    if measured is not None and abs(default_peak - measured) > TOLERANCE * measured:
+        raise ProposalError(
+            f"the memory model predicts {default_peak} B for {workload.name}'s default configuration, "
+            f"which measured {measured} B (more than {TOLERANCE:.0%} off)"
+        )
+    return profile
+
+
+def simulated_best(
+    profile: WorkloadProfile, *, batch_size: int, admits: Callable[[Knobs], bool], reduced: bool = True
+) -> tuple[Knobs, float] | None:
+    """The knob setting of effective batch ``batch_size`` (one rank) with the most simulated
+    samples/s per GiB among those ``admits`` passes, and that value; None when it passes none.
+    A planner on the calibrated simulator, the policy's own training ground: exhaustive over the
+    level tables (~150 settings, milliseconds), so it cannot stop short of the simulator's optimum
+    the way one policy episode can (from the default it walks toward less memory a quarter of the
+    blocks at a time, and its best step is where it happened to be)."""
+    from autotune.envs.costmodel import ranked_settings
+
+    for value, levels in ranked_settings(profile, batch_size, reduced=reduced):
+        knobs = levels.knobs(len(profile.blocks), reduced=profile.reduced)
+        if admits(knobs):
+            return knobs, value
+    return None
+
+
 def propose(
     workload: Workload,
     *,
@@ -103,28 +148,15 @@ def propose(
     (default 0: as shipped), play one deterministic episode there and return the best
     configuration it reached within ``memory_budget`` (bytes per rank; None: the default's peak),
     as shared :class:`~autotune.Knobs`. ``autotune study`` enqueues it next to its baselines (one
-    more measured trial).
-
-    Raises :class:`ProposalError` when the model cannot be profiled here, or when the memory model
-    behind the simulator's peaks misses the default configuration's measured peak by more than
-    :data:`autotune.memory.check.TOLERANCE` (a proposal "within the budget" would then mean nothing).
+    more measured trial). Raises :class:`ProposalError` as :func:`quick_profile` does.
     """
     from autotune.envs.costmodel import step_cost
     from autotune.envs.knobs import KnobLevels
     from autotune.envs.simulated import SimulatedEnv
     from autotune.policies.ppo import EPISODE_STEPS, load_policy
 
-    try:
-        profile = profile_for_tuning(workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS)
-    except (AutotuneError, RuntimeError) as e:  # the user's model failed a profiling step
-        raise ProposalError(f"{workload.name} cannot be profiled for the simulator: {one_line(e)}") from None
+    profile = quick_profile(workload)
     default_peak = step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
-    measured = profile.default_peak_bytes
-    if measured is not None and abs(default_peak - measured) > TOLERANCE * measured:
-        raise ProposalError(
-            f"the memory model predicts {default_peak} B for {workload.name}'s default configuration, "
-            f"which measured {measured} B (more than {TOLERANCE:.0%} off)"
-        )
     fraction = 1.0 if memory_budget is None else memory_budget / default_peak
     tuned = fine_tune(policy or load_policy(), profile, memory_budget=fraction, seconds=seconds, seed=seed)
     env = SimulatedEnv(profiles=[profile], memory_budget=fraction, noise=0.0, horizon=EPISODE_STEPS)

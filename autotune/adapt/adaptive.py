@@ -296,9 +296,10 @@ class Adaptive:
     def _context(self, start: TrainConfig) -> RunContext:
         from autotune.memory.blocks import profile_blocks
 
-        ranking = profile_blocks(self.workload, micro_batch_size=2).ranked()
-        return RunContext(workload=self.workload, start=start, budget_bytes=self.budget_bytes, ranking=ranking,
-                          device_type=self._device_type)  # fmt: skip
+        blocks = profile_blocks(self.workload, micro_batch_size=2)
+        return RunContext(workload=self.workload, start=start, budget_bytes=self.budget_bytes, blocks=blocks,
+                          device_type=self._device_type,
+                          admits=lambda config: self.gate.check(config).admitted)  # fmt: skip
 
     # ---- setup ------------------------------------------------------------------------------------
 
@@ -456,22 +457,29 @@ class Adaptive:
         self._previous, self._recent, self._on_trial = obs.config, [], True
 
     def _back_if_worse(self, obs: Observation) -> bool:
-        """Measurement overrules the decision source: a configuration measured more than the margin
-        below the one it replaced (objective per GiB, :func:`autotune.measurement.objective.score`)
-        is left for that one, and the source's later proposals of it are refused (above). The
-        run can then lose against where it was only for the ``decide_every`` steps it takes to
-        find out, and two configurations of about equal worth are not swapped back and forth."""
+        """Measurement overrules the decision source: a configuration a proposal brought that
+        measures more than the margin below the best configuration measured so far (objective
+        per GiB, :func:`autotune.measurement.objective.score`, within the budget) is left for that
+        one, and the source's later proposals of it are refused (above). The best, not only the
+        one it replaced: a source that keeps walking one way (the pretrained policy toward less
+        memory: 4x8 -> 2x16 -> 1x32 on hf-gpt2, each step a little worse) would otherwise be
+        taken back one step only. The run can then lose against its best only for the
+        ``decide_every`` steps it takes to find out, and two configurations of about equal worth
+        are not swapped back and forth."""
         if not self._on_trial:  # the run is where measurement put it: no going back and forth on noise
             return False
-        before, here = self._trusted(self._previous), self._trusted(obs.config)
-        if before is None or here is None or here.score.per_gib >= (1 - _MARGIN) * before.score.per_gib:
+        here = self._trusted(obs.config)
+        others = [r for c, r in self._judged.items() if c != obs.config and r.score.peak_bytes <= self.budget_bytes
+                  and self._trusted(c) is not None]  # fmt: skip
+        best = max(others, key=lambda r: r.score.per_gib, default=None)
+        if best is None or here is None or here.score.per_gib >= (1 - _MARGIN) * best.score.per_gib:
             return False
         start = time.perf_counter()
-        self.trainer.reconfigure(self._previous)
-        reason = (f"measured {here.score.per_gib:.1f} per GiB, below the {before.score.per_gib:.1f} of the "
-                  f"configuration it replaced: back to it")  # fmt: skip
-        self._history.append(Change(step=obs.step, source="measured", before=obs.config, after=self._previous,
-                                    applied=True, reason=reason, measured_bytes=before.score.peak_bytes,
+        self.trainer.reconfigure(best.config)
+        which = "the configuration it replaced" if best.config == self._previous else "the best measured configuration"
+        reason = f"measured {here.score.per_gib:.1f} per GiB, below the {best.score.per_gib:.1f} of {which}: back to it"
+        self._history.append(Change(step=obs.step, source="measured", before=obs.config, after=best.config,
+                                    applied=True, reason=reason, measured_bytes=best.score.peak_bytes,
                                     seconds=time.perf_counter() - start))  # fmt: skip
         self._previous, self._recent, self._on_trial = obs.config, [], False
         return True

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from autotune.config import TrainConfig
     from autotune.envs.core import MachineDescriptor, ModelDescriptor
     from autotune.envs.knobs import KnobLevels
+    from autotune.knobs import Knobs
     from autotune.measurement.probe import MachineSpeeds
     from autotune.workload import Workload
 
@@ -48,13 +49,16 @@ class PolicySource(DecisionSource):
     """Decisions from a policy file (default: the shipped pretrained policy).
 
     ``horizon``: decisions after which the observation's "fraction of the training budget used"
-    reads 1 (the policy was trained on 16-step episodes).
+    reads 1 (the policy was trained on 16-step episodes). ``plan``: start the run at the
+    calibrated simulator's best configuration (:meth:`plan`); None (default): on when the run's
+    model is on the CPU, off on a GPU, where the profile's copies of the model would take memory
+    the budget does not count.
     """
 
     name = "policy"
     needs_noise = True
 
-    def __init__(self, directory: str | Path | None = None, *, horizon: int = 16, plan: bool = False) -> None:
+    def __init__(self, directory: str | Path | None = None, *, horizon: int = 16, plan: bool | None = None) -> None:
         self.policy = _load(None if directory is None else Path(directory))
         self.horizon = horizon
         self.plan_start = plan
@@ -68,47 +72,55 @@ class PolicySource(DecisionSource):
 
     def start(self, context: RunContext) -> None:
         from autotune.envs.core import MachineDescriptor, ModelDescriptor
-        from autotune.memory.blocks import profile_blocks
 
         self._context = context
         self._ranks = context.start.ranks
-        profile = profile_blocks(context.workload, micro_batch_size=2)
         speeds = _machine_speeds(context.workload, context.start)
         self._reduced_ok = speeds.reduced_speed > 0
         model = context.workload.model
         states = sum(p.numel() * p.element_size() for p in model.parameters()) * 4  # params, grads, Adam's two moments
-        self._model = ModelDescriptor.of_blocks(profile, num_parameters=context.workload.num_parameters)
+        self._model = ModelDescriptor.of_blocks(context.blocks, num_parameters=context.workload.num_parameters)
         self._machine = MachineDescriptor(reduced_speed=speeds.reduced_speed, recompute_cost=speeds.recompute_cost,
                                           budget_ratio=context.budget_bytes / states)  # fmt: skip
 
     def plan(self, context: RunContext) -> Proposal | None:
-        """The policy's plan on the model's calibrated simulator (:func:`autotune.policies.transfer.propose`,
-        what ``autotune study`` enqueues: a quick profile on copies of the model, seconds, no
-        fine-tuning): the run starts there instead of walking to it one decision at a time from
-        the default, whose peak it would otherwise hold first. One process only; None when the
-        model cannot be profiled (the run then starts where the budget put it).
+        """Where the run starts: the best configuration on the model's calibrated simulator
+        (:func:`autotune.policies.transfer.simulated_best` over a quick profile on copies of the
+        model, seconds) that the run's budget gate admits, fp32 only where the machine probe
+        found no usable bf16. The run then starts near its optimum instead of walking there one
+        decision at a time from the default, whose peak it would hold first; the policy and the
+        run's measurements take it from there. One process only; None when the model cannot be
+        profiled (the run then starts where the budget put it).
 
-        Off by default (``PolicySource(plan=True)`` turns it on): measured against a study's best
-        (README, benchmarks/adaptive.py), the plan's quick profile sent hf-gpt2 and lstm-lm to the
-        smallest-memory corner (1 x 32, all bf16, all recomputed), where every policy action
-        clips and measurement has nothing to compare with: whole-run samples/s per GiB rose
-        (0.11 -> 0.67, 0.13 -> 0.39 of the study's best) but the settled configuration fell
-        (1.17 -> 0.73, 0.94 -> 0.39)."""
-        if not self.plan_start or context.start.ranks != 1:
+        The profile holds copies of the model (one per timed configuration, with their optimizer
+        state) and runs the default configuration among them: so on a GPU it is off unless asked
+        for (``PolicySource(plan=True)``), and ``plan=False`` turns it off everywhere.
+
+        Measured (README, ``benchmarks/adaptive.py``): against a study's best fixed configuration,
+        whole runs went from 0.11 / 0.61 / 0.13 (starting at the default) to 0.56 / 0.80 / 0.88."""
+        wanted = context.device_type == "cpu" if self.plan_start is None else self.plan_start
+        if not wanted or context.start.ranks != 1:
             return None
         from autotune.errors import ProposalError
-        from autotune.policies.transfer import propose
+        from autotune.policies.transfer import quick_profile, simulated_best
 
         started = time.perf_counter()
         try:
-            knobs = propose(context.workload, memory_budget=context.budget_bytes, policy=self.policy)
+            profile = quick_profile(context.workload)
         except ProposalError:
             return None
-        if knobs.batch_size != context.start.effective_batch_size:
+
+        def admits(knobs: Knobs) -> bool:
+            return context.admits(knobs.to_config(context.ranking, base=context.start))
+
+        batch = context.start.effective_batch_size
+        best = simulated_best(profile, batch_size=batch, admits=admits, reduced=self._reduced_ok)
+        if best is None:
             return None
-        config = knobs.to_config(context.ranking, base=context.start)
+        config = best[0].to_config(context.ranking, base=context.start)
         seconds = time.perf_counter() - started
-        return Proposal(config=config, reason=f"the policy's plan on the calibrated simulator ({seconds:.0f} s)")
+        reason = f"the best of the calibrated simulator ({best[1]:.0f} samples/s per GiB simulated; {seconds:.0f} s)"
+        return Proposal(config=config, reason=reason)
 
     def observation(self, obs: Observation) -> np.ndarray:
         """The environments' observation vector (:func:`autotune.envs.core.observation_vector`) for ``obs``."""

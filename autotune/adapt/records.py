@@ -51,7 +51,7 @@ class Change:
     gate refused it (``reason`` says by how much, or that the prediction was not verified), it was
     measured before and was not better than the configuration the run is on, or a measured step
     of it exceeded the budget and the run went back (``reverted``). ``source`` "measured": the run
-    left a configuration measured worse than the one it had replaced.
+    left a configuration measured worse than the best one measured before it.
     """
 
     step: int

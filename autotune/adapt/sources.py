@@ -17,6 +17,9 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from autotune.memory.blocks import BlockProfile
     from autotune.workload import Workload
 
 __all__ = ["DecisionSource", "FixedConfig", "Observation", "Proposal", "RunContext"]
@@ -29,8 +32,16 @@ class RunContext:
     workload: Workload
     start: TrainConfig  # the configuration the run starts from (its ranks: the run's, fixed)
     budget_bytes: int
-    ranking: tuple[int, ...]  # block indices, most activation bytes first (BlockProfile.ranked)
+    blocks: BlockProfile  # each block's saved bytes (one forward of a copy, taken once per run)
     device_type: str
+    #: Whether the run's budget gate would admit a configuration now (a plan can pick the best
+    #: candidate that passes instead of proposing one that is refused).
+    admits: Callable[[TrainConfig], bool]
+
+    @property
+    def ranking(self) -> tuple[int, ...]:
+        """Block indices, most activation bytes first (what the knobs' "hungriest blocks" means)."""
+        return self.blocks.ranked()
 
 
 @dataclass(frozen=True, kw_only=True)

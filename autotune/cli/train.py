@@ -45,16 +45,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.ranks > 1 and args.adapt_batch:
         raise ConfigError("--adapt-batch needs one process (--ranks 1): the batch follows the gradient noise "
                           "scale, which ZeRO's engines do not expose.")  # fmt: skip
+    from rich.console import Console
+
     wl = load_workload(args.workload)
     policy = (args.policy or "pretrained") if args.adapt else None
-    if args.ranks > 1:
-        tuner = Adaptive.on_ranks(wl, ranks=args.ranks, memory_budget=args.memory_budget, policy=policy,
-                                  decide_every=args.decide_every, device=args.device)  # fmt: skip
-    else:
-        tuner = Adaptive(wl.model, wl.make_optimizer(wl.model.parameters()), wl.loss_fn, wl.dataset,
-                         batch_size=wl.batch_size, memory_budget=args.memory_budget, policy=policy,
-                         decide_every=args.decide_every, adapt_batch=args.adapt_batch, blocks=wl.blocks,
-                         device=args.device, name=wl.name)  # fmt: skip
+    # Before the first step: the memory profile, and with the policy the machine probe and its
+    # start plan on the calibrated simulator (seconds to a minute for the corpus models).
+    with Console(stderr=True).status(f"{wl.name}: memory profile, machine probe and start plan"):
+        if args.ranks > 1:
+            tuner = Adaptive.on_ranks(wl, ranks=args.ranks, memory_budget=args.memory_budget, policy=policy,
+                                      decide_every=args.decide_every, device=args.device)  # fmt: skip
+        else:
+            tuner = Adaptive(wl.model, wl.make_optimizer(wl.model.parameters()), wl.loss_fn, wl.dataset,
+                             batch_size=wl.batch_size, memory_budget=args.memory_budget, policy=policy,
+                             decide_every=args.decide_every, adapt_batch=args.adapt_batch, blocks=wl.blocks,
+                             device=args.device, name=wl.name)  # fmt: skip
     try:
         _train(tuner, args.steps, wl.name, quiet=args.json)
     finally:

@@ -76,9 +76,10 @@ class LiveKnobs:
         self._fit_budget(default)
         if self.source is not None:
             device = next((p.device.type for p in model.parameters()), "cpu")
-            ranking = profile_blocks(workload, micro_batch_size=2).ranked()
-            self.source.start(RunContext(workload=workload, start=default, budget_bytes=self.gate.budget,
-                                         ranking=ranking, device_type=device))  # fmt: skip
+            blocks = profile_blocks(workload, micro_batch_size=2)
+            gate = self.gate
+            self.source.start(RunContext(workload=workload, start=default, budget_bytes=gate.budget, blocks=blocks,
+                                         device_type=device, admits=lambda c: gate.check(c).admitted))  # fmt: skip
 
     def _fit_budget(self, default: TrainConfig) -> None:
         """A default over the budget starts recomputing every block, if that fits; the loop itself

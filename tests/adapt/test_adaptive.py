@@ -100,6 +100,24 @@ def test_the_pretrained_policy_keeps_the_effective_batch_and_the_budget() -> Non
         if change.applied:
             assert tuner.gate.check(change.after).admitted
     assert all(s.peak_bytes is None or s.peak_bytes <= tuner.budget_bytes for s in tuner.steps)
+    # On the CPU the run starts at the calibrated simulator's best (the plan), if the gate admits it.
+    plan = tuner.history[0]
+    assert (plan.step, plan.applied, plan.before) == (0, True, _fp32(BATCH))
+    assert re.match(r"the best of the calibrated simulator \(\d+ samples/s per GiB simulated; \d+ s\); predicted ",
+                    plan.reason)  # fmt: skip
+    assert tuner.steps[0].config == plan.after
+
+
+def test_the_plan_is_off_on_a_gpu_unless_asked_for() -> None:
+    from autotune.adapt.policy import PolicySource
+    from autotune.memory.blocks import profile_blocks
+
+    wl, _ = _user_objects()
+    source = PolicySource()
+    context = RunContext(workload=wl, start=_fp32(BATCH), budget_bytes=2**30, blocks=profile_blocks(wl),
+                         device_type="cuda", admits=lambda c: True)  # fmt: skip
+    assert source.plan(context) is None  # no profile is taken: its copies of the model would take GPU memory
+    assert PolicySource(plan=False).plan(dataclasses.replace(context, device_type="cpu")) is None
 
 
 def test_batch_grows_only_when_the_noise_scale_supports_it() -> None:
@@ -301,6 +319,31 @@ def test_once_measurement_moved_the_run_back_a_noisier_remeasure_does_not_move_i
     tuner.close()
     assert [s.config for s in tuner.steps] == [fast] * 5 + [slow] * 5 + [fast] * 10
     assert [(c.step, c.source, c.after) for c in tuner.history] == [(5, "scripted", slow), (10, "measured", fast)]
+
+
+def test_a_walk_of_small_losses_goes_back_to_the_best_measured_configuration() -> None:
+    a, b, c = _fp32(BATCH), _fp32(8), _fp32(4)
+    wl, opt = _user_objects()
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([b, c]),
+                     decide_every=5)  # fmt: skip
+    real_step = tuner.trainer.step
+    # Scripted samples/s per GiB of measured peak: b is 2% below a (within the margin: it stays),
+    # c 2% below b and 4% below a. Each move is a small loss; together they are more than the margin.
+    per_gib = {a: 1000.0, b: 980.0, c: 960.4}
+
+    def step(**kwargs: Any) -> Any:
+        peak = tuner.gate.measured.get(tuner.config, 2**30)
+        return dataclasses.replace(real_step(**kwargs), seconds=BATCH / (per_gib[tuner.config] * peak / 2**30))
+
+    tuner.trainer.step = step  # type: ignore[method-assign]
+    for _ in range(20):
+        tuner.step()
+    tuner.close()
+    assert [s.config for s in tuner.steps] == [a] * 5 + [b] * 5 + [c] * 5 + [a] * 5
+    assert [(ch.step, ch.source, ch.before, ch.after, ch.applied) for ch in tuner.history] == [
+        (5, "scripted", a, b, True), (10, "scripted", b, c, True), (15, "measured", c, a, True)]  # fmt: skip
+    assert re.fullmatch(r"measured 960\.4 per GiB, below the 1000\.0 of the best measured configuration: back to it",
+                        tuner.history[-1].reason)  # fmt: skip
 
 
 class Planned(Scripted):

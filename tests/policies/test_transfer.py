@@ -66,3 +66,21 @@ def test_a_spec_can_turn_the_proposal_off(tmp_path: Path) -> None:
     study = open_study(prepared, options)
     run_study(prepared, study, options)
     assert [t.user_attrs.get(ATTR.BASELINE) for t in study.trials] == [PYTORCH_DEFAULT, SEED_RECIPE]
+
+
+def test_the_simulated_best_is_the_best_setting_the_gate_admits() -> None:
+    from autotune.envs.calibration import load_profile
+    from autotune.envs.costmodel import ranked_settings
+    from autotune.envs.simulated import PROFILE_DIR
+    from autotune.policies.transfer import simulated_best
+
+    profile = load_profile(PROFILE_DIR / "gpt-tiny.json")
+    ranked = ranked_settings(profile, 32)
+    top = ranked[0][1].knobs(len(profile.blocks))
+    assert simulated_best(profile, batch_size=32, admits=lambda k: True) == (top, ranked[0][0])
+    # The gate refuses the simulator's best: the next one it admits is the plan.
+    second = ranked[1][1].knobs(len(profile.blocks))
+    assert simulated_best(profile, batch_size=32, admits=lambda k: k != top) == (second, ranked[1][0])
+    fp32 = simulated_best(profile, batch_size=32, admits=lambda k: True, reduced=False)
+    assert fp32 is not None and fp32[0].low_precision_blocks == 0
+    assert simulated_best(profile, batch_size=32, admits=lambda k: False) is None
