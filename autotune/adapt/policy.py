@@ -8,6 +8,11 @@ the split of the user's effective batch moves (micro-batch x2 and accumulation /
 reverse), never the batch; precision and checkpointing move by quarters of the blocks, hungriest
 first; the ZeRO stage is the action's on DeepSpeed ranks and 0 on one process. A split the
 environments' level tables cannot express (a batch that is not a power of two) gets no proposal.
+
+With a start plan (on the CPU by default) the source also holds the model's calibrated simulator:
+the run starts at its best configuration, and when the policy has nothing new to propose, the
+source proposes the untried neighbour the simulator ranks best; the run's measurements judge
+every proposal (:class:`autotune.adapt.Adaptive`).
 """
 
 from __future__ import annotations
