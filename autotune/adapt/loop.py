@@ -9,8 +9,7 @@ optimizer, with a data stream that keeps its place) and :class:`autotune.adapt.r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -110,15 +109,12 @@ class InPlaceTrainer(Trainer):
         device: str | torch.device | None,
         track_noise: bool,
     ) -> None:
-        self.stream = ShardStream(workload.dataset, num_replicas=1, rank=0, seed=config.seed)
-        super().__init__(workload, config, model=model, optimizer=optimizer, device=device, track_noise=track_noise)
+        stream = ShardStream(workload.dataset, num_replicas=1, rank=0, seed=config.seed)
+        super().__init__(workload, config, model=model, optimizer=optimizer, device=device, track_noise=track_noise,
+                         stream=stream)  # fmt: skip
         self.noise = SampledNoise(self.gns)
         self.gns = self.noise  # type: ignore[assignment]  # the same protocol, sampled
 
     def measured_step(self) -> tuple[StepResult, int]:
         tracked = tracked_step(self)
         return tracked.result, tracked.at_peak.total
-
-    def _batch_stream(self, micro_batch_size: int, seed: int) -> Iterator[Any]:
-        while True:  # lazy: draws only when a step asks, so a reconfiguration loses no samples
-            yield self.stream.next(micro_batch_size)

@@ -14,6 +14,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
 from autotune.train.base import BaseTrainer, check_loss
 from autotune.train.gns import GradientNoiseMonitor
+from autotune.train.stream import ShardStream
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.workload import Workload
 
@@ -49,6 +50,10 @@ class Trainer(BaseTrainer):
     the optimizer used as given: :class:`autotune.adapt.Adaptive` runs the user's own training
     through it. ``reconfigure`` swaps the config in place (wrappers, batch, LR), keeping weights
     and optimizer state: the Gymnasium environment changes knobs mid-training through it.
+
+    Micro-batches come from a shuffled ``DataLoader`` per micro-batch size (a new epoch at each
+    micro-batch change: a DataLoader fixes its batch size), or, given ``stream``, from that one
+    :class:`~autotune.train.stream.ShardStream`, which keeps its place across micro-batch changes.
     """
 
     supports_split = True
@@ -63,6 +68,7 @@ class Trainer(BaseTrainer):
         track_noise: bool = True,
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        stream: ShardStream | None = None,
     ) -> None:
         if config.on_deepspeed:
             raise UnsupportedError(
@@ -79,6 +85,7 @@ class Trainer(BaseTrainer):
             first = next(model.parameters(), None)
             resolved = resolve_device(device) if device is not None or first is None else first.device
         super().__init__(workload, config, device=resolved)
+        self.stream = stream
         self.model = copy.deepcopy(workload.model).to(self.device) if model is None else model
         self.model.train()
         self.optimizer = optimizer if optimizer is not None else workload.make_optimizer(self.model.parameters())
@@ -114,6 +121,10 @@ class Trainer(BaseTrainer):
         return None
 
     def _batch_stream(self, micro_batch_size: int, seed: int) -> Iterator[Any]:
+        stream = self.stream
+        if stream is not None:
+            while True:  # lazy: draws only when a step asks, so a reconfiguration loses no samples
+                yield stream.next(micro_batch_size)
         generator = torch.Generator().manual_seed(seed)
         sampler = RandomSampler(self.workload.dataset, generator=generator)  # type: ignore[arg-type]
         loader = DataLoader(self.workload.dataset, batch_size=micro_batch_size, sampler=sampler, drop_last=True)
