@@ -40,6 +40,13 @@ if TYPE_CHECKING:
 
 __all__ = ["PolicySource"]
 
+#: The neighbours tried are those the plan's simulator rates at least this fraction of the run's
+#: configuration. On hf-gpt2 (``benchmarks/adaptive.py --steps 300 --decide-every 20``, before
+#: this floor) the simulator rated three tried neighbours of 4x8, bf16, ckpt 3/4 at 0.86 (8x4),
+#: 0.85 (ckpt 2/4) and 0.52 (bf16 on 3/4) of it: all three measured worse, and the first two
+#: raised the run's peak from 17.6 to 22.0 MiB.
+_NEIGHBOUR_WITHIN = 0.9
+
 
 def _load(directory: Path | None) -> Any:
     try:
@@ -195,7 +202,10 @@ class PolicySource(DecisionSource):
         so from the plan the run climbs to a measured local optimum: the policy, trained to walk
         toward less memory from the default, does not propose the neighbours with more (on a
         4-block GPT-2 it walked 4x8 -> 2x16 -> 1x32 and back, while a study's best was 8x4).
-        None without a plan (no simulator) or when every neighbour was tried."""
+        Only neighbours the simulator rates within :data:`_NEIGHBOUR_WITHIN` of the current
+        configuration are tried: each trial costs a decision interval at a configuration that may
+        be worse, and a tried one with more memory raises the run's peak. None without a plan (no
+        simulator), or when no untried neighbour is that close."""
         from autotune.envs.costmodel import step_cost
         from autotune.envs.knobs import apply_action, knobs_to_config
         from autotune.measurement.objective import per_gib
@@ -207,14 +217,22 @@ class PolicySource(DecisionSource):
         if self._reduced_ok:
             moves.append((1, 1, 2, 1, 0))
         batch = observation.config.effective_batch_size
+
+        def simulated(knobs: KnobLevels) -> float:
+            assert self._profile is not None
+            cost = step_cost(self._profile, knobs)
+            return per_gib(batch / cost.seconds, cost.peak_bytes)
+
+        floor = _NEIGHBOUR_WITHIN * simulated(levels)
         ranked: list[tuple[float, TrainConfig]] = []
         for move in moves:
             moved = apply_action(levels, move, max_zero_stage=0)
             config = knobs_to_config(moved, self._context.ranking, base=observation.config)
             if config in self._proposed or config == observation.config or not self._context.admits(config):
                 continue
-            cost = step_cost(self._profile, moved)
-            ranked.append((per_gib(batch / cost.seconds, cost.peak_bytes), config))
+            value = simulated(moved)
+            if value >= floor:
+                ranked.append((value, config))
         if not ranked:
             return None
         value, config = max(ranked, key=lambda t: t[0])
