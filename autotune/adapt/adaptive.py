@@ -457,31 +457,38 @@ class Adaptive:
         self._previous, self._recent, self._on_trial = obs.config, [], True
 
     def _back_if_worse(self, obs: Observation) -> bool:
-        """Measurement overrules the decision source: a configuration a proposal brought that
-        measures more than the margin below the best configuration measured so far (objective
-        per GiB, :func:`autotune.measurement.objective.score`, within the budget) is left for that
-        one, and the source's later proposals of it are refused (above). The best, not only the
-        one it replaced: a source that keeps walking one way (the pretrained policy toward less
-        memory: 4x8 -> 2x16 -> 1x32 on hf-gpt2, each step a little worse) would otherwise be
-        taken back one step only. The run can then lose against its best only for the
-        ``decide_every`` steps it takes to find out, and two configurations of about equal worth
-        are not swapped back and forth."""
+        """Measurement overrules the decision source: a configuration a proposal brought is kept
+        only if it measures more than the margin above the best configuration measured so far
+        (objective per GiB, :func:`autotune.measurement.objective.score`, within the budget);
+        otherwise the run goes back to that best, and the source's later proposals of it are
+        refused (above). The best, not only the one it replaced: a source that keeps walking one
+        way (the pretrained policy toward less memory: 4x8 -> 2x16 -> 1x32 on hf-gpt2, each step
+        a little worse) would otherwise be taken back one step only; and more than the margin
+        above it: a configuration of about equal worth that stayed would, on a machine whose
+        timings wander by 10%, let the run drift from neighbour to neighbour on noise. Each trial
+        is decided once, at the first decision its throughput is a median of enough timed steps:
+        the run then loses against its best only for the ``decide_every`` steps it takes to find
+        out, and does not go back and forth on re-measures."""
         if not self._on_trial:  # the run is where measurement put it: no going back and forth on noise
             return False
         here = self._trusted(obs.config)
+        if here is None:  # not enough timed steps yet: the trial goes on
+            return False
+        self._on_trial = False
         others = [r for c, r in self._judged.items() if c != obs.config and r.score.peak_bytes <= self.budget_bytes
                   and self._trusted(c) is not None]  # fmt: skip
         best = max(others, key=lambda r: r.score.per_gib, default=None)
-        if best is None or here is None or here.score.per_gib >= (1 - _MARGIN) * best.score.per_gib:
+        if best is None or here.score.per_gib > (1 + _MARGIN) * best.score.per_gib:
             return False
         start = time.perf_counter()
         self.trainer.reconfigure(best.config)
         which = "the configuration it replaced" if best.config == self._previous else "the best measured configuration"
-        reason = f"measured {here.score.per_gib:.1f} per GiB, below the {best.score.per_gib:.1f} of {which}: back to it"
+        reason = (f"measured {here.score.per_gib:.1f} per GiB, not {_MARGIN:.0%} above the {best.score.per_gib:.1f} "
+                  f"of {which}: back to it")  # fmt: skip
         self._history.append(Change(step=obs.step, source="measured", before=obs.config, after=best.config,
                                     applied=True, reason=reason, measured_bytes=best.score.peak_bytes,
                                     seconds=time.perf_counter() - start))  # fmt: skip
-        self._previous, self._recent, self._on_trial = obs.config, [], False
+        self._previous, self._recent = obs.config, []
         return True
 
     def _trusted(self, config: TrainConfig) -> ConfigRecord | None:

@@ -51,7 +51,8 @@ class Change:
     gate refused it (``reason`` says by how much, or that the prediction was not verified), it was
     measured before and was not better than the configuration the run is on, or a measured step
     of it exceeded the budget and the run went back (``reverted``). ``source`` "measured": the run
-    left a configuration measured worse than the best one measured before it.
+    left a configuration a proposal brought that measured no more than the margin above the
+    best one measured before it.
     """
 
     step: int
