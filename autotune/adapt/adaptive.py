@@ -286,7 +286,8 @@ class Adaptive:
         self._judged: dict[TrainConfig, ConfigRecord] = {}
         self._on_trial = False  # the current config came from a proposal, and the one it replaced may be better
         self._refused: set[TrainConfig] = set()
-        self._recent: list[float] = []
+        self._recent: list[float] = []  # samples/s of the untracked steps since the last change
+        self._timed: dict[TrainConfig, list[float]] = {}  # the same, of every stint under each config
         self._previous = start
         if start != default:
             self._history.append(Change(step=0, source=by, before=default, after=start, applied=True, reason=why))
@@ -393,6 +394,7 @@ class Adaptive:
             result = t.step()
             if index >= 1:
                 self._recent.append(result.samples / result.seconds)
+                self._timed.setdefault(config, []).append(result.samples / result.seconds)
         record = AdaptStep(step=index, loss=result.loss, samples=result.samples, seconds=result.seconds, lr=result.lr,
                            config=config, peak_bytes=peak)  # fmt: skip
         self.steps.append(record)
@@ -497,14 +499,20 @@ class Adaptive:
         return record if record is not None and record.timed_steps >= _TRUSTED_STEPS else None
 
     def _judge(self, obs: Observation) -> None:
-        """Record ``obs.config``'s objective once its peak is measured and its steps timed."""
-        if obs.throughput <= 0 or obs.config not in self.gate.measured:
+        """Record ``obs.config``'s objective once its peak is measured and its steps timed: the
+        median throughput of its untracked steps over every stint the run spent in it, so that
+        the configuration the run keeps returning to is not judged by its latest stint alone
+        (on a shared machine one stint can time 20% off another, and a latest slow one would
+        make a configuration left long ago look like the best)."""
+        timed = self._timed.get(obs.config, [])
+        if not timed or obs.config not in self.gate.measured:
             return
-        judged = score(throughput=obs.throughput, peak_bytes=obs.peak_bytes, batch_size=obs.config.effective_batch_size,
-                       base_batch_size=self.workload.batch_size, noise_scale=obs.b_noise,
+        judged = score(throughput=statistics.median(timed), peak_bytes=obs.peak_bytes,
+                       batch_size=obs.config.effective_batch_size, base_batch_size=self.workload.batch_size,
+                       noise_scale=obs.b_noise,
                        batch_is_knob=self.adapt_batch)  # fmt: skip
-        # A config judged again keeps its place (dicts keep first insertion order); the latest numbers win.
-        self._judged[obs.config] = ConfigRecord(step=obs.step, config=obs.config, timed_steps=len(self._recent),
+        # A config judged again keeps its place (dicts keep first insertion order).
+        self._judged[obs.config] = ConfigRecord(step=obs.step, config=obs.config, timed_steps=len(timed),
                                                 noise_scale=obs.b_noise, score=judged)  # fmt: skip
 
     def _change(self, obs: Observation, proposal: Proposal, source: str, verdict: Verdict, *, applied: bool) -> Change:

@@ -90,7 +90,8 @@ class ConfigRecord:
     """A configuration the run trained under, judged as every searcher judges one.
 
     Taken at the latest decision made under ``config`` once its peak was measured: ``score`` is
-    :func:`autotune.measurement.objective.score` of the median throughput of its untracked steps,
+    :func:`autotune.measurement.objective.score` of the median throughput of its untracked steps
+    (over every stint the run spent in it),
     its measured peak and the gradient noise scale (goodput only with ``adapt_batch``), the very
     numbers an environment's reward and a study's recommended trial use.
     """
