@@ -8,14 +8,16 @@ configuration, a user's policy file, any :class:`DecisionSource`) may propose an
 configuration; the budget gate (:mod:`autotune.adapt.gate`) admits it only if its peak memory
 (per rank) is known to fit. The first step under each configuration runs under exact memory
 tracking (~2x a step, once per configuration); a configuration measured over the budget is left
-at once. Every decision, applied or refused, is in :attr:`Adaptive.history`.
+at once. The decisions themselves are :class:`autotune.adapt.decider.Decider`'s, which the
+framework callbacks share: on the local loop a proposal is measured side by side with the
+configuration it replaced (steps alternating) and kept only if clearly better. Every decision,
+applied or refused, is in :attr:`Adaptive.history`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import statistics
 import time
 from collections.abc import Sized
 from pathlib import Path
@@ -23,14 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autotune.adapt.batch import grow_batch
+from autotune.adapt.decider import Decider
 from autotune.adapt.gate import BudgetGate, Verdict, as_budget
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord
-from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
+from autotune.adapt.sources import DecisionSource, FixedConfig, RunContext
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
-from autotune.measurement.objective import score
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -45,10 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["Adaptive", "decision_source"]
 
 PolicyArg = str | Path | TrainConfig | DecisionSource | None
-#: How much better (objective per GiB) a measured configuration must be to be returned to, and how
-#: much worse one must be to be left: ~ the spread of a median of a few timed steps on a busy CPU.
-_MARGIN = 0.03
-_TRUSTED_STEPS = 3  # timed steps (a median of) before measurement may overrule the decision source
 _NOISE_STEPS = 4  # steps before each decision whose gradients feed the noise estimate
 _LOSSES = 16  # recent losses an observation carries
 
@@ -150,7 +147,7 @@ class Adaptive:
         device_type = next((p.device.type for p in model.parameters()), "cpu")
         self._setup(workload, default, loop, memory_budget=memory_budget, policy=policy, decide_every=decide_every,
                     adapt_batch=adapt_batch, min_efficiency=min_efficiency, max_batch_size=max_batch_size,
-                    track_memory=track_memory, device_type=device_type)  # fmt: skip
+                    track_memory=track_memory, device_type=device_type, paired=True)  # fmt: skip
 
     @classmethod
     def on_ranks(
@@ -240,6 +237,7 @@ class Adaptive:
         max_batch_size: int | None,
         track_memory: bool,
         device_type: str,
+        paired: bool = False,
     ) -> None:
         """What both loops share: the source, the gate, the starting config, then ``loop(start, noise)``."""
         batch_size = workload.batch_size
@@ -257,42 +255,20 @@ class Adaptive:
         self._default, self._fraction = default, budget.fraction
         reduced = self.source is not None  # only a decision source proposes bf16 blocks
         self.gate = BudgetGate.build(workload, budget, default, reduced_precision=reduced, device_type=device_type)
-        self.budget_bytes = self.gate.budget
+        # The local loop switches configuration in ~1 ms: a proposal is measured side by side there.
+        self.decider = Decider(source=self.source, gate=self.gate, base_batch_size=batch_size,
+                               adapt_batch=adapt_batch, min_efficiency=min_efficiency,
+                               max_batch_size=self.max_batch_size, paired=paired)  # fmt: skip
         start, why = self._start(default, budget)
-        by = "budget"
-        if isinstance(self.source, FixedConfig):  # a fixed configuration runs from the first step if it fits
-            self.source.start(self._context(start))
-            verdict = self.gate.check(self.source.config)
-            if verdict.admitted:
-                start, why, by = self.source.config, f"the fixed configuration; {verdict.reason}", self.source.name
-        refused_plan: Change | None = None
-        if self.source is not None and not isinstance(self.source, FixedConfig):
-            context = self._context(start)
-            self.source.start(context)
-            plan = self.source.plan(context)
-            planned = None if plan is None or plan.config == start else self.gate.check(plan.config)
-            if plan is not None and planned is not None:
-                if planned.admitted:
-                    start, why, by = plan.config, f"{plan.reason}; {planned.reason}", self.source.name
-                else:  # logged after the start below
-                    refused_plan = Change(step=0, source=self.source.name, before=start, after=plan.config,
-                                          applied=False, reason=f"{plan.reason}; {planned.reason}",
-                                          predicted_bytes=planned.predicted)  # fmt: skip
+        context = self._context(start) if self.source is not None else None  # profiles the blocks: only for a source
+        change = self.decider.begin(start=start, default=default, why=why, context=context)
+        start = start if change is None else change.after
         wants_noise = adapt_batch or (self.source is not None and self.source.needs_noise)
         self.trainer = loop(start, wants_noise)  # the ranks start here: after every check above
         self._noise = wants_noise and self.trainer.noise is not None
         self.steps: list[AdaptStep] = []
-        self._history: list[Change] = []
-        self._judged: dict[TrainConfig, ConfigRecord] = {}
-        self._on_trial = False  # the current config came from a proposal, and the one it replaced may be better
-        self._refused: set[TrainConfig] = set()
-        self._recent: list[float] = []  # samples/s of the untracked steps since the last change
-        self._timed: dict[TrainConfig, list[float]] = {}  # the same, of every stint under each config
-        self._previous = start
-        if start != default:
-            self._history.append(Change(step=0, source=by, before=default, after=start, applied=True, reason=why))
-        if refused_plan is not None:
-            self._history.append(refused_plan)
+        if change is not None:
+            self.decider.started(change)
 
     def _context(self, start: TrainConfig) -> RunContext:
         from autotune.memory.blocks import profile_blocks
@@ -341,19 +317,23 @@ class Adaptive:
     @property
     def history(self) -> tuple[Change, ...]:
         """Every decision so far: applied, refused by the budget gate, or reverted."""
-        return tuple(self._history)
+        return tuple(self.decider.history)
 
     @property
     def configs(self) -> tuple[ConfigRecord, ...]:
         """Every configuration judged so far (measured peak and throughput), in the order first run."""
-        return tuple(self._judged.values())
+        return tuple(self.decider.judged.values())
 
     @property
     def best(self) -> ConfigRecord | None:
         """The judged configuration with the most throughput (goodput with ``adapt_batch``) per GiB
         of peak within the budget: what a study would recommend among them."""
-        fits = [r for r in self._judged.values() if r.score.peak_bytes <= self.budget_bytes]
-        return max(fits, key=lambda r: r.score.per_gib, default=None)
+        return self.decider.best
+
+    @property
+    def budget_bytes(self) -> int:
+        """The memory budget in bytes (per rank on ranks)."""
+        return self.gate.budget
 
     @property
     def model(self) -> torch.nn.Module:
@@ -374,8 +354,11 @@ class Adaptive:
 
     def step(self) -> AdaptStep:
         """One optimizer step of the user's model; every ``decide_every`` steps, one decision."""
-        t, config = self.trainer, self.trainer.config
-        index, peak = t.step_count, None
+        t = self.trainer
+        want = self.decider.trial_config(t.config)  # a side-by-side trial alternates configurations
+        if want is not None and want != t.config:
+            t.reconfigure(want)
+        config, index, peak = t.config, t.step_count, None
         decision_due = (index + 1) % self.decide_every == 0
         if t.noise is not None:
             # The noise estimate folds in only the last steps before a decision (see SampledNoise).
@@ -387,147 +370,42 @@ class Adaptive:
             if config == self._default and self._fraction is not None:
                 # A percentage is of the default's peak: its measurement replaces its prediction
                 # (they differ by a few hundred bytes on the local runner).
-                self.budget_bytes = self.gate.budget = max(self.budget_bytes, int(peak * self._fraction))
+                self.gate.budget = max(self.gate.budget, int(peak * self._fraction))
         elif self._noise and decision_due and t.noise_split == 2:
             result = t.step(split=2)  # two batch sizes for the noise estimate: same gradient
         else:
             result = t.step()
             if index >= 1:
-                self._recent.append(result.samples / result.seconds)
-                self._timed.setdefault(config, []).append(result.samples / result.seconds)
+                self.decider.timed(config, result.samples / result.seconds)
         record = AdaptStep(step=index, loss=result.loss, samples=result.samples, seconds=result.seconds, lr=result.lr,
                            config=config, peak_bytes=peak)  # fmt: skip
         self.steps.append(record)
-        if peak is not None and peak > self.budget_bytes and config != self._previous:
-            self._revert(config, peak)
+        if peak is not None and peak > self.gate.budget and config != self.decider.previous:
+            # A tracked step measured the config over the budget (its prediction was off): go back.
+            self.trainer.reconfigure(self.decider.revert(config, peak, self.trainer.step_count))
+        elif self.decider.trial is not None:  # no decision while a trial lasts: its verdict is the next
+            back = self.decider.trial_over(t.step_count, config)
+            if back is not None:
+                self._make(back)
         elif decision_due:
             self._decide()
         return record
 
-    def _observation(self) -> Observation:
-        t, config = self.trainer, self.trainer.config
-        peak = self.gate.measured.get(config)
-        if peak is None:
-            predicted = self.gate.predict(config)
-            peak = predicted[0] if predicted is not None else self.budget_bytes
-        return Observation(
-            step=t.step_count,
-            config=config,
-            throughput=statistics.median(self._recent) if self._recent else 0.0,
-            peak_bytes=peak,
-            b_noise=t.noise.estimate().b_simple if self._noise and t.noise is not None else None,
-            losses=tuple(s.loss for s in self.steps[-_LOSSES:]),
-        )
-
     def _decide(self) -> None:
-        obs = self._observation()
-        self._judge(obs)
-        if self._back_if_worse(obs):
-            return
-        proposal: Proposal | None = None
-        source = "adapt_batch"
-        if self.adapt_batch:
-            proposal = grow_batch(obs, base_batch_size=self.workload.batch_size, min_efficiency=self.min_efficiency,
-                                  max_batch_size=self.max_batch_size)  # fmt: skip
-        if proposal is None and self.source is not None:
-            proposal, source = self.source.propose(obs), self.source.name
-        if proposal is None or proposal.config == obs.config:
-            return
-        known, here = self._trusted(proposal.config), self._trusted(obs.config)
-        if known is not None and here is not None and known.score.per_gib < (1 + _MARGIN) * here.score.per_gib:
-            # Measured before, and not clearly better: going there again would only pay the move.
-            if proposal.config not in self._refused:
-                self._refused.add(proposal.config)
-                why = (f"measured at step {known.step}: {known.score.per_gib:.1f} per GiB, not {_MARGIN:.0%} above "
-                       f"this configuration's {here.score.per_gib:.1f}")  # fmt: skip
-                self._history.append(Change(step=obs.step, source=source, before=obs.config, after=proposal.config,
-                                            applied=False, reason=f"{proposal.reason}; {why}",
-                                            measured_bytes=known.score.peak_bytes))  # fmt: skip
-            return
-        verdict = self.gate.check(proposal.config)
-        if not verdict.admitted:
-            if proposal.config not in self._refused:  # once per config: a fixed source proposes it every time
-                self._refused.add(proposal.config)
-                self._history.append(self._change(obs, proposal, source, verdict, applied=False))
-            return
+        t = self.trainer
+        b_noise = t.noise.estimate().b_simple if self._noise and t.noise is not None else None
+        obs = self.decider.observation(step=t.step_count, config=t.config, b_noise=b_noise,
+                                       losses=tuple(s.loss for s in self.steps[-_LOSSES:]))  # fmt: skip
+        change = self.decider.decide(obs)
+        if change is not None:
+            self._make(change)
+
+    def _make(self, change: Change) -> None:
         start = time.perf_counter()
-        rebuilt = self.trainer.reconfigure(proposal.config)
-        change = self._change(obs, proposal, source, verdict, applied=True)
+        rebuilt = self.trainer.reconfigure(change.after)
         if rebuilt is not None:  # new DeepSpeed engines, the state carried over: what the seconds paid for
             change = dataclasses.replace(change, reason=f"{change.reason}; new engines: {rebuilt.partition(':')[0]}")
-        self._history.append(dataclasses.replace(change, seconds=time.perf_counter() - start))
-        self._previous, self._recent, self._on_trial = obs.config, [], True
-
-    def _back_if_worse(self, obs: Observation) -> bool:
-        """Measurement overrules the decision source: a configuration a proposal brought is kept
-        only if it measures more than the margin above the best configuration measured so far
-        (objective per GiB, :func:`autotune.measurement.objective.score`, within the budget);
-        otherwise the run goes back to that best, and the source's later proposals of it are
-        refused (above). The best, not only the one it replaced: a source that keeps walking one
-        way (the pretrained policy toward less memory: 4x8 -> 2x16 -> 1x32 on hf-gpt2, each step
-        a little worse) would otherwise be taken back one step only; and more than the margin
-        above it: a configuration of about equal worth that stayed would, on a machine whose
-        timings wander by 10%, let the run drift from neighbour to neighbour on noise. Each trial
-        is decided once, at the first decision its throughput is a median of enough timed steps:
-        the run then loses against its best only for the ``decide_every`` steps it takes to find
-        out, and does not go back and forth on re-measures."""
-        if not self._on_trial:  # the run is where measurement put it: no going back and forth on noise
-            return False
-        here = self._trusted(obs.config)
-        if here is None:  # not enough timed steps yet: the trial goes on
-            return False
-        self._on_trial = False
-        others = [r for c, r in self._judged.items() if c != obs.config and r.score.peak_bytes <= self.budget_bytes
-                  and self._trusted(c) is not None]  # fmt: skip
-        best = max(others, key=lambda r: r.score.per_gib, default=None)
-        if best is None or here.score.per_gib > (1 + _MARGIN) * best.score.per_gib:
-            return False
-        start = time.perf_counter()
-        self.trainer.reconfigure(best.config)
-        which = "the configuration it replaced" if best.config == self._previous else "the best measured configuration"
-        reason = (f"measured {here.score.per_gib:.1f} per GiB, not {_MARGIN:.0%} above the {best.score.per_gib:.1f} "
-                  f"of {which}: back to it")  # fmt: skip
-        self._history.append(Change(step=obs.step, source="measured", before=obs.config, after=best.config,
-                                    applied=True, reason=reason, measured_bytes=best.score.peak_bytes,
-                                    seconds=time.perf_counter() - start))  # fmt: skip
-        self._previous, self._recent = obs.config, []
-        return True
-
-    def _trusted(self, config: TrainConfig) -> ConfigRecord | None:
-        """``config``'s record if its throughput is a median of enough timed steps to act on."""
-        record = self._judged.get(config)
-        return record if record is not None and record.timed_steps >= _TRUSTED_STEPS else None
-
-    def _judge(self, obs: Observation) -> None:
-        """Record ``obs.config``'s objective once its peak is measured and its steps timed: the
-        median throughput of its untracked steps over every stint the run spent in it, so that
-        the configuration the run keeps returning to is not judged by its latest stint alone
-        (on a shared machine one stint can time 20% off another, and a latest slow one would
-        make a configuration left long ago look like the best)."""
-        timed = self._timed.get(obs.config, [])
-        if not timed or obs.config not in self.gate.measured:
-            return
-        judged = score(throughput=statistics.median(timed), peak_bytes=obs.peak_bytes,
-                       batch_size=obs.config.effective_batch_size, base_batch_size=self.workload.batch_size,
-                       noise_scale=obs.b_noise,
-                       batch_is_knob=self.adapt_batch)  # fmt: skip
-        # A config judged again keeps its place (dicts keep first insertion order).
-        self._judged[obs.config] = ConfigRecord(step=obs.step, config=obs.config, timed_steps=len(timed),
-                                                noise_scale=obs.b_noise, score=judged)  # fmt: skip
-
-    def _change(self, obs: Observation, proposal: Proposal, source: str, verdict: Verdict, *, applied: bool) -> Change:
-        return Change(step=obs.step, source=source, before=obs.config, after=proposal.config, applied=applied,
-                      reason=f"{proposal.reason}; {verdict.reason}", predicted_bytes=verdict.predicted,
-                      measured_bytes=verdict.measured)  # fmt: skip
-
-    def _revert(self, config: TrainConfig, peak: int) -> None:
-        """A tracked step measured ``config`` over the budget (the prediction was off): go back."""
-        self.trainer.reconfigure(self._previous)
-        reason = f"measured {peak} B > budget {self.budget_bytes} B: back to {self._previous.describe()}"
-        self._history.append(Change(step=self.trainer.step_count, source="budget", before=config, after=config,
-                                    applied=False, reverted=True, reason=reason, measured_bytes=peak))  # fmt: skip
-        self._refused.add(config)
-        self._recent = []
+        self.decider.moved(change, seconds=time.perf_counter() - start)
 
     def close(self) -> None:
         """Remove every wrapper and hook from the user's model: it is exactly as it was given (on

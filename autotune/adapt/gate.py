@@ -146,6 +146,14 @@ class BudgetGate:
             self._predicted[config] = (estimate.total, estimate.verified)
         return self._predicted[config]
 
+    def known_peak(self, config: TrainConfig) -> int | None:
+        """``config``'s peak bytes if known: measured, else a verified prediction; else None."""
+        measured = self.measured.get(config)
+        if measured is not None:
+            return measured
+        predicted = self.predict(config)
+        return predicted[0] if predicted is not None and predicted[1] else None
+
     def check(self, config: TrainConfig) -> Verdict:
         measured = self.measured.get(config)
         if measured is not None:

@@ -10,9 +10,11 @@ first; the ZeRO stage is the action's on DeepSpeed ranks and 0 on one process. A
 environments' level tables cannot express (a batch that is not a power of two) gets no proposal.
 
 With a start plan (on the CPU by default) the source also holds the model's calibrated simulator:
-the run starts at its best configuration, and when the policy has nothing new to propose, the
-source proposes the untried neighbour the simulator ranks best; the run's measurements judge
-every proposal (:class:`autotune.adapt.Adaptive`).
+the run starts at its best configuration; a policy action the simulator rates well below where
+the run is (under :data:`_NEIGHBOUR_WITHIN` of it) is not tried, and when the policy has nothing
+new to propose, the source proposes the untried neighbour the simulator ranks best; the run's
+measurements judge every proposal (:class:`autotune.adapt.decider.Decider`). Without a plan (on a
+GPU by default, on ranks) the policy's actions are proposed as they are.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ if TYPE_CHECKING:
 
 __all__ = ["PolicySource"]
 
-#: The neighbours tried are those the plan's simulator rates at least this fraction of the run's
-#: configuration. On hf-gpt2 (``benchmarks/adaptive.py --steps 300 --decide-every 20``, before
-#: this floor) the simulator rated three tried neighbours of 4x8, bf16, ckpt 3/4 at 0.86 (8x4),
-#: 0.85 (ckpt 2/4) and 0.52 (bf16 on 3/4) of it: all three measured worse, and the first two
-#: raised the run's peak from 17.6 to 22.0 MiB.
+#: The neighbours tried, and the policy's actions tried, are those the plan's simulator rates at
+#: least this fraction of the run's configuration. On hf-gpt2 (``benchmarks/adaptive.py --steps
+#: 300 --decide-every 20``, before this floor) the simulator rated three tried neighbours of 4x8,
+#: bf16, ckpt 3/4 at 0.86 (8x4), 0.85 (ckpt 2/4) and 0.52 (bf16 on 3/4) of it: all three measured
+#: worse, and the first two raised the run's peak from 17.6 to 22.0 MiB.
 _NEIGHBOUR_WITHIN = 0.9
 
 
@@ -188,12 +190,33 @@ class PolicySource(DecisionSource):
         if not self._reduced_ok:  # a reduced precision this machine cannot run is never proposed
             moved = dataclasses.replace(moved, precision=0)
         config = knobs_to_config(moved, ranking, ranks=self._ranks, base=observation.config)
-        if config != observation.config and config not in self._proposed:
-            self._proposed.add(config)
-            return Proposal(config=config, reason=f"policy action {action}")
-        return self._neighbour(observation, levels)
+        if config == observation.config or config in self._proposed:
+            return self._neighbour(observation, levels, "")
+        self._proposed.add(config)
+        rated = self._rated(moved, levels, observation.config.effective_batch_size)
+        if rated is not None and rated < _NEIGHBOUR_WITHIN:
+            # A real trial of it would cost a tracked step and a stint at a configuration this
+            # model's own calibrated simulator rates well below where the run is.
+            return self._neighbour(observation, levels, f"policy action {action} rated {rated:.2f} of this "
+                                   "configuration on the simulator, not tried; ")  # fmt: skip
+        return Proposal(config=config, reason=f"policy action {action}")
 
-    def _neighbour(self, observation: Observation, levels: KnobLevels) -> Proposal | None:
+    def _rated(self, moved: KnobLevels, levels: KnobLevels, batch: int) -> float | None:
+        """``moved``'s simulated samples/s per GiB over ``levels``' on the plan's calibrated
+        simulator, or None without one (no plan, or on ranks, whose collectives it does not model)."""
+        if self._profile is None or self._ranks != 1:
+            return None
+        return self._simulated(moved, batch) / self._simulated(levels, batch)
+
+    def _simulated(self, knobs: KnobLevels, batch: int) -> float:
+        from autotune.envs.costmodel import step_cost
+        from autotune.measurement.objective import per_gib
+
+        assert self._profile is not None
+        cost = step_cost(self._profile, knobs)
+        return per_gib(batch / cost.seconds, cost.peak_bytes)
+
+    def _neighbour(self, observation: Observation, levels: KnobLevels, why: str) -> Proposal | None:
         """When the policy has nothing new (its action keeps the configuration, or proposes one
         it proposed before, which the run measured or refused): the untried neighbour (one knob
         moved by one level, as one action moves it) with the most simulated samples/s per GiB
@@ -206,9 +229,7 @@ class PolicySource(DecisionSource):
         configuration are tried: each trial costs a decision interval at a configuration that may
         be worse, and a tried one with more memory raises the run's peak. None without a plan (no
         simulator), or when no untried neighbour is that close."""
-        from autotune.envs.costmodel import step_cost
         from autotune.envs.knobs import apply_action, knobs_to_config
-        from autotune.measurement.objective import per_gib
 
         assert self._context is not None
         if self._profile is None or self._ranks != 1:
@@ -219,9 +240,7 @@ class PolicySource(DecisionSource):
         batch = observation.config.effective_batch_size
 
         def simulated(knobs: KnobLevels) -> float:
-            assert self._profile is not None
-            cost = step_cost(self._profile, knobs)
-            return per_gib(batch / cost.seconds, cost.peak_bytes)
+            return self._simulated(knobs, batch)
 
         floor = _NEIGHBOUR_WITHIN * simulated(levels)
         ranked: list[tuple[float, TrainConfig]] = []
@@ -237,7 +256,7 @@ class PolicySource(DecisionSource):
             return None
         value, config = max(ranked, key=lambda t: t[0])
         self._proposed.add(config)
-        return Proposal(config=config, reason=f"an untried neighbour ({value:.0f} samples/s per GiB simulated)")
+        return Proposal(config=config, reason=f"{why}an untried neighbour ({value:.0f} samples/s per GiB simulated)")
 
 
 def _levels_of(config: TrainConfig, num_blocks: int) -> KnobLevels | None:

@@ -84,8 +84,9 @@ class DecisionSource(ABC):
 
 
 class FixedConfig(DecisionSource):
-    """Always the same configuration, e.g. a study's ``best``: the run switches to it at the first
-    decision (if the budget gate admits it) and stays. Its effective batch must be the run's."""
+    """Always the same configuration, e.g. a study's ``best``: the run starts in it if the budget
+    gate admits it (its plan), else switches to it at the first decision the gate does, and
+    stays. Its effective batch must be the run's."""
 
     name = "fixed"
 
@@ -116,6 +117,9 @@ class FixedConfig(DecisionSource):
             checkpoint=self.config.checkpoint,
             zero_stage=self.config.zero_stage,
         )
+
+    def plan(self, context: RunContext) -> Proposal | None:
+        return Proposal(config=self.config, reason="the fixed configuration")
 
     def propose(self, observation: Observation) -> Proposal | None:
         config, batch = self.config, observation.config.effective_batch_size

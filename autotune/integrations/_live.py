@@ -6,15 +6,21 @@ loss scaler) and per-block activation checkpointing. The split of the user's eff
 micro-batch x accumulation changes only where the loop can rebuild its DataLoader and honour a new
 accumulation, at an epoch boundary (Lightning; not Hugging Face's Trainer): such a change is
 *pending* from the decision until the framework says it took effect (:meth:`LiveKnobs.take_split`).
-The effective batch never changes. Every proposal passes the budget gate
-(:mod:`autotune.adapt.gate`) first; no step is tracked inside the framework's loop, so only
-verified predictions admit.
+The effective batch never changes.
+
+The decisions are :class:`autotune.adapt.Adaptive`'s own (:class:`autotune.adapt.decider.Decider`):
+the source's start plan (where the loop can take it: on the CPU, the pretrained policy's
+calibrated simulator picks the per-block knobs at the loop's split before the first step), the
+budget gate first, and measurement overruling the source (a trial that times no better than the
+best configuration measured is left for it). No step is tracked inside the framework's loop, so
+a configuration's peak is its verified prediction: only verified predictions admit, and they are
+what it is judged by (with the median time of its optimizer steps, the first after each change
+left out).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -23,9 +29,10 @@ from typing import Any
 import torch
 
 from autotune.adapt.adaptive import PolicyArg, decision_source
+from autotune.adapt.decider import Decider
 from autotune.adapt.gate import BudgetGate, as_budget
 from autotune.adapt.records import Change
-from autotune.adapt.sources import Observation, RunContext
+from autotune.adapt.sources import RunContext
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneWarning, ConfigError
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
@@ -46,22 +53,27 @@ class LiveKnobs:
         self.budget = as_budget(memory_budget)
         self.decide_every = decide_every
         self.blocks = blocks
-        self.history: list[Change] = []
         self.config: TrainConfig | None = None
         self.gate: BudgetGate | None = None
+        self.decider: Decider | None = None
         self._model: torch.nn.Module | None = None
         self._wrappers: BlockWrappers | None = None
         self._names: tuple[str, ...] = ()
-        self._seconds: list[float] = []
         self._losses: list[float] = []
         self._started: float | None = None
-        self._refused: set[TrainConfig] = set()
+        self._warm = False  # whether the step under way is timed: not the first after a change
         self.split = False  # whether the loop lets the micro-batch x accumulation split change
         self.pending: Change | None = None  # an admitted split change waiting for the loop's epoch boundary
 
+    @property
+    def history(self) -> list[Change]:
+        """Every decision so far (empty before :meth:`begin`)."""
+        return self.decider.history if self.decider is not None else []
+
     def begin(self, model: torch.nn.Module, dataset: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], *,
               micro_batch_size: int, accum: int, name: str, split: bool = False) -> None:  # fmt: skip
-        """Profile the model (a copy of it), resolve the budget, start the decision source.
+        """Profile the model (a copy of it), resolve the budget, start the decision source and
+        make its plan (a split in it waits for the next epoch boundary, as any split change).
 
         ``split``: the loop can take a new micro-batch x accumulation at its next epoch boundary."""
         self.split = split
@@ -69,84 +81,89 @@ class LiveKnobs:
 
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=self.blocks,
                             batch_size=micro_batch_size * accum)  # fmt: skip
-        self.config = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
-        self.gate = BudgetGate.build(workload, self.budget, self.config, reduced_precision=self.source is not None)
-        default = self.config
+        default = self.config = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
+        gate = self.gate = BudgetGate.build(workload, self.budget, default, reduced_precision=self.source is not None)
+        self.decider = Decider(source=self.source, gate=gate, base_batch_size=default.effective_batch_size,
+                               takes=self._takes)  # fmt: skip
         self._model, self._names = model, workload.block_names()
-        self._fit_budget(default)
+        start = self._fit_budget(default)
+        context = None
         if self.source is not None:
             device = next((p.device.type for p in model.parameters()), "cpu")
             blocks = profile_blocks(workload, micro_batch_size=2)
-            gate = self.gate
-            self.source.start(RunContext(workload=workload, start=default, budget_bytes=gate.budget, blocks=blocks,
-                                         device_type=device, admits=lambda c: gate.check(c).admitted))  # fmt: skip
+            context = RunContext(workload=workload, start=start, budget_bytes=gate.budget, blocks=blocks,
+                                 device_type=device, admits=self._admits)  # fmt: skip
+        change = self.decider.begin(start=start, default=start, context=context)
+        if change is not None:
+            self._make(change, begin=True)
 
-    def _fit_budget(self, default: TrainConfig) -> None:
+    def _takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
+        """What of ``proposed`` this loop can run from ``current``: the per-block knobs, the split
+        where the loop can change it (same effective batch); no fp16 block (the loop's scaler)."""
+        target = dataclasses.replace(current, precision=proposed.precision, checkpoint=proposed.checkpoint)
+        if self.split and proposed.effective_batch_size == current.effective_batch_size:
+            target = dataclasses.replace(target, micro_batch_size=proposed.micro_batch_size,
+                                         grad_accum_steps=proposed.grad_accum_steps)  # fmt: skip
+        return current if "fp16" in target.block_precisions(len(self._names)) else target
+
+    def _admits(self, config: TrainConfig) -> bool:
+        """What a source's plan may pick: a configuration this loop can take whole, that the gate admits."""
+        assert self.config is not None and self.gate is not None
+        return self._takes(self.config, config) == config and self.gate.check(config).admitted
+
+    def _fit_budget(self, default: TrainConfig) -> TrainConfig:
         """A default over the budget starts recomputing every block, if that fits; the loop itself
         cannot be stopped from a callback, so if nothing fits it says so and trains as it is."""
-        assert self.gate is not None
+        assert self.gate is not None and self.decider is not None
         verdict = self.gate.check(default)
         if verdict.admitted or (self.budget.fraction is not None and self.budget.fraction >= 1.0):
-            return
+            return default
         target = dataclasses.replace(default, checkpoint=True)
         fits = self.gate.check(target)
         reason = f"the default is over the budget ({verdict.reason}); every block recomputed: {fits.reason}"
-        self.history.append(Change(step=0, source="budget", before=default, after=target, applied=fits.admitted,
-                                   reason=reason, predicted_bytes=fits.predicted))  # fmt: skip
-        if fits.admitted:
-            self.apply(target)
-        else:
+        self.decider.history.append(Change(step=0, source="budget", before=default, after=target,
+                                           applied=fits.admitted, reason=reason,
+                                           predicted_bytes=fits.predicted))  # fmt: skip
+        if not fits.admitted:
             warnings.warn(AutotuneWarning(f"nothing this callback may change fits the memory budget: {reason}"),
                           stacklevel=4)  # fmt: skip
+            return default
+        self.apply(target)
+        return target
 
     def step_begin(self) -> None:
         self._started = time.perf_counter()
 
     def step_end(self, step: int, loss: float | None) -> None:
         """Optimizer step ``step`` (1-based, the framework's global step) ended."""
+        assert self.config is not None and self.decider is not None, "begin() first"
         if self._started is not None:
-            self._seconds.append(time.perf_counter() - self._started)
-            self._started = None
+            seconds, self._started = time.perf_counter() - self._started, None
+            if self._warm and seconds > 0:
+                self.decider.timed(self.config, self.config.effective_batch_size / seconds)
+            self._warm = True
         if loss is not None:
             self._losses.append(loss)
-        if step % self.decide_every == 0:
-            self._decide(step)
+        if step % self.decide_every == 0 and self.pending is None:  # none while a split waits for its epoch
+            obs = self.decider.observation(
+                step=step, config=self.config, b_noise=None, losses=tuple(self._losses[-16:])
+            )
+            change = self.decider.decide(obs)
+            if change is not None:
+                self._make(change)
 
-    def _decide(self, step: int) -> None:
-        assert self.config is not None and self.gate is not None, "begin() first"
-        if self.source is None or self.pending is not None:  # a change still waits for its epoch boundary
-            return
-        samples = self.config.effective_batch_size
-        predicted = self.gate.predict(self.config)
-        obs = Observation(step=step, config=self.config, peak_bytes=predicted[0] if predicted else self.gate.budget,
-                          throughput=statistics.median(samples / s for s in self._seconds) if self._seconds else 0.0,
-                          b_noise=None, losses=tuple(self._losses))  # fmt: skip
-        proposal = self.source.propose(obs)
-        if proposal is None:
-            return
-        # What lives on the model, and the split where the loop can take one (same effective batch).
-        target = dataclasses.replace(self.config, precision=proposal.config.precision,
-                                     checkpoint=proposal.config.checkpoint)  # fmt: skip
-        if self.split and proposal.config.effective_batch_size == self.config.effective_batch_size:
-            target = dataclasses.replace(target, micro_batch_size=proposal.config.micro_batch_size,
-                                         grad_accum_steps=proposal.config.grad_accum_steps)  # fmt: skip
-        if target == self.config or "fp16" in target.block_precisions(len(self._names)):
-            return
-        verdict = self.gate.check(target)
-        change = Change(step=step, source=self.source.name, before=self.config, after=target, applied=verdict.admitted,
-                        reason=f"{proposal.reason}; {verdict.reason}", predicted_bytes=verdict.predicted)  # fmt: skip
-        if not verdict.admitted:
-            if target not in self._refused:
-                self._refused.add(target)
-                self.history.append(change)
-            return
-        if target.micro_batch_size != self.config.micro_batch_size:
-            self.pending = change  # applied when the loop has rebuilt its DataLoader (take_split)
+    def _make(self, change: Change, *, begin: bool = False) -> None:
+        """Make an admitted change now, or, if its split differs, when the loop takes it (:meth:`take_split`)."""
+        assert self.config is not None and self.decider is not None
+        if change.after.micro_batch_size != self.config.micro_batch_size:
+            self.pending = change
             return
         start = time.perf_counter()
-        self.apply(target)
-        self.history.append(dataclasses.replace(change, seconds=time.perf_counter() - start))
-        self._seconds = []
+        self.apply(change.after)
+        if begin:
+            self.decider.started(change, seconds=time.perf_counter() - start)
+        else:
+            self.decider.moved(change, seconds=time.perf_counter() - start)
 
     def take_split(self, step: int, micro_batch_size: int | None) -> None:
         """The loop reached the epoch boundary a pending split change waited for, and its new
@@ -156,6 +173,7 @@ class LiveKnobs:
         change, self.pending = self.pending, None
         if change is None:
             return
+        assert self.decider is not None
         if micro_batch_size != change.after.micro_batch_size:
             self.split = False
             why = (
@@ -163,12 +181,11 @@ class LiveKnobs:
                 if micro_batch_size is None
                 else f"the loop's DataLoader kept micro-batch {micro_batch_size}, so the split stays as it is"
             )
-            self.history.append(dataclasses.replace(change, step=step, applied=False, reason=f"{change.reason}; {why}"))
+            self.decider.refuse(dataclasses.replace(change, step=step, reason=f"{change.reason}; {why}"))
             return
         start = time.perf_counter()
         self.apply(change.after)
-        self.history.append(dataclasses.replace(change, step=step, seconds=time.perf_counter() - start))
-        self._seconds = []
+        self.decider.moved(dataclasses.replace(change, step=step), seconds=time.perf_counter() - start)
 
     def apply(self, config: TrainConfig) -> None:
         """Put ``config``'s per-block precision and checkpointing on the model (replacing the last)."""
@@ -179,6 +196,7 @@ class LiveKnobs:
         self._wrappers = apply_block_knobs(self._model, self._names, config.block_precisions(n),
                                            config.block_checkpoints(n), device_type=device)  # fmt: skip
         self.config = config
+        self._warm = False
 
     def remove(self) -> None:
         """Take the wrappers off: the model is exactly as the loop gave it."""

@@ -304,8 +304,8 @@ def test_adaptive_the_envs_and_the_study_judge_the_same_numbers_identically() ->
 def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
     fast, slow = _fp32(BATCH), _fp32(8)
     wl, opt = _user_objects()
-    # A decision every 5 steps: each configuration's first step is tracked, then 3-4 timed steps
-    # (3 at least before measurement overrules the source).
+    # A decision every 5 steps; a proposal's first step is tracked, then it is measured side by side
+    # with the configuration it replaced (steps alternating, 4 timed steps each, no decision meanwhile).
     tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([slow, slow]),
                      decide_every=5)  # fmt: skip
     # Step times by configuration (the steps themselves are real): 8 x 4 takes 100x as long, far
@@ -320,15 +320,15 @@ def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
     for _ in range(20):
         tuner.step()
     tuner.close()
-    assert [s.config for s in tuner.steps] == [fast] * 5 + [slow] * 5 + [fast] * 10
+    assert [s.config for s in tuner.steps] == [fast] * 5 + [slow] + [fast, slow] * 4 + [fast] * 6
     went, back, again = tuner.history
     assert (went.step, went.source, went.after, went.applied) == (5, "scripted", slow, True)
-    assert (back.step, back.source, back.before, back.after, back.applied) == (10, "measured", slow, fast, True)
-    assert re.fullmatch(r"measured [\d.]+ per GiB, not 3% above the [\d.]+ of the configuration it replaced: "
-                        "back to it", back.reason)  # fmt: skip
+    assert (back.step, back.source, back.before, back.after, back.applied) == (14, "measured", slow, fast, True)
+    assert re.fullmatch(r"side by side \(4 steps each\): measured [\d.]+ per GiB, not 3% above the [\d.]+ of the "
+                        "configuration it replaced: back to it", back.reason)  # fmt: skip
     assert (again.step, again.source, again.after, again.applied) == (15, "scripted", slow, False)
-    assert again.reason.startswith("scripted; measured at step 10: ")
-    # fast: re-judged at step 20 over both its stints (3 timed steps before step 5, 10 after step 10)
+    assert again.reason.startswith("scripted; measured at step 14: ")
+    # fast: re-judged at step 20 over every step it timed (3 before step 5, 4 in the trial, 6 after it)
     assert [(r.config, r.timed_steps) for r in tuner.configs] == [(fast, 13), (slow, 4)]
     assert tuner.best is not None and tuner.best.config == fast
 
@@ -341,16 +341,16 @@ def test_once_measurement_moved_the_run_back_a_noisier_remeasure_does_not_move_i
     real_step = tuner.trainer.step
 
     def step(**kwargs: Any) -> Any:
-        # Back on ``fast`` from step 10, it now times far slower than ``slow`` did (a busy machine).
-        seconds = 1.0 if tuner.config == slow else (0.01 if len(tuner.steps) < 10 else 100.0)
+        # Back on ``fast`` from step 14, it now times far slower than ``slow`` did (a busy machine).
+        seconds = 1.0 if tuner.config == slow else (0.01 if len(tuner.steps) < 14 else 100.0)
         return dataclasses.replace(real_step(**kwargs), seconds=seconds)
 
     tuner.trainer.step = step  # type: ignore[method-assign]
     for _ in range(20):
         tuner.step()
     tuner.close()
-    assert [s.config for s in tuner.steps] == [fast] * 5 + [slow] * 5 + [fast] * 10
-    assert [(c.step, c.source, c.after) for c in tuner.history] == [(5, "scripted", slow), (10, "measured", fast)]
+    assert [s.config for s in tuner.steps] == [fast] * 5 + [slow] + [fast, slow] * 4 + [fast] * 6
+    assert [(c.step, c.source, c.after) for c in tuner.history] == [(5, "scripted", slow), (14, "measured", fast)]
 
 
 def test_a_trial_is_kept_only_if_it_measures_clearly_better_than_the_best() -> None:
@@ -371,11 +371,13 @@ def test_a_trial_is_kept_only_if_it_measures_clearly_better_than_the_best() -> N
     for _ in range(25):
         tuner.step()
     tuner.close()
-    assert [s.config for s in tuner.steps] == [a] * 5 + [b] * 5 + [a] * 5 + [c] * 10
+    trial = [b] + [a, b] * 4  # tracked, then side by side with the configuration it replaced
+    assert [s.config for s in tuner.steps] == [a] * 5 + trial + [a] + [c] + [a, c] * 4 + [c]
     assert [(ch.step, ch.source, ch.before, ch.after, ch.applied) for ch in tuner.history] == [
-        (5, "scripted", a, b, True), (10, "measured", b, a, True), (15, "scripted", a, c, True)]  # fmt: skip
+        (5, "scripted", a, b, True), (14, "measured", b, a, True), (15, "scripted", a, c, True)]  # fmt: skip
     assert tuner.history[1].reason == (
-        "measured 1020.0 per GiB, not 3% above the 1000.0 of the configuration it replaced: back to it"
+        "side by side (4 steps each): measured 1020.0 per GiB, not 3% above the 1000.0 of the configuration it "
+        "replaced: back to it"
     )
     assert tuner.best is not None and tuner.best.config == c
 
@@ -465,3 +467,24 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
     assert set(proposed) == close and len(proposed) == len(close)
     values = [simulated(c) for c in proposed]
     assert values == sorted(values, reverse=True)
+
+    # A policy action the simulator rates below the floor is not tried: the best close neighbour is.
+    far = next(m for m, lv in zip(moves, moved, strict=True) if lv != levels
+               and simulated(knobs_to_config(lv, ranking, base=here)) < floor)  # fmt: skip
+
+    class Far:
+        def act(self, observation: np.ndarray) -> np.ndarray:
+            return np.array(far)
+
+    vetted = PolicySource()
+    vetted.policy = Far()
+    wl, opt = _user_objects()
+    Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=vetted, decide_every=5).close()
+    proposal = vetted.propose(obs)
+    assert proposal is not None and proposal.config == proposed[0]
+    target = knobs_to_config(apply_action(levels, far, max_zero_stage=0), ranking, base=here)
+    rated = simulated(target) / simulated(here)
+    assert proposal.reason == (
+        f"policy action {far} rated {rated:.2f} of this configuration on the simulator, not tried; an untried "
+        f"neighbour ({values[0]:.0f} samples/s per GiB simulated)"
+    )

@@ -13,6 +13,7 @@ import transformers
 from autotune import TrainConfig
 from autotune.integrations.hf import AutotuneCallback
 from autotune.zoo import CORPUS
+from tests.adapt.scripted import Scripted
 
 
 class Spy(transformers.TrainerCallback):  # type: ignore[misc]
@@ -40,10 +41,30 @@ def test_the_callback_applies_checkpointing_inside_a_real_trainer(tmp_path: Path
     result = trainer.train()
     assert trainer.model is wl.model
     assert math.isfinite(result.training_loss)
+    # A fixed configuration is the source's plan: on the model before the first step.
     [change] = callback.history
-    assert (change.step, change.applied, change.after.checkpoint) == (2, True, True)
-    assert spy.wrapped == [0, len(blocks), len(blocks), len(blocks), len(blocks), len(blocks)]
+    assert (change.step, change.source, change.applied, change.after.checkpoint) == (0, "fixed", True, True)
+    assert spy.wrapped == [len(blocks)] * 6
     assert all("forward" not in m.__dict__ for m in wl.model.modules())  # removed at on_train_end
+
+
+def test_a_proposal_mid_run_takes_only_what_the_trainer_allows(tmp_path: Path) -> None:
+    entry = CORPUS["hf-gpt2"]
+    wl = entry.build(**entry.tiny)
+    blocks = list(wl.block_names())
+    # 2 x 2 recomputed: the Trainer keeps its DataLoader's micro-batch 4, so only the recompute is taken.
+    callback = AutotuneCallback(policy=Scripted([TrainConfig(micro_batch_size=2, grad_accum_steps=2,
+                                                             checkpoint=True)]), decide_every=2)  # fmt: skip
+    spy = Spy(blocks)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4,
+                                          report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+                                          seed=0)  # fmt: skip
+    transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, spy]).train()
+    [change] = callback.history
+    assert (change.step, change.source, change.applied) == (2, "scripted", True)
+    assert change.after == TrainConfig(micro_batch_size=4, checkpoint=True, grad_clip=None)
+    assert change.reason.startswith("scripted; predicted ") and change.predicted_bytes is not None
+    assert spy.wrapped == [0, len(blocks), len(blocks), len(blocks)]  # read at each step's end, after the decision
 
 
 def test_a_default_over_the_budget_starts_recomputing_every_block(tmp_path: Path) -> None:

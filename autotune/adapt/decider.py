@@ -1,0 +1,350 @@
+"""The decisions of an adaptive run, whoever runs its steps.
+
+One implementation for :class:`autotune.adapt.Adaptive` (its own loop, local or on DeepSpeed
+ranks) and the framework callbacks (:mod:`autotune.integrations`), whose loops are Hugging
+Face's or Lightning's. The loop reports each timed step (:meth:`Decider.timed`) and, every
+``decide_every`` steps, an :class:`Observation`; the decider
+
+1. judges the configuration the run is on (objective per GiB of its known peak,
+   :func:`autotune.measurement.objective.score`, over the median of every timed step it ran);
+2. decides a trial once: kept only if it measures more than the margin above the configuration
+   it replaced, measured side by side (:class:`Trial`, steps alternating) where the loop can
+   switch every step, else above the best configuration measured so far, when its median is
+   trusted (:meth:`Decider._back_if_worse`); otherwise back to that one;
+3. otherwise asks the decision source (or the ``adapt_batch`` rule) and refuses what was measured
+   before and is not better, what the loop cannot take (``takes``), and what the budget gate
+   does not admit, each refusal logged once;
+
+and returns the change to make. The loop makes it (a reconfiguration of its trainer, new
+wrappers on the model, or a split that waits for the framework's next epoch) and reports it
+back (:meth:`Decider.moved`); every decision, applied or refused, is in :attr:`Decider.history`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.adapt.batch import grow_batch
+from autotune.adapt.records import Change, ConfigRecord
+from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
+from autotune.measurement.objective import score
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from autotune.adapt.gate import BudgetGate, Verdict
+    from autotune.config import TrainConfig
+
+__all__ = ["Decider", "Trial"]
+
+#: How much better (objective per GiB) a measured configuration must be to be returned to, and how
+#: much worse one must be to be left: ~ the spread of a median of a few timed steps on a busy CPU.
+MARGIN = 0.03
+TRUSTED_STEPS = 3  # timed steps (a median of) before measurement may overrule the decision source
+#: Timed steps of each side in a side-by-side trial (:class:`Trial`): 2 x 4 steps, alternating.
+PAIRED_STEPS = 4
+
+
+@dataclass
+class Trial:
+    """A proposal measured side by side with the configuration it replaced.
+
+    On a shared machine one stint of steps can time 10-20% off the next, more than the margins
+    worth deciding on; steps alternating between the two configurations see the same machine.
+    The loop runs :meth:`Decider.trial_config` each step (one reconfiguration per step: a swap of
+    block wrappers and the micro-batch drawn, ~1 ms on the local loop), so half of the trial's
+    steps run at the incumbent instead of all of them at a candidate that may be worse."""
+
+    candidate: TrainConfig
+    incumbent: TrainConfig
+    samples: dict[TrainConfig, list[float]]  # samples/s of each side's timed steps in the trial
+    fresh: bool = True  # the first step runs where the loop is (the candidate): its tracked step
+
+
+class Decider:
+    """What an adaptive run decides, and its record of why.
+
+    Args:
+        source: Where proposals come from (None: the run never moves but for the budget).
+        gate: The budget gate every configuration passes; its ``budget`` is the run's.
+        base_batch_size: The user's effective batch.
+        adapt_batch: Let the batch grow with the gradient noise scale (:func:`autotune.adapt.batch.grow_batch`).
+        takes: ``takes(current, proposed)``: what of ``proposed`` the loop can run from
+            ``current`` (a framework's loop: the per-block knobs, the split only at an epoch
+            boundary); default: all of it.
+        paired: The loop can switch configuration every step cheaply (the local loop: block
+            wrappers and the micro-batch drawn): a proposal is then measured side by side with the
+            configuration it replaced (:class:`Trial`); otherwise one stint after the other.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: DecisionSource | None,
+        gate: BudgetGate,
+        base_batch_size: int,
+        adapt_batch: bool = False,
+        min_efficiency: float = 1.0,
+        max_batch_size: int | None = None,
+        takes: Callable[[TrainConfig, TrainConfig], TrainConfig] | None = None,
+        paired: bool = False,
+    ) -> None:
+        self.source = source
+        self.gate = gate
+        self.base_batch_size = base_batch_size
+        self.adapt_batch, self.min_efficiency = adapt_batch, min_efficiency
+        self.max_batch_size = max_batch_size or base_batch_size
+        self._takes = takes
+        self.paired = paired
+        self.trial: Trial | None = None  # the side-by-side trial under way
+        self.history: list[Change] = []
+        self.judged: dict[TrainConfig, ConfigRecord] = {}
+        self.previous: TrainConfig | None = None  # the configuration the last change left
+        self._on_trial = False  # the current config came from a proposal, and the one it replaced may be better
+        self._refused: set[TrainConfig] = set()
+        self._recent: list[float] = []  # samples/s of the timed steps since the last change
+        self._timed: dict[TrainConfig, list[float]] = {}  # the same, of every stint under each config
+        self._begun_at = 0
+
+    # ---- before the first step ---------------------------------------------------------------------
+
+    def begin(self, *, start: TrainConfig, default: TrainConfig, why: str = "",
+              context: RunContext | None = None) -> Change | None:  # fmt: skip
+        """Start the source; the change to make before the first step, or None (stay at ``start``).
+
+        ``start`` is where the budget puts the run (``why``: how it got there from ``default``,
+        empty if it is the default). With a source, ``context`` (whose ``start`` is ``start``)
+        starts it, and its plan (:meth:`DecisionSource.plan`) moves the run further if the loop
+        can take it and the gate admits it; a refused plan is logged. Report the change made with
+        :meth:`started` (or, where it waits for the loop, :meth:`moved`)."""
+        self.previous, self._begun_at = start, len(self.history)
+        change = None
+        if start != default:
+            change = Change(step=0, source="budget", before=default, after=start, applied=True, reason=why)
+        if self.source is None:
+            return change
+        assert context is not None and context.start == start, "a source starts from the run's context"
+        self.source.start(context)
+        plan = self.source.plan(context)
+        if plan is None:
+            return change
+        planned = self._admit(0, start, plan, self.source.name)
+        if planned is None:
+            return change
+        return dataclasses.replace(planned, before=default)
+
+    def started(self, change: Change, seconds: float = 0.0) -> None:
+        """The run starts at ``change.after`` (logged before any refusal :meth:`begin` logged)."""
+        self.history.insert(self._begun_at, dataclasses.replace(change, seconds=seconds))
+        self.previous = change.after
+
+    # ---- while the run trains ----------------------------------------------------------------------
+
+    def timed(self, config: TrainConfig, throughput: float) -> None:
+        """One timed step of ``config`` (samples/s): not a tracked step, not a first one after a change."""
+        self._recent.append(throughput)
+        self._timed.setdefault(config, []).append(throughput)
+        if self.trial is not None and config in self.trial.samples:
+            self.trial.samples[config].append(throughput)
+
+    def trial_config(self, current: TrainConfig) -> TrainConfig | None:
+        """The configuration the next step runs under while a side-by-side trial lasts (None:
+        no trial): the candidate's first (tracked) step, then the side with fewer timed steps,
+        alternating on a tie."""
+        trial = self.trial
+        if trial is None:
+            return None
+        if trial.fresh:
+            trial.fresh = False
+            return current
+        a, b = trial.samples[trial.candidate], trial.samples[trial.incumbent]
+        if len(a) != len(b):
+            return trial.candidate if len(a) < len(b) else trial.incumbent
+        return trial.incumbent if current == trial.candidate else trial.candidate
+
+    def trial_over(self, step: int, current: TrainConfig) -> Change | None:
+        """After each step: once both sides of a trial have :data:`PAIRED_STEPS` timed steps and
+        the last ran the candidate, its verdict: kept (None; the run is there) if its median
+        objective per GiB is more than the margin above the incumbent's, measured side by side,
+        else the change back to the incumbent (make it, then :meth:`moved`)."""
+        trial = self.trial
+        if trial is None or current != trial.candidate:
+            return None
+        if min(len(v) for v in trial.samples.values()) < PAIRED_STEPS:
+            return None
+        self.trial = None
+        per_gib = {}
+        for config, samples in trial.samples.items():
+            record = self._record(config, step, samples=self._timed[config], b_noise=None)
+            peak = record.score.peak_bytes if record is not None else self.gate.budget
+            side = score(throughput=statistics.median(samples), peak_bytes=peak,
+                         batch_size=config.effective_batch_size, base_batch_size=self.base_batch_size,
+                         noise_scale=None, batch_is_knob=False)  # fmt: skip
+            per_gib[config] = side.per_gib
+        here, there = per_gib[trial.candidate], per_gib[trial.incumbent]
+        if here > (1 + MARGIN) * there:
+            return None
+        reason = (f"side by side ({PAIRED_STEPS} steps each): measured {here:.1f} per GiB, not {MARGIN:.0%} above "
+                  f"the {there:.1f} of the configuration it replaced: back to it")  # fmt: skip
+        return Change(step=step, source="measured", before=trial.candidate, after=trial.incumbent, applied=True,
+                      reason=reason, measured_bytes=self.gate.measured.get(trial.incumbent))  # fmt: skip
+
+    def observation(self, *, step: int, config: TrainConfig, b_noise: float | None,
+                    losses: tuple[float, ...]) -> Observation:  # fmt: skip
+        """The run as measured since the last change: ``config``'s measured peak, else its prediction."""
+        peak = self.gate.measured.get(config)
+        if peak is None:
+            predicted = self.gate.predict(config)
+            peak = predicted[0] if predicted is not None else self.gate.budget
+        throughput = statistics.median(self._recent) if self._recent else 0.0
+        return Observation(step=step, config=config, throughput=throughput, peak_bytes=peak, b_noise=b_noise,
+                           losses=losses)  # fmt: skip
+
+    def decide(self, obs: Observation) -> Change | None:
+        """The change to make now (``applied``: the loop makes it, then calls :meth:`moved`), or None.
+
+        Refusals are logged here, once per configuration (a fixed source proposes the same one
+        at every decision)."""
+        self._judge(obs)
+        back = self._back_if_worse(obs)
+        if back is not None:
+            return back
+        proposal: Proposal | None = None
+        source = "adapt_batch"
+        if self.adapt_batch:
+            proposal = grow_batch(obs, base_batch_size=self.base_batch_size, min_efficiency=self.min_efficiency,
+                                  max_batch_size=self.max_batch_size)  # fmt: skip
+        if proposal is None and self.source is not None:
+            proposal, source = self.source.propose(obs), self.source.name
+        if proposal is None:
+            return None
+        return self._admit(obs.step, obs.config, proposal, source)
+
+    def moved(self, change: Change, seconds: float = 0.0) -> None:
+        """The loop made ``change`` (``seconds``: what the reconfiguration itself took)."""
+        self.history.append(dataclasses.replace(change, seconds=seconds))
+        self.previous, self._recent = change.before, []
+        proposed = change.source != "measured"
+        same_batch = change.after.effective_batch_size == change.before.effective_batch_size  # else: goodput
+        if proposed and self.paired and same_batch and self._trusted(change.before) is not None:
+            samples: dict[TrainConfig, list[float]] = {change.after: [], change.before: []}
+            self.trial, self._on_trial = Trial(candidate=change.after, incumbent=change.before, samples=samples), False
+        else:
+            self._on_trial = proposed
+
+    def refuse(self, change: Change) -> None:
+        """A change :meth:`decide` returned that the loop could not make after all (its reason says why)."""
+        self.history.append(dataclasses.replace(change, applied=False))
+        self._refused.add(change.after)
+
+    def revert(self, config: TrainConfig, peak: int, step: int) -> TrainConfig:
+        """A tracked step measured ``config`` over the budget (its prediction was off): the
+        configuration to go back to (the one before it), logged."""
+        assert self.previous is not None, "begin() first"
+        reason = f"measured {peak} B > budget {self.gate.budget} B: back to {self.previous.describe()}"
+        self.history.append(Change(step=step, source="budget", before=config, after=config, applied=False,
+                                   reverted=True, reason=reason, measured_bytes=peak))  # fmt: skip
+        self._refused.add(config)
+        self._recent, self.trial = [], None
+        return self.previous
+
+    @property
+    def best(self) -> ConfigRecord | None:
+        """The judged configuration with the most objective per GiB of peak within the budget."""
+        fits = [r for r in self.judged.values() if r.score.peak_bytes <= self.gate.budget]
+        return max(fits, key=lambda r: r.score.per_gib, default=None)
+
+    # ---- the rules -----------------------------------------------------------------------------------
+
+    def _admit(self, step: int, current: TrainConfig, proposal: Proposal, source: str) -> Change | None:
+        """``proposal`` as a change from ``current`` the loop can make, or None (refusals logged once)."""
+        target = proposal.config if self._takes is None else self._takes(current, proposal.config)
+        if target == current:
+            return None
+        known, here = self._trusted(target), self._trusted(current)
+        if known is not None and here is not None and known.score.per_gib < (1 + MARGIN) * here.score.per_gib:
+            # Measured before, and not clearly better: going there again would only pay the move.
+            why = (f"measured at step {known.step}: {known.score.per_gib:.1f} per GiB, not {MARGIN:.0%} above "
+                   f"this configuration's {here.score.per_gib:.1f}")  # fmt: skip
+            refused = Change(step=step, source=source, before=current, after=target, applied=False,
+                             reason=f"{proposal.reason}; {why}", measured_bytes=known.score.peak_bytes)  # fmt: skip
+            self._refuse_once(refused)
+            return None
+        verdict = self.gate.check(target)
+        change = _change(step, current, target, proposal, source, verdict)
+        if not verdict.admitted:
+            self._refuse_once(change)
+            return None
+        return change
+
+    def _refuse_once(self, change: Change) -> None:
+        if change.after not in self._refused:
+            self._refused.add(change.after)
+            self.history.append(change)
+
+    def _back_if_worse(self, obs: Observation) -> Change | None:
+        """Measurement overrules the decision source: a configuration a proposal brought is kept
+        only if it measures more than the margin above the best configuration measured so far
+        (within the budget); otherwise the run goes back to that best, and the source's later
+        proposals of it are refused (:meth:`_admit`). The best, not only the one it replaced: a
+        source that keeps walking one way (the pretrained policy toward less memory: 4x8 ->
+        2x16 -> 1x32 on hf-gpt2, each step a little worse) would otherwise be taken back one step
+        only; and more than the margin above it: a configuration of about equal worth that
+        stayed would, on a machine whose timings wander by 10%, let the run drift from
+        neighbour to neighbour on noise. Each trial is decided once, at the first decision its
+        throughput is a median of enough timed steps: the run then loses against its best only
+        for the ``decide_every`` steps it takes to find out, and does not go back and forth on
+        re-measures."""
+        if not self._on_trial:  # the run is where measurement put it: no going back and forth on noise
+            return None
+        here = self._trusted(obs.config)
+        if here is None:  # not enough timed steps yet: the trial goes on
+            return None
+        self._on_trial = False
+        others = [r for c, r in self.judged.items() if c != obs.config and r.score.peak_bytes <= self.gate.budget
+                  and self._trusted(c) is not None]  # fmt: skip
+        best = max(others, key=lambda r: r.score.per_gib, default=None)
+        if best is None or here.score.per_gib > (1 + MARGIN) * best.score.per_gib:
+            return None
+        which = "the configuration it replaced" if best.config == self.previous else "the best measured configuration"
+        reason = (f"measured {here.score.per_gib:.1f} per GiB, not {MARGIN:.0%} above the {best.score.per_gib:.1f} "
+                  f"of {which}: back to it")  # fmt: skip
+        return Change(step=obs.step, source="measured", before=obs.config, after=best.config, applied=True,
+                      reason=reason, measured_bytes=best.score.peak_bytes)  # fmt: skip
+
+    def _trusted(self, config: TrainConfig) -> ConfigRecord | None:
+        """``config``'s record if its throughput is a median of enough timed steps to act on."""
+        record = self.judged.get(config)
+        return record if record is not None and record.timed_steps >= TRUSTED_STEPS else None
+
+    def _judge(self, obs: Observation) -> None:
+        """Record ``obs.config``'s objective once its peak is known (measured by a tracked step,
+        or a verified prediction where the loop tracks none) and its steps timed: the median
+        throughput of its timed steps over every stint the run spent in it, so that the
+        configuration the run keeps returning to is not judged by its latest stint alone (on a
+        shared machine one stint can time 20% off another, and a latest slow one would make a
+        configuration left long ago look like the best)."""
+        self._record(obs.config, obs.step, samples=self._timed.get(obs.config, []), b_noise=obs.b_noise)
+
+    def _record(self, config: TrainConfig, step: int, *, samples: list[float],
+                b_noise: float | None) -> ConfigRecord | None:  # fmt: skip
+        peak = self.gate.known_peak(config)
+        if not samples or peak is None:
+            return None
+        judged = score(throughput=statistics.median(samples), peak_bytes=peak,
+                       batch_size=config.effective_batch_size, base_batch_size=self.base_batch_size,
+                       noise_scale=b_noise, batch_is_knob=self.adapt_batch)  # fmt: skip
+        # A config judged again keeps its place (dicts keep first insertion order).
+        record = ConfigRecord(step=step, config=config, timed_steps=len(samples), noise_scale=b_noise, score=judged)
+        self.judged[config] = record
+        return record
+
+
+def _change(step: int, current: TrainConfig, target: TrainConfig, proposal: Proposal, source: str,
+            verdict: Verdict) -> Change:  # fmt: skip
+    return Change(step=step, source=source, before=current, after=target, applied=verdict.admitted,
+                  reason=f"{proposal.reason}; {verdict.reason}", predicted_bytes=verdict.predicted,
+                  measured_bytes=verdict.measured)  # fmt: skip
