@@ -16,6 +16,7 @@ from autotune._lazy import lazy_module_attributes
 
 if TYPE_CHECKING:
     from autotune.adapt.adaptive import Adaptive, decision_source
+    from autotune.adapt.decider import Decider
     from autotune.adapt.gate import BudgetGate, Verdict
     from autotune.adapt.records import AdaptStep, Change
     from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
@@ -26,6 +27,7 @@ __all__ = [
     "BudgetGate",
     "Change",
     "DecisionSource",
+    "Decider",
     "FixedConfig",
     "Observation",
     "Proposal",
@@ -37,6 +39,7 @@ __all__ = [
 _LAZY = {
     "Adaptive": "autotune.adapt.adaptive",
     "decision_source": "autotune.adapt.adaptive",
+    "Decider": "autotune.adapt.decider",
     "BudgetGate": "autotune.adapt.gate",
     "Verdict": "autotune.adapt.gate",
     "AdaptStep": "autotune.adapt.records",

@@ -13,7 +13,9 @@ What it changes mid-run, and what it cannot:
   them (and, with the micro-batch fixed, would change the effective batch, which stays the user's).
 * **Not fp16 blocks**: they need a loss scaler inside the Trainer's backward (``args.fp16``).
 
-Every change passes the memory model first and is in :attr:`AutotuneCallback.history`.
+The decisions are :class:`autotune.Adaptive`'s (:class:`autotune.adapt.decider.Decider`): the
+source's plan before the first step, the memory model first, and measurement overruling the
+source (see :mod:`autotune.integrations._live`). Every change is in :attr:`AutotuneCallback.history`.
 """
 
 from __future__ import annotations

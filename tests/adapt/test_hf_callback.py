@@ -80,3 +80,26 @@ def test_a_default_over_the_budget_starts_recomputing_every_block(tmp_path: Path
     assert (change.step, change.source, change.applied, change.after.checkpoint) == (0, "budget", True, True)
     assert change.predicted_bytes is not None and change.predicted_bytes * 1.02 <= callback.live.gate.budget
     assert spy.wrapped == [len(blocks), len(blocks)]
+
+
+def test_the_default_pretrained_policy_adapts_within_what_the_trainer_allows(tmp_path: Path) -> None:
+    entry = CORPUS["hf-gpt2"]
+    wl = entry.build(**entry.tiny)
+    callback = AutotuneCallback(decide_every=2)  # the shipped policy; on the CPU, its start plan
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=8,
+                                          report_to=[], logging_steps=1, save_strategy="no", use_cpu=True,
+                                          disable_tqdm=True, seed=0)  # fmt: skip
+    result = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback]).train()
+    assert math.isfinite(result.training_loss)
+    live = callback.live
+    assert live.gate is not None and live.history  # the plan at least: the simulator's best at micro-batch 4
+    for change in live.history:
+        assert change.source in ("policy", "measured") and change.reason
+        # the Trainer's DataLoader keeps micro-batch 4 and its accumulation: only per-block knobs move
+        assert (change.after.micro_batch_size, change.after.grad_accum_steps) == (4, 1)
+        assert "fp16" not in change.after.block_precisions(len(wl.block_names()))
+        if change.applied:
+            assert live.gate.check(change.after).admitted
+    plan = live.history[0]
+    assert (plan.step, plan.applied) == (0, True) and plan.reason.startswith("the best of the calibrated simulator")
+    assert all("forward" not in m.__dict__ for m in wl.model.modules())

@@ -129,3 +129,20 @@ def test_a_split_change_the_fit_never_reaches_is_logged_refused_and_undone() -> 
     assert (change.step, change.applied) == (8, False)
     assert change.reason.endswith("the run ended before the next epoch boundary")
     assert (module.batch_size, trainer.reload_dataloaders_every_n_epochs, callback.live.pending) == (8, 0, None)
+
+
+def test_the_default_pretrained_policy_adapts_within_the_budget() -> None:
+    entry = CORPUS["lstm-lm"]
+    wl = entry.build(**entry.tiny)
+    module = LitBatched(wl.model, wl.loss_fn, wl.dataset, batch_size=8)
+    callback = AutotuneCallback(decide_every=2)  # the shipped policy; on the CPU, its start plan
+    trainer = _fit(module, [callback])
+    assert math.isfinite(float(trainer.callback_metrics["train_loss"]))
+    live = callback.live
+    assert live.gate is not None and live.history
+    for change in live.history:
+        assert change.source in ("policy", "measured") and change.after.effective_batch_size == 8
+        if change.applied:
+            assert live.gate.check(change.after).admitted
+    assert (module.batch_size * trainer.accumulate_grad_batches, live.pending) == (8, None)
+    assert all("forward" not in m.__dict__ for m in module.modules())

@@ -1,0 +1,49 @@
+"""The framework callbacks' shared core, driven step by step (the framework tests run it inside
+real ``transformers.Trainer`` and ``lightning.Trainer`` loops: tests/adapt)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from autotune import TrainConfig
+from autotune.integrations import _live
+from autotune.integrations._live import LiveKnobs
+from tests.adapt.scripted import Scripted
+from tests.conftest import make_resmlp
+
+A = TrainConfig(micro_batch_size=8, grad_accum_steps=2, grad_clip=None)
+B = dataclasses.replace(A, checkpoint=True)
+
+
+def test_a_proposal_measured_worse_is_left_for_the_configuration_it_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    wl = make_resmlp(n=64)
+    live = LiveKnobs(policy=Scripted([B, B]), memory_budget=None, decide_every=5, blocks=None)
+    live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=2, name="resmlp")
+    # The loop's clock: a step of A takes 0.1 s, one of B (every block recomputed) 1 s, more than
+    # its smaller peak makes up per GiB.
+    clock = [0.0]
+    monkeypatch.setattr(_live.time, "perf_counter", lambda: clock[0])
+    ran = []
+    for step in range(1, 21):
+        ran.append(live.config)
+        live.step_begin()
+        clock[0] += 0.1 if live.config == A else 1.0
+        live.step_end(step, loss=1.0)
+    assert ran == [A] * 5 + [B] * 5 + [A] * 10
+    went, back, again = live.history
+    assert (went.step, went.source, went.after, went.applied) == (5, "scripted", B, True)
+    assert (back.step, back.source, back.before, back.after, back.applied) == (10, "measured", B, A, True)
+    assert re.fullmatch(r"measured [\d.]+ per GiB, not 3% above the [\d.]+ of the configuration it replaced: "
+                        "back to it", back.reason)  # fmt: skip
+    assert (again.step, again.after, again.applied) == (15, B, False)
+    assert again.reason.startswith("scripted; measured at step 10: ")
+    # Judged by the median of each configuration's timed steps (the first after a change left
+    # out) and its verified predicted peak: no step is tracked inside a framework's loop.
+    a, b = live.decider.judged[A], live.decider.judged[B]  # type: ignore[union-attr]
+    assert (a.timed_steps, b.timed_steps) == (13, 4)
+    assert (a.score.throughput, b.score.throughput) == pytest.approx((160.0, 16.0))
+    assert b.score.peak_bytes == live.gate.predict(B)[0] < a.score.peak_bytes  # type: ignore[union-attr,index]
+    live.remove()
