@@ -19,11 +19,16 @@ measured peak, what :class:`autotune.Adaptive` uses when given none):
 its proposals discarded (gradient-noise hooks, the noise split step, the policy's forward),
 steps alternated with a plain default run in the same process (ABBA).
 
+The runs track memory as :class:`autotune.Adaptive` does by default: only configurations without
+a verified prediction (none, on these models). Each configuration a run trained under is
+measured exactly after the runs instead (one MemTracker-tracked step of a fresh copy of the model
+under it, after one that creates the optimizer state; outside the timed steps).
+
 Reported per run: samples/s over all steps (tracked steps, decisions and reconfigurations
-included), the run's highest measured peak (exact MemTracker bytes of each configuration's
-tracked step; an adaptive run's includes the configurations it left), samples/s per GiB of it;
-"settled": the configuration of the run's last steps, the median samples/s of its untracked
-steps (how many in brackets) and its measured peak, and samples/s per GiB of that; the mean loss
+included), the run's highest measured peak (of every configuration it trained under; an adaptive
+run's includes the configurations it left), samples/s per GiB of it; "settled": the configuration
+of the run's last steps, the median samples/s of its untracked steps (how many in brackets) and
+its measured peak, and samples/s per GiB of that; the mean loss
 of the last 5 steps (same effective batch: equal steps are equal samples); the number and wall
 time of reconfigurations. ``--out`` writes every run's decision history and judged configurations as JSON.
 
@@ -161,10 +166,20 @@ def _interleaved(tuners: dict[str, Adaptive], steps: int) -> dict[str, list[floa
     return walls
 
 
-def _summary(tuner: Adaptive, walls: list[float]) -> dict[str, Any]:
+def _exact_peak(name: str, size: str, config: TrainConfig, cache: dict[TrainConfig, int]) -> int:
+    """``config``'s exact peak: a tracked step of a fresh copy of the model, after a warm-up step."""
+    if config not in cache:
+        workload = CORPUS[name].build(**_sizes(name, size))
+        measured = measure(workload, config, steps=1, warmup=1)
+        assert measured.peak_bytes is not None
+        cache[config] = measured.peak_bytes
+    return cache[config]
+
+
+def _summary(tuner: Adaptive, walls: list[float], peak_of: Any) -> dict[str, Any]:
     steps = tuner.steps
     samples = sum(s.samples for s in steps)
-    peak = max(s.peak_bytes for s in steps if s.peak_bytes is not None)
+    peak = max(peak_of(c) for c in {s.config for s in steps})
     applied = [c for c in tuner.history if c.applied]
     settled = steps[-1].config  # what the run's last steps ran under
     tail: list[float] = []
@@ -173,7 +188,7 @@ def _summary(tuner: Adaptive, walls: list[float]) -> dict[str, Any]:
             break
         if s.peak_bytes is None and s.step >= 1:  # untracked steps only
             tail.append(s.samples / wall)
-    settled_peak = tuner.gate.measured[settled]
+    settled_peak = peak_of(settled)
     settled_thr = statistics.median(tail) if tail else float("nan")
     return {
         "thr": samples / sum(walls),
@@ -212,7 +227,12 @@ def _compare(name: str, size: str, args: argparse.Namespace, best: TrainConfig) 
               "per GiB", flush=True)  # fmt: skip
     for change in tuners["study-best"].history:
         print(f"  {name} study-best: {change.describe()}", flush=True)
-    return {k: _summary(t, walls[k]) for k, t in tuners.items()}
+    cache: dict[TrainConfig, int] = {}
+
+    def peak_of(config: TrainConfig) -> int:
+        return _exact_peak(name, size, config, cache)
+
+    return {k: _summary(t, walls[k], peak_of) for k, t in tuners.items()}
 
 
 def _row(name: str, label: str, r: dict[str, Any]) -> str:

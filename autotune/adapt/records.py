@@ -89,11 +89,12 @@ class Change:
 class ConfigRecord:
     """A configuration the run trained under, judged as every searcher judges one.
 
-    Taken at the latest decision made under ``config`` once its peak was measured: ``score`` is
-    :func:`autotune.measurement.objective.score` of the median throughput of its untracked steps
-    (over every stint the run spent in it),
-    its measured peak and the gradient noise scale (goodput only with ``adapt_batch``), the very
-    numbers an environment's reward and a study's recommended trial use.
+    Taken at the latest decision made under ``config`` once its peak was known (measured by a
+    tracked step, or the memory model's verified prediction): ``score`` is
+    :func:`autotune.measurement.objective.score` of the median throughput of its timed steps
+    (over every stint the run spent in it), that peak and the gradient noise scale (goodput only
+    with ``adapt_batch``), the very numbers an environment's reward and a study's recommended
+    trial use.
     """
 
     step: int  # optimizer steps done when it was judged

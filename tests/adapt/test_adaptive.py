@@ -81,7 +81,7 @@ def test_fp32_knob_changes_keep_the_loss_trajectory_of_a_fixed_run() -> None:
 def test_a_budget_below_the_default_peak_is_never_exceeded() -> None:
     budget = int(0.6 * _default_peak())
     default = _fp32(BATCH)
-    tuner, _ = _run(FixedConfig(default), 6, memory_budget=budget, decide_every=2)
+    tuner, _ = _run(FixedConfig(default), 6, memory_budget=budget, decide_every=2, track_memory=True)
     tracked = [s.peak_bytes for s in tuner.steps if s.peak_bytes is not None]
     assert tuner.budget_bytes == budget
     assert tracked and max(tracked) <= budget  # exact MemTracker bytes of real steps
@@ -200,7 +200,7 @@ def test_a_config_measured_over_the_budget_is_left_at_once() -> None:
     wl, opt = _user_objects()
     budget = int(0.8 * _default_peak())
     tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, memory_budget=budget,
-                     policy=Scripted([_fp32(BATCH)]), decide_every=2)  # fmt: skip
+                     policy=Scripted([_fp32(BATCH)]), decide_every=2, track_memory=True)  # fmt: skip
     start = tuner.config
     tuner.gate.predict = lambda config: (1, True)  # type: ignore[method-assignment]  # a prediction that lies
     steps = [tuner.step() for _ in range(4)]
@@ -267,7 +267,7 @@ def test_adaptive_the_envs_and_the_study_judge_the_same_numbers_identically() ->
     from autotune.search.results import summarize
     from autotune.search.space import SearchSpace
 
-    tuner, _ = _run(Scripted([_fp32(8)]), 8, decide_every=4)  # judged at steps 3 and 7
+    tuner, _ = _run(Scripted([_fp32(8)]), 8, decide_every=4, track_memory=True)  # judged at steps 3 and 7
     first, second = tuner.configs
     assert (first.config.micro_batch_size, second.config.micro_batch_size) == (BATCH, 8)
     assert tuner.best is max((first, second), key=lambda r: r.score.per_gib)
@@ -307,7 +307,7 @@ def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
     # A decision every 5 steps; a proposal's first step is tracked, then it is measured side by side
     # with the configuration it replaced (steps alternating, 4 timed steps each, no decision meanwhile).
     tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([slow, slow]),
-                     decide_every=5)  # fmt: skip
+                     decide_every=5, track_memory=True)  # fmt: skip
     # Step times by configuration (the steps themselves are real): 8 x 4 takes 100x as long, far
     # more than its smaller peak can make up per GiB.
     real_step = tuner.trainer.step
@@ -337,7 +337,7 @@ def test_once_measurement_moved_the_run_back_a_noisier_remeasure_does_not_move_i
     fast, slow = _fp32(BATCH), _fp32(8)
     wl, opt = _user_objects()
     tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([slow]),
-                     decide_every=5)  # fmt: skip
+                     decide_every=5, track_memory=True)  # fmt: skip
     real_step = tuner.trainer.step
 
     def step(**kwargs: Any) -> Any:
@@ -357,7 +357,7 @@ def test_a_trial_is_kept_only_if_it_measures_clearly_better_than_the_best() -> N
     a, b, c = _fp32(BATCH), _fp32(8), _fp32(4)
     wl, opt = _user_objects()
     tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([b, c]),
-                     decide_every=5)  # fmt: skip
+                     decide_every=5, track_memory=True)  # fmt: skip
     real_step = tuner.trainer.step
     # Scripted samples/s per GiB of measured peak: b 2% above a (within the 3% margin: a stays the
     # run's configuration, so the run cannot drift on noise), c 10% above (kept).
@@ -488,3 +488,24 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
         f"policy action {far} rated {rated:.2f} of this configuration on the simulator, not tried; an untried "
         f"neighbour ({values[0]:.0f} samples/s per GiB simulated)"
     )
+
+
+def test_by_default_only_a_configuration_without_a_verified_prediction_is_tracked() -> None:
+    a, b = _fp32(BATCH), _fp32(8, True)
+    tuner, _ = _run(Scripted([b]), 6, decide_every=2)
+    # The memory model verified its profile on a real step: every prediction is verified, no step
+    # is tracked (~8x a step on the CPU), and the configurations are judged by their predictions.
+    assert all(s.peak_bytes is None for s in tuner.steps) and tuner.gate.measured == {}
+    assert {r.config: r.score.peak_bytes for r in tuner.configs} == {c: tuner.gate.predict(c)[0] for c in (a, b)}  # type: ignore[index]
+    # Without a profile nothing is verified: each configuration's first full step is tracked.
+    wl, opt = _user_objects()
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=None)
+    tuner.gate.profile = None
+    tuner.gate._predicted.clear()
+    steps = [tuner.step() for _ in range(3)]
+    tuner.close()
+    assert [s.peak_bytes is not None for s in steps] == [False, True, False]
+    assert tuner.gate.measured == {a: steps[1].peak_bytes}
+    with pytest.raises(ConfigError, match=r"^track_memory must be 'unverified', True or 'all', False or 'none', "
+                                          r"but got 'some'\.$"):  # fmt: skip
+        Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=None, track_memory="some")
