@@ -187,8 +187,9 @@ class Decider:
         here, there = per_gib[trial.candidate], per_gib[trial.incumbent]
         if here > (1 + MARGIN) * there:
             return None
-        reason = (f"side by side ({PAIRED_STEPS} steps each): measured {here:.1f} per GiB, not {MARGIN:.0%} above "
-                  f"the {there:.1f} of the configuration it replaced: back to it")  # fmt: skip
+        counts = f"{len(trial.samples[trial.candidate])} steps against {len(trial.samples[trial.incumbent])}"
+        reason = (f"side by side ({counts}): measured {here:.1f} per GiB, not {MARGIN:.0%} above the {there:.1f} of "
+                  "the configuration it replaced: back to it")  # fmt: skip
         return Change(step=step, source="measured", before=trial.candidate, after=trial.incumbent, applied=True,
                       reason=reason, measured_bytes=self.gate.measured.get(trial.incumbent))  # fmt: skip
 

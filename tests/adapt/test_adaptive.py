@@ -324,7 +324,7 @@ def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
     went, back, again = tuner.history
     assert (went.step, went.source, went.after, went.applied) == (5, "scripted", slow, True)
     assert (back.step, back.source, back.before, back.after, back.applied) == (14, "measured", slow, fast, True)
-    assert re.fullmatch(r"side by side \(4 steps each\): measured [\d.]+ per GiB, not 3% above the [\d.]+ of the "
+    assert re.fullmatch(r"side by side \(4 steps against 4\): measured [\d.]+ per GiB, not 3% above the [\d.]+ of the "
                         "configuration it replaced: back to it", back.reason)  # fmt: skip
     assert (again.step, again.source, again.after, again.applied) == (15, "scripted", slow, False)
     assert again.reason.startswith("scripted; measured at step 14: ")
@@ -376,7 +376,7 @@ def test_a_trial_is_kept_only_if_it_measures_clearly_better_than_the_best() -> N
     assert [(ch.step, ch.source, ch.before, ch.after, ch.applied) for ch in tuner.history] == [
         (5, "scripted", a, b, True), (14, "measured", b, a, True), (15, "scripted", a, c, True)]  # fmt: skip
     assert tuner.history[1].reason == (
-        "side by side (4 steps each): measured 1020.0 per GiB, not 3% above the 1000.0 of the configuration it "
+        "side by side (4 steps against 4): measured 1020.0 per GiB, not 3% above the 1000.0 of the configuration it "
         "replaced: back to it"
     )
     assert tuner.best is not None and tuner.best.config == c
