@@ -144,7 +144,8 @@ class Decider:
     # ---- while the run trains ----------------------------------------------------------------------
 
     def timed(self, config: TrainConfig, throughput: float) -> None:
-        """One timed step of ``config`` (samples/s): not a tracked step, not a first one after a change."""
+        """One timed step of ``config`` (samples/s): not a tracked step (nor, in a framework's
+        loop, the first after a change, which pays for it)."""
         self._recent.append(throughput)
         self._timed.setdefault(config, []).append(throughput)
         if self.trial is not None and config in self.trial.samples:
@@ -186,6 +187,7 @@ class Decider:
             per_gib[config] = side.per_gib
         here, there = per_gib[trial.candidate], per_gib[trial.incumbent]
         if here > (1 + MARGIN) * there:
+            self._recent = list(trial.samples[trial.candidate])  # what the next observation reads
             return None
         counts = f"{len(trial.samples[trial.candidate])} steps against {len(trial.samples[trial.incumbent])}"
         reason = (f"side by side ({counts}): measured {here:.1f} per GiB, not {MARGIN:.0%} above the {there:.1f} of "

@@ -114,6 +114,8 @@ def test_side_by_side_trials_alternate_and_judge_the_pairs() -> None:
     # tracked B, then alternating, ending on the candidate with PAIRED_STEPS timed steps each
     assert ran == [B] + [A, B] * PAIRED_STEPS
     assert decider.trial is None and [r.config for r in decider.judged.values()] == [A, B]
+    # kept: the next observation reads the candidate's own steps, not the incumbent's beside them
+    assert decider.observation(step=29, config=B, b_noise=None, losses=()).throughput == 110.0
     # The next proposal (C: twice the memory) is kept only if it beats B side by side; it does not.
     change = decider.decide(_obs(29, B))
     assert change is not None and change.after == C
