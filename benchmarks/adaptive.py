@@ -19,8 +19,8 @@ measured peak, what :class:`autotune.Adaptive` uses when given none):
 its proposals discarded (gradient-noise hooks, the noise split step, the policy's forward),
 steps alternated with a plain default run in the same process (ABBA).
 
-The runs track memory as :class:`autotune.Adaptive` does by default: only configurations without
-a verified prediction (none, on these models). Each configuration a run trained under is
+The runs track memory as :class:`autotune.Adaptive` does by default: only configurations whose
+prediction the budget gate does not trust (none, on these models). Each configuration a run trained under is
 measured exactly after the runs instead (one MemTracker-tracked step of a fresh copy of the model
 under it, after one that creates the optimizer state; outside the timed steps).
 

@@ -6,8 +6,8 @@ DeepSpeed ranks instead (:class:`autotune.adapt.ranks.RankLoop`), where the ZeRO
 too. Either way, every ``decide_every`` steps a decision source (the pretrained policy, a fixed
 configuration, a user's policy file, any :class:`DecisionSource`) may propose another
 configuration; the budget gate (:mod:`autotune.adapt.gate`) admits it only if its peak memory
-(per rank) is known to fit. The first step under a configuration whose prediction is not
-verified runs under exact memory tracking (1.1-15x a step, once per configuration; every
+(per rank) is known to fit. The first step under a configuration whose prediction the gate
+does not trust runs under exact memory tracking (1.1-15x a step, once per configuration; every
 configuration with ``track_memory=True``, and on ranks); a configuration measured over the
 budget is left at once. The decisions themselves are :class:`autotune.adapt.decider.Decider`'s, which the
 framework callbacks share: on the local loop a proposal is measured side by side with the
@@ -109,11 +109,11 @@ class Adaptive:
             user's loop decides that).
         track_memory: Which configurations' first step runs under exact memory tracking (their
             measured bytes then replace the prediction, and one measured over the budget is left
-            at once): ``"unverified"`` (default) those the memory model has no verified
-            prediction for (a verified one was within 0.03% of the measured peak on the local
-            runner, under the gate's 2% headroom, while a tracked step costs ~8x a step on the
-            CPU here: ``benchmarks/adaptive.py``), True or ``"all"`` every one, False or
-            ``"none"`` none (then only verified predictions admit).
+            at once): ``"unverified"`` (default) those whose prediction the gate does not trust
+            (:meth:`BudgetGate.trusts`: verified, by a check against a real step that came within
+            the gate's 2% headroom; within 1e-6 on the corpus models, while a tracked step costs
+            1.1-15x a step on the CPU), True or ``"all"`` every one, False or ``"none"`` none
+            (then only verified predictions admit).
     """
 
     def __init__(
@@ -401,8 +401,7 @@ class Adaptive:
 
     def _tracks(self, config: TrainConfig) -> bool:
         if self.track_memory == "unverified":
-            predicted = self.gate.predict(config)
-            return predicted is None or not predicted[1]
+            return not self.gate.trusts(config)
         return self.track_memory == "all"
 
     def _decide(self) -> None:

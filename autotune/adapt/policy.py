@@ -124,7 +124,12 @@ class PolicySource(DecisionSource):
         started = time.perf_counter()
         try:
             profile = quick_profile(context.workload)
-        except ProposalError:
+        except ProposalError as e:  # the run starts where the budget put it, and says why
+            import warnings
+
+            from autotune.errors import AutotuneWarning
+
+            warnings.warn(AutotuneWarning(f"no start plan: {e}"), stacklevel=2)
             return None
 
         def admits(knobs: Knobs) -> bool:

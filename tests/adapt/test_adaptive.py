@@ -151,6 +151,25 @@ def test_the_plan_is_off_on_a_gpu_unless_asked_for() -> None:
     assert PolicySource(plan=False).plan(dataclasses.replace(context, device_type="cpu")) is None
 
 
+def test_a_model_the_simulator_cannot_profile_starts_without_a_plan_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune.policies import transfer
+
+    from autotune.adapt.policy import PolicySource
+    from autotune.errors import AutotuneWarning, ProposalError
+
+    def fails(workload: Workload) -> Any:
+        raise ProposalError("the memory model predicts 55 B, which measured 52 B (more than 5% off)")
+
+    monkeypatch.setattr(transfer, "quick_profile", fails)
+    wl, opt = _user_objects()
+    with pytest.warns(AutotuneWarning, match=r"^no start plan: the memory model predicts 55 B, which measured 52 B"):
+        tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=PolicySource())
+    tuner.close()
+    assert tuner.config == _fp32(BATCH) and tuner.history == ()
+
+
 def test_batch_grows_only_when_the_noise_scale_supports_it() -> None:
     config = _fp32(8)
     obs = Observation(step=4, config=config, throughput=1.0, peak_bytes=1, b_noise=1000.0, losses=(1.0,))
@@ -497,6 +516,18 @@ def test_by_default_only_a_configuration_without_a_verified_prediction_is_tracke
     # is tracked (~8x a step on the CPU), and the configurations are judged by their predictions.
     assert all(s.peak_bytes is None for s in tuner.steps) and tuner.gate.measured == {}
     assert {r.config: r.score.peak_bytes for r in tuner.configs} == {c: tuner.gate.predict(c)[0] for c in (a, b)}  # type: ignore[index]
+    # A profile whose check against a real step came further off than the gate's 2% headroom
+    # (verified: within 5%) is not trusted: each configuration's first full step is tracked.
+    wl, opt = _user_objects()
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=None)
+    assert tuner.gate.profile is not None and tuner.gate.profile.verification is not None
+    assert tuner.gate.trusts(a)
+    check = dataclasses.replace(tuner.gate.profile.verification, relative_error=0.03)
+    tuner.gate.profile = dataclasses.replace(tuner.gate.profile, verification=check)
+    assert tuner.gate.predict(a) is not None and tuner.gate.predict(a)[1] and not tuner.gate.trusts(a)  # type: ignore[index]
+    steps = [tuner.step() for _ in range(3)]
+    tuner.close()
+    assert [s.peak_bytes is not None for s in steps] == [False, True, False]
     # Without a profile nothing is verified: each configuration's first full step is tracked.
     wl, opt = _user_objects()
     tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=None)
