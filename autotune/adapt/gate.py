@@ -152,9 +152,9 @@ class BudgetGate:
         """Whether ``config``'s prediction may stand in for a measurement: verified, and its
         profile's check against a real step came within the headroom. "Verified" alone allows
         5% (:data:`autotune.memory.check.TOLERANCE`), more than the headroom covers, and the
-        error can grow with the micro-batch: a Hugging Face Mistral after ``transformers.Trainer``
-        set its ``use_cache`` to False was checked 2.3% over at micro-batch 2 and predicted 6%
-        over at 16. On the corpus models the check came within 1e-6."""
+        error can grow with the micro-batch: a Hugging Face Mistral without a cache (before
+        :mod:`autotune.memory.fake_branches`) was checked 2.3% over at micro-batch 2 and
+        predicted 6% over at 16. On the corpus models the check came within 1e-6."""
         predicted = self.predict(config)
         check = self.profile.verification if self.profile is not None else None
         if predicted is None or not predicted[1] or check is None or check.relative_error is None:

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from autotune.config import Precision
 from autotune.errors import AutotuneError, PredictionError, one_line
 from autotune.memory.blocks import _first_batch
+from autotune.memory.fake_branches import RealBranches
 from autotune.memory.fake_workspaces import RealWorkspaces
 from autotune.train.wrappers import apply_block_knobs
 from autotune.workload import Workload
@@ -315,7 +316,8 @@ def _profile_run(
             if weights is not None:
                 batch = tree_map_only(torch.Tensor, lambda t: t.to(weights) if t.is_floating_point() else t, batch)
             # RealWorkspaces below the tracker: it must see the real sizes (LSTM workspaces).
-            with RealWorkspaces(), tracker:
+            # RealBranches: transformers' mask checks answered from the real batch.
+            with RealBranches(real_batch), RealWorkspaces(), tracker:
                 with saving:
                     loss = workload.loss_fn(model, batch)
                 loss.backward()
