@@ -329,7 +329,7 @@ class Adaptive:
 
     @property
     def configs(self) -> tuple[ConfigRecord, ...]:
-        """Every configuration judged so far (measured peak and throughput), in the order first run."""
+        """Every configuration judged so far (known peak and throughput), in the order first run."""
         return tuple(self.decider.judged.values())
 
     @property

@@ -200,8 +200,8 @@ class PolicySource(DecisionSource):
         self._proposed.add(config)
         rated = self._rated(moved, levels, observation.config.effective_batch_size)
         if rated is not None and rated < _NEIGHBOUR_WITHIN:
-            # A real trial of it would cost a tracked step and a stint at a configuration this
-            # model's own calibrated simulator rates well below where the run is.
+            # A real trial of it would cost steps at a configuration this model's own calibrated
+            # simulator rates well below where the run is.
             return self._neighbour(observation, levels, f"policy action {action} rated {rated:.2f} of this "
                                    "configuration on the simulator, not tried; ")  # fmt: skip
         return Proposal(config=config, reason=f"policy action {action}")
@@ -243,18 +243,14 @@ class PolicySource(DecisionSource):
         if self._reduced_ok:
             moves.append((1, 1, 2, 1, 0))
         batch = observation.config.effective_batch_size
-
-        def simulated(knobs: KnobLevels) -> float:
-            return self._simulated(knobs, batch)
-
-        floor = _NEIGHBOUR_WITHIN * simulated(levels)
+        floor = _NEIGHBOUR_WITHIN * self._simulated(levels, batch)
         ranked: list[tuple[float, TrainConfig]] = []
         for move in moves:
             moved = apply_action(levels, move, max_zero_stage=0)
             config = knobs_to_config(moved, self._context.ranking, base=observation.config)
             if config in self._proposed or config == observation.config or not self._context.admits(config):
                 continue
-            value = simulated(moved)
+            value = self._simulated(moved, batch)
             if value >= floor:
                 ranked.append((value, config))
         if not ranked:

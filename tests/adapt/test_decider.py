@@ -68,12 +68,18 @@ def test_a_trial_no_better_than_the_best_goes_back_and_is_not_proposed_again() -
     assert [c.source for c in decider.history] == ["scripted", "measured", "scripted"]
 
 
-def test_a_trial_clearly_better_is_kept_and_judged_once() -> None:
+def _moved_to_b() -> Decider:
+    """A run at A (3 timed steps of 100 samples/s, 1 GiB) that moved to B (1 GiB) at step 9."""
     decider = _decider(Scripted([B]), _gate({A: GIB, B: GIB}))
     _time(decider, A, 100.0, 100.0, 100.0)
     change = decider.decide(_obs(9, A))
-    assert change is not None
+    assert change is not None and change.after == B
     decider.moved(change)
+    return decider
+
+
+def test_a_trial_clearly_better_is_kept_and_judged_once() -> None:
+    decider = _moved_to_b()
     _time(decider, B, 104.0, 104.0, 104.0)  # 4% better
     assert decider.decide(_obs(19, B)) is None
     _time(decider, B, 90.0, 90.0, 90.0, 90.0)  # a slow stint later: the trial was decided once
@@ -83,11 +89,7 @@ def test_a_trial_clearly_better_is_kept_and_judged_once() -> None:
 
 
 def test_a_trial_is_decided_only_on_enough_timed_steps() -> None:
-    decider = _decider(Scripted([B]), _gate({A: GIB, B: GIB}))
-    _time(decider, A, 100.0, 100.0, 100.0)
-    change = decider.decide(_obs(9, A))
-    assert change is not None
-    decider.moved(change)
+    decider = _moved_to_b()
     _time(decider, B, 50.0, 50.0)  # two steps: not trusted yet
     assert decider.decide(_obs(19, B)) is None
     _time(decider, B, 50.0)
