@@ -1,4 +1,4 @@
-"""The memory model on Hugging Face architectures nobody here wrote, trained without a cache.
+"""The memory model on Hugging Face decoder architectures nobody here wrote, trained without a cache.
 
 Each model is built from its transformers config class with random weights (2 layers, width 64,
 no download), ``use_cache=False`` as ``transformers.Trainer`` leaves it, and trained on random
@@ -27,6 +27,8 @@ from autotune.zoo.hf import hf_loss
 _COMMON = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64}
 #: (config class, model class, extra config) by name: small, and as their configs spell sizes.
 _MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                {"intermediate_size": 128, "num_hidden_layers": 2, "num_key_value_heads": 2}),
     "phi": ("PhiConfig", "PhiForCausalLM", {"intermediate_size": 128, "num_hidden_layers": 2}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM",
               {"intermediate_size": 128, "num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16}),
