@@ -113,8 +113,13 @@ def estimate_table(workload: str, config: TrainConfig, e: MemoryEstimate, budget
     if v is None:
         table.add_row("verified", "no", "not checked against a real step")
     else:
-        measured = "step failed" if v.measured is None else format_bytes(v.measured)
-        note = f"micro {v.config.micro_batch_size}, fp32: predicted {format_bytes(v.predicted)}, measured {measured}"
+        from autotune.memory.check import describe_check
+
+        if v.kind in ("composition", "unchecked"):
+            note = f"{v.reason}"
+        else:
+            measured = "step failed" if v.measured is None else format_bytes(v.measured)
+            note = f"{describe_check(v)}: predicted {format_bytes(v.predicted)}, measured {measured}"
         table.add_row("verified", "yes" if v.verified else "NO (UNVERIFIED)", note)
     if budget is not None:
         verdict = "fits" if e.fits(budget) else "DOES NOT FIT"

@@ -20,6 +20,7 @@ from autotune.errors import ConfigError, PredictionError, PredictionWarning
 from autotune.units import MemoryBudget, parse_memory_budget
 
 if TYPE_CHECKING:
+    from autotune.memory.model import MemoryEstimate
     from autotune.memory.profile import MemoryProfile
     from autotune.workload import Workload
 
@@ -103,7 +104,7 @@ class BudgetGate:
         self.profile = profile
         self.device_type = device_type
         self.measured: dict[TrainConfig, int] = {}
-        self._predicted: dict[TrainConfig, tuple[int, bool]] = {}
+        self._predicted: dict[TrainConfig, MemoryEstimate] = {}
 
     @classmethod
     def build(
@@ -139,13 +140,19 @@ class BudgetGate:
 
     def predict(self, config: TrainConfig) -> tuple[int, bool] | None:
         """(predicted peak bytes, verified), or None without a profile."""
+        estimate = self.estimate(config)
+        return None if estimate is None else (estimate.total, estimate.verified)
+
+    def estimate(self, config: TrainConfig) -> MemoryEstimate | None:
+        """The memory model's prediction of ``config`` (memoized), or None without a profile."""
         if self.profile is None:
             return None
         if config not in self._predicted:
             from autotune.memory.model import predict_memory
 
-            estimate = predict_memory(self.workload, config, profile=self.profile, device_type=self.device_type)
-            self._predicted[config] = (estimate.total, estimate.verified)
+            self._predicted[config] = predict_memory(
+                self.workload, config, profile=self.profile, device_type=self.device_type
+            )
         return self._predicted[config]
 
     def trusts(self, config: TrainConfig) -> bool:
@@ -154,10 +161,12 @@ class BudgetGate:
         5% (:data:`autotune.memory.check.TOLERANCE`), more than the headroom covers, and the
         error can grow with the micro-batch: a Hugging Face Mistral without a cache (before
         :mod:`autotune.memory.fake_branches`) was checked 2.3% over at micro-batch 2 and
-        predicted 6% over at 16. On the corpus models the check came within 1e-6."""
-        predicted = self.predict(config)
-        check = self.profile.verification if self.profile is not None else None
-        if predicted is None or not predicted[1] or check is None or check.relative_error is None:
+        predicted 6% over at 16. On the corpus models the check came within 1e-6. The check is
+        the one covering ``config``'s kind (:func:`autotune.memory.check.covering`): a recomputed
+        configuration's is the recompute check's."""
+        estimate = self.estimate(config)
+        check = estimate.verification if estimate is not None else None
+        if estimate is None or not estimate.verified or check is None or check.relative_error is None:
             return False
         return abs(check.relative_error) <= self.headroom
 

@@ -1,18 +1,29 @@
-"""Check a memory profile against one real, exactly tracked training step.
+"""Check a memory profile against real, exactly tracked training steps, one per kind of configuration.
 
 A fake-tensor profile is only as faithful as the meta kernels it runs through (an LSTM's oneDNN
-workspace was invisible to it until :mod:`autotune.memory.fake_workspaces`), and the next model nobody
-here wrote may use another kernel whose meta version allocates differently. So the profile of a
-workload is checked once, on the cheapest configuration that exercises it: the local runner,
-fp32, no checkpointing, at the profile's larger micro-batch size. Prediction and measurement
-disagreeing by more than :data:`TOLERANCE` makes the profile *unverified*: a warning names the
-workload and both figures, and callers that act on predictions (a study pruning trials) measure
-instead.
+workspace was invisible to it until :mod:`autotune.memory.fake_workspaces`), and the composition
+of per-block knobs is only as right as its picture of the model (a layer shared by two block
+positions, a skip connection: :mod:`autotune.memory.structure`). So each *kind* of configuration
+the profile can predict is checked on one real step before a prediction of that kind is trusted:
+
+* ``default``: fp32, nothing recomputed, at the profile's larger micro-batch size;
+* ``recompute``: every other block recomputed (every block, when the blocks are not a chain), at
+  the smaller micro-batch size: a block recomputed next to one that is not is where composing
+  per-block savings goes wrong;
+* ``bf16`` / ``fp16``: every other block an autocast island (every block, likewise), for each
+  reduced precision the profile holds.
+
+A configuration is verified only if every kind it uses was checked and agreed within
+:data:`TOLERANCE` (:func:`covering`); on a model whose blocks are not a chain, a configuration that
+treats blocks differently is unverified whatever the checks said, because the composition does
+not hold there. An unverified prediction is never acted on: a study measures the configuration
+instead of pruning it, the budget gate refuses it until measured, ``predict`` prints UNVERIFIED.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +31,11 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionWarning, one_line
 
 if TYPE_CHECKING:
+    from autotune.memory.model import Plan
     from autotune.memory.profile import MemoryProfile
     from autotune.workload import Workload
 
-__all__ = ["TOLERANCE", "Verification", "verify_profile"]
+__all__ = ["TOLERANCE", "Verification", "check_configs", "covering", "unverified_message", "verify_profile"]
 
 #: The memory model's target: predictions within 5% of the measured peak.
 TOLERANCE = 0.05
@@ -33,9 +45,11 @@ TOLERANCE = 0.05
 class Verification:
     """A profile's prediction for ``config`` next to the peak one real step of it held.
 
-    ``predicted``/``measured``: peak tensor bytes (``measured`` is None if the real step failed).
-    ``relative_error``: (predicted - measured) / measured. ``verified``: both known and within
-    :data:`TOLERANCE`; otherwise ``reason`` says what went wrong.
+    ``kind``: the kind of configuration it stands for (see the module docstring), or
+    ``"composition"`` / ``"unchecked"`` for a configuration no check can stand for (``measured``
+    None). ``predicted``/``measured``: peak tensor bytes (``measured`` is None if the real step
+    failed or none ran). ``relative_error``: (predicted - measured) / measured. ``verified``: both
+    known and within :data:`TOLERANCE`; otherwise ``reason`` says what went wrong.
     """
 
     config: TrainConfig
@@ -44,6 +58,7 @@ class Verification:
     relative_error: float | None
     verified: bool
     reason: str | None
+    kind: str = "default"
 
     def __post_init__(self) -> None:
         if self.verified == (self.reason is not None):
@@ -54,6 +69,7 @@ class Verification:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "kind": self.kind,
             "config": self.config.to_dict(),
             "predicted": self.predicted,
             "measured": self.measured,
@@ -63,43 +79,142 @@ class Verification:
         }
 
 
-def verify_profile(workload: Workload, profile: MemoryProfile, *, tolerance: float = TOLERANCE) -> Verification:
-    """Predict the check config from ``profile`` (which must have the fp32 mode) and measure one
-    real step of it; warn (:class:`PredictionWarning`) if they disagree or the step fails.
+def check_configs(profile: MemoryProfile) -> dict[str, TrainConfig]:
+    """The configuration each kind is checked on, for the kinds ``profile`` can predict."""
+    n = len(profile.names)
+    small, large = profile.micro_batch_sizes
+    chain = profile.structure is None or profile.structure.chain
+    # Alternate blocks exercise the composition at every boundary; where it does not hold (not a
+    # chain), only uniform configurations can be verified, so the check is uniform too.
+    some = tuple(i % 2 == 0 or not chain for i in range(n))
+    out = {"default": TrainConfig(micro_batch_size=large)}
+    if profile.modes["fp32"].checkpointed is not None:
+        out["recompute"] = TrainConfig(micro_batch_size=small, checkpoint=some)
+    for mode in ("bf16", "fp16"):
+        if mode in profile.modes:
+            precision = tuple(mode if x else "fp32" for x in some)
+            out[mode] = TrainConfig(micro_batch_size=small, precision=precision)  # type: ignore[arg-type]
+    return out
 
-    Cost: two real optimizer steps of the workload at the profile's larger micro-batch size (the
-    first creates the optimizer state the prediction counts; the second runs under MemTracker,
-    ~2x a plain step), on the CPU. Callers that measure every config anyway pass ``verify=False``
-    to :func:`autotune.memory.profile.profile_memory` and skip it.
+
+def verify_profile(
+    workload: Workload, profile: MemoryProfile, *, tolerance: float = TOLERANCE, done: Sequence[Verification] = ()
+) -> tuple[Verification, ...]:
+    """Check each kind of :func:`check_configs` not already in ``done`` on one real step; warn
+    (:class:`PredictionWarning`) for each that disagrees or fails, and once if the blocks are not
+    a chain. Returns ``done`` and the new checks.
+
+    Cost: per kind, two real optimizer steps of the workload on the CPU (the first creates the
+    optimizer state the prediction counts; the second runs under MemTracker, ~2x a plain step):
+    up to four kinds, the default at the profile's larger micro-batch size, the rest at the
+    smaller one. Callers that measure every config anyway pass ``verify=False`` to
+    :func:`autotune.memory.profile.profile_memory` and skip it.
     """
     from autotune.memory.model import predict_memory
 
-    config = TrainConfig(micro_batch_size=profile.micro_batch_sizes[1])
-    predicted = predict_memory(workload, config, profile=profile).total
-    measured, failure = _measure_one_step(workload, config)
-    error = None if measured is None else (predicted - measured) / measured
-    reason = failure
-    if error is not None and abs(error) > tolerance:
-        reason = f"the prediction is {abs(error):.1%} {'above' if error > 0 else 'below'} the measured peak"
-    result = Verification(
-        config=config,
-        predicted=predicted,
-        measured=measured,
-        relative_error=error,
-        verified=reason is None,
-        reason=reason,
+    checked = {v.kind for v in done}
+    new: list[Verification] = []
+    for kind, config in check_configs(profile).items():
+        if kind in checked:
+            continue
+        predicted = predict_memory(workload, config, profile=profile).total
+        measured, failure = _measure_one_step(workload, config)
+        error = None if measured is None else (predicted - measured) / measured
+        reason = failure
+        if error is not None and abs(error) > tolerance:
+            reason = f"the prediction is {abs(error):.1%} {'above' if error > 0 else 'below'} the measured peak"
+        result = Verification(
+            kind=kind,
+            config=config,
+            predicted=predicted,
+            measured=measured,
+            relative_error=error,
+            verified=reason is None,
+            reason=reason,
+        )
+        if not result.verified:
+            warnings.warn(PredictionWarning(unverified_message(workload.name, result)), stacklevel=3)
+        new.append(result)
+    structure = profile.structure
+    if not done and structure is not None and not structure.chain:
+        warnings.warn(
+            PredictionWarning(
+                f"workload {workload.name!r}: {structure.describe()}: configurations that treat blocks "
+                "differently are predicted unverified (measured, never admitted on the prediction)."
+            ),
+            stacklevel=3,
+        )
+    return (*done, *new)
+
+
+def covering(profile: MemoryProfile, config: TrainConfig, plan: Plan, predicted: int) -> Verification | None:
+    """The check that decides whether ``config``'s prediction (``predicted`` bytes) is verified.
+
+    None if the profile was not checked at all. Otherwise: a configuration that treats blocks
+    differently on blocks that are not a chain is unverified (``kind="composition"``); one using
+    a kind no check covered is unverified (``kind="unchecked"``); else the first of its kinds'
+    checks that failed, or, when all agreed, the one furthest off (what a caller's headroom must
+    cover). DeepSpeed's 16-bit engines are covered by the default check, as their model states
+    follow ZeRO's formulas and their activations the same fake runs.
+    """
+    if not profile.checks:
+        return None
+    structure = profile.structure
+    mixed = len(set(zip(plan.block_modes, plan.checkpoints, strict=True))) > 1
+    if structure is not None and not structure.chain and mixed:
+        reason = f"{structure.describe()}: per-block configurations are composed for chain-shaped blocks only"
+        return _unverified("composition", config, predicted, reason)
+    kinds = ["default", *(["recompute"] if any(plan.checkpoints) else [])]
+    kinds += sorted({m for m in plan.block_modes if m in ("bf16", "fp16")})
+    checks = {v.kind: v for v in profile.checks}
+    missing = [k for k in kinds if k not in checks]
+    if missing:
+        return _unverified("unchecked", config, predicted, f"no real step checked {_KINDS[missing[0]]} configurations")
+    relevant = [checks[k] for k in kinds]
+    failed = [v for v in relevant if not v.verified]
+    if failed:
+        return failed[0]
+    return max(relevant, key=lambda v: abs(v.relative_error or 0.0))
+
+
+_KINDS = {"default": "fp32", "recompute": "recomputed", "bf16": "bf16", "fp16": "fp16"}
+
+
+def _unverified(kind: str, config: TrainConfig, predicted: int, reason: str) -> Verification:
+    return Verification(
+        kind=kind, config=config, predicted=predicted, measured=None, relative_error=None, verified=False, reason=reason
     )
-    if not result.verified:
-        warnings.warn(PredictionWarning(unverified_message(workload.name, result)), stacklevel=3)
-    return result
+
+
+def describe_check(v: Verification) -> str:
+    """What the check ran, e.g. ``"micro-batch 2, blocks 0, 2 recomputed, local"``."""
+    c = v.config
+    n = len(c.checkpoint) if isinstance(c.checkpoint, tuple) else None
+    parts = [f"micro-batch {c.micro_batch_size}"]
+    if v.kind == "recompute" and isinstance(c.checkpoint, tuple):
+        parts.append(f"blocks {_which(c.checkpoint)} recomputed")
+    elif v.kind in ("bf16", "fp16") and isinstance(c.precision, tuple):
+        parts.append(f"{v.kind} on blocks {_which(tuple(p != 'fp32' for p in c.precision))}")
+    elif n is None:
+        parts.append("fp32")
+    return ", ".join([*parts, "local"])
+
+
+def _which(flags: tuple[bool, ...]) -> str:
+    return ", ".join(str(i) for i, f in enumerate(flags) if f)
 
 
 def unverified_message(workload: str, v: Verification) -> str:
     """One line: the workload, both figures and the reason."""
+    if v.kind in ("composition", "unchecked"):
+        return (
+            f"memory prediction for workload {workload!r} is unverified: predicted {v.predicted} bytes: "
+            f"{v.reason}; the configuration will be measured, not admitted on the prediction."
+        )
     measured = "the real step failed" if v.measured is None else f"measured {v.measured} bytes"
     return (
         f"memory prediction for workload {workload!r} is unverified: predicted {v.predicted} bytes, "
-        f"{measured} (micro-batch {v.config.micro_batch_size}, fp32, local): {v.reason}; "
+        f"{measured} ({describe_check(v)}): {v.reason}; "
         "configurations will be measured, not pruned on the prediction."
     )
 

@@ -68,8 +68,9 @@ class MemoryEstimate(MemoryBreakdown):
     ``phase`` is where the peak is predicted; ``ranks`` the data-parallel ranks it assumes.
     A prediction, not a measurement: compare with :attr:`Measurement.memory`.
 
-    ``verified``: the profile behind it was checked against one real step and agreed within 5%
-    (``verification`` holds the figures; None if the profile was not checked). Act on an
+    ``verified``: the profile behind it was checked against a real step of each kind of
+    configuration this one uses, and each agreed within 5% (``verification`` holds the deciding
+    check, :func:`autotune.memory.check.covering`; None if the profile was not checked). Act on an
     unverified prediction (prune, skip) only knowing that it may be wrong: measure instead.
     """
 
@@ -167,7 +168,9 @@ def predict_memory(
     if any(profile.modes[mode].checkpointed is None for mode in recomputed):
         raise ConfigError("predict_memory: the profile has no checkpointed runs; profile with checkpointed=True.")
     estimate = _Predictor(workload, config, plan, profile).peak()
-    check = profile.verification
+    from autotune.memory.check import covering
+
+    check = covering(profile, config, plan, estimate.total)
     return dataclasses.replace(estimate, verified=check is not None and check.verified, verification=check)
 
 

@@ -42,6 +42,7 @@ from autotune.workload import Workload
 
 if TYPE_CHECKING:
     from autotune.memory.check import Verification
+    from autotune.memory.structure import BlockStructure
 
 __all__ = ["BlockSaves", "MODES", "MemoryProfile", "ModeProfile", "Moment", "Window", "profile_memory"]
 
@@ -135,8 +136,10 @@ class MemoryProfile:
             8 for Adam's two moments (plus the step counter's share).
         flat_step_ratio: What a step on that flat parameter allocates, per byte of the parameter.
         modes: One :class:`ModeProfile` per profiled mode (see ``MODES``).
-        verification: The profile's prediction checked against one real step
-            (:func:`autotune.memory.check.verify_profile`), or None if not checked.
+        structure: How the blocks are joined (:func:`autotune.memory.structure.detect_structure`):
+            where they are not a chain, configurations that treat blocks differently are unverified.
+        checks: The profile's predictions checked against real steps, one per kind of
+            configuration (:func:`autotune.memory.check.verify_profile`); empty if not checked.
     """
 
     names: tuple[str, ...]
@@ -149,7 +152,13 @@ class MemoryProfile:
     flat_state_ratio: float
     flat_step_ratio: float
     modes: dict[str, ModeProfile]
-    verification: Verification | None = None
+    structure: BlockStructure | None = None
+    checks: tuple[Verification, ...] = ()
+
+    @property
+    def verification(self) -> Verification | None:
+        """The check of the default configuration (fp32, nothing recomputed), or None."""
+        return next((v for v in self.checks if v.kind == "default"), None)
 
 
 def profile_memory(
@@ -170,10 +179,10 @@ def profile_memory(
     this is cheap for any model size: under a second of Python per run (four per mode: two sizes,
     plain and checkpointed), mostly MemTracker's bookkeeping.
 
-    ``verify=True`` (the default) then checks the profile against one real step
-    (:func:`autotune.memory.check.verify_profile`: two real steps at micro-batch
-    ``micro_batch_sizes[1]``, the fp32 mode profiled too if not asked for) and records the
-    result in ``verification``, warning (:class:`PredictionWarning`) if they disagree. A model
+    ``verify=True`` (the default) then checks the profile against real steps, one per kind of
+    configuration it can predict (:func:`autotune.memory.check.verify_profile`: two real steps
+    each, the fp32 mode profiled too if not asked for) and records them in ``checks``, warning
+    (:class:`PredictionWarning`) where they disagree. A model
     the fake run cannot go through (a data-dependent operation, an operator without a meta
     kernel) raises :class:`PredictionError` with the reason.
     """
@@ -191,11 +200,14 @@ def profile_memory(
     # means "cannot predict", with the reason, never a traceback in the caller.
     except Exception as e:
         raise PredictionError(f"cannot profile workload {workload.name!r} under fake tensors: {one_line(e)}") from e
+    from autotune.memory.structure import detect_structure
+
+    profile = dataclasses.replace(profile, structure=detect_structure(workload))
     if not verify:
         return profile
     from autotune.memory.check import verify_profile
 
-    return dataclasses.replace(profile, verification=verify_profile(workload, profile))
+    return dataclasses.replace(profile, checks=verify_profile(workload, profile))
 
 
 def _profile(

@@ -87,13 +87,15 @@ class _Predictor:
         if not needed <= have:
             modes = tuple(sorted(needed | have))
             try:
-                # Verified once per workload (one real step); a profile grown later for a new
-                # mode keeps the first check, whose figures do not depend on the modes.
+                # Checked once per workload and kind of configuration: a profile grown later for
+                # a new mode keeps its checks and runs only the new kinds' (a reduced precision).
                 if current is None:
                     current = profile_memory(workload, modes=modes)
                 else:
+                    from autotune.memory.check import verify_profile
+
                     grown = profile_memory(workload, modes=modes, verify=False)
-                    current = dataclasses.replace(grown, verification=current.verification)
+                    current = dataclasses.replace(grown, checks=verify_profile(workload, grown, done=current.checks))
             except PredictionError as e:
                 warnings.warn(PredictionWarning(f"{e}; configurations will be measured, not pruned."), stacklevel=3)
                 self.failures[id(workload)] = e
