@@ -275,6 +275,7 @@ class Adaptive:
         self.trainer = loop(start, wants_noise)  # the ranks start here: after every check above
         self._noise = wants_noise and self.trainer.noise is not None
         self.steps: list[AdaptStep] = []
+        self._ran: set[TrainConfig] = set()  # configurations that ran a step in this process
         if change is not None:
             self.decider.started(change)
 
@@ -383,8 +384,11 @@ class Adaptive:
             result = t.step(split=2)  # two batch sizes for the noise estimate: same gradient
         else:
             result = t.step()
-            if index >= 1:
+            # A configuration's first step in this process pays one-time costs (oneDNN kernels
+            # compiled per new shape and dtype, cuDNN autotuning, allocator growth): never timed.
+            if index >= 1 and config in self._ran:
                 self.decider.timed(config, result.samples / result.seconds)
+        self._ran.add(config)
         record = AdaptStep(step=index, loss=result.loss, samples=result.samples, seconds=result.seconds, lr=result.lr,
                            config=config, peak_bytes=peak)  # fmt: skip
         self.steps.append(record)

@@ -31,6 +31,7 @@ from autotune.adapt.batch import grow_batch
 from autotune.adapt.records import Change, ConfigRecord
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
 from autotune.measurement.objective import score
+from autotune.measurement.sidebyside import Timing, separated
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -44,8 +45,11 @@ __all__ = ["Decider", "Trial"]
 #: much worse one must be to be left: ~ the spread of a median of a few timed steps on a busy CPU.
 MARGIN = 0.03
 TRUSTED_STEPS = 3  # timed steps (a median of) before measurement may overrule the decision source
-#: Timed steps of each side in a side-by-side trial (:class:`Trial`): 2 x 4 steps, alternating.
+#: Timed steps of each side in a side-by-side trial (:class:`Trial`): 2 x 4 steps, alternating,
+#: up to 2 x 8 while the two sides' medians are within their spreads (median absolute deviations,
+#: :func:`autotune.measurement.sidebyside.separated`).
 PAIRED_STEPS = 4
+MAX_PAIRED_STEPS = 8
 
 
 @dataclass
@@ -169,29 +173,37 @@ class Decider:
     def trial_over(self, step: int, current: TrainConfig) -> Change | None:
         """After each step: once both sides of a trial have :data:`PAIRED_STEPS` timed steps and
         the last ran the candidate, its verdict: kept (None; the run is there) if its median
-        objective per GiB is more than the margin above the incumbent's, measured side by side,
-        else the change back to the incumbent (make it, then :meth:`moved`)."""
+        objective per GiB is more than the margin above the incumbent's and the gap is larger
+        than their spreads, measured side by side; more steps while neither is separated from
+        the other (up to :data:`MAX_PAIRED_STEPS` each); else the change back to the incumbent
+        (make it, then :meth:`moved`)."""
         trial = self.trial
         if trial is None or current != trial.candidate:
             return None
-        if min(len(v) for v in trial.samples.values()) < PAIRED_STEPS:
+        fewest = min(len(v) for v in trial.samples.values())
+        if fewest < PAIRED_STEPS:
             return None
-        self.trial = None
-        per_gib = {}
+        per_gib, timing = {}, {}
         for config, samples in trial.samples.items():
             record = self._record(config, step, samples=self._timed[config], b_noise=None)
             peak = record.score.peak_bytes if record is not None else self.gate.budget
             side = score(throughput=statistics.median(samples), peak_bytes=peak,
                          batch_size=config.effective_batch_size, base_batch_size=self.base_batch_size,
                          noise_scale=None, batch_is_knob=False)  # fmt: skip
-            per_gib[config] = side.per_gib
+            per_gib[config], timing[config] = side.per_gib, Timing(rates=tuple(samples))
         here, there = per_gib[trial.candidate], per_gib[trial.incumbent]
-        if here > (1 + MARGIN) * there:
+        a, b = timing[trial.candidate], timing[trial.incumbent]
+        scale_a, scale_b = here / max(a.median, 1e-12), there / max(b.median, 1e-12)
+        if separated(a, b, scale_a=scale_a, scale_b=scale_b, margin=MARGIN):
+            self.trial = None
             self._recent = list(trial.samples[trial.candidate])  # what the next observation reads
             return None
+        if fewest < MAX_PAIRED_STEPS and not separated(b, a, scale_a=scale_b, scale_b=scale_a):
+            return None  # within each other's spread: more steps of each side (bounded)
+        self.trial = None
         counts = f"{len(trial.samples[trial.candidate])} steps against {len(trial.samples[trial.incumbent])}"
         reason = (f"side by side ({counts}): measured {here:.1f} per GiB, not {MARGIN:.0%} above the {there:.1f} of "
-                  "the configuration it replaced: back to it")  # fmt: skip
+                  "the configuration it replaced beyond their spread: back to it")  # fmt: skip
         return Change(step=step, source="measured", before=trial.candidate, after=trial.incumbent, applied=True,
                       reason=reason, measured_bytes=self.gate.measured.get(trial.incumbent))  # fmt: skip
 

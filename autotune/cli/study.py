@@ -57,6 +57,13 @@ def register(subparsers: Any) -> None:
         help="enqueue the pretrained policy's proposal for the model as a third baseline (default: on, "
         "or the spec's policy_proposal; a quick profile of the model first, seconds to tens of seconds)",
     )
+    p.add_argument(
+        "--retime",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="re-time the best three configurations side by side at the end and recommend the winner "
+        "(default: on, or the spec's retime; seconds to a minute)",
+    )
     _run_flags(p)
     p.add_argument("--worker", action="store_true", help="join the existing study (created with --create-only)")
     p.add_argument("--create-only", action="store_true", help="create the study and enqueue the baselines, then exit")
@@ -72,6 +79,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("study", metavar="STUDY", help="study name")
     p.add_argument("--storage", help="Optuna storage URL (default studies/autotune.db)")
     p.add_argument("--format", choices=_FORMATS, default="json", help="our JSON (default), deepspeed or python")
+    p.add_argument(
+        "--retime",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="re-time the best three side by side first, unless the study already did (default: on)",
+    )
+    p.add_argument("--device", help="where to re-time: cpu, cuda, cuda:1 (default auto)")
     p.set_defaults(func=_cmd_best)
 
     p = subparsers.add_parser("dashboard", help="start optuna-dashboard on a study storage")
@@ -113,7 +127,7 @@ def _spec_from_args(args: argparse.Namespace) -> StudySpec:
     spec = load_spec(target) if target.endswith(".toml") else StudySpec(workload=target)
     top: dict[str, Any] = {}
     for flag, key in (("trials", "trials"), ("study_name", "name"), ("sampler", "sampler"), ("seed", "seed"),
-                      ("policy_proposal", "policy_proposal")):  # fmt: skip
+                      ("policy_proposal", "policy_proposal"), ("retime", "retime")):  # fmt: skip
         if getattr(args, flag) is not None:
             top[key] = getattr(args, flag)
     if args.memory_budget is not None:
@@ -249,6 +263,10 @@ def _cmd_best(args: argparse.Namespace) -> int:
     from autotune.search.storage import load_existing_study
 
     study = load_existing_study(args.storage, args.study)
+    if args.retime:
+        from autotune.search.study import retime_study
+
+        retime_study(study, device=args.device)  # one line each on stderr; the export stays a config
     best = require_recommended(summarize(study))
     assert best.config is not None
     blocks = tuple(study.user_attrs.get("blocks", ()))

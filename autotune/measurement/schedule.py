@@ -22,6 +22,7 @@ from autotune.errors import AutotuneError, ConfigError, TrainingError
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.progress import ProgressFn
 from autotune.measurement.record import Measurement, MemoryBreakdown, RankResult, Status
+from autotune.measurement.sidebyside import SETTLED
 from autotune.measurement.tracker import TrackedStep, device_peak, reset_device_peak, tracked_step
 from autotune.measurement.trend import loss_slope
 from autotune.train.base import BaseTrainer, StepResult
@@ -46,7 +47,8 @@ def measure(
 ) -> Measurement:
     """Train ``workload`` under ``config`` and measure throughput, memory, noise and loss.
 
-    Order: ``warmup`` untimed steps (they create the optimizer state and, with
+    Order: ``warmup`` untimed steps, more (up to 4) until two successive ones agree within 10%
+    (:data:`autotune.measurement.sidebyside.SETTLED`; they create the optimizer state and, with
     ``grad_accum_steps == 1``, run as two half micro-batches to feed the noise estimate), one
     step under exact memory tracking, then ``steps`` timed steps (skipped when the peak exceeds
     ``memory_budget``). Each step is a real optimizer step on a private copy of the model.
@@ -137,6 +139,7 @@ class RankReport:
     category_peaks: MemoryBreakdown | None
     device_peak_bytes: int | None
     deepspeed_config: dict[str, Any] | None = None  # what the engine ran with (ranks only)
+    warmup_steps: int = 0  # untimed steps run (``warmup``, more while step times had not settled)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -174,13 +177,16 @@ class Schedule:
         tracked_step: Callable[[], TrackedStep],
         progress: ProgressFn | None = None,
         worst_peak: Callable[[int], int] = lambda peak: peak,
+        slowest: Callable[[float], float] = lambda seconds: seconds,
     ) -> None:
         self.trainer, self.steps, self.warmup, self.memory_budget = trainer, steps, warmup, memory_budget
         self.tracked_step, self.progress, self.worst_peak = tracked_step, progress, worst_peak
+        self.slowest = slowest
         self.results: list[StepResult] = []
         self.timed: list[StepResult] = []
         self.tracked: TrackedStep | None = None
         self.device_peak: int | None = None
+        self.warmed = 0  # untimed steps run before the tracked one
 
     def _record(self, result: StepResult) -> bool:
         self.results.append(result)
@@ -196,10 +202,20 @@ class Schedule:
     def execute(self) -> tuple[Status, str | None]:
         t = self.trainer
         split = t.noise_split
-        for i in range(self.warmup):
-            self._tick("warmup", i, self.warmup)
-            if not self._record(t.step(split=split)):
+        # At least ``warmup`` untimed steps and, from two on, more (up to EXTRA_WARMUP) until the
+        # last two agree within SETTLED: the first steps of a configuration in a process pay one-time
+        # costs (oneDNN kernels compiled per shape and dtype, cuDNN autotuning, allocator
+        # growth). On ranks every rank decides on the slowest rank's seconds: the same verdict.
+        seconds: list[float] = []
+        while len(seconds) < self.warmup + EXTRA_WARMUP:
+            if len(seconds) >= self.warmup and (len(seconds) < 2 or _settled(seconds[-2], seconds[-1])):
+                break
+            self._tick("warmup", len(seconds), self.warmup)
+            result = t.step(split=split)
+            if not self._record(result):
                 return self._diverged()
+            seconds.append(self.slowest(result.seconds))
+        self.warmed = len(seconds)
         self._tick("memory", 0, 1)
         reset_device_peak(t.device)
         self.tracked = self.tracked_step()
@@ -234,7 +250,16 @@ class Schedule:
             category_peaks=None if tracked is None else tracked.category_peaks,
             device_peak_bytes=self.device_peak,
             deepspeed_config=self.trainer.deepspeed_config,
+            warmup_steps=self.warmed,
         )
+
+
+#: Untimed steps a measurement may add to its ``warmup`` while successive steps disagree.
+EXTRA_WARMUP = 4
+
+
+def _settled(a: float, b: float) -> bool:
+    return abs(a - b) <= SETTLED * max(min(a, b), 1e-9)
 
 
 #: The noise scale needs each micro-batch gradient, which ZeRO reduces and partitions away.
@@ -280,7 +305,7 @@ def assemble(
         device=device,
         status=status,
         reason=reason,
-        warmup=warmup,
+        warmup=max([warmup, *(r.warmup_steps for r in reports)]),
         steps=steps,
         throughput=statistics.median(rates) if rates else None,
         throughput_p25=quartiles[0] if rates else None,

@@ -25,13 +25,16 @@ import os
 import signal
 import threading
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, MeasurementFailed, StudyError, WorkloadError
 from autotune.measurement.record import Measurement
 from autotune.procs.channel import command, decode, encode, error_reply
 from autotune.procs.watchdog import watch_parent
+
+if TYPE_CHECKING:
+    from autotune.measurement.sidebyside import Retimed
 
 __all__ = ["MeasurementFailed", "MeasurementProcess"]
 
@@ -98,6 +101,20 @@ class MeasurementProcess:
                 raise WorkloadError(error["message"])
             raise MeasurementFailed(f"{error['type']}: {error['message']}")
         return Measurement.from_dict(reply["ok"])
+
+    def retime(self, configs: list[TrainConfig], *, scales: list[float], timeout: float) -> Retimed:
+        """Re-time ``configs`` side by side in the child
+        (:func:`autotune.measurement.sidebyside.retime_configs`); raise :class:`MeasurementFailed`
+        if it errs, crashes or takes longer than ``timeout`` seconds."""
+        from autotune.measurement.sidebyside import Retimed
+
+        self.start()
+        assert self._conn is not None
+        self._conn.send_bytes(encode(command("retime", configs=[c.to_dict() for c in configs], scales=scales)))
+        reply = self._receive(timeout, what="the re-timing")
+        if "error" in reply:
+            raise MeasurementFailed(f"{reply['error']['type']}: {reply['error']['message']}")
+        return Retimed.from_dict(reply["ok"])
 
     def _receive(self, timeout: float, *, what: str) -> dict[str, Any]:
         assert self._conn is not None and self._process is not None
@@ -166,9 +183,13 @@ def _serve(conn: Connection, source: str, threads: int | None, device: str | Non
     conn.send_bytes(encode({"ok": "ready"}))
     while True:
         try:
-            args = decode(conn.recv_bytes())["args"]
+            message = decode(conn.recv_bytes())
         except EOFError:
             return
+        args = message["args"]
+        if message["op"] == "retime":
+            conn.send_bytes(encode(_retime(workload, args, device)))
+            continue
         try:
             config = TrainConfig.from_dict(args["config"])
             m = measure(
@@ -183,6 +204,16 @@ def _serve(conn: Connection, source: str, threads: int | None, device: str | Non
             conn.send_bytes(encode(error_reply(e)))
             continue
         conn.send_bytes(encode({"ok": m.to_dict()}))
+
+
+def _retime(workload: Any, args: dict[str, Any], device: str | None) -> dict[str, Any]:
+    from autotune.measurement.sidebyside import retime_configs
+
+    try:
+        configs = [TrainConfig.from_dict(c) for c in args["configs"]]
+        return {"ok": retime_configs(workload, configs, scales=args["scales"], device=device).to_dict()}
+    except AutotuneError as e:
+        return error_reply(e)
 
 
 def _build(source: str, device: str | None) -> Any:

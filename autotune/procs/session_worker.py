@@ -173,6 +173,11 @@ class _Rank:
             torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
             return int(worst.item())
 
+        def slowest(seconds: float) -> float:  # every rank ends its warm-up at the same step
+            worst = torch.tensor(seconds, dtype=torch.float64, device=trainer.device)
+            torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+            return float(worst.item())
+
         schedule = Schedule(
             trainer,
             steps=steps,
@@ -181,6 +186,7 @@ class _Rank:
             tracked_step=lambda: tracked_zero_step(trainer),
             progress=self._progress if self.rank == 0 else None,
             worst_peak=worst_peak,
+            slowest=slowest,
         )
         try:
             status, reason = schedule.execute()

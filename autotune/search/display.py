@@ -99,6 +99,24 @@ def _front_table(s: StudySummary) -> Table:
     return t
 
 
+def _finalists_table(s: StudySummary) -> Table | None:
+    if not s.retimed:
+        return None
+    t = Table(title="finalists re-timed side by side (median of interleaved rounds)")
+    for col in ("trial", "first samples/s", "re-timed samples/s", "spread", "re-timed per GiB", "rank"):
+        t.add_column(col, justify="right")
+    for f in sorted(s.retimed.values(), key=lambda f: f.rank):
+        t.add_row(
+            str(f.trial),
+            _num(f.first_throughput),
+            _num(f.retimed_throughput),
+            f"{f.retimed_spread:.1%}",
+            _num(f.retimed_per_gib),
+            "WINNER" if f.rank == 0 else str(f.rank + 1),
+        )
+    return t
+
+
 def _improvement_table(s: StudySummary) -> Table:
     t = Table(title="recommended / baseline")
     for col in ("baseline", "trial", s.metric, "peak", "per GiB", "baseline per GiB"):
@@ -124,10 +142,14 @@ def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
     default = s.improvement("pytorch-default")
     if default is not None:
         line += f" ({default.per_gib:.2f}x the PyTorch default per GiB)"
+    f = s.retimed.get(r.number)
+    if f is not None:
+        line += f"; re-timed side by side: {_num(f.retimed_per_gib)} per GiB (spread {f.retimed_spread:.1%})"
     return line
 
 
 def summary_view(s: StudySummary) -> Group:
     """The final report: front table, baselines table, the recommended line, trial counts."""
     states = ", ".join(f"{n} {k.lower()}" for k, n in sorted(s.states.items()))
-    return Group(_front_table(s), _improvement_table(s), _recommended_line(s.recommended, s), f"trials: {states}")
+    parts = [_front_table(s), _finalists_table(s), _improvement_table(s), _recommended_line(s.recommended, s)]
+    return Group(*(p for p in parts if p is not None), f"trials: {states}")

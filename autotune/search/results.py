@@ -4,12 +4,14 @@ the dashboard artifacts."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.errors import StudyError
 from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.finalists import Finalist, read_retimed
 from autotune.search.record import TrialRecord, trial_record
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ class StudySummary:
     improvements: tuple[Improvement, ...]
     states: dict[str, int]
     metric: str
+    #: The finalists re-timed side by side (:mod:`autotune.search.finalists`), by trial number.
+    retimed: dict[int, Finalist] = dataclasses.field(default_factory=dict)
 
     def improvement(self, baseline: str) -> Improvement | None:
         return next((i for i in self.improvements if i.baseline == baseline), None)
@@ -68,6 +72,9 @@ def summarize(study: optuna.Study) -> StudySummary:
     # lie on or behind the front; the maximum of a ratio is always on the front). The objective
     # and its value per GiB are autotune.measurement.objective's, as for the envs and Adaptive.
     recommended = max(front, key=lambda r: (r.per_gib or 0.0, -r.number), default=None)
+    # Unless the best few were re-timed side by side: then the winner of that (finalists.py).
+    winner, retimed = read_retimed(study)
+    recommended = next((r for r in records if r.number == winner and r.feasible), recommended)
     baselines: dict[str, TrialRecord] = {}
     for name in (PYTORCH_DEFAULT, SEED_RECIPE, POLICY_PROPOSAL):
         tried = [r for r in records if r.baseline == name]
@@ -87,6 +94,7 @@ def summarize(study: optuna.Study) -> StudySummary:
         improvements=improvements,
         states=dict(Counter(r.state for r in records)),
         metric=metric,
+        retimed=retimed,
     )
 
 

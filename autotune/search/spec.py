@@ -9,6 +9,7 @@ A TOML spec looks like::
     memory_budget = "256MiB"   # or "75%" of the PyTorch default's predicted peak; a bare number is refused
     sampler = "tpe"
     policy_proposal = true     # enqueue the pretrained policy's proposal next to the two baselines
+    retime = true              # re-time the best three side by side before recommending one
 
     [space]
     batch_size = 32
@@ -189,6 +190,8 @@ class StudySpec:
     ``policy_proposal``: enqueue the pretrained policy's proposal for this model
     (:func:`autotune.policies.transfer.propose`: a quick profile, seconds to tens of seconds,
     then one simulated episode) as a third baseline trial, named ``policy``.
+    ``retime``: at the end, re-time the best few configurations side by side and recommend the
+    winner (:mod:`autotune.search.finalists`; seconds to a minute).
     """
 
     workload: str
@@ -199,6 +202,7 @@ class StudySpec:
     seed: int = 0
     timeout: float | None = None
     policy_proposal: bool = True
+    retime: bool = True
     space: SpaceSpec = field(default_factory=SpaceSpec)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
 
@@ -217,6 +221,8 @@ class StudySpec:
             _check_positive("timeout", self.timeout)
         if not isinstance(self.policy_proposal, bool):
             raise SpecError(f"policy_proposal must be true or false, but got {self.policy_proposal!r}.")
+        if not isinstance(self.retime, bool):
+            raise SpecError(f"retime must be true or false, but got {self.retime!r}.")
         if not isinstance(self.space, SpaceSpec):
             raise SpecError(f"space must be a table, but got {self.space!r}.")
         if not isinstance(self.measure, MeasureSpec):

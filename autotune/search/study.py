@@ -438,7 +438,54 @@ def run_study(
             callbacks=[after_trial],
             gc_after_trial=False,
         )
+        if count_done(study) >= spec.trials and spec.retime:
+            _retime(study, measurer, spec, observer)
     return ran
+
+
+def retime_study(study: optuna.Study, *, device: str | None = None) -> dict[str, Any] | None:
+    """Re-time a finished study's finalists side by side unless it already did (``autotune best``):
+    the record stored on the study (:mod:`autotune.search.finalists`), or None with fewer than two."""
+    from autotune.procs.isolation import MeasurementProcess
+    from autotune.resolve import load_workload
+    from autotune.search.finalists import RETIMED, finalists
+    from autotune.search.results import summarize
+
+    chosen = finalists(summarize(study).trials)
+    previous = study.user_attrs.get(RETIMED)
+    if len(chosen) < 2 or (previous and [f["trial"] for f in previous["finalists"]] == [r.number for r in chosen]):
+        return dict(previous) if previous else None
+    spec = stored_spec(study)
+    source = load_workload(spec.workload).source
+    assert source is not None  # load_workload always sets it
+    with MeasurementProcess(source, threads=spec.measure.threads, device=device) as measurer:
+        measurer.start()
+        return _retime(study, measurer, spec, StudyObserver())  # its notes go to stderr
+
+
+def _retime(study: optuna.Study, measurer: Any, spec: StudySpec, observer: StudyObserver) -> dict[str, Any] | None:
+    """The finalists re-timed side by side in the measuring child (:mod:`autotune.search.finalists`)."""
+    from autotune.errors import MeasurementFailed
+    from autotune.search.finalists import FINALISTS, retime_finalists
+
+    # Each finalist: up to 6 warm-up steps and 6 rounds of 2 steps, each bounded like a trial.
+    timeout = FINALISTS * spec.measure.trial_timeout
+
+    def retimer(configs: list[TrainConfig], scales: list[float]) -> Any:
+        return measurer.retime(configs, scales=scales, timeout=timeout)
+
+    threads = spec.measure.threads or os.cpu_count() or 1
+    try:
+        record = retime_finalists(study, retimer, threads=threads, note=observer.note)
+    except MeasurementFailed as e:
+        observer.note(f"re-timing the finalists failed ({e}): the recommendation stays the best first measurement")
+        return None
+    if record is not None:
+        verdict = "decided" if record["decided"] else "too close to call: within each other's spread"
+        observer.note(f"re-timed side by side: trial {record['winner']} wins ({verdict}, {record['rounds']} rounds)")
+        if record["note"]:
+            observer.note(record["note"])
+    return record
 
 
 def record_trial(

@@ -396,7 +396,7 @@ def test_a_trial_is_kept_only_if_it_measures_clearly_better_than_the_best() -> N
         (5, "scripted", a, b, True), (14, "measured", b, a, True), (15, "scripted", a, c, True)]  # fmt: skip
     assert tuner.history[1].reason == (
         "side by side (4 steps against 4): measured 1020.0 per GiB, not 3% above the 1000.0 of the configuration it "
-        "replaced: back to it"
+        "replaced beyond their spread: back to it"
     )
     assert tuner.best is not None and tuner.best.config == c
 

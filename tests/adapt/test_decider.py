@@ -9,7 +9,7 @@ import pytest
 
 from autotune import TrainConfig
 from autotune.adapt import BudgetGate, Change, Proposal, RunContext
-from autotune.adapt.decider import MARGIN, PAIRED_STEPS, Decider
+from autotune.adapt.decider import MARGIN, MAX_PAIRED_STEPS, PAIRED_STEPS, Decider
 from autotune.adapt.sources import DecisionSource, Observation
 from autotune.memory.blocks import profile_blocks
 from tests.adapt.scripted import Scripted
@@ -135,7 +135,34 @@ def test_side_by_side_trials_alternate_and_judge_the_pairs() -> None:
     per_gib = 150.0 / 2
     # C's first step was timed here (a loop that tracks nothing): 5 steps of it against 4
     assert back.reason == (f"side by side (5 steps against 4): measured {per_gib:.1f} per GiB, not "
-                           f"{MARGIN:.0%} above the 110.0 of the configuration it replaced: back to it")  # fmt: skip
+                           f"{MARGIN:.0%} above the 110.0 of the configuration it replaced beyond their spread: "
+                           "back to it")  # fmt: skip
+
+
+def test_a_trial_within_the_spread_of_its_incumbent_runs_more_steps_then_goes_back() -> None:
+    """B's median is 10% above A's, but its steps swing +-20%: not separated from A's by more than
+    their spreads, so the trial runs up to MAX_PAIRED_STEPS of each side before going back."""
+    decider = _decider(Scripted([B]), _gate({A: GIB, B: GIB}), paired=True)
+    _time(decider, A, 100.0, 100.0, 100.0)
+    change = decider.decide(_obs(9, A))
+    assert change is not None
+    decider.moved(change)
+    noisy = iter([88.0, 132.0, 110.0] * 10)
+    ran, current, back = [], B, None
+    for step in range(10, 60):
+        want = decider.trial_config(current)
+        current = current if want is None else want
+        ran.append(current)
+        if len(ran) > 1:
+            decider.timed(current, next(noisy) if current == B else 100.0)
+        back = decider.trial_over(step, current)
+        if back is not None:
+            break
+    assert back is not None and (back.before, back.after) == (B, A)
+    assert ran == [B] + [A, B] * MAX_PAIRED_STEPS
+    assert back.reason == (f"side by side ({MAX_PAIRED_STEPS} steps against {MAX_PAIRED_STEPS}): measured 110.0 per "
+                           "GiB, not 3% above the 100.0 of the configuration it replaced beyond their spread: back to "
+                           "it")  # fmt: skip
 
 
 def test_what_the_loop_cannot_take_is_cut_to_what_it_can() -> None:

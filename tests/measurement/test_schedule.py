@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -104,17 +105,19 @@ def test_divergence_is_detected() -> None:
 
 def test_gradient_noise_and_loss_trend_are_reported() -> None:
     m = measure(make_resmlp(), TrainConfig(micro_batch_size=8, grad_accum_steps=4), steps=4, warmup=2)
-    assert m.noise.steps == 7  # every step has 4 micro-batches: 2 warmup + 1 tracked + 4 timed
+    # Every step has 4 micro-batches: 2-6 warmup (more while step times had not settled: the
+    # measurement says how many) + 1 tracked + 4 timed.
+    assert 2 <= m.warmup <= 6 and m.noise.steps == m.warmup + 5
     assert m.noise.b_simple is not None and m.noise.b_simple > 0
     assert m.noise.sigma2 is not None and m.noise.sigma2 > 0
-    assert len(m.losses) == 7 and m.loss_slope is not None
+    assert len(m.losses) == m.warmup + 5 and m.loss_slope is not None
     assert m.throughput is not None and m.throughput_p25 is not None and m.throughput_p75 is not None
     assert m.throughput_p25 <= m.throughput <= m.throughput_p75
 
 
 def test_with_single_micro_batch_the_warmup_steps_feed_the_noise_estimate() -> None:
     m = measure(make_resmlp(), TrainConfig(micro_batch_size=8), steps=2, warmup=3)
-    assert m.noise.steps == 3
+    assert 3 <= m.warmup <= 7 and m.noise.steps == m.warmup  # every warmup step, however many ran
 
 
 def test_fp16_uses_loss_scaling_and_counts_overflows() -> None:
@@ -167,3 +170,31 @@ def test_the_local_trainer_runs_one_process_only() -> None:
     )
     with pytest.raises(UnsupportedError, match=f"^{re.escape(msg)}$"):
         Trainer(make_resmlp(), TrainConfig(zero_stage=2, ranks=2))
+
+
+@pytest.mark.parametrize(
+    ("seconds", "warmed"),
+    [((3.0, 1.0, 1.05), 3), ((1.0, 1.02), 2), ((9.0, 7.0, 5.0, 3.0, 2.0, 1.0, 0.5), 6)],
+    ids=["compiles-then-settles", "settled-at-once", "capped"],
+)
+def test_warmup_runs_until_two_successive_steps_agree(seconds: tuple[float, ...], warmed: int) -> None:
+    """Scripted step times: 2 warmup steps at least, more while the last two differ by over 10%,
+    at most 2 + EXTRA_WARMUP; the tracked step and the timed ones come after."""
+    from autotune.measurement.schedule import EXTRA_WARMUP, Schedule
+    from autotune.measurement.tracker import tracked_step
+
+    trainer = Trainer(make_resmlp(), TrainConfig(micro_batch_size=8), device="cpu")
+    real, script = trainer.step, iter(seconds)
+
+    def step(**kwargs: Any) -> Any:
+        return dataclasses.replace(real(**kwargs), seconds=next(script, 0.5))
+
+    trainer.step = step  # type: ignore[method-assign]
+    schedule = Schedule(trainer, steps=2, warmup=2, memory_budget=None, tracked_step=lambda: tracked_step(trainer))
+    try:
+        assert schedule.execute() == ("ok", None)
+    finally:
+        trainer.close()
+    assert schedule.warmed == warmed <= 2 + EXTRA_WARMUP
+    assert schedule.report("ok", None).warmup_steps == warmed
+    assert len(schedule.results) == warmed + 1 + 2

@@ -1,0 +1,286 @@
+"""Timing that holds when re-measured: warm-up until steps settle, medians with their spread, and
+configurations re-timed side by side.
+
+On a shared 2-core machine one stint of steps can time 10-20% off the next (and, with another
+process spinning OpenMP threads, a step 10x slower), more than the differences worth deciding
+on; a configuration's first steps also pay one-time costs (oneDNN compiles kernels per new
+shape and dtype on the CPU; cuDNN autotuning and allocator growth on a GPU). So:
+
+* :func:`warm_up` runs untimed steps until two successive step times agree within
+  :data:`SETTLED` (at least ``minimum``, at most ``cap``);
+* :class:`Timing` is a median with its spread (the median absolute deviation);
+* :func:`retime` times several configurations in one process, round by round, each round every
+  configuration's steps in turn (the order rotating), so all see the same machine; it adds
+  rounds (bounded) while the leader is not separated from the runner-up by more than their
+  spreads; :func:`separated` is the rule, and the adaptive run's side-by-side trials decide
+  with it too;
+* :class:`CoreLoad` measures what *other* processes used of the cores while timing, so the
+  output can say when the machine was too busy to be sure.
+
+The study's finalists, ``tune``'s best steps and an adaptive run's trials all go through this
+module: one implementation of "re-time these configurations side by side".
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.config import TrainConfig
+    from autotune.workload import Workload
+
+__all__ = [
+    "SETTLED",
+    "CoreLoad",
+    "Retimed",
+    "Timing",
+    "busy_note",
+    "retime",
+    "retime_configs",
+    "separated",
+    "warm_up",
+]
+
+#: Two successive step times within 10% of each other: the configuration's one-time costs are paid.
+SETTLED = 0.10
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """Samples/s of a configuration's timed steps: the median and its spread.
+
+    ``mad``: the median absolute deviation from the median (robust to the one step another
+    process stalled). ``relative_spread``: ``mad / median``.
+    """
+
+    rates: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rates) if self.rates else 0.0
+
+    @property
+    def mad(self) -> float:
+        if len(self.rates) < 2:
+            return 0.0
+        m = self.median
+        return statistics.median(abs(r - m) for r in self.rates)
+
+    @property
+    def relative_spread(self) -> float:
+        return self.mad / self.median if self.median > 0 else 0.0
+
+
+def separated(a: Timing, b: Timing, *, scale_a: float = 1.0, scale_b: float = 1.0, margin: float = 0.0) -> bool:
+    """Whether ``a`` measures better than ``b`` beyond the noise: its median value (samples/s
+    times ``scale_a``, e.g. 1 / GiB of its peak) is more than ``margin`` above ``b``'s, and the
+    gap is larger than their spreads together (each a median absolute deviation, in value)."""
+    va, vb = a.median * scale_a, b.median * scale_b
+    return va > (1.0 + margin) * vb and va - vb > a.mad * scale_a + b.mad * scale_b
+
+
+def warm_up(step: Callable[[], float], *, minimum: int = 1, cap: int = 6, settled: float = SETTLED) -> int:
+    """Run ``step`` (returns its seconds) untimed until two successive steps agree within
+    ``settled`` of the faster, at least ``minimum`` and at most ``cap`` times; returns how many ran."""
+    if not 1 <= minimum <= cap:
+        raise ValueError(f"warm_up: 1 <= minimum <= cap must hold, but got minimum={minimum}, cap={cap}.")
+    times: list[float] = []
+    while len(times) < cap:
+        times.append(step())
+        if len(times) >= max(minimum, 2) and _agree(times[-2], times[-1], settled):
+            break
+    return len(times)
+
+
+def _agree(a: float, b: float, settled: float) -> bool:
+    return abs(a - b) <= settled * max(min(a, b), 1e-9)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retimed:
+    """What :func:`retime` measured.
+
+    ``timings[i]``: configuration i's timed steps over every round. ``ranking``: indices from the
+    best value to the worst. ``decided``: the best is separated from the runner-up (or there is
+    only one). ``rounds``: rounds run. ``warmup``: untimed steps each configuration ran first.
+    ``other_cores``: cores other processes used on average while timing (None where unknown).
+    """
+
+    timings: tuple[Timing, ...]
+    ranking: tuple[int, ...]
+    decided: bool
+    rounds: int
+    warmup: tuple[int, ...]
+    other_cores: float | None
+
+    @property
+    def winner(self) -> int:
+        return self.ranking[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rates": [list(t.rates) for t in self.timings],
+            "ranking": list(self.ranking),
+            "decided": self.decided,
+            "rounds": self.rounds,
+            "warmup": list(self.warmup),
+            "other_cores": self.other_cores,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Retimed:
+        return cls(
+            timings=tuple(Timing(rates=tuple(r)) for r in d["rates"]),
+            ranking=tuple(d["ranking"]),
+            decided=d["decided"],
+            rounds=d["rounds"],
+            warmup=tuple(d["warmup"]),
+            other_cores=d["other_cores"],
+        )
+
+
+def retime(
+    steps: Sequence[Callable[[], tuple[int, float]]],
+    *,
+    scales: Sequence[float] | None = None,
+    rounds: int = 3,
+    max_rounds: int = 6,
+    steps_per_round: int = 2,
+    warmup_cap: int = 6,
+) -> Retimed:
+    """Time configurations side by side: ``steps[i]()`` runs one training step of configuration
+    i and returns (samples, seconds); ``scales[i]`` turns its samples/s into the value compared
+    (1 / GiB of its measured peak for throughput per GiB; default 1).
+
+    Each configuration is first warmed up (:func:`warm_up`); then ``rounds`` rounds, each running
+    ``steps_per_round`` steps of every configuration in turn, the order rotating by one each
+    round; more rounds, up to ``max_rounds``, while the best is not :func:`separated` from the
+    runner-up. Cost: (warm-up + rounds x steps_per_round) steps per configuration.
+    """
+    n = len(steps)
+    if n < 1:
+        raise ValueError("retime: at least one configuration to time, but got none.")
+    if not 1 <= rounds <= max_rounds:
+        raise ValueError(
+            f"retime: 1 <= rounds <= max_rounds must hold, but got rounds={rounds}, max_rounds={max_rounds}."
+        )
+    values = list(scales) if scales is not None else [1.0] * n
+    warmup = tuple(warm_up(lambda s=s: s()[1], cap=warmup_cap) for s in steps)  # type: ignore[misc]
+    rates: list[list[float]] = [[] for _ in range(n)]
+    load = CoreLoad.start()
+    done = 0
+    while True:
+        order = [(done + i) % n for i in range(n)]
+        for i in order:
+            for _ in range(steps_per_round):
+                samples, seconds = steps[i]()
+                rates[i].append(samples / max(seconds, 1e-9))
+        done += 1
+        timings = tuple(Timing(rates=tuple(r)) for r in rates)
+        ranking = tuple(sorted(range(n), key=lambda i: -timings[i].median * values[i]))
+        decided = n == 1 or separated(
+            timings[ranking[0]], timings[ranking[1]], scale_a=values[ranking[0]], scale_b=values[ranking[1]]
+        )
+        if done >= max_rounds or (done >= rounds and decided):
+            break
+    return Retimed(
+        timings=timings, ranking=ranking, decided=decided, rounds=done, warmup=warmup, other_cores=load.other_cores()
+    )
+
+
+def retime_configs(
+    workload: Workload,
+    configs: Sequence[TrainConfig],
+    *,
+    scales: Sequence[float] | None = None,
+    device: str | None = None,
+    rounds: int = 3,
+    max_rounds: int = 6,
+    steps_per_round: int = 2,
+) -> Retimed:
+    """:func:`retime` local-runner ``configs`` of ``workload`` on one training loop of a private
+    copy of its model, reconfigured between them (a swap of block wrappers and the micro-batch
+    drawn: ~1 ms, not timed). One loop, not one per configuration: side by side costs no more
+    memory than the largest finalist, which matters on a GPU near its budget."""
+    from autotune.errors import ConfigError
+    from autotune.train.local import Trainer
+
+    ranked = [c for c in configs if c.on_deepspeed]
+    if ranked:
+        raise ConfigError(f"retime_configs: local-runner configurations only, but got {ranked[0].describe()}.")
+    trainer = Trainer(workload, configs[0], device=device)
+
+    def step(config: TrainConfig) -> tuple[int, float]:
+        if trainer.config != config:
+            trainer.reconfigure(config)
+        r = trainer.step()
+        return r.samples, r.seconds
+
+    try:
+        steps = [lambda c=c: step(c) for c in configs]
+        return retime(steps, scales=scales, rounds=rounds, max_rounds=max_rounds, steps_per_round=steps_per_round)
+    finally:
+        trainer.close()
+
+
+class CoreLoad:
+    """What other processes used of the cores since :meth:`start` (Linux: ``/proc/stat``'s busy
+    time minus this process's own CPU time; elsewhere the load average minus this process's
+    threads). Our own threads are excluded: they are the work being timed."""
+
+    def __init__(self, busy: float | None, own: float, wall: float) -> None:
+        self._busy, self._own, self._wall = busy, own, wall
+
+    @classmethod
+    def start(cls) -> CoreLoad:
+        return cls(_busy_seconds(), _own_seconds(), time.monotonic())
+
+    def other_cores(self) -> float | None:
+        """Cores' worth of CPU time other processes used per second since :meth:`start`."""
+        wall = time.monotonic() - self._wall
+        busy = _busy_seconds()
+        if self._busy is not None and busy is not None and wall > 0.05:
+            return max(0.0, (busy - self._busy - (_own_seconds() - self._own)) / wall)
+        try:
+            return max(0.0, os.getloadavg()[0] - 1.0)
+        except OSError:
+            return None
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _busy_seconds() -> float | None:
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_note(other_cores: float | None, *, threads: int, cores: int | None = None) -> str | None:
+    """One line when other processes competed for the cores while timing, else None.
+
+    Half a core used by others is enough to matter: with as many threads as cores, OpenMP
+    threads spin-wait at every barrier for the one that was descheduled, and a step can take
+    10x longer (measured on 2 cores: gpt-tiny 0.1 s -> 3.2 s per step).
+    """
+    cores = cores or os.cpu_count() or 1
+    if other_cores is None or other_cores < 0.5:
+        return None
+    note = f"busy machine: other processes used {other_cores:.1f} of {cores} cores while timing"
+    if threads + other_cores > cores:
+        note += f"; {threads} threads oversubscribe the cores (fewer threads, e.g. --threads 1, time steadier)"
+    return note

@@ -1,0 +1,97 @@
+"""Warm-up until steps settle, medians with their spread, and side-by-side re-timing, decided on
+scripted step times (never on the wall clock)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from autotune.measurement.sidebyside import Timing, busy_note, retime, separated, warm_up
+
+
+def _script(*seconds: float) -> Callable[[], float]:
+    it: Iterator[float] = iter(seconds)
+    return lambda: next(it)
+
+
+def test_warm_up_runs_until_two_successive_steps_agree() -> None:
+    # 3.0 (kernels compiled), 1.3, 1.05, 1.0: the last two agree within 10%
+    assert warm_up(_script(3.0, 1.3, 1.05, 1.0, 1.0), minimum=1, cap=6) == 4
+    assert warm_up(_script(1.0, 1.05), minimum=1, cap=6) == 2
+    assert warm_up(_script(5.0, 4.0, 3.0, 2.0, 1.0, 0.5, 0.1), minimum=1, cap=6) == 6  # capped
+    assert warm_up(_script(1.0, 1.0, 1.0, 1.0), minimum=3, cap=6) == 3
+
+
+def test_warm_up_refuses_a_minimum_above_the_cap() -> None:
+    msg = "warm_up: 1 <= minimum <= cap must hold, but got minimum=4, cap=3."
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        warm_up(lambda: 1.0, minimum=4, cap=3)
+
+
+def test_a_timing_is_a_median_with_its_median_absolute_deviation() -> None:
+    t = Timing(rates=(10.0, 12.0, 11.0, 30.0, 9.0))
+    assert (t.median, t.mad) == (11.0, 1.0)
+    assert t.relative_spread == 1.0 / 11.0
+    assert Timing(rates=(5.0,)).mad == 0.0
+
+
+def test_separated_needs_the_margin_and_a_gap_larger_than_both_spreads() -> None:
+    steady_a, steady_b = Timing(rates=(110.0, 110.0, 110.0)), Timing(rates=(100.0, 100.0, 100.0))
+    assert separated(steady_a, steady_b, margin=0.03) and not separated(steady_b, steady_a)
+    noisy_a = Timing(rates=(90.0, 110.0, 130.0))  # median 110, MAD 20: the 10 gap is noise
+    assert not separated(noisy_a, steady_b)
+    # per GiB: a has twice the throughput but three times the peak
+    assert separated(steady_b, steady_a, scale_a=1.0, scale_b=1 / 3)
+    assert not separated(steady_a, steady_b, margin=0.2)
+
+
+class _Config:
+    """A configuration whose steps take scripted seconds (8 samples a step)."""
+
+    def __init__(self, *seconds: float) -> None:
+        self.seconds = list(seconds)
+        self.ran = 0
+
+    def step(self) -> tuple[int, float]:
+        s = self.seconds[min(self.ran, len(self.seconds) - 1)]
+        self.ran += 1
+        return 8, s
+
+
+def test_retime_interleaves_rounds_and_picks_the_best_value() -> None:
+    fast, slow = _Config(2.0, 0.1), _Config(2.0, 0.2)  # first step compiles, then steady
+    r = retime([slow.step, fast.step], rounds=3, max_rounds=6, steps_per_round=2)
+    assert r.warmup == (3, 3)  # 2.0, 0.x, 0.x: the last two agree
+    assert (r.rounds, r.ranking, r.winner, r.decided) == (3, (1, 0), 1, True)
+    assert r.timings[1].rates == (80.0,) * 6 and r.timings[0].rates == (40.0,) * 6
+    # per GiB: the fast one at 3x the peak loses
+    r = retime([slow.step, fast.step], scales=[1.0, 1 / 3], rounds=2)
+    assert r.ranking == (0, 1)
+
+
+def test_retime_adds_rounds_while_the_two_best_are_within_their_spreads() -> None:
+    # Both alternate 0.1 / 0.12 s: medians equal, never separated: all six rounds, undecided.
+    a, b = _Config(0.1, 0.1, 0.1, 0.12, 0.1, 0.12), _Config(0.1, 0.1, 0.1, 0.12, 0.1, 0.12)
+    a.seconds += [0.1, 0.12] * 20
+    b.seconds += [0.1, 0.12] * 20
+    r = retime([a.step, b.step], rounds=2, max_rounds=6, steps_per_round=2)
+    assert (r.rounds, r.decided) == (6, False)
+    assert len(r.timings[0].rates) == 12
+
+
+def test_retime_refuses_bad_rounds() -> None:
+    msg = "retime: 1 <= rounds <= max_rounds must hold, but got rounds=4, max_rounds=3."
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        retime([_Config(1.0).step], rounds=4, max_rounds=3)
+
+
+def test_a_busy_machine_is_said_in_one_line() -> None:
+    assert busy_note(0.2, threads=2, cores=2) is None
+    assert busy_note(None, threads=2, cores=2) is None
+    assert busy_note(0.5, threads=1, cores=2) == "busy machine: other processes used 0.5 of 2 cores while timing"
+    assert busy_note(1.0, threads=2, cores=2) == (
+        "busy machine: other processes used 1.0 of 2 cores while timing; 2 threads oversubscribe the cores "
+        "(fewer threads, e.g. --threads 1, time steadier)"
+    )
