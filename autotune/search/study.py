@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from autotune.config import Precision, TrainConfig
-from autotune.errors import ConfigError, ProposalError, SpecError, StudyError
+from autotune.errors import ConfigError, NonFiniteLossError, ProposalError, SpecError, StudyError
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
 from autotune.search.predictor import MemoryPredictor, load_memory_predictor
@@ -374,7 +374,9 @@ def _enqueue_proposal(study: optuna.Study, prepared: Prepared) -> tuple[bool, st
         params = prepared.space.params(knobs)
     except ImportError as e:  # stable-baselines3 / gymnasium are the ``rl`` extra
         return False, f"no policy proposal: the policy needs pip install 'autotune[rl]' ({e})"
-    except (ProposalError, ConfigError) as e:  # ConfigError: the proposal lies outside this study's space
+    # ConfigError: the proposal lies outside this study's space; NonFiniteLossError: the model's
+    # loss is NaN (its trials prune on it).
+    except (ProposalError, ConfigError, NonFiniteLossError) as e:
         return False, f"no policy proposal: {e}"
     study.enqueue_trial(params, user_attrs={ATTR.BASELINE: POLICY_PROPOSAL})
     seconds = time.perf_counter() - start
