@@ -245,9 +245,13 @@ def _check_same(existing: optuna.study.StudySummary, prepared: Prepared, where: 
     assert isinstance(stored, dict)
     for key, value in prepared.identity.items():
         if stored.get(key) != value:
+            # The fingerprint hashes the weights: a build() that draws them unseeded gives another
+            # one on every run, and the user's rerun of the same study is refused.
+            seed = ("unseeded random weights change the fingerprint on every run (seed them: torch.manual_seed "
+                    "in build()), or " if key == "workload_fingerprint" else "")  # fmt: skip
             raise StudyError(
                 f"study {name!r} already exists in {where!r} with another {key.replace('_', ' ')} "
-                f"({stored.get(key)!r}, this run: {value!r}); pass --study-name to start another study"
+                f"({stored.get(key)!r}, this run: {value!r}); {seed}pass --study-name to start another study"
             )
 
 
