@@ -77,6 +77,25 @@ class PredictionWarning(AutotuneWarning):
 __all__ += ["PredictionError", "AutotuneWarning", "PredictionWarning"]
 
 
+class NonFiniteLossError(AutotuneError):
+    """The loss became NaN or infinite where nothing sound can follow: a policy would act on it,
+    or a simulator be calibrated on it. The message names the step and the value. The CLI exits
+    with 3 (``autotune tune``, ``autotune train --adapt``); a study prunes the trial instead."""
+
+
+class NonFiniteLossWarning(AutotuneWarning):
+    """A run that makes no decisions (``autotune train`` without ``--adapt``) saw its first NaN or
+    infinite loss; the message names the step. It goes on: what to do with a diverged run is the user's."""
+
+
+class OverBudgetWarning(AutotuneWarning):
+    """An adaptive run measured a step over its memory budget (the configuration's prediction was
+    off); the message names the configuration, the measured and the budget bytes."""
+
+
+__all__ += ["NonFiniteLossError", "NonFiniteLossWarning", "OverBudgetWarning"]
+
+
 class SessionError(TrainingError):
     """A rank failed, stopped answering or exited, or the session is closed; the session is over."""
 

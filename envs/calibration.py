@@ -37,7 +37,7 @@ import torch
 from autotune.envs.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs_to_config
 
 from autotune.config import Precision, TrainConfig
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, NonFiniteLossError, TrainingError
 from autotune.measurement import measure
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.model import predict_memory
@@ -149,6 +149,10 @@ def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: i
     b_small = max(1, b0 // 4)
     say("memory of the default configuration")
     default = measure(workload, TrainConfig(micro_batch_size=b0), steps=1, warmup=1)
+    if default.status == "diverged":
+        raise NonFiniteLossError(f"{workload.name}: the default configuration's {default.reason}: nothing to calibrate")
+    if not default.ok:  # out of memory: no budget was given, so nothing else
+        raise TrainingError(f"{workload.name}: the default configuration failed: {default.reason}")
     assert default.memory is not None and default.category_peaks is not None
     say("per-block activation bytes")
     blocks = _block_bytes(workload, reduced, b_small, b0)
@@ -169,6 +173,7 @@ def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: i
         },
         rounds=timing_rounds,
     )
+    _check_finite(workload, "step time", {f"the {key!r} configuration": v for key, v in times.items()})
     # Solve the linear time terms t = t_fixed + k * (t_mf + b * t_ps) from the four fp32 step
     # times (one more micro-batch of b_small, ``accum``, separates the per-step fixed cost) by
     # non-negative least squares on relative errors. The micro-batch-of-one point is measured, not
@@ -187,6 +192,7 @@ def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: i
     recompute = (times["checkpoint"] - times["default"]) / block_time
     say("loss and gradient-noise curves")
     samples, losses, noise = _curves(workload, b0, curve_steps)
+    _check_finite(workload, "loss", {f"step {i} of the loss curve": v for i, v in enumerate(losses)})
     say("peak memory of every knob setting (memory model)")
     table = memory_table(workload, reduced=reduced)
     return WorkloadProfile(
@@ -390,6 +396,17 @@ def _curves(
     fill = valid[0] if valid else float(micro)
     noise = [x if x == x else fill for x in noise]
     return tuple(samples), tuple(losses), tuple(noise)
+
+
+def _check_finite(workload: Workload, what: str, values: dict[str, float]) -> None:
+    """A simulator calibrated on a NaN or infinite loss or time would hand a policy NaN observations."""
+    bad = next(((key, v) for key, v in values.items() if not np.isfinite(v)), None)
+    if bad is None:
+        return
+    message = f"{workload.name}: the {what} is {bad[1]} at {bad[0]}: nothing to calibrate"
+    if what == "loss":
+        raise NonFiniteLossError(message)
+    raise TrainingError(message)
 
 
 def _machine_name() -> str:

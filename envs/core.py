@@ -24,7 +24,7 @@ from autotune.envs.knobs import (
 )
 from gymnasium import spaces
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, NonFiniteLossError
 from autotune.knobs import Knobs
 from autotune.measurement.objective import score
 from autotune.measurement.trend import loss_slope
@@ -205,6 +205,11 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         self._batch0 = self._global_batch(self.levels)
         self._levels_batch0 = self.levels.effective_batch_size
         first = self._train(self.levels)
+        if not math.isfinite(first.loss):  # no episode from a diverged start: every reward would be NaN
+            raise NonFiniteLossError(
+                f"the loss is {first.loss} at the episode's start ({self.knobs.describe()}): "
+                "a policy cannot act on a diverged run"
+            )
         self._first = self._last = first
         self._losses.append(first.loss)
         return self._observation(first), self._info(first, reward_terms=None)
@@ -320,6 +325,11 @@ def observation_vector(
     One implementation for the environments and for a policy acting on a user's own run
     (:class:`autotune.adapt.policy.PolicySource`): a policy sees the same numbers wherever it acts.
     """
+    # The guard every observation passes: a NaN reaches a policy's logits and PPO's distribution
+    # as a ValueError deep in torch.distributions, or worse, an action picked from NaN.
+    bad = next((v for v in (r.loss, first.loss, *losses[-4:]) if not math.isfinite(v)), None)
+    if bad is not None:
+        raise NonFiniteLossError(f"the loss is {bad}: a policy cannot act on a diverged run")
     k, m, mach = levels, model, machine
     b_noise = 0.0 if r.b_noise is None or r.b_noise <= 0 else math.log2(r.b_noise / batch) / 5
     loss0 = first.loss if first.loss != 0 else 1.0
@@ -345,4 +355,6 @@ def observation_vector(
         2.0 * mach.recompute_cost - 1.0,
         math.log2(batch / batch0) / 4 if adapt_batch else -1.0,
     ]
-    return np.clip(np.asarray(obs, dtype=np.float32), -1.0, 1.0)
+    vector = np.clip(np.asarray(obs, dtype=np.float32), -1.0, 1.0)
+    assert np.isfinite(vector).all(), f"a finite loss leaves only measured, finite values: {obs}"
+    return vector

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,10 +56,11 @@ class Episode:
         return sum(s.reward for s in self.steps if s.reward is not None)
 
     @property
-    def best(self) -> EpisodeStep:
+    def best(self) -> EpisodeStep | None:
         """The measured step with the most throughput (goodput with batch adaptation) per GiB of
         peak within the budget, by the objective the study and the environments use
-        (:func:`autotune.measurement.objective.score`); the start if none fits (nothing else ran)."""
+        (:func:`autotune.measurement.objective.score`); None if no step with a finite loss fitted
+        the budget (:attr:`nothing_fits` says by how much)."""
         from autotune.measurement.objective import score
 
         def per_gib(s: EpisodeStep) -> float:
@@ -66,8 +68,20 @@ class Episode:
                          base_batch_size=self.steps[0].batch, noise_scale=s.b_noise,
                          batch_is_knob=self.adapt_batch).per_gib  # fmt: skip
 
-        fits = [s for s in self.steps if s.peak_bytes <= self.budget_bytes]
-        return max(fits, key=per_gib) if fits else self.steps[0]
+        fits = [s for s in self.steps if s.peak_bytes <= self.budget_bytes and math.isfinite(s.loss)]
+        return max(fits, key=per_gib) if fits else None
+
+    @property
+    def nothing_fits(self) -> str | None:
+        """Why there is no :attr:`best`, in one line (None when there is one): a start over the
+        budget and every action refused must not read as a configuration that fits."""
+        if self.best is not None:
+            return None
+        from autotune.units import format_bytes
+
+        lowest = min(self.steps, key=lambda s: s.peak_bytes)
+        return (f"nothing measured fitted the budget of {format_bytes(self.budget_bytes)}: the lowest peak was "
+                f"{format_bytes(lowest.peak_bytes)} (step {lowest.step}, {lowest.knobs})")  # fmt: skip
 
     @property
     def start_config(self) -> TrainConfig:
@@ -78,6 +92,7 @@ class Episode:
         return self.steps[-1].config
 
     def to_dict(self) -> dict[str, Any]:
+        best = self.best
         return {
             "workload": self.workload,
             "budget_bytes": self.budget_bytes,
@@ -85,8 +100,9 @@ class Episode:
             "return": self.total_reward,
             "start_config": self.start_config.to_dict(),
             "final_config": self.final_config.to_dict(),
-            "best_step": self.best.step,
-            "best_config": self.best.config.to_dict(),
+            "best_step": None if best is None else best.step,  # None: nothing fitted the budget
+            "best_config": None if best is None else best.config.to_dict(),
+            "nothing_fits": self.nothing_fits,
             "steps": [s.to_dict() for s in self.steps],
         }
 

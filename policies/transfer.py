@@ -20,7 +20,7 @@ import numpy as np
 from autotune.envs.calibration import WorkloadProfile, calibrate
 from autotune.policies.ppo import Policy, new_ppo, simulated_venv
 
-from autotune.errors import AutotuneError, ConfigError, ProposalError, one_line
+from autotune.errors import AutotuneError, ConfigError, NonFiniteLossError, ProposalError, one_line
 from autotune.knobs import Knobs
 from autotune.measurement.objective import per_gib
 from autotune.memory.check import TOLERANCE
@@ -99,12 +99,16 @@ def quick_profile(workload: Workload) -> WorkloadProfile:
     Raises :class:`ProposalError` when the model cannot be profiled here, or when the memory model
     behind the simulator's peaks misses the default configuration's measured peak by more than
     :data:`autotune.memory.check.TOLERANCE` (a configuration "within the budget" would then mean
-    nothing)."""
+    nothing). A loss that is not finite is not the profiler's failure but the model's:
+    :class:`NonFiniteLossError` passes through (a study goes on without a proposal and prunes the
+    trials; an adaptive run stops)."""
     from autotune.envs.costmodel import step_cost
     from autotune.envs.knobs import KnobLevels
 
     try:
         profile = profile_for_tuning(workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS)
+    except NonFiniteLossError:
+        raise
     except (AutotuneError, RuntimeError) as e:  # the user's model failed a profiling step
         raise ProposalError(f"{workload.name} cannot be profiled for the simulator: {one_line(e)}") from None
     default_peak = step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
@@ -148,7 +152,8 @@ def propose(
     (default 0: as shipped), play one deterministic episode there and return the best
     configuration it reached within ``memory_budget`` (bytes per rank; None: the default's peak),
     as shared :class:`~autotune.Knobs`. ``autotune study`` enqueues it next to its baselines (one
-    more measured trial). Raises :class:`ProposalError` as :func:`quick_profile` does.
+    more measured trial). Raises :class:`ProposalError` and :class:`NonFiniteLossError` as
+    :func:`quick_profile` does.
     """
     from autotune.envs.costmodel import step_cost
     from autotune.envs.knobs import KnobLevels

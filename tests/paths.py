@@ -10,3 +10,5 @@ TINY_WORKLOAD = DATA / "tiny_workload.py"
 ZERO_WORKLOADS = DATA / "zero_workloads.py"
 #: The README's example of a user's own workload file.
 USER_WORKLOAD = DATA / "my_workload.py"
+#: A workload whose loss is NaN at every step (``build``).
+NAN_WORKLOAD = DATA / "nan_workload.py"

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from autotune.adapt.adaptive import Adaptive, decision_source
     from autotune.adapt.decider import Decider
     from autotune.adapt.gate import BudgetGate, Verdict
-    from autotune.adapt.records import AdaptStep, Change
+    from autotune.adapt.records import AdaptStep, Change, OverBudgetStep
     from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "Decider",
     "FixedConfig",
     "Observation",
+    "OverBudgetStep",
     "Proposal",
     "RunContext",
     "Verdict",
@@ -44,6 +45,7 @@ _LAZY = {
     "Verdict": "autotune.adapt.gate",
     "AdaptStep": "autotune.adapt.records",
     "Change": "autotune.adapt.records",
+    "OverBudgetStep": "autotune.adapt.records",
     "DecisionSource": "autotune.adapt.sources",
     "FixedConfig": "autotune.adapt.sources",
     "Observation": "autotune.adapt.sources",

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import time
+import warnings
 from collections.abc import Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,10 +31,10 @@ import torch
 from autotune.adapt.decider import Decider
 from autotune.adapt.gate import BudgetGate, Verdict, as_budget
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
-from autotune.adapt.records import AdaptStep, Change, ConfigRecord
+from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
 from autotune.adapt.sources import DecisionSource, FixedConfig, RunContext
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, UnsupportedError
+from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning, UnsupportedError
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -276,6 +278,7 @@ class Adaptive:
         self._noise = wants_noise and self.trainer.noise is not None
         self.steps: list[AdaptStep] = []
         self._ran: set[TrainConfig] = set()  # configurations that ran a step in this process
+        self._over_budget: list[OverBudgetStep] = []
         if change is not None:
             self.decider.started(change)
 
@@ -329,6 +332,12 @@ class Adaptive:
         return tuple(self.decider.history)
 
     @property
+    def over_budget_steps(self) -> tuple[OverBudgetStep, ...]:
+        """Every step whose measured peak was over the budget (each also warned of with an
+        :class:`~autotune.errors.OverBudgetWarning`); empty if the run kept to its budget."""
+        return tuple(self._over_budget)
+
+    @property
     def configs(self) -> tuple[ConfigRecord, ...]:
         """Every configuration judged so far (known peak and throughput), in the order first run."""
         return tuple(self.decider.judged.values())
@@ -362,7 +371,14 @@ class Adaptive:
         return self.trainer
 
     def step(self) -> AdaptStep:
-        """One optimizer step of the user's model; every ``decide_every`` steps, one decision."""
+        """One optimizer step of the user's model; every ``decide_every`` steps, one decision.
+
+        Raises:
+            NonFiniteLossError: The step's loss is NaN or infinite and the run makes decisions (a
+                decision source, or ``adapt_batch``); the step is in :attr:`steps`. A run without
+                decisions warns (:class:`~autotune.errors.NonFiniteLossWarning`) at its first one
+                and goes on.
+        """
         t = self.trainer
         want = self.decider.trial_config(t.config)  # a side-by-side trial alternates configurations
         if want is not None and want != t.config:
@@ -392,9 +408,14 @@ class Adaptive:
         record = AdaptStep(step=index, loss=result.loss, samples=result.samples, seconds=result.seconds, lr=result.lr,
                            config=config, peak_bytes=peak)  # fmt: skip
         self.steps.append(record)
-        if peak is not None and peak > self.gate.budget and config != self.decider.previous:
+        if not math.isfinite(result.loss):
+            self._diverged(record)
+        over = peak if peak is not None and peak > self.gate.budget else None
+        if over is not None:
+            self._over(record)
+        if over is not None and config != self.decider.previous:
             # A tracked step measured the config over the budget (its prediction was off): go back.
-            self.trainer.reconfigure(self.decider.revert(config, peak, self.trainer.step_count))
+            self.trainer.reconfigure(self.decider.revert(config, over, self.trainer.step_count))
         elif self.decider.trial is not None:  # no decision while a trial lasts: its verdict is the next
             back = self.decider.trial_over(t.step_count, config)
             if back is not None:
@@ -402,6 +423,26 @@ class Adaptive:
         elif decision_due:
             self._decide()
         return record
+
+    def _over(self, record: AdaptStep) -> None:
+        """A tracked step measured over the budget: recorded, and said at once (the run exceeded
+        the memory it was given, if only for one step)."""
+        assert record.peak_bytes is not None
+        predicted = self.gate.predict(record.config)
+        over = OverBudgetStep(step=record.step, config=record.config, peak_bytes=record.peak_bytes,
+                              budget_bytes=self.gate.budget,
+                              predicted_bytes=None if predicted is None else predicted[0])  # fmt: skip
+        self._over_budget.append(over)
+        warnings.warn(OverBudgetWarning(over.describe()), stacklevel=3)
+
+    def _diverged(self, record: AdaptStep) -> None:
+        """A NaN or infinite loss: a run that decides stops (its decisions, the policy's observation
+        and the objective, would act on it); one that does not warns once and goes on."""
+        what = f"step {record.step}: the loss is {record.loss} under {record.config.describe()}"
+        if self.source is not None or self.adapt_batch:
+            raise NonFiniteLossError(f"{what}: an adaptive run stops at a diverged step")
+        if all(math.isfinite(s.loss) for s in self.steps[:-1]):  # the first one only
+            warnings.warn(NonFiniteLossWarning(f"{what}; training goes on"), stacklevel=3)
 
     def _tracks(self, config: TrainConfig) -> bool:
         if self.track_memory == "unverified":

@@ -8,7 +8,7 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.measurement.objective import Score
 
-__all__ = ["AdaptStep", "Change", "ConfigRecord"]
+__all__ = ["AdaptStep", "Change", "ConfigRecord", "OverBudgetStep"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,4 +114,31 @@ class ConfigRecord:
             "efficiency": self.score.efficiency,
             "value": self.score.value,
             "per_gib": self.score.per_gib,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverBudgetStep:
+    """A step whose exact peak (a tracked step) was over the run's memory budget at the time:
+    the gate admitted its configuration on a prediction that was off. The run left it after
+    this step (a ``reverted`` :class:`Change`) unless there was nowhere to go back to."""
+
+    step: int
+    config: TrainConfig
+    peak_bytes: int  # measured
+    budget_bytes: int
+    predicted_bytes: int | None  # what the memory model said, if it could
+
+    def describe(self) -> str:
+        predicted = "" if self.predicted_bytes is None else f" (predicted {self.predicted_bytes} B)"
+        return (f"step {self.step}: {self.config.describe()} measured a peak of {self.peak_bytes} B{predicted}, "
+                f"over the memory budget of {self.budget_bytes} B")  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "config": self.config.to_dict(),
+            "peak_bytes": self.peak_bytes,
+            "budget_bytes": self.budget_bytes,
+            "predicted_bytes": self.predicted_bytes,
         }

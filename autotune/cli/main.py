@@ -1,19 +1,32 @@
 """The ``autotune`` command: one registry of thin commands over the library.
 
-A user mistake (bad workload reference, bad config value) prints one line and exits with 2;
-a configuration that fails to train exits with 1; Ctrl-C exits with 130; no traceback either way.
+Exit codes, each with one line on stderr and no traceback:
+
+- 0: done;
+- 1: a configuration failed to train;
+- 2: a user mistake (bad workload reference, bad config value, a file where a directory goes): nothing written;
+- 3: the loss became NaN or infinite where a result would be meaningless (``tune``, ``train --adapt``);
+- 4: ``train --adapt`` measured a step over its memory budget (unless ``--allow-over-budget``);
+- 130: Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 
-from autotune.errors import AutotuneError, TrainingError
+from autotune.errors import AutotuneError, NonFiniteLossError, TrainingError
 
-__all__ = ["main"]
+__all__ = ["EXIT_NON_FINITE_LOSS", "EXIT_OVER_BUDGET", "main", "warnings_as_lines"]
+
+#: Exit code of a run whose loss became NaN or infinite (:class:`NonFiniteLossError`).
+EXIT_NON_FINITE_LOSS = 3
+#: Exit code of ``train --adapt`` when a step measured over the memory budget.
+EXIT_OVER_BUDGET = 4
 
 # The command registry: each module has ``register(subparsers) -> None``, which adds its parsers
 # and sets ``func`` (a handler taking the parsed args, returning the exit code). They must import
@@ -44,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: int = args.func(args)
         return result
+    except NonFiniteLossError as e:
+        print(f"autotune {args.command}: {e}", file=sys.stderr)
+        return EXIT_NON_FINITE_LOSS
     except TrainingError as e:
         print(f"autotune {args.command}: {e}", file=sys.stderr)
         return 1
@@ -53,6 +69,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"autotune {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def warnings_as_lines(command: str) -> Iterator[None]:
+    """Inside: each of autotune's own warnings (:class:`~autotune.errors.AutotuneWarning`) is one
+    line on stderr, ``autotune COMMAND: warning: ...``, not Python's two lines with a source line."""
+    from autotune.errors import AutotuneWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", AutotuneWarning)  # each is the command's output, even if repeated
+        shown = warnings.showwarning
+
+        def show(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+            if issubclass(category, AutotuneWarning):
+                print(f"autotune {command}: warning: {message}", file=sys.stderr)
+            else:
+                shown(message, category, *args, **kwargs)  # type: ignore[arg-type]
+
+        warnings.showwarning = show
+        yield
 
 
 def _parser() -> argparse.ArgumentParser:

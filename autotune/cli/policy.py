@@ -27,6 +27,7 @@ def register(sub: Any) -> None:
     p.add_argument("--no-randomize", action="store_true", help="no domain randomization")
     p.add_argument("--seed", type=int, default=0, help="seed of PPO and the simulated environments (default 0)")
     p.add_argument("--out", type=Path, default=Path("policy"), help="output directory (default: ./policy)")
+    p.add_argument("--overwrite", action="store_true", help="replace the policy --out already holds")
     p.set_defaults(func=_cmd_train_policy)
 
     p = sub.add_parser(
@@ -40,12 +41,16 @@ def register(sub: Any) -> None:
     p.add_argument("--study", required=True, help="name of a study of WORKLOAD (at least 3 completed trials)")
     p.add_argument("--storage", help="Optuna storage URL or SQLite path (default studies/autotune.db)")
     p.add_argument("--out", type=Path, required=True, help="output policy directory")
+    p.add_argument("--overwrite", action="store_true", help="replace the policy --out already holds")
     p.add_argument("--seconds", type=float, default=30.0, help="fine-tuning wall time in seconds (default 30)")
     p.add_argument("--policy", type=Path, help="policy to start from (default: the shipped pretrained policy)")
     p.add_argument("--seed", type=int, default=0, help="seed of PPO and the simulated environments (default 0)")
     p.set_defaults(func=_cmd_fine_tune_policy)
 
-    p = sub.add_parser("tune", help="run a policy for one episode on the real training loop of a workload")
+    p = sub.add_parser("tune", help="run a policy for one episode on the real training loop of a workload",
+                       epilog="exit codes: 0 done; 1 a configuration failed to train; 2 a user mistake (nothing "
+                       "run); 3 the loss became NaN or infinite (at the start, or the step that ended the "
+                       "episode); 130 Ctrl-C")  # fmt: skip
     p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
     p.add_argument("--policy", type=Path, help="policy directory (default: the shipped pretrained policy)")
     p.add_argument("--memory-budget", default="75%",
@@ -105,6 +110,7 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
     from autotune.envs.simulated import shipped_profiles
     from autotune.policies.ppo import RANK_CHOICES, save_policy, train_policy
 
+    _check_out(args.out, overwrite=args.overwrite)  # before minutes of training
     # A 64x64 MLP on batches of 256: one thread does it; a second only contends with the
     # environments' Python (measured on 2 cores shared with other processes: two threads can be slower than one).
     torch.set_num_threads(1)
@@ -118,6 +124,21 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_out(out: Path, *, overwrite: bool) -> None:
+    """``--out`` of a command that writes a policy directory: refused before any work if it (or a
+    folder in its path) is a file, or it already holds a policy and ``--overwrite`` is not given."""
+    from autotune.errors import ConfigError
+
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == out else f"lies under {str(existing)!r}, a file"
+        raise ConfigError(f"--out must be a directory, but {str(out)!r} {where}.")
+    held = [name for name in ("policy.json", "policy.safetensors") if (out / name).exists()]
+    if held and not overwrite:
+        raise ConfigError(f"--out {str(out)!r} already holds a policy ({', '.join(held)}): pass --overwrite to "
+                          "replace it, or another --out.")  # fmt: skip
+
+
 def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
     import math
 
@@ -129,6 +150,7 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
 
     if not args.seconds > 0:
         raise ConfigError(f"--seconds must be > 0, but got {args.seconds!r}.")
+    _check_out(args.out, overwrite=args.overwrite)  # before profiling and fine-tuning (minutes)
     torch.set_num_threads(1)  # as train-policy: a 64x64 MLP; a second thread only contends
     with Console(stderr=True).status(f"profiling {args.workload}, fitting it to study {args.study!r}, fine-tuning"):
         done = fine_tune_from_study(args.workload, study=args.study, storage=args.storage, out=args.out,
@@ -141,13 +163,18 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
+    import math
+
     from autotune.envs.training import TrainingEnv
+    from autotune.errors import ConfigError, NonFiniteLossError
     from autotune.policies.episode import run_episode
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
     from autotune.resolve import load_workload
     from autotune.units import parse_memory_budget
 
     # Everything the user gave is checked before the first real training step (seconds to minutes).
+    if not (math.isfinite(args.fine_tune_seconds) and args.fine_tune_seconds >= 0):
+        raise ConfigError(f"--fine-tune-seconds must be a finite number >= 0, but got {args.fine_tune_seconds!r}.")
     budget = parse_memory_budget(args.memory_budget)
     policy = load_policy(args.policy or PRETRAINED_DIR)
     workload = load_workload(args.workload)
@@ -167,6 +194,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(episode.to_json())
     else:
         _print_episode(episode, final_knobs)
+    diverged = next((s for s in episode.steps if not math.isfinite(s.loss)), None)
+    if diverged is not None:  # the environment ended the episode there; its output says what ran before
+        raise NonFiniteLossError(f"the loss was {diverged.loss} at step {diverged.step} ({diverged.knobs}): "
+                                 "the episode ended there")  # fmt: skip
     return 0
 
 
@@ -180,6 +211,9 @@ def _record(args: argparse.Namespace, budget: Any, episode: Any, env: Any) -> No
     from autotune.search.study import RunOptions, open_study, prepare, record_trial
 
     best = episode.best
+    if best is None:
+        print(f"nothing recorded in {args.storage}: {episode.nothing_fits}", file=sys.stderr)
+        return
     c, n = best.config, len(env.workload.block_names())
     knobs = Knobs(batch_size=c.effective_batch_size, micro_batch_size=c.micro_batch_size,
                   low_precision_blocks=sum(p != "fp32" for p in c.block_precisions(n)),
@@ -229,7 +263,10 @@ def _print_episode(episode: Any, final_knobs: Any) -> None:
     console.print(f"return {episode.total_reward:+.3f}; default config: {episode.start_config.to_dict()}")
     console.print(f"final config:   {episode.final_config.to_dict()}")
     best = episode.best
-    console.print(f"best measured within budget (step {best.step}, {best.knobs}): {best.config.to_dict()}")
+    if best is None:
+        console.print(episode.nothing_fits)
+    else:
+        console.print(f"best measured within budget (step {best.step}, {best.knobs}): {best.config.to_dict()}")
     # The shared encoding (autotune.knobs): the same point in a study's terms, to check it there.
     console.print(f"final knobs:    {final_knobs}")
 

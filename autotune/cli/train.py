@@ -3,6 +3,12 @@
 In this process (:class:`autotune.adapt.Adaptive`), or on N DeepSpeed ranks
 (:meth:`autotune.adapt.Adaptive.on_ranks`: the ZeRO stage is a knob too, the budget per rank).
 Only argparse at import time; torch and the tuner load inside the handler.
+
+Exit codes (:data:`EPILOG`): 0 done; 1 a configuration failed to train; 2 a user mistake (nothing
+trained); 3 ``--adapt``: the loss became NaN or infinite, the run stopped there (without
+``--adapt`` a warning names the first such step and training goes on); 4 a step measured a peak
+over the memory budget (a prediction the gate trusted was off; each such step is warned of when it
+happens and listed after the run) unless ``--allow-over-budget``; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -13,18 +19,29 @@ from typing import Any
 
 from autotune.cli.flags import BUDGET_HELP, add_ranks_flag
 
-__all__ = ["register"]
+__all__ = ["EPILOG", "register"]
+
+#: The exit codes, as ``autotune train --help`` lists them.
+EPILOG = (
+    "exit codes: 0 done; 1 a configuration failed to train; 2 a user mistake (nothing trained); "
+    "3 with --adapt, the loss became NaN or infinite (the run stops there); 4 a step measured a peak over the "
+    "memory budget (unless --allow-over-budget); 130 Ctrl-C"
+)
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("train", help="train a workload for N steps; with --adapt, keep it at the best configuration")
+    p = sub.add_parser("train", help="train a workload for N steps; with --adapt, keep it at the best configuration",
+                       epilog=EPILOG)  # fmt: skip
     p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
     p.add_argument("--adapt", action="store_true", help="adapt the configuration as training goes (default: fixed)")
     p.add_argument("--policy", type=Path, help="policy directory for --adapt (default: the shipped pretrained one)")
     p.add_argument("--memory-budget", help=f"{BUDGET_HELP} (default: the default configuration's own peak)")
-    p.add_argument("--decide-every", type=int, default=10, help="steps between decisions, >= 2 (default 10)")
-    p.add_argument("--adapt-batch", action="store_true", help="let the effective batch grow with the gradient noise")
+    p.add_argument("--decide-every", type=int, help="with --adapt: steps between decisions, >= 2 (default 10)")
+    p.add_argument("--adapt-batch", action="store_true",
+                   help="with --adapt: let the effective batch grow with the gradient noise")  # fmt: skip
+    p.add_argument("--allow-over-budget", action="store_true",
+                   help="exit 0 even if a step measured a peak over the memory budget (default: exit 4)")  # fmt: skip
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: where the model is)")
     add_ranks_flag(p)
     p.add_argument("--json", action="store_true", help="print the run as JSON: every step and every decision")
@@ -32,6 +49,13 @@ def register(sub: Any) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from autotune.cli.main import warnings_as_lines
+
+    with warnings_as_lines("train"):  # a NaN loss, a step over the budget, a prediction off: one line each
+        return _train_command(args)
+
+
+def _train_command(args: argparse.Namespace) -> int:
     from autotune.adapt.adaptive import Adaptive
     from autotune.errors import ConfigError
     from autotune.resolve import load_workload
@@ -45,6 +69,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.ranks > 1 and args.adapt_batch:
         raise ConfigError("--adapt-batch needs one process (--ranks 1): the batch follows the gradient noise "
                           "scale, which ZeRO's engines do not expose.")  # fmt: skip
+    for flag, given in (("--decide-every", args.decide_every is not None), ("--adapt-batch", args.adapt_batch)):
+        if given and not args.adapt:
+            raise ConfigError(f"{flag} needs --adapt (without it the run keeps the default configuration).")
+    decide_every = 10 if args.decide_every is None else args.decide_every
     from rich.console import Console
 
     wl = load_workload(args.workload)
@@ -54,11 +82,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     with Console(stderr=True).status(f"{wl.name}: memory profile, machine probe and start plan"):
         if args.ranks > 1:
             tuner = Adaptive.on_ranks(wl, ranks=args.ranks, memory_budget=args.memory_budget, policy=policy,
-                                      decide_every=args.decide_every, device=args.device)  # fmt: skip
+                                      decide_every=decide_every, device=args.device)  # fmt: skip
         else:
             tuner = Adaptive(wl.model, wl.make_optimizer(wl.model.parameters()), wl.loss_fn, wl.dataset,
                              batch_size=wl.batch_size, memory_budget=args.memory_budget, policy=policy,
-                             decide_every=args.decide_every, adapt_batch=args.adapt_batch, blocks=wl.blocks,
+                             decide_every=decide_every, adapt_batch=args.adapt_batch, blocks=wl.blocks,
                              device=args.device, name=wl.name,
                              track_memory="all")  # the summary reports measured peaks  # fmt: skip
     try:
@@ -69,11 +97,27 @@ def _cmd_train(args: argparse.Namespace) -> int:
         import json
 
         history = [c.to_dict() for c in tuner.history]
-        run = {"budget_bytes": tuner.budget_bytes, "steps": [s.to_dict() for s in tuner.steps], "history": history}
+        run = {"budget_bytes": tuner.budget_bytes, "steps": [s.to_dict() for s in tuner.steps], "history": history,
+               "over_budget_steps": [o.to_dict() for o in tuner.over_budget_steps]}  # fmt: skip
         print(json.dumps(run, indent=2))
     else:
         _summary(tuner)
-    return 0
+    return _over_budget_exit(tuner, allowed=args.allow_over_budget)
+
+
+def _over_budget_exit(tuner: Any, *, allowed: bool) -> int:
+    """0, or :data:`~autotune.cli.main.EXIT_OVER_BUDGET` with one line if a step measured over the
+    budget and the user did not allow it (each was warned of as it happened)."""
+    import sys
+
+    from autotune.cli.main import EXIT_OVER_BUDGET
+
+    over = tuner.over_budget_steps
+    if not over or allowed:
+        return 0
+    print(f"autotune train: {len(over)} step(s) measured a peak over the memory budget, the first at "
+          f"{over[0].describe()}; --allow-over-budget accepts that", file=sys.stderr)  # fmt: skip
+    return EXIT_OVER_BUDGET
 
 
 def _train(tuner: Any, steps: int, name: str, *, quiet: bool) -> None:
@@ -109,6 +153,8 @@ def _summary(tuner: Any) -> None:
     console.print(f"{len(steps)} steps{where}, {samples} samples in {seconds:.1f} s ({rate:.1f} "
                   f"samples/s), final loss {steps[-1].loss:.4f}, budget {format_bytes(tuner.budget_bytes)}{per_rank}, "
                   f"highest measured peak {format_bytes(max(peaks) if peaks else None)}")  # fmt: skip
+    for over in tuner.over_budget_steps:
+        console.print(f"OVER BUDGET: {over.describe()}", markup=False, highlight=False)
     best = tuner.best  # judged as a study judges its trials (autotune.measurement.objective)
     if best is not None:
         console.print(f"best measured: {best.config.describe()}: {best.score.throughput:.1f} samples/s, peak "

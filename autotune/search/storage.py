@@ -11,6 +11,7 @@ validate everything else first; an unreachable URL raises :class:`StudyError` in
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -76,6 +77,8 @@ def open_storage(storage: str | None, *, create: bool = True) -> optuna.storages
             raise StudyError(f"no study storage at {sqlite_file}: run autotune study first, or pass --storage")
         if storage is None:
             sqlite_file.parent.mkdir(parents=True, exist_ok=True)
+    elif sqlite_file is not None and not create:
+        _check_study_file(sqlite_file)  # RDBStorage would write Optuna's tables into any file
     kwargs: dict[str, object] = {}
     if url.startswith("postgresql"):
         kwargs = {"connect_args": {"connect_timeout": 10}}  # an unreachable host fails in seconds
@@ -84,6 +87,34 @@ def open_storage(storage: str | None, *, create: bool = True) -> optuna.storages
     except (sqlalchemy.exc.SQLAlchemyError, ValueError, ImportError) as e:
         detail = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
         raise StudyError(f"cannot open storage {redact(url)!r}: {detail}") from None
+
+
+#: The first 16 bytes of every SQLite 3 database file (https://www.sqlite.org/fileformat.html).
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_study_file(path: Path) -> None:
+    """Refuse an existing ``path`` that holds no Optuna study storage, read-only (nothing written)."""
+    import sqlite3
+
+    why = None
+    if not path.is_file():
+        why = "not a file"
+    elif path.stat().st_size == 0:
+        why = "an empty file"
+    else:
+        with path.open("rb") as f:
+            if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                why = "not an SQLite database"
+    if why is None:
+        try:
+            with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+                tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as e:
+            raise StudyError(f"cannot open storage {str(path)!r}: {e}") from None
+        why = None if "studies" in tables else "an SQLite database without Optuna's tables"
+    if why is not None:
+        raise StudyError(f"{path} is not a study storage ({why}): run autotune study first, or pass --storage")
 
 
 def load_existing_study(storage: str | None, name: str, *, hint: str = "") -> optuna.Study:

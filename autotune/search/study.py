@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from autotune.config import Precision, TrainConfig
-from autotune.errors import ConfigError, ProposalError, SpecError, StudyError
+from autotune.errors import ConfigError, NonFiniteLossError, ProposalError, SpecError, StudyError
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
 from autotune.search.predictor import MemoryPredictor, load_memory_predictor
@@ -245,9 +245,13 @@ def _check_same(existing: optuna.study.StudySummary, prepared: Prepared, where: 
     assert isinstance(stored, dict)
     for key, value in prepared.identity.items():
         if stored.get(key) != value:
+            # The fingerprint hashes the weights: a build() that draws them unseeded gives another
+            # one on every run, and the user's rerun of the same study is refused.
+            seed = ("unseeded random weights change the fingerprint on every run (seed them: torch.manual_seed "
+                    "in build()), or " if key == "workload_fingerprint" else "")  # fmt: skip
             raise StudyError(
                 f"study {name!r} already exists in {where!r} with another {key.replace('_', ' ')} "
-                f"({stored.get(key)!r}, this run: {value!r}); pass --study-name to start another study"
+                f"({stored.get(key)!r}, this run: {value!r}); {seed}pass --study-name to start another study"
             )
 
 
@@ -374,7 +378,9 @@ def _enqueue_proposal(study: optuna.Study, prepared: Prepared) -> tuple[bool, st
         params = prepared.space.params(knobs)
     except ImportError as e:  # stable-baselines3 / gymnasium are the ``rl`` extra
         return False, f"no policy proposal: the policy needs pip install 'autotune[rl]' ({e})"
-    except (ProposalError, ConfigError) as e:  # ConfigError: the proposal lies outside this study's space
+    # ConfigError: the proposal lies outside this study's space; NonFiniteLossError: the model's
+    # loss is NaN (its trials prune on it).
+    except (ProposalError, ConfigError, NonFiniteLossError) as e:
         return False, f"no policy proposal: {e}"
     study.enqueue_trial(params, user_attrs={ATTR.BASELINE: POLICY_PROPOSAL})
     seconds = time.perf_counter() - start

@@ -13,7 +13,7 @@ from autotune.envs.knobs import KnobLevels
 from autotune import Knobs, TrainConfig
 from autotune.adapt import Adaptive, FixedConfig, Observation, Proposal, RunContext
 from autotune.adapt.batch import grow_batch
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning
 from autotune.measurement.record import Measurement, MemoryBreakdown
 from autotune.memory.blocks import profile_blocks
 from autotune.train.gns import NoiseEstimate
@@ -222,7 +222,8 @@ def test_a_config_measured_over_the_budget_is_left_at_once() -> None:
                      policy=Scripted([_fp32(BATCH)]), decide_every=2, track_memory=True)  # fmt: skip
     start = tuner.config
     tuner.gate.predict = lambda config: (1, True)  # type: ignore[method-assignment]  # a prediction that lies
-    steps = [tuner.step() for _ in range(4)]
+    with pytest.warns(OverBudgetWarning) as caught:
+        steps = [tuner.step() for _ in range(4)]
     tuner.close()
     applied, reverted = tuner.history[1:]
     assert (applied.after, applied.applied) == (_fp32(BATCH), True)
@@ -230,6 +231,18 @@ def test_a_config_measured_over_the_budget_is_left_at_once() -> None:
     assert reverted.measured_bytes is not None and reverted.measured_bytes > budget
     assert steps[2].peak_bytes == reverted.measured_bytes  # the one step it ran, tracked
     assert tuner.config == start
+    # Said at once and kept: the run did exceed its budget for that step (issue 19).
+    (over,) = tuner.over_budget_steps
+    assert (over.step, over.config, over.peak_bytes, over.budget_bytes, over.predicted_bytes) == (
+        2,
+        _fp32(BATCH),
+        reverted.measured_bytes,
+        budget,
+        1,
+    )
+    message = (f"step 2: micro x acc x ranks 32x1x1 | fp32 | ckpt none | ZeRO 0 measured a peak of "
+               f"{reverted.measured_bytes} B (predicted 1 B), over the memory budget of {budget} B")  # fmt: skip
+    assert [str(w.message) for w in caught] == [message]
 
 
 def test_adapt_batch_grows_the_batch_and_scales_the_learning_rate() -> None:
@@ -541,3 +554,32 @@ def test_by_default_only_a_configuration_without_a_verified_prediction_is_tracke
     with pytest.raises(ConfigError, match=r"^track_memory must be 'unverified', True or 'all', False or 'none', "
                                           r"but got 'some'\.$"):  # fmt: skip
         Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=None, track_memory="some")
+
+
+def _nan_run(policy: object) -> Adaptive:
+    from autotune.resolve import load_workload
+    from tests.paths import NAN_WORKLOAD
+
+    wl = load_workload(f"{NAN_WORKLOAD}:build")
+    opt = wl.make_optimizer(wl.model.parameters())
+    return Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=wl.batch_size, policy=policy, decide_every=2)  # type: ignore[arg-type]
+
+
+def test_a_nan_loss_stops_a_run_that_decides() -> None:
+    tuner = _nan_run(Scripted([]))
+    message = ("step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0: an adaptive run "
+               "stops at a diverged step")  # fmt: skip
+    with pytest.raises(NonFiniteLossError, match=f"^{re.escape(message)}$"):
+        tuner.step()
+    tuner.close()
+    assert [s.step for s in tuner.steps] == [0]  # the step is recorded
+
+
+def test_a_nan_loss_in_a_run_without_decisions_warns_once_and_goes_on() -> None:
+    tuner = _nan_run(None)
+    message = "step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0; training goes on"
+    with pytest.warns(NonFiniteLossWarning) as caught:
+        steps = [tuner.step() for _ in range(3)]
+    tuner.close()
+    assert [str(w.message) for w in caught] == [message]
+    assert [s.step for s in steps] == [0, 1, 2]

@@ -24,6 +24,13 @@ from tests.processes import alive
         (("--memory-budget", "8"), "autotune train: error: memory_budget needs a unit: a size such as 8GiB or 8MiB, "
                                    "or a percentage such as 75%, but got '8'.\n"),
         (("--ranks", "0"), "autotune train: error: --ranks must be >= 1, but got 0.\n"),
+        # Flags of an adaptive run, given to a fixed one: refused, not ignored (issue 19).
+        (("--decide-every", "5"), "autotune train: error: --decide-every needs --adapt (without it the run keeps "
+                                  "the default configuration).\n"),
+        (("--decide-every", "10"), "autotune train: error: --decide-every needs --adapt (without it the run keeps "
+                                   "the default configuration).\n"),  # the default's value, given
+        (("--adapt-batch",), "autotune train: error: --adapt-batch needs --adapt (without it the run keeps the "
+                             "default configuration).\n"),
         (("--ranks", "2", "--adapt-batch"), "autotune train: error: --adapt-batch needs one process (--ranks 1): the "
                                             "batch follows the gradient noise scale, which ZeRO's engines do not "
                                             "expose.\n"),
@@ -49,7 +56,8 @@ def test_adaptive_training_reports_the_run(capsys: pytest.CaptureFixture[str]) -
 def test_json_is_every_step_and_decision(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "mlp-digits", "--steps", "2", "--json"]) == 0
     run = json.loads(capsys.readouterr().out)
-    assert run.keys() == {"budget_bytes", "steps", "history"} and run["history"] == []
+    assert run.keys() == {"budget_bytes", "steps", "history", "over_budget_steps"}
+    assert run["history"] == [] and run["over_budget_steps"] == []
     steps = [(s["step"], s["samples"], s["config"]["micro_batch_size"]) for s in run["steps"]]
     assert steps == [(0, 32, 32), (1, 32, 32)]
     # The first step creates Adam's state; the second, the default's first full one, is tracked.
@@ -113,3 +121,48 @@ def test_ctrl_c_on_ranks_exits_130_and_leaves_no_process(
     assert len(session.rank_pids) == 2 and session.closed
     assert not any(alive(pid) for pid in _pids(session))
     assert select.select is not None  # the real module is untouched: only the session's name for it
+
+
+def test_a_step_measured_over_the_budget_is_warned_listed_and_exits_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import autotune.adapt.adaptive
+    from autotune.config import TrainConfig
+    from tests.adapt.scripted import Scripted
+    from tests.paths import TINY_WORKLOAD
+
+    # 80% of the default's peak: the run starts at a smaller micro-batch; the script proposes the
+    # default back, and the gate admits it on a prediction that lies (1 B), made after the start
+    # (as in tests/adapt/test_adaptive.py). The default's tracked step measures it over.
+    default = TrainConfig(micro_batch_size=16, grad_clip=None)
+    monkeypatch.setattr(autotune.adapt.adaptive, "decision_source", lambda policy: Scripted([default]))
+    init = Adaptive.__init__
+
+    def lying(self: Adaptive, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.gate.predict = lambda config: (1, True)  # type: ignore[method-assignment]
+
+    monkeypatch.setattr(Adaptive, "__init__", lying)
+    args = ["train", f"{TINY_WORKLOAD}:build", "--steps", "6", "--adapt", "--decide-every", "2", "--memory-budget",
+            "80%"]  # fmt: skip
+    assert main([*args, "--json"]) == 4
+    out = capsys.readouterr()
+    run = json.loads(out.out)
+    (over,) = run["over_budget_steps"]
+    peak, budget = over["peak_bytes"], over["budget_bytes"]
+    assert (over["step"], over["predicted_bytes"], over["config"]["micro_batch_size"]) == (2, 1, 16)
+    assert peak > budget == run["budget_bytes"] and run["steps"][2]["peak_bytes"] == peak
+    reverted = [c for c in run["history"] if c["reverted"]]
+    assert [(c["step"], c["measured_bytes"]) for c in reverted] == [(3, peak)]
+    what = (f"step 2: micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0 measured a peak of {peak} B "
+            f"(predicted 1 B), over the memory budget of {budget} B")  # fmt: skip
+    assert [line for line in out.err.splitlines() if line] == [
+        f"autotune train: warning: {what}",
+        f"autotune train: 1 step(s) measured a peak over the memory budget, the first at {what}; "
+        "--allow-over-budget accepts that",
+    ]
+    # The same run, allowed: exit 0, the warning still said.
+    assert main([*args, "--allow-over-budget"]) == 0
+    out = capsys.readouterr()
+    assert [line for line in out.err.splitlines() if line] == [f"autotune train: warning: {what}"]
+    assert f"OVER BUDGET: {what}" in " ".join(out.out.split())

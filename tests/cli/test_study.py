@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from autotune.cli import main
 from autotune.config import TrainConfig
 from autotune.zoo import BUILTINS
-from tests.paths import TINY_WORKLOAD
+from tests.paths import TINY_WORKLOAD, USER_WORKLOAD
 
 TINY = TINY_WORKLOAD
 BUILTIN_NAMES = ", ".join(sorted(BUILTINS))
@@ -297,3 +298,49 @@ def test_no_policy_proposal_enqueues_only_the_two_baselines(tmp_path: Path, caps
     assert main(args) == 0
     assert capsys.readouterr().err == "study 'tiny' ready: 2 trials enqueued; start the workers now\n"
     assert [t.user_attrs["baseline"] for t in _study(db).trials] == ["pytorch-default", "seed-recipe"]
+
+
+def test_a_rerun_of_an_unseeded_workload_says_why_its_fingerprint_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The README's user workload without its torch.manual_seed(0): other weights on every build().
+    unseeded = tmp_path / "unseeded.py"
+    unseeded.write_text(USER_WORKLOAD.read_text().replace("torch.manual_seed(0)", ""))
+    db = tmp_path / "s.db"
+    args = ["study", f"{unseeded}:build", "--storage", str(db), "--no-policy-proposal", "--create-only"]
+    assert main(args) == 0
+    capsys.readouterr()
+    before = db.read_bytes()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    line = (f"autotune study: error: study 'my-net' already exists in 'sqlite:///{db}' with another workload "
+            "fingerprint ('HEX', this run: 'HEX'); unseeded random weights change the fingerprint on every run (seed "
+            "them: torch.manual_seed in build()), or pass --study-name to start another study\n")  # fmt: skip
+    assert re.fullmatch(re.escape(line).replace("HEX", "[0-9a-f]{64}"), err)
+    assert err.count("\n") == 1 and db.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"", "an empty file"),
+        (b"trial,value\n0,1.5\n", "not an SQLite database"),
+        (None, "an SQLite database without Optuna's tables"),
+    ],
+)
+@pytest.mark.parametrize("command", [("dashboard",), ("best", "tiny")])
+def test_a_storage_file_that_is_no_study_storage_is_refused_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None, why: str, command: tuple[str, ...]
+) -> None:
+    path = tmp_path / "data.db"
+    if content is None:
+        with sqlite3.connect(path) as db:  # someone else's database
+            db.execute("CREATE TABLE notes (text TEXT)")
+    else:
+        path.write_bytes(content)
+    before = path.read_bytes()
+    assert main([*command, "--storage", str(path)]) == 2
+    out = capsys.readouterr()
+    line = f"autotune {command[0]}: error: {path} is not a study storage ({why}): run autotune study first, or pass "
+    assert (out.out, out.err) == ("", line + "--storage\n")
+    assert path.read_bytes() == before

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from autotune.envs.calibration import relative_nnls
@@ -28,3 +30,15 @@ def test_terms_stay_non_negative() -> None:
     theta = relative_nnls(rows, seconds)
     assert theta[1] == 0.0 and np.all(theta >= 0)
     assert np.max(np.abs(rows @ theta / seconds - 1)) < 0.05
+
+
+def test_a_nan_loss_is_refused_before_anything_is_calibrated() -> None:
+    from autotune.envs.calibration import calibrate
+
+    from autotune.errors import NonFiniteLossError
+    from autotune.resolve import load_workload
+    from tests.paths import NAN_WORKLOAD
+
+    message = "nan-net: the default configuration's loss is nan at step 1: nothing to calibrate"
+    with pytest.raises(NonFiniteLossError, match=f"^{re.escape(message)}$"):
+        calibrate(load_workload(f"{NAN_WORKLOAD}:build"), curve_steps=2, timing_rounds=1)

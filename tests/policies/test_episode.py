@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from autotune.cli import main
 from autotune.config import TrainConfig
+from autotune.units import format_bytes
 from tests.paths import TINY_WORKLOAD
 
 TINY = TINY_WORKLOAD
@@ -65,3 +68,70 @@ def test_the_best_step_is_the_objective_s_goodput_when_the_batch_was_a_knob() ->
     # At batch 64 against 32 with a noise scale of 10 samples: efficiency 42/74, goodput 85 < 100.
     assert Episode(workload="w", budget_bytes=2**30, steps=steps).best.step == 1
     assert Episode(workload="w", budget_bytes=2**30, steps=steps, adapt_batch=True).best.step == 0
+
+
+def _step(i: int, peak: int, loss: float = 1.0) -> Any:
+    from autotune.policies.episode import EpisodeStep
+
+    return EpisodeStep(step=i, action=None, knobs="16x1", batch=16, config=TrainConfig(micro_batch_size=16),
+                       throughput=100.0 * (i + 1), peak_bytes=peak, b_noise=None, loss=loss, reward=None)  # fmt: skip
+
+
+def test_a_start_over_the_budget_with_every_action_refused_is_no_best() -> None:
+    from autotune.policies.episode import Episode
+
+    # Seen (issue 19): step 0 peaked at 9.30 MB against a 6.98 MB budget, every action refused.
+    episode = Episode(workload="w", budget_bytes=6_980_000, steps=(_step(0, 9_300_000), _step(1, 9_300_000)))
+    assert episode.best is None
+    line = "nothing measured fitted the budget of 6.657 MiB: the lowest peak was 8.869 MiB (step 0, 16x1)"
+    assert episode.nothing_fits == line
+    data = episode.to_dict()
+    assert (data["best_step"], data["best_config"], data["nothing_fits"]) == (None, None, line)
+
+
+def test_a_step_whose_loss_is_not_finite_is_never_the_best() -> None:
+    from autotune.policies.episode import Episode
+
+    episode = Episode(workload="w", budget_bytes=2**20, steps=(_step(0, 2**19), _step(1, 2**19, loss=math.nan)))
+    assert episode.best is not None and episode.best.step == 0 and episode.nothing_fits is None
+
+
+def test_tune_says_nothing_fitted_and_records_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "s.db"
+    code = main(["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--fine-tune-seconds", "0",
+                 "--memory-budget", "1%", "--storage", f"sqlite:///{db}", "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    episode = json.loads(out)
+    low = min(s["peak_bytes"] for s in episode["steps"])
+    assert all(s["peak_bytes"] > episode["budget_bytes"] for s in episode["steps"])
+    assert (episode["best_step"], episode["best_config"]) == (None, None)
+    line = (f"nothing measured fitted the budget of {format_bytes(episode['budget_bytes'])}: the lowest peak was "
+            f"{format_bytes(low)} (step 0, 16x1)")  # fmt: skip
+    assert episode["nothing_fits"] == line
+    assert err == f"nothing recorded in sqlite:///{db}: {line}\n"
+    assert not db.exists()
+
+
+def test_tune_stops_with_exit_3_at_a_step_whose_loss_is_not_finite(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autotune.envs.training import TrainingEnv
+
+    train = TrainingEnv._train
+    calls = []
+
+    def diverging(self: TrainingEnv, knobs: Any) -> Any:
+        result = train(self, knobs)
+        calls.append(knobs)
+        return result._replace(loss=math.nan) if len(calls) == 2 else result  # the first action's interval
+
+    monkeypatch.setattr(TrainingEnv, "_train", diverging)
+    code = main(["tune", f"{TINY}:build", "--steps", "3", "--steps-per-action", "2", "--fine-tune-seconds", "0",
+                 "--memory-budget", "200%", "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    episode = json.loads(out)  # what ran before is still reported
+    last = episode["steps"][-1]
+    assert code == 3 and last["step"] == 1 and math.isnan(last["loss"])
+    assert episode["best_step"] == 0  # the diverged step is not the best, whatever its throughput
+    assert err == f"autotune tune: the loss was nan at step 1 ({last['knobs']}): the episode ended there\n"

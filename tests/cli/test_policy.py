@@ -1,0 +1,64 @@
+"""The policy commands' bad inputs (``train-policy``, ``fine-tune-policy``, ``tune``): one line, exit 2,
+nothing written, before any training (issue 19)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from tests.paths import TINY_WORKLOAD
+
+TINY = f"{TINY_WORKLOAD}:build"
+HELD = "already holds a policy (policy.json, policy.safetensors): pass --overwrite to replace it, or another --out."
+
+
+def _policy_dir(path: Path) -> Path:
+    path.mkdir()
+    (path / "policy.json").write_text("{}")
+    (path / "policy.safetensors").write_bytes(b"weights")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("out", "why"),
+    [
+        ("FILE", "--out must be a directory, but 'FILE' is a file."),
+        ("FILE/sub", "--out must be a directory, but 'FILE/sub' lies under 'FILE', a file."),
+        ("POLICY", f"--out 'POLICY' {HELD}"),
+    ],
+)
+@pytest.mark.parametrize("command", ["train-policy", "fine-tune-policy"])
+def test_an_out_that_cannot_take_a_policy_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], out: str, why: str, command: str
+) -> None:
+    paths = {"FILE": str(tmp_path / "notes.txt"), "POLICY": str(_policy_dir(tmp_path / "policy"))}
+    Path(paths["FILE"]).write_text("my notes\n")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for key, value in paths.items():
+        out, why = out.replace(key, value), why.replace(key, value)
+    storage = tmp_path / "s.db"
+    args = {"train-policy": ["--timesteps", "64"], "fine-tune-policy": [TINY, "--study", "tiny", "--storage",
+                                                                          str(storage)]}[command]  # fmt: skip
+    assert main([command, *args, "--out", out]) == 2
+    assert capsys.readouterr() == ("", f"autotune {command}: error: {why}\n")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # nothing written
+
+
+def test_overwrite_replaces_a_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _policy_dir(tmp_path / "policy")
+    assert main(["train-policy", "--timesteps", "64", "--out", str(out), "--overwrite"]) == 0
+    saved = f"\nsaved {out}/policy.safetensors and {out}/policy.json\n"
+    assert capsys.readouterr().out.endswith(saved)  # after SB3's training log
+    assert (out / "policy.json").read_text() != "{}"
+
+
+@pytest.mark.parametrize("seconds", ["-1", "nan", "inf"])
+def test_tune_refuses_fine_tune_seconds_that_are_not_a_finite_number_at_least_0(
+    seconds: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["tune", TINY, "--fine-tune-seconds", seconds]) == 2
+    value = float(seconds)
+    line = f"autotune tune: error: --fine-tune-seconds must be a finite number >= 0, but got {value!r}.\n"
+    assert capsys.readouterr() == ("", line)
