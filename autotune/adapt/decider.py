@@ -174,9 +174,9 @@ class Decider:
         """After each step: once both sides of a trial have :data:`PAIRED_STEPS` timed steps and
         the last ran the candidate, its verdict: kept (None; the run is there) if its median
         objective per GiB is more than the margin above the incumbent's and the gap is larger
-        than their spreads, measured side by side; more steps while neither is separated from
-        the other (up to :data:`MAX_PAIRED_STEPS` each); else the change back to the incumbent
-        (make it, then :meth:`moved`)."""
+        than their spreads, measured side by side; more steps while it is above the margin but
+        within the spreads (up to :data:`MAX_PAIRED_STEPS` each); else the change back to the
+        incumbent (make it, then :meth:`moved`)."""
         trial = self.trial
         if trial is None or current != trial.candidate:
             return None
@@ -198,8 +198,8 @@ class Decider:
             self.trial = None
             self._recent = list(trial.samples[trial.candidate])  # what the next observation reads
             return None
-        if fewest < MAX_PAIRED_STEPS and not separated(b, a, scale_a=scale_b, scale_b=scale_a):
-            return None  # within each other's spread: more steps of each side (bounded)
+        if fewest < MAX_PAIRED_STEPS and here > (1 + MARGIN) * there:
+            return None  # above the margin, but within the spread: more steps of each side (bounded)
         self.trial = None
         counts = f"{len(trial.samples[trial.candidate])} steps against {len(trial.samples[trial.incumbent])}"
         reason = (f"side by side ({counts}): measured {here:.1f} per GiB, not {MARGIN:.0%} above the {there:.1f} of "

@@ -82,6 +82,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--json", action="store_true", help="print the episode as JSON: each step's action, config, measures, reward"
     )
+    p.add_argument(
+        "--retime",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="re-time the three best steps side by side before naming the best (default: on; seconds)",
+    )
     p.set_defaults(func=_cmd_tune)
 
 
@@ -165,9 +171,12 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     import math
 
+    import torch
+    from rich.console import Console
+
     from autotune.envs.training import TrainingEnv
     from autotune.errors import ConfigError, NonFiniteLossError
-    from autotune.policies.episode import run_episode
+    from autotune.policies.episode import retime_best, run_episode
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
     from autotune.resolve import load_workload
     from autotune.units import parse_memory_budget
@@ -188,6 +197,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         final_knobs = env.knobs
     finally:
         env.close()
+    if args.retime and all(math.isfinite(s.loss) for s in episode.steps):
+        with Console(stderr=True).status("re-timing the best steps side by side"):
+            episode = retime_best(episode, workload, threads=torch.get_num_threads())
     if args.storage:
         _record(args, budget, episode, env)
     if args.json:
@@ -267,6 +279,14 @@ def _print_episode(episode: Any, final_knobs: Any) -> None:
         console.print(episode.nothing_fits)
     else:
         console.print(f"best measured within budget (step {best.step}, {best.knobs}): {best.config.to_dict()}")
+        r = episode.retimed
+        if r is not None:
+            i = r["steps"].index(r["winner"])
+            verdict = "decided" if r["decided"] else "too close to call: within each other's spread"
+            console.print(f"  re-timed side by side with steps {r['steps']}: {r['retimed_per_gib'][i]:.1f} per GiB "
+                          f"(spread {r['retimed_spread'][i]:.1%}; {verdict}, {r['rounds']} rounds)")  # fmt: skip
+            if r["note"]:
+                console.print(f"  {r['note']}")
     # The shared encoding (autotune.knobs): the same point in a study's terms, to check it there.
     console.print(f"final knobs:    {final_knobs}")
 

@@ -357,7 +357,7 @@ def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
     assert (went.step, went.source, went.after, went.applied) == (5, "scripted", slow, True)
     assert (back.step, back.source, back.before, back.after, back.applied) == (14, "measured", slow, fast, True)
     assert re.fullmatch(r"side by side \(4 steps against 4\): measured [\d.]+ per GiB, not 3% above the [\d.]+ of the "
-                        "configuration it replaced: back to it", back.reason)  # fmt: skip
+                        "configuration it replaced beyond their spread: back to it", back.reason)  # fmt: skip
     assert (again.step, again.source, again.after, again.applied) == (15, "scripted", slow, False)
     assert again.reason.startswith("scripted; measured at step 14: ")
     # fast: re-judged at step 20 over every step it timed (3 before step 5, 4 in the trial, 6 after it)

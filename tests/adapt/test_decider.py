@@ -140,14 +140,15 @@ def test_side_by_side_trials_alternate_and_judge_the_pairs() -> None:
 
 
 def test_a_trial_within_the_spread_of_its_incumbent_runs_more_steps_then_goes_back() -> None:
-    """B's median is 10% above A's, but its steps swing +-20%: not separated from A's by more than
-    their spreads, so the trial runs up to MAX_PAIRED_STEPS of each side before going back."""
+    """B's median is 10% above A's (above the margin), but its steps swing by 20 samples/s around
+    it (a median absolute deviation of 10): the gap is not larger than the spreads, so the trial
+    runs up to MAX_PAIRED_STEPS of each side, then goes back."""
     decider = _decider(Scripted([B]), _gate({A: GIB, B: GIB}), paired=True)
     _time(decider, A, 100.0, 100.0, 100.0)
     change = decider.decide(_obs(9, A))
     assert change is not None
     decider.moved(change)
-    noisy = iter([88.0, 132.0, 110.0] * 10)
+    noisy = iter([90.0, 130.0, 110.0, 110.0] * 10)
     ran, current, back = [], B, None
     for step in range(10, 60):
         want = decider.trial_config(current)

@@ -87,7 +87,7 @@ def test_the_shipped_specs_are_valid(name: str) -> None:
     ("text", "message"),
     [
         ('workload = "x"\ntrial = 3', "unknown key 'trial' (known keys: measure, memory_budget, name, "
-         "policy_proposal, sampler, seed, space, timeout, trials, workload)."),
+         "policy_proposal, retime, sampler, seed, space, timeout, trials, workload)."),
         ('workload = "x"\npolicy_proposal = "no"', "policy_proposal must be true or false, but got 'no'."),
         ('workload = "x"\n[space]\nrank = [2]', "unknown key 'space.rank' (known keys: batch_size, batch_sizes, "
          "blocks, precisions, ranks, zero_stages)."),
