@@ -14,16 +14,20 @@ hf-resnet        transformers ResNetForImageClassification, ~3.5M, bottlenecks, 
 hf-convnext      transformers ConvNextForImageClassification, ~6.4M, 64x64 images
 lstm-lm          4 residual nn.LSTM blocks, ~2.2M parameters, context 128, Markov text
 gru-lm           4 residual nn.GRU blocks, ~1.7M parameters, context 128, Markov text
+shared-encoder   nn.TransformerEncoder classifier, ~1.0M, layer 3 is layer 0, tied head
+unet-tiny        two-level UNet, ~0.6M, BatchNorm, skip concatenations, 64x64 images
 random:SEED      a generated architecture (mlp / attention / conv blocks), 0.05M-3M parameters
 random2:SEED     the same with shared blocks, tied heads, skips, BatchNorm, dropout, dict batches
 ================ ==========================================================================
 
-The ``hf-*``, ``lstm-lm`` and ``gru-lm`` workloads are the *corpus* (:mod:`autotune.zoo.corpus`):
-third-party model classes built from their config classes with random initialisation (nothing
-is downloaded), at any size: ``CORPUS[name].build(**overrides)``, ``CORPUS[name].tiny`` for
-tests. The ``hf-*`` ones need transformers (``pip install 'autotune[hf]'``). Vision models come
-from transformers because torchvision (and timm, which needs it) does not import beside the
-local CPU torch wheel this project is developed on (``operator torchvision::nms does not exist``).
+The ``hf-*``, ``lstm-lm``, ``gru-lm``, ``shared-encoder`` and ``unet-tiny`` workloads are the
+*corpus* (:mod:`autotune.zoo.corpus`): third-party model classes built from their config classes
+with random initialisation (nothing is downloaded), and torch's own layers in the structures users
+write (:mod:`autotune.zoo.structured`: a shared layer and a tied head, a UNet's skips), at any
+size: ``CORPUS[name].build(**overrides)``, ``CORPUS[name].tiny`` for tests. The ``hf-*`` ones
+need transformers (``pip install 'autotune[hf]'``). Vision models come from transformers because
+torchvision (and timm, which needs it) does not import beside the local CPU torch wheel this
+project is developed on (``operator torchvision::nms does not exist``).
 
 Every builder is deterministic: building twice gives bit-identical weights and data. Importing
 this package does not import torch (``autotune`` must import fast); each builder imports its
