@@ -17,7 +17,7 @@ gru-lm           4 residual nn.GRU blocks, ~1.7M parameters, context 128, Markov
 shared-encoder   nn.TransformerEncoder classifier, ~1.0M, layer 3 is layer 0, tied head
 unet-tiny        two-level UNet, ~0.6M, BatchNorm, skip concatenations, 64x64 images
 random:SEED      a generated architecture (mlp / attention / conv blocks), 0.05M-3M parameters
-random2:SEED     the same with shared blocks, tied heads, skips, BatchNorm, dropout, dict batches
+random2:SEED     the same with shared blocks, tied heads, skips, running state, dict batches
 ================ ==========================================================================
 
 The ``hf-*``, ``lstm-lm``, ``gru-lm``, ``shared-encoder`` and ``unet-tiny`` workloads are the

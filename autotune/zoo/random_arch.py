@@ -22,9 +22,9 @@ Versions: ``random:SEED`` (``version=1``) is the chain above, unchanged since th
 shipped profiles (``envs/profiles/random-10.json`` ..) and the transfer check's held-out seeds
 (``random:3``, ``random:7``) were measured on it. ``random2:SEED`` (``version=2``) draws the same
 fields and then the structures users write beyond a chain: a module shared by two block
-positions, a tied head, UNet- or DenseNet-like skips, BatchNorm, dropout, dict batches with a
-mask, two outputs (see :mod:`autotune.zoo.random_structure`; ``RandomArchSpec.features`` says
-which were drawn).
+positions, a tied head, UNet- or DenseNet-like skips, BatchNorm and running state of its own,
+dropout, dict batches with a mask, two outputs (see :mod:`autotune.zoo.random_structure`;
+``RandomArchSpec.features`` says which were drawn).
 """
 
 from __future__ import annotations

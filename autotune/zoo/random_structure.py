@@ -15,6 +15,8 @@ skip         UNet-like (block ``i``'s output into block ``depth - 1 - i``'s inpu
              or DenseNet-like (block ``j - 2``'s into block ``j``'s), added or
              concatenated (then projected back to the width)
 batchnorm    a BatchNorm1d on every block's input (running statistics)             0.4
+running      a :class:`RunningCenter` on every block's output: running state of a  0.3
+             user's own (an EMA and a counter its forward updates)
 dropout      dropout 0.1 or 0.2 on every block's output                             0.4
 dict_batch   dict batches ``{"x", "mask", "labels"}``: sequences of random length  0.4
              (at least half the positions), masked pooling
@@ -39,11 +41,20 @@ from torch import nn
 
 from autotune.errors import WorkloadError
 
-__all__ = ["Merge", "Structure", "StructuredBlock", "StructuredNet", "draw_structure", "structured_loss", "FEATURES"]
+__all__ = [
+    "Merge",
+    "RunningCenter",
+    "Structure",
+    "StructuredBlock",
+    "StructuredNet",
+    "draw_structure",
+    "structured_loss",
+    "FEATURES",
+]
 
 Merge = Literal["add", "concat"]
 #: Every feature a :class:`Structure` may have (see the module docstring).
-FEATURES = frozenset({"shared", "tied", "skip", "batchnorm", "dropout", "dict_batch", "two_outputs"})
+FEATURES = frozenset({"shared", "tied", "skip", "batchnorm", "running", "dropout", "dict_batch", "two_outputs"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +66,7 @@ class Structure:
         skips: ``(i, j)`` pairs: block ``i``'s output joins block ``j``'s input (``i < j - 1``).
         merge: How a skip joins: ``add``, or ``concat`` then a linear projection to the width.
         batchnorm: A BatchNorm1d on each block's input.
+        running: A :class:`RunningCenter` on each block's output.
         dropout: Dropout probability on each block's output (0: none).
         dict_batch: Dict batches with a padding mask.
         two_outputs: A reconstruction of the inputs as a second output.
@@ -65,6 +77,7 @@ class Structure:
     skips: tuple[tuple[int, int], ...] = ()
     merge: Merge = "add"
     batchnorm: bool = False
+    running: bool = False
     dropout: float = 0.0
     dict_batch: bool = False
     two_outputs: bool = False
@@ -97,6 +110,7 @@ class Structure:
             "tied": self.tied,
             "skip": bool(self.skips),
             "batchnorm": self.batchnorm,
+            "running": self.running,
             "dropout": self.dropout > 0,
             "dict_batch": self.dict_batch,
             "two_outputs": self.two_outputs,
@@ -119,6 +133,7 @@ def draw_structure(rng: random.Random, depth: int) -> Structure:
             skips = tuple((j - 2, j) for j in range(2, depth))
         merge = rng.choice(get_args(Merge))
     batchnorm = rng.random() < 0.4
+    running = rng.random() < 0.3
     dropout = rng.choice((0.1, 0.2)) if rng.random() < 0.4 else 0.0
     dict_batch = rng.random() < 0.4
     two_outputs = rng.random() < 0.4
@@ -128,6 +143,7 @@ def draw_structure(rng: random.Random, depth: int) -> Structure:
         skips=skips,
         merge=merge,
         batchnorm=batchnorm,
+        running=running,
         dropout=dropout,
         dict_batch=dict_batch,
         two_outputs=two_outputs,
@@ -135,18 +151,42 @@ def draw_structure(rng: random.Random, depth: int) -> Structure:
     )
 
 
-class StructuredBlock(nn.Module):
-    """A chain block with the structure's running state and dropout: ``drop(block(bn(x)))``."""
+class RunningCenter(nn.Module):
+    """Subtracts a running mean of its input's features (an EMA it updates in train mode, as
+    BatchNorm does, but not BatchNorm: what a checkpointed block's recompute must not update twice)
+    and counts the batches it saw."""
 
-    def __init__(self, inner: nn.Module, *, width: int, batchnorm: bool, dropout: float) -> None:
+    mean: torch.Tensor
+    batches: torch.Tensor
+
+    def __init__(self, width: int, *, momentum: float = 0.1) -> None:
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("mean", torch.zeros(width))
+        self.register_buffer("batches", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x - self.mean  # the mean before this batch: the output depends on the running state
+        if self.training:
+            with torch.no_grad():
+                self.mean.lerp_(x.mean(dim=tuple(range(x.dim() - 1))), self.momentum)
+                self.batches.add_(1)
+        return out
+
+
+class StructuredBlock(nn.Module):
+    """A chain block with the structure's running state and dropout: ``drop(center(block(bn(x))))``."""
+
+    def __init__(self, inner: nn.Module, *, width: int, batchnorm: bool, running: bool, dropout: float) -> None:
         super().__init__()
         self.norm = nn.BatchNorm1d(width) if batchnorm else nn.Identity()
         self.inner = inner
+        self.center = RunningCenter(width) if running else nn.Identity()
         self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm(x.transpose(1, 2)).transpose(1, 2)  # BatchNorm1d wants channels before length
-        out: torch.Tensor = self.drop(self.inner(h))
+        out: torch.Tensor = self.drop(self.center(self.inner(h)))
         return out
 
 
@@ -171,7 +211,8 @@ class StructuredNet(nn.Module):
         self.embed = nn.Linear(in_features, width)
         s = structure
         blocks = [
-            StructuredBlock(make_block(), width=width, batchnorm=s.batchnorm, dropout=s.dropout) for _ in range(depth)
+            StructuredBlock(make_block(), width=width, batchnorm=s.batchnorm, running=s.running, dropout=s.dropout)
+            for _ in range(depth)
         ]
         if s.shared is not None:
             blocks[s.shared[0]] = blocks[s.shared[1]]

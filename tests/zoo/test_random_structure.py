@@ -16,10 +16,10 @@ from autotune.resolve import load_workload
 from autotune.train import Trainer
 from autotune.zoo import random_workload, random_workload_from_ref
 from autotune.zoo.random_arch import RandomArchSpec, count_parameters, sample_spec
-from autotune.zoo.random_structure import FEATURES, Structure, StructuredBlock
+from autotune.zoo.random_structure import FEATURES, RunningCenter, Structure, StructuredBlock
 
-#: Seeds 0-3 of version 2 draw every feature between them (the training test runs 0-7).
-SEEDS = range(8)
+#: Seeds 0-2 of version 2 draw every feature between them; 0-9 both ways a skip joins.
+SEEDS = range(10)
 
 
 def test_version_1_is_the_architecture_the_shipped_profiles_measured() -> None:
@@ -47,8 +47,10 @@ def test_version_2_draws_the_chain_of_version_1_where_it_fits_with_its_structure
 
 
 def test_every_feature_is_drawn_over_the_first_seeds() -> None:
-    drawn = [sample_spec(seed, version=2).features for seed in range(4)]
+    drawn = [sample_spec(seed, version=2).features for seed in range(3)]
     assert frozenset().union(*drawn) == FEATURES
+    structures = [sample_spec(seed, version=2).structure for seed in SEEDS]
+    assert {s.merge for s in structures if s is not None and s.skips} == {"add", "concat"}
 
 
 def _observed(workload: Workload) -> frozenset[str]:
@@ -62,6 +64,7 @@ def _observed(workload: Workload) -> frozenset[str]:
         "tied": isinstance(out, dict) and model.recon is None,
         "skip": bool(model.sources),
         "batchnorm": any(isinstance(m, nn.BatchNorm1d) for m in model.modules()),
+        "running": any(isinstance(m, RunningCenter) for m in model.modules()),
         "dropout": any(isinstance(m, nn.Dropout) for m in model.modules()),
         "dict_batch": isinstance(item, dict),
         "two_outputs": isinstance(out, dict),
