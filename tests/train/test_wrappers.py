@@ -132,34 +132,40 @@ def test_recompute_updates_running_state_once(kind: str, micro_batches: int) -> 
     assert [int(c) for c in counters] == [micro_batches] * 3  # once per forward, not twice
 
 
-def _bn_cnn_workload() -> Workload:
-    model = _stateful_blocks("bn2d")
-    model.append(nn.Sequential(nn.Flatten(), nn.Linear(100, 3)))
+def _stateful_workload(kind: str) -> Workload:
+    model = _stateful_blocks(kind)
+    model.append(nn.Sequential(nn.Flatten(), nn.Linear(100 if kind == "bn2d" else 8, 3)))
     generator = torch.Generator().manual_seed(2)
-    data = TensorDataset(torch.randn(32, 4, 5, 5, generator=generator), torch.randint(0, 3, (32,), generator=generator))
+    shape = (32, 4, 5, 5) if kind == "bn2d" else (32, 8)
+    data = TensorDataset(torch.randn(shape, generator=generator), torch.randint(0, 3, (32,), generator=generator))
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return nn.functional.cross_entropy(m(batch[0]), batch[1])
 
-    return Workload(name="bn-cnn", model=model, dataset=data, loss_fn=loss_fn, blocks=["0", "1", "2"], batch_size=8)
+    return Workload(name=kind, model=model, dataset=data, loss_fn=loss_fn, blocks=["0", "1", "2"], batch_size=8)
 
 
-def _trained(workload: Workload, checkpoint: bool) -> tuple[float, dict[str, torch.Tensor]]:
-    trainer = Trainer(workload, TrainConfig(micro_batch_size=4, grad_accum_steps=2, checkpoint=checkpoint))
-    torch.manual_seed(0)
-    loss = trainer.step().loss
+def _trained(workload: Workload, **knobs: Any) -> tuple[float, dict[str, torch.Tensor]]:
+    trainer = Trainer(workload, TrainConfig(micro_batch_size=4, grad_accum_steps=2, **knobs))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # dropout masks: the same in both runs
+        loss = trainer.step().loss
     state = trainer.model.state_dict()
     trainer.close()
     return loss, state
 
 
-def test_the_local_trainer_recomputes_batchnorm_exactly() -> None:
-    workload = _bn_cnn_workload()
-    plain_loss, plain = _trained(workload, checkpoint=False)
-    loss, state = _trained(workload, checkpoint=True)
+@pytest.mark.parametrize(
+    ("kind", "precision"), [("bn1d", "fp32"), ("bn2d", "fp32"), ("running-mean", "fp32"), ("bn2d", "bf16")]
+)
+def test_the_local_trainer_recomputes_running_state_exactly(kind: str, precision: str) -> None:
+    workload = _stateful_workload(kind)
+    plain_loss, plain = _trained(workload, precision=precision)
+    loss, state = _trained(workload, precision=precision, checkpoint=True)
     assert loss == plain_loss
     assert plain.keys() == state.keys() and all(torch.equal(plain[k], state[k]) for k in plain)
-    assert int(state["0.1.num_batches_tracked"]) == 2  # two micro-batches, one update each
+    counter = "0.steps" if kind == "running-mean" else "0.1.num_batches_tracked"
+    assert int(state[counter]) == 2  # two micro-batches, one update each
 
 
 def test_the_exported_apply_recomputes_batchnorm_exactly() -> None:
