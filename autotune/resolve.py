@@ -23,8 +23,8 @@ __all__ = ["load_workload"]
 def load_workload(ref: str) -> Workload:
     """Resolve a workload reference.
 
-    ``ref`` is a built-in name (see ``autotune workloads``), ``random:SEED`` for a generated
-    architecture, ``path/to/file.py:build`` or ``package.module:build``. The function named after
+    ``ref`` is a built-in name (see ``autotune workloads``), ``random:SEED`` (or ``random2:SEED``) for a
+    generated architecture, ``path/to/file.py:build`` or ``package.module:build``. The function named after
     the colon is called with no arguments and must return a :class:`Workload`.
 
     Raises:
@@ -32,7 +32,7 @@ def load_workload(ref: str) -> Workload:
     """
     if ref in zoo.BUILTINS:
         return dataclasses.replace(zoo.BUILTINS[ref].build(), source=ref)
-    if ref.startswith("random:"):
+    if ref.partition(":")[0] in zoo.RANDOM_PREFIXES and ":" in ref:
         return dataclasses.replace(zoo.random_workload_from_ref(ref), source=ref)
     if ":" not in ref:
         names = ", ".join(sorted(zoo.BUILTINS))

@@ -5,6 +5,9 @@ under ``torch.autocast`` (per-block precision) and/or inside ``torch.utils.check
 (per-block recompute). Removing the wrappers deletes the instance attributes, so the model is
 exactly as it was: same parameters, same hooks. The Gymnasium environment relies on this to
 reconfigure a model mid-training without touching its weights or optimizer state.
+
+A module that sits at two block positions (shared weights, ALBERT-style: ``layers[3] is
+layers[0]``) is wrapped once, with the knobs :func:`effective_block_knobs` gives it.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import checkpoint
 
 from autotune.config import Precision
+from autotune.train.recompute import RecomputeKeepsState, has_running_state
 
-__all__ = ["BlockWrappers", "apply_block_knobs", "AUTOCAST_DTYPES"]
+__all__ = ["BlockWrappers", "apply_block_knobs", "effective_block_knobs", "AUTOCAST_DTYPES"]
 
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -32,13 +36,43 @@ class BlockWrappers:
 
     _blocks: list[tuple[torch.nn.Module, Any]]
 
+    @property
+    def modules(self) -> tuple[torch.nn.Module, ...]:
+        """The wrapped modules, each once, in the order they were wrapped (forward order)."""
+        return tuple(block for block, _ in self._blocks)
+
     def remove(self) -> None:
-        for block, previous in self._blocks:
+        # Last installed, first removed: the one order that unwinds any stack of wrappers.
+        for block, previous in reversed(self._blocks):
             if previous is _SENTINEL:
                 del block.forward
             else:
                 block.forward = previous
         self._blocks.clear()
+
+
+def effective_block_knobs(
+    block_modules: Sequence[torch.nn.Module], precisions: Sequence[Precision], checkpoints: Sequence[bool]
+) -> tuple[tuple[Precision, ...], tuple[bool, ...]]:
+    """The knobs each block position really runs with, once positions holding the same module
+    object (shared weights) are merged: such a module has one forward, so one wrapper.
+
+    Its precision is the first non-fp32 precision among its positions (fp32 if none), and it is
+    checkpointed if any of its positions is. Returns per-position precisions and checkpoints:
+    :func:`apply_block_knobs` installs these, and the memory model must count these.
+    """
+    assert len(block_modules) == len(precisions) == len(checkpoints)
+    precision: dict[int, Precision] = {}
+    checkpointed: dict[int, bool] = {}
+    for module, p, c in zip(block_modules, precisions, checkpoints, strict=True):
+        key = id(module)
+        if precision.get(key, "fp32") == "fp32":
+            precision[key] = p
+        checkpointed[key] = checkpointed.get(key, False) or c
+    return (
+        tuple(precision[id(m)] for m in block_modules),
+        tuple(checkpointed[id(m)] for m in block_modules),
+    )
 
 
 def apply_block_knobs(
@@ -49,23 +83,32 @@ def apply_block_knobs(
     *,
     device_type: str,
 ) -> BlockWrappers:
-    """Wrap each named block of ``model`` with its precision and checkpointing."""
+    """Wrap each named block of ``model`` with its precision and checkpointing.
+
+    Blocks that name the same module object are wrapped once, with their
+    :func:`effective_block_knobs`.
+    """
     assert len(block_names) == len(precisions) == len(checkpoints)
+    blocks = [model.get_submodule(name) for name in block_names]
+    precisions, checkpoints = effective_block_knobs(blocks, precisions, checkpoints)
     installed: list[tuple[torch.nn.Module, Any]] = []
-    for name, precision, ckpt in zip(block_names, precisions, checkpoints, strict=True):
-        if precision == "fp32" and not ckpt:
+    wrapped: set[int] = set()
+    for block, precision, ckpt in zip(blocks, precisions, checkpoints, strict=True):
+        if (precision == "fp32" and not ckpt) or id(block) in wrapped:
             continue
-        block = model.get_submodule(name)
+        wrapped.add(id(block))
         previous = block.__dict__.get("forward", _SENTINEL)
         dtype = AUTOCAST_DTYPES.get(precision)
-        block.forward = _wrapped_forward(block.forward, dtype, ckpt, device_type)
+        block.forward = _wrapped_forward(block, dtype, ckpt, device_type)
         installed.append((block, previous))
     return BlockWrappers(installed)
 
 
 def _wrapped_forward(
-    inner: Callable[..., Any], dtype: torch.dtype | None, ckpt: bool, device_type: str
+    block: torch.nn.Module, dtype: torch.dtype | None, ckpt: bool, device_type: str
 ) -> Callable[..., Any]:
+    inner = block.forward
+
     def run(*args: Any, **kwargs: Any) -> Any:
         if dtype is None:
             return inner(*args, **kwargs)
@@ -79,8 +122,11 @@ def _wrapped_forward(
     def forward(*args: Any, **kwargs: Any) -> Any:
         if ckpt and torch.is_grad_enabled():
             # Non-reentrant checkpointing (the recommended mode): works with kwargs, autocast
-            # inside the region is replayed on recompute, RNG state is restored.
-            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+            # inside the region is replayed on recompute, RNG state is restored. Its recompute
+            # would update running state (BatchNorm's) a second time: RecomputeKeepsState, one
+            # per invocation, prevents it (see autotune/train/recompute.py).
+            fn = RecomputeKeepsState(block, run) if has_running_state(block) else run
+            return checkpoint(fn, *args, use_reentrant=False, **kwargs)
         return run(*args, **kwargs)
 
     return forward

@@ -14,15 +14,20 @@ hf-resnet        transformers ResNetForImageClassification, ~3.5M, bottlenecks, 
 hf-convnext      transformers ConvNextForImageClassification, ~6.4M, 64x64 images
 lstm-lm          4 residual nn.LSTM blocks, ~2.2M parameters, context 128, Markov text
 gru-lm           4 residual nn.GRU blocks, ~1.7M parameters, context 128, Markov text
+shared-encoder   nn.TransformerEncoder classifier, ~1.0M, layer 3 is layer 0, tied head
+unet-tiny        two-level UNet, ~0.6M, BatchNorm, skip concatenations, 64x64 images
 random:SEED      a generated architecture (mlp / attention / conv blocks), 0.05M-3M parameters
+random2:SEED     the same with shared blocks, tied heads, skips, running state, dict batches
 ================ ==========================================================================
 
-The ``hf-*``, ``lstm-lm`` and ``gru-lm`` workloads are the *corpus* (:mod:`autotune.zoo.corpus`):
-third-party model classes built from their config classes with random initialisation (nothing
-is downloaded), at any size: ``CORPUS[name].build(**overrides)``, ``CORPUS[name].tiny`` for
-tests. The ``hf-*`` ones need transformers (``pip install 'autotune[hf]'``). Vision models come
-from transformers because torchvision (and timm, which needs it) does not import beside the
-local CPU torch wheel this project is developed on (``operator torchvision::nms does not exist``).
+The ``hf-*``, ``lstm-lm``, ``gru-lm``, ``shared-encoder`` and ``unet-tiny`` workloads are the
+*corpus* (:mod:`autotune.zoo.corpus`): third-party model classes built from their config classes
+with random initialisation (nothing is downloaded), and torch's own layers in the structures users
+write (:mod:`autotune.zoo.structured`: a shared layer and a tied head, a UNet's skips), at any
+size: ``CORPUS[name].build(**overrides)``, ``CORPUS[name].tiny`` for tests. The ``hf-*`` ones
+need transformers (``pip install 'autotune[hf]'``). Vision models come from transformers because
+torchvision (and timm, which needs it) does not import beside the local CPU torch wheel this
+project is developed on (``operator torchvision::nms does not exist``).
 
 Every builder is deterministic: building twice gives bit-identical weights and data. Importing
 this package does not import torch (``autotune`` must import fast); each builder imports its
@@ -53,7 +58,11 @@ __all__ = [
     "build_corpus",
     "random_workload",
     "random_workload_from_ref",
+    "RANDOM_PREFIXES",
 ]
+
+#: The reference prefix of each version of the random architectures (``random2:SEED``).
+RANDOM_PREFIXES = {"random": 1, "random2": 2}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,32 +119,37 @@ BUILTINS: dict[str, ZooEntry] = {
 }
 
 
-def random_workload(seed: int, **overrides: Unpack[RandomOverrides]) -> Workload:
+def random_workload(seed: int, *, version: int = 1, **overrides: Unpack[RandomOverrides]) -> Workload:
     """A generated architecture with learnable data, identical for identical ``seed``.
 
     ``overrides`` fix fields of the drawn architecture (``block_type``, ``depth``, ``width``,
     ``seq_len``, ``in_features``, ``num_classes``, ``batch_size``); the other fields are drawn to
-    fit the size bounds. See :mod:`autotune.zoo.random_arch`.
+    fit the size bounds. ``version`` 2 adds the structures users write beyond a chain of blocks
+    (shared modules, skips, running state, dict batches, two outputs). See
+    :mod:`autotune.zoo.random_arch`.
 
     Raises:
-        WorkloadError: if ``seed`` is not an int in ``[0, 2**63)`` or an override is unknown or invalid.
+        WorkloadError: if ``seed`` is not an int in ``[0, 2**63)``, ``version`` not 1 or 2, or an
+            override is unknown or invalid.
     """
     from autotune.zoo.random_arch import random_workload as build
 
-    return build(seed, **overrides)
+    return build(seed, version=version, **overrides)
 
 
 def random_workload_from_ref(ref: str) -> Workload:
-    """Build the workload a ``random:SEED`` reference names.
+    """Build the workload a ``random:SEED`` (version 1) or ``random2:SEED`` (version 2) reference names.
 
     Raises:
-        WorkloadError: if ``ref`` is not ``random:`` followed by an integer in ``[0, 2**63)``.
+        WorkloadError: if ``ref`` is not ``random:`` or ``random2:`` followed by an integer in
+            ``[0, 2**63)``.
     """
     prefix, _, seed = ref.partition(":")
     # Stricter than int(): refuse "+1", "1_0", " 1" and non-ASCII digits, which int() accepts.
     digits = seed.removeprefix("-")
-    if prefix != "random" or not (digits.isascii() and digits.isdecimal()):
-        raise WorkloadError(f"workload {ref!r}: expected 'random:SEED' with an integer SEED")
+    if prefix not in RANDOM_PREFIXES or not (digits.isascii() and digits.isdecimal()):
+        shown = prefix if prefix in RANDOM_PREFIXES else "random"
+        raise WorkloadError(f"workload {ref!r}: expected '{shown}:SEED' with an integer SEED")
     if not 0 <= int(seed) < 2**63:  # the bound of random_arch.MAX_SEED, without importing torch
         raise WorkloadError(f"workload {ref!r}: SEED must be in [0, 2**63), but got {seed}")
-    return random_workload(int(seed))
+    return random_workload(int(seed), version=RANDOM_PREFIXES[prefix])

@@ -249,6 +249,30 @@ CORPUS: dict[str, CorpusEntry] = {
             sizes={"layers": 4, "width": 256, "seq_len": 128, "vocab": 512, "num_samples": 4096, "batch_size": 16},
             tiny={"layers": 2, "width": 32, "seq_len": 16, "vocab": 64, "num_samples": 64, "batch_size": 8},
         ),
+        CorpusEntry(
+            name="shared-encoder",
+            description="nn.TransformerEncoder classifier, 1.0M params, 6 layers x 128 (layer 3 is layer 0), "
+            "head tied to the embedding, 8 Markov languages",
+            library="torch",
+            model_class="nn.TransformerEncoder",
+            requires=None,
+            builder=lazy_builder("autotune.zoo.structured", "build_shared_encoder"),
+            sizes={"layers": 6, "width": 128, "heads": 4, "seq_len": 64, "vocab": 256, "classes": 8}
+            | {"num_samples": 4096, "batch_size": 16},
+            tiny={"layers": 4, "width": 32, "heads": 2, "seq_len": 16, "vocab": 64, "classes": 4}
+            | {"num_samples": 64, "batch_size": 8},
+        ),
+        CorpusEntry(
+            name="unet-tiny",
+            description="two-level UNet (BatchNorm, skip concatenations), 0.6M params, base width 32, "
+            "64x64 images, per-pixel classes",
+            library="torch",
+            model_class="nn.Conv2d+nn.BatchNorm2d",
+            requires=None,
+            builder=lazy_builder("autotune.zoo.structured", "build_unet"),
+            sizes={"width": 32, "image_size": 64, "num_samples": 4000, "batch_size": 16},
+            tiny={"width": 4, "image_size": 16, "num_samples": 64, "batch_size": 8},
+        ),
     )
 }
 

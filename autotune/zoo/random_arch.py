@@ -17,24 +17,33 @@ conv        ``x + Conv1d(GELU(Conv1d(LN(x))))`` over the sequence, kernel 3
 
 Draws are rejected until the model has 0.05M-3M parameters and a training step at the drawn
 batch size costs at most about ``MAX_STEP_FLOPS`` (a few tenths of a second on 2 CPU cores).
+
+Versions: ``random:SEED`` (``version=1``) is the chain above, unchanged since the simulator's
+shipped profiles (``envs/profiles/random-10.json`` ..) and the transfer check's held-out seeds
+(``random:3``, ``random:7``) were measured on it. ``random2:SEED`` (``version=2``) draws the same
+fields and then the structures users write beyond a chain: a module shared by two block
+positions, a tied head, UNet- or DenseNet-like skips, BatchNorm and running state of its own,
+dropout, dict batches with a mask, two outputs (see :mod:`autotune.zoo.random_structure`;
+``RandomArchSpec.features`` says which were drawn).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, TypedDict, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from autotune.errors import WorkloadError
 from autotune.workload import Workload
-from autotune.zoo.data import classification_loss, seeded_init
+from autotune.zoo.data import TensorDict, classification_loss, seeded_init
 from autotune.zoo.gpt import Block as TransformerBlock
 from autotune.zoo.mlp import ResidualMLPBlock
+from autotune.zoo.random_structure import Structure, StructuredNet, draw_structure, structured_loss
 
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11+; only needed for the annotation
@@ -45,6 +54,7 @@ __all__ = [
     "RandomOverrides",
     "RandomNet",
     "ConvBlock",
+    "build_model",
     "count_parameters",
     "sample_spec",
     "teacher_data",
@@ -99,6 +109,8 @@ class RandomArchSpec:
     in_features: int
     num_classes: int
     batch_size: int
+    #: Version 2's structure beyond the chain; None for version 1.
+    structure: Structure | None = None
 
     def __post_init__(self) -> None:
         if self.block_type not in get_args(BlockType):
@@ -116,6 +128,17 @@ class RandomArchSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise WorkloadError(f"RandomArchSpec.{name} must be an int >= {low}, but got {value!r}.")
+        if self.structure is not None:
+            self.structure.check_depth(self.depth)
+
+    @property
+    def version(self) -> int:
+        return 1 if self.structure is None else 2
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The structural features drawn (empty for version 1); see :data:`random_structure.FEATURES`."""
+        return frozenset() if self.structure is None else self.structure.features
 
     @property
     def num_heads(self) -> int:
@@ -173,21 +196,39 @@ def _make_block(spec: RandomArchSpec) -> nn.Module:
     return ConvBlock(width=spec.width)
 
 
+def build_model(spec: RandomArchSpec) -> nn.Module:
+    """The model of ``spec``: a :class:`RandomNet`, or version 2's :class:`StructuredNet`."""
+    if spec.structure is None:
+        return RandomNet(spec)
+    return StructuredNet(
+        spec.structure,
+        make_block=lambda: _make_block(spec),
+        depth=spec.depth,
+        width=spec.width,
+        in_features=spec.in_features,
+        num_classes=spec.num_classes,
+    )
+
+
 def count_parameters(spec: RandomArchSpec) -> int:
-    """Exact parameter count, from a model built on the meta device (no memory, no init cost)."""
+    """Exact parameter count (a shared module's once), from a model built on the meta device."""
     with torch.device("meta"):
-        return sum(p.numel() for p in RandomNet(spec).parameters())
+        return sum(p.numel() for p in build_model(spec).parameters())
 
 
-def sample_spec(seed: int, overrides: RandomOverrides | None = None) -> RandomArchSpec:
+def sample_spec(seed: int, overrides: RandomOverrides | None = None, *, version: int = 1) -> RandomArchSpec:
     """Draw specs from ``seed`` until one fits the parameter and step-cost bounds.
 
     ``overrides`` replace the drawn fields before the bounds are checked, so the draws adapt the
-    free fields to them (e.g. a fixed large width gets a small depth).
+    free fields to them (e.g. a fixed large width gets a small depth). ``version`` 2 also draws a
+    structure, from a stream of its own: version 1's draws stay as they were.
 
     Raises:
-        WorkloadError: if an override is unknown or no draw fits within ``MAX_TRIES`` tries.
+        WorkloadError: if ``version`` is not 1 or 2, an override is unknown or no draw fits within
+            ``MAX_TRIES`` tries.
     """
+    if version not in (1, 2):
+        raise WorkloadError(f"random_workload: version must be 1 or 2, but got {version!r}.")
     fixed: RandomOverrides = overrides or {}
     unknown = sorted(set(fixed) - set(RandomOverrides.__annotations__))
     if unknown:
@@ -196,6 +237,7 @@ def sample_spec(seed: int, overrides: RandomOverrides | None = None) -> RandomAr
             f"expected some of {sorted(RandomOverrides.__annotations__)}."
         )
     rng = random.Random(seed)  # stdlib Mersenne Twister: identical draws on every platform
+    structure_rng = random.Random(f"random2:{seed}")  # str seeds hash with SHA-512: portable too
     for _ in range(MAX_TRIES):
         drawn = RandomArchSpec(
             block_type=rng.choice(get_args(BlockType)),
@@ -207,6 +249,8 @@ def sample_spec(seed: int, overrides: RandomOverrides | None = None) -> RandomAr
             batch_size=rng.choice(_BATCH_SIZES),
         )
         spec = replace(drawn, **fixed)
+        if version == 2:
+            spec = replace(spec, structure=draw_structure(structure_rng, spec.depth))
         num_params = count_parameters(spec)
         if MIN_PARAMS <= num_params <= MAX_PARAMS and spec.step_flops(num_params) <= MAX_STEP_FLOPS:
             return spec
@@ -216,50 +260,75 @@ def sample_spec(seed: int, overrides: RandomOverrides | None = None) -> RandomAr
     )
 
 
-def teacher_data(spec: RandomArchSpec, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_data(
+    spec: RandomArchSpec, generator: torch.Generator, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``NUM_SAMPLES`` random input sequences labelled by a random teacher function.
 
     Each sequence is a per-sample latent vector plus per-position noise, so sequences differ in
     kind, not just in noise. The teacher is ``argmax(mean_t tanh(x_t A) B)`` with random ``A``
     and ``B``: a smooth, permutation-invariant function that every block type can represent
     (all end in mean pooling). Each logit is standardized over the data set before the argmax so
-    that the classes are roughly balanced.
+    that the classes are roughly balanced. With a ``(NUM_SAMPLES, seq_len)`` 0/1 ``mask`` the mean
+    runs over the unmasked positions only, as the model's pooling does.
     """
     shape = (NUM_SAMPLES, spec.seq_len, spec.in_features)
     latent = torch.randn(NUM_SAMPLES, 1, spec.in_features, generator=generator)
     inputs = latent + 0.5 * torch.randn(shape, generator=generator)
     a = torch.randn(spec.in_features, TEACHER_FEATURES, generator=generator) / spec.in_features**0.5
     b = torch.randn(TEACHER_FEATURES, spec.num_classes, generator=generator)
-    logits = torch.tanh(inputs @ a).mean(dim=1) @ b
+    features = torch.tanh(inputs @ a)
+    if mask is None:
+        pooled = features.mean(dim=1)
+    else:
+        pooled = (features * mask.unsqueeze(-1)).sum(dim=1) / mask.sum(dim=1, keepdim=True)
+    logits = pooled @ b
     logits = (logits - logits.mean(dim=0)) / logits.std(dim=0)
     return inputs, logits.argmax(dim=1)
 
 
-def random_workload(seed: int, **overrides: Unpack[RandomOverrides]) -> Workload:
-    """The random workload of ``seed`` (see the module docstring), named ``random-SEED``.
+def random_workload(seed: int, *, version: int = 1, **overrides: Unpack[RandomOverrides]) -> Workload:
+    """The random workload of ``seed`` (see the module docstring), named ``random-SEED`` (version
+    1) or ``random2-SEED`` (version 2).
 
     With ``overrides`` the fixed fields are appended to the name, e.g. ``random-3(depth=4)``, so
     that two different workloads never share a name.
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < MAX_SEED:
         raise WorkloadError(f"random_workload: seed must be an int in [0, 2**63), but got {seed!r}.")
-    spec = sample_spec(seed, overrides)
+    spec = sample_spec(seed, overrides, version=version)
     generator = torch.Generator().manual_seed(seed)
     # Derive the init seed from the data stream so that weights and data are not drawn from the
     # same random numbers.
     init_seed = int(torch.randint(2**62, (1,), generator=generator))
     with seeded_init(init_seed):
-        model = RandomNet(spec)
-    inputs, labels = teacher_data(spec, generator)
-    name = f"random-{seed}"
+        model = build_model(spec)
+    name = f"random{'' if version == 1 else version}-{seed}"
     if overrides:
         name += "(" + ",".join(f"{k}={v}" for k, v in sorted(overrides.items())) + ")"
+    if spec.structure is None:
+        inputs, labels = teacher_data(spec, generator)
+        dataset: Dataset[Any] = TensorDataset(inputs, labels)
+    else:
+        dataset = _structured_data(spec, spec.structure, generator)
     return Workload(
         name=name,
         model=model,
-        dataset=TensorDataset(inputs, labels),
-        loss_fn=classification_loss,
-        # Explicit: auto-detection needs two or more blocks, and depth may be overridden to 1.
+        dataset=dataset,
+        loss_fn=classification_loss if spec.structure is None else structured_loss,
+        # Explicit: auto-detection needs two or more blocks, and depth may be overridden to 1;
+        # a shared module is listed once by named_modules but runs at two of these positions.
         blocks=[f"blocks.{i}" for i in range(spec.depth)],
         batch_size=spec.batch_size,
     )
+
+
+def _structured_data(spec: RandomArchSpec, structure: Structure, generator: torch.Generator) -> Dataset[Any]:
+    """Version 2's data: as version 1's, or dict batches whose sequences keep a random length of at
+    least half the positions (the teacher pools over those only)."""
+    if not structure.dict_batch:
+        return TensorDataset(*teacher_data(spec, generator))
+    lengths = torch.randint((spec.seq_len + 1) // 2, spec.seq_len + 1, (NUM_SAMPLES, 1), generator=generator)
+    mask = (torch.arange(spec.seq_len) < lengths).float()
+    inputs, labels = teacher_data(spec, generator, mask)
+    return TensorDict(x=inputs, mask=mask, labels=labels)

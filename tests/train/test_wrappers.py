@@ -1,8 +1,16 @@
 from __future__ import annotations
 
-import torch
+from typing import Any
 
-from autotune.train.wrappers import apply_block_knobs
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from autotune import TrainConfig, Workload
+from autotune.search.export import python_snippet
+from autotune.train import Trainer
+from autotune.train.wrappers import apply_block_knobs, effective_block_knobs
 from tests.conftest import make_resmlp
 
 
@@ -42,3 +50,183 @@ def test_checkpointing_gives_identical_loss_and_gradients() -> None:
     wrappers.remove()
     recomputed = [p.grad for p in model.parameters() if p.grad is not None]
     assert all(torch.equal(a, b) for a, b in zip(plain, recomputed, strict=True))
+
+
+# ---- running state under recompute (issue 19) ---------------------------------------------------
+
+
+class _RunningMean(nn.Module):
+    """Running state of a user's own: an EMA of its activations that the output depends on (so
+    the recompute must see the value the forward saw) and a step counter, both updated in forward."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.drop = nn.Dropout(0.2)
+        self.register_buffer("ema", torch.zeros(d))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.lin(x))
+        out = self.drop(h * (1 + self.ema))
+        if self.training:
+            self.ema.mul_(0.9).add_(h.detach().mean(0), alpha=0.1)
+            self.steps += 1
+        return out
+
+
+def _stateful_blocks(kind: str) -> nn.Sequential:
+    torch.manual_seed(0)
+    if kind == "bn1d":
+        blocks = [nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.2)) for _ in range(3)]
+    elif kind == "bn2d":
+        blocks = [
+            nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Dropout2d(0.2))
+            for _ in range(3)
+        ]
+    else:
+        blocks = [_RunningMean(8) for _ in range(3)]
+    return nn.Sequential(*blocks)
+
+
+def _inputs(kind: str) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    shape = (6, 4, 5, 5) if kind == "bn2d" else (6, 8)
+    return [torch.randn(shape, generator=generator) for _ in range(2)]
+
+
+def _accumulate(model: nn.Module, micro_batches: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One accumulated step (no optimizer): the micro-batch losses, dropout drawn from seed 0."""
+    torch.manual_seed(0)
+    losses = []
+    for x in micro_batches:
+        loss = model(x).square().mean() / len(micro_batches)
+        loss.backward()
+        losses.append(loss.detach())
+    return losses
+
+
+def _same_state(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    grads = [(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters(), strict=True)]
+    return (
+        sa.keys() == sb.keys()
+        and all(torch.equal(sa[k], sb[k]) for k in sa)
+        and all(g is not None and h is not None and torch.equal(g, h) for g, h in grads)
+    )
+
+
+@pytest.mark.parametrize("kind", ["bn1d", "bn2d", "running-mean"])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_recompute_updates_running_state_once(kind: str, micro_batches: int) -> None:
+    plain, recomputed = _stateful_blocks(kind), _stateful_blocks(kind)
+    xs = _inputs(kind)[:micro_batches]
+    expected = _accumulate(plain, xs)
+    names = ["0", "1", "2"]
+    wrappers = apply_block_knobs(recomputed, names, ["fp32"] * 3, [True] * 3, device_type="cpu")
+    losses = _accumulate(recomputed, xs)
+    wrappers.remove()
+    assert all(torch.equal(a, b) for a, b in zip(losses, expected, strict=True))
+    assert _same_state(plain, recomputed)  # running means, counters, EMAs and gradients, bit for bit
+    counters = [v for k, v in recomputed.state_dict().items() if k.endswith(("num_batches_tracked", "steps"))]
+    assert [int(c) for c in counters] == [micro_batches] * 3  # once per forward, not twice
+
+
+def _stateful_workload(kind: str) -> Workload:
+    model = _stateful_blocks(kind)
+    model.append(nn.Sequential(nn.Flatten(), nn.Linear(100 if kind == "bn2d" else 8, 3)))
+    generator = torch.Generator().manual_seed(2)
+    shape = (32, 4, 5, 5) if kind == "bn2d" else (32, 8)
+    data = TensorDataset(torch.randn(shape, generator=generator), torch.randint(0, 3, (32,), generator=generator))
+
+    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+    return Workload(name=kind, model=model, dataset=data, loss_fn=loss_fn, blocks=["0", "1", "2"], batch_size=8)
+
+
+def _trained(workload: Workload, **knobs: Any) -> tuple[float, dict[str, torch.Tensor]]:
+    trainer = Trainer(workload, TrainConfig(micro_batch_size=4, grad_accum_steps=2, **knobs))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # dropout masks: the same in both runs
+        loss = trainer.step().loss
+    state = trainer.model.state_dict()
+    trainer.close()
+    return loss, state
+
+
+@pytest.mark.parametrize(
+    ("kind", "precision"), [("bn1d", "fp32"), ("bn2d", "fp32"), ("running-mean", "fp32"), ("bn2d", "bf16")]
+)
+def test_the_local_trainer_recomputes_running_state_exactly(kind: str, precision: str) -> None:
+    workload = _stateful_workload(kind)
+    plain_loss, plain = _trained(workload, precision=precision)
+    loss, state = _trained(workload, precision=precision, checkpoint=True)
+    assert loss == plain_loss
+    assert plain.keys() == state.keys() and all(torch.equal(plain[k], state[k]) for k in plain)
+    counter = "0.steps" if kind == "running-mean" else "0.1.num_batches_tracked"
+    assert int(state[counter]) == 2  # two micro-batches, one update each
+
+
+def test_the_exported_apply_recomputes_batchnorm_exactly() -> None:
+    config = TrainConfig(micro_batch_size=6, checkpoint=True)
+    code = python_snippet(config, block_names=("0", "1", "2"), workload="bn2d")
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "snippet.py", "exec"), namespace)
+    plain, recomputed = _stateful_blocks("bn2d"), _stateful_blocks("bn2d")
+    expected = _accumulate(plain, _inputs("bn2d"))
+    handle = namespace["apply"](recomputed)
+    losses = _accumulate(recomputed, _inputs("bn2d"))
+    handle.remove()
+    assert all(torch.equal(a, b) for a, b in zip(losses, expected, strict=True))
+    assert _same_state(plain, recomputed)
+
+
+# ---- one module at two block positions (shared weights) -----------------------------------------
+
+
+def _shared_model() -> nn.Sequential:
+    """Four block positions, three modules: position 3 is position 0's module (ALBERT-style)."""
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Tanh()) for _ in range(3)]
+    return nn.Sequential(*layers, layers[0])
+
+
+SHARED = ["0", "1", "2", "3"]
+
+
+def test_effective_knobs_merge_the_positions_of_one_module() -> None:
+    model = _shared_model()
+    blocks = [model.get_submodule(n) for n in SHARED]
+    assert blocks[3] is blocks[0]
+    merged = effective_block_knobs(blocks, ["fp32", "bf16", "fp32", "fp16"], [False, False, False, True])
+    assert merged == (("fp16", "bf16", "fp32", "fp16"), (True, False, False, True))
+    first = effective_block_knobs(blocks, ["bf16", "fp32", "fp32", "fp16"], [True, False, False, False])
+    assert first == (("bf16", "fp32", "fp32", "bf16"), (True, False, False, True))
+    assert effective_block_knobs(blocks, ["fp32"] * 4, [False] * 4) == (("fp32",) * 4, (False,) * 4)
+
+
+def test_a_shared_module_is_wrapped_once_and_removed_exactly() -> None:
+    model = _shared_model()
+    dicts = [dict(m.__dict__) for m in model.modules()]
+    hooks = _hooks(model)
+    wrappers = apply_block_knobs(
+        model, SHARED, ["bf16", "fp32", "fp32", "fp16"], [False, True, False, True], device_type="cpu"
+    )
+    assert wrappers.modules == (model[0], model[1])
+    model(torch.randn(4, 8)).sum().backward()
+    wrappers.remove()
+    assert [dict(m.__dict__) for m in model.modules()] == dicts
+    assert _hooks(model) == hooks
+
+
+def test_a_shared_module_recomputed_at_one_position_keeps_its_state_exact() -> None:
+    plain, recomputed = _shared_model(), _shared_model()
+    xs = [x[:, :8] for x in _inputs("bn1d")]
+    expected = _accumulate(plain, xs)
+    wrappers = apply_block_knobs(recomputed, SHARED, ["fp32"] * 4, [False, False, False, True], device_type="cpu")
+    losses = _accumulate(recomputed, xs)
+    wrappers.remove()
+    assert all(torch.equal(a, b) for a, b in zip(losses, expected, strict=True))
+    assert _same_state(plain, recomputed)
+    assert int(recomputed.state_dict()["0.1.num_batches_tracked"]) == 4  # two positions, two micro-batches
