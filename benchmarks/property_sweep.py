@@ -1,4 +1,4 @@
-"""The memory model's promise over many random architectures (``random:SEED``).
+"""The memory model's promise over many random architectures (``random2:SEED``).
 
 For each seed: the drawn architecture (its structural features: shared modules, skip
 connections, BatchNorm, dropout, dict batches, where the generator draws them), a verified
@@ -26,6 +26,7 @@ from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, PredictionWarning
 from autotune.memory.audit import audit_predictions, draw_configs, same_state_after_recompute
 from autotune.zoo import random_workload
+from autotune.zoo.random_arch import sample_spec
 
 
 def _seeds(text: str) -> list[int]:
@@ -33,9 +34,8 @@ def _seeds(text: str) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
-def _features(workload: object) -> str:
-    features = getattr(getattr(workload, "model", None), "features", None)
-    return ",".join(sorted(features)) if features else "chain"
+def _features(seed: int) -> str:
+    return ",".join(sorted(sample_spec(seed, version=2).features)) or "chain"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = 0.0
     for seed in _seeds(args.seeds):
         try:
-            workload = random_workload(seed)
+            workload = random_workload(seed, version=2)
         except AutotuneError as e:
             print(f"| {seed} | - | - | - | - | - | no draw: {e} | - |")
             continue
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         worst = max([worst, *errors])
         top = f"{max(errors):.3%}" if errors else "-"
         print(
-            f"| {seed} | {_features(workload)} | {n} | {len(rows)} | {sum(r.verified for r in rows)} | {top} | "
+            f"| {seed} | {_features(seed)} | {n} | {len(rows)} | {sum(r.verified for r in rows)} | {top} | "
             f"{holds}/{len(rows)} | {exact}/{len(configs)} |"
         )
         sys.stdout.flush()

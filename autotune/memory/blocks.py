@@ -55,10 +55,18 @@ def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: 
     counts = [0] * len(names)
     state = itertools.chain(model.parameters(), model.buffers())  # BatchNorm saves its running stats
     params = {t.untyped_storage()._cdata for t in state}
+    # One pair of hooks per module: a module at two block positions (shared weights) runs once per
+    # position, and its k-th call in the forward is its k-th position.
+    positions: dict[int, list[int]] = {}
+    modules: dict[int, torch.nn.Module] = {}
+    for i, name in enumerate(names):
+        module = model.get_submodule(name)
+        positions.setdefault(id(module), []).append(i)
+        modules[id(module)] = module
     handles = [
-        model.get_submodule(name).register_forward_pre_hook(_enter(counts, i, params), with_kwargs=True)
-        for i, name in enumerate(names)
-    ] + [model.get_submodule(name).register_forward_hook(_exit, with_kwargs=True) for name in names]
+        m.register_forward_pre_hook(_enter(counts, positions[key], params), with_kwargs=True)
+        for key, m in modules.items()
+    ] + [m.register_forward_hook(_exit, with_kwargs=True) for m in modules.values()]
     batch = _first_batch(workload, micro_batch_size)
     try:
         check_loss(workload.loss_fn(model, batch), workload.name)  # a broken loss_fn: one line, before any run
@@ -74,9 +82,12 @@ def _first_batch(workload: Workload, micro_batch_size: int) -> Any:
     return tree_map_only(torch.Tensor, lambda t: t, next(iter(loader)))
 
 
-def _enter(counts: list[int], index: int, params: set[int]) -> Any:
+def _enter(counts: list[int], positions: list[int], params: set[int]) -> Any:
     # Storages are told apart by their StorageImpl (``_cdata``): fake tensors have no data pointer.
+    calls = itertools.count()
+
     def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        index = positions[next(calls) % len(positions)]
         seen = set(params)  # parameters and buffers saved for backward are model state, not activations
 
         def pack(t: torch.Tensor) -> torch.Tensor:

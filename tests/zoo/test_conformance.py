@@ -24,17 +24,7 @@ from autotune.search.cache import MeasurementCache
 from autotune.zoo import CORPUS
 from tests.zoo import tiny_corpus
 
-#: Cases the memory model does not handle yet (issue 19; another change fixes the memory model).
-KNOWN_FAILURES = {
-    # memory/blocks.py's profile_blocks (the study's block ranking) hooks each block *name*: layer 3
-    # is layer 0's module, so its two exit hooks pop one context twice (KeyError
-    # '_autotune_profile_ctx') and `study` exits with a traceback before its first trial.
-    "shared-encoder": "issue 19: profile_blocks hooks a shared module twice (KeyError '_autotune_profile_ctx')",
-}
-NAMES = [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[n])) if n in KNOWN_FAILURES else n
-    for n in sorted(CORPUS)
-]
+NAMES = sorted(CORPUS)
 MEASURE = ("--steps", "2", "--warmup", "1", "--threads", "1")
 
 
