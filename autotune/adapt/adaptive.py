@@ -33,6 +33,7 @@ from autotune.adapt.records import AdaptStep, Change, ConfigRecord
 from autotune.adapt.sources import DecisionSource, FixedConfig, RunContext
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
+from autotune.measurement.cuda_memory import reserved_with_headroom
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -374,11 +375,14 @@ class Adaptive:
         # Adam creates its state in the first step, after the activation peak: track from step 1.
         if index >= 1 and config not in self.gate.measured and self._tracks(config):
             result, peak = t.measured_step()
-            self.gate.record(config, peak)
+            self.gate.record(config, peak, allocator=t.allocator_stats)
             if config == self._default and self._fraction is not None:
                 # A percentage is of the default's peak: its measurement replaces its prediction
-                # (they differ by a few hundred bytes on the local runner).
-                self.gate.budget = max(self.gate.budget, int(peak * self._fraction))
+                # (they differ by a few hundred bytes on the local runner). On CUDA it is of
+                # the default's reserved peak with its headroom: 100% must admit the default.
+                stats = t.allocator_stats
+                basis = peak if stats is None else reserved_with_headroom(stats.reserved_peak)
+                self.gate.budget = max(self.gate.budget, int(basis * self._fraction))
         elif self._noise and decision_due and t.noise_split == 2:
             result = t.step(split=2)  # two batch sizes for the noise estimate: same gradient
         else:
@@ -388,7 +392,7 @@ class Adaptive:
         record = AdaptStep(step=index, loss=result.loss, samples=result.samples, seconds=result.seconds, lr=result.lr,
                            config=config, peak_bytes=peak)  # fmt: skip
         self.steps.append(record)
-        if peak is not None and peak > self.gate.budget and config != self.decider.previous:
+        if peak is not None and not self.gate.check(config).admitted and config != self.decider.previous:
             # A tracked step measured the config over the budget (its prediction was off): go back.
             self.trainer.reconfigure(self.decider.revert(config, peak, self.trainer.step_count))
         elif self.decider.trial is not None:  # no decision while a trial lasts: its verdict is the next

@@ -82,14 +82,15 @@ class LiveKnobs:
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=self.blocks,
                             batch_size=micro_batch_size * accum)  # fmt: skip
         default = self.config = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
-        gate = self.gate = BudgetGate.build(workload, self.budget, default, reduced_precision=self.source is not None)
+        device = next((p.device.type for p in model.parameters()), "cpu")
+        gate = self.gate = BudgetGate.build(workload, self.budget, default, reduced_precision=self.source is not None,
+                                            device_type=device)  # fmt: skip
         self.decider = Decider(source=self.source, gate=gate, base_batch_size=default.effective_batch_size,
                                takes=self._takes)  # fmt: skip
         self._model, self._names = model, workload.block_names()
         start = self._fit_budget(default)
         context = None
         if self.source is not None:
-            device = next((p.device.type for p in model.parameters()), "cpu")
             blocks = profile_blocks(workload, micro_batch_size=2)
             context = RunContext(workload=workload, start=start, budget_bytes=gate.budget, blocks=blocks,
                                  device_type=device, admits=self._admits)  # fmt: skip
