@@ -26,10 +26,12 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "ALLOC_CONF_VAR",
     "RESERVED_HEADROOM",
     "AllocatorStats",
     "StatsSource",
     "TorchCudaStats",
+    "alloc_conf_with",
     "allocator_source",
     "reserved_with_headroom",
 ]
@@ -71,6 +73,18 @@ class TorchCudaStats:
         import torch
 
         torch.cuda.reset_peak_memory_stats(device)
+
+
+#: The environment variable the CUDA caching allocator reads its settings from, once, when it starts.
+ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def alloc_conf_with(existing: str | None, *, expandable_segments: bool) -> str:
+    """``existing`` allocator settings (``key:value`` pairs, comma-separated) with
+    ``expandable_segments`` set as asked; the user's other settings are kept."""
+    pairs = [p.strip() for p in (existing or "").split(",") if p.strip()]
+    kept = [p for p in pairs if p.split(":", 1)[0].strip() != "expandable_segments"]
+    return ",".join([*kept, f"expandable_segments:{expandable_segments}"])
 
 
 def allocator_source(device: torch.device) -> StatsSource | None:

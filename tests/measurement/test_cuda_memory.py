@@ -13,6 +13,7 @@ from autotune.measurement.cuda_memory import (
     RESERVED_HEADROOM,
     AllocatorStats,
     TorchCudaStats,
+    alloc_conf_with,
     allocator_source,
     reserved_with_headroom,
 )
@@ -145,3 +146,17 @@ def test_old_records_without_allocator_read_back() -> None:
     data = _measurement(trainer, schedule, None).to_dict()
     del data["allocator"], data["reserved_bytes"]
     assert Measurement.from_dict(data).allocator is None
+
+
+@pytest.mark.parametrize(
+    ("existing", "expandable", "conf"),
+    [
+        (None, True, "expandable_segments:True"),
+        ("", False, "expandable_segments:False"),
+        ("max_split_size_mb:128", True, "max_split_size_mb:128,expandable_segments:True"),
+        ("expandable_segments:False, garbage_collection_threshold:0.6", True,
+         "garbage_collection_threshold:0.6,expandable_segments:True"),
+    ],
+)  # fmt: skip
+def test_the_allocator_conf_keeps_the_users_other_settings(existing: str | None, expandable: bool, conf: str) -> None:
+    assert alloc_conf_with(existing, expandable_segments=expandable) == conf

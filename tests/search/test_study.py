@@ -20,7 +20,15 @@ from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_REC
 from autotune.search.record import ATTR
 from autotune.search.results import summarize
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
-from autotune.search.study import RunOptions, count_done, open_study, prepare, recover_interrupted, run_study
+from autotune.search.study import (
+    RunOptions,
+    count_done,
+    open_study,
+    prepare,
+    recover_interrupted,
+    run_study,
+    study_alloc_conf,
+)
 from autotune.units import MemoryBudget
 from tests.paths import TINY_WORKLOAD
 
@@ -245,3 +253,11 @@ def test_the_real_memory_model_when_it_exists(tmp_path: Path, tiny_budget: int) 
     assert first.user_attrs[ATTR.BASELINE] == PYTORCH_DEFAULT
     assert first.params["micro_batch_size"] < 16
     assert first.user_attrs[ATTR.PREDICTED] <= budget
+
+
+def test_expandable_segments_is_no_setting_and_no_knob_on_the_cpu() -> None:
+    spec = _spec(space=SpaceSpec(expandable_segments=True))
+    assert study_alloc_conf(spec, "cpu") is None
+    assert study_alloc_conf(_spec(), None) is None
+    # The search space (what Optuna samples) is the same with the option on or off.
+    assert prepare(spec).space == prepare(_spec()).space
