@@ -151,9 +151,14 @@ class BudgetGate:
         self.measured[config] = peak_bytes
         if allocator is not None:
             self.reserved[config] = allocator.reserved_peak
-            ratio = allocator.reserved_ratio
-            if ratio is not None and (self.reserved_ratio is None or ratio > self.reserved_ratio):
-                self.reserved_ratio = ratio
+            self.observe(allocator)
+
+    def observe(self, allocator: AllocatorStats) -> None:
+        """The caching allocator's peaks over real steps (of no config in particular: a framework
+        loop's run so far): its reserved/allocated ratio, if higher, scales predictions from now on."""
+        ratio = allocator.reserved_ratio
+        if ratio is not None and (self.reserved_ratio is None or ratio > self.reserved_ratio):
+            self.reserved_ratio = ratio
 
     @property
     def on_cuda(self) -> bool:
