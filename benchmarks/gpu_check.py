@@ -149,7 +149,7 @@ def part_measure() -> dict[str, Any]:
         profile = profile_memory(wl, modes=("fp32", "bf16", "fp16"), checkpointed=True, verify=False)
         ratio = None
         for config in _configs(batch):
-            m = measure(wl, config, steps=3, warmup=1, device=DEVICE)
+            m = measure(wl, config, steps=2, warmup=1, device=DEVICE)
             estimate = predict_memory(wl, config, profile=profile, device_type=DEVICE)
             a = m.allocator
             if ratio is None and a is not None:
@@ -239,17 +239,21 @@ def part_deepspeed() -> dict[str, Any]:
     import dataclasses
 
     from autotune import measure, predict_memory
+    from autotune.procs.multirank import measure_ranks
 
     wl = _load(decoder_lm)
+    configs = [dataclasses.replace(_configs(8)[1], zero_stage=stage) for stage in range(4)]
+    # ZeRO 0 at one rank is the local runner in autotune (nothing to partition); stages 1-3 share
+    # one rank session (one torchrun start, one NCCL init) instead of one each.
+    runs = [measure(wl, configs[0], steps=2, warmup=1, device=DEVICE),
+            *measure_ranks(wl, configs[1:], steps=2, warmup=1, device=DEVICE)]  # fmt: skip
     rows = []
-    for stage in range(4):
-        # ZeRO 0 at one rank is the local runner in autotune (nothing to partition).
-        config = dataclasses.replace(_configs(8)[1], zero_stage=stage)
-        m = measure(wl, config, steps=3, warmup=1, device=DEVICE)
+    for config, m in zip(configs, runs, strict=True):
         predicted = predict_memory(wl, config, device_type=DEVICE, verify=False)
-        rows.append({"stage": stage, "runner": "deepspeed" if config.on_deepspeed else "local", "status": m.status,
-                     "predicted": predicted.total, "tracked": m.peak_bytes, "reserved": m.reserved_bytes,
-                     "vs tracked": _ratio(predicted.total, m.peak_bytes), "reason": m.reason})  # fmt: skip
+        rows.append({"stage": config.zero_stage, "runner": "deepspeed" if config.on_deepspeed else "local",
+                     "status": m.status, "predicted": predicted.total, "tracked": m.peak_bytes,
+                     "reserved": m.reserved_bytes, "vs tracked": _ratio(predicted.total, m.peak_bytes),
+                     "reason": m.reason})  # fmt: skip
     ok = sum(r["status"] == "ok" for r in rows)
     return {"summary": f"{ok}/4 stages measured ok", "rows": rows}
 
@@ -288,18 +292,18 @@ class Part:
 
 
 PLAN = (
-    Part(name="device", title="device and machine probe", limit_s=40, run=lambda out: part_device(),
+    Part(name="device", title="device and machine probe", limit_s=30, run=lambda out: part_device(),
          imports=("autotune.measurement.probe", "autotune.train.local")),
-    Part(name="measure", title="measure vs the memory model", limit_s=110, run=lambda out: part_measure(),
+    Part(name="measure", title="measure vs the memory model", limit_s=100, run=lambda out: part_measure(),
          imports=("autotune.measurement", "autotune.memory.model", "autotune.memory.profile")),
     Part(name="study", title="12-trial study under a budget", limit_s=120, run=part_study,
          imports=("autotune.search", "autotune.search.study", "autotune.search.baselines")),
-    Part(name="adapt", title="tune 4 steps, train --adapt 60 steps", limit_s=90, run=lambda out: part_adapt(),
+    Part(name="adapt", title="tune 4 steps, train --adapt 60 steps", limit_s=110, run=lambda out: part_adapt(),
          imports=("autotune.adapt.adaptive", "autotune.envs.training", "autotune.policies.episode",
                   "autotune.policies.ppo")),
-    Part(name="deepspeed", title="DeepSpeed, one rank, ZeRO 0-3", limit_s=75, run=lambda out: part_deepspeed(),
+    Part(name="deepspeed", title="DeepSpeed, one rank, ZeRO 0-3", limit_s=65, run=lambda out: part_deepspeed(),
          imports=("autotune.procs.multirank", "deepspeed")),
-    Part(name="hf", title="Hugging Face Trainer callback, 20 steps", limit_s=40, run=part_hf,
+    Part(name="hf", title="Hugging Face Trainer callback, 20 steps", limit_s=50, run=part_hf,
          imports=("autotune.integrations.hf", "transformers")),
 )  # fmt: skip
 

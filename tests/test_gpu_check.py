@@ -64,7 +64,7 @@ def test_a_failing_part_is_reported_with_its_exception_and_the_report_still_writ
     gpu_check.write_report(tmp_path, {"device": "H100"}, [fine, entry])
     table = (tmp_path / "report.md").read_text().splitlines()
     assert table[5].startswith("| measure vs the memory model | FAILED | ")
-    assert table[5].endswith(" (110) | RuntimeError: CUDA error: an illegal memory access was encountered "
+    assert table[5].endswith(" (100) | RuntimeError: CUDA error: an illegal memory access was encountered "
                              f"(at test_gpu_check.py:{entry['error'].rsplit(':', 1)[1]} |")  # fmt: skip
 
 
