@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: install demo test test-avx2 readme lint typecheck bench
+.PHONY: install demo test test-avx2 readme lint typecheck bench gpu-check
 
 $(BIN)/.installed: requirements/dev.txt requirements/constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,13 +19,16 @@ demo: install
 	$(BIN)/autotune study studies/gpt-tiny.toml
 
 # mypy cannot follow setuptools' package-dir mapping (envs/ -> autotune.envs, policies/ ->
-# autotune.policies), so it checks a staged copy laid out the way the package installs.
+# autotune.policies), so it checks a staged copy laid out the way the package installs, and the
+# GPU check script beside it (it calls the library as the CLI does, and runs only on a GPU machine).
 typecheck: install
 	rm -rf build/typecheck && mkdir -p build/typecheck
 	cp -r autotune build/typecheck/autotune
 	cp -r envs build/typecheck/autotune/envs
 	cp -r policies build/typecheck/autotune/policies
+	cp benchmarks/gpu_check.py build/typecheck/gpu_check.py
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p autotune
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml gpu_check.py
 
 lint: install typecheck
 	$(BIN)/ruff check .
@@ -49,3 +52,9 @@ readme: install
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py
+
+# One prepared check on a CUDA GPU (under 8 minutes on one H100/H200, nothing downloaded): the
+# device, measure vs the memory model, a study, tune and train --adapt, DeepSpeed ZeRO 0-3 on one
+# rank, the Hugging Face callback. Writes report.json and report.md; without CUDA it says so, exit 0.
+gpu-check: install
+	$(BIN)/python benchmarks/gpu_check.py --out build/gpu-check

@@ -61,7 +61,12 @@ def measurement_table(m: Measurement) -> Table:
             peak,
             f"peak; between steps: {held}; {_num(r.throughput, '.1f')} samples/s",
         )
-    if m.device_peak_bytes is not None:
+    if m.allocator is not None:
+        a = m.allocator
+        table.add_row("allocated peak", format_bytes(a.allocated_peak), "CUDA allocator: live tensor blocks")
+        table.add_row("reserved peak", format_bytes(a.reserved_peak), "CUDA allocator: segments held (what runs out)")
+        table.add_row("allocator retries", str(a.alloc_retries), f"cache flushed and retried; {a.ooms} OOMs so far")
+    elif m.device_peak_bytes is not None:
         table.add_row("allocator peak", format_bytes(m.device_peak_bytes), "torch.cuda.max_memory_allocated")
     if m.memory_budget is not None:
         table.add_row(

@@ -35,6 +35,7 @@ from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetSt
 from autotune.adapt.sources import DecisionSource, FixedConfig, RunContext
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning, UnsupportedError
+from autotune.measurement.cuda_memory import reserved_with_headroom
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -391,11 +392,14 @@ class Adaptive:
         # Adam creates its state in the first step, after the activation peak: track from step 1.
         if index >= 1 and config not in self.gate.measured and self._tracks(config):
             result, peak = t.measured_step()
-            self.gate.record(config, peak)
+            self.gate.record(config, peak, allocator=t.allocator_stats)
             if config == self._default and self._fraction is not None:
                 # A percentage is of the default's peak: its measurement replaces its prediction
-                # (they differ by a few hundred bytes on the local runner).
-                self.gate.budget = max(self.gate.budget, int(peak * self._fraction))
+                # (they differ by a few hundred bytes on the local runner). On CUDA it is of
+                # the default's reserved peak with its headroom: 100% must admit the default.
+                stats = t.allocator_stats
+                basis = peak if stats is None else reserved_with_headroom(stats.reserved_peak)
+                self.gate.budget = max(self.gate.budget, int(basis * self._fraction))
         elif self._noise and decision_due and t.noise_split == 2:
             result = t.step(split=2)  # two batch sizes for the noise estimate: same gradient
         else:
@@ -410,7 +414,8 @@ class Adaptive:
         self.steps.append(record)
         if not math.isfinite(result.loss):
             self._diverged(record)
-        over = peak if peak is not None and peak > self.gate.budget else None
+        # Over the budget as the gate reads a measurement (on CUDA: reserved memory with headroom).
+        over = peak if peak is not None and not self.gate.check(config).admitted else None
         if over is not None:
             self._over(record)
         if over is not None and config != self.decider.previous:

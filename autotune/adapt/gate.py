@@ -7,6 +7,13 @@ verified against a real step; an unverified one counts as over the budget unless
 measured (exact tracked bytes of one of its real steps). Measured bytes, once known, override
 the prediction. So adaptation never runs a configuration whose peak is not known to fit: on a GPU,
 no out-of-memory error the default run would not have had.
+
+On CUDA the budget holds the caching allocator's *reserved* memory, which is what runs out
+(allenai/OLMo-core#297: allocated 74.2 GiB, reserved 80.8 GiB at the OOM). The memory model
+predicts allocated bytes; the gate scales a prediction by the reserved/allocated ratio of the
+real steps it has seen on the device (:meth:`BudgetGate.record` with the allocator's figures),
+and a measured config by its reserved peak, each with at least
+:data:`~autotune.measurement.cuda_memory.RESERVED_HEADROOM`.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionError, PredictionWarning
+from autotune.measurement.cuda_memory import RESERVED_HEADROOM, AllocatorStats, reserved_with_headroom
 from autotune.units import MemoryBudget, parse_memory_budget
 
 if TYPE_CHECKING:
@@ -104,6 +112,10 @@ class BudgetGate:
         self.profile = profile
         self.device_type = device_type
         self.measured: dict[TrainConfig, int] = {}
+        self.reserved: dict[TrainConfig, int] = {}  # measured reserved peaks (CUDA)
+        # The highest reserved/allocated ratio of the real steps seen (CUDA): the allocator's
+        # overhead grows with the variety of block sizes it has cached, so the worst one stands.
+        self.reserved_ratio: float | None = None
         self._predicted: dict[TrainConfig, MemoryEstimate] = {}
 
     @classmethod
@@ -134,9 +146,24 @@ class BudgetGate:
         gate.budget = budget.resolve(default_peak)
         return gate
 
-    def record(self, config: TrainConfig, peak_bytes: int) -> None:
-        """A real step of ``config`` peaked at ``peak_bytes`` (exact: the same every time)."""
+    def record(self, config: TrainConfig, peak_bytes: int, *, allocator: AllocatorStats | None = None) -> None:
+        """A real step of ``config`` peaked at ``peak_bytes`` (exact: the same every time); on
+        CUDA ``allocator`` holds the caching allocator's peaks over that step."""
         self.measured[config] = peak_bytes
+        if allocator is not None:
+            self.reserved[config] = allocator.reserved_peak
+            self.observe(allocator)
+
+    def observe(self, allocator: AllocatorStats) -> None:
+        """The caching allocator's peaks over real steps (of no config in particular: a framework
+        loop's run so far): its reserved/allocated ratio, if higher, scales predictions from now on."""
+        ratio = allocator.reserved_ratio
+        if ratio is not None and (self.reserved_ratio is None or ratio > self.reserved_ratio):
+            self.reserved_ratio = ratio
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device_type == "cuda"
 
     def predict(self, config: TrainConfig) -> tuple[int, bool] | None:
         """(predicted peak bytes, verified), or None without a profile."""
@@ -180,6 +207,13 @@ class BudgetGate:
 
     def check(self, config: TrainConfig) -> Verdict:
         measured = self.measured.get(config)
+        reserved = self.reserved.get(config)
+        if measured is not None and reserved is not None:
+            needed = reserved_with_headroom(reserved)
+            rule = "<=" if needed <= self.budget else ">"
+            reason = (f"measured {reserved} B reserved (+{RESERVED_HEADROOM:.0%} headroom: {needed} B) {rule} "
+                      f"budget {self.budget} B")  # fmt: skip
+            return Verdict(admitted=needed <= self.budget, reason=reason, predicted=None, measured=measured)
         if measured is not None:
             fits = measured <= self.budget
             rule = "<=" if fits else ">"
@@ -193,8 +227,25 @@ class BudgetGate:
         if not verified:
             return Verdict(admitted=False, reason=f"predicted {total} B, but the prediction is unverified "
                            "and the config was never measured", predicted=total, measured=None)  # fmt: skip
+        if self.on_cuda and self.reserved_ratio is not None:
+            return self._check_reserved(total, self.reserved_ratio)
         margin = round(total * (1.0 + self.headroom))
         fits = margin <= self.budget
         rule = "<=" if fits else ">"
         reason = f"predicted {total} B (+{self.headroom:.0%} headroom) {rule} budget {self.budget} B"
+        if self.on_cuda:
+            reason += " (allocated: no reserved/allocated ratio measured on this device yet)"
         return Verdict(admitted=fits, reason=reason, predicted=total, measured=None)
+
+    def _check_reserved(self, total: int, ratio: float) -> Verdict:
+        """A prediction of allocated bytes on CUDA, scaled to reserved by the measured ratio; the
+        headroom is the prediction's or the allocator's, whichever is larger."""
+        from autotune.memory.model import reserved_of
+
+        reserved = reserved_of(total, ratio)
+        headroom = max(self.headroom, RESERVED_HEADROOM)
+        needed = reserved_with_headroom(reserved, headroom)
+        rule = "<=" if needed <= self.budget else ">"
+        reason = (f"predicted {total} B allocated x {ratio:.4f} reserved/allocated = {reserved} B reserved "
+                  f"(+{headroom:.0%} headroom: {needed} B) {rule} budget {self.budget} B")  # fmt: skip
+        return Verdict(admitted=needed <= self.budget, reason=reason, predicted=total, measured=None)

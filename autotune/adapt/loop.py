@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from autotune.config import TrainConfig
+from autotune.measurement.cuda_memory import AllocatorStats, StatsSource, allocator_source
 from autotune.measurement.tracker import tracked_step
 from autotune.train.base import StepResult
 from autotune.train.gns import GradientNoiseMonitor, NoiseEstimate
@@ -59,8 +60,12 @@ class AdaptLoop(Protocol):
     """A training loop an adaptive run can drive: the verbs of :class:`~autotune.train.base.BaseTrainer`.
 
     ``noise`` is None where the backend cannot see micro-batch gradients (ZeRO reduces them inside
-    the engine); then ``noise_split`` is 1.
+    the engine); then ``noise_split`` is 1. ``allocator_stats``: the CUDA caching allocator's
+    peaks over the last :meth:`measured_step` (None off CUDA, or where the backend cannot read them).
     """
+
+    @property
+    def allocator_stats(self) -> AllocatorStats | None: ...
 
     @property
     def config(self) -> TrainConfig: ...
@@ -114,7 +119,13 @@ class InPlaceTrainer(Trainer):
                          stream=stream)  # fmt: skip
         self.noise = SampledNoise(self.gns)
         self.gns = self.noise  # type: ignore[assignment]  # the same protocol, sampled
+        self.allocator: StatsSource | None = allocator_source(self.device)
+        self.allocator_stats: AllocatorStats | None = None
 
     def measured_step(self) -> tuple[StepResult, int]:
+        if self.allocator is not None:
+            self.allocator.reset_peak_memory_stats(self.device)
         tracked = tracked_step(self)
+        if self.allocator is not None:
+            self.allocator_stats = AllocatorStats.read(self.allocator, self.device)
         return tracked.result, tracked.at_peak.total

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from autotune.config import TrainConfig
+from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.procs.session import RankFailed, RankSession, SessionStep
 from autotune.train.base import StepResult
 from autotune.workload import Workload
@@ -35,6 +36,8 @@ class RankLoop:
 
     noise = None
     noise_split = 1
+    # Each rank's measurement reads its own allocator; the session's tracked step does not send it.
+    allocator_stats: AllocatorStats | None = None
 
     def __init__(self, session: RankSession, workload: Workload, config: TrainConfig, *, owned: bool) -> None:
         """Start ``workload`` under ``config`` in ``session``'s ranks (whatever they trained before

@@ -258,7 +258,7 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
 def _cmd_best(args: argparse.Namespace) -> int:
 
     from autotune.errors import StudyError
-    from autotune.search.export import export_config
+    from autotune.search.export import allocator_note, export_config
     from autotune.search.results import require_recommended, summarize
     from autotune.search.storage import load_existing_study
 
@@ -278,11 +278,19 @@ def _cmd_best(args: argparse.Namespace) -> int:
         from autotune.search.study import stored_spec
 
         largest = load_workload(stored_spec(study).workload).largest_parameter
-    text = export_config(
-        best.config, args.format, block_names=blocks, workload=study.study_name, largest_parameter=largest
-    )
+    expandable = _expandable_segments(study)
+    text = export_config(best.config, args.format, block_names=blocks, workload=study.study_name,
+                         largest_parameter=largest, expandable_segments=expandable)  # fmt: skip
     sys.stdout.write(text)
+    if args.format == "deepspeed":  # JSON has no comments: the allocator setting goes to stderr
+        print(f"autotune best: {allocator_note(expandable)}", file=sys.stderr)
     return 0
+
+
+def _expandable_segments(study: optuna.Study) -> bool:
+    """Whether the study measured with expandable segments (a study stored without the option did not)."""
+    space = study.user_attrs.get("spec", {}).get("space", {})
+    return bool(space.get("expandable_segments", False))
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from autotune.adapt.records import Change
 from autotune.adapt.sources import RunContext
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneWarning, ConfigError
+from autotune.measurement.cuda_memory import AllocatorStats, StatsSource, allocator_source
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
@@ -64,6 +65,10 @@ class LiveKnobs:
         self._warm = False  # whether the step under way is timed: not the first after a change
         self.split = False  # whether the loop lets the micro-batch x accumulation split change
         self.pending: Change | None = None  # an admitted split change waiting for the loop's epoch boundary
+        # The CUDA caching allocator of the model's device (None on the CPU): its reserved/allocated
+        # ratio scales the gate's predictions (the framework's steps are not tracked one by one).
+        self.allocator: StatsSource | None = None
+        self._device: torch.device | None = None
 
     @property
     def history(self) -> list[Change]:
@@ -82,14 +87,18 @@ class LiveKnobs:
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=self.blocks,
                             batch_size=micro_batch_size * accum)  # fmt: skip
         default = self.config = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
-        gate = self.gate = BudgetGate.build(workload, self.budget, default, reduced_precision=self.source is not None)
+        first = next(model.parameters(), None)
+        device = "cpu" if first is None else first.device.type
+        self._device = None if first is None else first.device
+        self.allocator = None if first is None else allocator_source(first.device)
+        gate = self.gate = BudgetGate.build(workload, self.budget, default, reduced_precision=self.source is not None,
+                                            device_type=device)  # fmt: skip
         self.decider = Decider(source=self.source, gate=gate, base_batch_size=default.effective_batch_size,
                                takes=self._takes)  # fmt: skip
         self._model, self._names = model, workload.block_names()
         start = self._fit_budget(default)
         context = None
         if self.source is not None:
-            device = next((p.device.type for p in model.parameters()), "cpu")
             blocks = profile_blocks(workload, micro_batch_size=2)
             context = RunContext(workload=workload, start=start, budget_bytes=gate.budget, blocks=blocks,
                                  device_type=device, admits=self._admits)  # fmt: skip
@@ -145,6 +154,9 @@ class LiveKnobs:
         if loss is not None:
             self._losses.append(loss)
         if step % self.decide_every == 0 and self.pending is None:  # none while a split waits for its epoch
+            if self.allocator is not None and self.gate is not None and self._device is not None:
+                # The run's peaks so far (never reset here: they are the user's statistics too).
+                self.gate.observe(AllocatorStats.read(self.allocator, self._device))
             obs = self.decider.observation(
                 step=step, config=self.config, b_noise=None, losses=tuple(self._losses[-16:])
             )

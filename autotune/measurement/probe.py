@@ -19,7 +19,7 @@ from autotune.config import Precision, TrainConfig
 from autotune.errors import one_line
 from autotune.measurement.oom import is_out_of_memory
 
-__all__ = ["MachineSpeeds", "ProbeLoop", "probe_speeds"]
+__all__ = ["MachineSpeeds", "PrecisionSpeeds", "ProbeLoop", "probe_precisions", "probe_speeds", "reduced_precisions"]
 
 
 class _Timed(Protocol):
@@ -69,18 +69,74 @@ def probe_speeds(
     probes = {"plain": plain, "recompute": dataclasses.replace(plain, checkpoint=True)}
     if probe_reduced:
         probes["reduced"] = dataclasses.replace(plain, precision=reduced)
-    seconds = {"reduced": math.inf}
-    failure: str | None = None
+    seconds, failures = _time_probes(loop, probes, steps=steps, fallible={"reduced"}, recover=recover)
+    loop.reconfigure(base)
+    recompute = seconds["recompute"] / seconds["plain"] - 1.0
+    return MachineSpeeds(reduced_speed=seconds["plain"] / seconds.get("reduced", math.inf), recompute_cost=recompute,
+                         reduced_failure=failures.get("reduced"))  # fmt: skip
+
+
+def _time_probes(
+    loop: ProbeLoop,
+    probes: dict[str, TrainConfig],
+    *,
+    steps: int,
+    fallible: set[str],
+    recover: Callable[[], None] | None,
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Best-of-``steps`` seconds of each probe, and why each ``fallible`` one that raised failed
+    (only with ``recover``, and never for an out-of-memory error: those propagate)."""
+    seconds: dict[str, float] = {}
+    failures: dict[str, str] = {}
     for key, config in probes.items():
         loop.reconfigure(config)
         try:
             seconds[key] = min(loop.step().seconds for _ in range(steps))
         except Exception as e:
-            if key != "reduced" or recover is None or is_out_of_memory(e):
+            if key not in fallible or recover is None or is_out_of_memory(e):
                 raise
             recover()
-            failure = one_line(e)
+            failures[key] = one_line(e)
+    return seconds, failures
+
+
+def reduced_precisions(device_type: str) -> tuple[Precision, ...]:
+    """The reduced precisions worth probing on ``device_type``.
+
+    On CUDA both: fp16 runs on the same tensor cores as bf16 (and is the only one before Ampere),
+    with a loss scaler (:class:`torch.amp.GradScaler`, which the local trainer turns on for any
+    fp16 block). On the CPU only bf16: DeepSpeed refuses fp16 there and without fp16 units (AVX2)
+    autocast fp16 is emulated, ~50x slower than fp32.
+    """
+    return ("bf16", "fp16") if device_type == "cuda" else ("bf16",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrecisionSpeeds:
+    """Whole-step speed of each precision against fp32: plain fp32 step time / that precision's
+    (fp32 itself is 1.0; > 1: faster; 0: it cannot run here, ``failures`` says why)."""
+
+    speeds: dict[str, float]
+    failures: dict[str, str]
+
+
+def probe_precisions(
+    loop: ProbeLoop,
+    base: TrainConfig,
+    *,
+    precisions: tuple[Precision, ...],
+    steps: int = 2,
+    recover: Callable[[], None] | None = None,
+) -> PrecisionSpeeds:
+    """Time ``steps`` optimizer steps of ``loop`` with every block in fp32, then in each of
+    ``precisions`` (nothing recomputed), as :func:`probe_speeds` does for one; leave the loop on
+    ``base``. A precision that raises reads as speed 0 under the same rule (``recover`` given,
+    not out of memory)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, but got {steps}.")
+    plain = dataclasses.replace(base, precision="fp32", checkpoint=False)
+    probes = {"fp32": plain} | {p: dataclasses.replace(plain, precision=p) for p in precisions if p != "fp32"}
+    seconds, failures = _time_probes(loop, probes, steps=steps, fallible=set(probes) - {"fp32"}, recover=recover)
     loop.reconfigure(base)
-    recompute = seconds["recompute"] / seconds["plain"] - 1.0
-    return MachineSpeeds(reduced_speed=seconds["plain"] / seconds["reduced"], recompute_cost=recompute,
-                         reduced_failure=failure)  # fmt: skip
+    speeds = {p: seconds["fp32"] / seconds.get(p, math.inf) for p in probes}
+    return PrecisionSpeeds(speeds=speeds, failures=failures)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from autotune.config import TrainConfig
+from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.measurement.objective import GIB, per_gib
 from autotune.train.gns import NoiseEstimate
 
@@ -60,6 +61,7 @@ class RankResult:
     category_peaks: MemoryBreakdown | None
     resident: MemoryBreakdown | None
     device_peak_bytes: int | None
+    allocator: AllocatorStats | None = None  # this rank's caching allocator on CUDA, else None
 
     @property
     def peak_bytes(self) -> int | None:
@@ -70,7 +72,13 @@ class RankResult:
         d = dict(data)
         for key in ("memory", "category_peaks", "resident"):
             d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
+        d["allocator"] = _allocator(d.get("allocator"))
         return cls(**d)
+
+
+def _allocator(data: dict[str, Any] | None) -> AllocatorStats | None:
+    """Records written before the allocator was read have no such key: None, as on the CPU."""
+    return None if data is None else AllocatorStats(**data)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +88,13 @@ class Measurement:
     ``status`` is ``ok``, or why the configuration is infeasible: ``over_budget`` (peak above
     ``memory_budget``; throughput is then not measured), ``oom`` (the allocator failed),
     ``diverged`` (non-finite loss). ``reason`` says more in one line.
+
+    On CUDA, ``allocator`` holds the caching allocator's peaks over the tracked step (of the rank
+    with the highest reserved peak): ``reserved_peak`` is what a device budget is checked against
+    (with :data:`~autotune.measurement.cuda_memory.RESERVED_HEADROOM`), ``alloc_retries`` how
+    often the allocator had to free its cache to go on. The per-category figures (``memory``,
+    ``category_peaks``) are tracked tensor bytes on every device: the allocator keeps no
+    categories, only totals.
     """
 
     workload: str
@@ -95,7 +110,7 @@ class Measurement:
     step_seconds: float | None  # median
     memory: MemoryBreakdown | None  # at the moment of peak total (sums to the peak)
     category_peaks: MemoryBreakdown | None  # each category's own maximum over the tracked step
-    device_peak_bytes: int | None  # torch.cuda.max_memory_allocated on CUDA, else None
+    device_peak_bytes: int | None  # torch.cuda.max_memory_allocated on CUDA (allocator.allocated_peak), else None
     memory_budget: int | None
     noise: NoiseEstimate
     losses: tuple[float, ...]  # every optimizer step's mean loss, warmup included
@@ -108,6 +123,7 @@ class Measurement:
     # The config DeepSpeed ran with (``deepspeed.initialize(config=...)``), None on the local runner:
     # what ``autotune best --format deepspeed`` exports for this TrainConfig, byte for byte.
     deepspeed_config: dict[str, Any] | None = None
+    allocator: AllocatorStats | None = None
 
     @property
     def ok(self) -> bool:
@@ -116,6 +132,11 @@ class Measurement:
     @property
     def peak_bytes(self) -> int | None:
         return None if self.memory is None else self.memory.total
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        """The CUDA caching allocator's reserved peak (None off CUDA): what runs out on a GPU."""
+        return None if self.allocator is None else self.allocator.reserved_peak
 
     @property
     def throughput_per_gib(self) -> float | None:
@@ -130,6 +151,7 @@ class Measurement:
         d["losses"] = list(self.losses)
         d["per_rank"] = [asdict(r) for r in self.per_rank]
         d["peak_bytes"] = self.peak_bytes
+        d["reserved_bytes"] = self.reserved_bytes
         d["throughput_per_gib"] = self.throughput_per_gib
         return d
 
@@ -145,4 +167,5 @@ class Measurement:
         d["noise"] = NoiseEstimate(**d["noise"])
         d["losses"] = tuple(d["losses"])
         d["per_rank"] = tuple(RankResult.from_dict(r) for r in d.get("per_rank", ()))
+        d["allocator"] = _allocator(d.get("allocator"))
         return cls(**d)

@@ -19,11 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, ConfigError, TrainingError
+from autotune.measurement.cuda_memory import (
+    RESERVED_HEADROOM,
+    AllocatorStats,
+    StatsSource,
+    allocator_source,
+    reserved_with_headroom,
+)
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.progress import ProgressFn
 from autotune.measurement.record import Measurement, MemoryBreakdown, RankResult, Status
 from autotune.measurement.sidebyside import SETTLED
-from autotune.measurement.tracker import TrackedStep, device_peak, reset_device_peak, tracked_step
+from autotune.measurement.tracker import TrackedStep, tracked_step
 from autotune.measurement.trend import loss_slope
 from autotune.train.base import BaseTrainer, StepResult
 from autotune.train.gns import NoiseEstimate
@@ -140,6 +147,7 @@ class RankReport:
     device_peak_bytes: int | None
     deepspeed_config: dict[str, Any] | None = None  # what the engine ran with (ranks only)
     warmup_steps: int = 0  # untimed steps run (``warmup``, more while step times had not settled)
+    allocator: AllocatorStats | None = None  # the CUDA caching allocator over the tracked step
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -155,6 +163,7 @@ class RankReport:
             d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
         for key in ("losses", "timed_samples", "timed_seconds"):
             d[key] = tuple(d[key])
+        d["allocator"] = None if d.get("allocator") is None else AllocatorStats(**d["allocator"])
         return cls(**d)
 
 
@@ -165,6 +174,11 @@ class Schedule:
     measured before it. On ranks every step's loss and ``worst_peak`` are the same on every rank
     (all-reduced), so every rank takes the same verdict: no rank leaves the schedule while the
     others wait in a collective.
+
+    On CUDA (``allocator``: the trainer's device's caching allocator unless given; the tests give a
+    fake one) the tracked step is also read from the allocator, and the budget must hold its
+    reserved peak plus :data:`~autotune.measurement.cuda_memory.RESERVED_HEADROOM`: the reserved
+    segments are what runs out on a GPU, not the live tensors.
     """
 
     def __init__(
@@ -178,6 +192,7 @@ class Schedule:
         progress: ProgressFn | None = None,
         worst_peak: Callable[[int], int] = lambda peak: peak,
         slowest: Callable[[float], float] = lambda seconds: seconds,
+        allocator: StatsSource | None = None,
     ) -> None:
         self.trainer, self.steps, self.warmup, self.memory_budget = trainer, steps, warmup, memory_budget
         self.tracked_step, self.progress, self.worst_peak = tracked_step, progress, worst_peak
@@ -185,8 +200,9 @@ class Schedule:
         self.results: list[StepResult] = []
         self.timed: list[StepResult] = []
         self.tracked: TrackedStep | None = None
-        self.device_peak: int | None = None
         self.warmed = 0  # untimed steps run before the tracked one
+        self.allocator = allocator_source(trainer.device) if allocator is None else allocator
+        self.allocator_stats: AllocatorStats | None = None
 
     def _record(self, result: StepResult) -> bool:
         self.results.append(result)
@@ -217,14 +233,16 @@ class Schedule:
             seconds.append(self.slowest(result.seconds))
         self.warmed = len(seconds)
         self._tick("memory", 0, 1)
-        reset_device_peak(t.device)
+        if self.allocator is not None:
+            self.allocator.reset_peak_memory_stats(t.device)
         self.tracked = self.tracked_step()
-        self.device_peak = device_peak(t.device)
+        if self.allocator is not None:
+            self.allocator_stats = AllocatorStats.read(self.allocator, t.device)
         if not self._record(self.tracked.result):
             return self._diverged()
-        peak = self.worst_peak(max(self.tracked.at_peak.total, self.device_peak or 0))
-        if self.memory_budget is not None and peak > self.memory_budget:
-            return "over_budget", f"peak {peak} bytes exceeds the memory budget of {self.memory_budget} bytes"
+        verdict = self._over_budget(self.tracked.at_peak.total)
+        if verdict is not None:
+            return "over_budget", verdict
         for i in range(self.steps):
             self._tick("timed", i, self.steps)
             result = t.step()
@@ -233,6 +251,25 @@ class Schedule:
                 return self._diverged()
         self._tick("timed", self.steps, self.steps)
         return "ok", None
+
+    def _over_budget(self, tracked: int) -> str | None:
+        """Why the tracked step does not fit the budget, or None. Every rank calls ``worst_peak``
+        the same number of times (it may be a collective)."""
+        stats = self.allocator_stats
+        peak = self.worst_peak(max(tracked, 0 if stats is None else stats.allocated_peak))
+        reserved = None if stats is None else self.worst_peak(stats.reserved_peak)
+        budget = self.memory_budget
+        if budget is None:
+            return None
+        if peak > budget:
+            return f"peak {peak} bytes exceeds the memory budget of {budget} bytes"
+        if reserved is not None and reserved_with_headroom(reserved) > budget:
+            needed = reserved_with_headroom(reserved)
+            return (
+                f"reserved peak {reserved} bytes (+{RESERVED_HEADROOM:.0%} headroom: {needed}) exceeds the "
+                f"memory budget of {budget} bytes"
+            )
+        return None
 
     def report(self, status: Status, reason: str | None, *, rank: int = 0) -> RankReport:
         tracked = self.tracked
@@ -248,9 +285,10 @@ class Schedule:
             resident=None if tracked is None else tracked.resident,
             at_peak=None if tracked is None else tracked.at_peak,
             category_peaks=None if tracked is None else tracked.category_peaks,
-            device_peak_bytes=self.device_peak,
+            device_peak_bytes=None if self.allocator_stats is None else self.allocator_stats.allocated_peak,
             deepspeed_config=self.trainer.deepspeed_config,
             warmup_steps=self.warmed,
+            allocator=self.allocator_stats,
         )
 
 
@@ -299,6 +337,7 @@ def assemble(
     worst = max(reports, key=lambda r: -1 if r.at_peak is None else r.at_peak.total) if reports else None
     first = reports[0] if reports else None
     losses = first.losses if first is not None else ()
+    allocators = [r.allocator for r in reports if r.allocator is not None]
     return Measurement(
         workload=workload,
         config=config,
@@ -322,6 +361,7 @@ def assemble(
         lr=0.0 if first is None else first.lr,
         per_rank=tuple(_rank_result(r) for r in reports) if config.on_deepspeed else (),
         deepspeed_config=None if first is None else first.deepspeed_config,
+        allocator=max(allocators, key=lambda a: a.reserved_peak) if allocators else None,
     )
 
 
@@ -335,4 +375,5 @@ def _rank_result(r: RankReport) -> RankResult:
         category_peaks=r.category_peaks,
         resident=r.resident,
         device_peak_bytes=r.device_peak_bytes,
+        allocator=r.allocator,
     )

@@ -23,7 +23,7 @@ from autotune.train.base import StepResult
 if TYPE_CHECKING:
     from autotune.train.local import Trainer
 
-__all__ = ["TrackedStep", "breakdown", "device_peak", "reset_device_peak", "tracked_step", "tracker_class"]
+__all__ = ["TrackedStep", "breakdown", "tracked_step", "tracker_class"]
 
 # MemTracker's category names (``_MemRefType`` values) -> our fields.
 _CATEGORIES = {
@@ -122,15 +122,3 @@ def breakdown(snapshot: Mapping[Any, int]) -> MemoryBreakdown:
         if name in _CATEGORIES:
             values[_CATEGORIES[name]] += int(nbytes)
     return MemoryBreakdown(**values)
-
-
-def reset_device_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def device_peak(device: torch.device) -> int | None:
-    """Allocator peak on CUDA (includes what MemTracker does not see: workspaces, fragmentation)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return None

@@ -42,6 +42,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from autotune.config import TrainConfig
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from autotune.units import MemoryBudget
     from autotune.workload import Workload
 
-__all__ = ["MemoryEstimate", "Plan", "budget_bytes", "plan_of", "predict_memory"]
+__all__ = ["MemoryEstimate", "Plan", "budget_bytes", "plan_of", "predict_memory", "reserved_of"]
 
 Phase = Literal["forward/backward", "optimizer step"]
 _WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -72,12 +73,20 @@ class MemoryEstimate(MemoryBreakdown):
     configuration this one uses, and each agreed within 5% (``verification`` holds the deciding
     check, :func:`autotune.memory.check.covering`; None if the profile was not checked). Act on an
     unverified prediction (prune, skip) only knowing that it may be wrong: measure instead.
+
+    What it predicts (:attr:`predicts`) is *allocated* memory: live tensor bytes, what
+    ``torch.cuda.max_memory_allocated`` counts. On CUDA what runs out is the caching allocator's
+    reserved memory, larger by fragmentation and cache (74.2 vs 80.8 GiB, allenai/OLMo-core#297);
+    no fake-tensor pass can know it, so once one real step has run on the device its measured
+    reserved/allocated ratio is carried here (``reserved_ratio``, see
+    :meth:`with_reserved_ratio`) and :attr:`reserved` is the prediction scaled by it.
     """
 
     phase: Phase
     ranks: int
     verified: bool = False
     verification: Verification | None = None
+    reserved_ratio: float | None = None
 
     def __post_init__(self) -> None:
         for f in _CATEGORIES:
@@ -86,6 +95,26 @@ class MemoryEstimate(MemoryBreakdown):
                 raise ConfigError(f"MemoryEstimate.{f} must be an int >= 0, but got {value!r}.")
         if not isinstance(self.ranks, int) or self.ranks < 1:
             raise ConfigError(f"MemoryEstimate.ranks must be an int >= 1, but got {self.ranks!r}.")
+        ratio = self.reserved_ratio
+        if ratio is not None and (
+            not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not math.isfinite(ratio) or ratio < 1.0
+        ):
+            # Every allocated block lives in a reserved segment: reserved >= allocated.
+            raise ConfigError(f"MemoryEstimate.reserved_ratio must be a finite number >= 1 or None, but got {ratio!r}.")
+
+    @property
+    def predicts(self) -> Literal["allocated"]:
+        """Which of the CUDA allocator's two figures :attr:`total` stands for: allocated bytes."""
+        return "allocated"
+
+    @property
+    def reserved(self) -> int | None:
+        """Predicted reserved bytes: :attr:`total` x ``reserved_ratio`` rounded up; None without a ratio."""
+        return None if self.reserved_ratio is None else reserved_of(self.total, self.reserved_ratio)
+
+    def with_reserved_ratio(self, ratio: float | None) -> MemoryEstimate:
+        """This prediction carrying a reserved/allocated ratio measured on the device (None: none known)."""
+        return dataclasses.replace(self, reserved_ratio=ratio)
 
     def fits(self, budget: int) -> bool:
         return self.total <= budget
@@ -96,13 +125,26 @@ class MemoryEstimate(MemoryBreakdown):
     def to_dict(self) -> dict[str, Any]:
         values = {f: getattr(self, f) for f in (*_CATEGORIES, "phase", "ranks")}
         verification = None if self.verification is None else self.verification.to_dict()
-        return values | {"total": self.total, "verified": self.verified, "verification": verification}
+        return values | {
+            "total": self.total,
+            "predicts": self.predicts,
+            "reserved_ratio": self.reserved_ratio,
+            "reserved": self.reserved,
+            "verified": self.verified,
+            "verification": verification,
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
 
 _CATEGORIES = MEMORY_CATEGORIES
+
+
+def reserved_of(allocated: int, ratio: float) -> int:
+    """Reserved bytes for ``allocated`` bytes at a reserved/allocated ``ratio``, rounded up.
+    Exact: the float ratio's own rational value, so the same inputs always round alike."""
+    return math.ceil(allocated * Fraction(ratio))
 
 
 class Plan(NamedTuple):

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, MeasurementFailed, StudyError, WorkloadError
+from autotune.measurement.cuda_memory import ALLOC_CONF_VAR
 from autotune.measurement.record import Measurement
 from autotune.procs.channel import command, decode, encode, error_reply
 from autotune.procs.watchdog import watch_parent
@@ -47,14 +48,23 @@ class MeasurementProcess:
         threads: ``torch.set_num_threads`` in the child (None: torch's default).
         device: Passed to :func:`autotune.measure`.
         startup_timeout: Seconds allowed for the child to import torch and build the workload.
+        alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` in the child, set before its first CUDA allocation
+            (the allocator reads it once); None: the child inherits this process's.
     """
 
     def __init__(
-        self, source: str, *, threads: int | None = None, device: str | None = None, startup_timeout: float = 600.0
+        self,
+        source: str,
+        *,
+        threads: int | None = None,
+        device: str | None = None,
+        startup_timeout: float = 600.0,
+        alloc_conf: str | None = None,
     ) -> None:
         self.source = source
         self.threads = threads
         self.device = device
+        self.alloc_conf = alloc_conf
         self.startup_timeout = startup_timeout
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
@@ -67,7 +77,7 @@ class MeasurementProcess:
         parent, child = ctx.Pipe()
         process = ctx.Process(
             target=_serve,
-            args=(child, self.source, self.threads, self.device, os.getpid()),
+            args=(child, self.source, self.threads, self.device, os.getpid(), self.alloc_conf),
             name="autotune-measure",
             daemon=True,
         )
@@ -164,8 +174,12 @@ class _sigint_ignored:
 # ---- the child ---------------------------------------------------------------------------------
 
 
-def _serve(conn: Connection, source: str, threads: int | None, device: str | None, parent_pid: int) -> None:
+def _serve(
+    conn: Connection, source: str, threads: int | None, device: str | None, parent_pid: int, alloc_conf: str | None
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills this process
+    if alloc_conf is not None:  # before anything touches CUDA: the allocator reads it once
+        os.environ[ALLOC_CONF_VAR] = alloc_conf
     # The pipe tells the child its parent is gone only when it next reads; a measurement may run
     # for minutes.
     watch_parent(parent_pid, exit_code=3)

@@ -89,8 +89,9 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
     return f"{t.dtype}{tuple(t.shape)}".encode() + flat.view(torch.uint8).numpy().tobytes()
 
 
-def machine_fingerprint(*, threads: int | None, device: str) -> str:
-    """A readable description of what throughput depends on: CPU model, cores, torch, threads, device."""
+def machine_fingerprint(*, threads: int | None, device: str, alloc_conf: str | None = None) -> str:
+    """A readable description of what throughput depends on: CPU model, cores, torch, threads, device
+    (and the CUDA allocator's settings when a study sets them: they change the reserved peak)."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -104,6 +105,7 @@ def machine_fingerprint(*, threads: int | None, device: str) -> str:
     return (
         f"{platform.machine()} | {cpu} | {os.cpu_count()} cpus | torch {torch.__version__} | "
         f"threads {threads or 'default'} | device {device} | accelerator {accel}"
+        + ("" if alloc_conf is None else f" | {alloc_conf}")
     )
 
 

@@ -16,20 +16,38 @@ from typing import Literal, get_args
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 
-__all__ = ["ExportFormat", "EXPORT_FORMATS", "export_config", "python_snippet"]
+__all__ = ["ExportFormat", "EXPORT_FORMATS", "allocator_note", "export_config", "python_snippet"]
 
 ExportFormat = Literal["json", "deepspeed", "python"]
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 
 
-def python_snippet(config: TrainConfig, *, block_names: tuple[str, ...], workload: str) -> str:
+def allocator_note(expandable_segments: bool) -> str:
+    """One line saying which CUDA allocator setting the measurements assumed."""
+    if expandable_segments:
+        return (
+            "measured with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: set it in the training job's "
+            "environment, before its first CUDA allocation"
+        )
+    return "measured without PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the CUDA allocator's default)"
+
+
+def python_snippet(
+    config: TrainConfig, *, block_names: tuple[str, ...], workload: str, expandable_segments: bool = False
+) -> str:
     """A Python snippet that applies ``config``'s per-block knobs to a model with these blocks."""
-    return f'''"""Apply the configuration autotune found for {workload!r}."""
+    alloc = "expandable_segments:True" if expandable_segments else None
+    return f'''"""Apply the configuration autotune found for {workload!r}.
+
+CUDA allocator: {allocator_note(expandable_segments)}.
+"""
 from autotune import TrainConfig
 from autotune.train.wrappers import apply_block_knobs
 
 CONFIG = TrainConfig.from_json("""{config.to_json()}""")
 BLOCKS = {list(block_names)!r}
+# PYTORCH_CUDA_ALLOC_CONF the peaks were measured under (None: the allocator's default).
+ALLOC_CONF = {alloc!r}
 
 
 def apply(model, device_type="cpu"):
@@ -46,11 +64,20 @@ def apply(model, device_type="cpu"):
 
 
 def export_config(
-    config: TrainConfig, fmt: str, *, block_names: tuple[str, ...], workload: str, largest_parameter: int
+    config: TrainConfig,
+    fmt: str,
+    *,
+    block_names: tuple[str, ...],
+    workload: str,
+    largest_parameter: int,
+    expandable_segments: bool = False,
 ) -> str:
     """The text of ``config`` in format ``fmt`` (``json``, ``deepspeed`` or ``python``).
 
     ``largest_parameter``: elements of the model's largest parameter, which sizes DeepSpeed's buckets.
+    ``expandable_segments``: the study measured with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
+    the Python snippet says so (the DeepSpeed JSON has no field for it: ``autotune best`` says it
+    on stderr, :func:`allocator_note`).
     """
     if fmt == "json":
         return config.to_json() + "\n"
@@ -64,5 +91,6 @@ def export_config(
         )
         return json.dumps(ds, indent=2) + "\n"
     if fmt == "python":
-        return python_snippet(config, block_names=block_names, workload=workload)
+        return python_snippet(config, block_names=block_names, workload=workload,
+                              expandable_segments=expandable_segments)  # fmt: skip
     raise ConfigError(f"--format must be one of {EXPORT_FORMATS}, but got {fmt!r}.")

@@ -15,6 +15,7 @@ raising ``TrialPruned`` ourselves, as Optuna documents for manual pruning.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Callable
@@ -172,6 +173,8 @@ class Objective:
         }
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
+        if m.allocator is not None:  # what runs out on a GPU, and how hard the allocator worked
+            trial.set_user_attr(ATTR.ALLOCATOR, dataclasses.asdict(m.allocator))
         if m.status != "ok" or m.throughput is None or not peak:
             reason = m.reason or m.status
             if baseline == PYTORCH_DEFAULT and m.status in ("over_budget", "oom"):

@@ -36,6 +36,7 @@ class ATTR:
     PEAK = "peak_bytes"
     PER_GIB = "throughput_per_gib"
     MEMORY = "memory_bytes"
+    ALLOCATOR = "cuda_allocator"  # on CUDA only: peak allocated and reserved bytes, retries, OOMs
     STEP_SECONDS = "step_seconds"
     CACHED = "cached"
     PREDICTED = "predicted_peak_bytes"

@@ -128,6 +128,13 @@ class SpaceSpec:
             it needs DeepSpeed (``pip install autotune[zero]``): without it those trials fail cleanly.
         zero_stages: ZeRO stages to try when ranks > 1.
         blocks: Per-block overrides by block index (forward order).
+        expandable_segments: Measure on CUDA with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``:
+            the caching allocator grows segments in place instead of caching blocks of fixed
+            sizes, which cut torchtune's reserved memory from 16.4 to 10.8 GiB
+            (pytorch/torchtune#1185). A setting of the whole study, not sampled per trial (the
+            allocator is configured once per process); ``autotune best`` says the exported
+            configuration assumes it. On the CPU there is no caching allocator: it has no effect
+            and the search space is the same either way.
     """
 
     batch_size: int | None = None
@@ -136,9 +143,12 @@ class SpaceSpec:
     ranks: tuple[int, ...] = (1,)
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     blocks: Mapping[int, BlockOverride] = field(default_factory=dict)
+    expandable_segments: bool = False
 
     def __post_init__(self) -> None:
         _tupled(self, "batch_sizes", "precisions", "ranks", "zero_stages")
+        if not isinstance(self.expandable_segments, bool):
+            raise SpecError(f"space.expandable_segments must be true or false, but got {self.expandable_segments!r}.")
         if self.batch_size is not None:
             _check_int("space.batch_size", self.batch_size, low=1)
         if self.batch_sizes is not None:
@@ -239,6 +249,9 @@ def spec_to_dict(spec: StudySpec) -> dict[str, Any]:
     data["space"]["blocks"] = {
         str(i): {k: v for k, v in asdict(o).items() if v is not None} for i, o in spec.space.blocks.items()
     }
+    if not spec.space.expandable_segments:
+        # Off is the default: a study stored before the option existed has the same identity.
+        del data["space"]["expandable_segments"]
     return {k: v for k, v in data.items() if v is not None}
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, ProposalError, SpecError, StudyError
+from autotune.measurement.cuda_memory import ALLOC_CONF_VAR, alloc_conf_with
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
 from autotune.search.predictor import MemoryPredictor, load_memory_predictor
@@ -55,6 +56,7 @@ __all__ = [
     "recover_interrupted",
     "run_study",
     "stored_spec",
+    "study_alloc_conf",
 ]
 
 _STUDY_ATTR = "autotune"  # study user attribute: what this study is (checked when resuming or joining)
@@ -418,14 +420,18 @@ def run_study(
         if count_done(study) >= spec.trials:
             study.stop()  # other workers may have finished the rest
 
-    with MeasurementProcess(prepared.workload.source, threads=spec.measure.threads, device=options.device) as measurer:
+    alloc_conf = study_alloc_conf(spec, options.device)
+    with MeasurementProcess(prepared.workload.source, threads=spec.measure.threads, device=options.device,
+                            alloc_conf=alloc_conf) as measurer:  # fmt: skip
         measurer.start()
         objective = Objective(
             space=prepared.space,
             measurer=measurer,
             workload=prepared.workload,
             workload_id=prepared.fingerprint,
-            machine=machine_fingerprint(threads=spec.measure.threads, device=options.device or "auto"),
+            machine=machine_fingerprint(
+                threads=spec.measure.threads, device=options.device or "auto", alloc_conf=alloc_conf
+            ),
             cache=MeasurementCache(options.cache),
             memory_budget=prepared.memory_budget,
             steps=spec.measure.steps,
@@ -464,7 +470,8 @@ def retime_study(study: optuna.Study, *, device: str | None = None) -> dict[str,
     spec = stored_spec(study)
     source = load_workload(spec.workload).source
     assert source is not None  # load_workload always sets it
-    with MeasurementProcess(source, threads=spec.measure.threads, device=device) as measurer:
+    alloc_conf = study_alloc_conf(spec, device)
+    with MeasurementProcess(source, threads=spec.measure.threads, device=device, alloc_conf=alloc_conf) as measurer:
         measurer.start()
         return _retime(study, measurer, spec, StudyObserver())  # its notes go to stderr
 
@@ -492,6 +499,18 @@ def _retime(study: optuna.Study, measurer: Any, spec: StudySpec, observer: Study
         if record["note"]:
             observer.note(record["note"])
     return record
+
+
+def study_alloc_conf(spec: StudySpec, device: str | None) -> str | None:
+    """``PYTORCH_CUDA_ALLOC_CONF`` for the study's measurements: None (inherited) unless the spec
+    asks for expandable segments and the measurements run on CUDA (on the CPU it is no setting)."""
+    if not spec.space.expandable_segments:
+        return None
+    from autotune.train.local import resolve_device
+
+    if resolve_device(device).type != "cuda":
+        return None
+    return alloc_conf_with(os.environ.get(ALLOC_CONF_VAR), expandable_segments=True)
 
 
 def record_trial(

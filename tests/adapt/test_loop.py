@@ -42,3 +42,23 @@ def test_the_data_stream_keeps_its_place_across_micro_batch_changes() -> None:
     trainer.step()
     trainer.close()
     assert (trainer.stream.epoch, trainer.stream.offset) == (0, 64)  # no sample replayed, none skipped
+
+
+def test_a_measured_step_reads_the_allocator_where_there_is_one() -> None:
+    from tests.measurement.fake_cuda import FakeAllocator
+
+    wl = make_resmlp()
+    opt = torch.optim.SGD(wl.model.parameters(), lr=0.1)
+    trainer = InPlaceTrainer(wl, TrainConfig(micro_batch_size=8), model=wl.model, optimizer=opt, device=None,
+                             track_noise=False)  # fmt: skip
+    assert (trainer.allocator, trainer.allocator_stats) == (None, None)  # the CPU has no allocator to read
+    fake = trainer.allocator = FakeAllocator(allocated=4_700_160, reserved=6_291_456, retries=1)
+    _, peak = trainer.measured_step()
+    trainer.close()
+    assert fake.resets == 1 and peak > 0
+    stats = trainer.allocator_stats
+    assert stats is not None and (stats.allocated_peak, stats.reserved_peak, stats.alloc_retries) == (
+        4_700_160,
+        6_291_456,
+        1,
+    )

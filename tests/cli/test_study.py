@@ -17,6 +17,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import TrainConfig
+from autotune.search.export import allocator_note
 from autotune.zoo import BUILTINS
 from tests.paths import TINY_WORKLOAD, USER_WORKLOAD
 
@@ -242,10 +243,13 @@ def test_best_exports_json_deepspeed_and_python(tmp_path: Path, capsys: pytest.C
     assert main([*args, "--artifact-dir", str(tmp_path / "art"), *MEASURE]) == 0
     printed = capsys.readouterr().out
     assert "Pareto front of 'tiny'" in printed and "recommended / baseline" in printed
-    out = {}
+    out, err = {}, {}
     for fmt in ("json", "deepspeed", "python"):
         assert main(["best", "tiny", "--storage", str(db), "--format", fmt]) == 0
-        out[fmt] = capsys.readouterr().out
+        out[fmt], err[fmt] = capsys.readouterr()
+    # JSON has no comments: which allocator setting the DeepSpeed config assumes goes to stderr.
+    assert err["deepspeed"] == f"autotune best: {allocator_note(False)}\n"
+    assert "ALLOC_CONF = None" in out["python"]
     config = TrainConfig.from_json(out["json"])
     assert config.effective_batch_size == 16
     ds = json.loads(out["deepspeed"])

@@ -47,3 +47,18 @@ def test_a_proposal_measured_worse_is_left_for_the_configuration_it_replaced(mon
     assert (a.score.throughput, b.score.throughput) == pytest.approx((160.0, 16.0))
     assert b.score.peak_bytes == live.gate.predict(B)[0] < a.score.peak_bytes  # type: ignore[union-attr,index]
     live.remove()
+
+
+def test_on_cuda_the_runs_allocator_ratio_reaches_the_gate_at_each_decision() -> None:
+    from tests.measurement.fake_cuda import FakeAllocator
+
+    wl = make_resmlp(n=64)
+    live = LiveKnobs(policy=Scripted([A]), memory_budget=None, decide_every=5, blocks=None)
+    live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=2, name="resmlp")
+    assert live.allocator is None and live.gate is not None  # a model on the CPU: no allocator to read
+    fake = live.allocator = FakeAllocator(allocated=4_000_000, reserved=5_000_000)
+    for step in range(1, 5):
+        live.step_end(step, loss=1.0)
+    assert live.gate.reserved_ratio is None and fake.devices == []  # read at decisions only
+    live.step_end(5, loss=1.0)
+    assert live.gate.reserved_ratio == 1.25 and fake.resets == 0  # the user's peak statistics are left alone

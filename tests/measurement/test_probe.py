@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -7,7 +8,13 @@ import pytest
 import torch
 
 from autotune import TrainConfig
-from autotune.measurement.probe import MachineSpeeds, probe_speeds
+from autotune.measurement.probe import (
+    MachineSpeeds,
+    PrecisionSpeeds,
+    probe_precisions,
+    probe_speeds,
+    reduced_precisions,
+)
 from autotune.resolve import load_workload
 from autotune.train.local import Trainer
 from autotune.workload import Workload
@@ -83,3 +90,24 @@ def test_a_real_trainer_that_cannot_run_bf16_gets_speed_zero_and_no_stale_gradie
     )
     assert trainer.config == config
     assert all(p.grad is None for p in trainer.model.parameters())
+
+
+def test_every_precision_is_timed_against_fp32_and_the_loop_ends_on_its_base() -> None:
+    loop = ScriptedLoop({("fp32", False): [0.6, 0.5], ("bf16", False): [0.2, 0.25], ("fp16", False): [0.3, 0.25]})
+    speeds = probe_precisions(loop, BASE, precisions=("bf16", "fp16"))
+    assert speeds == PrecisionSpeeds(speeds={"fp32": 1.0, "bf16": 0.5 / 0.2, "fp16": 0.5 / 0.25}, failures={})
+    plain = TrainConfig(micro_batch_size=8, grad_accum_steps=2)
+    assert loop.configs == [plain, dataclasses.replace(plain, precision="bf16"),
+                            dataclasses.replace(plain, precision="fp16"), BASE]  # fmt: skip
+
+
+def test_a_precision_that_cannot_run_reads_as_zero_and_the_others_are_still_timed() -> None:
+    loop = ScriptedLoop({("fp32", False): [1.0], ("fp16", False): [0.5]}, fail=RuntimeError("no bf16 LSTM\nhere"))
+    speeds = probe_precisions(loop, BASE, precisions=("bf16", "fp16"), steps=1, recover=lambda: None)
+    assert speeds == PrecisionSpeeds(speeds={"fp32": 1.0, "bf16": 0.0, "fp16": 2.0},
+                                     failures={"bf16": "RuntimeError: no bf16 LSTM"})  # fmt: skip
+
+
+def test_fp16_is_probed_on_cuda_only() -> None:
+    assert reduced_precisions("cuda") == ("bf16", "fp16")
+    assert reduced_precisions("cpu") == ("bf16",)

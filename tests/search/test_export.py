@@ -10,7 +10,7 @@ import pytest
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
-from autotune.search.export import export_config
+from autotune.search.export import allocator_note, export_config
 from autotune.train.deepspeed_config import deepspeed_config
 from tests.conftest import make_resmlp
 
@@ -59,3 +59,23 @@ def test_an_unknown_format_is_refused() -> None:
     message = "--format must be one of ('json', 'deepspeed', 'python'), but got 'yaml'."
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         export_config(CONFIG, "yaml", block_names=BLOCKS, workload="w", largest_parameter=1)
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_the_python_snippet_says_which_allocator_setting_it_assumes(expandable: bool) -> None:
+    code = export_config(CONFIG, "python", block_names=BLOCKS, workload="resmlp", largest_parameter=1,
+                         expandable_segments=expandable)  # fmt: skip
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "snippet.py", "exec"), namespace)
+    assert namespace["ALLOC_CONF"] == ("expandable_segments:True" if expandable else None)
+    assert f"CUDA allocator: {allocator_note(expandable)}." in code
+
+
+def test_the_allocator_note() -> None:
+    assert allocator_note(True) == (
+        "measured with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: set it in the training job's "
+        "environment, before its first CUDA allocation"
+    )
+    assert allocator_note(False) == (
+        "measured without PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the CUDA allocator's default)"
+    )

@@ -90,7 +90,7 @@ def test_the_shipped_specs_are_valid(name: str) -> None:
          "policy_proposal, retime, sampler, seed, space, timeout, trials, workload)."),
         ('workload = "x"\npolicy_proposal = "no"', "policy_proposal must be true or false, but got 'no'."),
         ('workload = "x"\n[space]\nrank = [2]', "unknown key 'space.rank' (known keys: batch_size, batch_sizes, "
-         "blocks, precisions, ranks, zero_stages)."),
+         "blocks, expandable_segments, precisions, ranks, zero_stages)."),
         ('workload = "x"\n[measure]\nstep = 2', "unknown key 'measure.step' (known keys: steps, threads, "
          "trial_timeout, warmup)."),
         ('workload = "x"\n[space.blocks.1]\nprecison = "bf16"', "unknown key 'space.blocks.1.precison' "
@@ -161,3 +161,14 @@ def test_a_zero_duration_is_refused() -> None:
 def test_study_name_defaults_to_the_workload_name() -> None:
     assert StudySpec(workload="gpt-tiny").study_name("gpt-tiny") == "gpt-tiny"
     assert StudySpec(workload="gpt-tiny", name="x").study_name("gpt-tiny") == "x"
+
+
+def test_expandable_segments_is_a_space_option_stored_only_when_on(tmp_path: Path) -> None:
+    spec = load_spec(_write(tmp_path, 'workload = "gpt-tiny"\n[space]\nexpandable_segments = true\n'))
+    assert spec.space == SpaceSpec(expandable_segments=True)
+    assert spec_to_dict(spec)["space"]["expandable_segments"] is True
+    assert spec_from_dict(spec_to_dict(spec)) == spec
+    # Off (the default) is not stored: a study created before the option existed keeps its identity.
+    assert "expandable_segments" not in spec_to_dict(StudySpec(workload="gpt-tiny"))["space"]
+    with pytest.raises(SpecError, match=re.escape("space.expandable_segments must be true or false, but got 1.")):
+        SpaceSpec(expandable_segments=1)  # type: ignore[arg-type]

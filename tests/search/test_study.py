@@ -14,13 +14,25 @@ import optuna
 import optuna_dashboard
 import pytest
 
+from autotune import Measurement, TrainConfig, Workload, measure
 from autotune.errors import StudyError
+from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.cache import MeasurementCache
+from autotune.search.objective import Objective
 from autotune.search.record import ATTR
 from autotune.search.results import summarize
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
-from autotune.search.study import RunOptions, count_done, open_study, prepare, recover_interrupted, run_study
+from autotune.search.study import (
+    RunOptions,
+    count_done,
+    open_study,
+    prepare,
+    recover_interrupted,
+    run_study,
+    study_alloc_conf,
+)
 from autotune.units import MemoryBudget
 from tests.paths import TINY_WORKLOAD
 
@@ -245,3 +257,39 @@ def test_the_real_memory_model_when_it_exists(tmp_path: Path, tiny_budget: int) 
     assert first.user_attrs[ATTR.BASELINE] == PYTORCH_DEFAULT
     assert first.params["micro_batch_size"] < 16
     assert first.user_attrs[ATTR.PREDICTED] <= budget
+
+
+def test_expandable_segments_is_no_setting_and_no_knob_on_the_cpu() -> None:
+    spec = _spec(space=SpaceSpec(expandable_segments=True))
+    assert study_alloc_conf(spec, "cpu") is None
+    assert study_alloc_conf(_spec(), None) is None
+    # The search space (what Optuna samples) is the same with the option on or off.
+    assert prepare(spec).space == prepare(_spec()).space
+
+
+class _OnCuda:
+    """A measurer whose measurements carry a CUDA allocator's figures (real steps, on the CPU)."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+
+    def measure(self, config: TrainConfig, *, steps: int, warmup: int, memory_budget: int | None,
+                timeout: float) -> Measurement:  # fmt: skip
+        m = measure(self.workload, config, steps=steps, warmup=warmup, memory_budget=memory_budget)
+        stats = AllocatorStats(allocated_peak=4_700_160, reserved_peak=6_291_456, alloc_retries=3, ooms=0)
+        return dataclasses.replace(m, allocator=stats)
+
+
+def test_a_trial_on_cuda_records_the_allocators_figures() -> None:
+    prepared = prepare(_spec())
+    objective = Objective(space=prepared.space, measurer=_OnCuda(prepared.workload), workload=prepared.workload,
+                          workload_id="w", machine="m", cache=MeasurementCache(None), memory_budget=None, steps=1,
+                          warmup=1, trial_timeout=60.0, base_batch_size=prepared.reference_batch)  # fmt: skip
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.optimize(objective, n_trials=1)
+    assert study.trials[0].user_attrs[ATTR.ALLOCATOR] == {
+        "allocated_peak": 4_700_160,
+        "reserved_peak": 6_291_456,
+        "alloc_retries": 3,
+        "ooms": 0,
+    }

@@ -1,0 +1,450 @@
+"""One prepared check of autotune on a CUDA GPU: six parts, each timed, guarded and reported.
+
+Run on one H100/H200 (under 8 minutes, nothing downloaded: every model is built from its config):
+
+    python benchmarks/gpu_check.py --out build/gpu-check      (make gpu-check)
+
+Parts (each in its own process with its own time limit, so a hang or a CUDA error in one is
+reported, exception text included, and the others still run):
+
+1. ``device``: name, capability, bf16/fp16/fp32 matmul TFLOP/s, and the machine probe
+   (``probe_precisions``: whole training steps of the decoder in each precision against fp32).
+2. ``measure``: ``autotune.measure`` of a decoder LM, a vision model and an LSTM at sizes that
+   fill a few GiB, under 4 configurations each: tracked peak, the allocator's peak allocated and
+   reserved, its retries, and the memory model's prediction against both (and scaled by the
+   reserved/allocated ratio of the model's first configuration).
+3. ``study``: a 12-trial study of the decoder under a budget; its pick against the PyTorch default.
+4. ``adapt``: ``tune`` (the pretrained policy on the real loop) for 4 env steps and
+   ``train --adapt`` for 60 steps of the decoder, through the functions those commands call.
+5. ``deepspeed``: the decoder on one DeepSpeed rank (NCCL), ZeRO 0-3, predicted vs measured.
+6. ``hf``: the Hugging Face ``Trainer`` with ``AutotuneCallback``, 20 steps.
+
+Writes ``report.json`` and ``report.md`` to ``--out`` (and each part's JSON and log under
+``parts/``). Without CUDA it says so in one line and exits 0. ``--dry-run`` runs the plan, the
+imports and the report writer on fake results, on any machine, in seconds (tests/test_gpu_check.py,
+which also runs one part's child process dry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCRIPT = Path(__file__).resolve()
+DEVICE = "cuda"
+
+# Sizes that fill a few GiB at the micro-batches below (fp32, Adam): the decoder ~60M parameters,
+# the ViT 21M with 257 tokens per image, the LSTM 4 x 1024 over 256 tokens.
+DECODER = {"layers": 8, "width": 768, "heads": 12, "seq_len": 256, "vocab": 8192, "num_samples": 2048,
+           "batch_size": 16}  # fmt: skip
+VISION = {"layers": 12, "width": 384, "heads": 6, "patch_size": 4, "image_size": 64, "num_samples": 2048,
+          "batch_size": 64}  # fmt: skip
+LSTM = {"layers": 4, "width": 1024, "seq_len": 256, "vocab": 8192, "num_samples": 2048, "batch_size": 32}
+
+
+def decoder_lm() -> Any:
+    """The decoder LM (a workload reference: ``benchmarks/gpu_check.py:decoder_lm``)."""
+    from autotune.zoo import CORPUS
+
+    return CORPUS["hf-llama"].build(**DECODER)
+
+
+def vision_model() -> Any:
+    from autotune.zoo import CORPUS
+
+    return CORPUS["hf-vit"].build(**VISION)
+
+
+def lstm_lm() -> Any:
+    from autotune.zoo import CORPUS
+
+    return CORPUS["lstm-lm"].build(**LSTM)
+
+
+def _ref(builder: Callable[[], Any]) -> str:
+    return f"{SCRIPT}:{builder.__name__}"
+
+
+def _configs(batch: int) -> list[Any]:
+    """The PyTorch default, bf16 everywhere, every block recomputed, fp16 with the loss scaler."""
+    from autotune import TrainConfig
+
+    return [
+        TrainConfig(micro_batch_size=batch),
+        TrainConfig(micro_batch_size=batch, precision="bf16"),
+        TrainConfig(micro_batch_size=batch, checkpoint=True),
+        TrainConfig(micro_batch_size=batch, precision="fp16"),
+    ]
+
+
+def _load(builder: Callable[[], Any]) -> Any:
+    from autotune.resolve import load_workload
+
+    return load_workload(_ref(builder))  # with its source set: study children and ranks rebuild it
+
+
+# ---- the parts ----------------------------------------------------------------------------------------
+
+
+def part_device() -> dict[str, Any]:
+    import torch
+
+    from autotune.measurement.probe import probe_precisions, reduced_precisions
+    from autotune.train.local import Trainer
+
+    props = torch.cuda.get_device_properties(0)
+    tflops = {name: _matmul_tflops(dtype) for name, dtype in
+              (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))}  # fmt: skip
+    wl = _load(decoder_lm)
+    base = _configs(8)[0]
+    trainer = Trainer(wl, base, device=DEVICE)
+    try:
+        speeds = probe_precisions(trainer, base, precisions=reduced_precisions(DEVICE),
+                                  recover=lambda: trainer.optimizer.zero_grad(set_to_none=True))  # fmt: skip
+    finally:
+        trainer.close()
+    rows = [{"precision": p, "matmul TFLOP/s": round(tflops[p], 1), "step speed vs fp32": round(s, 3),
+             "failure": speeds.failures.get(p)} for p, s in speeds.speeds.items()]  # fmt: skip
+    summary = f"{props.name}, capability {props.major}.{props.minor}, {props.total_memory / 2**30:.1f} GiB"
+    return {"summary": summary, "name": props.name, "capability": [props.major, props.minor],
+            "total_memory": props.total_memory, "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "rows": rows}  # fmt: skip
+
+
+def _matmul_tflops(dtype: Any, n: int = 8192, iters: int = 20) -> float:
+    import torch
+
+    a, b = (torch.randn(n, n, device=DEVICE, dtype=dtype) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    return float(2 * n**3 * iters / (start.elapsed_time(end) / 1e3) / 1e12)
+
+
+def part_measure() -> dict[str, Any]:
+    from autotune import measure
+    from autotune.memory.model import predict_memory
+    from autotune.memory.profile import profile_memory
+
+    rows: list[dict[str, Any]] = []
+    for builder, batch in ((decoder_lm, 16), (vision_model, 64), (lstm_lm, 32)):
+        wl = _load(builder)
+        # No CPU verification step (seconds at these sizes): each prediction is checked here, on the GPU.
+        profile = profile_memory(wl, modes=("fp32", "bf16", "fp16"), checkpointed=True, verify=False)
+        ratio = None
+        for config in _configs(batch):
+            m = measure(wl, config, steps=2, warmup=1, device=DEVICE)
+            estimate = predict_memory(wl, config, profile=profile, device_type=DEVICE)
+            a = m.allocator
+            if ratio is None and a is not None:
+                ratio = a.reserved_ratio  # the first real step's: what the gate would carry
+            estimate = estimate.with_reserved_ratio(ratio)
+            rows.append({"model": builder.__name__, "config": config.describe(), "status": m.status,
+                         "tracked": m.peak_bytes, "allocated": None if a is None else a.allocated_peak,
+                         "reserved": None if a is None else a.reserved_peak,
+                         "retries": None if a is None else a.alloc_retries, "predicted": estimate.total,
+                         "predicted reserved": estimate.reserved,
+                         "vs allocated": _ratio(estimate.total, None if a is None else a.allocated_peak),
+                         "vs reserved": _ratio(estimate.reserved, None if a is None else a.reserved_peak),
+                         "samples/s": None if m.throughput is None else round(m.throughput, 1)})  # fmt: skip
+    ok = sum(r["status"] == "ok" for r in rows)
+    return {"summary": f"{ok}/{len(rows)} configurations measured ok", "rows": rows}
+
+
+def _ratio(predicted: int | None, measured: int | None) -> float | None:
+    return None if predicted is None or not measured else round(predicted / measured, 4)
+
+
+def part_study(out: Path) -> dict[str, Any]:
+    from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, summarize
+    from autotune.search.baselines import PYTORCH_DEFAULT
+    from autotune.search.study import open_study, prepare, run_study
+    from autotune.units import MemoryBudget
+
+    spec = StudySpec(workload=_ref(decoder_lm), name="gpu-check", trials=12, memory_budget=MemoryBudget(fraction=0.75),
+                     policy_proposal=False, space=SpaceSpec(precisions=("fp32", "bf16", "fp16")),
+                     measure=MeasureSpec(steps=3, warmup=1, trial_timeout=60.0))  # fmt: skip
+    options = RunOptions(storage=f"sqlite:///{out / 'study.db'}", cache=None, artifact_dir=out / "artifacts",
+                         device=DEVICE, dashboard=False)  # fmt: skip
+    prepared = prepare(spec)
+    study = open_study(prepared, options)
+    run_study(prepared, study, options)
+    summary = summarize(study)
+    best, vs_default = summary.recommended, summary.improvement(PYTORCH_DEFAULT)
+    rows = [{"trial": r.number, "config": None if r.config is None else r.config.describe(), "status": r.status,
+             "peak": r.peak_bytes, "samples/s": r.throughput, "per GiB": r.per_gib}
+            for r in summary.trials]  # fmt: skip
+    line = "no feasible pick" if best is None or best.config is None else f"pick {best.config.describe()}"
+    if vs_default is not None:
+        line += f": {vs_default.per_gib:.2f}x the PyTorch default per GiB"
+    return {"summary": line, "budget_bytes": prepared.memory_budget, "states": summary.states,
+            "per_gib_vs_default": None if vs_default is None else vs_default.per_gib, "rows": rows}  # fmt: skip
+
+
+def part_adapt() -> dict[str, Any]:
+    from autotune.envs.training import TrainingEnv
+    from autotune.policies.episode import run_episode
+    from autotune.policies.ppo import PRETRAINED_DIR, load_policy
+
+    from autotune.adapt.adaptive import Adaptive
+    from autotune.units import parse_memory_budget
+
+    # autotune tune WORKLOAD --steps 4 --fine-tune-seconds 0
+    policy = load_policy(PRETRAINED_DIR)
+    env = TrainingEnv(workloads=[_ref(decoder_lm)], memory_budget=parse_memory_budget("75%"), steps_per_action=4,
+                      horizon=4, device=DEVICE)  # fmt: skip
+    try:
+        policy.check_action_space(env.action_space)
+        episode = run_episode(env, policy, workload="decoder_lm", seed=0, steps=4)
+    finally:
+        env.close()
+    # autotune train WORKLOAD --steps 60 --adapt (the model on the GPU first: Adaptive trains it in place)
+    wl = _load(decoder_lm)
+    model = wl.model.to(DEVICE)
+    tuner = Adaptive(model, wl.make_optimizer(model.parameters()), wl.loss_fn, wl.dataset, batch_size=wl.batch_size,
+                     policy="pretrained", decide_every=10, blocks=wl.blocks, name=wl.name,
+                     track_memory="all")  # fmt: skip
+    try:
+        steps = [tuner.step() for _ in range(60)]
+    finally:
+        tuner.close()
+    rows = [{"step": c.step, "verdict": "applied" if c.applied else ("reverted" if c.reverted else "refused"),
+             "config": c.after.describe(), "why": f"{c.source}: {c.reason}"} for c in tuner.history]  # fmt: skip
+    best = tuner.best
+    return {"summary": f"tune return {episode.total_reward:+.3f}; train --adapt: {len(tuner.history)} changes, "
+                       f"final {tuner.config.describe()}",
+            "tune_final": episode.final_config.to_dict(), "tune_budget_bytes": episode.budget_bytes,
+            "adapt_budget_bytes": tuner.budget_bytes, "reserved_ratio": tuner.gate.reserved_ratio,
+            "adapt_final_loss": steps[-1].loss,
+            "adapt_best": None if best is None else best.config.describe(), "rows": rows}  # fmt: skip
+
+
+def part_deepspeed() -> dict[str, Any]:
+    import dataclasses
+
+    from autotune import measure, predict_memory
+    from autotune.procs.multirank import measure_ranks
+
+    wl = _load(decoder_lm)
+    configs = [dataclasses.replace(_configs(8)[1], zero_stage=stage) for stage in range(4)]
+    # ZeRO 0 at one rank is the local runner in autotune (nothing to partition); stages 1-3 share
+    # one rank session (one torchrun start, one NCCL init) instead of one each.
+    runs = [measure(wl, configs[0], steps=2, warmup=1, device=DEVICE),
+            *measure_ranks(wl, configs[1:], steps=2, warmup=1, device=DEVICE)]  # fmt: skip
+    rows = []
+    for config, m in zip(configs, runs, strict=True):
+        predicted = predict_memory(wl, config, device_type=DEVICE, verify=False)
+        rows.append({"stage": config.zero_stage, "runner": "deepspeed" if config.on_deepspeed else "local",
+                     "status": m.status, "predicted": predicted.total, "tracked": m.peak_bytes,
+                     "reserved": m.reserved_bytes, "vs tracked": _ratio(predicted.total, m.peak_bytes),
+                     "reason": m.reason})  # fmt: skip
+    ok = sum(r["status"] == "ok" for r in rows)
+    return {"summary": f"{ok}/4 stages measured ok", "rows": rows}
+
+
+def part_hf(out: Path) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    from autotune.integrations.hf import AutotuneCallback
+
+    wl = _load(decoder_lm)
+    callback = AutotuneCallback(decide_every=5)
+    args = transformers.TrainingArguments(output_dir=str(out / "hf"), per_device_train_batch_size=8, max_steps=20,
+                                          report_to=[], save_strategy="no", disable_tqdm=True, seed=0)  # fmt: skip
+    torch.cuda.reset_peak_memory_stats()
+    result = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback]).train()
+    rows = [{"step": c.step, "applied": c.applied, "config": c.after.describe(), "why": f"{c.source}: {c.reason}"}
+            for c in callback.history]  # fmt: skip
+    return {"summary": f"20 steps, loss {result.training_loss:.4f}, {len(rows)} changes",
+            "allocated_peak": torch.cuda.max_memory_allocated(), "reserved_peak": torch.cuda.max_memory_reserved(),
+            "rows": rows}  # fmt: skip
+
+
+# ---- plan, guard, report --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Part:
+    """One part of the check: what it runs, its time limit, and what it imports (the dry run's check)."""
+
+    name: str
+    title: str
+    limit_s: int
+    run: Callable[[Path], dict[str, Any]]
+    imports: tuple[str, ...]
+
+
+PLAN = (
+    Part(name="device", title="device and machine probe", limit_s=30, run=lambda out: part_device(),
+         imports=("autotune.measurement.probe", "autotune.train.local")),
+    Part(name="measure", title="measure vs the memory model", limit_s=100, run=lambda out: part_measure(),
+         imports=("autotune.measurement", "autotune.memory.model", "autotune.memory.profile")),
+    Part(name="study", title="12-trial study under a budget", limit_s=120, run=part_study,
+         imports=("autotune.search", "autotune.search.study", "autotune.search.baselines")),
+    Part(name="adapt", title="tune 4 steps, train --adapt 60 steps", limit_s=110, run=lambda out: part_adapt(),
+         imports=("autotune.adapt.adaptive", "autotune.envs.training", "autotune.policies.episode",
+                  "autotune.policies.ppo")),
+    Part(name="deepspeed", title="DeepSpeed, one rank, ZeRO 0-3", limit_s=65, run=lambda out: part_deepspeed(),
+         imports=("autotune.procs.multirank", "deepspeed")),
+    Part(name="hf", title="Hugging Face Trainer callback, 20 steps", limit_s=50, run=part_hf,
+         imports=("autotune.integrations.hf", "transformers")),
+)  # fmt: skip
+
+
+def run_part(part: Part, out: Path, *, dry_run: bool = False) -> dict[str, Any]:
+    """Run ``part`` in a child process of its own session, killed with everything it started
+    (study children, torchrun ranks) when its time limit passes; its result or why it has none."""
+    result_file = out / "parts" / f"{part.name}.json"
+    result_file.unlink(missing_ok=True)
+    start = time.monotonic()
+    command = [sys.executable, str(SCRIPT), "--out", str(out), "--part", part.name, *(["--dry-run"] * dry_run)]
+    with (out / "parts" / f"{part.name}.log").open("w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=part.limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+    seconds = round(time.monotonic() - start, 1)
+    if result_file.exists():
+        entry: dict[str, Any] = json.loads(result_file.read_text())
+        return entry | {"seconds": seconds}
+    tail = (out / "parts" / f"{part.name}.log").read_text().splitlines()[-5:]
+    error = f"timed out after {part.limit_s} s" if rc is None else f"exited with code {rc} and no result"
+    return _entry(part, seconds=seconds, error=f"{error}: {' | '.join(tail)}")
+
+
+def _entry(
+    part: Part, *, seconds: float, result: dict[str, Any] | None = None, error: str | None = None
+) -> dict[str, Any]:
+    return {"name": part.name, "title": part.title, "limit_s": part.limit_s, "seconds": seconds,
+            "ok": error is None, "error": error, "result": result}  # fmt: skip
+
+
+def guarded(part: Part, out: Path, run: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """``run(out)`` timed; any exception becomes the entry's ``error`` (type, message, last frame)."""
+    start = time.monotonic()
+    try:
+        result, error = run(out), None
+    except BaseException as e:  # a check reports every failure, KeyboardInterrupt aside
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        frame = traceback.extract_tb(e.__traceback__)[-1:] or None
+        where = f" (at {Path(frame[0].filename).name}:{frame[0].lineno})" if frame else ""
+        result, error = None, f"{type(e).__name__}: {e}{where}"
+    return _entry(part, seconds=round(time.monotonic() - start, 1), result=result, error=error)
+
+
+def fake_result(part: Part) -> dict[str, Any]:
+    """What the dry run reports for ``part``: the shape of a real result, with made-up figures."""
+    return {"summary": f"dry run of {part.name}", "rows": [{"config": "micro x acc x ranks 16x1x1 | fp32 | ckpt none "
+                                                                     "| ZeRO 0", "allocated": 4_700_160,
+                                                           "reserved": 6_291_456, "retries": 0}]}  # fmt: skip
+
+
+def write_report(out: Path, machine: dict[str, Any], entries: list[dict[str, Any]]) -> None:
+    report = {"machine": machine, "parts": entries}
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    lines = [f"# autotune GPU check: {machine.get('device', '?')}", "",
+             "| part | status | seconds (limit) | result |", "|---|---|---|---|"]  # fmt: skip
+    for e in entries:
+        status = "ok" if e["ok"] else "FAILED"
+        text = e["result"]["summary"] if e["ok"] else e["error"]
+        lines.append(f"| {e['title']} | {status} | {e['seconds']} ({e['limit_s']}) | {_cell(text)} |")
+    for e in entries:
+        rows = (e["result"] or {}).get("rows") or []
+        if rows:
+            columns = list(dict.fromkeys(k for row in rows for k in row))
+            lines += ["", f"## {e['title']}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value).replace("|", "/").replace("\n", " ")
+
+
+def _machine(dry_run: bool) -> dict[str, Any]:
+    import torch
+
+    name = "dry run" if dry_run else torch.cuda.get_device_name(0)
+    return {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "dry_run": dry_run}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for report.json, report.md and parts/")
+    parser.add_argument("--dry-run", action="store_true", help="plan, imports and report on fake results")
+    parser.add_argument("--part", choices=[p.name for p in PLAN], help=argparse.SUPPRESS)  # one part, in a child
+    args = parser.parse_args(argv)
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device on this machine: nothing to check.")
+        return 0
+    (args.out / "parts").mkdir(parents=True, exist_ok=True)
+    if args.part is not None:  # in the child run_part started
+        part = next(p for p in PLAN if p.name == args.part)
+        run = (lambda out: _imported(part) | fake_result(part)) if args.dry_run else part.run
+        entry = guarded(part, args.out, run)
+        (args.out / "parts" / f"{part.name}.json").write_text(json.dumps(entry, indent=2, default=str) + "\n")
+        return 0
+    if args.dry_run:
+        _check_sizes()
+    entries = []
+    for part in PLAN:
+        if args.dry_run:  # in this process: seconds, not a Python start per part
+            entry = guarded(part, args.out, lambda out, p=part: _imported(p) | fake_result(p))  # type: ignore[misc]
+        else:
+            entry = run_part(part, args.out)
+        entries.append(entry)
+        print(f"{part.name}: {'ok' if entry['ok'] else 'FAILED'} in {entry['seconds']} s", flush=True)
+    write_report(args.out, _machine(args.dry_run), entries)
+    print(f"report: {args.out / 'report.md'}")
+    return 0
+
+
+def _check_sizes() -> None:
+    """The sizes above name only sizes their corpus entries have (building them is the real run's)."""
+    from autotune.zoo import CORPUS
+
+    for name, sizes in (("hf-llama", DECODER), ("hf-vit", VISION), ("lstm-lm", LSTM)):
+        unknown = sorted(set(sizes) - set(CORPUS[name].sizes))
+        if unknown:
+            raise ValueError(f"{name} has no size {unknown[0]!r} (sizes: {sorted(CORPUS[name].sizes)})")
+
+
+def _imported(part: Part) -> dict[str, Any]:
+    """Import what ``part`` uses; an optional package that is missing is noted, not fatal, in a dry run."""
+    missing = []
+    for module in part.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            if module in ("deepspeed", "transformers") or e.name in ("deepspeed", "transformers"):
+                missing.append(module)
+            else:
+                raise
+    return {"missing": missing}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

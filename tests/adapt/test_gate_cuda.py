@@ -1,0 +1,105 @@
+"""The budget gate and the memory model on CUDA, on the CPU: the allocator's figures given exactly."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from autotune import ConfigError, MemoryEstimate, TrainConfig, Workload, load_workload
+from autotune.adapt.gate import BudgetGate
+from autotune.measurement.cuda_memory import AllocatorStats
+from autotune.memory.profile import MemoryProfile, profile_memory
+from tests.paths import USER_WORKLOAD
+
+A = TrainConfig(micro_batch_size=4)
+B = TrainConfig(micro_batch_size=8)
+PREDICTED_B = 61_184  # allocated bytes the memory model predicts for B on the tiny workload
+
+
+def _stats(allocated: int, reserved: int) -> AllocatorStats:
+    return AllocatorStats(allocated_peak=allocated, reserved_peak=reserved, alloc_retries=0, ooms=0)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Workload:
+    return load_workload(f"{USER_WORKLOAD}:build")
+
+
+@pytest.fixture(scope="module")
+def profile(tiny: Workload) -> MemoryProfile:
+    return profile_memory(tiny, modes=("fp32",))
+
+
+def _gate(tiny: Workload, profile: MemoryProfile, budget: int, device_type: str = "cuda") -> BudgetGate:
+    return BudgetGate(tiny, budget, profile=profile, device_type=device_type)
+
+
+def test_before_a_real_step_a_cuda_prediction_is_of_allocated_bytes(tiny: Workload, profile: MemoryProfile) -> None:
+    verdict = _gate(tiny, profile, 10**9).check(B)
+    assert verdict.admitted and verdict.predicted == PREDICTED_B
+    assert verdict.reason == (
+        "predicted 61184 B (+2% headroom) <= budget 1000000000 B "
+        "(allocated: no reserved/allocated ratio measured on this device yet)"
+    )
+
+
+def test_a_measured_ratio_scales_predictions_to_reserved(tiny: Workload, profile: MemoryProfile) -> None:
+    # 61_184 x 1.25 = 76_480 reserved; + 5% headroom (more than the gate's 2%) = 80_304.
+    gate = _gate(tiny, profile, 80_304)
+    gate.record(A, 60_640, allocator=_stats(4_000_000, 5_000_000))
+    assert gate.reserved_ratio == 1.25
+    assert gate.check(B).reason == (
+        "predicted 61184 B allocated x 1.2500 reserved/allocated = 76480 B reserved (+5% headroom: 80304 B) "
+        "<= budget 80304 B"
+    )
+    gate.budget = 80_303
+    assert not gate.check(B).admitted
+
+
+def test_the_highest_ratio_seen_stands(tiny: Workload, profile: MemoryProfile) -> None:
+    gate = _gate(tiny, profile, 10**9)
+    gate.record(A, 60_640, allocator=_stats(4_000_000, 5_000_000))
+    gate.record(B, 61_184, allocator=_stats(4_000_000, 4_400_000))
+    assert gate.reserved_ratio == 1.25
+
+
+def test_a_measured_config_is_checked_by_its_reserved_peak(tiny: Workload, profile: MemoryProfile) -> None:
+    # The tracked peak (60_640) fits easily; the reserved 6_291_456 + 5% = 6_606_029 must fit.
+    gate = _gate(tiny, profile, 6_606_029)
+    gate.record(A, 60_640, allocator=_stats(4_700_160, 6_291_456))
+    verdict = gate.check(A)
+    assert verdict.admitted and verdict.measured == 60_640
+    assert verdict.reason == "measured 6291456 B reserved (+5% headroom: 6606029 B) <= budget 6606029 B"
+    gate.budget = 6_606_028
+    assert gate.check(A).reason == "measured 6291456 B reserved (+5% headroom: 6606029 B) > budget 6606028 B"
+
+
+def test_on_the_cpu_nothing_changes(tiny: Workload, profile: MemoryProfile) -> None:
+    gate = _gate(tiny, profile, 10**9, device_type="cpu")
+    gate.record(A, 60_640)
+    assert (gate.reserved_ratio, gate.reserved) == (None, {})
+    assert gate.check(B).reason == "predicted 61184 B (+2% headroom) <= budget 1000000000 B"
+    assert gate.check(A).reason == "measured 60640 B <= budget 1000000000 B"
+
+
+def _estimate(**kwargs: object) -> MemoryEstimate:
+    values: dict[str, object] = dict(parameters=4_000, gradients=4_000, optimizer_state=8_000, activations=3_000,
+                                     temporaries=0, buffers=0, other=0, phase="forward/backward", ranks=1)  # fmt: skip
+    return MemoryEstimate(**(values | kwargs))  # type: ignore[arg-type]
+
+
+def test_an_estimate_says_it_predicts_allocated_and_carries_the_ratio() -> None:
+    estimate = _estimate()
+    assert (estimate.predicts, estimate.reserved_ratio, estimate.reserved) == ("allocated", None, None)
+    scaled = estimate.with_reserved_ratio(6_291_456 / 4_700_160)
+    assert scaled.total == 19_000 and scaled.reserved == 25_433  # 19_000 x 1.33856... rounded up
+    d = scaled.to_dict()
+    assert (d["predicts"], d["reserved_ratio"], d["reserved"]) == ("allocated", 6_291_456 / 4_700_160, 25_433)
+
+
+@pytest.mark.parametrize("ratio", [0.99, float("inf"), True, "1.2"])
+def test_an_estimate_refuses_a_ratio_below_one(ratio: object) -> None:
+    msg = f"MemoryEstimate.reserved_ratio must be a finite number >= 1 or None, but got {ratio!r}."
+    with pytest.raises(ConfigError, match=f"^{re.escape(msg)}$"):
+        _estimate(reserved_ratio=ratio)

@@ -1,0 +1,84 @@
+"""benchmarks/gpu_check.py cannot rot: its dry run (plan, imports, report writer) runs in CI, and
+one part's child process runs dry; mypy checks its calls into the library (``make typecheck``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from tests.paths import ROOT
+
+NAMES = ["device", "measure", "study", "adapt", "deepspeed", "hf"]
+
+
+@pytest.fixture(scope="module")
+def gpu_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses resolve the module of their annotations
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_plan_fits_in_eight_minutes(gpu_check: ModuleType) -> None:
+    assert [p.name for p in gpu_check.PLAN] == NAMES
+    assert sum(p.limit_s for p in gpu_check.PLAN) == 475  # of 480 s; each part is killed at its own limit
+
+
+def test_the_dry_run_writes_both_reports(gpu_check: ModuleType, tmp_path: Path) -> None:
+    assert gpu_check.main(["--out", str(tmp_path), "--dry-run"]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["machine"]["device"] == "dry run" and report["machine"]["dry_run"] is True
+    assert [p["name"] for p in report["parts"]] == NAMES
+    for part in report["parts"]:
+        assert (part["ok"], part["error"]) == (True, None)
+        assert part["result"]["summary"] == f"dry run of {part['name']}"
+        # An optional package that is not installed is named; everything autotune's own imports.
+        assert set(part["result"]["missing"]) <= {"deepspeed", "transformers"}
+    lines = (tmp_path / "report.md").read_text().splitlines()
+    assert lines[:4] == ["# autotune GPU check: dry run", "", "| part | status | seconds (limit) | result |",
+                         "|---|---|---|---|"]  # fmt: skip
+    assert lines[4].startswith("| device and machine probe | ok | ")
+
+
+def test_a_failing_part_is_reported_with_its_exception_and_the_report_still_written(
+    gpu_check: ModuleType, tmp_path: Path
+) -> None:
+    def boom(out: Path) -> dict[str, object]:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    part = gpu_check.PLAN[1]
+    entry = gpu_check.guarded(part, tmp_path, boom)
+    assert (entry["name"], entry["ok"], entry["result"]) == ("measure", False, None)
+    assert entry["error"].startswith(
+        "RuntimeError: CUDA error: an illegal memory access was encountered (at test_gpu_check.py:"
+    )
+    fine = gpu_check.guarded(gpu_check.PLAN[0], tmp_path, lambda out: {"summary": "H100", "rows": []})
+    gpu_check.write_report(tmp_path, {"device": "H100"}, [fine, entry])
+    table = (tmp_path / "report.md").read_text().splitlines()
+    assert table[5].startswith("| measure vs the memory model | FAILED | ")
+    assert table[5].endswith(" (100) | RuntimeError: CUDA error: an illegal memory access was encountered "
+                             f"(at test_gpu_check.py:{entry['error'].rsplit(':', 1)[1]} |")  # fmt: skip
+
+
+def test_one_part_runs_dry_in_its_own_process(gpu_check: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "parts").mkdir()
+    entry = gpu_check.run_part(gpu_check.PLAN[0], tmp_path, dry_run=True)
+    assert (entry["name"], entry["ok"], entry["result"]["summary"]) == ("device", True, "dry run of device")
+    assert (tmp_path / "parts" / "device.log").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_without_cuda_it_says_so_in_one_line(
+    gpu_check: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert gpu_check.main(["--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out == "gpu_check: no CUDA device on this machine: nothing to check.\n"
+    assert not (tmp_path / "out").exists()
