@@ -173,6 +173,7 @@ class TrainingEnv(TuningEnv):
         self._peaks = {}
         self.infeasible = {}
         self.measured_peaks = []
+        self._ran: set[TrainConfig] = {self.config_of(start)}  # configurations that ran a step in this loop
         self.levels = start
         # Adam (and ZeRO's optimizers) create their state in the first step, after the activation
         # peak: a first step's peak leaves it out (gpt-tiny: 34.0 MB vs 44.1 MB from then on).
@@ -325,6 +326,11 @@ class TrainingEnv(TuningEnv):
         local = self.trainer
         if local is not None and local.noise_split == 2:
             results.append(local.step(split=2))  # the noise estimate's second batch size
+        if config not in self._ran and self.steps_per_action - len(results) >= 2:
+            # A configuration's first step in this loop pays one-time costs (oneDNN kernels per new
+            # shape and dtype, cuDNN autotuning, allocator growth): trained, not timed.
+            results.append(loop.step())
+        self._ran.add(config)
         timed = [loop.step() for _ in range(self.steps_per_action - len(results))]
         results += timed
         return Interval(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -60,6 +62,21 @@ def make_resmlp(*, depth: int = 4, d: int = 64, n: int = 1024, seq: int = 32) ->
         return nn.functional.cross_entropy(m(xb).flatten(0, 1), yb.flatten())
 
     return Workload(name="resmlp", model=model, dataset=data, loss_fn=loss_fn, batch_size=32)
+
+
+def trained_step(workload: Workload, **knobs: Any) -> tuple[float, dict[str, torch.Tensor]]:
+    """(loss, state dict) after one optimizer step of ``workload`` at micro-batch 4 x 2 under
+    ``knobs``, with the same dropout masks whatever the knobs (seed 0, the RNG state restored)."""
+    from autotune import TrainConfig
+    from autotune.train import Trainer
+
+    trainer = Trainer(workload, TrainConfig(micro_batch_size=4, grad_accum_steps=2, **knobs))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        loss = trainer.step().loss
+    state = trainer.model.state_dict()
+    trainer.close()
+    return loss, state
 
 
 @pytest.fixture

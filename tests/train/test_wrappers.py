@@ -9,9 +9,8 @@ from torch.utils.data import TensorDataset
 
 from autotune import TrainConfig, Workload
 from autotune.search.export import python_snippet
-from autotune.train import Trainer
 from autotune.train.wrappers import apply_block_knobs, effective_block_knobs
-from tests.conftest import make_resmlp
+from tests.conftest import make_resmlp, trained_step
 
 
 def _hooks(model: torch.nn.Module) -> list[int]:
@@ -145,23 +144,13 @@ def _stateful_workload(kind: str) -> Workload:
     return Workload(name=kind, model=model, dataset=data, loss_fn=loss_fn, blocks=["0", "1", "2"], batch_size=8)
 
 
-def _trained(workload: Workload, **knobs: Any) -> tuple[float, dict[str, torch.Tensor]]:
-    trainer = Trainer(workload, TrainConfig(micro_batch_size=4, grad_accum_steps=2, **knobs))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)  # dropout masks: the same in both runs
-        loss = trainer.step().loss
-    state = trainer.model.state_dict()
-    trainer.close()
-    return loss, state
-
-
 @pytest.mark.parametrize(
     ("kind", "precision"), [("bn1d", "fp32"), ("bn2d", "fp32"), ("running-mean", "fp32"), ("bn2d", "bf16")]
 )
 def test_the_local_trainer_recomputes_running_state_exactly(kind: str, precision: str) -> None:
     workload = _stateful_workload(kind)
-    plain_loss, plain = _trained(workload, precision=precision)
-    loss, state = _trained(workload, precision=precision, checkpoint=True)
+    plain_loss, plain = trained_step(workload, precision=precision)
+    loss, state = trained_step(workload, precision=precision, checkpoint=True)
     assert loss == plain_loss
     assert plain.keys() == state.keys() and all(torch.equal(plain[k], state[k]) for k in plain)
     counter = "0.steps" if kind == "running-mean" else "0.1.num_batches_tracked"

@@ -10,13 +10,13 @@ import torch
 from autotune.envs import shipped_profiles
 from torch import nn
 
-from autotune import TrainConfig, Workload
+from autotune import Workload
 from autotune.errors import WorkloadError
 from autotune.resolve import load_workload
-from autotune.train import Trainer
 from autotune.zoo import random_workload, random_workload_from_ref
 from autotune.zoo.random_arch import RandomArchSpec, count_parameters, sample_spec
 from autotune.zoo.random_structure import FEATURES, RunningCenter, Structure, StructuredBlock
+from tests.conftest import trained_step
 
 #: Seeds 0-2 of version 2 draw every feature between them; 0-9 both ways a skip joins.
 SEEDS = range(10)
@@ -73,16 +73,6 @@ def _observed(workload: Workload) -> frozenset[str]:
     return frozenset(name for name, on in flags.items() if on)
 
 
-def _one_step(workload: Workload, checkpoint: bool) -> tuple[float, dict[str, torch.Tensor]]:
-    trainer = Trainer(workload, TrainConfig(micro_batch_size=4, grad_accum_steps=2, checkpoint=checkpoint))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)  # dropout masks: the same in both runs
-        loss = trainer.step().loss
-    state = trainer.model.state_dict()
-    trainer.close()
-    return loss, state
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_each_drawn_workload_has_its_features_and_trains_alike_recomputed(seed: int) -> None:
     workload = random_workload(seed, version=2)
@@ -90,8 +80,8 @@ def test_each_drawn_workload_has_its_features_and_trains_alike_recomputed(seed: 
     assert workload.name == f"random2-{seed}"
     assert workload.block_names() == tuple(f"blocks.{i}" for i in range(spec.depth))
     assert _observed(workload) == spec.features
-    plain_loss, plain = _one_step(workload, checkpoint=False)
-    loss, state = _one_step(workload, checkpoint=True)
+    plain_loss, plain = trained_step(workload, checkpoint=False)
+    loss, state = trained_step(workload, checkpoint=True)
     assert loss == plain_loss
     assert plain.keys() == state.keys() and all(torch.equal(plain[k], state[k]) for k in plain)
 
