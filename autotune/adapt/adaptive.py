@@ -33,6 +33,7 @@ from autotune.adapt.records import AdaptStep, Change, ConfigRecord
 from autotune.adapt.sources import DecisionSource, FixedConfig, RunContext
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
+from autotune.train.batches import batch_size
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -360,12 +361,35 @@ class Adaptive:
             )
         return self.trainer
 
-    def step(self) -> AdaptStep:
-        """One optimizer step of the user's model; every ``decide_every`` steps, one decision."""
+    def step(self, batch: Any = None) -> AdaptStep:
+        """One optimizer step of the user's model; every ``decide_every`` steps, one decision.
+
+        Args:
+            batch: None: the next batch of the dataset given at construction. Else the user's own
+                batch for the whole step, as their DataLoader yields it at the effective batch
+                size (or fewer samples: the last batch of an epoch): any pytree of tensors sharing
+                a leading batch dimension (dicts, tuples, ``BatchEncoding``). The step splits it
+                into the configuration's micro-batches, each loss weighted by its share of the
+                samples: the gradient of the one full batch.
+
+        Raises:
+            BatchError: ``batch`` breaks that contract (see :mod:`autotune.train.batches`).
+            ConfigError: ``batch`` with ``adapt_batch=True`` (the batch given is the batch trained).
+            UnsupportedError: ``batch`` on ranks (each rank draws its shard of the workload's dataset).
+        """
         t = self.trainer
+        if batch is not None:
+            if self.adapt_batch:
+                raise ConfigError(
+                    "step(batch) trains the batch it is given, so the effective batch cannot grow: "
+                    "adapt_batch must be False, but got True."
+                )
+            batch_size(batch)  # a malformed batch is refused before anything changes
         want = self.decider.trial_config(t.config)  # a side-by-side trial alternates configurations
         if want is not None and want != t.config:
             t.reconfigure(want)
+        if batch is not None:
+            t.feed(batch)
         config, index, peak = t.config, t.step_count, None
         decision_due = (index + 1) % self.decide_every == 0
         if t.noise is not None:

@@ -9,7 +9,7 @@ optimizer, with a data stream that keeps its place) and :class:`autotune.adapt.r
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -73,6 +73,10 @@ class AdaptLoop(Protocol):
 
     @property
     def noise_split(self) -> int: ...
+
+    def feed(self, batch: Any) -> None:
+        """Make the next step train the user's ``batch`` (see :meth:`BaseTrainer.feed`)."""
+        ...
 
     def step(self, *, split: int = 1) -> StepResult:
         """One optimizer step (``split`` > 1: see :meth:`BaseTrainer.step`)."""

@@ -96,6 +96,7 @@ class Trainer(BaseTrainer):
         self._loader_key: tuple[int, int] | None = None
         self._batches: Iterator[Any] = iter(())
         self._losses: list[torch.Tensor] = []
+        self._noisy = True  # whether this step feeds the gradient noise monitor
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
         self._apply(config)
 
@@ -136,20 +137,24 @@ class Trainer(BaseTrainer):
     def _next_batch(self) -> Any:
         return tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), next(self._batches))
 
-    def _begin_step(self, count: int) -> None:
-        c = self.config
-        # Cost: get_scale() is a device->host sync, paid only when fp16 loss scaling is on.
-        loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        micro = c.micro_batch_size * c.grad_accum_steps // count
-        self.gns.begin_step(micro, grad_multiplier=count / loss_scale)
+    def _begin_step(self, sizes: list[int]) -> None:
+        # The noise estimator compares micro-batches of one size with their sum (McCandlish et al.
+        # 2018, App. A): a user's batch that did not divide evenly is left out of it.
+        self._noisy = len(set(sizes)) == 1
+        if self._noisy:
+            # Cost: get_scale() is a device->host sync, paid only when fp16 loss scaling is on.
+            loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+            self.gns.begin_step(sizes[0], grad_multiplier=len(sizes) / loss_scale)
         self._losses = []
 
-    def _micro_step(self, batch: Any, *, index: int, count: int) -> None:
+    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
         loss = self.workload.loss_fn(self.model, batch)
         check_loss(loss, self.workload.name)
-        self.scaler.scale(loss / count).backward()
-        self.gns.end_micro_batch()
-        self._losses.append(loss.detach())
+        self.scaler.scale(loss / count if share is None else loss * share).backward()
+        if self._noisy:
+            self.gns.end_micro_batch()
+        # Scaled so that the step's mean over micro-batches is the sample-weighted mean loss.
+        self._losses.append(loss.detach() if share is None else loss.detach() * (share * count))
 
     def _end_step(self) -> tuple[float, bool]:
         overflow = self._optimizer_step()
@@ -164,7 +169,8 @@ class Trainer(BaseTrainer):
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.scaler.is_enabled():
             self.scaler.unscale_(self.optimizer)
-        self.gns.end_step([p.grad for p in params if p.grad is not None])
+        if self._noisy:
+            self.gns.end_step([p.grad for p in params if p.grad is not None])
         if self.config.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
         if not self.scaler.is_enabled():

@@ -162,10 +162,11 @@ class ZeroTrainer(BaseTrainer):
     def _next_batch(self) -> Any:
         return self._to_device(self._stream.next(self.config.micro_batch_size))
 
-    def _begin_step(self, count: int) -> None:
+    def _begin_step(self, sizes: list[int]) -> None:
         self._total = torch.zeros((), dtype=torch.float64, device=self.device)
 
-    def _micro_step(self, batch: Any, *, index: int, count: int) -> None:
+    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
+        assert share is None, "the engine weighs micro-batches equally: feed() refuses a user's batch here"
         # The boundary said explicitly: DeepSpeed's own count ((micro_steps + 1) % k) would be
         # out of phase after an accumulation change on a live engine.
         self.engine.set_gradient_accumulation_boundary(index == count - 1)
