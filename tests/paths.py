@@ -10,3 +10,6 @@ TINY_WORKLOAD = DATA / "tiny_workload.py"
 ZERO_WORKLOADS = DATA / "zero_workloads.py"
 #: The README's example of a user's own workload file.
 USER_WORKLOAD = DATA / "my_workload.py"
+#: Variable-length token sequences with a padding collate (``build``: an IterableDataset;
+#: ``build_map_style``: a list).
+PADDED_WORKLOAD = DATA / "padded_workload.py"

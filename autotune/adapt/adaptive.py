@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
-from collections.abc import Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +92,9 @@ class Adaptive:
     Args:
         model, optimizer: The user's objects; they are the ones trained (no copy, nothing moved).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
-        dataset: Map-style dataset; batches use the default collate.
+        dataset: A map-style dataset or an ``IterableDataset`` (see :class:`Workload`): the data of
+            :meth:`step` with no batch, and the memory model's profile either way.
+        collate_fn: Batches the dataset's samples (default: the DataLoader's default collate).
         batch_size: The effective batch: by default it never changes (only its split into
             micro-batches x accumulation does).
         memory_budget: Peak tensor bytes allowed: ``"8GiB"``, bytes, ``"75%"`` of the default
@@ -138,13 +139,14 @@ class Adaptive:
         seed: int = 0,
         track_memory: bool | str = "unverified",
         name: str = "user",
+        collate_fn: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer must be a torch.optim.Optimizer, but got {type(optimizer).__name__}.")
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=blocks,
-                            optimizer=_like(optimizer), batch_size=batch_size)  # fmt: skip
-        size = len(dataset) if isinstance(dataset, Sized) else batch_size
+                            optimizer=_like(optimizer), batch_size=batch_size, collate_fn=collate_fn)  # fmt: skip
+        size = workload.dataset_size or batch_size
         default = TrainConfig(micro_batch_size=min(batch_size, size), grad_clip=grad_clip, lr_scaling=lr_scaling,  # type: ignore[arg-type]
                               seed=seed)  # fmt: skip
 

@@ -71,16 +71,18 @@ class LiveKnobs:
         return self.decider.history if self.decider is not None else []
 
     def begin(self, model: torch.nn.Module, dataset: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], *,
-              micro_batch_size: int, accum: int, name: str, split: bool = False) -> None:  # fmt: skip
+              micro_batch_size: int, accum: int, name: str, split: bool = False,
+              collate_fn: Callable[[list[Any]], Any] | None = None) -> None:  # fmt: skip
         """Profile the model (a copy of it), resolve the budget, start the decision source and
         make its plan (a split in it waits for the next epoch boundary, as any split change).
 
-        ``split``: the loop can take a new micro-batch x accumulation at its next epoch boundary."""
+        ``split``: the loop can take a new micro-batch x accumulation at its next epoch boundary.
+        ``collate_fn``: the framework's DataLoader's, so the profile runs on batches as it trains on."""
         self.split = split
         from autotune.memory.blocks import profile_blocks
 
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=self.blocks,
-                            batch_size=micro_batch_size * accum)  # fmt: skip
+                            batch_size=micro_batch_size * accum, collate_fn=collate_fn)  # fmt: skip
         default = self.config = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
         gate = self.gate = BudgetGate.build(workload, self.budget, default, reduced_precision=self.source is not None)
         self.decider = Decider(source=self.source, gate=gate, base_batch_size=default.effective_batch_size,

@@ -63,7 +63,8 @@ class AutotuneCallback(TrainerCallback):
                        **kwargs: Any) -> None:  # fmt: skip
         dataset = train_dataloader.dataset if train_dataloader is not None else None
         self.live.begin(model, dataset, hf_loss, micro_batch_size=args.per_device_train_batch_size,
-                        accum=args.gradient_accumulation_steps, name=type(model).__name__)  # fmt: skip
+                        accum=args.gradient_accumulation_steps, name=type(model).__name__,
+                        collate_fn=getattr(train_dataloader, "collate_fn", None))  # fmt: skip
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.live.step_begin()

@@ -77,7 +77,8 @@ class AutotuneCallback(Callback):
         split = (lightning_hasattr(pl_module, "batch_size") and pl_module.automatic_optimization
                  and not isinstance(trainer.strategy, DeepSpeedStrategy))  # fmt: skip
         self.live.begin(pl_module, loader.dataset, _step_loss, micro_batch_size=loader.batch_size,
-                        accum=trainer.accumulate_grad_batches, name=type(pl_module).__name__, split=split)  # fmt: skip
+                        accum=trainer.accumulate_grad_batches, name=type(pl_module).__name__, split=split,
+                        collate_fn=loader.collate_fn)  # fmt: skip
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         pending = self.live.pending

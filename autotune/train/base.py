@@ -232,8 +232,17 @@ class BaseTrainer(ABC):
 
 
 def check_micro_batch(workload: Workload, config: TrainConfig, *, world: int) -> None:
-    """A micro-batch must fit in each rank's share of the dataset (its data stream drops the rest)."""
-    size = len(workload.dataset)  # type: ignore[arg-type]
+    """A micro-batch must fit in each rank's share of the dataset (its data stream drops the rest);
+    an iterable dataset, whose size is unknown, only in one process."""
+    size = workload.dataset_size
+    if size is None:
+        if world > 1:
+            raise UnsupportedError(
+                f"DeepSpeed ranks shard a map-style dataset with a DistributedSampler, but workload {workload.name!r} "
+                f"has an IterableDataset ({type(workload.dataset).__name__}), which every rank would read whole: "
+                "give it as a map-style Dataset, or run one process (ranks=1)."
+            )
+        return
     if world == 1 and config.micro_batch_size > size:
         raise ConfigError(
             f"TrainConfig.micro_batch_size must be <= the dataset size of workload "

@@ -8,13 +8,13 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map_only
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import RandomSampler
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, UnsupportedError
+from autotune.errors import ConfigError, UnsupportedError, WorkloadError
 from autotune.train.base import BaseTrainer, check_loss
 from autotune.train.gns import GradientNoiseMonitor
-from autotune.train.stream import ShardStream
+from autotune.train.stream import IterableStream, ShardStream
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.workload import Workload
 
@@ -52,7 +52,8 @@ class Trainer(BaseTrainer):
     and optimizer state: the Gymnasium environment changes knobs mid-training through it.
 
     Micro-batches come from a shuffled ``DataLoader`` per micro-batch size (a new epoch at each
-    micro-batch change: a DataLoader fixes its batch size), or, given ``stream``, from that one
+    micro-batch change: a DataLoader fixes its batch size; an ``IterableDataset`` in its own order),
+    with the workload's collate, or, given ``stream``, from that one
     :class:`~autotune.train.stream.ShardStream`, which keeps its place across micro-batch changes.
     """
 
@@ -68,7 +69,7 @@ class Trainer(BaseTrainer):
         track_noise: bool = True,
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
-        stream: ShardStream | None = None,
+        stream: ShardStream | IterableStream | None = None,
     ) -> None:
         if config.on_deepspeed:
             raise UnsupportedError(
@@ -126,11 +127,23 @@ class Trainer(BaseTrainer):
         if stream is not None:
             while True:  # lazy: draws only when a step asks, so a reconfiguration loses no samples
                 yield stream.next(micro_batch_size)
-        generator = torch.Generator().manual_seed(seed)
-        sampler = RandomSampler(self.workload.dataset, generator=generator)  # type: ignore[arg-type]
-        loader = DataLoader(self.workload.dataset, batch_size=micro_batch_size, sampler=sampler, drop_last=True)
-        while True:  # endless: a new shuffled epoch each time the loader runs out
-            yield from loader
+        wl = self.workload
+        if wl.iterable:  # no sampler, no shuffle: the dataset's own order
+            loader = wl.loader(micro_batch_size, drop_last=True)
+        else:
+            generator = torch.Generator().manual_seed(seed)
+            sampler = RandomSampler(wl.dataset, generator=generator)  # type: ignore[arg-type]
+            loader = wl.loader(micro_batch_size, sampler=sampler, drop_last=True)
+        while True:  # endless: a new (shuffled) epoch each time the loader runs out
+            drawn = 0
+            for batch in loader:
+                drawn += 1
+                yield batch
+            if drawn == 0:  # an iterable dataset's epoch shorter than one micro-batch: it would never end
+                raise WorkloadError(
+                    f"workload {wl.name!r}: a micro-batch of {micro_batch_size} samples must fit in one pass over "
+                    "its IterableDataset, but a pass yielded fewer."
+                )
 
     # ---- the step hooks ---------------------------------------------------------------------------
 

@@ -11,12 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-from autotune import TrainConfig
+from autotune import TrainConfig, load_workload
 from autotune.adapt import Adaptive
 from autotune.errors import BatchError, ConfigError
 from autotune.workload import Workload
 from tests.adapt.scripted import Scripted
 from tests.conftest import make_resmlp
+from tests.paths import PADDED_WORKLOAD
 
 
 def _tuner(batch_size: int, policy: object, **kwargs: object) -> tuple[Adaptive, Workload, nn.Module]:
@@ -143,3 +144,28 @@ def test_a_user_batch_cannot_grow_the_batch() -> None:
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         tuner.step(wl.dataset[:8])  # type: ignore[index]
     tuner.close()
+
+
+def test_a_user_s_loader_over_an_iterable_dataset_trains_as_the_dataset_owning_form() -> None:
+    def run(user_batches: bool) -> list[float]:
+        wl = load_workload(f"{PADDED_WORKLOAD}:build")
+        opt = torch.optim.AdamW(wl.model.parameters(), lr=1e-3)
+        tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=8, collate_fn=wl.collate_fn,
+                         policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2))  # fmt: skip
+        loader = torch.utils.data.DataLoader(wl.dataset, batch_size=4, collate_fn=wl.collate_fn)
+        # The user's loader yields micro-batch-sized padded batches; two of them make a step here.
+        pairs = zip(*[iter(loader)] * 2, strict=False)
+        losses = [tuner.step(_concat(*pair) if user_batches else None).loss for pair in pairs]
+        tuner.close()
+        return losses
+
+    # Same samples, same micro-batches; a micro-batch of the user's batch may carry more padding
+    # columns (ignored by the loss), which changes only the order of the float sums.
+    assert run(user_batches=True) == pytest.approx(run(user_batches=False), rel=1e-6, abs=0)
+
+
+def _concat(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Two padded batches as one: the shorter one padded to the longer's length."""
+    width = max(a["input_ids"].shape[1], b["input_ids"].shape[1])
+    ids = [nn.functional.pad(t["input_ids"], (0, width - t["input_ids"].shape[1])) for t in (a, b)]
+    return {"input_ids": torch.cat(ids)}
