@@ -37,7 +37,7 @@ from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from torch.utils.data import Dataset
 
@@ -49,6 +49,7 @@ __all__ = ["Adaptive", "decision_source"]
 PolicyArg = str | Path | TrainConfig | DecisionSource | None
 _NOISE_STEPS = 4  # steps before each decision whose gradients feed the noise estimate
 _LOSSES = 16  # recent losses an observation carries
+_STATE_VERSION = 1  # of state_dict(): a change to its keys bumps it
 
 
 def decision_source(policy: PolicyArg) -> DecisionSource | None:
@@ -400,11 +401,7 @@ class Adaptive:
         # Adam creates its state in the first step, after the activation peak: track from step 1.
         if index >= 1 and config not in self.gate.measured and self._tracks(config):
             result, peak = t.measured_step()
-            self.gate.record(config, peak)
-            if config == self._default and self._fraction is not None:
-                # A percentage is of the default's peak: its measurement replaces its prediction
-                # (they differ by a few hundred bytes on the local runner).
-                self.gate.budget = max(self.gate.budget, int(peak * self._fraction))
+            self._measured(config, peak)
         elif self._noise and decision_due and t.noise_split == 2:
             result = t.step(split=2)  # two batch sizes for the noise estimate: same gradient
         else:
@@ -445,6 +442,89 @@ class Adaptive:
         if rebuilt is not None:  # new DeepSpeed engines, the state carried over: what the seconds paid for
             change = dataclasses.replace(change, reason=f"{change.reason}; new engines: {rebuilt.partition(':')[0]}")
         self.decider.moved(change, seconds=time.perf_counter() - start)
+
+    # ---- resume ---------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs, as plain values (``torch.load(weights_only=True)`` reads them):
+        the configuration, the step count, every step and decision, the measured peaks and
+        throughputs, a side-by-side trial under way, the decision source's state and the data
+        stream's position. Not the model and optimizer (yours: save their ``state_dict()`` beside
+        it) nor the gradient noise estimate (it starts again).
+
+        Example:
+            ``torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+            "tuner": tuner.state_dict()}, path)``
+
+        Raises:
+            UnsupportedError: on ranks (the training state lives in the rank processes).
+        """
+        t = self._resumable()
+        return {
+            "version": _STATE_VERSION,
+            "config": t.config.to_dict(),
+            "step_count": t.step_count,
+            "steps": [s.to_dict() for s in self.steps],
+            "measured": [{"config": c.to_dict(), "peak_bytes": b} for c, b in self.gate.measured.items()],
+            "decider": self.decider.state_dict(),
+            "source": self.source.state_dict() if self.source is not None else {},
+            "stream": t.stream.state_dict() if t.stream is not None else None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the run :meth:`state_dict` saved, on an Adaptive built as that one was (the
+        model and optimizer loaded with their own state): the next step runs at the saved
+        configuration, with the saved step count (the LR schedule's) and data position, and
+        nothing measured or refused before is explored again. The restored configuration passes
+        this run's budget gate first: a smaller budget it does not fit puts the run where this
+        run's own start put it (a ``budget`` change in :attr:`history`).
+
+        Raises:
+            ConfigError: a state of another version or another effective batch.
+            UnsupportedError: on ranks.
+        """
+        t = self._resumable()
+        if state.get("version") != _STATE_VERSION:
+            raise ConfigError(f"Adaptive state must be version {_STATE_VERSION}, but got {state.get('version')!r}.")
+        restored, start = TrainConfig.from_dict(state["config"]), t.config
+        if restored.effective_batch_size != start.effective_batch_size and not self.adapt_batch:
+            raise ConfigError(
+                f"the saved run's effective batch must be this run's ({start.effective_batch_size}), but got "
+                f"{restored.effective_batch_size}."
+            )
+        for m in state["measured"]:
+            self._measured(TrainConfig.from_dict(m["config"]), m["peak_bytes"])
+        self.decider.load_state_dict(state["decider"])
+        if self.source is not None:
+            self.source.load_state_dict(state["source"])
+        self.steps = [AdaptStep.from_dict(s) for s in state["steps"]]
+        t.step_count = state["step_count"]
+        if t.stream is not None and state["stream"] is not None:
+            t.stream.load_state_dict(state["stream"])
+        verdict = self.gate.check(restored)
+        if not verdict.admitted:
+            reason = f"resumed under a budget it is over ({verdict.reason}): back to where this run starts"
+            self.decider.history.append(Change(step=t.step_count, source="budget", before=restored, after=start,
+                                               applied=True, reason=reason))  # fmt: skip
+            self.decider.previous, self.decider.trial, restored = start, None, start
+        if restored != t.config:
+            t.reconfigure(restored)
+
+    def _resumable(self) -> InPlaceTrainer:
+        if not isinstance(self.trainer, InPlaceTrainer):
+            raise UnsupportedError(
+                "Adaptive.on_ranks keeps its training state in the rank processes: state_dict() and "
+                "load_state_dict() need Adaptive(model, ...) in one process."
+            )
+        return self.trainer
+
+    def _measured(self, config: TrainConfig, peak: int) -> None:
+        """A measured peak of ``config``; the default's also sets a percentage budget."""
+        self.gate.record(config, peak)
+        if config == self._default and self._fraction is not None:
+            # A percentage is of the default's peak: its measurement replaces its prediction
+            # (they differ by a few hundred bytes on the local runner).
+            self.gate.budget = max(self.gate.budget, int(peak * self._fraction))
 
     def close(self) -> None:
         """Remove every wrapper and hook from the user's model: it is exactly as it was given (on

@@ -12,7 +12,7 @@ drawn in it) is kept across draws of different sizes. :class:`IterableStream` do
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import Dataset, DistributedSampler, IterableDataset, default_collate
@@ -61,6 +61,15 @@ class ShardStream:
         """Samples per epoch in this rank's shard."""
         return len(self._indices)
 
+    def state_dict(self) -> dict[str, int]:
+        """The position: the epoch and the samples of its shard drawn so far."""
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Continue from :meth:`state_dict`'s position: the samples an uninterrupted run draws next."""
+        self.epoch, self.offset = state["epoch"], state["offset"]
+        self._indices = self._shard(self.epoch)
+
     def _shard(self, epoch: int) -> list[int]:
         self._sampler.set_epoch(epoch)
         return list(self._sampler)
@@ -96,7 +105,19 @@ class IterableStream:
         self.collate = collate_fn or default_collate
         self.name = name
         self.epoch = 0
+        self.offset = 0  # samples of this pass drawn so far
         self._samples: Iterator[Any] = iter(dataset)
+
+    def state_dict(self) -> dict[str, int]:
+        """The position: the pass and the samples of it drawn so far."""
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Continue from :meth:`state_dict`'s position (cost: the pass is read up to it again)."""
+        self.epoch, self.offset = state["epoch"], state["offset"]
+        self._samples = iter(self.dataset)
+        for _ in range(self.offset):
+            next(self._samples)
 
     def next(self, micro_batch_size: int) -> Any:
         """The next ``micro_batch_size`` samples, collated."""
@@ -106,6 +127,7 @@ class IterableStream:
             sample = next(self._samples, _END)
             if sample is not _END:
                 samples.append(sample)
+                self.offset += 1
                 continue
             if restarted:  # a whole pass held fewer samples than one micro-batch: it would never end
                 raise WorkloadError(
@@ -113,7 +135,7 @@ class IterableStream:
                     f"its IterableDataset, but a pass yielded {len(samples)}."
                 )
             self.epoch += 1
-            self._samples, samples, restarted = iter(self.dataset), [], True
+            self._samples, samples, restarted, self.offset = iter(self.dataset), [], True, 0
         return self.collate(samples)
 
 

@@ -85,7 +85,7 @@ def test_zero_stage_changes_keep_the_loss_of_a_run_that_never_changed_stage(sess
     assert len(tracked) == 4 and max(tracked) <= BUDGET  # each config's first step, the highest rank's bytes
 
 
-def test_a_user_s_batch_is_refused_on_ranks_in_one_line(session: RankSession) -> None:
+def test_a_user_s_batch_and_resuming_are_refused_on_ranks_in_one_line(session: RankSession) -> None:
     tuner = Adaptive.on_ranks(TINY, ranks=2, memory_budget=BUDGET, policy=None, session=session)
     batch = tuner.workload.dataset[:32]  # type: ignore[index]
     message = (
@@ -94,6 +94,12 @@ def test_a_user_s_batch_is_refused_on_ranks_in_one_line(session: RankSession) ->
     )
     with pytest.raises(UnsupportedError, match=f"^{re.escape(message)}$"):
         tuner.step(batch)
+    message = (
+        "Adaptive.on_ranks keeps its training state in the rank processes: state_dict() and "
+        "load_state_dict() need Adaptive(model, ...) in one process."
+    )
+    with pytest.raises(UnsupportedError, match=f"^{re.escape(message)}$"):
+        tuner.state_dict()
     tuner.close()
     assert tuner.steps == []
 

@@ -89,3 +89,18 @@ def test_a_micro_batch_longer_than_a_pass_is_a_workload_error() -> None:
     )
     with pytest.raises(WorkloadError, match=f"^{re.escape(message)}$"):
         stream.next(4)
+
+
+def test_a_stream_resumed_from_its_state_draws_what_the_uninterrupted_one_draws() -> None:
+    whole, first = IterableStream(_Count(10), collate_fn=_firsts), IterableStream(_Count(10), collate_fn=_firsts)
+    expected = [whole.next(3) for _ in range(5)]
+    drawn = [first.next(3) for _ in range(4)]
+    resumed = IterableStream(_Count(10), collate_fn=_firsts)
+    resumed.load_state_dict(first.state_dict())
+    assert first.state_dict() == {"epoch": 1, "offset": 3}
+    assert [*drawn, resumed.next(3)] == expected == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 1, 2], [3, 4, 5]]
+    shards = [ShardStream(DATA, num_replicas=2, rank=0, seed=7) for _ in range(3)]
+    whole_x = [shards[0].next(4)[0] for _ in range(8)]
+    first_x = [shards[1].next(4)[0] for _ in range(7)]
+    shards[2].load_state_dict(shards[1].state_dict())
+    assert all(torch.equal(a, b) for a, b in zip([*first_x, shards[2].next(4)[0]], whole_x, strict=True))
