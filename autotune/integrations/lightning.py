@@ -71,6 +71,20 @@ class AutotuneCallback(Callback):
     def history(self) -> list[Any]:
         return self.live.history
 
+    @property
+    def state_key(self) -> str:
+        """Stable across runs and arguments: a checkpoint's state finds the callback that resumes it."""
+        return "autotune.AutotuneCallback"
+
+    def state_dict(self) -> dict[str, Any]:
+        """The adaptive state (see :meth:`LiveKnobs.state_dict`), saved in Lightning's checkpoints."""
+        return self.live.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restored by ``trainer.fit(ckpt_path=...)`` before the fit starts; applied at ``on_train_start``."""
+        if state_dict:
+            self.live.load_state_dict(state_dict)
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         loader = trainer.train_dataloader
         self._step = trainer.global_step

@@ -116,3 +116,21 @@ def test_a_state_of_another_batch_or_version_is_refused() -> None:
         resumed.load_state_dict(state | {"version": 0})
     resumed.close()
     assert resumed.steps == [] and resumed.config == FAST
+
+
+def test_the_pretrained_policy_s_state_survives_a_resume(tmp_path: Path) -> None:
+    wl = make_resmlp(n=256)
+    opt = torch.optim.AdamW(wl.model.parameters(), lr=1e-3)
+    first = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy="pretrained", decide_every=2)
+    for _ in range(6):
+        first.step()
+    first.close()
+    assert first.source is not None
+    saved = first.source.state_dict()
+    assert saved["first"]["step"] == 2  # the first decision's observation: what later ones are relative to
+    torch.save(first.state_dict(), tmp_path / "tuner.pt")
+    resumed = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy="pretrained", decide_every=2)
+    resumed.load_state_dict(torch.load(tmp_path / "tuner.pt", weights_only=True))
+    resumed.close()
+    assert resumed.source is not None and resumed.source.state_dict() == saved
+    assert resumed.config == first.config and resumed.history == first.history
