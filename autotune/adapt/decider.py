@@ -268,7 +268,7 @@ class Decider:
                 "samples": [{"config": c.to_dict(), "samples": list(v)} for c, v in trial.samples.items()],
             },
             "on_trial": self._on_trial,
-            "refused": [c.to_dict() for c in self._refused],
+            "refused": [c.to_dict() for c in _in_order(self._refused)],
             "recent": list(self._recent),
             "timed": [{"config": c.to_dict(), "samples": list(v)} for c, v in self._timed.items()],
         }  # fmt: skip
@@ -390,3 +390,8 @@ def _change(step: int, current: TrainConfig, target: TrainConfig, proposal: Prop
     return Change(step=step, source=source, before=current, after=target, applied=verdict.admitted,
                   reason=f"{proposal.reason}; {verdict.reason}", predicted_bytes=verdict.predicted,
                   measured_bytes=verdict.measured)  # fmt: skip
+
+
+def _in_order(configs: set[TrainConfig]) -> list[TrainConfig]:
+    """A set of configurations in one order (a set's own depends on its history): equal states save equal."""
+    return sorted(configs, key=lambda c: c.to_json())

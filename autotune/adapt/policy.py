@@ -20,6 +20,7 @@ GPU by default, on ranks) the policy's actions are proposed as they are.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,7 +109,8 @@ class PolicySource(DecisionSource):
         first = self._first
         return {
             "decisions": self._decisions,
-            "proposed": [c.to_dict() for c in self._proposed],
+            # sorted: a set's order depends on its history, and equal states should save equal
+            "proposed": sorted((c.to_dict() for c in self._proposed), key=lambda d: json.dumps(d, sort_keys=True)),
             "first": None if first is None else {**dataclasses.asdict(first), "config": first.config.to_dict()},
         }
 

@@ -132,7 +132,7 @@ class BaseTrainer(ABC):
                 :mod:`autotune.train.batches`), or holds more than the effective batch.
             UnsupportedError: the backend's engine averages micro-batch gradients itself (DeepSpeed).
         """
-        if not self.supports_split:
+        if not self.supports_split:  # the same condition: the trainer weighs its micro-batches itself
             raise UnsupportedError(
                 f"{type(self).__name__} cannot train a user's batch: its engine averages micro-batches itself."
             )
@@ -151,7 +151,8 @@ class BaseTrainer(ABC):
         batches: list[Any] | None = None,
         before_micro_batch: Callable[[], None] | None = None,
     ) -> StepResult:
-        """One optimizer step of ``grad_accum_steps`` micro-batches (``batches``, else fetched).
+        """One optimizer step of ``grad_accum_steps`` micro-batches (``batches``, else fetched), or
+        of the user's batch given to :meth:`feed` split into micro-batches.
 
         ``split`` > 1 (only with ``grad_accum_steps == 1``, on backends that support it) trains
         the micro-batch as ``split`` equal chunks: the same effective batch and gradient, but the
