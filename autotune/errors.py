@@ -133,6 +133,14 @@ class TrialFailed(Exception):
 __all__ += ["SessionError", "RankTraceback", "MeasurementFailed", "TrialFailed"]
 
 
+class BatchError(AutotuneError, ValueError):
+    """A batch handed to a training step breaks the batch contract (a pytree of tensors sharing a
+    leading batch dimension); the message says which tensor and what it got."""
+
+
+__all__ += ["BatchError"]
+
+
 def one_line(error: BaseException) -> str:
     """``Type: first line of the message``: how a caught exception of user code is reported as a
     reason (a failed check step, a profile that cannot run, a knob a model cannot take)."""

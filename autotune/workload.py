@@ -1,6 +1,7 @@
 """The workload contract: what the user trains.
 
-A workload is a model, a map-style dataset, a loss function and (optionally) the names of the
+A workload is a model, a dataset (map-style, or an ``IterableDataset``) with the collate function
+that batches it, a loss function and (optionally) the names of the
 model's *blocks*: the repeated units that per-block precision and activation checkpointing act
 on. Users write a ``build() -> Workload`` function in a file or module; built-in workloads live
 in :mod:`autotune.zoo`; :mod:`autotune.resolve` turns a reference to either into a Workload.
@@ -16,7 +17,7 @@ from autotune.errors import WorkloadError
 
 if TYPE_CHECKING:
     import torch
-    from torch.utils.data import Dataset
+    from torch.utils.data import DataLoader, Dataset
 
 __all__ = ["Workload", "find_blocks", "DEFAULT_LR"]
 
@@ -25,6 +26,7 @@ DEFAULT_LR = 1e-3
 
 LossFn = Callable[["torch.nn.Module", Any], "torch.Tensor"]
 OptimizerFactory = Callable[[Iterable["torch.nn.Parameter"]], "torch.optim.Optimizer"]
+CollateFn = Callable[[list[Any]], Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,8 +37,12 @@ class Workload:
         name: Short identifier, used in reports and caches.
         model: An ``nn.Module`` in fp32 on the CPU. :func:`autotune.measure` trains a deep copy, so
             one workload can be measured under many configurations.
-        dataset: A map-style ``torch.utils.data.Dataset``; batches use the default collate.
+        dataset: A map-style ``torch.utils.data.Dataset`` (shuffled each epoch), or an
+            ``IterableDataset`` (read in its own order, each pass an epoch; one process only:
+            DeepSpeed ranks shard a map-style dataset).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``, with ``batch`` as the DataLoader yields it.
+        collate_fn: Turns a list of samples into a batch, as ``DataLoader(collate_fn=...)`` (a
+            padding collate); ``None`` is the DataLoader's default collate.
         blocks: Qualified names of the block modules (``model.get_submodule`` names), in forward
             order. ``None`` auto-detects them: see :func:`find_blocks`.
         optimizer: ``params -> torch.optim.Optimizer``. ``None`` means AdamW at ``DEFAULT_LR``.
@@ -54,6 +60,7 @@ class Workload:
     blocks: Sequence[str] | None = None
     optimizer: OptimizerFactory | None = None
     batch_size: int = 32
+    collate_fn: CollateFn | None = None
     source: str | None = None
 
     def __post_init__(self) -> None:
@@ -63,18 +70,50 @@ class Workload:
             raise WorkloadError(f"Workload.name must be a non-empty string, but got {self.name!r}.")
         if not isinstance(self.model, torch.nn.Module):
             raise WorkloadError(f"Workload.model must be a torch.nn.Module, but got {type(self.model).__name__}.")
-        if not hasattr(self.dataset, "__getitem__") or not hasattr(self.dataset, "__len__"):
+        map_style = hasattr(self.dataset, "__getitem__") and hasattr(self.dataset, "__len__")
+        if not map_style and not self.iterable:
             raise WorkloadError(
-                "Workload.dataset must be a map-style Dataset (with __getitem__ and __len__), "
-                f"but got {type(self.dataset).__name__}."
+                "Workload.dataset must be a map-style Dataset (with __getitem__ and __len__) or an "
+                f"IterableDataset, but got {type(self.dataset).__name__}."
             )
         if not callable(self.loss_fn):
             raise WorkloadError(f"Workload.loss_fn must be callable, but got {self.loss_fn!r}.")
+        if self.collate_fn is not None and not callable(self.collate_fn):
+            raise WorkloadError(f"Workload.collate_fn must be callable or None, but got {self.collate_fn!r}.")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise WorkloadError(f"Workload.batch_size must be an int >= 1, but got {self.batch_size!r}.")
         if self.blocks is not None:
             object.__setattr__(self, "blocks", tuple(self.blocks))
             block_names(self.model, self.blocks, workload=self.name)
+
+    @property
+    def iterable(self) -> bool:
+        """Whether the dataset is an ``IterableDataset``: no sampler, no shuffle, no ``len()``."""
+        from torch.utils.data import IterableDataset
+
+        return isinstance(self.dataset, IterableDataset)
+
+    @property
+    def dataset_size(self) -> int | None:
+        """Samples in the dataset; None for an ``IterableDataset`` (its length is unknown)."""
+        return None if self.iterable else len(self.dataset)  # type: ignore[arg-type]
+
+    def loader(self, batch_size: int, **kwargs: Any) -> DataLoader[Any]:
+        """A ``DataLoader`` of the dataset with the workload's collate (``kwargs``: a sampler, ``drop_last``)."""
+        from torch.utils.data import DataLoader
+
+        return DataLoader(self.dataset, batch_size=batch_size, collate_fn=self.collate_fn, **kwargs)
+
+    def first_batch(self, batch_size: int) -> Any:
+        """The dataset's first ``batch_size`` samples (fewer if it has fewer), collated: what the
+        memory model and the probes run on."""
+        return next(iter(self.loader(batch_size)))
+
+    def collate(self, samples: list[Any]) -> Any:
+        """``samples`` as one batch, with the workload's collate."""
+        from torch.utils.data import default_collate
+
+        return (self.collate_fn or default_collate)(samples)
 
     @property
     def num_parameters(self) -> int:

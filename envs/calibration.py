@@ -276,7 +276,7 @@ def _linear_fit(workload: Workload, precision: Precision, b1: int, b2: int) -> l
 
 
 def _first_batch(workload: Workload, micro: int) -> Any:
-    return next(iter(torch.utils.data.DataLoader(workload.dataset, batch_size=micro)))
+    return workload.first_batch(micro)
 
 
 def _block_input_bytes(workload: Workload, micro: int) -> list[int]:

@@ -12,3 +12,6 @@ ZERO_WORKLOADS = DATA / "zero_workloads.py"
 USER_WORKLOAD = DATA / "my_workload.py"
 #: A workload whose loss is NaN at every step (``build``).
 NAN_WORKLOAD = DATA / "nan_workload.py"
+#: Variable-length token sequences with a padding collate (``build``: an IterableDataset;
+#: ``build_map_style``: a list).
+PADDED_WORKLOAD = DATA / "padded_workload.py"

@@ -208,6 +208,31 @@ def test_workload_fields_are_validated() -> None:
         Workload(name="w", model=nn.Linear(3, 3), dataset=ds, loss_fn=lambda m, b: b, batch_size=0)
 
 
+def test_a_dataset_must_be_map_style_or_iterable_and_a_collate_callable() -> None:
+    ds = torch.utils.data.TensorDataset(torch.zeros(4, 3))
+    with _raises(
+        "Workload.dataset must be a map-style Dataset (with __getitem__ and __len__) or an IterableDataset, "
+        "but got generator."
+    ):
+        Workload(name="w", model=nn.Linear(3, 3), dataset=(x for x in ds), loss_fn=lambda m, b: b)  # type: ignore[arg-type]
+    with _raises("Workload.collate_fn must be callable or None, but got 'pad'."):
+        Workload(name="w", model=nn.Linear(3, 3), dataset=ds, loss_fn=lambda m, b: b, collate_fn="pad")  # type: ignore[arg-type]
+
+
+def test_an_iterable_dataset_has_no_size_and_its_first_batch_uses_the_collate() -> None:
+    wl = load_workload(f"{DATA / 'padded_workload.py'}:build")
+    assert (wl.iterable, wl.dataset_size) == (True, None)
+    first = list(iter(wl.dataset))[:3]
+    batch = wl.first_batch(3)
+    assert batch.keys() == {"input_ids"}
+    assert batch["input_ids"].shape == (3, max(len(s) for s in first))
+    for row, seq in zip(batch["input_ids"], first, strict=True):
+        assert torch.equal(row[: len(seq)], seq) and not row[len(seq) :].any()  # right-padded with 0
+    mapped = load_workload(f"{DATA / 'padded_workload.py'}:build_map_style")
+    assert (mapped.iterable, mapped.dataset_size) == (False, 64)
+    assert torch.equal(mapped.first_batch(3)["input_ids"], batch["input_ids"])
+
+
 def test_loaded_workloads_remember_their_source() -> None:
     assert load_workload("gpt-tiny").source == "gpt-tiny"
     assert load_workload("random:3").source == "random:3"

@@ -22,7 +22,6 @@ import inspect
 import math
 import time
 import warnings
-from collections.abc import Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +34,13 @@ from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetSt
 from autotune.adapt.sources import DecisionSource, FixedConfig, RunContext
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning, UnsupportedError
-from autotune.measurement.cuda_memory import reserved_with_headroom
+from autotune.measurement.cuda_memory import AllocatorStats, reserved_with_headroom
+from autotune.train.batches import batch_size
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from torch.utils.data import Dataset
 
@@ -52,6 +52,7 @@ __all__ = ["Adaptive", "decision_source"]
 PolicyArg = str | Path | TrainConfig | DecisionSource | None
 _NOISE_STEPS = 4  # steps before each decision whose gradients feed the noise estimate
 _LOSSES = 16  # recent losses an observation carries
+_STATE_VERSION = 1  # of state_dict(): a change to its keys bumps it
 
 
 def decision_source(policy: PolicyArg) -> DecisionSource | None:
@@ -95,7 +96,9 @@ class Adaptive:
     Args:
         model, optimizer: The user's objects; they are the ones trained (no copy, nothing moved).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
-        dataset: Map-style dataset; batches use the default collate.
+        dataset: A map-style dataset or an ``IterableDataset`` (see :class:`Workload`): the data of
+            :meth:`step` with no batch, and the memory model's profile either way.
+        collate_fn: Batches the dataset's samples (default: the DataLoader's default collate).
         batch_size: The effective batch: by default it never changes (only its split into
             micro-batches x accumulation does).
         memory_budget: Peak tensor bytes allowed: ``"8GiB"``, bytes, ``"75%"`` of the default
@@ -140,13 +143,14 @@ class Adaptive:
         seed: int = 0,
         track_memory: bool | str = "unverified",
         name: str = "user",
+        collate_fn: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer must be a torch.optim.Optimizer, but got {type(optimizer).__name__}.")
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=blocks,
-                            optimizer=_like(optimizer), batch_size=batch_size)  # fmt: skip
-        size = len(dataset) if isinstance(dataset, Sized) else batch_size
+                            optimizer=_like(optimizer), batch_size=batch_size, collate_fn=collate_fn)  # fmt: skip
+        size = workload.dataset_size or batch_size
         default = TrainConfig(micro_batch_size=min(batch_size, size), grad_clip=grad_clip, lr_scaling=lr_scaling,  # type: ignore[arg-type]
                               seed=seed)  # fmt: skip
 
@@ -371,19 +375,39 @@ class Adaptive:
             )
         return self.trainer
 
-    def step(self) -> AdaptStep:
+    def step(self, batch: Any = None) -> AdaptStep:
         """One optimizer step of the user's model; every ``decide_every`` steps, one decision.
+
+        Args:
+            batch: None: the next batch of the dataset given at construction. Else the user's own
+                batch for the whole step, as their DataLoader yields it at the effective batch
+                size (or fewer samples: the last batch of an epoch): any pytree of tensors sharing
+                a leading batch dimension (dicts, tuples, ``BatchEncoding``). The step splits it
+                into the configuration's micro-batches, each loss weighted by its share of the
+                samples: the gradient of the one full batch.
 
         Raises:
             NonFiniteLossError: The step's loss is NaN or infinite and the run makes decisions (a
                 decision source, or ``adapt_batch``); the step is in :attr:`steps`. A run without
                 decisions warns (:class:`~autotune.errors.NonFiniteLossWarning`) at its first one
                 and goes on.
+            BatchError: ``batch`` breaks that contract (see :mod:`autotune.train.batches`).
+            ConfigError: ``batch`` with ``adapt_batch=True`` (the batch given is the batch trained).
+            UnsupportedError: ``batch`` on ranks (each rank draws its shard of the workload's dataset).
         """
         t = self.trainer
+        if batch is not None:
+            if self.adapt_batch:
+                raise ConfigError(
+                    "step(batch) trains the batch it is given, so the effective batch cannot grow: "
+                    "adapt_batch must be False, but got True."
+                )
+            batch_size(batch)  # a malformed batch is refused before anything changes
         want = self.decider.trial_config(t.config)  # a side-by-side trial alternates configurations
         if want is not None and want != t.config:
             t.reconfigure(want)
+        if batch is not None:
+            t.feed(batch)
         config, index, peak = t.config, t.step_count, None
         decision_due = (index + 1) % self.decide_every == 0
         if t.noise is not None:
@@ -392,14 +416,7 @@ class Adaptive:
         # Adam creates its state in the first step, after the activation peak: track from step 1.
         if index >= 1 and config not in self.gate.measured and self._tracks(config):
             result, peak = t.measured_step()
-            self.gate.record(config, peak, allocator=t.allocator_stats)
-            if config == self._default and self._fraction is not None:
-                # A percentage is of the default's peak: its measurement replaces its prediction
-                # (they differ by a few hundred bytes on the local runner). On CUDA it is of
-                # the default's reserved peak with its headroom: 100% must admit the default.
-                stats = t.allocator_stats
-                basis = peak if stats is None else reserved_with_headroom(stats.reserved_peak)
-                self.gate.budget = max(self.gate.budget, int(basis * self._fraction))
+            self._measured(config, peak, t.allocator_stats)
         elif self._noise and decision_due and t.noise_split == 2:
             result = t.step(split=2)  # two batch sizes for the noise estimate: same gradient
         else:
@@ -469,6 +486,94 @@ class Adaptive:
         if rebuilt is not None:  # new DeepSpeed engines, the state carried over: what the seconds paid for
             change = dataclasses.replace(change, reason=f"{change.reason}; new engines: {rebuilt.partition(':')[0]}")
         self.decider.moved(change, seconds=time.perf_counter() - start)
+
+    # ---- resume ---------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs, as plain values (``torch.load(weights_only=True)`` reads them):
+        the configuration, the step count, every step and decision, the measured peaks and
+        throughputs, a side-by-side trial under way, the decision source's state and the data
+        stream's position. Not the model and optimizer (yours: save their ``state_dict()`` beside
+        it) nor the gradient noise estimate (it starts again).
+
+        Example:
+            ``torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+            "tuner": tuner.state_dict()}, path)``
+
+        Raises:
+            UnsupportedError: on ranks (the training state lives in the rank processes).
+        """
+        t = self._resumable()
+        return {
+            "version": _STATE_VERSION,
+            "config": t.config.to_dict(),
+            "step_count": t.step_count,
+            "steps": [s.to_dict() for s in self.steps],
+            "measured": [{"config": c.to_dict(), "peak_bytes": b} for c, b in self.gate.measured.items()],
+            "decider": self.decider.state_dict(),
+            "source": self.source.state_dict() if self.source is not None else {},
+            "stream": t.stream.state_dict() if t.stream is not None else None,
+            "over_budget": [o.to_dict() for o in self._over_budget],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the run :meth:`state_dict` saved, on an Adaptive built as that one was (the
+        model and optimizer loaded with their own state): the next step runs at the saved
+        configuration, with the saved step count (the LR schedule's) and data position, and
+        nothing measured or refused before is explored again. The restored configuration passes
+        this run's budget gate first: a smaller budget it does not fit puts the run where this
+        run's own start put it (a ``budget`` change in :attr:`history`).
+
+        Raises:
+            ConfigError: a state of another version or another effective batch.
+            UnsupportedError: on ranks.
+        """
+        t = self._resumable()
+        if state.get("version") != _STATE_VERSION:
+            raise ConfigError(f"Adaptive state must be version {_STATE_VERSION}, but got {state.get('version')!r}.")
+        restored, start = TrainConfig.from_dict(state["config"]), t.config
+        if restored.effective_batch_size != start.effective_batch_size and not self.adapt_batch:
+            raise ConfigError(
+                f"the saved run's effective batch must be this run's ({start.effective_batch_size}), but got "
+                f"{restored.effective_batch_size}."
+            )
+        for m in state["measured"]:
+            self._measured(TrainConfig.from_dict(m["config"]), m["peak_bytes"])
+        self.decider.load_state_dict(state["decider"])
+        if self.source is not None:
+            self.source.load_state_dict(state["source"])
+        self.steps = [AdaptStep.from_dict(s) for s in state["steps"]]
+        self._over_budget = [OverBudgetStep.from_dict(o) for o in state["over_budget"]]
+        t.step_count = state["step_count"]
+        if t.stream is not None and state["stream"] is not None:
+            t.stream.load_state_dict(state["stream"])
+        verdict = self.gate.check(restored)
+        if not verdict.admitted:
+            reason = f"resumed under a budget it is over ({verdict.reason}): back to where this run starts"
+            self.decider.history.append(Change(step=t.step_count, source="budget", before=restored, after=start,
+                                               applied=True, reason=reason))  # fmt: skip
+            self.decider.previous, self.decider.trial, restored = start, None, start
+        if restored != t.config:
+            t.reconfigure(restored)
+
+    def _resumable(self) -> InPlaceTrainer:
+        if not isinstance(self.trainer, InPlaceTrainer):
+            raise UnsupportedError(
+                "Adaptive.on_ranks keeps its training state in the rank processes: state_dict() and "
+                "load_state_dict() need Adaptive(model, ...) in one process."
+            )
+        return self.trainer
+
+    def _measured(self, config: TrainConfig, peak: int, allocator: AllocatorStats | None = None) -> None:
+        """A measured peak of ``config`` (on CUDA with the caching allocator's peaks over that
+        step); the default's also sets a percentage budget."""
+        self.gate.record(config, peak, allocator=allocator)
+        if config == self._default and self._fraction is not None:
+            # A percentage is of the default's peak: its measurement replaces its prediction
+            # (they differ by a few hundred bytes on the local runner). On CUDA it is of the
+            # default's reserved peak with its headroom: 100% must admit the default.
+            basis = peak if allocator is None else reserved_with_headroom(allocator.reserved_peak)
+            self.gate.budget = max(self.gate.budget, int(basis * self._fraction))
 
     def close(self) -> None:
         """Remove every wrapper and hook from the user's model: it is exactly as it was given (on

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.adapt.batch import grow_batch
 from autotune.adapt.records import Change, ConfigRecord
@@ -34,7 +34,7 @@ from autotune.measurement.objective import score
 from autotune.measurement.sidebyside import Timing, separated
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from autotune.adapt.gate import BudgetGate, Verdict
     from autotune.config import TrainConfig
@@ -266,6 +266,45 @@ class Decider:
         self._recent, self.trial = [], None
         return self.previous
 
+    # ---- resume ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every decision and measurement so far, as plain values (see :meth:`Adaptive.state_dict`)."""
+        trial = self.trial
+        return {
+            "history": [c.to_dict() for c in self.history],
+            "judged": [r.to_dict() for r in self.judged.values()],
+            "previous": None if self.previous is None else self.previous.to_dict(),
+            "trial": None if trial is None else {
+                "candidate": trial.candidate.to_dict(), "incumbent": trial.incumbent.to_dict(), "fresh": trial.fresh,
+                "samples": [{"config": c.to_dict(), "samples": list(v)} for c, v in trial.samples.items()],
+            },
+            "on_trial": self._on_trial,
+            "refused": [c.to_dict() for c in _in_order(self._refused)],
+            "recent": list(self._recent),
+            "timed": [{"config": c.to_dict(), "samples": list(v)} for c, v in self._timed.items()],
+        }  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: nothing measured or refused there is explored again."""
+        from autotune.config import TrainConfig
+
+        self.history = [Change.from_dict(c) for c in state["history"]]
+        records = [ConfigRecord.from_dict(r) for r in state["judged"]]
+        self.judged = {r.config: r for r in records}
+        self.previous = None if state["previous"] is None else TrainConfig.from_dict(state["previous"])
+        trial = state["trial"]
+        self.trial = None if trial is None else Trial(
+            candidate=TrainConfig.from_dict(trial["candidate"]), incumbent=TrainConfig.from_dict(trial["incumbent"]),
+            samples={TrainConfig.from_dict(s["config"]): list(s["samples"]) for s in trial["samples"]},
+            fresh=trial["fresh"],
+        )  # fmt: skip
+        self._on_trial = state["on_trial"]
+        self._refused = {TrainConfig.from_dict(c) for c in state["refused"]}
+        self._recent = list(state["recent"])
+        self._timed = {TrainConfig.from_dict(t["config"]): list(t["samples"]) for t in state["timed"]}
+        self._begun_at = len(self.history)
+
     @property
     def best(self) -> ConfigRecord | None:
         """The judged configuration with the most objective per GiB of peak within the budget."""
@@ -363,3 +402,8 @@ def _change(step: int, current: TrainConfig, target: TrainConfig, proposal: Prop
     return Change(step=step, source=source, before=current, after=target, applied=verdict.admitted,
                   reason=f"{proposal.reason}; {verdict.reason}", predicted_bytes=verdict.predicted,
                   measured_bytes=verdict.measured)  # fmt: skip
+
+
+def _in_order(configs: set[TrainConfig]) -> list[TrainConfig]:
+    """A set of configurations in one order (a set's own depends on its history): equal states save equal."""
+    return sorted(configs, key=lambda c: c.to_json())

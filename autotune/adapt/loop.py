@@ -9,7 +9,7 @@ optimizer, with a data stream that keeps its place) and :class:`autotune.adapt.r
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -19,7 +19,7 @@ from autotune.measurement.tracker import tracked_step
 from autotune.train.base import StepResult
 from autotune.train.gns import GradientNoiseMonitor, NoiseEstimate
 from autotune.train.local import Trainer
-from autotune.train.stream import ShardStream
+from autotune.train.stream import workload_stream
 from autotune.workload import Workload
 
 __all__ = ["AdaptLoop", "InPlaceTrainer", "SampledNoise"]
@@ -79,6 +79,10 @@ class AdaptLoop(Protocol):
     @property
     def noise_split(self) -> int: ...
 
+    def feed(self, batch: Any) -> None:
+        """Make the next step train the user's ``batch`` (see :meth:`BaseTrainer.feed`)."""
+        ...
+
     def step(self, *, split: int = 1) -> StepResult:
         """One optimizer step (``split`` > 1: see :meth:`BaseTrainer.step`)."""
         ...
@@ -98,10 +102,11 @@ class AdaptLoop(Protocol):
 class InPlaceTrainer(Trainer):
     """:class:`Trainer` over the user's objects, trained in place.
 
-    A ``DataLoader`` fixes its batch size, so the base trainer starts a new shuffled epoch at every
-    micro-batch change; here every micro-batch is drawn from one :class:`ShardStream` (one rank),
-    which keeps its position: a run that switches from 32 x 1 to 16 x 2 sees the very samples, in
-    the very order, that a fixed 32 x 1 run sees.
+        A ``DataLoader`` fixes its batch size, so the base trainer starts a new shuffled epoch at every
+        micro-batch change; here every micro-batch is drawn from one
+    :class:`~autotune.train.stream.ShardStream` (one rank; an ``IterableStream`` for an iterable dataset),
+        which keeps its position: a run that switches from 32 x 1 to 16 x 2 sees the very samples, in
+        the very order, that a fixed 32 x 1 run sees.
     """
 
     def __init__(
@@ -114,7 +119,7 @@ class InPlaceTrainer(Trainer):
         device: str | torch.device | None,
         track_noise: bool,
     ) -> None:
-        stream = ShardStream(workload.dataset, num_replicas=1, rank=0, seed=config.seed)
+        stream = workload_stream(workload, num_replicas=1, rank=0, seed=config.seed)
         super().__init__(workload, config, model=model, optimizer=optimizer, device=device, track_noise=track_noise,
                          stream=stream)  # fmt: skip
         self.noise = SampledNoise(self.gns)

@@ -20,6 +20,7 @@ GPU by default, on ranks) the policy's actions are proposed as they are.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,8 @@ from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunCon
 from autotune.errors import MissingDependencyError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import numpy as np
 
     from autotune.config import TrainConfig
@@ -99,6 +102,27 @@ class PolicySource(DecisionSource):
         self._model = ModelDescriptor.of_blocks(context.blocks, num_parameters=context.workload.num_parameters)
         self._machine = MachineDescriptor(reduced_speed=speeds.reduced_speed, recompute_cost=speeds.recompute_cost,
                                           budget_ratio=context.budget_bytes / states)  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        """The decisions made, the configurations proposed (never proposed again) and the first
+        observation (what the policy's observation is relative to)."""
+        first = self._first
+        return {
+            "decisions": self._decisions,
+            # sorted: a set's order depends on its history, and equal states should save equal
+            "proposed": sorted((c.to_dict() for c in self._proposed), key=lambda d: json.dumps(d, sort_keys=True)),
+            "first": None if first is None else {**dataclasses.asdict(first), "config": first.config.to_dict()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        from autotune.config import TrainConfig
+
+        self._decisions = state["decisions"]
+        self._proposed = {TrainConfig.from_dict(c) for c in state["proposed"]}
+        first = state["first"]
+        self._first = None if first is None else Observation(**{
+            **first, "config": TrainConfig.from_dict(first["config"]), "losses": tuple(first["losses"])
+        })  # fmt: skip
 
     def plan(self, context: RunContext) -> Proposal | None:
         """Where the run starts: the best configuration on the model's calibrated simulator

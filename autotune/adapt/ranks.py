@@ -12,9 +12,10 @@ change on the live engines. The adaptive run's decisions, gate and history are t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from autotune.config import TrainConfig
+from autotune.errors import UnsupportedError
 from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.procs.session import RankFailed, RankSession, SessionStep
 from autotune.train.base import StepResult
@@ -65,6 +66,12 @@ class RankLoop:
     @property
     def rank_pids(self) -> tuple[int, ...]:
         return self.session.rank_pids
+
+    def feed(self, batch: Any) -> None:
+        raise UnsupportedError(
+            "Adaptive.on_ranks trains each rank's shard of the workload's dataset in the rank processes: "
+            "step(batch) needs Adaptive(model, ...) in this process; call step() with no batch."
+        )
 
     def step(self, *, split: int = 1) -> StepResult:
         assert split == 1, "no split step without noise hooks"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,10 @@ class AdaptStep:
             "config": self.config.to_dict(),
             "peak_bytes": self.peak_bytes,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AdaptStep:
+        return cls(**{**data, "config": TrainConfig.from_dict(data["config"])})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +89,11 @@ class Change:
             "seconds": self.seconds,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Change:
+        configs = {k: TrainConfig.from_dict(data[k]) for k in ("before", "after")}
+        return cls(**{**data, **configs})
+
 
 @dataclass(frozen=True, kw_only=True)
 class ConfigRecord:
@@ -116,6 +126,13 @@ class ConfigRecord:
             "per_gib": self.score.per_gib,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ConfigRecord:
+        judged = Score(throughput=data["throughput"], efficiency=data["efficiency"], value=data["value"],
+                       peak_bytes=data["peak_bytes"])  # fmt: skip
+        return cls(step=data["step"], config=TrainConfig.from_dict(data["config"]), timed_steps=data["timed_steps"],
+                   noise_scale=data["noise_scale"], score=judged)  # fmt: skip
+
 
 @dataclass(frozen=True, kw_only=True)
 class OverBudgetStep:
@@ -142,3 +159,8 @@ class OverBudgetStep:
             "budget_bytes": self.budget_bytes,
             "predicted_bytes": self.predicted_bytes,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OverBudgetStep:
+        return cls(step=data["step"], config=TrainConfig.from_dict(data["config"]), peak_bytes=data["peak_bytes"],
+                   budget_bytes=data["budget_bytes"], predicted_bytes=data["predicted_bytes"])  # fmt: skip

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from autotune.memory.blocks import BlockProfile
     from autotune.workload import Workload
@@ -81,6 +81,14 @@ class DecisionSource(ABC):
     @abstractmethod
     def propose(self, observation: Observation) -> Proposal | None:
         """A config to switch to, or None to stay."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs of this source (plain values: ``torch.load(weights_only=True)``
+        reads them back); by default nothing. Called by :meth:`autotune.adapt.Adaptive.state_dict`."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: B027 (optional hook)
+        """Restore :meth:`state_dict`'s values (after :meth:`start`)."""
 
 
 class FixedConfig(DecisionSource):

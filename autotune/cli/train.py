@@ -87,7 +87,7 @@ def _train_command(args: argparse.Namespace) -> int:
             tuner = Adaptive(wl.model, wl.make_optimizer(wl.model.parameters()), wl.loss_fn, wl.dataset,
                              batch_size=wl.batch_size, memory_budget=args.memory_budget, policy=policy,
                              decide_every=decide_every, adapt_batch=args.adapt_batch, blocks=wl.blocks,
-                             device=args.device, name=wl.name,
+                             device=args.device, name=wl.name, collate_fn=wl.collate_fn,
                              track_memory="all")  # the summary reports measured peaks  # fmt: skip
     try:
         _train(tuner, args.steps, wl.name, quiet=args.json)

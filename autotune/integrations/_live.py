@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -41,6 +41,8 @@ from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
 __all__ = ["LiveKnobs"]
+
+_STATE_VERSION = 1  # of LiveKnobs.state_dict(): a change to its keys bumps it
 
 
 class LiveKnobs:
@@ -69,6 +71,7 @@ class LiveKnobs:
         # ratio scales the gate's predictions (the framework's steps are not tracked one by one).
         self.allocator: StatsSource | None = None
         self._device: torch.device | None = None
+        self._resume: dict[str, Any] | None = None  # a saved state, restored at begin()
 
     @property
     def history(self) -> list[Change]:
@@ -76,16 +79,18 @@ class LiveKnobs:
         return self.decider.history if self.decider is not None else []
 
     def begin(self, model: torch.nn.Module, dataset: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], *,
-              micro_batch_size: int, accum: int, name: str, split: bool = False) -> None:  # fmt: skip
+              micro_batch_size: int, accum: int, name: str, split: bool = False,
+              collate_fn: Callable[[list[Any]], Any] | None = None) -> None:  # fmt: skip
         """Profile the model (a copy of it), resolve the budget, start the decision source and
         make its plan (a split in it waits for the next epoch boundary, as any split change).
 
-        ``split``: the loop can take a new micro-batch x accumulation at its next epoch boundary."""
+        ``split``: the loop can take a new micro-batch x accumulation at its next epoch boundary.
+        ``collate_fn``: the framework's DataLoader's, so the profile runs on batches as it trains on."""
         self.split = split
         from autotune.memory.blocks import profile_blocks
 
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=self.blocks,
-                            batch_size=micro_batch_size * accum)  # fmt: skip
+                            batch_size=micro_batch_size * accum, collate_fn=collate_fn)  # fmt: skip
         default = self.config = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
         first = next(model.parameters(), None)
         device = "cpu" if first is None else first.device.type
@@ -105,6 +110,54 @@ class LiveKnobs:
         change = self.decider.begin(start=start, default=start, context=context)
         if change is not None:
             self._make(change, begin=True)
+        if self._resume is not None:
+            state, self._resume = self._resume, None
+            self._restore(state)
+
+    # ---- resume ---------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed fit needs, as plain values: the configuration on the model, every decision
+        and measurement, the source's state and the recent losses (a split change still waiting
+        for its epoch boundary is decided again). Before :meth:`begin`: the state it will restore."""
+        if self.decider is None or self.config is None:
+            return dict(self._resume or {})
+        return {"version": _STATE_VERSION, "config": self.config.to_dict(), "decider": self.decider.state_dict(),
+                "source": self.source.state_dict() if self.source is not None else {},
+                "losses": self._losses[-16:]}  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` at :meth:`begin` (the framework restores callbacks before the
+        model and its loop are known to them)."""
+        if state.get("version") != _STATE_VERSION:
+            raise ConfigError(
+                f"AutotuneCallback state must be version {_STATE_VERSION}, but got {state.get('version')!r}."
+            )
+        self._resume = dict(state)
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: its per-block knobs on the model (the split is the loop's, as it
+        restarted), if this run's budget gate admits them; nothing measured is explored again."""
+        assert self.config is not None and self.decider is not None and self.gate is not None
+        saved = TrainConfig.from_dict(state["config"])
+        if saved.effective_batch_size != self.config.effective_batch_size:
+            raise ConfigError(
+                f"the saved fit's effective batch must be this fit's ({self.config.effective_batch_size}), but got "
+                f"{saved.effective_batch_size}."
+            )
+        self.decider.load_state_dict(state["decider"])
+        if self.source is not None:
+            self.source.load_state_dict(state["source"])
+        self._losses = list(state["losses"])
+        target = dataclasses.replace(self.config, precision=saved.precision, checkpoint=saved.checkpoint)
+        verdict = self.gate.check(target)
+        if not verdict.admitted:
+            reason = f"resumed under a budget it is over ({verdict.reason}): back to where this fit starts"
+            self.decider.history.append(Change(step=0, source="budget", before=target, after=self.config,
+                                               applied=True, reason=reason))  # fmt: skip
+            self.decider.previous, self.decider.trial = self.config, None
+        elif target != self.config:
+            self.apply(target)
 
     def _takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
         """What of ``proposed`` this loop can run from ``current``: the per-block knobs, the split

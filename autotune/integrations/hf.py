@@ -16,19 +16,29 @@ What it changes mid-run, and what it cannot:
 The decisions are :class:`autotune.Adaptive`'s (:class:`autotune.adapt.decider.Decider`): the
 source's plan before the first step, the memory model first, and measurement overruling the
 source (see :mod:`autotune.integrations._live`). Every change is in :attr:`AutotuneCallback.history`.
+
+Resuming: the callback is a ``transformers.ExportableState``: its state (the configuration, every
+decision and measurement) is saved in each checkpoint, and with
+``TrainingArguments(restore_callback_states_from_checkpoint=True)`` the Trainer rebuilds it from
+its JSON arguments and restores that state at ``on_train_begin``. A ``DecisionSource`` object
+cannot be written as JSON: such a callback is refused when the Trainer rebuilds it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from autotune.adapt.adaptive import PolicyArg
-from autotune.errors import MissingDependencyError
+from autotune.config import TrainConfig
+from autotune.errors import MissingDependencyError, UnsupportedError
 from autotune.integrations._live import LiveKnobs
 from autotune.units import MemoryBudget
 
 try:
     from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
 except ImportError as e:  # optional dependency: name it
     raise MissingDependencyError(
         f"autotune.integrations.hf needs transformers: pip install 'autotune[hf]' ({e})."
@@ -39,21 +49,47 @@ from autotune.zoo.hf import hf_loss  # after the check above: it imports transfo
 __all__ = ["AutotuneCallback"]
 
 
-class AutotuneCallback(TrainerCallback):
+class AutotuneCallback(TrainerCallback, ExportableState):
     """Adapt per-block precision and checkpointing of the Trainer's model while it trains.
 
     Args:
-        policy: ``"pretrained"``, a policy directory, a ``TrainConfig`` (fixed) or a
-            ``DecisionSource`` (see :func:`autotune.adapt.decision_source`).
+        policy: ``"pretrained"``, a policy directory, a ``TrainConfig`` (fixed; or its
+            ``to_dict()``, as a checkpoint holds it) or a ``DecisionSource`` (see
+            :func:`autotune.adapt.decision_source`).
         memory_budget: As for :class:`autotune.Adaptive` (default: the default's own peak).
         decide_every: Optimizer steps between decisions (>= 2).
         blocks: Block module names (default: auto-detected).
     """
 
-    def __init__(self, *, policy: PolicyArg = "pretrained", memory_budget: MemoryBudget | str | int | None = None,
-                 decide_every: int = 50, blocks: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(self, *, policy: PolicyArg | Mapping[str, Any] = "pretrained",
+                 memory_budget: MemoryBudget | str | int | None = None, decide_every: int = 50,
+                 blocks: list[str] | None = None) -> None:  # fmt: skip
+        if isinstance(policy, Mapping):
+            if "source" in policy:  # what state() writes for a DecisionSource object
+                raise UnsupportedError(
+                    f"transformers rebuilds AutotuneCallback from its checkpoint's JSON arguments, which cannot hold "
+                    f"the DecisionSource {policy['source']!r}: give a policy name, directory or TrainConfig to resume."
+                )
+            policy = TrainConfig.from_dict(policy)
         self.live = LiveKnobs(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
+        self._args = {"policy": _json_policy(policy), "memory_budget": _json_budget(memory_budget),
+                      "decide_every": decide_every, "blocks": blocks}  # fmt: skip
         self._logged = 0
+
+    def state(self) -> dict[str, Any]:
+        """``ExportableState``: the arguments the Trainer rebuilds the callback with, and the
+        adaptive state (:meth:`LiveKnobs.state_dict`), restored at ``on_train_begin``."""
+        return {"args": dict(self._args), "attributes": {"resume_state": self.live.state_dict()}}
+
+    @property
+    def resume_state(self) -> dict[str, Any]:
+        """The adaptive state (what ``state()`` saves); set by the Trainer when it restores a checkpoint."""
+        return self.live.state_dict()
+
+    @resume_state.setter
+    def resume_state(self, state: dict[str, Any]) -> None:
+        if state:
+            self.live.load_state_dict(state)
 
     @property
     def history(self) -> list[Any]:
@@ -63,7 +99,8 @@ class AutotuneCallback(TrainerCallback):
                        **kwargs: Any) -> None:  # fmt: skip
         dataset = train_dataloader.dataset if train_dataloader is not None else None
         self.live.begin(model, dataset, hf_loss, micro_batch_size=args.per_device_train_batch_size,
-                        accum=args.gradient_accumulation_steps, name=type(model).__name__)  # fmt: skip
+                        accum=args.gradient_accumulation_steps, name=type(model).__name__,
+                        collate_fn=getattr(train_dataloader, "collate_fn", None))  # fmt: skip
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.live.step_begin()
@@ -76,3 +113,21 @@ class AutotuneCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.live.remove()
+
+
+def _json_policy(policy: PolicyArg) -> Any:
+    """``policy`` as the JSON a checkpoint holds (a DecisionSource object: its name, refused on rebuild)."""
+    if policy is None or isinstance(policy, str):
+        return policy
+    if isinstance(policy, Path):
+        return str(policy)
+    if isinstance(policy, TrainConfig):
+        return policy.to_dict()
+    return {"source": policy.name}
+
+
+def _json_budget(budget: MemoryBudget | str | int | None) -> str | int | None:
+    if not isinstance(budget, MemoryBudget) or budget.bytes is not None:
+        return budget if not isinstance(budget, MemoryBudget) else budget.bytes
+    assert budget.fraction is not None  # a MemoryBudget holds exactly one of them
+    return f"{budget.fraction * 100!r}%"

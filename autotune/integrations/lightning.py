@@ -71,13 +71,28 @@ class AutotuneCallback(Callback):
     def history(self) -> list[Any]:
         return self.live.history
 
+    @property
+    def state_key(self) -> str:
+        """Stable across runs and arguments: a checkpoint's state finds the callback that resumes it."""
+        return "autotune.AutotuneCallback"
+
+    def state_dict(self) -> dict[str, Any]:
+        """The adaptive state (see :meth:`LiveKnobs.state_dict`), saved in Lightning's checkpoints."""
+        return self.live.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restored by ``trainer.fit(ckpt_path=...)`` before the fit starts; applied at ``on_train_start``."""
+        if state_dict:
+            self.live.load_state_dict(state_dict)
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         loader = trainer.train_dataloader
         self._step = trainer.global_step
         split = (lightning_hasattr(pl_module, "batch_size") and pl_module.automatic_optimization
                  and not isinstance(trainer.strategy, DeepSpeedStrategy))  # fmt: skip
         self.live.begin(pl_module, loader.dataset, _step_loss, micro_batch_size=loader.batch_size,
-                        accum=trainer.accumulate_grad_batches, name=type(pl_module).__name__, split=split)  # fmt: skip
+                        accum=trainer.accumulate_grad_batches, name=type(pl_module).__name__, split=split,
+                        collate_fn=loader.collate_fn)  # fmt: skip
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         pending = self.live.pending

@@ -78,8 +78,7 @@ def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: 
 
 
 def _first_batch(workload: Workload, micro_batch_size: int) -> Any:
-    loader = torch.utils.data.DataLoader(workload.dataset, batch_size=micro_batch_size)
-    return tree_map_only(torch.Tensor, lambda t: t, next(iter(loader)))
+    return tree_map_only(torch.Tensor, lambda t: t, workload.first_batch(micro_batch_size))
 
 
 def _enter(counts: list[int], positions: list[int], params: set[int]) -> Any:

@@ -486,6 +486,6 @@ def budget_bytes(
     """
     if budget is None:
         return None
-    per_rank = max(1, min(workload.batch_size // ranks, len(workload.dataset)))  # type: ignore[arg-type]
+    per_rank = max(1, min(workload.batch_size // ranks, workload.dataset_size or workload.batch_size))
     default = TrainConfig(micro_batch_size=per_rank, ranks=ranks)
     return budget.resolve(lambda: predict_memory(workload, default, device_type=device_type).total)

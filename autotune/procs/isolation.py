@@ -241,6 +241,6 @@ def _build(source: str, device: str | None) -> Any:
     # One throwaway measurement pays the process's one-time costs (kernel selection, allocator
     # growth: the first measurement of gpt-tiny ran at half the throughput of later ones),
     # which would otherwise be charged to the first trial, and the first trial is a baseline.
-    warm = TrainConfig(micro_batch_size=min(workload.batch_size, len(workload.dataset)))  # type: ignore[arg-type]
+    warm = TrainConfig(micro_batch_size=min(workload.batch_size, workload.dataset_size or workload.batch_size))
     measure(workload, warm, steps=1, warmup=1, device=device)
     return workload

@@ -68,9 +68,10 @@ def workload_fingerprint(workload: Workload) -> str:
     for name, tensor in workload.model.state_dict().items():
         h.update(name.encode())
         h.update(_tensor_bytes(tensor))
-    h.update(str(len(workload.dataset)).encode())  # type: ignore[arg-type]
+    h.update(str(workload.dataset_size).encode())
     # A sample is any pytree: a tuple, a dict of tensors (Hugging Face batches), a scalar label.
-    leaves, spec = tree_flatten(workload.dataset[0])
+    first = next(iter(workload.dataset)) if workload.iterable else workload.dataset[0]
+    leaves, spec = tree_flatten(first)
     h.update(str(spec).encode())
     for leaf in leaves:
         h.update(_tensor_bytes(leaf) if isinstance(leaf, torch.Tensor) else repr(leaf).encode())

@@ -142,7 +142,7 @@ def prepare(spec: StudySpec) -> Prepared:
     batches = spec.space.effective_batch_sizes or (workload.batch_size,)
     reference = spec.space.batch_size or workload.batch_size
     budget = _budget(spec, workload)
-    n_data = len(workload.dataset)  # type: ignore[arg-type]
+    n_data = workload.dataset_size or max(batches)  # an iterable dataset's size is unknown
     space = SearchSpace(
         batch_sizes=batches,
         ranks=spec.space.ranks,

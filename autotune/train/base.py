@@ -6,6 +6,7 @@ scaling, the micro-batch loop of gradient accumulation, timing, the :class:`Step
 checks a config must pass; a backend adds only what differs:
 
 * how a micro-batch is fetched and trained (``_next_batch``, ``_begin_step``, ``_micro_step``);
+  a step may instead train the user's own batch (:meth:`BaseTrainer.feed`), split here;
 * how the step ends (``_end_step``: the optimizer step, the loss over every rank);
 * what changing the config means for it (``_apply``).
 
@@ -27,7 +28,8 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, UnsupportedError, WorkloadError
+from autotune.errors import BatchError, ConfigError, UnsupportedError, WorkloadError
+from autotune.train.batches import batch_size, map_tensors, split_batch
 from autotune.workload import Workload
 
 __all__ = ["BaseTrainer", "StepResult", "check_loss", "check_micro_batch"]
@@ -65,6 +67,7 @@ class BaseTrainer(ABC):
         self.step_count = 0
         self.optimizer: torch.optim.Optimizer
         self._base_lrs: list[float] = []
+        self._fed: Any = None
         self._check(config)
         self.config = config
 
@@ -115,6 +118,32 @@ class BaseTrainer(ABC):
         """The next step's micro-batches, on the device (to fetch them before a step, e.g. untracked)."""
         return [self._next_batch() for _ in range(self.config.grad_accum_steps)]
 
+    def feed(self, batch: Any) -> None:
+        """Make the next :meth:`step` train ``batch``, the user's own batch for the whole step, in
+        place of micro-batches drawn from the workload's data.
+
+        The step splits it into micro-batches of ``micro_batch_size`` (the last one shorter when
+        it does not divide: the last batch of an epoch) and weights each micro-batch's loss by its
+        share of the samples, so the gradient is the one full batch's (MosaicML Composer's
+        micro-batching).
+
+        Raises:
+            BatchError: ``batch`` is no pytree of tensors sharing a leading batch dimension (see
+                :mod:`autotune.train.batches`), or holds more than the effective batch.
+            UnsupportedError: the backend's engine averages micro-batch gradients itself (DeepSpeed).
+        """
+        if not self.supports_split:  # the same condition: the trainer weighs its micro-batches itself
+            raise UnsupportedError(
+                f"{type(self).__name__} cannot train a user's batch: its engine averages micro-batches itself."
+            )
+        n, c = batch_size(batch), self.config
+        if n > c.micro_batch_size * c.grad_accum_steps:
+            raise BatchError(
+                f"a batch must hold at most the effective batch ({c.micro_batch_size * c.grad_accum_steps} "
+                f"samples), but got {n}."
+            )
+        self._fed = batch
+
     def step(
         self,
         *,
@@ -122,7 +151,8 @@ class BaseTrainer(ABC):
         batches: list[Any] | None = None,
         before_micro_batch: Callable[[], None] | None = None,
     ) -> StepResult:
-        """One optimizer step of ``grad_accum_steps`` micro-batches (``batches``, else fetched).
+        """One optimizer step of ``grad_accum_steps`` micro-batches (``batches``, else fetched), or
+        of the user's batch given to :meth:`feed` split into micro-batches.
 
         ``split`` > 1 (only with ``grad_accum_steps == 1``, on backends that support it) trains
         the micro-batch as ``split`` equal chunks: the same effective batch and gradient, but the
@@ -134,22 +164,35 @@ class BaseTrainer(ABC):
         for group, base in zip(self.optimizer.param_groups, self._base_lrs, strict=True):
             group["lr"] = base * scale
         start = time.perf_counter()
-        if split > 1:
+        fed, self._fed = self._fed, None
+        sizes: list[int] | None = None
+        if fed is not None:
+            assert split == 1 or (c.grad_accum_steps == 1 and c.micro_batch_size % split == 0), (split, c)
+            parts = split_batch(fed, c.micro_batch_size // split)
+            batches, sizes = [part for part, _ in parts], [k for _, k in parts]
+        elif split > 1:
             batches = self._split(split)
         n = len(batches) if batches is not None else c.grad_accum_steps
-        self._begin_step(n)
+        sizes = sizes or [c.micro_batch_size * c.grad_accum_steps // n] * n
+        total = sum(sizes)
+        self._begin_step(sizes)
         for i in range(n):
             # Popped, so a micro-batch is freed after its backward.
             batch = batches.pop(0) if batches is not None else self._next_batch()
+            if fed is not None:  # moved one micro-batch at a time: the device holds one, as when drawn
+                batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
             if before_micro_batch is not None:
                 before_micro_batch()
-            self._micro_step(batch, index=i, count=n)
+            # A micro-batch's loss is the mean over its samples: weighted by its share of the step's
+            # samples when they differ, the sum of the terms is the full batch's mean loss.
+            share = None if sizes[i] * n == total else sizes[i] / total
+            self._micro_step(batch, index=i, count=n, share=share)
         loss, overflow = self._end_step()  # a sync point: also ends the step's work on the device
         seconds = time.perf_counter() - start
         self.step_count += 1
         return StepResult(
             loss=loss,
-            samples=c.micro_batch_size * c.grad_accum_steps,
+            samples=total,
             seconds=seconds,
             lr=self._base_lrs[0] * scale,
             overflow=overflow,
@@ -172,12 +215,13 @@ class BaseTrainer(ABC):
     def _next_batch(self) -> Any:
         """The next micro-batch of this trainer's data stream, on the device."""
 
-    def _begin_step(self, count: int) -> None:  # noqa: B027 - an optional hook
-        """Before the first of ``count`` micro-batches."""
+    def _begin_step(self, sizes: list[int]) -> None:  # noqa: B027 - an optional hook
+        """Before the first of ``len(sizes)`` micro-batches of ``sizes`` samples each."""
 
     @abstractmethod
-    def _micro_step(self, batch: Any, *, index: int, count: int) -> None:
-        """Forward and backward of micro-batch ``index`` of ``count``."""
+    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
+        """Forward and backward of micro-batch ``index`` of ``count``: its loss weighs ``share`` of
+        the step's gradient, or ``1 / count`` when None (micro-batches of equal size)."""
 
     @abstractmethod
     def _end_step(self) -> tuple[float, bool]:
@@ -189,8 +233,17 @@ class BaseTrainer(ABC):
 
 
 def check_micro_batch(workload: Workload, config: TrainConfig, *, world: int) -> None:
-    """A micro-batch must fit in each rank's share of the dataset (its data stream drops the rest)."""
-    size = len(workload.dataset)  # type: ignore[arg-type]
+    """A micro-batch must fit in each rank's share of the dataset (its data stream drops the rest);
+    an iterable dataset, whose size is unknown, only in one process."""
+    size = workload.dataset_size
+    if size is None:
+        if world > 1:
+            raise UnsupportedError(
+                f"DeepSpeed ranks shard a map-style dataset with a DistributedSampler, but workload {workload.name!r} "
+                f"has an IterableDataset ({type(workload.dataset).__name__}), which every rank would read whole: "
+                "give it as a map-style Dataset, or run one process (ranks=1)."
+            )
+        return
     if world == 1 and config.micro_batch_size > size:
         raise ConfigError(
             f"TrainConfig.micro_batch_size must be <= the dataset size of workload "

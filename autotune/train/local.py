@@ -8,13 +8,13 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map_only
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import RandomSampler
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, UnsupportedError
+from autotune.errors import ConfigError, UnsupportedError, WorkloadError
 from autotune.train.base import BaseTrainer, check_loss
 from autotune.train.gns import GradientNoiseMonitor
-from autotune.train.stream import ShardStream
+from autotune.train.stream import IterableStream, ShardStream
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.workload import Workload
 
@@ -52,7 +52,8 @@ class Trainer(BaseTrainer):
     and optimizer state: the Gymnasium environment changes knobs mid-training through it.
 
     Micro-batches come from a shuffled ``DataLoader`` per micro-batch size (a new epoch at each
-    micro-batch change: a DataLoader fixes its batch size), or, given ``stream``, from that one
+    micro-batch change: a DataLoader fixes its batch size; an ``IterableDataset`` in its own order),
+    with the workload's collate, or, given ``stream``, from that one
     :class:`~autotune.train.stream.ShardStream`, which keeps its place across micro-batch changes.
     """
 
@@ -68,7 +69,7 @@ class Trainer(BaseTrainer):
         track_noise: bool = True,
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
-        stream: ShardStream | None = None,
+        stream: ShardStream | IterableStream | None = None,
     ) -> None:
         if config.on_deepspeed:
             raise UnsupportedError(
@@ -96,6 +97,7 @@ class Trainer(BaseTrainer):
         self._loader_key: tuple[int, int] | None = None
         self._batches: Iterator[Any] = iter(())
         self._losses: list[torch.Tensor] = []
+        self._noisy = True  # whether this step feeds the gradient noise monitor
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
         self._apply(config)
 
@@ -125,31 +127,47 @@ class Trainer(BaseTrainer):
         if stream is not None:
             while True:  # lazy: draws only when a step asks, so a reconfiguration loses no samples
                 yield stream.next(micro_batch_size)
-        generator = torch.Generator().manual_seed(seed)
-        sampler = RandomSampler(self.workload.dataset, generator=generator)  # type: ignore[arg-type]
-        loader = DataLoader(self.workload.dataset, batch_size=micro_batch_size, sampler=sampler, drop_last=True)
-        while True:  # endless: a new shuffled epoch each time the loader runs out
-            yield from loader
+        wl = self.workload
+        if wl.iterable:  # no sampler, no shuffle: the dataset's own order
+            loader = wl.loader(micro_batch_size, drop_last=True)
+        else:
+            generator = torch.Generator().manual_seed(seed)
+            sampler = RandomSampler(wl.dataset, generator=generator)  # type: ignore[arg-type]
+            loader = wl.loader(micro_batch_size, sampler=sampler, drop_last=True)
+        while True:  # endless: a new (shuffled) epoch each time the loader runs out
+            drawn = 0
+            for batch in loader:
+                drawn += 1
+                yield batch
+            if drawn == 0:  # an iterable dataset's epoch shorter than one micro-batch: it would never end
+                raise WorkloadError(
+                    f"workload {wl.name!r}: a micro-batch of {micro_batch_size} samples must fit in one pass over "
+                    "its IterableDataset, but a pass yielded fewer."
+                )
 
     # ---- the step hooks ---------------------------------------------------------------------------
 
     def _next_batch(self) -> Any:
         return tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), next(self._batches))
 
-    def _begin_step(self, count: int) -> None:
-        c = self.config
-        # Cost: get_scale() is a device->host sync, paid only when fp16 loss scaling is on.
-        loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        micro = c.micro_batch_size * c.grad_accum_steps // count
-        self.gns.begin_step(micro, grad_multiplier=count / loss_scale)
+    def _begin_step(self, sizes: list[int]) -> None:
+        # The noise estimator compares micro-batches of one size with their sum (McCandlish et al.
+        # 2018, App. A): a user's batch that did not divide evenly is left out of it.
+        self._noisy = len(set(sizes)) == 1
+        if self._noisy:
+            # Cost: get_scale() is a device->host sync, paid only when fp16 loss scaling is on.
+            loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+            self.gns.begin_step(sizes[0], grad_multiplier=len(sizes) / loss_scale)
         self._losses = []
 
-    def _micro_step(self, batch: Any, *, index: int, count: int) -> None:
+    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
         loss = self.workload.loss_fn(self.model, batch)
         check_loss(loss, self.workload.name)
-        self.scaler.scale(loss / count).backward()
-        self.gns.end_micro_batch()
-        self._losses.append(loss.detach())
+        self.scaler.scale(loss / count if share is None else loss * share).backward()
+        if self._noisy:
+            self.gns.end_micro_batch()
+        # Scaled so that the step's mean over micro-batches is the sample-weighted mean loss.
+        self._losses.append(loss.detach() if share is None else loss.detach() * (share * count))
 
     def _end_step(self) -> tuple[float, bool]:
         overflow = self._optimizer_step()
@@ -164,7 +182,8 @@ class Trainer(BaseTrainer):
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.scaler.is_enabled():
             self.scaler.unscale_(self.optimizer)
-        self.gns.end_step([p.grad for p in params if p.grad is not None])
+        if self._noisy:
+            self.gns.end_step([p.grad for p in params if p.grad is not None])
         if self.config.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
         if not self.scaler.is_enabled():

@@ -27,7 +27,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
 from autotune.train.base import BaseTrainer, check_loss
 from autotune.train.deepspeed_config import deepspeed_config, engine_precision
-from autotune.train.stream import ShardStream
+from autotune.train.stream import workload_stream
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.train.zero_state import TrainingState, gather_state, load_into_module, restore_state
 from autotune.workload import Workload
@@ -70,7 +70,7 @@ class ZeroTrainer(BaseTrainer):
         super().__init__(workload, config, device=device, world=torch.distributed.get_world_size())
         self.rank = rank
         self._total: torch.Tensor | None = None
-        self._stream = ShardStream(workload.dataset, num_replicas=self.world, rank=rank, seed=config.seed)
+        self._stream = workload_stream(workload, num_replicas=self.world, rank=rank, seed=config.seed)
         self._build(config, state=None)
 
     def _check(self, config: TrainConfig) -> None:
@@ -134,7 +134,7 @@ class ZeroTrainer(BaseTrainer):
             self.engine.set_train_micro_batch_size(config.micro_batch_size)
             self.engine.set_train_batch_size(config.micro_batch_size * config.grad_accum_steps * self.world)
         if config.seed != self.config.seed:  # another data order, from its start (as the local Trainer)
-            self._stream = ShardStream(self.workload.dataset, num_replicas=self.world, rank=self.rank, seed=config.seed)
+            self._stream = workload_stream(self.workload, num_replicas=self.world, rank=self.rank, seed=config.seed)
         return reason
 
     def _new_engine_reason(self, config: TrainConfig) -> str | None:
@@ -162,10 +162,11 @@ class ZeroTrainer(BaseTrainer):
     def _next_batch(self) -> Any:
         return self._to_device(self._stream.next(self.config.micro_batch_size))
 
-    def _begin_step(self, count: int) -> None:
+    def _begin_step(self, sizes: list[int]) -> None:
         self._total = torch.zeros((), dtype=torch.float64, device=self.device)
 
-    def _micro_step(self, batch: Any, *, index: int, count: int) -> None:
+    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
+        assert share is None, "the engine weighs micro-batches equally: feed() refuses a user's batch here"
         # The boundary said explicitly: DeepSpeed's own count ((micro_steps + 1) % k) would be
         # out of phase after an accumulation change on a live engine.
         self.engine.set_gradient_accumulation_boundary(index == count - 1)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ pytest.importorskip("transformers")
 import transformers
 
 from autotune import TrainConfig
+from autotune.errors import UnsupportedError
 from autotune.integrations.hf import AutotuneCallback
 from autotune.zoo import CORPUS
 from tests.adapt.scripted import Scripted
@@ -103,3 +105,43 @@ def test_the_default_pretrained_policy_adapts_within_what_the_trainer_allows(tmp
     plan = live.history[0]
     assert (plan.step, plan.applied) == (0, True) and plan.reason.startswith("the best of the calibrated simulator")
     assert all("forward" not in m.__dict__ for m in wl.model.modules())
+
+
+def test_a_trainer_resumed_from_a_checkpoint_rebuilds_the_callback_with_its_state(tmp_path: Path) -> None:
+    entry = CORPUS["hf-gpt2"]
+    wl = entry.build(**entry.tiny)
+    config = TrainConfig(micro_batch_size=4, checkpoint=True)
+
+    def train(max_steps: int, callback: AutotuneCallback, **kwargs: Any) -> transformers.Trainer:
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4,
+                                              max_steps=max_steps, report_to=[], save_strategy="steps", save_steps=4,
+                                              use_cpu=True, disable_tqdm=True, seed=0,
+                                              restore_callback_states_from_checkpoint=True)  # fmt: skip
+        trainer = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback])
+        trainer.train(**kwargs)
+        return trainer
+
+    first = AutotuneCallback(policy=config, memory_budget="80%", decide_every=2)
+    train(4, first)
+    # Judged at step 4 over its 3 timed steps (the first after the plan's change pays for it).
+    [(judged, timed)] = [(r.config, r.timed_steps) for r in first.live.decider.judged.values()]  # type: ignore[union-attr]
+    assert (judged.checkpoint, timed) == (True, 3)
+    assert first.state()["args"] == {"policy": config.to_dict(), "memory_budget": "80%", "decide_every": 2,
+                                     "blocks": None}  # fmt: skip
+    trainer = train(8, AutotuneCallback(policy=None), resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    [rebuilt] = [c for c in trainer.callback_handler.callbacks if isinstance(c, AutotuneCallback)]
+    assert rebuilt.live.budget == first.live.budget and rebuilt.live.decide_every == 2
+    assert rebuilt.history == first.history
+    # 3 timed steps before the checkpoint and 3 after it (the first after the resumed plan pays for it).
+    assert [(r.config, r.timed_steps) for r in rebuilt.live.decider.judged.values()] == [(judged, 6)]  # type: ignore[union-attr]
+
+
+def test_a_decision_source_object_is_refused_when_the_trainer_rebuilds_the_callback() -> None:
+    state = AutotuneCallback(policy=Scripted([])).state()
+    assert state["args"]["policy"] == {"source": "scripted"}
+    message = (
+        "transformers rebuilds AutotuneCallback from its checkpoint's JSON arguments, which cannot hold the "
+        "DecisionSource 'scripted': give a policy name, directory or TrainConfig to resume."
+    )
+    with pytest.raises(UnsupportedError, match=f"^{re.escape(message)}$"):
+        AutotuneCallback(**state["args"])

@@ -146,3 +146,23 @@ def test_the_default_pretrained_policy_adapts_within_the_budget() -> None:
             assert live.gate.check(change.after).admitted
     assert (module.batch_size * trainer.accumulate_grad_batches, live.pending) == (8, None)
     assert all("forward" not in m.__dict__ for m in module.modules())
+
+
+def test_a_fit_resumed_from_a_checkpoint_resumes_the_callback_s_configuration_and_history(tmp_path: Any) -> None:
+    entry = CORPUS["lstm-lm"]
+    wl = entry.build(**entry.tiny)
+    module = LitLM(wl.model, wl.loss_fn)
+    fixed = TrainConfig(micro_batch_size=8, checkpoint=True)
+    callback = AutotuneCallback(policy=fixed, decide_every=2)
+    loader = torch.utils.data.DataLoader(wl.dataset, batch_size=8)
+    trainer = _fit(module, [callback], max_steps=4, train_dataloaders=loader)
+    trainer.save_checkpoint(tmp_path / "fit.ckpt")
+    assert callback.state_key == "autotune.AutotuneCallback"
+    # Resumed with no decision source: only the restored state can put checkpointing back on.
+    resumed = AutotuneCallback(policy=None, decide_every=2)
+    spy = Spy(list(find_blocks(module)))
+    _fit(LitLM(entry.build(**entry.tiny).model, wl.loss_fn), [resumed, spy], max_steps=8, train_dataloaders=loader,
+         ckpt_path=tmp_path / "fit.ckpt")  # fmt: skip
+    assert resumed.live.config == callback.live.config and resumed.live.config.checkpoint is True
+    assert resumed.history == callback.history and len(resumed.history) == 1
+    assert spy.wrapped == [len(spy.blocks)] * 4  # every resumed step recomputed every block

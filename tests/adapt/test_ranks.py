@@ -85,6 +85,25 @@ def test_zero_stage_changes_keep_the_loss_of_a_run_that_never_changed_stage(sess
     assert len(tracked) == 4 and max(tracked) <= BUDGET  # each config's first step, the highest rank's bytes
 
 
+def test_a_user_s_batch_and_resuming_are_refused_on_ranks_in_one_line(session: RankSession) -> None:
+    tuner = Adaptive.on_ranks(TINY, ranks=2, memory_budget=BUDGET, policy=None, session=session)
+    batch = tuner.workload.dataset[:32]  # type: ignore[index]
+    message = (
+        "Adaptive.on_ranks trains each rank's shard of the workload's dataset in the rank processes: "
+        "step(batch) needs Adaptive(model, ...) in this process; call step() with no batch."
+    )
+    with pytest.raises(UnsupportedError, match=f"^{re.escape(message)}$"):
+        tuner.step(batch)
+    message = (
+        "Adaptive.on_ranks keeps its training state in the rank processes: state_dict() and "
+        "load_state_dict() need Adaptive(model, ...) in one process."
+    )
+    with pytest.raises(UnsupportedError, match=f"^{re.escape(message)}$"):
+        tuner.state_dict()
+    tuner.close()
+    assert tuner.steps == []
+
+
 def test_a_rank_failure_is_a_training_error_naming_the_rank_and_the_config() -> None:
     class FailingSession:
         """What a session raises when rank 1's step raises (it has reaped every process then)."""

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import torch
 
-from autotune import TrainConfig, Workload
+from autotune import TrainConfig, Workload, load_workload
 from autotune.train import Trainer
 from tests.conftest import make_resmlp
+from tests.paths import PADDED_WORKLOAD
 
 
 def _grads_of_first_step(wl: Workload, config: TrainConfig) -> list[torch.Tensor]:
@@ -47,3 +48,15 @@ def test_linear_lr_scaling_reaches_the_optimizer() -> None:
     first, second, third = trainer.step(), trainer.step(), trainer.step()
     trainer.close()
     assert (first.lr, second.lr, third.lr) == (1e-3, 2e-3, 2e-3)  # 1e-3 * 64/32, half of it in warmup step 1
+
+
+def test_an_iterable_dataset_is_read_in_its_own_order_with_the_workload_s_collate() -> None:
+    wl = load_workload(f"{PADDED_WORKLOAD}:build")
+    trainer = Trainer(wl, TrainConfig(micro_batch_size=4, grad_accum_steps=2))
+    sequences = list(iter(wl.dataset))
+    # 64 sequences in micro-batches of 4: the 17th micro-batch begins the second pass.
+    drawn = [trainer.next_batches() for _ in range(9)]
+    trainer.close()
+    expected = [wl.collate(sequences[i % 64 : i % 64 + 4]) for i in range(0, 72, 4)]
+    for got, want in zip([b for step in drawn for b in step], expected, strict=True):
+        assert torch.equal(got["input_ids"], want["input_ids"])

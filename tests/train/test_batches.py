@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from collections import UserDict
+from typing import NamedTuple
+
+import torch
+
+from autotune.train.batches import batch_size, map_tensors, split_batch
+
+
+class Pair(NamedTuple):
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def test_a_nested_batch_splits_into_consecutive_views_of_its_own_containers() -> None:
+    x = torch.arange(7 * 2).reshape(7, 2)
+    y = torch.arange(7)
+    batch = {"pair": Pair(x, y), "ids": [y], "meta": UserDict(mask=y > 2), "name": "padded"}
+    parts = split_batch(batch, 3)
+    assert [n for _, n in parts] == [3, 3, 1]
+    last, _ = parts[2]
+    assert type(last) is dict and type(last["pair"]) is Pair and type(last["meta"]) is UserDict
+    assert torch.equal(last["pair"].x, torch.tensor([[12, 13]]))
+    assert torch.equal(last["ids"][0], torch.tensor([6]))
+    assert torch.equal(last["meta"]["mask"], torch.tensor([True]))
+    assert last["name"] == "padded"  # a non-tensor leaf is shared by every micro-batch
+    assert parts[0][0]["pair"].x.data_ptr() == x.data_ptr()  # a view: no copy
+    assert torch.equal(batch["meta"]["mask"], y > 2)  # the user's batch is left as it was
+
+
+def test_map_tensors_rebuilds_a_user_dict_subclass_with_its_attributes() -> None:
+    class Encoding(UserDict[str, torch.Tensor]):
+        def __init__(self, data: dict[str, torch.Tensor], tag: str) -> None:
+            super().__init__(data)
+            self.tag = tag
+
+    enc = Encoding({"input_ids": torch.ones(4, 3)}, tag="t")
+    doubled = map_tensors(lambda t: 2 * t, enc)
+    assert type(doubled) is Encoding and doubled.tag == "t"
+    assert torch.equal(doubled["input_ids"], torch.full((4, 3), 2.0))
+    assert torch.equal(enc["input_ids"], torch.ones(4, 3))
+    assert batch_size(enc) == 4
