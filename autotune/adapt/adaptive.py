@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import math
 import time
 import warnings
@@ -514,6 +515,10 @@ class Adaptive:
             "source": self.source.state_dict() if self.source is not None else {},
             "stream": t.stream.state_dict() if t.stream is not None else None,
             "over_budget": [o.to_dict() for o in self._over_budget],
+            # Which configurations have run: a resumed run decides as the uninterrupted one would
+            # (its first step after the restart pays the new process's one-time costs, one
+            # outlier in a median of at least TRUSTED_STEPS timed steps).
+            "ran": sorted((c.to_dict() for c in self._ran), key=lambda d: json.dumps(d, sort_keys=True)),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -544,6 +549,7 @@ class Adaptive:
             self.source.load_state_dict(state["source"])
         self.steps = [AdaptStep.from_dict(s) for s in state["steps"]]
         self._over_budget = [OverBudgetStep.from_dict(o) for o in state["over_budget"]]
+        self._ran = {TrainConfig.from_dict(c) for c in state["ran"]}
         t.step_count = state["step_count"]
         if t.stream is not None and state["stream"] is not None:
             t.stream.load_state_dict(state["stream"])
