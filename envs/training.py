@@ -209,14 +209,20 @@ class TrainingEnv(TuningEnv):
         self.prediction_verified = predicted is not None and abs(predicted - measured) <= TOLERANCE * measured
 
     def _predicted_peak(self, knobs: KnobLevels) -> int | None:
-        """The memory model's peak of ``knobs``, or None where it has none (no profile, or a
-        precision it could not profile)."""
+        """The memory model's peak of ``knobs``, or None where it has none (no profile, a
+        precision it could not profile, or a per-block mix on blocks that are not a chain)."""
         if self._memory is None or self.workload is None:
             return None
         try:
-            return predict_memory(self.workload, self.config_of(knobs), profile=self._memory).total
+            estimate = predict_memory(self.workload, self.config_of(knobs), profile=self._memory)
         except ConfigError:  # the profile lacks the reduced-precision mode
             return None
+        check = estimate.verification
+        if check is not None and check.kind == "composition":
+            # Blocks that are not a chain (shared, skips): a per-block mix is not composed right,
+            # and the check of the start configuration cannot stand for it. Refused unless measured.
+            return None
+        return estimate.total
 
     def _admitted(self, knobs: KnobLevels) -> bool:
         """Whether ``knobs`` may run: measured before within the budget, or predicted within it

@@ -150,20 +150,21 @@ def verify_profile(
 def covering(profile: MemoryProfile, config: TrainConfig, plan: Plan, predicted: int) -> Verification | None:
     """The check that decides whether ``config``'s prediction (``predicted`` bytes) is verified.
 
-    None if the profile was not checked at all. Otherwise: a configuration that treats blocks
-    differently on blocks that are not a chain is unverified (``kind="composition"``); one using
+    A configuration that treats blocks differently on blocks that are not a chain is unverified
+    (``kind="composition"``), whether the profile was checked or not. Otherwise None if the
+    profile was not checked at all; a configuration using
     a kind no check covered is unverified (``kind="unchecked"``); else the first of its kinds'
     checks that failed, or, when all agreed, the one furthest off (what a caller's headroom must
     cover). DeepSpeed's 16-bit engines are covered by the default check, as their model states
     follow ZeRO's formulas and their activations the same fake runs.
     """
-    if not profile.checks:
-        return None
     structure = profile.structure
     mixed = len(set(zip(plan.block_modes, plan.checkpoints, strict=True))) > 1
-    if structure is not None and not structure.chain and mixed:
+    if structure is not None and not structure.chain and mixed:  # checked or not: no check can stand for it
         reason = f"{structure.describe()}: per-block configurations are composed for chain-shaped blocks only"
         return _unverified("composition", config, predicted, reason)
+    if not profile.checks:
+        return None
     kinds = ["default", *(["recompute"] if any(plan.checkpoints) else [])]
     kinds += sorted({m for m in plan.block_modes if m in ("bf16", "fp16")})
     checks = {v.kind: v for v in profile.checks}

@@ -4,6 +4,7 @@ import dataclasses
 import re
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import autotune.envs  # noqa: F401  (registers the environments)
 import gymnasium as gym
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from autotune.envs.core import OBSERVATION_SIZE
-from autotune.envs.knobs import KnobLevels
+from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels
 from autotune.envs.training import TrainingEnv
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
@@ -20,6 +21,8 @@ from autotune import Knobs
 from autotune.measurement.tracker import tracked_step
 from tests.paths import ZERO_WORKLOADS
 from tests.processes import alive
+
+STRUCTURES = Path(__file__).parents[1] / "memory" / "structures.py"
 
 USER = "tests.data.my_workload:build"  # 3 blocks, trains in milliseconds
 
@@ -203,5 +206,22 @@ def test_a_knob_the_model_cannot_take_is_infeasible_not_a_crash() -> None:
         assert len(env.infeasible) == 2
         _, reward, _, _, _ = env.step(np.array([1, 1, 1, 2, 0]))  # recompute more: fp32 still trains
         assert reward != -OVER_BUDGET_PENALTY
+    finally:
+        env.close()
+
+
+def test_a_per_block_mix_on_blocks_that_are_not_a_chain_is_refused_unless_measured() -> None:
+    """A UNet's skip connections break the memory model's per-block composition: the environment
+    refuses a mix of recomputed and plain blocks on its prediction (over the budget, nothing
+    runs), and still admits uniform settings on theirs."""
+    env = TrainingEnv(workloads=[f"{STRUCTURES}:build_unet"], steps_per_action=2, horizon=4, memory_budget=10.0)
+    env.reset(seed=0)
+    try:
+        start = env.levels
+        every = dataclasses.replace(start, checkpoint=FRACTION_LEVELS - 1)
+        some = dataclasses.replace(start, checkpoint=1)
+        assert env.config_of(some).block_checkpoints(5) not in ((False,) * 5, (True,) * 5)
+        assert env._predicted_peak(every) is not None and env._admitted(every)
+        assert env._predicted_peak(some) is None and not env._admitted(some)
     finally:
         env.close()

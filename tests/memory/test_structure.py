@@ -241,3 +241,16 @@ def test_a_composition_refusal_reads_as_one_line() -> None:
         "configurations are composed for chain-shaped blocks only; the configuration will be measured, not "
         "admitted on the prediction."
     )
+
+
+def test_an_unchecked_profile_still_flags_a_composed_prediction_on_shared_blocks() -> None:
+    """Without the real check steps (``verify=False``, as the training environment profiles), a
+    uniform configuration's prediction is not checked (no verification), and a per-block mix on
+    blocks that are not a chain is flagged all the same."""
+    workload = build_shared()
+    profile = profile_memory(workload, verify=False)  # no checks: no warning either
+    uniform = predict_memory(workload, TrainConfig(micro_batch_size=4, checkpoint=True), profile=profile)
+    assert (uniform.verified, uniform.verification) == (False, None)
+    mixed = predict_memory(workload, TrainConfig(micro_batch_size=4, checkpoint=(True, False, False, False)),
+                           profile=profile)  # fmt: skip
+    assert mixed.verification is not None and (mixed.verified, mixed.verification.kind) == (False, "composition")
