@@ -53,6 +53,13 @@ __all__ = ["Adaptive", "decision_source"]
 PolicyArg = str | Path | TrainConfig | DecisionSource | None
 _NOISE_STEPS = 4  # steps before each decision whose gradients feed the noise estimate
 _LOSSES = 16  # recent losses an observation carries
+_NO_LOCAL_MODEL = (
+    "Adaptive.on_ranks trains the model in the rank processes: there is no model or optimizer object in this one."
+)
+_NO_LOCAL_STATE = (
+    "Adaptive.on_ranks keeps its training state in the rank processes: state_dict() and load_state_dict() need "
+    "Adaptive(model, ...) in one process."
+)
 _STATE_VERSION = 1  # of state_dict(): a change to its keys bumps it
 
 
@@ -368,12 +375,10 @@ class Adaptive:
     def optimizer(self) -> torch.optim.Optimizer:
         return self._in_place().optimizer
 
-    def _in_place(self) -> InPlaceTrainer:
+    def _in_place(self, refusal: str = _NO_LOCAL_MODEL) -> InPlaceTrainer:
+        """The local loop; on ranks (the training lives in the rank processes) ``refusal``."""
         if not isinstance(self.trainer, InPlaceTrainer):
-            raise UnsupportedError(
-                "Adaptive.on_ranks trains the model in the rank processes: there is no model or optimizer "
-                "object in this one."
-            )
+            raise UnsupportedError(refusal)
         return self.trainer
 
     def step(self, batch: Any = None) -> AdaptStep:
@@ -504,7 +509,7 @@ class Adaptive:
         Raises:
             UnsupportedError: on ranks (the training state lives in the rank processes).
         """
-        t = self._resumable()
+        t = self._in_place(_NO_LOCAL_STATE)
         return {
             "version": _STATE_VERSION,
             "config": t.config.to_dict(),
@@ -533,7 +538,7 @@ class Adaptive:
             ConfigError: a state of another version or another effective batch.
             UnsupportedError: on ranks.
         """
-        t = self._resumable()
+        t = self._in_place(_NO_LOCAL_STATE)
         if state.get("version") != _STATE_VERSION:
             raise ConfigError(f"Adaptive state must be version {_STATE_VERSION}, but got {state.get('version')!r}.")
         restored, start = TrainConfig.from_dict(state["config"]), t.config
@@ -561,14 +566,6 @@ class Adaptive:
             self.decider.previous, self.decider.trial, restored = start, None, start
         if restored != t.config:
             t.reconfigure(restored)
-
-    def _resumable(self) -> InPlaceTrainer:
-        if not isinstance(self.trainer, InPlaceTrainer):
-            raise UnsupportedError(
-                "Adaptive.on_ranks keeps its training state in the rank processes: state_dict() and "
-                "load_state_dict() need Adaptive(model, ...) in one process."
-            )
-        return self.trainer
 
     def _measured(self, config: TrainConfig, peak: int, allocator: AllocatorStats | None = None) -> None:
         """A measured peak of ``config`` (on CUDA with the caching allocator's peaks over that

@@ -29,7 +29,7 @@ from autotune.measurement.cuda_memory import (
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.progress import ProgressFn
 from autotune.measurement.record import Measurement, MemoryBreakdown, RankResult, Status
-from autotune.measurement.sidebyside import SETTLED
+from autotune.measurement.sidebyside import settled
 from autotune.measurement.tracker import TrackedStep, tracked_step
 from autotune.measurement.trend import loss_slope
 from autotune.train.base import BaseTrainer, StepResult
@@ -224,7 +224,7 @@ class Schedule:
         # growth). On ranks every rank decides on the slowest rank's seconds: the same verdict.
         seconds: list[float] = []
         while len(seconds) < self.warmup + EXTRA_WARMUP:
-            if len(seconds) >= self.warmup and (len(seconds) < 2 or _settled(seconds[-2], seconds[-1])):
+            if len(seconds) >= self.warmup and (len(seconds) < 2 or settled(seconds[-2], seconds[-1])):
                 break
             self._tick("warmup", len(seconds), self.warmup)
             result = t.step(split=split)
@@ -263,8 +263,8 @@ class Schedule:
             return None
         if peak > budget:
             return f"peak {peak} bytes exceeds the memory budget of {budget} bytes"
-        if reserved is not None and reserved_with_headroom(reserved) > budget:
-            needed = reserved_with_headroom(reserved)
+        needed = None if reserved is None else reserved_with_headroom(reserved)
+        if needed is not None and needed > budget:
             return (
                 f"reserved peak {reserved} bytes (+{RESERVED_HEADROOM:.0%} headroom: {needed}) exceeds the "
                 f"memory budget of {budget} bytes"
@@ -294,10 +294,6 @@ class Schedule:
 
 #: Untimed steps a measurement may add to its ``warmup`` while successive steps disagree.
 EXTRA_WARMUP = 4
-
-
-def _settled(a: float, b: float) -> bool:
-    return abs(a - b) <= SETTLED * max(min(a, b), 1e-9)
 
 
 #: The noise scale needs each micro-batch gradient, which ZeRO reduces and partitions away.

@@ -44,6 +44,7 @@ __all__ = [
     "retime",
     "retime_configs",
     "separated",
+    "settled",
     "warm_up",
 ]
 
@@ -85,21 +86,23 @@ def separated(a: Timing, b: Timing, *, scale_a: float = 1.0, scale_b: float = 1.
     return va > (1.0 + margin) * vb and va - vb > a.mad * scale_a + b.mad * scale_b
 
 
-def warm_up(step: Callable[[], float], *, minimum: int = 1, cap: int = 6, settled: float = SETTLED) -> int:
-    """Run ``step`` (returns its seconds) untimed until two successive steps agree within
-    ``settled`` of the faster, at least ``minimum`` and at most ``cap`` times; returns how many ran."""
+def warm_up(step: Callable[[], float], *, minimum: int = 1, cap: int = 6, tolerance: float = SETTLED) -> int:
+    """Run ``step`` (returns its seconds) untimed until two successive steps are :func:`settled`,
+    at least ``minimum`` and at most ``cap`` times; returns how many ran."""
     if not 1 <= minimum <= cap:
         raise ValueError(f"warm_up: 1 <= minimum <= cap must hold, but got minimum={minimum}, cap={cap}.")
     times: list[float] = []
     while len(times) < cap:
         times.append(step())
-        if len(times) >= max(minimum, 2) and _agree(times[-2], times[-1], settled):
+        if len(times) >= max(minimum, 2) and settled(times[-2], times[-1], tolerance=tolerance):
             break
     return len(times)
 
 
-def _agree(a: float, b: float, settled: float) -> bool:
-    return abs(a - b) <= settled * max(min(a, b), 1e-9)
+def settled(a: float, b: float, *, tolerance: float = SETTLED) -> bool:
+    """Whether two successive step times agree within ``tolerance`` of the faster: the one-time
+    costs of a configuration are paid (the rule :func:`warm_up` and ``measure()``'s warm-up share)."""
+    return abs(a - b) <= tolerance * max(min(a, b), 1e-9)
 
 
 @dataclass(frozen=True, kw_only=True)

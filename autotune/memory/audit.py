@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -119,11 +119,6 @@ def same_state_after_recompute(workload: Workload, config: TrainConfig, *, seed:
             workload.loss_fn(model, batch).backward()
         finally:
             wrappers.remove()
-        states.append({k: v.clone() for k, v in model.state_dict().items() if _is_buffer(model, k)})
+        states.append({k: v.detach().clone() for k, v in model.named_buffers()})
     plain, recomputed = states
     return plain.keys() == recomputed.keys() and all(torch.equal(plain[k], recomputed[k]) for k in plain)
-
-
-def _is_buffer(model: torch.nn.Module, key: str) -> bool:
-    buffers: dict[str, Any] = dict(model.named_buffers())
-    return key in buffers

@@ -190,15 +190,13 @@ def _unverified(kind: str, config: TrainConfig, predicted: int, reason: str) -> 
 def describe_check(v: Verification) -> str:
     """What the check ran, e.g. ``"micro-batch 2, blocks 0, 2 recomputed, local"``."""
     c = v.config
-    n = len(c.checkpoint) if isinstance(c.checkpoint, tuple) else None
-    parts = [f"micro-batch {c.micro_batch_size}"]
     if v.kind == "recompute" and isinstance(c.checkpoint, tuple):
-        parts.append(f"blocks {_which(c.checkpoint)} recomputed")
+        what = f"blocks {_which(c.checkpoint)} recomputed"
     elif v.kind in ("bf16", "fp16") and isinstance(c.precision, tuple):
-        parts.append(f"{v.kind} on blocks {_which(tuple(p != 'fp32' for p in c.precision))}")
-    elif n is None:
-        parts.append("fp32")
-    return ", ".join([*parts, "local"])
+        what = f"{v.kind} on blocks {_which(tuple(p != 'fp32' for p in c.precision))}"
+    else:
+        what = "fp32"
+    return f"micro-batch {c.micro_batch_size}, {what}, local"
 
 
 def _which(flags: tuple[bool, ...]) -> str:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from autotune.config import TrainConfig
     from autotune.search.record import TrialRecord
 
-__all__ = ["FINALISTS", "RETIMED", "Finalist", "finalists", "read_retimed", "retime_finalists"]
+__all__ = ["FINALISTS", "RETIMED", "Finalist", "finalists", "read_retimed", "retime_finalists", "to_retime"]
 
 FINALISTS = 3
 RETIMED = "retimed"  # the study's user attribute
@@ -71,20 +71,29 @@ def finalists(records: tuple[TrialRecord, ...]) -> list[TrialRecord]:
     return out
 
 
-def retime_finalists(
-    study: optuna.Study, retimer: Retimer, *, threads: int, note: Callable[[str], None] | None = None
-) -> dict[str, Any] | None:
-    """Re-time the study's finalists with ``retimer`` (configs, value scales) unless the same
-    finalists were re-timed already; store and return the record (None with fewer than two)."""
+def to_retime(study: optuna.Study) -> list[TrialRecord]:
+    """The finalists still to re-time: none with fewer than two, or if these very trials were
+    re-timed already (the study's ``retimed`` record names them)."""
     from autotune.search.results import summarize
 
     chosen = finalists(summarize(study).trials)
-    if len(chosen) < 2:
-        return None
-    numbers = [r.number for r in chosen]
     previous = study.user_attrs.get(RETIMED)
-    if previous is not None and [f["trial"] for f in previous["finalists"]] == numbers:
-        return dict(previous)
+    if len(chosen) < 2 or (previous and [f["trial"] for f in previous["finalists"]] == [r.number for r in chosen]):
+        return []
+    return chosen
+
+
+def retime_finalists(
+    study: optuna.Study, retimer: Retimer, *, threads: int, note: Callable[[str], None] | None = None
+) -> dict[str, Any] | None:
+    """Re-time the study's finalists with ``retimer`` (configs, value scales) unless
+    :func:`to_retime` finds none to do; store and return the record (the stored one if these
+    finalists were re-timed already, None with fewer than two)."""
+    chosen = to_retime(study)
+    if not chosen:
+        previous = study.user_attrs.get(RETIMED)
+        return dict(previous) if previous else None
+    numbers = [r.number for r in chosen]
     # value = samples/s x (objective per sample/s) / GiB: each trial's efficiency and exact peak
     scales = [(r.per_gib or 0.0) / (r.throughput or 1.0) for r in chosen]
     configs = [r.config for r in chosen if r.config is not None]

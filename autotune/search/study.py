@@ -460,12 +460,10 @@ def retime_study(study: optuna.Study, *, device: str | None = None) -> dict[str,
     the record stored on the study (:mod:`autotune.search.finalists`), or None with fewer than two."""
     from autotune.procs.isolation import MeasurementProcess
     from autotune.resolve import load_workload
-    from autotune.search.finalists import RETIMED, finalists
-    from autotune.search.results import summarize
+    from autotune.search.finalists import RETIMED, to_retime
 
-    chosen = finalists(summarize(study).trials)
-    previous = study.user_attrs.get(RETIMED)
-    if len(chosen) < 2 or (previous and [f["trial"] for f in previous["finalists"]] == [r.number for r in chosen]):
+    if not to_retime(study):  # decided before a measuring process is started for nothing
+        previous = study.user_attrs.get(RETIMED)
         return dict(previous) if previous else None
     spec = stored_spec(study)
     source = load_workload(spec.workload).source
