@@ -16,6 +16,8 @@ from autotune.envs.knobs import KnobLevels, apply_action, knobs_to_config
 from autotune.envs.simulated import PROFILE_DIR, SimulatedEnv, shipped_profiles
 from gymnasium.envs.registration import register, registry
 
+from autotune.settings import TUNING
+
 __all__ = [
     "PROFILE_DIR",
     "BlockCost",
@@ -34,7 +36,7 @@ __all__ = [
     "shipped_profiles",
 ]
 
-HORIZON = 16
+HORIZON = TUNING.horizon
 
 if "autotune/Training-v0" not in registry:
     register(

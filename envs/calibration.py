@@ -42,6 +42,7 @@ from autotune.measurement import measure
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.model import predict_memory
 from autotune.memory.profile import profile_memory
+from autotune.settings import TUNING
 from autotune.train import Trainer
 from autotune.workload import Workload
 
@@ -234,7 +235,7 @@ def peak_table_index(levels: KnobLevels) -> int:
 def memory_table(workload: Workload, *, reduced: Precision = "bf16") -> tuple[int, ...]:
     """Predicted peak bytes of every knob setting the environments reach, in ``peak_table_index``
     order, with blocks ranked as ``TrainingEnv`` ranks them."""
-    ranking = profile_blocks(workload, micro_batch_size=2).ranked()
+    ranking = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch).ranked()
     # No check step: calibrate() measures the default configuration for real anyway.
     profile = profile_memory(workload, modes=("fp32", reduced), verify=False)
     table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)

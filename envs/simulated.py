@@ -19,6 +19,7 @@ from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels
 
 from autotune.errors import ConfigError
 from autotune.measurement.goodput import statistical_efficiency
+from autotune.settings import TUNING
 
 __all__ = ["SimulatedEnv", "PROFILE_DIR", "shipped_profiles", "describe_model"]
 
@@ -78,7 +79,7 @@ class SimulatedEnv(TuningEnv):
         randomize: bool = False,
         steps_per_action: int = 4,
         noise: float = 0.03,
-        horizon: int = 16,
+        horizon: int = TUNING.horizon,
         ranks: int | Sequence[int] = 1,
         bandwidth: float | None = None,
         zero_overhead: float | None = None,

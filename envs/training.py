@@ -34,6 +34,7 @@ from autotune.memory.model import predict_memory
 from autotune.memory.profile import MemoryProfile, profile_memory
 from autotune.procs.session import RankSession, SessionStep
 from autotune.resolve import load_workload
+from autotune.settings import TUNING
 from autotune.train.base import StepResult
 from autotune.train.local import Trainer
 from autotune.units import MemoryBudget
@@ -44,7 +45,6 @@ __all__ = ["TrainingEnv"]
 _MAX_ZERO_STAGE = 3  # DeepSpeed's stages: 0 (data parallel), 1 (+ optimizer state), 2 (+ gradients), 3 (+ parameters)
 #: A configuration runs only if predicted at most (1 - margin) x budget: the memory model is within
 #: 0.03% on the local runner, and real steps differ from fake ones by a few hundred bytes.
-PREDICTION_MARGIN = 0.02
 _OVER = 2**62  # certainly over any budget
 
 
@@ -109,7 +109,7 @@ class TrainingEnv(TuningEnv):
         workloads: Sequence[str | Workload] = ("mlp-digits",),
         memory_budget: MemoryBudget | int | float = 1.0,
         steps_per_action: int = 4,
-        horizon: int = 16,
+        horizon: int = TUNING.horizon,
         device: str | None = None,
         ranks: int = 1,
         adapt_batch: bool = False,
@@ -159,7 +159,7 @@ class TrainingEnv(TuningEnv):
             ref = self.workload_refs[i]
             self._workloads[i] = ref if isinstance(ref, Workload) else load_workload(ref)
         wl = self.workload = self._workloads[i]
-        profile = profile_blocks(wl, micro_batch_size=2)
+        profile = profile_blocks(wl, micro_batch_size=TUNING.profile_micro_batch)
         self._ranking = profile.ranked()
         # Data parallelism splits the workload's batch over the ranks (so its LR applies as is).
         start = KnobLevels.default_for(max(1, wl.batch_size // self.ranks))
@@ -230,7 +230,7 @@ class TrainingEnv(TuningEnv):
         if knobs in self._peaks:
             return self._peaks[knobs] <= self._budget
         predicted = self._predicted_peak(knobs) if self.prediction_verified else None
-        return predicted is not None and predicted <= (1.0 - PREDICTION_MARGIN) * self._budget
+        return predicted is not None and predicted <= (1.0 - TUNING.local_headroom) * self._budget
 
     def _machine_speeds(self, knobs: KnobLevels) -> tuple[float, float]:
         """Step throughput with every block in reduced precision relative to fp32, and the extra

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
+from autotune.settings import TUNING
 
 if TYPE_CHECKING:
     from autotune.envs.training import TrainingEnv
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["FINALISTS", "Episode", "EpisodeStep", "retime_best", "run_episode"]
 
 #: The best steps re-timed side by side before ``tune`` names its best (as a study's finalists).
-FINALISTS = 3
+FINALISTS = TUNING.finalists
 
 
 @dataclass(frozen=True, kw_only=True)

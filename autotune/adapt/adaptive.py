@@ -36,6 +36,7 @@ from autotune.adapt.sources import DecisionSource, FixedConfig, RunContext
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning, UnsupportedError
 from autotune.measurement.cuda_memory import AllocatorStats, reserved_with_headroom
+from autotune.settings import TUNING
 from autotune.train.batches import batch_size
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
@@ -51,8 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["Adaptive", "decision_source"]
 
 PolicyArg = str | Path | TrainConfig | DecisionSource | None
-_NOISE_STEPS = 4  # steps before each decision whose gradients feed the noise estimate
-_LOSSES = 16  # recent losses an observation carries
 _NO_LOCAL_MODEL = (
     "Adaptive.on_ranks trains the model in the rank processes: there is no model or optimizer object in this one."
 )
@@ -298,7 +297,7 @@ class Adaptive:
     def _context(self, start: TrainConfig) -> RunContext:
         from autotune.memory.blocks import profile_blocks
 
-        blocks = profile_blocks(self.workload, micro_batch_size=2)
+        blocks = profile_blocks(self.workload, micro_batch_size=TUNING.profile_micro_batch)
         return RunContext(workload=self.workload, start=start, budget_bytes=self.budget_bytes, blocks=blocks,
                           device_type=self._device_type,
                           admits=lambda config: self.gate.check(config).admitted)  # fmt: skip
@@ -418,7 +417,7 @@ class Adaptive:
         decision_due = (index + 1) % self.decide_every == 0
         if t.noise is not None:
             # The noise estimate folds in only the last steps before a decision (see SampledNoise).
-            t.noise.enabled = self._noise and (-(index + 1)) % self.decide_every < _NOISE_STEPS
+            t.noise.enabled = self._noise and (-(index + 1)) % self.decide_every < TUNING.noise_steps
         # Adam creates its state in the first step, after the activation peak: track from step 1.
         if index >= 1 and config not in self.gate.measured and self._tracks(config):
             result, peak = t.measured_step()
@@ -481,7 +480,7 @@ class Adaptive:
         t = self.trainer
         b_noise = t.noise.estimate().b_simple if self._noise and t.noise is not None else None
         obs = self.decider.observation(step=t.step_count, config=t.config, b_noise=b_noise,
-                                       losses=tuple(s.loss for s in self.steps[-_LOSSES:]))  # fmt: skip
+                                       losses=tuple(s.loss for s in self.steps[-TUNING.observed_losses :]))  # fmt: skip
         change = self.decider.decide(obs)
         if change is not None:
             self._make(change)
@@ -522,7 +521,7 @@ class Adaptive:
             "over_budget": [o.to_dict() for o in self._over_budget],
             # Which configurations have run: a resumed run decides as the uninterrupted one would
             # (its first step after the restart pays the new process's one-time costs, one
-            # outlier in a median of at least TRUSTED_STEPS timed steps).
+            # outlier in a median of at least ``TUNING.trusted_steps`` timed steps).
             "ran": sorted((c.to_dict() for c in self._ran), key=lambda d: json.dumps(d, sort_keys=True)),
         }
 

@@ -32,6 +32,7 @@ from autotune.adapt.records import Change, ConfigRecord
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
 from autotune.measurement.objective import score
 from autotune.measurement.sidebyside import Timing, separated
+from autotune.settings import TUNING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -41,15 +42,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Decider", "Trial"]
 
-#: How much better (objective per GiB) a measured configuration must be to be returned to, and how
-#: much worse one must be to be left: ~ the spread of a median of a few timed steps on a busy CPU.
-MARGIN = 0.03
-TRUSTED_STEPS = 3  # timed steps (a median of) before measurement may overrule the decision source
-#: Timed steps of each side in a side-by-side trial (:class:`Trial`): 2 x 4 steps, alternating,
-#: up to 2 x 8 while the two sides' medians are within their spreads (median absolute deviations,
-#: :func:`autotune.measurement.sidebyside.separated`).
-PAIRED_STEPS = 4
-MAX_PAIRED_STEPS = 8
+# The margins and step counts are autotune.settings.TUNING's (margin, trusted_steps, paired_steps,
+# max_paired_steps): a trial's sides' spreads are median absolute deviations
+# (:func:`autotune.measurement.sidebyside.separated`).
 
 
 @dataclass
@@ -171,17 +166,17 @@ class Decider:
         return trial.incumbent if current == trial.candidate else trial.candidate
 
     def trial_over(self, step: int, current: TrainConfig) -> Change | None:
-        """After each step: once both sides of a trial have :data:`PAIRED_STEPS` timed steps and
+        """After each step: once both sides of a trial have ``TUNING.paired_steps`` timed steps and
         the last ran the candidate, its verdict: kept (None; the run is there) if its median
         objective per GiB is more than the margin above the incumbent's and the gap is larger
         than their spreads, measured side by side; more steps while it is above the margin but
-        within the spreads (up to :data:`MAX_PAIRED_STEPS` each); else the change back to the
+        within the spreads (up to ``TUNING.max_paired_steps`` each); else the change back to the
         incumbent (make it, then :meth:`moved`)."""
         trial = self.trial
         if trial is None or current != trial.candidate:
             return None
         fewest = min(len(v) for v in trial.samples.values())
-        if fewest < PAIRED_STEPS:
+        if fewest < TUNING.paired_steps:
             return None
         per_gib, timing = {}, {}
         for config, samples in trial.samples.items():
@@ -194,16 +189,18 @@ class Decider:
         here, there = per_gib[trial.candidate], per_gib[trial.incumbent]
         a, b = timing[trial.candidate], timing[trial.incumbent]
         scale_a, scale_b = here / max(a.median, 1e-12), there / max(b.median, 1e-12)
-        if separated(a, b, scale_a=scale_a, scale_b=scale_b, margin=MARGIN):
+        if separated(a, b, scale_a=scale_a, scale_b=scale_b, margin=TUNING.margin):
             self.trial = None
             self._recent = list(trial.samples[trial.candidate])  # what the next observation reads
             return None
-        if fewest < MAX_PAIRED_STEPS and here > (1 + MARGIN) * there:
+        if fewest < TUNING.max_paired_steps and here > (1 + TUNING.margin) * there:
             return None  # above the margin, but within the spread: more steps of each side (bounded)
         self.trial = None
         counts = f"{len(trial.samples[trial.candidate])} steps against {len(trial.samples[trial.incumbent])}"
-        reason = (f"side by side ({counts}): measured {here:.1f} per GiB, not {MARGIN:.0%} above the {there:.1f} of "
-                  "the configuration it replaced beyond their spread: back to it")  # fmt: skip
+        reason = (
+            f"side by side ({counts}): measured {here:.1f} per GiB, not {TUNING.margin:.0%} above the {there:.1f} "
+            "of the configuration it replaced beyond their spread: back to it"
+        )
         return Change(step=step, source="measured", before=trial.candidate, after=trial.incumbent, applied=True,
                       reason=reason, measured_bytes=self.gate.measured.get(trial.incumbent))  # fmt: skip
 
@@ -319,9 +316,9 @@ class Decider:
         if target == current:
             return None
         known, here = self._trusted(target), self._trusted(current)
-        if known is not None and here is not None and known.score.per_gib < (1 + MARGIN) * here.score.per_gib:
+        if known is not None and here is not None and known.score.per_gib < (1 + TUNING.margin) * here.score.per_gib:
             # Measured before, and not clearly better: going there again would only pay the move.
-            why = (f"measured at step {known.step}: {known.score.per_gib:.1f} per GiB, not {MARGIN:.0%} above "
+            why = (f"measured at step {known.step}: {known.score.per_gib:.1f} per GiB, not {TUNING.margin:.0%} above "
                    f"this configuration's {here.score.per_gib:.1f}")  # fmt: skip
             refused = Change(step=step, source=source, before=current, after=target, applied=False,
                              reason=f"{proposal.reason}; {why}", measured_bytes=known.score.peak_bytes)  # fmt: skip
@@ -361,18 +358,20 @@ class Decider:
         others = [r for c, r in self.judged.items() if c != obs.config and r.score.peak_bytes <= self.gate.budget
                   and self._trusted(c) is not None]  # fmt: skip
         best = max(others, key=lambda r: r.score.per_gib, default=None)
-        if best is None or here.score.per_gib > (1 + MARGIN) * best.score.per_gib:
+        if best is None or here.score.per_gib > (1 + TUNING.margin) * best.score.per_gib:
             return None
         which = "the configuration it replaced" if best.config == self.previous else "the best measured configuration"
-        reason = (f"measured {here.score.per_gib:.1f} per GiB, not {MARGIN:.0%} above the {best.score.per_gib:.1f} "
-                  f"of {which}: back to it")  # fmt: skip
+        reason = (
+            f"measured {here.score.per_gib:.1f} per GiB, not {TUNING.margin:.0%} above the "
+            f"{best.score.per_gib:.1f} of {which}: back to it"
+        )
         return Change(step=obs.step, source="measured", before=obs.config, after=best.config, applied=True,
                       reason=reason, measured_bytes=best.score.peak_bytes)  # fmt: skip
 
     def _trusted(self, config: TrainConfig) -> ConfigRecord | None:
         """``config``'s record if its throughput is a median of enough timed steps to act on."""
         record = self.judged.get(config)
-        return record if record is not None and record.timed_steps >= TRUSTED_STEPS else None
+        return record if record is not None and record.timed_steps >= TUNING.trusted_steps else None
 
     def _judge(self, obs: Observation) -> None:
         """Record ``obs.config``'s objective once its peak is known (measured by a tracked step,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionError, PredictionWarning
 from autotune.measurement.cuda_memory import RESERVED_HEADROOM, AllocatorStats, reserved_with_headroom
+from autotune.settings import TUNING
 from autotune.units import MemoryBudget, parse_memory_budget
 
 if TYPE_CHECKING:
@@ -33,9 +34,6 @@ if TYPE_CHECKING:
     from autotune.workload import Workload
 
 __all__ = ["BudgetGate", "Verdict", "as_budget", "memory_profile"]
-
-_LOCAL_HEADROOM = 0.02
-_RANKS_HEADROOM = 0.05
 
 
 def as_budget(value: MemoryBudget | str | int | None) -> MemoryBudget:
@@ -131,7 +129,7 @@ class BudgetGate:
         """Profile ``workload`` and resolve ``budget`` (a percentage: of ``default``'s predicted
         peak; per rank when ``default`` runs on ranks)."""
         profile = memory_profile(workload, reduced_precision=reduced_precision, ranks=default.ranks)
-        headroom = _RANKS_HEADROOM if default.on_deepspeed else _LOCAL_HEADROOM
+        headroom = TUNING.ranks_headroom if default.on_deepspeed else TUNING.local_headroom
         gate = cls(workload, 1, profile=profile, headroom=headroom, device_type=device_type)
 
         def default_peak() -> int:

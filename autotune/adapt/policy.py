@@ -29,6 +29,7 @@ import torch
 
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
 from autotune.errors import MissingDependencyError
+from autotune.settings import TUNING
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -76,7 +77,9 @@ class PolicySource(DecisionSource):
     name = "policy"
     needs_noise = True
 
-    def __init__(self, directory: str | Path | None = None, *, horizon: int = 16, plan: bool | None = None) -> None:
+    def __init__(
+        self, directory: str | Path | None = None, *, horizon: int = TUNING.horizon, plan: bool | None = None
+    ) -> None:
         self.policy = _load(None if directory is None else Path(directory))
         self.horizon = horizon
         self.plan_start = plan

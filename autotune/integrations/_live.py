@@ -36,6 +36,7 @@ from autotune.adapt.sources import RunContext
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneWarning, ConfigError
 from autotune.measurement.cuda_memory import AllocatorStats, StatsSource, allocator_source
+from autotune.settings import TUNING
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
@@ -104,7 +105,7 @@ class LiveKnobs:
         start = self._fit_budget(default)
         context = None
         if self.source is not None:
-            blocks = profile_blocks(workload, micro_batch_size=2)
+            blocks = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch)
             context = RunContext(workload=workload, start=start, budget_bytes=gate.budget, blocks=blocks,
                                  device_type=device, admits=self._admits)  # fmt: skip
         change = self.decider.begin(start=start, default=start, context=context)
@@ -124,7 +125,7 @@ class LiveKnobs:
             return dict(self._resume or {})
         return {"version": _STATE_VERSION, "config": self.config.to_dict(), "decider": self.decider.state_dict(),
                 "source": self.source.state_dict() if self.source is not None else {},
-                "losses": self._losses[-16:]}  # fmt: skip
+                "losses": self._losses[-TUNING.observed_losses :]}  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` at :meth:`begin` (the framework restores callbacks before the
@@ -211,7 +212,7 @@ class LiveKnobs:
                 # The run's peaks so far (never reset here: they are the user's statistics too).
                 self.gate.observe(AllocatorStats.read(self.allocator, self._device))
             obs = self.decider.observation(
-                step=step, config=self.config, b_noise=None, losses=tuple(self._losses[-16:])
+                step=step, config=self.config, b_noise=None, losses=tuple(self._losses[-TUNING.observed_losses :])
             )
             change = self.decider.decide(obs)
             if change is not None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.measurement.sidebyside import Retimed, busy_note
+from autotune.settings import TUNING
 
 if TYPE_CHECKING:
     import optuna
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FINALISTS", "RETIMED", "Finalist", "finalists", "read_retimed", "retime_finalists", "to_retime"]
 
-FINALISTS = 3
+FINALISTS = TUNING.finalists
 RETIMED = "retimed"  # the study's user attribute
 
 Retimer = Callable[[list["TrainConfig"], list[float]], Retimed]

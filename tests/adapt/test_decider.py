@@ -9,9 +9,10 @@ import pytest
 
 from autotune import TrainConfig
 from autotune.adapt import BudgetGate, Change, Proposal, RunContext
-from autotune.adapt.decider import MARGIN, MAX_PAIRED_STEPS, PAIRED_STEPS, Decider
+from autotune.adapt.decider import Decider
 from autotune.adapt.sources import DecisionSource, Observation
 from autotune.memory.blocks import profile_blocks
+from autotune.settings import TUNING
 from tests.adapt.scripted import Scripted
 from tests.conftest import make_resmlp
 
@@ -113,8 +114,8 @@ def test_side_by_side_trials_alternate_and_judge_the_pairs() -> None:
             decider.timed(current, 110.0 if current == B else 100.0)
         if decider.trial_over(step, current) is not None or decider.trial is None:
             break
-    # tracked B, then alternating, ending on the candidate with PAIRED_STEPS timed steps each
-    assert ran == [B] + [A, B] * PAIRED_STEPS
+    # tracked B, then alternating, ending on the candidate with TUNING.paired_steps timed steps each
+    assert ran == [B] + [A, B] * TUNING.paired_steps
     assert decider.trial is None and [r.config for r in decider.judged.values()] == [A, B]
     # kept: the next observation reads the candidate's own steps, not the incumbent's beside them
     assert decider.observation(step=29, config=B, b_noise=None, losses=()).throughput == 110.0
@@ -135,14 +136,14 @@ def test_side_by_side_trials_alternate_and_judge_the_pairs() -> None:
     per_gib = 150.0 / 2
     # C's first step was timed here (a loop that tracks nothing): 5 steps of it against 4
     assert back.reason == (f"side by side (5 steps against 4): measured {per_gib:.1f} per GiB, not "
-                           f"{MARGIN:.0%} above the 110.0 of the configuration it replaced beyond their spread: "
+                           f"{TUNING.margin:.0%} above the 110.0 of the configuration it replaced beyond their spread: "
                            "back to it")  # fmt: skip
 
 
 def test_a_trial_within_the_spread_of_its_incumbent_runs_more_steps_then_goes_back() -> None:
     """B's median is 10% above A's (above the margin), but its steps swing by 20 samples/s around
     it (a median absolute deviation of 10): the gap is not larger than the spreads, so the trial
-    runs up to MAX_PAIRED_STEPS of each side, then goes back."""
+    runs up to TUNING.max_paired_steps of each side, then goes back."""
     decider = _decider(Scripted([B]), _gate({A: GIB, B: GIB}), paired=True)
     _time(decider, A, 100.0, 100.0, 100.0)
     change = decider.decide(_obs(9, A))
@@ -160,8 +161,9 @@ def test_a_trial_within_the_spread_of_its_incumbent_runs_more_steps_then_goes_ba
         if back is not None:
             break
     assert back is not None and (back.before, back.after) == (B, A)
-    assert ran == [B] + [A, B] * MAX_PAIRED_STEPS
-    assert back.reason == (f"side by side ({MAX_PAIRED_STEPS} steps against {MAX_PAIRED_STEPS}): measured 110.0 per "
+    assert ran == [B] + [A, B] * TUNING.max_paired_steps
+    n = TUNING.max_paired_steps
+    assert back.reason == (f"side by side ({n} steps against {n}): measured 110.0 per "
                            "GiB, not 3% above the 100.0 of the configuration it replaced beyond their spread: back to "
                            "it")  # fmt: skip
 
