@@ -34,8 +34,12 @@ lint: install typecheck
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Two workers (pytest-xdist, one torch thread each: tests/conftest.py) on the 2-core CI machine,
+# then the few tests that race a subprocess against a deadline, alone (marked serial).
+WORKERS ?= 2
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(WORKERS) -m "not slow and not readme and not serial"
+	$(BIN)/pytest -m serial
 
 # The CPU varies between machines: an AVX2 CPU has no bf16 units (bf16 matmul ~40x slower than
 # fp32), an AVX512-bf16/AMX one makes bf16 faster. The tests whose paths depend on it (the
@@ -43,7 +47,7 @@ test: lint
 # LSTM on AVX2) run again on AVX2 kernels, emulated on any x86 CPU by capping ATen's dispatch and
 # oneDNN's ISA (a no-op on an AVX2 machine).
 test-avx2: install
-	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/pytest -q tests/measurement tests/envs \
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/pytest -q -n $(WORKERS) tests/measurement tests/envs \
 		tests/adapt/test_adaptive.py tests/zoo/test_conformance.py
 
 # Every command README.md shows, run as written in a copy of the repository (minutes).

@@ -258,6 +258,7 @@ def test_best_exports_json_deepspeed_and_python(tmp_path: Path, capsys: pytest.C
     assert "BLOCKS = ['blocks.0', 'blocks.1', 'blocks.2', 'blocks.3']" in out["python"]
 
 
+@pytest.mark.serial  # a study child raced against a deadline: beside another worker it can miss it
 def test_ctrl_c_mid_trial_is_one_line_exit_130_and_keeps_the_completed_trials(tmp_path: Path) -> None:
     db, hold = tmp_path / "x.db", tmp_path / "hold"
     # No policy proposal: its line would precede the one this test checks is all that remains.
