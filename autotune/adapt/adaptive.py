@@ -108,7 +108,9 @@ class Adaptive:
         memory_budget: Peak tensor bytes allowed: ``"8GiB"``, bytes, ``"75%"`` of the default
             configuration's predicted peak, or None (100%: adaptation never uses more memory
             than the default run). A budget below the default's peak starts from the first of
-            smaller micro-batches, then recompute, that fits.
+            smaller micro-batches, then recompute, that fits; if none does, a ConfigError (the
+            callbacks raise the same from their train-begin hooks: see
+            :class:`autotune.adapt.controller.Controller`).
         policy: Where decisions come from (see :func:`decision_source`); default the pretrained policy.
         decide_every: Steps between decisions (>= 2: never every step).
         adapt_batch: Let the effective batch grow with the gradient noise scale (see

@@ -348,6 +348,15 @@ class Controller:
             self._warned_nonfinite = True
             warnings.warn(NonFiniteLossWarning(f"{what}; training goes on"), stacklevel=4)
 
+    def refused(self, step: int, source: str, reason: str) -> None:
+        """What the loop forbids (``source``: which loop), in the history once: a refused change
+        that stays where the run is."""
+        if any(c.source == source and c.reason == reason for c in self.history):  # a resumed run said it
+            return
+        self.decider.note(
+            Change(step=step, source=source, before=self.config, after=self.config, applied=False, reason=reason)
+        )
+
     # ---- resume ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -382,7 +391,7 @@ class Controller:
         target = saved
         if not verdict.admitted:
             reason = f"resumed under a budget it is over ({verdict.reason}): back to where this {run} starts"
-            self.decider.history.append(
+            self.decider.note(
                 Change(step=step, source="budget", before=saved, after=self.config, applied=True, reason=reason)
             )
             self.decider.previous, self.decider.trial, target = self.config, None, self.config

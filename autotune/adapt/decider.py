@@ -270,6 +270,11 @@ class Decider:
         self.history.append(dataclasses.replace(change, applied=False))
         self._refused.add(change.after)
 
+    def note(self, change: Change) -> None:
+        """A change decided outside the decider's rules (a resume under a smaller budget, what a
+        framework forbids), for the history."""
+        self.history.append(change)
+
     def revert(self, config: TrainConfig, peak: int, step: int) -> TrainConfig:
         """A tracked step measured ``config`` over the budget (its prediction was off): the
         configuration to go back to (the one before it), logged."""

@@ -13,9 +13,12 @@ What it changes mid-run, and what it cannot:
   them (and, with the micro-batch fixed, would change the effective batch, which stays the user's).
 * **Not fp16 blocks**: they need a loss scaler inside the Trainer's backward (``args.fp16``).
 
-The decisions are :class:`autotune.Adaptive`'s (:class:`autotune.adapt.decider.Decider`): the
-source's plan before the first step, the memory model first, and measurement overruling the
-source (see :mod:`autotune.integrations._framework`). Every change is in :attr:`AutotuneCallback.history`.
+The decisions are :class:`autotune.Adaptive`'s (one :class:`autotune.adapt.controller.Controller`):
+the start within the budget (here: recompute at the Trainer's split; if even that does not fit,
+a ``ConfigError`` from ``on_train_begin``), the source's plan before the first step, the memory
+model first, and measurement overruling the source; no side-by-side trials and no tracked steps
+in the Trainer's loop (see :mod:`autotune.integrations._framework`). Every change is in
+:attr:`AutotuneCallback.history`.
 
 Resuming: the callback is a ``transformers.ExportableState``: its state (the configuration, every
 decision and measurement) is saved in each checkpoint, and with

@@ -22,6 +22,9 @@ What it changes mid-fit, and what it cannot (as the Hugging Face callback, :mod:
 
 The loss the memory model profiles is ``training_step(batch, 0)`` (its ``"loss"`` if it returns a
 dict), run on copies of the module, where ``self.log`` has no trainer: its warning is silenced there.
+A manual-optimization ``training_step`` steps its optimizers itself, which no copy outside the fit
+can: its profile fails, and the callback raises ``ConfigError`` at the start of the fit (the
+budget gate has no prediction to admit anything by).
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ import torch
 from typing_extensions import override  # typing.override from Python 3.12 (typing_extensions: a torch dependency)
 
 from autotune.adapt.adaptive import PolicyArg
-from autotune.adapt.records import Change
 from autotune.errors import AutotuneWarning, MissingDependencyError
 from autotune.integrations._framework import FrameworkLoop
 from autotune.units import MemoryBudget
@@ -96,6 +98,14 @@ class AutotuneCallback(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Profile the module, resolve the budget, put the fit at its start; say (once) if the split
+        cannot change in this fit.
+
+        Raises:
+            ConfigError: nothing this fit can take before its first step (per-block recompute at
+                its split) fits the memory budget: raised here, rather than fitting on over the
+                budget the user gave.
+        """
         loader = trainer.train_dataloader
         assert loader is not None, "Lightning builds the train DataLoader before on_train_start"
         self._step = trainer.global_step
@@ -108,12 +118,9 @@ class AutotuneCallback(Callback):
         if why is None or controller.source is None:  # no decisions: no split to refuse
             return
         reason = f"the split cannot change in this fit: {why}"
-        if any(c.reason == reason for c in controller.history):  # a resumed fit logged it before
+        if any(c.reason == reason for c in controller.history):  # a resumed fit said it before: once
             return
-        here = controller.config
-        controller.history.append(
-            Change(step=trainer.global_step, source="lightning", before=here, after=here, applied=False, reason=reason)
-        )
+        controller.refused(trainer.global_step, "lightning", reason)
         warnings.warn(AutotuneWarning(f"AutotuneCallback: {reason}; only per-block knobs will change"), stacklevel=2)
 
     @override
