@@ -16,7 +16,8 @@ from autotune._lazy import lazy_module_attributes
 
 if TYPE_CHECKING:
     from autotune.adapt.adaptive import Adaptive, decision_source
-    from autotune.adapt.decider import Decider
+    from autotune.adapt.controller import Controller, FrontEnd
+    from autotune.adapt.decider import Decider, SideBySide
     from autotune.adapt.gate import BudgetGate, Verdict
     from autotune.adapt.records import AdaptStep, Change, OverBudgetStep
     from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
@@ -26,13 +27,16 @@ __all__ = [
     "Adaptive",
     "BudgetGate",
     "Change",
+    "Controller",
     "DecisionSource",
     "Decider",
     "FixedConfig",
+    "FrontEnd",
     "Observation",
     "OverBudgetStep",
     "Proposal",
     "RunContext",
+    "SideBySide",
     "Verdict",
     "decision_source",
 ]
@@ -40,7 +44,10 @@ __all__ = [
 _LAZY = {
     "Adaptive": "autotune.adapt.adaptive",
     "decision_source": "autotune.adapt.adaptive",
+    "Controller": "autotune.adapt.controller",
+    "FrontEnd": "autotune.adapt.controller",
     "Decider": "autotune.adapt.decider",
+    "SideBySide": "autotune.adapt.decider",
     "BudgetGate": "autotune.adapt.gate",
     "Verdict": "autotune.adapt.gate",
     "AdaptStep": "autotune.adapt.records",

@@ -9,8 +9,8 @@ configuration; the budget gate (:mod:`autotune.adapt.gate`) admits it only if it
 (per rank) is known to fit. The first step under a configuration whose prediction the gate
 does not trust runs under exact memory tracking (1.1-15x a step, once per configuration; every
 configuration with ``track_memory=True``, and on ranks); a configuration measured over the
-budget is left at once. The decisions themselves are :class:`autotune.adapt.decider.Decider`'s, which the
-framework callbacks share: on the local loop a proposal is measured side by side with the
+budget is left at once. The decisions themselves are :class:`autotune.adapt.controller.Controller`'s, which
+the framework callbacks share: on the local loop a proposal is measured side by side with the
 configuration it replaced (steps alternating) and kept only if clearly better. Every decision,
 applied or refused, is in :attr:`Adaptive.history`.
 """
@@ -20,22 +20,18 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import math
-import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autotune.adapt.decider import Decider
-from autotune.adapt.gate import BudgetGate, Verdict, as_budget
+from autotune.adapt.controller import Controller
+from autotune.adapt.gate import BudgetGate, as_budget
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
-from autotune.adapt.sources import DecisionSource, FixedConfig, RunContext
+from autotune.adapt.sources import DecisionSource, FixedConfig
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning, UnsupportedError
-from autotune.measurement.cuda_memory import AllocatorStats, reserved_with_headroom
+from autotune.errors import ConfigError, UnsupportedError
 from autotune.settings import TUNING
 from autotune.train.batches import batch_size
 from autotune.units import MemoryBudget
@@ -46,6 +42,7 @@ if TYPE_CHECKING:
 
     from torch.utils.data import Dataset
 
+    from autotune.measurement.cuda_memory import AllocatorStats
     from autotune.procs.session import RankSession
 
 
@@ -111,7 +108,9 @@ class Adaptive:
         memory_budget: Peak tensor bytes allowed: ``"8GiB"``, bytes, ``"75%"`` of the default
             configuration's predicted peak, or None (100%: adaptation never uses more memory
             than the default run). A budget below the default's peak starts from the first of
-            smaller micro-batches, then recompute, that fits.
+            smaller micro-batches, then recompute, that fits; if none does, a ConfigError (the
+            callbacks raise the same from their train-begin hooks: see
+            :class:`autotune.adapt.controller.Controller`).
         policy: Where decisions come from (see :func:`decision_source`); default the pretrained policy.
         decide_every: Steps between decisions (>= 2: never every step).
         adapt_batch: Let the effective batch grow with the gradient noise scale (see
@@ -274,62 +273,20 @@ class Adaptive:
         self.track_memory = _track_mode(track_memory)
         self._device_type = device_type
         budget = as_budget(memory_budget)
-        self._default, self._fraction = default, budget.fraction
         reduced = self.source is not None  # only a decision source proposes bf16 blocks
         self.gate = BudgetGate.build(workload, budget, default, reduced_precision=reduced, device_type=device_type)
         # The local loop switches configuration in ~1 ms: a proposal is measured side by side there.
-        self.decider = Decider(source=self.source, gate=self.gate, base_batch_size=batch_size,
-                               adapt_batch=adapt_batch, min_efficiency=min_efficiency,
-                               max_batch_size=self.max_batch_size, paired=paired)  # fmt: skip
-        start, why = self._start(default, budget)
-        context = self._context(start) if self.source is not None else None  # profiles the blocks: only for a source
-        change = self.decider.begin(start=start, default=default, why=why, context=context)
-        start = start if change is None else change.after
+        self._hooks = _LoopHooks(paired=paired)
+        self.controller = Controller(frontend=self._hooks, source=self.source, gate=self.gate, default=default,
+                                     fraction=budget.fraction, decide_every=decide_every, adapt_batch=adapt_batch,
+                                     min_efficiency=min_efficiency, max_batch_size=self.max_batch_size)  # fmt: skip
+        self.decider = self.controller.decider
+        start = self.controller.begin(workload, device_type=device_type)  # raises if nothing fits
         wants_noise = adapt_batch or (self.source is not None and self.source.needs_noise)
-        self.trainer = loop(start, wants_noise)  # the ranks start here: after every check above
-        self._noise = wants_noise and self.trainer.noise is not None
+        self.trainer = self._hooks.trainer = loop(start, wants_noise)  # the ranks start here: after every check
+        self._noise = self._hooks.noise = wants_noise and self.trainer.noise is not None
         self.steps: list[AdaptStep] = []
         self._ran: set[TrainConfig] = set()  # configurations that ran a step in this process
-        self._over_budget: list[OverBudgetStep] = []
-        if change is not None:
-            self.decider.started(change)
-
-    def _context(self, start: TrainConfig) -> RunContext:
-        from autotune.memory.blocks import profile_blocks
-
-        blocks = profile_blocks(self.workload, micro_batch_size=TUNING.profile_micro_batch)
-        return RunContext(workload=self.workload, start=start, budget_bytes=self.budget_bytes, blocks=blocks,
-                          device_type=self._device_type,
-                          admits=lambda config: self.gate.check(config).admitted)  # fmt: skip
-
-    # ---- setup ------------------------------------------------------------------------------------
-
-    def _start(self, default: TrainConfig, budget: MemoryBudget) -> tuple[TrainConfig, str]:
-        """The default if it fits (or the budget is at least the default's own peak), else the first
-        of smaller micro-batches (on ranks: each at the lowest ZeRO stage that fits), then
-        recompute on every block, that the gate admits."""
-        verdict = self.gate.check(default)
-        if verdict.admitted or (budget.fraction is not None and budget.fraction >= 1.0):
-            return default, ""
-        batch, tried = default.micro_batch_size, []
-        stages = range(4) if default.ranks > 1 else range(1)
-        for ckpt in (False, True):
-            micro = batch
-            while micro >= 1:
-                for stage in stages if batch % micro == 0 else ():
-                    config = _split(default, micro, ckpt, stage)
-                    candidate = self.gate.check(config)
-                    if candidate.admitted:
-                        return config, f"the default {_over(verdict)}; {candidate.reason}"
-                    tried.append(candidate)
-                micro //= 2
-        smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
-        per_rank = " per rank" if default.ranks > 1 else ""
-        raise ConfigError(
-            f"memory_budget {self.budget_bytes} B{per_rank} is below every fp32 configuration of batch "
-            f"{default.effective_batch_size} (smallest predicted peak {smallest} B, +{self.gate.headroom:.0%} "
-            "headroom): raise the budget."
-        )
 
     # ---- the run ------------------------------------------------------------------------------------
 
@@ -347,7 +304,7 @@ class Adaptive:
     def over_budget_steps(self) -> tuple[OverBudgetStep, ...]:
         """Every step whose measured peak was over the budget (each also warned of with an
         :class:`~autotune.errors.OverBudgetWarning`); empty if the run kept to its budget."""
-        return tuple(self._over_budget)
+        return tuple(self.controller.over_budget)
 
     @property
     def configs(self) -> tuple[ConfigRecord, ...]:
@@ -408,89 +365,38 @@ class Adaptive:
                     "adapt_batch must be False, but got True."
                 )
             batch_size(batch)  # a malformed batch is refused before anything changes
-        want = self.decider.trial_config(t.config)  # a side-by-side trial alternates configurations
+        want = self.controller.before_step()  # a side-by-side trial alternates configurations
         if want is not None and want != t.config:
             t.reconfigure(want)
         if batch is not None:
             t.feed(batch)
-        config, index, peak = t.config, t.step_count, None
-        decision_due = (index + 1) % self.decide_every == 0
+        config, index, peak, throughput = t.config, t.step_count, None, None
         if t.noise is not None:
             # The noise estimate folds in only the last steps before a decision (see SampledNoise).
             t.noise.enabled = self._noise and (-(index + 1)) % self.decide_every < TUNING.noise_steps
         # Adam creates its state in the first step, after the activation peak: track from step 1.
         if index >= 1 and config not in self.gate.measured and self._tracks(config):
             result, peak = t.measured_step()
-            self._measured(config, peak, t.allocator_stats)
-        elif self._noise and decision_due and t.noise_split == 2:
+        elif self._noise and (index + 1) % self.decide_every == 0 and t.noise_split == 2:
             result = t.step(split=2)  # two batch sizes for the noise estimate: same gradient
         else:
             result = t.step()
             # A configuration's first step in this process pays one-time costs (oneDNN kernels
             # compiled per new shape and dtype, cuDNN autotuning, allocator growth): never timed.
             if index >= 1 and config in self._ran:
-                self.decider.timed(config, result.samples / result.seconds)
+                throughput = result.samples / result.seconds
         self._ran.add(config)
         record = AdaptStep(step=index, loss=result.loss, samples=result.samples, seconds=result.seconds, lr=result.lr,
                            config=config, peak_bytes=peak)  # fmt: skip
         self.steps.append(record)
-        if not math.isfinite(result.loss):
-            self._diverged(record)
-        # Over the budget as the gate reads a measurement (on CUDA: reserved memory with headroom).
-        over = peak if peak is not None and not self.gate.check(config).admitted else None
-        if over is not None:
-            self._over(record)
-        if over is not None and config != self.decider.previous:
-            # A tracked step measured the config over the budget (its prediction was off): go back.
-            self.trainer.reconfigure(self.decider.revert(config, over, self.trainer.step_count))
-        elif self.decider.trial is not None:  # no decision while a trial lasts: its verdict is the next
-            back = self.decider.trial_over(t.step_count, config)
-            if back is not None:
-                self._make(back)
-        elif decision_due:
-            self._decide()
+        self.controller.after_step(index, config=config, loss=result.loss, throughput=throughput, peak=peak,
+                                   allocator=t.allocator_stats if peak is not None else None)  # fmt: skip
         return record
-
-    def _over(self, record: AdaptStep) -> None:
-        """A tracked step measured over the budget: recorded, and said at once (the run exceeded
-        the memory it was given, if only for one step)."""
-        assert record.peak_bytes is not None
-        predicted = self.gate.predict(record.config)
-        over = OverBudgetStep(step=record.step, config=record.config, peak_bytes=record.peak_bytes,
-                              budget_bytes=self.gate.budget,
-                              predicted_bytes=None if predicted is None else predicted[0])  # fmt: skip
-        self._over_budget.append(over)
-        warnings.warn(OverBudgetWarning(over.describe()), stacklevel=3)
-
-    def _diverged(self, record: AdaptStep) -> None:
-        """A NaN or infinite loss: a run that decides stops (its decisions, the policy's observation
-        and the objective, would act on it); one that does not warns once and goes on."""
-        what = f"step {record.step}: the loss is {record.loss} under {record.config.describe()}"
-        if self.source is not None or self.adapt_batch:
-            raise NonFiniteLossError(f"{what}: an adaptive run stops at a diverged step")
-        if all(math.isfinite(s.loss) for s in self.steps[:-1]):  # the first one only
-            warnings.warn(NonFiniteLossWarning(f"{what}; training goes on"), stacklevel=3)
 
     def _tracks(self, config: TrainConfig) -> bool:
         if self.track_memory == "unverified":
             return not self.gate.trusts(config)
         return self.track_memory == "all"
-
-    def _decide(self) -> None:
-        t = self.trainer
-        b_noise = t.noise.estimate().b_simple if self._noise and t.noise is not None else None
-        obs = self.decider.observation(step=t.step_count, config=t.config, b_noise=b_noise,
-                                       losses=tuple(s.loss for s in self.steps[-TUNING.observed_losses :]))  # fmt: skip
-        change = self.decider.decide(obs)
-        if change is not None:
-            self._make(change)
-
-    def _make(self, change: Change) -> None:
-        start = time.perf_counter()
-        rebuilt = self.trainer.reconfigure(change.after)
-        if rebuilt is not None:  # new DeepSpeed engines, the state carried over: what the seconds paid for
-            change = dataclasses.replace(change, reason=f"{change.reason}; new engines: {rebuilt.partition(':')[0]}")
-        self.decider.moved(change, seconds=time.perf_counter() - start)
 
     # ---- resume ---------------------------------------------------------------------------------------
 
@@ -514,11 +420,8 @@ class Adaptive:
             "config": t.config.to_dict(),
             "step_count": t.step_count,
             "steps": [s.to_dict() for s in self.steps],
-            "measured": [{"config": c.to_dict(), "peak_bytes": b} for c, b in self.gate.measured.items()],
-            "decider": self.decider.state_dict(),
-            "source": self.source.state_dict() if self.source is not None else {},
+            **self.controller.state_dict(),  # measured, decider, source, over_budget, losses
             "stream": t.stream.state_dict() if t.stream is not None else None,
-            "over_budget": [o.to_dict() for o in self._over_budget],
             # Which configurations have run: a resumed run decides as the uninterrupted one would
             # (its first step after the restart pays the new process's one-time costs, one
             # outlier in a median of at least ``TUNING.trusted_steps`` timed steps).
@@ -546,36 +449,14 @@ class Adaptive:
                 f"the saved run's effective batch must be this run's ({start.effective_batch_size}), but got "
                 f"{restored.effective_batch_size}."
             )
-        for m in state["measured"]:
-            self._measured(TrainConfig.from_dict(m["config"]), m["peak_bytes"])
-        self.decider.load_state_dict(state["decider"])
-        if self.source is not None:
-            self.source.load_state_dict(state["source"])
+        self.controller.load_state_dict(state)
         self.steps = [AdaptStep.from_dict(s) for s in state["steps"]]
-        self._over_budget = [OverBudgetStep.from_dict(o) for o in state["over_budget"]]
+        self.controller.resume_losses([s.loss for s in self.steps])
         self._ran = {TrainConfig.from_dict(c) for c in state["ran"]}
         t.step_count = state["step_count"]
         if t.stream is not None and state["stream"] is not None:
             t.stream.load_state_dict(state["stream"])
-        verdict = self.gate.check(restored)
-        if not verdict.admitted:
-            reason = f"resumed under a budget it is over ({verdict.reason}): back to where this run starts"
-            self.decider.history.append(Change(step=t.step_count, source="budget", before=restored, after=start,
-                                               applied=True, reason=reason))  # fmt: skip
-            self.decider.previous, self.decider.trial, restored = start, None, start
-        if restored != t.config:
-            t.reconfigure(restored)
-
-    def _measured(self, config: TrainConfig, peak: int, allocator: AllocatorStats | None = None) -> None:
-        """A measured peak of ``config`` (on CUDA with the caching allocator's peaks over that
-        step); the default's also sets a percentage budget."""
-        self.gate.record(config, peak, allocator=allocator)
-        if config == self._default and self._fraction is not None:
-            # A percentage is of the default's peak: its measurement replaces its prediction
-            # (they differ by a few hundred bytes on the local runner). On CUDA it is of the
-            # default's reserved peak with its headroom: 100% must admit the default.
-            basis = peak if allocator is None else reserved_with_headroom(allocator.reserved_peak)
-            self.gate.budget = max(self.gate.budget, int(basis * self._fraction))
+        self.controller.restore(restored, step=t.step_count, run="run")
 
     def close(self) -> None:
         """Remove every wrapper and hook from the user's model: it is exactly as it was given (on
@@ -596,11 +477,32 @@ def _track_mode(value: object) -> str:
     raise ConfigError(f"track_memory must be 'unverified', True or 'all', False or 'none', but got {value!r}.")
 
 
-def _split(config: TrainConfig, micro: int, checkpoint: bool, zero_stage: int = 0) -> TrainConfig:
-    accum = config.micro_batch_size * config.grad_accum_steps // micro  # per rank: the ranks stay
-    return dataclasses.replace(config, micro_batch_size=micro, grad_accum_steps=accum, checkpoint=checkpoint,
-                               zero_stage=zero_stage)  # fmt: skip
+class _LoopHooks:
+    """Adaptive's front-end for the controller: its own loop (local, or DeepSpeed ranks) takes
+    every configuration, at any step (a reconfiguration: new block wrappers and micro-batch, on
+    ranks new engines where the ZeRO stage or engine precision changes)."""
 
+    splits_now = True
 
-def _over(verdict: Verdict) -> str:
-    return f"is over the budget ({verdict.reason})"
+    def __init__(self, *, paired: bool) -> None:
+        self.paired = paired
+        self.trainer: AdaptLoop | None = None  # built at the configuration the controller starts in
+        self.noise = False
+
+    def takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
+        return proposed
+
+    def apply(self, change: Change) -> Change | None:
+        if self.trainer is None:  # before the loop is built: it is built at change.after
+            return change
+        rebuilt = self.trainer.reconfigure(change.after)
+        if rebuilt is not None:  # new DeepSpeed engines, the state carried over: what the seconds paid for
+            change = dataclasses.replace(change, reason=f"{change.reason}; new engines: {rebuilt.partition(':')[0]}")
+        return change
+
+    def b_noise(self) -> float | None:
+        noise = self.trainer.noise if self.trainer is not None else None
+        return noise.estimate().b_simple if self.noise and noise is not None else None
+
+    def run_stats(self) -> AllocatorStats | None:
+        return None  # tracked steps measure each configuration's peak

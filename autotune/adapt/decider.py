@@ -1,23 +1,30 @@
 """The decisions of an adaptive run, whoever runs its steps.
 
-One implementation for :class:`autotune.adapt.Adaptive` (its own loop, local or on DeepSpeed
-ranks) and the framework callbacks (:mod:`autotune.integrations`), whose loops are Hugging
-Face's or Lightning's. The loop reports each timed step (:meth:`Decider.timed`) and, every
-``decide_every`` steps, an :class:`Observation`; the decider
+One implementation for every front-end (:class:`autotune.adapt.Adaptive`, the framework
+callbacks of :mod:`autotune.integrations`), driven by :class:`autotune.adapt.controller.Controller`
+alone, in this order (the protocol, as code: the controller's ``begin``, ``before_step`` and
+``after_step``):
+
+* :meth:`Decider.begin` once, then :meth:`Decider.started` with the change it made;
+* before each step, :meth:`Decider.trial_config` (the side of a side-by-side trial to run);
+* after each step, :meth:`Decider.timed` (a timed step), then either :meth:`Decider.revert` (a step
+  measured over the budget) or :meth:`Decider.on_step`, whose change the loop makes and reports
+  with :meth:`Decider.moved` (or :meth:`Decider.refuse`, if it could not after all).
+
+:meth:`Decider.on_step` ends a side-by-side trial (:meth:`Decider.trial_over`) while one lasts,
+else, at a decision, judges and decides (:meth:`Decider.decide`):
 
 1. judges the configuration the run is on (objective per GiB of its known peak,
    :func:`autotune.measurement.objective.score`, over the median of every timed step it ran);
 2. decides a trial once: kept only if it measures more than the margin above the configuration
-   it replaced, measured side by side (:class:`Trial`, steps alternating) where the loop can
+   it replaced, measured side by side (:class:`SideBySide`, steps alternating) where the loop can
    switch every step, else above the best configuration measured so far, when its median is
    trusted (:meth:`Decider._back_if_worse`); otherwise back to that one;
 3. otherwise asks the decision source (or the ``adapt_batch`` rule) and refuses what was measured
    before and is not better, what the loop cannot take (``takes``), and what the budget gate
-   does not admit, each refusal logged once;
+   does not admit, each refusal logged once.
 
-and returns the change to make. The loop makes it (a reconfiguration of its trainer, new
-wrappers on the model, or a split that waits for the framework's next epoch) and reports it
-back (:meth:`Decider.moved`); every decision, applied or refused, is in :attr:`Decider.history`.
+Every decision, applied or refused, is in :attr:`Decider.history`.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ if TYPE_CHECKING:
     from autotune.adapt.gate import BudgetGate, Verdict
     from autotune.config import TrainConfig
 
-__all__ = ["Decider", "Trial"]
+__all__ = ["Decider", "SideBySide"]
 
 # The margins and step counts are autotune.settings.TUNING's (margin, trusted_steps, paired_steps,
 # max_paired_steps): a trial's sides' spreads are median absolute deviations
@@ -48,7 +55,7 @@ __all__ = ["Decider", "Trial"]
 
 
 @dataclass
-class Trial:
+class SideBySide:
     """A proposal measured side by side with the configuration it replaced.
 
     On a shared machine one stint of steps can time 10-20% off the next, more than the margins
@@ -76,7 +83,7 @@ class Decider:
             boundary); default: all of it.
         paired: The loop can switch configuration every step cheaply (the local loop: block
             wrappers and the micro-batch drawn): a proposal is then measured side by side with the
-            configuration it replaced (:class:`Trial`); otherwise one stint after the other.
+            configuration it replaced (:class:`SideBySide`); otherwise one stint after the other.
     """
 
     def __init__(
@@ -98,7 +105,7 @@ class Decider:
         self.max_batch_size = max_batch_size or base_batch_size
         self._takes = takes
         self.paired = paired
-        self.trial: Trial | None = None  # the side-by-side trial under way
+        self.trial: SideBySide | None = None  # the side-by-side trial under way
         self.history: list[Change] = []
         self.judged: dict[TrainConfig, ConfigRecord] = {}
         self.previous: TrainConfig | None = None  # the configuration the last change left
@@ -204,6 +211,16 @@ class Decider:
         return Change(step=step, source="measured", before=trial.candidate, after=trial.incumbent, applied=True,
                       reason=reason, measured_bytes=self.gate.measured.get(trial.incumbent))  # fmt: skip
 
+    def on_step(self, step: int, config: TrainConfig, *, due: bool,
+                observe: Callable[[], Observation]) -> Change | None:  # fmt: skip
+        """After each step (its timing already reported): the change to make, or None. A
+        side-by-side trial's verdict while one lasts (no decision meanwhile); else, if a decision
+        is ``due``, the decision on the observation ``observe()`` builds (only then: it reads the
+        run's statistics)."""
+        if self.trial is not None:
+            return self.trial_over(step, config)
+        return self.decide(observe()) if due else None
+
     def observation(self, *, step: int, config: TrainConfig, b_noise: float | None,
                     losses: tuple[float, ...]) -> Observation:  # fmt: skip
         """The run as measured since the last change: ``config``'s measured peak, else its prediction."""
@@ -243,7 +260,8 @@ class Decider:
         same_batch = change.after.effective_batch_size == change.before.effective_batch_size  # else: goodput
         if proposed and self.paired and same_batch and self._trusted(change.before) is not None:
             samples: dict[TrainConfig, list[float]] = {change.after: [], change.before: []}
-            self.trial, self._on_trial = Trial(candidate=change.after, incumbent=change.before, samples=samples), False
+            self.trial = SideBySide(candidate=change.after, incumbent=change.before, samples=samples)
+            self._on_trial = False
         else:
             self._on_trial = proposed
 
@@ -251,6 +269,11 @@ class Decider:
         """A change :meth:`decide` returned that the loop could not make after all (its reason says why)."""
         self.history.append(dataclasses.replace(change, applied=False))
         self._refused.add(change.after)
+
+    def note(self, change: Change) -> None:
+        """A change decided outside the decider's rules (a resume under a smaller budget, what a
+        framework forbids), for the history."""
+        self.history.append(change)
 
     def revert(self, config: TrainConfig, peak: int, step: int) -> TrainConfig:
         """A tracked step measured ``config`` over the budget (its prediction was off): the
@@ -291,7 +314,7 @@ class Decider:
         self.judged = {r.config: r for r in records}
         self.previous = None if state["previous"] is None else TrainConfig.from_dict(state["previous"])
         trial = state["trial"]
-        self.trial = None if trial is None else Trial(
+        self.trial = None if trial is None else SideBySide(
             candidate=TrainConfig.from_dict(trial["candidate"]), incumbent=TrainConfig.from_dict(trial["incumbent"]),
             samples={TrainConfig.from_dict(s["config"]): list(s["samples"]) for s in trial["samples"]},
             fresh=trial["fresh"],

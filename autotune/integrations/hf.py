@@ -13,9 +13,12 @@ What it changes mid-run, and what it cannot:
   them (and, with the micro-batch fixed, would change the effective batch, which stays the user's).
 * **Not fp16 blocks**: they need a loss scaler inside the Trainer's backward (``args.fp16``).
 
-The decisions are :class:`autotune.Adaptive`'s (:class:`autotune.adapt.decider.Decider`): the
-source's plan before the first step, the memory model first, and measurement overruling the
-source (see :mod:`autotune.integrations._live`). Every change is in :attr:`AutotuneCallback.history`.
+The decisions are :class:`autotune.Adaptive`'s (one :class:`autotune.adapt.controller.Controller`):
+the start within the budget (here: recompute at the Trainer's split; if even that does not fit,
+a ``ConfigError`` from ``on_train_begin``), the source's plan before the first step, the memory
+model first, and measurement overruling the source; no side-by-side trials and no tracked steps
+in the Trainer's loop (see :mod:`autotune.integrations._framework`). Every change is in
+:attr:`AutotuneCallback.history`.
 
 Resuming: the callback is a ``transformers.ExportableState``: its state (the configuration, every
 decision and measurement) is saved in each checkpoint, and with
@@ -28,16 +31,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import override  # typing.override from Python 3.12 (typing_extensions: a torch dependency)
 
 from autotune.adapt.adaptive import PolicyArg
 from autotune.config import TrainConfig
 from autotune.errors import MissingDependencyError, UnsupportedError
-from autotune.integrations._live import LiveKnobs
+from autotune.integrations._framework import FrameworkLoop
 from autotune.units import MemoryBudget
 
 try:
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
     from transformers.trainer_callback import ExportableState
 except ImportError as e:  # optional dependency: name it
     raise MissingDependencyError(
@@ -45,6 +50,9 @@ except ImportError as e:  # optional dependency: name it
     ) from None
 
 from autotune.zoo.hf import hf_loss  # after the check above: it imports transformers
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["AutotuneCallback"]
 
@@ -71,48 +79,72 @@ class AutotuneCallback(TrainerCallback, ExportableState):
                     f"the DecisionSource {policy['source']!r}: give a policy name, directory or TrainConfig to resume."
                 )
             policy = TrainConfig.from_dict(policy)
-        self.live = LiveKnobs(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
+        self.loop = FrameworkLoop(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
         self._args = {"policy": _json_policy(policy), "memory_budget": _json_budget(memory_budget),
                       "decide_every": decide_every, "blocks": blocks}  # fmt: skip
         self._logged = 0
 
+    @override
     def state(self) -> dict[str, Any]:
         """``ExportableState``: the arguments the Trainer rebuilds the callback with, and the
-        adaptive state (:meth:`LiveKnobs.state_dict`), restored at ``on_train_begin``."""
-        return {"args": dict(self._args), "attributes": {"resume_state": self.live.state_dict()}}
+        adaptive state (:meth:`FrameworkLoop.state_dict`), restored at ``on_train_begin``."""
+        return {"args": dict(self._args), "attributes": {"resume_state": self.loop.state_dict()}}
 
     @property
     def resume_state(self) -> dict[str, Any]:
         """The adaptive state (what ``state()`` saves); set by the Trainer when it restores a checkpoint."""
-        return self.live.state_dict()
+        return self.loop.state_dict()
 
     @resume_state.setter
     def resume_state(self, state: dict[str, Any]) -> None:
         if state:
-            self.live.load_state_dict(state)
+            self.loop.load_state_dict(state)
 
     @property
     def history(self) -> list[Any]:
-        return self.live.history
+        return self.loop.history
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None,
-                       **kwargs: Any) -> None:  # fmt: skip
+    @override
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: torch.nn.Module | None = None,
+        train_dataloader: torch.utils.data.DataLoader[Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Profile the model, resolve the budget, put the run at its start.
+
+        Raises:
+            ConfigError: nothing the Trainer lets change (per-block recompute at its split) fits
+                the memory budget: raised here, before the first step, rather than training on
+                over the budget the user gave.
+        """
+        assert model is not None, "the Trainer passes its model to on_train_begin"
         dataset = train_dataloader.dataset if train_dataloader is not None else None
-        self.live.begin(model, dataset, hf_loss, micro_batch_size=args.per_device_train_batch_size,
+        self.loop.begin(model, dataset, hf_loss, micro_batch_size=args.per_device_train_batch_size,
                         accum=args.gradient_accumulation_steps, name=type(model).__name__,
                         collate_fn=getattr(train_dataloader, "collate_fn", None))  # fmt: skip
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.live.step_begin()
+    @override
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.loop.step_begin()
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    @override
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         # Losses come from the Trainer's own logs (every ``logging_steps``): no extra sync.
         losses = [e["loss"] for e in state.log_history[self._logged :] if "loss" in e]
         self._logged = len(state.log_history)
-        self.live.step_end(state.global_step, losses[-1] if losses else None)
+        self.loop.step_end(state.global_step, losses[-1] if losses else None)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.live.remove()
+    @override
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.loop.remove()
 
 
 def _json_policy(policy: PolicyArg) -> Any:

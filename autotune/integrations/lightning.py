@@ -12,13 +12,19 @@ What it changes mid-fit, and what it cannot (as the Hugging Face callback, :mod:
   ``trainer.accumulate_grad_batches`` set at the epoch start, as ``GradientAccumulationScheduler``
   does. Their product, the user's effective batch, never changes. Not when the module has no
   ``batch_size`` attribute (a DataLoader handed to ``fit`` has its batch size fixed), uses manual
-  optimization, or runs under the DeepSpeed strategy (which refuses an accumulation change); a
-  reload that does not take the new batch size refuses the change and fixes the split for the run.
+  optimization (Lightning's accumulation does not apply to it), or runs under the DeepSpeed
+  strategy (which refuses an accumulation change): then, where the run makes decisions, one
+  :class:`~autotune.errors.AutotuneWarning` at the start of the fit and one refused change in the
+  history say which; a reload that does not take the new batch size refuses the change and fixes
+  the split for the run.
   A change decided in the middle of an epoch waits for its end (long epochs: a long wait).
 * **Not fp16 blocks** (they need the precision plugin's loss scaler).
 
 The loss the memory model profiles is ``training_step(batch, 0)`` (its ``"loss"`` if it returns a
 dict), run on copies of the module, where ``self.log`` has no trainer: its warning is silenced there.
+A manual-optimization ``training_step`` steps its optimizers itself, which no copy outside the fit
+can: its profile fails, and the callback raises ``ConfigError`` at the start of the fit (the
+budget gate has no prediction to admit anything by).
 """
 
 from __future__ import annotations
@@ -27,16 +33,18 @@ import warnings
 from typing import Any
 
 import torch
+from typing_extensions import override  # typing.override from Python 3.12 (typing_extensions: a torch dependency)
 
 from autotune.adapt.adaptive import PolicyArg
-from autotune.errors import MissingDependencyError
-from autotune.integrations._live import LiveKnobs
+from autotune.errors import AutotuneWarning, MissingDependencyError
+from autotune.integrations._framework import FrameworkLoop
 from autotune.units import MemoryBudget
 
 try:
-    from lightning.pytorch import Callback
+    from lightning.pytorch import Callback, LightningModule, Trainer
     from lightning.pytorch.strategies import DeepSpeedStrategy
     from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
 except ImportError as e:  # optional dependency: name it
     raise MissingDependencyError(
         f"autotune.integrations.lightning needs lightning: pip install 'autotune[lightning]' ({e})."
@@ -45,10 +53,10 @@ except ImportError as e:  # optional dependency: name it
 __all__ = ["AutotuneCallback"]
 
 
-def _step_loss(module: Any, batch: Any) -> torch.Tensor:
+def _step_loss(module: torch.nn.Module, batch: Any) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*self\.log\(\).*")
-        out = module.training_step(batch, 0)
+        out = module.training_step(batch, 0)  # type: ignore[operator]  # a LightningModule's
     loss: torch.Tensor = out["loss"] if isinstance(out, dict) else out
     return loss
 
@@ -62,79 +70,121 @@ class AutotuneCallback(Callback):
 
     def __init__(self, *, policy: PolicyArg = "pretrained", memory_budget: MemoryBudget | str | int | None = None,
                  decide_every: int = 50, blocks: list[str] | None = None) -> None:  # fmt: skip
-        self.live = LiveKnobs(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
+        self.loop = FrameworkLoop(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
         self._step = 0
         self._reload: int | None = None  # the user's reload_dataloaders_every_n_epochs while a reload is asked
         self._batch_size: Any = None  # the module's batch_size before a pending change set it
 
     @property
     def history(self) -> list[Any]:
-        return self.live.history
+        return self.loop.history
 
     @property
+    @override
     def state_key(self) -> str:
         """Stable across runs and arguments: a checkpoint's state finds the callback that resumes it."""
         return "autotune.AutotuneCallback"
 
+    @override
     def state_dict(self) -> dict[str, Any]:
-        """The adaptive state (see :meth:`LiveKnobs.state_dict`), saved in Lightning's checkpoints."""
-        return self.live.state_dict()
+        """The adaptive state (see :meth:`FrameworkLoop.state_dict`), saved in Lightning's checkpoints."""
+        return self.loop.state_dict()
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restored by ``trainer.fit(ckpt_path=...)`` before the fit starts; applied at ``on_train_start``."""
         if state_dict:
-            self.live.load_state_dict(state_dict)
+            self.loop.load_state_dict(state_dict)
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Profile the module, resolve the budget, put the fit at its start; say (once) if the split
+        cannot change in this fit.
+
+        Raises:
+            ConfigError: nothing this fit can take before its first step (per-block recompute at
+                its split) fits the memory budget: raised here, rather than fitting on over the
+                budget the user gave.
+        """
         loader = trainer.train_dataloader
+        assert loader is not None, "Lightning builds the train DataLoader before on_train_start"
         self._step = trainer.global_step
-        split = (lightning_hasattr(pl_module, "batch_size") and pl_module.automatic_optimization
-                 and not isinstance(trainer.strategy, DeepSpeedStrategy))  # fmt: skip
-        self.live.begin(pl_module, loader.dataset, _step_loss, micro_batch_size=loader.batch_size,
-                        accum=trainer.accumulate_grad_batches, name=type(pl_module).__name__, split=split,
+        why = _fixed_split(trainer, pl_module)
+        self.loop.begin(pl_module, loader.dataset, _step_loss, micro_batch_size=loader.batch_size,
+                        accum=trainer.accumulate_grad_batches, name=type(pl_module).__name__, split=why is None,
                         collate_fn=loader.collate_fn)  # fmt: skip
+        controller = self.loop.controller
+        assert controller is not None
+        if why is None or controller.source is None:  # no decisions: no split to refuse
+            return
+        reason = f"the split cannot change in this fit: {why}"
+        if any(c.reason == reason for c in controller.history):  # a resumed fit said it before: once
+            return
+        controller.refused(trainer.global_step, "lightning", reason)
+        warnings.warn(AutotuneWarning(f"AutotuneCallback: {reason}; only per-block knobs will change"), stacklevel=2)
 
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        pending = self.live.pending
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        pending = self.loop.pending
         if pending is None or self._reload is not None:
             return
         # BatchSizeFinder's way: the attribute the dataloader hook reads, then one reload.
         self._batch_size = lightning_getattr(pl_module, "batch_size")
         lightning_setattr(pl_module, "batch_size", pending.after.micro_batch_size)
-        self._reload = trainer.reload_dataloaders_every_n_epochs
-        trainer.reload_dataloaders_every_n_epochs = 1
+        self._reload = trainer.reload_dataloaders_every_n_epochs  # type: ignore[attr-defined]  # set by its DataConnector
+        trainer.reload_dataloaders_every_n_epochs = 1  # type: ignore[attr-defined]  # set by its DataConnector
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        pending = self.live.pending
+    @override
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        pending = self.loop.pending
         if pending is None or self._reload is None:
             return
-        trainer.reload_dataloaders_every_n_epochs, self._reload = self._reload, None
+        trainer.reload_dataloaders_every_n_epochs, self._reload = self._reload, None  # type: ignore[attr-defined]  # set by its DataConnector
         micro = getattr(trainer.train_dataloader, "batch_size", None)
         if micro == pending.after.micro_batch_size:
             trainer.accumulate_grad_batches = pending.after.grad_accum_steps  # GradientAccumulationScheduler's hook
         else:
             lightning_setattr(pl_module, "batch_size", self._batch_size)
-        self.live.take_split(trainer.global_step, micro)
+        self.loop.take_split(trainer.global_step, micro)
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if batch_idx % trainer.accumulate_grad_batches == 0:
-            self.live.step_begin()
+            self.loop.step_begin()
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if step == self._step:  # a micro-batch inside an accumulation: no optimizer step yet
             return
         self._step = step
-        k = self.live.decide_every
+        k = self.loop.decide_every
         loss = None
         if k - step % k <= 3 or step % k == 0:  # the last steps before a decision: .item() syncs
             value = outputs["loss"] if isinstance(outputs, dict) else outputs
             loss = float(value.detach()) if isinstance(value, torch.Tensor) else None
-        self.live.step_end(step, loss)
+        self.loop.step_end(step, loss)
 
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._reload is not None:  # a reload was asked for an epoch that never came
-            trainer.reload_dataloaders_every_n_epochs, self._reload = self._reload, None
+            trainer.reload_dataloaders_every_n_epochs, self._reload = self._reload, None  # type: ignore[attr-defined]  # set by its DataConnector
             lightning_setattr(pl_module, "batch_size", self._batch_size)
-        self.live.take_split(trainer.global_step, None)  # a change still pending is refused, logged
-        self.live.remove()
+        self.loop.take_split(trainer.global_step, None)  # a change still pending is refused, logged
+        self.loop.remove()
+
+
+def _fixed_split(trainer: Trainer, pl_module: LightningModule) -> str | None:
+    """Why this fit's micro-batch x accumulation cannot change (None: it can, at epoch boundaries)."""
+    if not lightning_hasattr(pl_module, "batch_size"):
+        return (
+            "the LightningModule (its hparams, its datamodule) has no batch_size attribute for train_dataloader() "
+            "to read"
+        )
+    if not pl_module.automatic_optimization:
+        return "manual optimization (Lightning's gradient accumulation does not apply to it)"
+    if isinstance(trainer.strategy, DeepSpeedStrategy):
+        return "the DeepSpeed strategy (its engine fixes the gradient accumulation)"
+    return None

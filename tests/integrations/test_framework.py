@@ -1,5 +1,5 @@
 """The framework callbacks' shared core, driven step by step (the framework tests run it inside
-real ``transformers.Trainer`` and ``lightning.Trainer`` loops: tests/adapt)."""
+real ``transformers.Trainer`` and ``lightning.Trainer`` loops: tests/integrations)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import re
 import pytest
 
 from autotune import TrainConfig
-from autotune.integrations import _live
-from autotune.integrations._live import LiveKnobs
+from autotune.integrations import _framework
+from autotune.integrations._framework import FrameworkLoop
 from tests.adapt.scripted import Scripted
 from tests.conftest import make_resmlp
 
@@ -20,12 +20,12 @@ B = dataclasses.replace(A, checkpoint=True)
 
 def test_a_proposal_measured_worse_is_left_for_the_configuration_it_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
     wl = make_resmlp(n=64)
-    live = LiveKnobs(policy=Scripted([B, B]), memory_budget=None, decide_every=5, blocks=None)
+    live = FrameworkLoop(policy=Scripted([B, B]), memory_budget=None, decide_every=5, blocks=None)
     live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=2, name="resmlp")
     # The loop's clock: a step of A takes 0.1 s, one of B (every block recomputed) 1 s, more than
     # its smaller peak makes up per GiB.
     clock = [0.0]
-    monkeypatch.setattr(_live.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(_framework.time, "perf_counter", lambda: clock[0])
     ran = []
     for step in range(1, 21):
         ran.append(live.config)
@@ -53,7 +53,7 @@ def test_on_cuda_the_runs_allocator_ratio_reaches_the_gate_at_each_decision() ->
     from tests.measurement.fake_cuda import FakeAllocator
 
     wl = make_resmlp(n=64)
-    live = LiveKnobs(policy=Scripted([A]), memory_budget=None, decide_every=5, blocks=None)
+    live = FrameworkLoop(policy=Scripted([A]), memory_budget=None, decide_every=5, blocks=None)
     live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=2, name="resmlp")
     assert live.allocator is None and live.gate is not None  # a model on the CPU: no allocator to read
     fake = live.allocator = FakeAllocator(allocated=4_000_000, reserved=5_000_000)

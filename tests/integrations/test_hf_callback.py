@@ -80,7 +80,7 @@ def test_a_default_over_the_budget_starts_recomputing_every_block(tmp_path: Path
     transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, spy]).train()
     [change] = callback.history
     assert (change.step, change.source, change.applied, change.after.checkpoint) == (0, "budget", True, True)
-    assert change.predicted_bytes is not None and change.predicted_bytes * 1.02 <= callback.live.gate.budget
+    assert change.predicted_bytes is not None and change.predicted_bytes * 1.02 <= callback.loop.gate.budget
     assert spy.wrapped == [len(blocks), len(blocks)]
 
 
@@ -93,7 +93,7 @@ def test_the_default_pretrained_policy_adapts_within_what_the_trainer_allows(tmp
                                           disable_tqdm=True, seed=0)  # fmt: skip
     result = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback]).train()
     assert math.isfinite(result.training_loss)
-    live = callback.live
+    live = callback.loop
     assert live.gate is not None and live.history  # the plan at least: the simulator's best at micro-batch 4
     for change in live.history:
         assert change.source in ("policy", "measured") and change.reason
@@ -124,16 +124,16 @@ def test_a_trainer_resumed_from_a_checkpoint_rebuilds_the_callback_with_its_stat
     first = AutotuneCallback(policy=config, memory_budget="80%", decide_every=2)
     train(4, first)
     # Judged at step 4 over its 3 timed steps (the first after the plan's change pays for it).
-    [(judged, timed)] = [(r.config, r.timed_steps) for r in first.live.decider.judged.values()]  # type: ignore[union-attr]
+    [(judged, timed)] = [(r.config, r.timed_steps) for r in first.loop.decider.judged.values()]  # type: ignore[union-attr]
     assert (judged.checkpoint, timed) == (True, 3)
     assert first.state()["args"] == {"policy": config.to_dict(), "memory_budget": "80%", "decide_every": 2,
                                      "blocks": None}  # fmt: skip
     trainer = train(8, AutotuneCallback(policy=None), resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
     [rebuilt] = [c for c in trainer.callback_handler.callbacks if isinstance(c, AutotuneCallback)]
-    assert rebuilt.live.budget == first.live.budget and rebuilt.live.decide_every == 2
+    assert rebuilt.loop.budget == first.loop.budget and rebuilt.loop.decide_every == 2
     assert rebuilt.history == first.history
     # 3 timed steps before the checkpoint and 3 after it (the first after the resumed plan pays for it).
-    assert [(r.config, r.timed_steps) for r in rebuilt.live.decider.judged.values()] == [(judged, 6)]  # type: ignore[union-attr]
+    assert [(r.config, r.timed_steps) for r in rebuilt.loop.decider.judged.values()] == [(judged, 6)]  # type: ignore[union-attr]
 
 
 def test_a_decision_source_object_is_refused_when_the_trainer_rebuilds_the_callback() -> None:

@@ -11,6 +11,7 @@ pytest.importorskip("lightning")
 import lightning as L
 
 from autotune import TrainConfig
+from autotune.errors import AutotuneWarning
 from autotune.integrations.lightning import AutotuneCallback
 from autotune.workload import find_blocks
 from autotune.zoo import CORPUS
@@ -57,12 +58,29 @@ def test_the_callback_applies_checkpointing_inside_a_real_fit() -> None:
     trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, accumulate_grad_batches=2, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[callback, spy])  # fmt: skip
-    trainer.fit(module, torch.utils.data.DataLoader(wl.dataset, batch_size=4))
+    with pytest.warns(AutotuneWarning) as caught:
+        trainer.fit(module, torch.utils.data.DataLoader(wl.dataset, batch_size=4))
     assert trainer.lightning_module is module
     assert math.isfinite(float(trainer.callback_metrics["train_loss"]))
     # the fixed configuration is the source's plan: recomputed from the first of the 8 micro-batches
-    [change] = callback.history
+    change, fixed = callback.history
     assert (change.step, change.source, change.applied, change.after.checkpoint) == (0, "fixed", True, True)
+    # LitLM has no batch_size attribute: the split cannot change, said once and logged refused
+    reason = (
+        "the split cannot change in this fit: the LightningModule (its hparams, its datamodule) has no batch_size "
+        "attribute for train_dataloader() to read"
+    )
+    assert (fixed.step, fixed.source, fixed.applied, fixed.before, fixed.after) == (
+        0,
+        "lightning",
+        False,
+        change.after,
+        change.after,
+    )
+    assert fixed.reason == reason
+    assert [str(w.message) for w in caught if isinstance(w.message, AutotuneWarning)] == [
+        f"AutotuneCallback: {reason}; only per-block knobs will change"
+    ]
     assert spy.wrapped == [len(blocks)] * 8
     assert all("forward" not in m.__dict__ for m in module.modules())
 
@@ -119,7 +137,7 @@ def test_a_dataloader_that_ignores_batch_size_keeps_the_split() -> None:
     [change] = callback.history
     assert (change.step, change.applied) == (8, False)
     assert change.reason.endswith("the loop's DataLoader kept micro-batch 8, so the split stays as it is")
-    assert (module.batch_size, trainer.accumulate_grad_batches, callback.live.split) == (8, 1, False)
+    assert (module.batch_size, trainer.accumulate_grad_batches, callback.loop.split) == (8, 1, False)
 
 
 def test_a_split_change_the_fit_never_reaches_is_logged_refused_and_undone() -> None:
@@ -128,7 +146,7 @@ def test_a_split_change_the_fit_never_reaches_is_logged_refused_and_undone() -> 
     [change] = callback.history
     assert (change.step, change.applied) == (8, False)
     assert change.reason.endswith("the run ended before the next epoch boundary")
-    assert (module.batch_size, trainer.reload_dataloaders_every_n_epochs, callback.live.pending) == (8, 0, None)
+    assert (module.batch_size, trainer.reload_dataloaders_every_n_epochs, callback.loop.pending) == (8, 0, None)
 
 
 def test_the_default_pretrained_policy_adapts_within_the_budget() -> None:
@@ -138,7 +156,7 @@ def test_the_default_pretrained_policy_adapts_within_the_budget() -> None:
     callback = AutotuneCallback(decide_every=2)  # the shipped policy; on the CPU, its start plan
     trainer = _fit(module, [callback])
     assert math.isfinite(float(trainer.callback_metrics["train_loss"]))
-    live = callback.live
+    live = callback.loop
     assert live.gate is not None and live.history
     for change in live.history:
         assert change.source in ("policy", "measured") and change.after.effective_batch_size == 8
@@ -155,7 +173,8 @@ def test_a_fit_resumed_from_a_checkpoint_resumes_the_callback_s_configuration_an
     fixed = TrainConfig(micro_batch_size=8, checkpoint=True)
     callback = AutotuneCallback(policy=fixed, decide_every=2)
     loader = torch.utils.data.DataLoader(wl.dataset, batch_size=8)
-    trainer = _fit(module, [callback], max_steps=4, train_dataloaders=loader)
+    with pytest.warns(AutotuneWarning, match="^AutotuneCallback: the split cannot change in this fit: "):
+        trainer = _fit(module, [callback], max_steps=4, train_dataloaders=loader)
     trainer.save_checkpoint(tmp_path / "fit.ckpt")
     assert callback.state_key == "autotune.AutotuneCallback"
     # Resumed with no decision source: only the restored state can put checkpointing back on.
@@ -163,6 +182,7 @@ def test_a_fit_resumed_from_a_checkpoint_resumes_the_callback_s_configuration_an
     spy = Spy(list(find_blocks(module)))
     _fit(LitLM(entry.build(**entry.tiny).model, wl.loss_fn), [resumed, spy], max_steps=8, train_dataloaders=loader,
          ckpt_path=tmp_path / "fit.ckpt")  # fmt: skip
-    assert resumed.live.config == callback.live.config and resumed.live.config.checkpoint is True
-    assert resumed.history == callback.history and len(resumed.history) == 1
+    assert resumed.loop.config == callback.loop.config and resumed.loop.config.checkpoint is True
+    # the plan, and the refused split (LitLM has no batch_size), logged once across the resume
+    assert resumed.history == callback.history and len(resumed.history) == 2
     assert spy.wrapped == [len(spy.blocks)] * 4  # every resumed step recomputed every block

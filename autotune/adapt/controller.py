@@ -1,0 +1,415 @@
+"""The adaptive controller: one sequence of decisions, whichever loop trains the model.
+
+:class:`autotune.Adaptive` (its own loop, local or on DeepSpeed ranks), the Hugging Face callback
+and the Lightning callback (:mod:`autotune.integrations`) each hold one :class:`Controller`. It
+owns what an adaptive run decides and the order it decides it in:
+
+1. **the start within the budget** (:meth:`Controller.begin`): the default if the gate admits it,
+   else the first of smaller micro-batches (where the loop can take another split before its
+   first step), then recompute on every block (on ranks: each at the lowest ZeRO stage that
+   fits) that it admits; if none does, a :class:`~autotune.errors.ConfigError` (raised by
+   ``Adaptive(...)``, and by the callbacks' train-begin hooks: a framework's run started over its
+   budget would end in an out-of-memory error, or train on a budget the user did not give);
+   then the decision source's plan;
+2. **each step** (:meth:`Controller.after_step`): a non-finite loss stops a run that decides;
+   a step measured over the budget is recorded, warned of and left at once for the configuration
+   before it; a side-by-side trial (:class:`~autotune.adapt.decider.SideBySide`, where the loop
+   can switch every step) goes on to its verdict; every ``decide_every`` steps, one decision;
+3. **resume** (:meth:`Controller.state_dict`, :meth:`Controller.restore`).
+
+What differs between the loops is a :class:`FrontEnd`: how a configuration is applied (a
+reconfiguration of the trainer, block wrappers on a framework's model, a split that waits for
+the framework's next epoch), whether the loop can switch every step, what of a configuration
+it can take, and how a peak is measured (a tracked step, the caching allocator's statistics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, Protocol
+
+from autotune.adapt.decider import Decider
+from autotune.adapt.records import Change, OverBudgetStep
+from autotune.adapt.sources import Observation, RunContext
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning
+from autotune.measurement.cuda_memory import reserved_with_headroom
+from autotune.settings import TUNING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from autotune.adapt.gate import BudgetGate, Verdict
+    from autotune.adapt.sources import DecisionSource
+    from autotune.measurement.cuda_memory import AllocatorStats
+    from autotune.workload import Workload
+
+__all__ = ["Controller", "FrontEnd"]
+
+
+class FrontEnd(Protocol):
+    """What a loop tells the controller about itself: the hooks where the loops differ.
+
+    Attributes:
+        paired: The loop can switch configuration every step cheaply (the local loop): a
+            proposal is then measured side by side with the configuration it replaced.
+        splits_now: The loop can take another micro-batch x accumulation before its first step
+            (the start search may use smaller micro-batches).
+    """
+
+    paired: bool
+    splits_now: bool
+
+    def takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
+        """What of ``proposed`` the loop can run from ``current`` (``current`` if nothing)."""
+        ...
+
+    def apply(self, change: Change) -> Change | None:
+        """Make ``change`` now and return it (its reason may say what it cost), or None: it waits
+        for the loop (a split at the next epoch boundary), which reports it later with
+        :meth:`Controller.made`. Before the loop's first step it only sets where it starts."""
+        ...
+
+    def b_noise(self) -> float | None:
+        """The gradient noise scale at a decision, where the loop estimates it."""
+        ...
+
+    def run_stats(self) -> AllocatorStats | None:
+        """The caching allocator's statistics of the run so far, read at each decision (None:
+        none, or the peaks are measured step by step)."""
+        ...
+
+
+class Controller:
+    """What an adaptive run decides, in one order, whatever loop makes it.
+
+    Args:
+        frontend: The loop's hooks.
+        source: Where proposals come from (None: the run moves only for the budget).
+        gate: The budget gate every configuration passes.
+        default: The run's own configuration (the user's split, fp32, no recompute).
+        fraction: The budget as a fraction of the default's peak (None: bytes): a measurement of
+            the default replaces its prediction as that basis.
+        decide_every: Steps between decisions.
+        adapt_batch, min_efficiency, max_batch_size: As for :class:`autotune.Adaptive`.
+    """
+
+    def __init__(
+        self,
+        *,
+        frontend: FrontEnd,
+        source: DecisionSource | None,
+        gate: BudgetGate,
+        default: TrainConfig,
+        fraction: float | None,
+        decide_every: int,
+        adapt_batch: bool = False,
+        min_efficiency: float = 1.0,
+        max_batch_size: int | None = None,
+    ) -> None:
+        self.frontend, self.source, self.gate = frontend, source, gate
+        self.default, self.fraction, self.decide_every = default, fraction, decide_every
+        self.adapt_batch = adapt_batch
+        self.decider = Decider(
+            source=source,
+            gate=gate,
+            base_batch_size=default.effective_batch_size,
+            adapt_batch=adapt_batch,
+            min_efficiency=min_efficiency,
+            max_batch_size=max_batch_size,
+            takes=frontend.takes,
+            paired=frontend.paired,
+        )
+        self.config = default  # the configuration the loop runs
+        self.pending: Change | None = None  # a change that waits for the loop (see FrontEnd.apply)
+        self._pending_logged = False  # the pending change is a revert, already in the history
+        self.losses: list[float] = []  # the recent losses an observation carries
+        self.over_budget: list[OverBudgetStep] = []
+        self._warned_nonfinite = False
+
+    @property
+    def history(self) -> list[Change]:
+        return self.decider.history
+
+    @property
+    def decides(self) -> bool:
+        """Whether the run makes decisions (a decision source, or the batch rule)."""
+        return self.source is not None or self.adapt_batch
+
+    # ---- before the first step ---------------------------------------------------------------------
+
+    def begin(self, workload: Workload, *, device_type: str) -> TrainConfig:
+        """Put the run where the budget and the source's plan say (:meth:`start`, then the plan);
+        the configuration the loop starts in. Raises :class:`ConfigError` if nothing fits."""
+        start, why, predicted = self.start()
+        context = None
+        if self.source is not None:  # the profile is only for a source's plan and observations
+            from autotune.memory.blocks import profile_blocks
+
+            blocks = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch)
+            context = RunContext(
+                workload=workload,
+                start=start,
+                budget_bytes=self.gate.budget,
+                blocks=blocks,
+                device_type=device_type,
+                admits=lambda c: self.gate.check(c).admitted,
+            )
+        change = self.decider.begin(start=start, default=self.default, why=why, context=context)
+        if change is None:
+            return self.config
+        if change.after == start:
+            change = dataclasses.replace(change, predicted_bytes=predicted)
+        began = time.perf_counter()
+        made = self.frontend.apply(change)
+        if made is not None:
+            self.config = made.after
+            self.decider.started(made, seconds=time.perf_counter() - began)
+            return self.config
+        self.pending, self._pending_logged = change, False
+        if start != self.default:  # the plan waits for the loop; the budget's start cannot
+            budget = Change(
+                step=0,
+                source="budget",
+                before=self.default,
+                after=start,
+                applied=True,
+                reason=why,
+                predicted_bytes=predicted,
+            )
+            made = self.frontend.apply(budget)
+            assert made is not None, "a start within the loop's split is applied at once"
+            self.config = start
+            self.decider.started(made)
+        return self.config
+
+    def start(self) -> tuple[TrainConfig, str, int | None]:
+        """Where the budget puts the run, why (empty: the default) and its predicted peak: the
+        default if it fits (or the budget is at least the default's own peak), else the first of
+        smaller micro-batches (only where the loop takes a new split before its first step; on
+        ranks: each at the lowest ZeRO stage that fits), then recompute on every block, that the
+        gate admits."""
+        default = self.default
+        verdict = self.gate.check(default)
+        if verdict.admitted or (self.fraction is not None and self.fraction >= 1.0):
+            return default, "", None
+        batch, tried = default.micro_batch_size, []
+        stages = range(4) if default.ranks > 1 else range(1)
+        for ckpt in (False, True):
+            micro = batch
+            while micro >= 1:
+                for stage in stages if batch % micro == 0 else ():
+                    config = _split(default, micro, ckpt, stage)
+                    if config != self.frontend.takes(default, config) or (
+                        micro != batch and not self.frontend.splits_now
+                    ):
+                        continue
+                    candidate = self.gate.check(config)
+                    if candidate.admitted:
+                        return config, f"the default {_over(verdict)}; {candidate.reason}", candidate.predicted
+                    tried.append(candidate)
+                micro //= 2
+        smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
+        per_rank = " per rank" if default.ranks > 1 else ""
+        split = "" if self.frontend.splits_now else f" at the loop's split {batch} x {default.grad_accum_steps}"
+        raise ConfigError(
+            f"memory_budget {self.gate.budget} B{per_rank} is below every fp32 configuration of batch "
+            f"{default.effective_batch_size}{split} (smallest predicted peak {smallest} B, "
+            f"+{self.gate.headroom:.0%} headroom): raise the budget."
+        )
+
+    # ---- each step ----------------------------------------------------------------------------------
+
+    def before_step(self) -> TrainConfig | None:
+        """The configuration the next step must run under, if not the loop's current one: while a
+        side-by-side trial lasts (only where the loop is ``paired``), the side it alternates to."""
+        want = self.decider.trial_config(self.config)
+        if want is None or want == self.config:
+            return None
+        self.config = want
+        return want
+
+    def after_step(
+        self,
+        index: int,
+        *,
+        config: TrainConfig,
+        loss: float | None,
+        throughput: float | None = None,
+        peak: int | None = None,
+        allocator: AllocatorStats | None = None,
+    ) -> None:
+        """Step ``index`` (0-based: ``index + 1`` steps are done) ran under ``config``.
+
+        Args:
+            loss: Its loss, where the loop read it (None: not read, e.g. between a framework's logs).
+            throughput: Samples/s where the step counts towards the configuration's time (not the
+                first of a configuration, which pays one-time costs, nor a tracked step).
+            peak: Its measured peak bytes, where it was measured (a tracked step).
+            allocator: On CUDA, the caching allocator's peaks over that measured step.
+
+        Raises:
+            NonFiniteLossError: a NaN or infinite loss in a run that decides (its decisions, the
+                policy's observation and the objective, would act on it); a run that does not
+                decide warns once (:class:`NonFiniteLossWarning`) and goes on.
+        """
+        step = index + 1
+        if throughput is not None:
+            self.decider.timed(config, throughput)
+        if loss is not None:
+            self.losses = [*self.losses[-(TUNING.observed_losses - 1) :], loss]
+            if not math.isfinite(loss):
+                self._diverged(index, loss, config)
+        over = None
+        if peak is not None:
+            self.measured(config, peak, allocator)
+            # Over the budget as the gate reads a measurement (on CUDA: reserved memory with headroom).
+            over = peak if not self.gate.check(config).admitted else None
+        if over is not None:
+            self._over(index, config, over)
+        if over is not None and config != self.decider.previous:
+            # A measured step put the config over the budget (its prediction was off): go back at once.
+            back = self.decider.revert(config, over, step)
+            self._make(
+                Change(step=step, source="budget", before=config, after=back, applied=True, reason="back"), logged=True
+            )
+            return
+        due = step % self.decide_every == 0 and self.pending is None  # none while a change waits for the loop
+        change = self.decider.on_step(step, config, due=due, observe=lambda: self._observe(step, config))
+        if change is not None:
+            self._make(change)
+
+    def measured(self, config: TrainConfig, peak: int, allocator: AllocatorStats | None = None) -> None:
+        """A measured peak of ``config`` (on CUDA with the caching allocator's peaks over that
+        step); the default's also sets a percentage budget."""
+        self.gate.record(config, peak, allocator=allocator)
+        if config == self.default and self.fraction is not None:
+            # A percentage is of the default's peak: its measurement replaces its prediction
+            # (they differ by a few hundred bytes on the local runner). On CUDA it is of the
+            # default's reserved peak with its headroom: 100% must admit the default.
+            basis = peak if allocator is None else reserved_with_headroom(allocator.reserved_peak)
+            self.gate.budget = max(self.gate.budget, int(basis * self.fraction))
+
+    def made(self, step: int, taken: bool, why: str = "") -> None:
+        """The loop reached the point a pending change waited for (:meth:`FrontEnd.apply`
+        returned None) and took it (``taken``), or not (``why``: the change is refused, logged)."""
+        change, self.pending = self.pending, None
+        if change is None:
+            return
+        if not taken:
+            if not self._pending_logged:
+                self.decider.refuse(dataclasses.replace(change, step=step, reason=f"{change.reason}; {why}"))
+            return
+        self.config = change.after
+        if not self._pending_logged:
+            self.decider.moved(dataclasses.replace(change, step=step))
+
+    def _make(self, change: Change, *, logged: bool = False) -> None:
+        """Make ``change`` through the front-end (``logged``: a revert, already in the history)."""
+        began = time.perf_counter()
+        made = self.frontend.apply(change)
+        if made is None:
+            self.pending, self._pending_logged = change, logged
+            return
+        self.config = made.after
+        if not logged:
+            self.decider.moved(made, seconds=time.perf_counter() - began)
+
+    def _observe(self, step: int, config: TrainConfig) -> Observation:
+        stats = self.frontend.run_stats()
+        if stats is not None:
+            self.gate.observe(stats)  # the run's peaks so far: they scale the gate's predictions
+        return self.decider.observation(
+            step=step, config=config, b_noise=self.frontend.b_noise(), losses=tuple(self.losses)
+        )
+
+    def _over(self, index: int, config: TrainConfig, peak: int) -> None:
+        """A measured step over the budget: recorded, and said at once (the run exceeded the
+        memory it was given, if only for one step)."""
+        predicted = self.gate.predict(config)
+        over = OverBudgetStep(
+            step=index,
+            config=config,
+            peak_bytes=peak,
+            budget_bytes=self.gate.budget,
+            predicted_bytes=None if predicted is None else predicted[0],
+        )
+        self.over_budget.append(over)
+        warnings.warn(OverBudgetWarning(over.describe()), stacklevel=4)
+
+    def _diverged(self, index: int, loss: float, config: TrainConfig) -> None:
+        what = f"step {index}: the loss is {loss} under {config.describe()}"
+        if self.decides:
+            raise NonFiniteLossError(f"{what}: an adaptive run stops at a diverged step")
+        if not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            warnings.warn(NonFiniteLossWarning(f"{what}; training goes on"), stacklevel=4)
+
+    def refused(self, step: int, source: str, reason: str) -> None:
+        """What the loop forbids (``source``: which loop), in the history once: a refused change
+        that stays where the run is."""
+        if any(c.source == source and c.reason == reason for c in self.history):  # a resumed run said it
+            return
+        self.decider.note(
+            Change(step=step, source=source, before=self.config, after=self.config, applied=False, reason=reason)
+        )
+
+    # ---- resume ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every decision and measurement, the source's state and the recent losses, as plain values."""
+        return {
+            "measured": [{"config": c.to_dict(), "peak_bytes": b} for c, b in self.gate.measured.items()],
+            "decider": self.decider.state_dict(),
+            "source": self.source.state_dict() if self.source is not None else {},
+            "over_budget": [o.to_dict() for o in self.over_budget],
+            "losses": list(self.losses),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: nothing measured or refused there is explored again."""
+        for m in state.get("measured", []):
+            self.measured(TrainConfig.from_dict(m["config"]), m["peak_bytes"])
+        self.decider.load_state_dict(state["decider"])
+        if self.source is not None:
+            self.source.load_state_dict(state["source"])
+        self.over_budget = [OverBudgetStep.from_dict(o) for o in state.get("over_budget", [])]
+        self.resume_losses(state.get("losses", []))
+
+    def resume_losses(self, losses: list[float]) -> None:
+        """The losses of the run so far (a non-finite one was warned of before the restart)."""
+        self.losses = list(losses)[-TUNING.observed_losses :]
+        self._warned_nonfinite = not all(math.isfinite(v) for v in losses)
+
+    def restore(self, saved: TrainConfig, *, step: int, run: str) -> TrainConfig:
+        """Where a resumed run goes: ``saved`` if this run's gate admits it, else where this run
+        started (a ``budget`` change in the history; ``run``: "run" or "fit", as the message says)."""
+        verdict = self.gate.check(saved)
+        target = saved
+        if not verdict.admitted:
+            reason = f"resumed under a budget it is over ({verdict.reason}): back to where this {run} starts"
+            self.decider.note(
+                Change(step=step, source="budget", before=saved, after=self.config, applied=True, reason=reason)
+            )
+            self.decider.previous, self.decider.trial, target = self.config, None, self.config
+        if target != self.config:
+            made = self.frontend.apply(
+                Change(step=step, source="resume", before=self.config, after=target, applied=True, reason="resumed")
+            )
+            assert made is not None, "a resumed configuration is within the loop's split"
+            self.config = target
+        return target
+
+
+def _split(config: TrainConfig, micro: int, checkpoint: bool, zero_stage: int = 0) -> TrainConfig:
+    accum = config.micro_batch_size * config.grad_accum_steps // micro  # per rank: the ranks stay
+    return dataclasses.replace(
+        config, micro_batch_size=micro, grad_accum_steps=accum, checkpoint=checkpoint, zero_stage=zero_stage
+    )
+
+
+def _over(verdict: Verdict) -> str:
+    return f"is over the budget ({verdict.reason})"

@@ -1,0 +1,288 @@
+"""The framework callbacks' front-end: per-block knobs on a model another loop trains.
+
+A framework's loop owns the micro-batch (its DataLoader) and the accumulation. What lives on the
+model changes at once: per-block precision (bf16 autocast islands; fp16 would need the loop's
+loss scaler) and per-block activation checkpointing. The split of the user's effective batch into
+micro-batch x accumulation changes only where the loop can rebuild its DataLoader and honour a new
+accumulation, at an epoch boundary (Lightning; not Hugging Face's Trainer): such a change is
+*pending* from the decision until the framework says it took effect (:meth:`FrameworkLoop.take_split`).
+The effective batch never changes, and the split never changes before the first step: a budget
+below the default's peak starts recomputing every block, or, where that does not fit either, the
+callback raises :class:`~autotune.errors.ConfigError` from the framework's train-begin hook (as
+``Adaptive(...)`` does: training on over the budget the user gave is not what was asked for).
+
+The decisions are :class:`autotune.adapt.controller.Controller`'s, the same as
+:class:`autotune.adapt.Adaptive`'s: the start within the budget, the source's plan, the budget
+gate, measurement overruling the source, the revert on a step measured over the budget, the same
+rule on a non-finite loss. What differs, and why (the framework's rules, not a choice):
+
+* **No side-by-side trials**: a framework's loop cannot switch the micro-batch every step, and a
+  trial alternating only the wrappers would time the loop's own per-step work (logging, its
+  DataLoader) at random into either side: a proposal is judged against the best configuration
+  measured so far, one stint after the other.
+* **No tracked step**: the step is the framework's, so a configuration's peak is its verified
+  prediction (only verified predictions admit, and they are what it is judged by), checked on
+  CUDA against the caching allocator's run-wide statistics at each decision. A loop that can
+  measure a step's peak hands it in with :attr:`FrameworkLoop.measure_peak`; one measured over
+  the budget is then left at once, as in ``Adaptive``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from autotune.adapt.adaptive import PolicyArg, decision_source
+from autotune.adapt.controller import Controller
+from autotune.adapt.decider import Decider
+from autotune.adapt.gate import BudgetGate, as_budget
+from autotune.adapt.records import Change
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError
+from autotune.measurement.cuda_memory import AllocatorStats, StatsSource, allocator_source
+from autotune.train.wrappers import BlockWrappers, apply_block_knobs
+from autotune.units import MemoryBudget
+from autotune.workload import Workload
+
+__all__ = ["FrameworkLoop"]
+
+_STATE_VERSION = 1  # of FrameworkLoop.state_dict(): a change to its keys bumps it
+
+
+class FrameworkLoop:
+    """A framework's loop as the controller's front-end (:class:`autotune.adapt.controller.FrontEnd`):
+    decisions every ``decide_every`` optimizer steps, applied to the model as block wrappers, a
+    split change pending until the loop takes it."""
+
+    paired = False  # see the module's docstring: no side-by-side trials in a framework's loop
+    splits_now = False  # the loop's first DataLoader is built before the callback starts
+
+    def __init__(
+        self,
+        *,
+        policy: PolicyArg,
+        memory_budget: MemoryBudget | str | int | None,
+        decide_every: int,
+        blocks: list[str] | None,
+    ) -> None:
+        if not isinstance(decide_every, int) or isinstance(decide_every, bool) or decide_every < 2:
+            raise ConfigError(f"decide_every must be an int >= 2, but got {decide_every!r}.")
+        self.source = decision_source(policy)
+        self.budget = as_budget(memory_budget)
+        self.decide_every = decide_every
+        self.blocks = blocks
+        self.controller: Controller | None = None
+        self._model: torch.nn.Module | None = None
+        self._wrappers: BlockWrappers | None = None
+        self._names: tuple[str, ...] = ()
+        self._started: float | None = None
+        self._warm = False  # whether the step under way is timed: not the first after a change
+        self.split = False  # whether the loop lets the micro-batch x accumulation split change
+        # The CUDA caching allocator of the model's device (None on the CPU): its reserved/allocated
+        # ratio scales the gate's predictions (the framework's steps are not tracked one by one).
+        self.allocator: StatsSource | None = None
+        self._device: torch.device | None = None
+        #: The measured peak bytes of the step that just ran under a configuration, where the loop
+        #: can measure one (None: no measurement, the default: see the module's docstring).
+        self.measure_peak: Callable[[TrainConfig], int | None] | None = None
+        self._resume: dict[str, Any] | None = None  # a saved state, restored at begin()
+
+    # ---- what the callbacks read ----------------------------------------------------------------------
+
+    @property
+    def history(self) -> list[Change]:
+        """Every decision so far (empty before :meth:`begin`)."""
+        return self.controller.history if self.controller is not None else []
+
+    @property
+    def config(self) -> TrainConfig | None:
+        """The configuration on the model (None before :meth:`begin`)."""
+        return self.controller.config if self.controller is not None else None
+
+    @property
+    def gate(self) -> BudgetGate | None:
+        return self.controller.gate if self.controller is not None else None
+
+    @property
+    def decider(self) -> Decider | None:
+        return self.controller.decider if self.controller is not None else None
+
+    @property
+    def pending(self) -> Change | None:
+        """An admitted split change waiting for the loop's epoch boundary."""
+        return self.controller.pending if self.controller is not None else None
+
+    def begin(
+        self,
+        model: torch.nn.Module,
+        dataset: Any,
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        *,
+        micro_batch_size: int,
+        accum: int,
+        name: str,
+        split: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
+        """Profile the model (a copy of it), resolve the budget, and put the run where the budget
+        and the source's plan say (a split in the plan waits for the next epoch boundary, as any
+        split change).
+
+        ``split``: the loop can take a new micro-batch x accumulation at its next epoch boundary.
+        ``collate_fn``: the framework's DataLoader's, so the profile runs on batches as it trains on.
+
+        Raises:
+            ConfigError: nothing this loop can take fits the memory budget (the controller's rule).
+        """
+        self.split = split
+        workload = Workload(
+            name=name,
+            model=model,
+            dataset=dataset,
+            loss_fn=loss_fn,
+            blocks=self.blocks,
+            batch_size=micro_batch_size * accum,
+            collate_fn=collate_fn,
+        )
+        default = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
+        first = next(model.parameters(), None)
+        device = "cpu" if first is None else first.device.type
+        self._device = None if first is None else first.device
+        self.allocator = None if first is None else allocator_source(first.device)
+        gate = BudgetGate.build(
+            workload, self.budget, default, reduced_precision=self.source is not None, device_type=device
+        )
+        self._model, self._names = model, workload.block_names()
+        self.controller = Controller(
+            frontend=self,
+            source=self.source,
+            gate=gate,
+            default=default,
+            fraction=self.budget.fraction,
+            decide_every=self.decide_every,
+        )
+        self.controller.begin(workload, device_type=device)
+        if self._resume is not None:
+            state, self._resume = self._resume, None
+            self._restore(state)
+
+    # ---- resume ---------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed fit needs, as plain values: the configuration on the model, every decision
+        and measurement, the source's state and the recent losses (a split change still waiting
+        for its epoch boundary is decided again). Before :meth:`begin`: the state it will restore."""
+        if self.controller is None:
+            return dict(self._resume or {})
+        return {"version": _STATE_VERSION, "config": self.controller.config.to_dict(), **self.controller.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` at :meth:`begin` (the framework restores callbacks before the
+        model and its loop are known to them)."""
+        if state.get("version") != _STATE_VERSION:
+            raise ConfigError(
+                f"AutotuneCallback state must be version {_STATE_VERSION}, but got {state.get('version')!r}."
+            )
+        self._resume = dict(state)
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: its per-block knobs on the model (the split is the loop's, as it
+        restarted), if this run's budget gate admits them; nothing measured is explored again."""
+        assert self.controller is not None
+        here = self.controller.config
+        saved = TrainConfig.from_dict(state["config"])
+        if saved.effective_batch_size != here.effective_batch_size:
+            raise ConfigError(
+                f"the saved fit's effective batch must be this fit's ({here.effective_batch_size}), but got "
+                f"{saved.effective_batch_size}."
+            )
+        self.controller.load_state_dict(state)
+        target = dataclasses.replace(here, precision=saved.precision, checkpoint=saved.checkpoint)
+        self.controller.restore(target, step=0, run="fit")
+
+    # ---- the front-end's hooks ------------------------------------------------------------------------
+
+    def takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
+        """What of ``proposed`` this loop can run from ``current``: the per-block knobs, the split
+        where the loop can change it (same effective batch); no fp16 block (the loop's scaler)."""
+        target = dataclasses.replace(current, precision=proposed.precision, checkpoint=proposed.checkpoint)
+        if self.split and proposed.effective_batch_size == current.effective_batch_size:
+            target = dataclasses.replace(
+                target, micro_batch_size=proposed.micro_batch_size, grad_accum_steps=proposed.grad_accum_steps
+            )
+        return current if "fp16" in target.block_precisions(len(self._names)) else target
+
+    def apply(self, change: Change) -> Change | None:
+        """The knobs on the model now; a change of split waits for :meth:`take_split` (None)."""
+        assert self.controller is not None
+        if change.after.micro_batch_size != self.controller.config.micro_batch_size:
+            return None
+        self.put(change.after)
+        return change
+
+    def b_noise(self) -> float | None:
+        return None  # the framework's backward: no per-micro-batch gradients to estimate it from
+
+    def run_stats(self) -> AllocatorStats | None:
+        if self.allocator is None or self._device is None:
+            return None
+        return AllocatorStats.read(self.allocator, self._device)  # never reset: the user's statistics too
+
+    # ---- the loop's steps -----------------------------------------------------------------------------
+
+    def step_begin(self) -> None:
+        self._started = time.perf_counter()
+
+    def step_end(self, step: int, loss: float | None) -> None:
+        """Optimizer step ``step`` (1-based, the framework's global step) ended."""
+        assert self.controller is not None, "begin() first"
+        config, throughput = self.controller.config, None
+        if self._started is not None:
+            seconds, self._started = time.perf_counter() - self._started, None
+            if self._warm and seconds > 0:
+                throughput = config.effective_batch_size / seconds
+            self._warm = True
+        peak = self.measure_peak(config) if self.measure_peak is not None else None
+        self.controller.after_step(step - 1, config=config, loss=loss, throughput=throughput, peak=peak)
+
+    def take_split(self, step: int, micro_batch_size: int | None) -> None:
+        """The loop reached the epoch boundary a pending split change waited for, and its new
+        DataLoader has ``micro_batch_size`` (None: the run ended first). The model's knobs follow
+        only if the loop took the micro-batch; otherwise the change is refused and the split stays
+        fixed for the rest of the run."""
+        change = self.pending
+        if change is None:
+            return
+        assert self.controller is not None
+        if micro_batch_size != change.after.micro_batch_size:
+            self.split = False
+            why = (
+                "the run ended before the next epoch boundary"
+                if micro_batch_size is None
+                else f"the loop's DataLoader kept micro-batch {micro_batch_size}, so the split stays as it is"
+            )
+            self.controller.made(step, taken=False, why=why)
+            return
+        self.put(change.after)
+        self.controller.made(step, taken=True)
+
+    def put(self, config: TrainConfig) -> None:
+        """Put ``config``'s per-block precision and checkpointing on the model (replacing the last)."""
+        assert self._model is not None, "begin() first"
+        self.remove()
+        n = len(self._names)
+        device = next((p.device.type for p in self._model.parameters()), "cpu")
+        self._wrappers = apply_block_knobs(
+            self._model, self._names, config.block_precisions(n), config.block_checkpoints(n), device_type=device
+        )
+        self._warm = False
+
+    def remove(self) -> None:
+        """Take the wrappers off: the model is exactly as the loop gave it."""
+        if self._wrappers is not None:
+            self._wrappers.remove()
+            self._wrappers = None
