@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import WorkloadError
+from autotune.errors import BatchError, WorkloadError
 
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import DataLoader, Dataset
+
+    from autotune.memory.worst_case import WorstCase
 
 __all__ = ["Workload", "find_blocks", "DEFAULT_LR"]
 
@@ -49,6 +52,11 @@ class Workload:
             Its learning rate is the *base* rate at ``batch_size``; a config may scale it.
         batch_size: The reference effective batch size: the default effective batch of a study and
             ``B_base`` in linear learning-rate scaling.
+        worst_case_batch: A batch as the collate yields it at the longest shapes the data can
+            produce (every sequence at the longest length): the memory model predicts at it
+            (:mod:`autotune.memory.worst_case`). ``None``: found by scanning a map-style dataset.
+        scan_batches: Batches of a map-style dataset scanned for the longest one when no worst
+            case is declared (collated, never run); 0: the first batch only.
         source: The reference this workload was loaded from (set by :func:`load_workload`), so
             other processes (DeepSpeed ranks, study workers) can rebuild it. None if built directly.
     """
@@ -61,6 +69,8 @@ class Workload:
     optimizer: OptimizerFactory | None = None
     batch_size: int = 32
     collate_fn: CollateFn | None = None
+    worst_case_batch: Any = None
+    scan_batches: int = 100  # autotune.memory.worst_case.SCAN_BATCHES (not imported: it imports torch)
     source: str | None = None
 
     def __post_init__(self) -> None:
@@ -82,6 +92,15 @@ class Workload:
             raise WorkloadError(f"Workload.collate_fn must be callable or None, but got {self.collate_fn!r}.")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise WorkloadError(f"Workload.batch_size must be an int >= 1, but got {self.batch_size!r}.")
+        if not isinstance(self.scan_batches, int) or isinstance(self.scan_batches, bool) or self.scan_batches < 0:
+            raise WorkloadError(f"Workload.scan_batches must be an int >= 0, but got {self.scan_batches!r}.")
+        if self.worst_case_batch is not None:
+            from autotune.train.batches import batch_size
+
+            try:
+                batch_size(self.worst_case_batch)
+            except BatchError as e:
+                raise WorkloadError(f"Workload.worst_case_batch: {e}") from None
         if self.blocks is not None:
             object.__setattr__(self, "blocks", tuple(self.blocks))
             block_names(self.model, self.blocks, workload=self.name)
@@ -108,6 +127,14 @@ class Workload:
         """The dataset's first ``batch_size`` samples (fewer if it has fewer), collated: what the
         memory model and the probes run on."""
         return next(iter(self.loader(batch_size)))
+
+    @cached_property
+    def worst_case(self) -> WorstCase:
+        """The largest batch the data can produce, declared or scanned, and how it was found
+        (:func:`autotune.memory.worst_case.find_worst_case`; found once per workload)."""
+        from autotune.memory.worst_case import find_worst_case
+
+        return find_worst_case(self)
 
     def collate(self, samples: list[Any]) -> Any:
         """``samples`` as one batch, with the workload's collate."""
