@@ -32,6 +32,7 @@ from autotune.adapt.decider import Decider
 from autotune.adapt.gate import BudgetGate, Verdict, as_budget
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
+from autotune.adapt.shape_guard import ShapeGuard
 from autotune.adapt.sources import DecisionSource, FixedConfig, RunContext
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning, UnsupportedError
@@ -107,6 +108,10 @@ class Adaptive:
         dataset: A map-style dataset or an ``IterableDataset`` (see :class:`Workload`): the data of
             :meth:`step` with no batch, and the memory model's profile either way.
         collate_fn: Batches the dataset's samples (default: the DataLoader's default collate).
+        worst_case_batch: A batch at the longest shapes the data can produce: the budget gate
+            predicts at it (``Workload.worst_case_batch``); None scans a map-style dataset. A
+            :meth:`step` batch larger still is predicted at its shape before it runs, and the
+            step split if it would not fit (:mod:`autotune.adapt.shape_guard`).
         batch_size: The effective batch: by default it never changes (only its split into
             micro-batches x accumulation does).
         memory_budget: Peak tensor bytes allowed: ``"8GiB"``, bytes, ``"75%"`` of the default
@@ -152,12 +157,14 @@ class Adaptive:
         track_memory: bool | str = "unverified",
         name: str = "user",
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        worst_case_batch: Any = None,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer must be a torch.optim.Optimizer, but got {type(optimizer).__name__}.")
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=blocks,
-                            optimizer=_like(optimizer), batch_size=batch_size, collate_fn=collate_fn)  # fmt: skip
+                            optimizer=_like(optimizer), batch_size=batch_size, collate_fn=collate_fn,
+                            worst_case_batch=worst_case_batch)  # fmt: skip
         size = workload.dataset_size or batch_size
         default = TrainConfig(micro_batch_size=min(batch_size, size), grad_clip=grad_clip, lr_scaling=lr_scaling,  # type: ignore[arg-type]
                               seed=seed)  # fmt: skip
@@ -278,6 +285,7 @@ class Adaptive:
         self._default, self._fraction = default, budget.fraction
         reduced = self.source is not None  # only a decision source proposes bf16 blocks
         self.gate = BudgetGate.build(workload, budget, default, reduced_precision=reduced, device_type=device_type)
+        self.guard = ShapeGuard(workload, self.gate, reduced_precision=reduced)  # for step(batch)
         # The local loop switches configuration in ~1 ms: a proposal is measured side by side there.
         self.decider = Decider(source=self.source, gate=self.gate, base_batch_size=batch_size,
                                adapt_batch=adapt_batch, min_efficiency=min_efficiency,
@@ -413,6 +421,12 @@ class Adaptive:
         if want is not None and want != t.config:
             t.reconfigure(want)
         if batch is not None:
+            # A batch longer than any seen is predicted at its shape first (autotune.adapt.shape_guard).
+            guarded = self.guard.before(batch, t.config, t.step_count)
+            if guarded is not None:
+                if guarded.applied:
+                    t.reconfigure(guarded.after)
+                self.decider.guarded(guarded)
             t.feed(batch)
         config, index, peak = t.config, t.step_count, None
         decision_due = (index + 1) % self.decide_every == 0
