@@ -37,7 +37,15 @@ from autotune.train.batches import batch_size, map_tensors, tensors_of
 if TYPE_CHECKING:
     from autotune.workload import Workload
 
-__all__ = ["SCAN_BATCHES", "WorstCase", "at_worst_case", "find_worst_case", "profile_batch", "sample_bytes", "take_rows"]
+__all__ = [
+    "SCAN_BATCHES",
+    "WorstCase",
+    "at_worst_case",
+    "find_worst_case",
+    "profile_batch",
+    "sample_bytes",
+    "take_rows",
+]
 
 #: Batches of a map-style dataset scanned for the longest one. A scan collates without running
 #: anything (about a millisecond per batch of token sequences), so 100 batches cost well under a

@@ -110,7 +110,15 @@ class TokenStream(IterableDataset[torch.Tensor]):
 
 
 def build_stream_lm(
-    *, layers: int, width: int, heads: int, seq_len: int, vocab: int, num_samples: int, batch_size: int, seed: int = 2201
+    *,
+    layers: int,
+    width: int,
+    heads: int,
+    seq_len: int,
+    vocab: int,
+    num_samples: int,
+    batch_size: int,
+    seed: int = 2201,
 ) -> Workload:
     """``stream-lm``: a GPT on ``num_samples`` sequences of ``seq_len + 1`` tokens read from an
     ``IterableDataset``."""
