@@ -22,10 +22,17 @@ if TYPE_CHECKING:
 
     from autotune.memory.worst_case import WorstCase
 
-__all__ = ["Workload", "find_blocks", "DEFAULT_LR"]
+__all__ = ["Workload", "find_blocks", "DEFAULT_LR", "SCAN_BATCHES"]
 
 #: Learning rate of the default optimizer (AdamW) at the workload's reference batch size.
 DEFAULT_LR = 1e-3
+
+#: Batches of a map-style dataset scanned for the longest one (:mod:`autotune.memory.worst_case`).
+#: A scan only collates (no forward), once per workload: the cost of reading 100 of the user's
+#: batches. The corpus and test workloads hold fewer, so their whole epoch is scanned and the
+#: worst case is exact. A larger dataset whose longest batch may lie further declares it
+#: (``Workload.worst_case_batch``) or raises ``Workload.scan_batches``.
+SCAN_BATCHES = 100
 
 LossFn = Callable[["torch.nn.Module", Any], "torch.Tensor"]
 OptimizerFactory = Callable[[Iterable["torch.nn.Parameter"]], "torch.optim.Optimizer"]
@@ -70,7 +77,7 @@ class Workload:
     batch_size: int = 32
     collate_fn: CollateFn | None = None
     worst_case_batch: Any = None
-    scan_batches: int = 100  # autotune.memory.worst_case.SCAN_BATCHES (not imported: it imports torch)
+    scan_batches: int = SCAN_BATCHES
     source: str | None = None
 
     def __post_init__(self) -> None:

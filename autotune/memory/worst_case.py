@@ -27,15 +27,13 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import Dataset
 
 from autotune.train.batches import batch_size, map_tensors, tensors_of
-
-if TYPE_CHECKING:
-    from autotune.workload import Workload
+from autotune.workload import SCAN_BATCHES, Workload
 
 __all__ = [
     "SCAN_BATCHES",
@@ -47,12 +45,6 @@ __all__ = [
     "take_rows",
 ]
 
-#: Batches of a map-style dataset scanned for the longest one. A scan collates without running
-#: anything (about a millisecond per batch of token sequences), so 100 batches cost well under a
-#: second; the corpus and test workloads hold fewer, so their whole epoch is scanned and the worst
-#: case is exact. A larger dataset whose longest batch may lie further declares it
-#: (``Workload.worst_case_batch``) or raises ``Workload.scan_batches``.
-SCAN_BATCHES = 100
 
 
 @dataclass(frozen=True, kw_only=True)
