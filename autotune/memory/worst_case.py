@@ -46,7 +46,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class WorstCase:
     """The batch the memory model profiles at, and how it was found.
