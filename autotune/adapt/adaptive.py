@@ -421,12 +421,7 @@ class Adaptive:
         if want is not None and want != t.config:
             t.reconfigure(want)
         if batch is not None:
-            # A batch longer than any seen is predicted at its shape first (autotune.adapt.shape_guard).
-            guarded = self.guard.before(batch, t.config, t.step_count)
-            if guarded is not None:
-                if guarded.applied:
-                    t.reconfigure(guarded.after)
-                self.decider.guarded(guarded)
+            self.guard.apply(batch, t, self.decider)  # a batch longer than any seen: checked before it runs
             t.feed(batch)
         config, index, peak = t.config, t.step_count, None
         decision_due = (index + 1) % self.decide_every == 0

@@ -29,7 +29,9 @@ from autotune.memory.worst_case import sample_bytes
 from autotune.train.batches import map_tensors
 
 if TYPE_CHECKING:
+    from autotune.adapt.decider import Decider
     from autotune.adapt.gate import BudgetGate
+    from autotune.adapt.loop import AdaptLoop
     from autotune.workload import Workload
 
 __all__ = ["ShapeGuard", "splits"]
@@ -49,6 +51,16 @@ class ShapeGuard:
     def __init__(self, workload: Workload, gate: BudgetGate, *, reduced_precision: bool) -> None:
         self.workload, self.gate, self.reduced_precision = workload, gate, reduced_precision
         self.largest: int | None = None  # bytes per sample the gate's profile covers (found lazily)
+
+    def apply(self, batch: Any, loop: AdaptLoop, decider: Decider) -> Change | None:
+        """:meth:`before` for ``loop``'s next step: the change made (``loop`` reconfigured) and
+        logged in ``decider``'s history, or None."""
+        change = self.before(batch, loop.config, loop.step_count)
+        if change is not None:
+            if change.applied:
+                loop.reconfigure(change.after)
+            decider.guarded(change)
+        return change
 
     def before(self, batch: Any, config: TrainConfig, step: int) -> Change | None:
         """The change to make before ``batch`` runs under ``config`` at ``step``, or None (it fits
