@@ -13,12 +13,13 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from autotune import Adaptive, TrainConfig, Workload
-from autotune.adapt.gate import BudgetGate
-from autotune.adapt.shape_guard import splits
+from autotune.adapt.gate import BudgetGate, Verdict
+from autotune.adapt.shape_guard import ShapeGuard, splits
 from autotune.units import MemoryBudget
 from autotune.zoo import CORPUS
 
@@ -116,3 +117,36 @@ def test_splits_try_smaller_micro_batches_then_recompute() -> None:
     assert [(c.micro_batch_size, c.grad_accum_steps, c.checkpoint) for c in splits(config)] == [
         (3, 4, False), (2, 6, False), (1, 12, False), (4, 3, True), (3, 4, True), (2, 6, True), (1, 12, True),
     ]  # fmt: skip
+
+
+class _NothingFits:
+    """A gate whose every verdict is over the budget (a budget below any split of the long batch)."""
+
+    def __init__(self) -> None:
+        self.profiles: list[object] = []
+
+    def replace_profile(self, profile: object) -> None:
+        self.profiles.append(profile)
+
+    def check(self, config: TrainConfig) -> Verdict:
+        return Verdict(admitted=False, reason="predicted 9 B (+2% headroom) > budget 1 B", predicted=9, measured=None)
+
+
+def test_a_long_batch_no_split_fits_is_logged_refused_and_a_batch_seen_is_not_checked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("autotune.adapt.gate.memory_profile", lambda workload, **kw: None)
+    wl, gate = dataclasses.replace(_varlen(), scan_batches=0), _NothingFits()
+    guard = ShapeGuard(wl, gate, reduced_precision=False)  # type: ignore[arg-type]
+    long = list(wl.loader(8))[-1]
+    assert guard.before(wl.first_batch(8), DEFAULT, 0) is None  # no larger than the first batch
+    change = guard.before(long, DEFAULT, 7)
+    assert change is not None
+    assert (change.applied, change.before, change.after, change.predicted_bytes) == (False, DEFAULT, DEFAULT, 9)
+    assert change.reason == (
+        "the batch of step 7 has 512 B per sample, more than any predicted before (256 B): predicted 9 B "
+        "(+2% headroom) > budget 1 B, and no split of the batch fits: it runs as it is"
+    )
+    assert gate.profiles == [None]
+    assert guard.before(long, DEFAULT, 8) is None  # the largest seen now: not profiled again
+    assert gate.profiles == [None]
