@@ -10,7 +10,7 @@ in :mod:`autotune.zoo`; :mod:`autotune.resolve` turns a reference to either into
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +76,7 @@ class Workload:
     optimizer: OptimizerFactory | None = None
     batch_size: int = 32
     collate_fn: CollateFn | None = None
-    worst_case_batch: Any = None
+    worst_case_batch: Any = field(default=None, compare=False)  # tensors: == would be elementwise
     scan_batches: int = SCAN_BATCHES
     source: str | None = None
 
