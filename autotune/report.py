@@ -114,6 +114,8 @@ def estimate_table(workload: str, config: TrainConfig, e: MemoryEstimate, budget
         value = getattr(e, f)
         if value:
             table.add_row(f"  {f.replace('_', ' ')}", format_bytes(value), "")
+    if e.worst_case:
+        table.add_row("batch", "", e.worst_case)
     v = e.verification
     if v is None:
         table.add_row("verified", "no", "not checked against a real step")

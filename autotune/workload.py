@@ -10,19 +10,29 @@ in :mod:`autotune.zoo`; :mod:`autotune.resolve` turns a reference to either into
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import WorkloadError
+from autotune.errors import BatchError, WorkloadError
 
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import DataLoader, Dataset
 
-__all__ = ["Workload", "find_blocks", "DEFAULT_LR"]
+    from autotune.memory.worst_case import WorstCase
+
+__all__ = ["Workload", "find_blocks", "DEFAULT_LR", "SCAN_BATCHES"]
 
 #: Learning rate of the default optimizer (AdamW) at the workload's reference batch size.
 DEFAULT_LR = 1e-3
+
+#: Batches of a map-style dataset scanned for the longest one (:mod:`autotune.memory.worst_case`).
+#: A scan only collates (no forward), once per workload: the cost of reading 100 of the user's
+#: batches. The corpus and test workloads hold fewer, so their whole epoch is scanned and the
+#: worst case is exact. A larger dataset whose longest batch may lie further declares it
+#: (``Workload.worst_case_batch``) or raises ``Workload.scan_batches``.
+SCAN_BATCHES = 100
 
 LossFn = Callable[["torch.nn.Module", Any], "torch.Tensor"]
 OptimizerFactory = Callable[[Iterable["torch.nn.Parameter"]], "torch.optim.Optimizer"]
@@ -49,6 +59,11 @@ class Workload:
             Its learning rate is the *base* rate at ``batch_size``; a config may scale it.
         batch_size: The reference effective batch size: the default effective batch of a study and
             ``B_base`` in linear learning-rate scaling.
+        worst_case_batch: A batch as the collate yields it at the longest shapes the data can
+            produce (every sequence at the longest length): the memory model predicts at it
+            (:mod:`autotune.memory.worst_case`). ``None``: found by scanning a map-style dataset.
+        scan_batches: Batches of a map-style dataset scanned for the longest one when no worst
+            case is declared (collated, never run); 0: the first batch only.
         source: The reference this workload was loaded from (set by :func:`load_workload`), so
             other processes (DeepSpeed ranks, study workers) can rebuild it. None if built directly.
     """
@@ -61,6 +76,8 @@ class Workload:
     optimizer: OptimizerFactory | None = None
     batch_size: int = 32
     collate_fn: CollateFn | None = None
+    worst_case_batch: Any = field(default=None, compare=False)  # tensors: == would be elementwise
+    scan_batches: int = SCAN_BATCHES
     source: str | None = None
 
     def __post_init__(self) -> None:
@@ -82,6 +99,15 @@ class Workload:
             raise WorkloadError(f"Workload.collate_fn must be callable or None, but got {self.collate_fn!r}.")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise WorkloadError(f"Workload.batch_size must be an int >= 1, but got {self.batch_size!r}.")
+        if not isinstance(self.scan_batches, int) or isinstance(self.scan_batches, bool) or self.scan_batches < 0:
+            raise WorkloadError(f"Workload.scan_batches must be an int >= 0, but got {self.scan_batches!r}.")
+        if self.worst_case_batch is not None:
+            from autotune.train.batches import batch_size
+
+            try:
+                batch_size(self.worst_case_batch)
+            except BatchError as e:
+                raise WorkloadError(f"Workload.worst_case_batch: {e}") from None
         if self.blocks is not None:
             object.__setattr__(self, "blocks", tuple(self.blocks))
             block_names(self.model, self.blocks, workload=self.name)
@@ -108,6 +134,14 @@ class Workload:
         """The dataset's first ``batch_size`` samples (fewer if it has fewer), collated: what the
         memory model and the probes run on."""
         return next(iter(self.loader(batch_size)))
+
+    @cached_property
+    def worst_case(self) -> WorstCase:
+        """The largest batch the data can produce, declared or scanned, and how it was found
+        (:func:`autotune.memory.worst_case.find_worst_case`; found once per workload)."""
+        from autotune.memory.worst_case import find_worst_case
+
+        return find_worst_case(self)
 
     def collate(self, samples: list[Any]) -> Any:
         """``samples`` as one batch, with the workload's collate."""

@@ -29,6 +29,7 @@ from autotune.adapt.controller import Controller
 from autotune.adapt.gate import BudgetGate, as_budget
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
+from autotune.adapt.shape_guard import ShapeGuard
 from autotune.adapt.sources import DecisionSource, FixedConfig
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
@@ -103,6 +104,10 @@ class Adaptive:
         dataset: A map-style dataset or an ``IterableDataset`` (see :class:`Workload`): the data of
             :meth:`step` with no batch, and the memory model's profile either way.
         collate_fn: Batches the dataset's samples (default: the DataLoader's default collate).
+        worst_case_batch: A batch at the longest shapes the data can produce: the budget gate
+            predicts at it (``Workload.worst_case_batch``); None scans a map-style dataset. A
+            :meth:`step` batch larger still is predicted at its shape before it runs, and the
+            step split if it would not fit (:mod:`autotune.adapt.shape_guard`).
         batch_size: The effective batch: by default it never changes (only its split into
             micro-batches x accumulation does).
         memory_budget: Peak tensor bytes allowed: ``"8GiB"``, bytes, ``"75%"`` of the default
@@ -150,12 +155,14 @@ class Adaptive:
         track_memory: bool | str = "unverified",
         name: str = "user",
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        worst_case_batch: Any = None,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer must be a torch.optim.Optimizer, but got {type(optimizer).__name__}.")
         workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=blocks,
-                            optimizer=_like(optimizer), batch_size=batch_size, collate_fn=collate_fn)  # fmt: skip
+                            optimizer=_like(optimizer), batch_size=batch_size, collate_fn=collate_fn,
+                            worst_case_batch=worst_case_batch)  # fmt: skip
         size = workload.dataset_size or batch_size
         default = TrainConfig(micro_batch_size=min(batch_size, size), grad_clip=grad_clip, lr_scaling=lr_scaling,  # type: ignore[arg-type]
                               seed=seed)  # fmt: skip
@@ -275,6 +282,7 @@ class Adaptive:
         budget = as_budget(memory_budget)
         reduced = self.source is not None  # only a decision source proposes bf16 blocks
         self.gate = BudgetGate.build(workload, budget, default, reduced_precision=reduced, device_type=device_type)
+        self.guard = ShapeGuard(workload, self.gate, reduced_precision=reduced)  # for step(batch)
         # The local loop switches configuration in ~1 ms: a proposal is measured side by side there.
         self._hooks = _LoopHooks(paired=paired)
         self.controller = Controller(frontend=self._hooks, source=self.source, gate=self.gate, default=default,
@@ -369,6 +377,7 @@ class Adaptive:
         if want is not None and want != t.config:
             t.reconfigure(want)
         if batch is not None:
+            self.guard.apply(batch, t, self.decider)  # a batch longer than any seen: checked before it runs
             t.feed(batch)
         config, index, peak, throughput = t.config, t.step_count, None, None
         if t.noise is not None:

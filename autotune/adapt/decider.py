@@ -265,6 +265,13 @@ class Decider:
         else:
             self._on_trial = proposed
 
+    def guarded(self, change: Change) -> None:
+        """The shape guard's change (:mod:`autotune.adapt.shape_guard`), made before a long batch:
+        logged; a trial under way ends (its sides were gated at a smaller batch)."""
+        self.history.append(change)
+        if change.applied:
+            self.previous, self.trial, self._recent = change.after, None, []
+
     def refuse(self, change: Change) -> None:
         """A change :meth:`decide` returned that the loop could not make after all (its reason says why)."""
         self.history.append(dataclasses.replace(change, applied=False))

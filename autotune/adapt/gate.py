@@ -144,6 +144,15 @@ class BudgetGate:
         gate.budget = budget.resolve(default_peak)
         return gate
 
+    def replace_profile(self, profile: MemoryProfile | None) -> None:
+        """Predict from ``profile`` from now on: one taken at a larger batch than the last
+        (:mod:`autotune.adapt.shape_guard`). Measurements and predictions so far were of smaller
+        batches, so they no longer stand for a configuration's peak: forgotten."""
+        self.profile = profile
+        self._predicted.clear()
+        self.measured.clear()
+        self.reserved.clear()
+
     def record(self, config: TrainConfig, peak_bytes: int, *, allocator: AllocatorStats | None = None) -> None:
         """A real step of ``config`` peaked at ``peak_bytes`` (exact: the same every time); on
         CUDA ``allocator`` holds the caching allocator's peaks over that step."""

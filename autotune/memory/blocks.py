@@ -78,7 +78,10 @@ def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: 
 
 
 def _first_batch(workload: Workload, micro_batch_size: int) -> Any:
-    return tree_map_only(torch.Tensor, lambda t: t, workload.first_batch(micro_batch_size))
+    """A micro-batch at the workload's worst case (:func:`autotune.memory.worst_case.profile_batch`)."""
+    from autotune.memory.worst_case import profile_batch
+
+    return tree_map_only(torch.Tensor, lambda t: t, profile_batch(workload, micro_batch_size))
 
 
 def _enter(counts: list[int], positions: list[int], params: set[int]) -> Any:

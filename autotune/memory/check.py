@@ -111,6 +111,7 @@ def verify_profile(
     :func:`autotune.memory.profile.profile_memory` and skip it.
     """
     from autotune.memory.model import predict_memory
+    from autotune.memory.worst_case import at_worst_case
 
     checked = {v.kind for v in done}
     new: list[Verification] = []
@@ -118,7 +119,8 @@ def verify_profile(
         if kind in checked:
             continue
         predicted = predict_memory(workload, config, profile=profile).total
-        measured, failure = _measure_one_step(workload, config)
+        # The real step runs on worst-case samples, as the profile did (memory.worst_case).
+        measured, failure = _measure_one_step(at_worst_case(workload, config.micro_batch_size), config)
         error = None if measured is None else (predicted - measured) / measured
         reason = failure
         if error is not None and abs(error) > tolerance:

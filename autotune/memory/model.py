@@ -80,6 +80,9 @@ class MemoryEstimate(MemoryBreakdown):
     no fake-tensor pass can know it, so once one real step has run on the device its measured
     reserved/allocated ratio is carried here (``reserved_ratio``, see
     :meth:`with_reserved_ratio`) and :attr:`reserved` is the prediction scaled by it.
+
+    ``worst_case``: the batch the profile behind it ran at, e.g. ``"worst case: scanned 8 batches
+    (the whole epoch), longest at batch 6"`` (:mod:`autotune.memory.worst_case`).
     """
 
     phase: Phase
@@ -87,6 +90,7 @@ class MemoryEstimate(MemoryBreakdown):
     verified: bool = False
     verification: Verification | None = None
     reserved_ratio: float | None = None
+    worst_case: str = ""
 
     def __post_init__(self) -> None:
         for f in _CATEGORIES:
@@ -132,6 +136,7 @@ class MemoryEstimate(MemoryBreakdown):
             "reserved": self.reserved,
             "verified": self.verified,
             "verification": verification,
+            "worst_case": self.worst_case,
         }
 
     def to_json(self) -> str:
@@ -213,7 +218,9 @@ def predict_memory(
     from autotune.memory.check import covering
 
     check = covering(profile, config, plan, estimate.total)
-    return dataclasses.replace(estimate, verified=check is not None and check.verified, verification=check)
+    return dataclasses.replace(
+        estimate, verified=check is not None and check.verified, verification=check, worst_case=profile.worst_case
+    )
 
 
 class _Stretch(NamedTuple):

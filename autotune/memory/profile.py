@@ -140,6 +140,8 @@ class MemoryProfile:
             where they are not a chain, configurations that treat blocks differently are unverified.
         checks: The profile's predictions checked against real steps, one per kind of
             configuration (:func:`autotune.memory.check.verify_profile`); empty if not checked.
+        worst_case: Which batch the profile ran at: declared, scanned or the first
+            (:meth:`autotune.memory.worst_case.WorstCase.describe`).
     """
 
     names: tuple[str, ...]
@@ -154,6 +156,7 @@ class MemoryProfile:
     modes: dict[str, ModeProfile]
     structure: BlockStructure | None = None
     checks: tuple[Verification, ...] = ()
+    worst_case: str = ""
 
     @property
     def verification(self) -> Verification | None:
@@ -202,7 +205,9 @@ def profile_memory(
         raise PredictionError(f"cannot profile workload {workload.name!r} under fake tensors: {one_line(e)}") from e
     from autotune.memory.structure import detect_structure
 
-    profile = dataclasses.replace(profile, structure=detect_structure(workload))
+    profile = dataclasses.replace(
+        profile, structure=detect_structure(workload), worst_case=workload.worst_case.describe()
+    )
     if not verify:
         return profile
     from autotune.memory.check import verify_profile

@@ -19,7 +19,7 @@ import torch
 
 from autotune.errors import BatchError
 
-__all__ = ["batch_size", "map_tensors", "split_batch"]
+__all__ = ["batch_size", "map_tensors", "split_batch", "tensors_of"]
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
@@ -50,6 +50,11 @@ def _tensors(batch: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(batch, (tuple, list)):
         for i, v in enumerate(batch):
             yield from _tensors(v, f"{path}[{i}]")
+
+
+def tensors_of(batch: Any) -> list[torch.Tensor]:
+    """Every tensor of ``batch``, in its containers' order."""
+    return [t for _, t in _tensors(batch, "batch")]
 
 
 def batch_size(batch: Any) -> int:

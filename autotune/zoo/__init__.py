@@ -16,11 +16,14 @@ lstm-lm          4 residual nn.LSTM blocks, ~2.2M parameters, context 128, Marko
 gru-lm           4 residual nn.GRU blocks, ~1.7M parameters, context 128, Markov text
 shared-encoder   nn.TransformerEncoder classifier, ~1.0M, layer 3 is layer 0, tied head
 unet-tiny        two-level UNet, ~0.6M, BatchNorm, skip concatenations, 64x64 images
+varlen-lm        GPT LM, ~0.9M, 16-128 token sequences padded per batch, the longest batch last
+stream-lm        GPT LM, ~0.9M, context 64, Markov text from an IterableDataset
 random:SEED      a generated architecture (mlp / attention / conv blocks), 0.05M-3M parameters
 random2:SEED     the same with shared blocks, tied heads, skips, running state, dict batches
 ================ ==========================================================================
 
-The ``hf-*``, ``lstm-lm``, ``gru-lm``, ``shared-encoder`` and ``unet-tiny`` workloads are the
+The ``hf-*``, ``lstm-lm``, ``gru-lm``, ``shared-encoder``, ``unet-tiny``, ``varlen-lm`` and
+``stream-lm`` workloads are the
 *corpus* (:mod:`autotune.zoo.corpus`): third-party model classes built from their config classes
 with random initialisation (nothing is downloaded), and torch's own layers in the structures users
 write (:mod:`autotune.zoo.structured`: a shared layer and a tied head, a UNet's skips), at any

@@ -273,6 +273,30 @@ CORPUS: dict[str, CorpusEntry] = {
             sizes={"width": 32, "image_size": 64, "num_samples": 4000, "batch_size": 16},
             tiny={"width": 4, "image_size": 16, "num_samples": 64, "batch_size": 8},
         ),
+        CorpusEntry(
+            name="varlen-lm",
+            description="GPT LM, 0.9M params, 4 layers x 128, sequences of 16-128 tokens padded per batch "
+            "with an attention mask, the longest batch last",
+            library="torch",
+            model_class="nn.Linear+scaled_dot_product_attention",
+            requires=None,
+            builder=lazy_builder("autotune.zoo.pipelines", "build_varlen_lm"),
+            sizes={"layers": 4, "width": 128, "heads": 4, "min_len": 16, "max_len": 128, "vocab": 512}
+            | {"num_samples": 2048, "batch_size": 16},
+            tiny={"layers": 2, "width": 32, "heads": 2, "min_len": 4, "max_len": 32, "vocab": 64}
+            | {"num_samples": 64, "batch_size": 8},
+        ),
+        CorpusEntry(
+            name="stream-lm",
+            description="GPT LM, 0.9M params, 4 layers x 128, context 64, Markov text from an IterableDataset",
+            library="torch",
+            model_class="nn.Linear+scaled_dot_product_attention",
+            requires=None,
+            builder=lazy_builder("autotune.zoo.pipelines", "build_stream_lm"),
+            sizes={"layers": 4, "width": 128, "heads": 4, "seq_len": 64, "vocab": 512}
+            | {"num_samples": 2048, "batch_size": 16},
+            tiny={"layers": 2, "width": 32, "heads": 2, "seq_len": 16, "vocab": 64, "num_samples": 64, "batch_size": 8},
+        ),
     )
 }
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from autotune.cli.main import main
-from tests.paths import PADDED_WORKLOAD
+from tests.paths import PADDED_WORKLOAD, ROOT
 
 ITERABLE, MAP_STYLE = f"{PADDED_WORKLOAD}:build", f"{PADDED_WORKLOAD}:build_map_style"
 #: Embedding 50 x 32, two blocks (LayerNorm 32, Linear 32 -> 64, Linear 64 -> 32), head 32 -> 50.
@@ -50,3 +50,18 @@ def test_an_iterable_dataset_on_ranks_is_refused_in_one_line(command: str, capsy
         "workload 'padded' has an IterableDataset (Sequences), which every rank would read whole: give it as a "
         "map-style Dataset, or run one process (ranks=1).\n"
     )
+
+
+VARLEN = f"{ROOT / 'tests' / 'zoo' / 'tiny_corpus.py'}:varlen_lm"
+
+
+def test_predict_says_which_batch_it_predicted_at(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worst = "worst case: scanned 8 batches (the whole epoch), longest at batch 7"
+    assert main(["predict", "-w", VARLEN, "--micro-batch", "8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["worst_case"], data["verified"]) == (worst, True)
+    monkeypatch.setenv("COLUMNS", "200")  # the table's note on one line
+    assert main(["predict", "-w", VARLEN, "--micro-batch", "8"]) == 0
+    assert f"│ batch             │                             │ {worst} │" in capsys.readouterr().out

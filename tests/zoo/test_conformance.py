@@ -11,6 +11,7 @@ which rebuilds the tiny model from its reference, ``tests/zoo/tiny_corpus.py:NAM
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -60,7 +61,8 @@ def test_study_exports_and_tune(name: str, tmp_path: Path, capsys: pytest.Captur
     fresh = tiny_corpus.build(name)
     before = {k: v.detach().clone() for k, v in fresh.model.named_parameters()}
     handle = namespace["apply"](fresh.model)  # type: ignore[operator]
-    batch = torch.utils.data.default_collate([fresh.dataset[i] for i in range(2)])
+    two = list(itertools.islice(fresh.dataset, 2)) if fresh.iterable else [fresh.dataset[i] for i in range(2)]
+    batch = fresh.collate(two)  # with the workload's collate: varlen-lm pads
     loss = fresh.loss_fn(fresh.model, batch)
     loss.backward()
     assert torch.isfinite(loss)

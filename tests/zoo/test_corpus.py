@@ -7,6 +7,7 @@ import re
 import sys
 import warnings
 from functools import cache
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from autotune import measure, predict_memory
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError
 from autotune.memory.structure import detect_structure
+from autotune.memory.worst_case import at_worst_case
 from autotune.resolve import load_workload
 from autotune.workload import Workload
 from autotune.zoo import BUILTINS, CORPUS, build_corpus
@@ -38,6 +40,8 @@ EXPECTED_BLOCKS = {
     # named_modules lists once; the UNet's blocks are five attributes of four classes.
     "shared-encoder": tuple(f"encoder.layers.{i}" for i in range(4)),
     "unet-tiny": ("enc1", "enc2", "mid", "dec2", "dec1"),
+    "varlen-lm": ("blocks.0", "blocks.1"),
+    "stream-lm": ("blocks.0", "blocks.1"),
 }
 #: The models that declare their blocks: auto-detection cannot find them.
 DECLARED = {"shared-encoder", "unet-tiny"}
@@ -55,7 +59,14 @@ BLOCK_CLASSES = {
     "gru-lm": {"RecurrentBlock"},
     "shared-encoder": {"TransformerEncoderLayer"},
     "unet-tiny": {"ConvBNBlock", "UpBlock"},
+    "varlen-lm": {"Block"},
+    "stream-lm": {"Block"},
 }
+
+
+def _samples(wl: Workload) -> list[Any]:
+    """Every sample of the dataset, map-style or an IterableDataset (stream-lm: one pass)."""
+    return list(wl.dataset) if wl.iterable else [wl.dataset[i] for i in range(len(wl.dataset))]  # type: ignore[arg-type, call-overload]
 
 
 @cache
@@ -89,8 +100,8 @@ def test_building_twice_is_bit_identical_and_leaves_the_global_rng_alone(name: s
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert list(sa) == list(sb)
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert len(a.dataset) == len(b.dataset) == entry.tiny["num_samples"]
-    first_a, first_b = a.dataset[0], b.dataset[0]
+    assert len(_samples(a)) == len(_samples(b)) == entry.tiny["num_samples"]
+    first_a, first_b = _samples(a)[0], _samples(b)[0]
     if isinstance(first_a, dict):
         assert first_a.keys() == first_b.keys()
         assert all(torch.equal(first_a[k], first_b[k]) for k in first_a)
@@ -135,7 +146,9 @@ NOT_CHAIN = {"shared-encoder", "unet-tiny"}
 @pytest.mark.parametrize("name", list(CORPUS))
 def test_the_fake_tensor_prediction_matches_the_measured_peak(name: str) -> None:
     wl, config = tiny(name), TrainConfig(micro_batch_size=4)
-    measured = measure(wl, config, steps=1, warmup=1).peak_bytes
+    # Measured on worst-case samples, as predicted: the workload itself where every batch has
+    # the same shapes; varlen-lm's longest batch's rows (memory.worst_case), not the first ones.
+    measured = measure(at_worst_case(wl, 4), config, steps=1, warmup=1).peak_bytes
     assert measured is not None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -155,7 +168,7 @@ def test_the_fake_tensor_prediction_matches_the_measured_peak(name: str) -> None
 def test_the_data_is_learnable(name: str) -> None:
     """A few AdamW steps on one fixed batch lower the loss: labels, inputs and loss fit together."""
     wl = CORPUS[name].build(**CORPUS[name].tiny)  # a private model: it is trained here
-    batch = torch.utils.data.default_collate([wl.dataset[i] for i in range(8)])
+    batch = wl.collate(_samples(wl)[:8])
     opt = torch.optim.AdamW(wl.model.parameters(), lr=3e-3)
     losses = []
     with torch.random.fork_rng(devices=[]):

@@ -1,0 +1,107 @@
+"""The per-step guard: a user's batch larger than any seen is checked before it runs.
+
+The budget gate admits configurations on a prediction at the workload's worst case
+(:mod:`autotune.memory.worst_case`): declared, scanned, or only the first batch (an
+``IterableDataset``). A batch the user hands to :meth:`autotune.Adaptive.step` with more bytes per
+sample than that worst case (a longer padded sequence, by its shape) was never predicted. Before
+it runs, :class:`ShapeGuard` profiles the memory model at its shape (fake tensors, verified on a
+real step of a copy of the model at that shape), makes it the gate's new worst case, and, if the
+current configuration no longer fits the budget, moves the run to the first configuration of the
+same effective batch that does: smaller micro-batches (more accumulation), then every block
+recomputed. So the run never exceeds the budget on a long batch, and the split is a
+:class:`~autotune.adapt.records.Change` in the run's history. The run stays split: the long
+batch may come again, and decisions from then on are gated at its shape.
+
+Cost: one profile per new largest shape (a few seconds of fake-tensor passes and two real
+check steps per kind of configuration); a batch no larger than the largest seen costs one pass
+over its tensors' sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from autotune.adapt.records import Change
+from autotune.config import TrainConfig
+from autotune.memory.worst_case import sample_bytes
+from autotune.train.batches import map_tensors
+
+if TYPE_CHECKING:
+    from autotune.adapt.decider import Decider
+    from autotune.adapt.gate import BudgetGate
+    from autotune.adapt.loop import AdaptLoop
+    from autotune.workload import Workload
+
+__all__ = ["ShapeGuard", "splits"]
+
+SOURCE = "shape guard"
+
+
+class ShapeGuard:
+    """Checks each user batch against the largest shape the gate's profile covers.
+
+    Args:
+        workload: The run's workload (its model is profiled, never trained, here).
+        gate: The run's budget gate; a longer batch replaces its profile.
+        reduced_precision: Whether the gate's profile holds bf16 blocks (a decision source's run).
+    """
+
+    def __init__(self, workload: Workload, gate: BudgetGate, *, reduced_precision: bool) -> None:
+        self.workload, self.gate, self.reduced_precision = workload, gate, reduced_precision
+        self.largest: int | None = None  # bytes per sample the gate's profile covers (found lazily)
+
+    def apply(self, batch: Any, loop: AdaptLoop, decider: Decider) -> Change | None:
+        """:meth:`before` for ``loop``'s next step: the change made (``loop`` reconfigured) and
+        logged in ``decider``'s history, or None."""
+        change = self.before(batch, loop.config, loop.step_count)
+        if change is not None:
+            if change.applied:
+                loop.reconfigure(change.after)
+            decider.guarded(change)
+        return change
+
+    def before(self, batch: Any, config: TrainConfig, step: int) -> Change | None:
+        """The change to make before ``batch`` runs under ``config`` at ``step``, or None (it fits
+        as is, or it is no larger than a batch seen). A refused change (``applied=False``): no
+        configuration of the same effective batch fits, the step runs as it is."""
+        if self.largest is None:
+            self.largest = self.workload.worst_case.sample_bytes
+        size = sample_bytes(batch)
+        if size <= self.largest:
+            return None
+        seen, self.largest = self.largest, size
+        self._reprofile(batch)
+        what = f"the batch of step {step} has {size} B per sample, more than any predicted before ({seen} B)"
+        verdict = self.gate.check(config)
+        if verdict.admitted:
+            return None
+        for candidate in splits(config):
+            fits = self.gate.check(candidate)
+            if fits.admitted:
+                reason = f"{what}: {config.describe()} at its shape: {verdict.reason}; split: {fits.reason}"
+                return Change(step=step, source=SOURCE, before=config, after=candidate, applied=True, reason=reason,
+                              predicted_bytes=fits.predicted)  # fmt: skip
+        reason = f"{what}: {verdict.reason}, and no split of the batch fits: it runs as it is"
+        return Change(step=step, source=SOURCE, before=config, after=config, applied=False, reason=reason,
+                      predicted_bytes=verdict.predicted)  # fmt: skip
+
+    def _reprofile(self, batch: Any) -> None:
+        """The gate's profile, taken again at ``batch``'s shape (declared as the worst case)."""
+        from autotune.adapt.gate import memory_profile
+
+        at_shape = dataclasses.replace(self.workload, worst_case_batch=map_tensors(lambda t: t.detach().cpu(), batch))
+        self.gate.replace_profile(memory_profile(at_shape, reduced_precision=self.reduced_precision))
+
+
+def splits(config: TrainConfig) -> Iterator[TrainConfig]:
+    """Configurations of ``config``'s effective batch with less activation memory, in the order
+    tried: each smaller micro-batch that divides the batch (more accumulation), then the same
+    with every block recomputed."""
+    total = config.micro_batch_size * config.grad_accum_steps
+    for checkpoint in dict.fromkeys((config.checkpoint, True)):
+        for micro in range(config.micro_batch_size, 0, -1):
+            if total % micro == 0 and (micro, checkpoint) != (config.micro_batch_size, config.checkpoint):
+                yield dataclasses.replace(config, micro_batch_size=micro, grad_accum_steps=total // micro,
+                                          checkpoint=checkpoint)  # fmt: skip
