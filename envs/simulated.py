@@ -20,6 +20,7 @@ from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels
 from autotune.errors import ConfigError
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.settings import TUNING
+from autotune.units import MemoryBudget
 
 __all__ = ["SimulatedEnv", "PROFILE_DIR", "shipped_profiles", "describe_model"]
 
@@ -48,7 +49,8 @@ class SimulatedEnv(TuningEnv):
     ## Arguments
     - ``profiles``: WorkloadProfiles or paths to their JSON (default: the shipped ones); reset
       picks one with ``self.np_random``.
-    - ``memory_budget``: budget as a fraction of the default configuration's peak, or None to
+    - ``memory_budget``: what :meth:`~autotune.units.MemoryBudget.parse` reads (``"75%"``, bytes,
+      a ``MemoryBudget``) or a fraction (float) of the default configuration's peak, or None to
       draw it each episode log-uniformly between the least memory any knobs reach and 1.3x the
       default peak. Budgets are never set below 1.05x that least memory (always feasible).
     - ``randomize``: domain randomization (``randomized_profile``): in half of the episodes a
@@ -75,7 +77,7 @@ class SimulatedEnv(TuningEnv):
         self,
         *,
         profiles: Sequence[WorkloadProfile | str | Path] | None = None,
-        memory_budget: float | None = None,
+        memory_budget: MemoryBudget | str | int | float | None = None,
         randomize: bool = False,
         steps_per_action: int = 4,
         noise: float = 0.03,
@@ -101,7 +103,7 @@ class SimulatedEnv(TuningEnv):
         self.profiles = loaded or shipped_profiles()
         if not self.profiles:
             raise FileNotFoundError(f"no workload profiles given and none shipped in {PROFILE_DIR}")
-        self.memory_budget = memory_budget
+        self.memory_budget = None if memory_budget is None else MemoryBudget.parse(memory_budget, fractions=True)
         self.randomize = randomize
         self.steps_per_action = steps_per_action
         self.noise = noise
@@ -138,7 +140,7 @@ class SimulatedEnv(TuningEnv):
             u = rng.uniform(0.0, 1.0)
             budget = int(floor * (1.3 * default_peak / floor) ** u)
         else:
-            budget = int(max(default_peak * self.memory_budget, floor))
+            budget = int(max(self.memory_budget.resolve(lambda: default_peak), floor))
         self._progress = 0.0
         return start, describe_model(self.profile), self._machine_descriptor(budget), budget
 

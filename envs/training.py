@@ -48,16 +48,6 @@ _MAX_ZERO_STAGE = 3  # DeepSpeed's stages: 0 (data parallel), 1 (+ optimizer sta
 _OVER = 2**62  # certainly over any budget
 
 
-def _budget(value: MemoryBudget | int | float) -> MemoryBudget:
-    if isinstance(value, MemoryBudget):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(
-            f"memory_budget must be a MemoryBudget, bytes (int) or a fraction (float), but got {value!r}."
-        )
-    return MemoryBudget(bytes=value) if isinstance(value, int) else MemoryBudget(fraction=value)
-
-
 class TrainingEnv(TuningEnv):
     """The real training loop as an environment: see :class:`TuningEnv` for spaces and reward.
 
@@ -68,8 +58,9 @@ class TrainingEnv(TuningEnv):
       ZeRO stage 0). That batch stays the effective batch unless ``adapt_batch``.
     - ``adapt_batch``: let the agent grow the batch (never below the workload's), rewarded by
       goodput (:class:`TuningEnv`).
-    - ``memory_budget``: a :class:`~autotune.units.MemoryBudget`, bytes (int), or a fraction
-      (float) of the default configuration's measured peak (per rank).
+    - ``memory_budget``: what :meth:`~autotune.units.MemoryBudget.parse` reads (a ``MemoryBudget``,
+      ``"8GiB"``, ``"75%"``, bytes as an int) or a fraction (float) of the default configuration's
+      measured peak (per rank), as ``gymnasium.make`` kwargs have always given it.
     - ``steps_per_action``: real optimizer steps per env step. With one micro-batch per step on
       one rank, the first of them runs as two half micro-batches to feed the gradient-noise
       estimate and is not timed.
@@ -107,7 +98,7 @@ class TrainingEnv(TuningEnv):
         self,
         *,
         workloads: Sequence[str | Workload] = ("mlp-digits",),
-        memory_budget: MemoryBudget | int | float = 1.0,
+        memory_budget: MemoryBudget | str | int | float = 1.0,
         steps_per_action: int = 4,
         horizon: int = TUNING.horizon,
         device: str | None = None,
@@ -124,7 +115,7 @@ class TrainingEnv(TuningEnv):
         if not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1:
             raise ConfigError(f"horizon must be an int >= 1, but got {horizon!r}.")
         self.workload_refs = tuple(workloads)
-        self.memory_budget = _budget(memory_budget)
+        self.memory_budget = MemoryBudget.parse(memory_budget, fractions=True)
         self.steps_per_action = steps_per_action
         self.device = device
         self.ranks = ranks

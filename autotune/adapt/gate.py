@@ -26,7 +26,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionError, PredictionWarning
 from autotune.measurement.cuda_memory import RESERVED_HEADROOM, AllocatorStats, reserved_with_headroom
 from autotune.settings import TUNING
-from autotune.units import MemoryBudget, parse_memory_budget
+from autotune.units import DEFAULT_PEAK, MemoryBudget
 
 if TYPE_CHECKING:
     from autotune.memory.model import MemoryEstimate
@@ -37,18 +37,8 @@ __all__ = ["BudgetGate", "Verdict", "as_budget", "memory_profile"]
 
 
 def as_budget(value: MemoryBudget | str | int | None) -> MemoryBudget:
-    """What users pass as ``memory_budget``: None is 100% of the default's peak (adaptation only saves)."""
-    if value is None:
-        return MemoryBudget(fraction=1.0)
-    if isinstance(value, MemoryBudget):
-        return value
-    if isinstance(value, str):
-        return parse_memory_budget(value, name="memory_budget")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return MemoryBudget(bytes=value)
-    raise ConfigError(
-        f"memory_budget must be bytes (int), a string such as '8GiB' or '75%', or None, but got {value!r}."
-    )
+    """What users pass as ``memory_budget`` (:meth:`MemoryBudget.parse`): None is the default's peak."""
+    return MemoryBudget.parse(value, default=DEFAULT_PEAK)
 
 
 def memory_profile(workload: Workload, *, reduced_precision: bool, ranks: int = 1) -> MemoryProfile | None:

@@ -171,8 +171,13 @@ def test_the_starting_peak_is_measured_with_optimizer_state() -> None:
         ({"memory_budget": -0.5}, "MemoryBudget.fraction must be a finite number > 0, but got -0.5."),
         ({"memory_budget": 0}, "MemoryBudget.bytes must be an int >= 1, but got 0."),
         (
-            {"memory_budget": "75%"},
-            "memory_budget must be a MemoryBudget, bytes (int) or a fraction (float), but got '75%'.",
+            {"memory_budget": [0.75]},
+            "memory_budget must be bytes (int), a string such as '8GiB' or '75%', or a fraction of the "
+            "default's peak (float), but got [0.75].",
+        ),
+        (
+            {"memory_budget": "75"},
+            "memory_budget needs a unit: a size such as 75GiB or 75MiB, or a percentage such as 75%, but got '75'.",
         ),
         ({"horizon": 0}, "horizon must be an int >= 1, but got 0."),
     ],
