@@ -15,14 +15,14 @@ import numpy as np
 from autotune.envs.calibration import WorkloadProfile, load_profile
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
 from autotune.envs.costmodel import CPU_ZERO_OVERHEAD, StepCost, randomized_machine, randomized_profile, step_cost
-from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels
 
 from autotune.errors import ConfigError
+from autotune.knobs import FRACTION_LEVELS, KnobLevels
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.settings import TUNING
 from autotune.units import MemoryBudget
 
-__all__ = ["SimulatedEnv", "PROFILE_DIR", "shipped_profiles", "describe_model"]
+__all__ = ["SimulatedEnv", "PROFILE_DIR", "shipped_profiles"]
 
 #: Profiles measured with ``autotune profile`` on the team's 2-core CPU, shipped with the package.
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -30,17 +30,6 @@ PROFILE_DIR = Path(__file__).parent / "profiles"
 
 def shipped_profiles() -> list[WorkloadProfile]:
     return [load_profile(p) for p in sorted(PROFILE_DIR.glob("*.json"))]
-
-
-def describe_model(p: WorkloadProfile) -> ModelDescriptor:
-    per_block = sorted((b.fp32_per_sample for b in p.blocks), reverse=True)
-    quarter = max(1, round(len(per_block) / 4))
-    return ModelDescriptor(
-        num_parameters=p.num_parameters,
-        activation_bytes_per_sample=p.other_activation_per_sample + sum(per_block),
-        num_blocks=len(p.blocks),
-        top_quarter_share=sum(per_block[:quarter]) / max(sum(per_block), 1e-12),
-    )
 
 
 class SimulatedEnv(TuningEnv):
@@ -142,7 +131,12 @@ class SimulatedEnv(TuningEnv):
         else:
             budget = int(max(self.memory_budget.resolve(lambda: default_peak), floor))
         self._progress = 0.0
-        return start, describe_model(self.profile), self._machine_descriptor(budget), budget
+        p = self.profile
+        per_block = [b.fp32_per_sample for b in p.blocks]
+        model = ModelDescriptor.describe(
+            num_parameters=p.num_parameters, block_bytes=per_block, other_bytes=p.other_activation_per_sample
+        )
+        return start, model, self._machine_descriptor(budget), budget
 
     def _machine_descriptor(self, budget: int) -> MachineDescriptor:
         # The same two ratios TrainingEnv measures at reset, at the episode's starting knobs.

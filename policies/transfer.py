@@ -104,7 +104,8 @@ def quick_profile(workload: Workload) -> WorkloadProfile:
     :class:`NonFiniteLossError` passes through (a study goes on without a proposal and prunes the
     trials; an adaptive run stops)."""
     from autotune.envs.costmodel import step_cost
-    from autotune.envs.knobs import KnobLevels
+
+    from autotune.knobs import KnobLevels
 
     try:
         profile = profile_for_tuning(workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS)

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.envs.knobs import KnobLevels
 
 from autotune import Knobs, TrainConfig
 from autotune.adapt import Adaptive, FixedConfig, Observation, Proposal, RunContext
 from autotune.adapt.batch import grow_batch
 from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning
+from autotune.knobs import KnobLevels
 from autotune.measurement.record import Measurement, MemoryBreakdown
 from autotune.memory.blocks import profile_blocks
 from autotune.train.gns import NoiseEstimate
@@ -452,10 +452,10 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from autotune.envs.costmodel import step_cost
-    from autotune.envs.knobs import apply_action, knobs_to_config
     from autotune.policies import transfer
 
     from autotune.adapt.policy import _NEIGHBOUR_WITHIN, PolicySource, _levels_of
+    from autotune.knobs import apply_action, knobs_to_config
 
     wl, opt = _user_objects()
     # Fixed time terms (the memory table is the memory model's): the same simulator on any CPU.

@@ -64,10 +64,29 @@ BEFORE = {
         -0.4000000059604645,
         -1.0,
     ],
-}  # fmt: skip  (one figure per observation entry, as printed)
-SIMULATED_BEFORE = [-1.0, 0.25, 0.0, 0.0, 0.0, -1.0, -1.0, 0.4285714328289032, -1.0, -1.0, -1.0, 0.22032302618026733,
-                    0.30849677324295044, -0.1383458375930786, -0.3333333432674408, -0.045071009546518326,
-                    0.5840272903442383, 0.0, -0.3661176860332489, -1.0]  # fmt: skip
+}
+SIMULATED_BEFORE = [
+    -1.0,
+    0.25,
+    0.0,
+    0.0,
+    0.0,
+    -1.0,
+    -1.0,
+    0.4285714328289032,
+    -1.0,
+    -1.0,
+    -1.0,
+    0.22032302618026733,
+    0.30849677324295044,
+    -0.1383458375930786,
+    -0.3333333432674408,
+    -0.045071009546518326,
+    0.5840272903442383,
+    0.0,
+    -0.3661176860332489,
+    -1.0,
+]
 
 
 @pytest.mark.parametrize("name", sorted(BEFORE))
@@ -78,14 +97,29 @@ def test_the_policy_sees_what_it_saw_before(name: str, monkeypatch: pytest.Monke
     wl = load_workload(name)
     start = TrainConfig(micro_batch_size=wl.batch_size)
     source = policy_module.PolicySource()
-    source.start(RunContext(workload=wl, start=start, budget_bytes=50_000_000, device_type="cpu",
-                            blocks=profile_blocks(wl, micro_batch_size=2), admits=lambda config: True))  # fmt: skip
-    source._first = Observation(step=10, config=start, throughput=100.0, peak_bytes=40_000_000, b_noise=64.0,
-                                losses=(3.0, 2.9, 2.8, 2.7))  # fmt: skip
+    source.start(
+        RunContext(
+            workload=wl,
+            start=start,
+            budget_bytes=50_000_000,
+            device_type="cpu",
+            blocks=profile_blocks(wl, micro_batch_size=2),
+            admits=lambda config: True,
+        )
+    )
+    source._first = Observation(
+        step=10, config=start, throughput=100.0, peak_bytes=40_000_000, b_noise=64.0, losses=(3.0, 2.9, 2.8, 2.7)
+    )
     source._decisions = 3
     later = TrainConfig(micro_batch_size=wl.batch_size // 2, grad_accum_steps=2, precision="bf16", checkpoint=True)
-    obs = Observation(step=20, config=later, throughput=80.0, peak_bytes=30_000_000, b_noise=128.0,
-                      losses=(3.0, 2.9, 2.8, 2.7, 2.5, 2.4))  # fmt: skip
+    obs = Observation(
+        step=20,
+        config=later,
+        throughput=80.0,
+        peak_bytes=30_000_000,
+        b_noise=128.0,
+        losses=(3.0, 2.9, 2.8, 2.7, 2.5, 2.4),
+    )
     np.testing.assert_array_equal(source.observation(obs), np.asarray(BEFORE[name], dtype=np.float32))
 
 
