@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from autotune.adapt import Adaptive
     from autotune.config import TrainConfig
     from autotune.knobs import Knobs
-    from autotune.measurement import Measurement, MemoryBreakdown, NoiseEstimate, RankResult, measure
+    from autotune.measurement import Measurement, MemoryBreakdown, NoiseEstimate, RankResult
     from autotune.memory.model import MemoryEstimate, predict_memory
+    from autotune.procs.measure import measure
     from autotune.resolve import load_workload
     from autotune.workload import Workload
 
@@ -52,7 +53,7 @@ _LAZY = {
     "MemoryBreakdown": "autotune.measurement",
     "NoiseEstimate": "autotune.measurement",
     "RankResult": "autotune.measurement",
-    "measure": "autotune.measurement",
+    "measure": "autotune.procs.measure",
     "MemoryEstimate": "autotune.memory.model",
     "predict_memory": "autotune.memory.model",
 }

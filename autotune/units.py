@@ -1,8 +1,10 @@
 """Byte sizes and memory budgets: parsing ``2GiB`` / ``512MB`` / ``75%`` and printing sizes.
 
-Every command that takes ``--memory-budget`` (and a study spec's ``memory_budget``) parses it
-with :func:`parse_memory_budget`: a size with a unit, or a percentage of the default
-configuration's peak. A bare number is refused: ``5`` could mean bytes, GiB or a fraction.
+One budget type, :class:`MemoryBudget`, parsed in one place, :meth:`MemoryBudget.parse`: every
+``memory_budget`` argument (``Adaptive``, the callbacks, the study, the environments, the policy's
+fine-tuning and proposal) and every ``--memory-budget`` goes through it. Text is a size with a unit
+or a percentage of the default configuration's peak (:func:`parse_memory_budget`, the text half);
+a bare number in text is refused: ``5`` could mean bytes, GiB or a fraction.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 from autotune.errors import ConfigError
 
-__all__ = ["MemoryBudget", "parse_memory_budget", "parse_bytes", "format_bytes"]
+__all__ = ["DEFAULT_PEAK", "MemoryBudget", "parse_memory_budget", "parse_bytes", "format_bytes"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -69,6 +71,38 @@ class MemoryBudget:
         ):
             raise ConfigError(f"MemoryBudget.fraction must be a finite number > 0, but got {self.fraction!r}.")
 
+    @classmethod
+    def parse(
+        cls,
+        value: MemoryBudget | str | int | float | None,
+        *,
+        name: str = "memory_budget",
+        default: MemoryBudget | None = None,
+        fractions: bool = False,
+    ) -> MemoryBudget:
+        """The one parser of a budget: a ``MemoryBudget`` as is; text as :func:`parse_memory_budget`
+        (``"8GiB"``, ``"75%"``); an int as bytes; None as ``default`` where the caller has one.
+
+        ``fractions``: also read a float as a fraction of the default's peak (``0.75`` is 75%).
+        Only the environments take it: their ``gymnasium.make`` kwargs and the policy's training
+        scripts have always given fractions, and a float cannot be bytes. Everywhere else a float
+        is refused, since ``1.5`` could be a fraction or GiB.
+        """
+        if isinstance(value, MemoryBudget):
+            return value
+        if value is None and default is not None:
+            return default
+        if isinstance(value, str):
+            return parse_memory_budget(value, name=name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(bytes=value)
+        if fractions and isinstance(value, float):
+            return cls(fraction=value)
+        forms = ["bytes (int)", "a string such as '8GiB' or '75%'"]
+        forms += ["a fraction of the default's peak (float)"] if fractions else []
+        forms += ["None"] if default is not None else []
+        raise ConfigError(f"{name} must be {', '.join(forms[:-1])}, or {forms[-1]}, but got {value!r}.")
+
     def resolve(self, default_peak: Callable[[], int]) -> int:
         """Bytes: ``bytes`` as is, or ``fraction`` of ``default_peak()`` (at least 1)."""
         if self.bytes is not None:
@@ -79,6 +113,10 @@ class MemoryBudget:
     def __str__(self) -> str:
         """The text :func:`parse_memory_budget` reads back: ``123456B`` or ``75%``."""
         return f"{self.bytes}B" if self.bytes is not None else f"{self.fraction * 100:.15g}%"  # type: ignore[operator]
+
+
+#: The default configuration's own peak: the budget where none is given (adaptation only saves).
+DEFAULT_PEAK = MemoryBudget(fraction=1.0)
 
 
 def parse_memory_budget(text: str, *, name: str = "--memory-budget") -> MemoryBudget:

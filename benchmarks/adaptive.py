@@ -51,7 +51,7 @@ import torch
 from autotune.adapt import Adaptive, DecisionSource, Observation, Proposal, RunContext
 from autotune.adapt.policy import PolicySource
 from autotune.config import TrainConfig
-from autotune.measurement import measure
+from autotune.procs.measure import measure
 from autotune.resolve import load_workload
 from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, open_study, prepare, run_study, summarize
 from autotune.search.baselines import PYTORCH_DEFAULT

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from autotune.envs.calibration import interleaved_step_seconds
 from autotune.envs.costmodel import ranking, step_cost
-from autotune.envs.knobs import MICRO_LEVELS, KnobLevels, knobs_to_config
 from autotune.envs.simulated import shipped_profiles
 
 from autotune import load_workload, measure
+from autotune.knobs import MICRO_LEVELS, KnobLevels, knobs_to_config
 
 
 def _spearman(a: list[float], b: list[float]) -> float:

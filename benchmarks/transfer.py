@@ -43,13 +43,13 @@ from typing import Any
 import optuna
 import torch
 from autotune.envs.calibration import interleaved_step_seconds
-from autotune.envs.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels
 from autotune.envs.training import TrainingEnv
 from autotune.policies.episode import run_episode
 from autotune.policies.ppo import PRETRAINED_DIR, load_policy
 from autotune.policies.transfer import fine_tune, profile_for_tuning
 
 from autotune.config import TrainConfig
+from autotune.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels
 from autotune.measurement.tracker import tracked_step
 from autotune.memory.blocks import profile_blocks
 from autotune.train.local import Trainer

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from autotune.envs.calibration import BlockCost, WorkloadProfile, calibrate, load_profile, save_profile
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.envs.knobs import KnobLevels, apply_action, knobs_to_config
 from autotune.envs.simulated import PROFILE_DIR, SimulatedEnv, shipped_profiles
 from gymnasium.envs.registration import register, registry
 
+from autotune.knobs import KnobLevels, apply_action, knobs_to_config
 from autotune.settings import TUNING
 
 __all__ = [

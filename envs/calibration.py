@@ -34,14 +34,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from autotune.envs.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs_to_config
 
 from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, TrainingError
-from autotune.measurement import measure
+from autotune.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs_to_config
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.model import predict_memory
 from autotune.memory.profile import profile_memory
+from autotune.procs.measure import measure
 from autotune.settings import TUNING
 from autotune.train import Trainer
 from autotune.workload import Workload

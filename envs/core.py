@@ -14,23 +14,25 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
-from autotune.envs.knobs import (
+from gymnasium import spaces
+
+from autotune.errors import ConfigError, NonFiniteLossError
+from autotune.knobs import (
     ACCUM_LEVELS,
     FRACTION_LEVELS,
     MICRO_LEVELS,
     ZERO_STAGES,
     KnobLevels,
+    Knobs,
     apply_action,
 )
-from gymnasium import spaces
-
-from autotune.errors import ConfigError, NonFiniteLossError
-from autotune.knobs import Knobs
 from autotune.measurement.objective import score
 from autotune.measurement.trend import loss_slope
 
 if TYPE_CHECKING:
-    from autotune.memory.blocks import BlockProfile
+    from collections.abc import Sequence
+
+    import torch
 
 __all__ = [
     "Interval",
@@ -38,6 +40,7 @@ __all__ = [
     "ModelDescriptor",
     "TuningEnv",
     "OBSERVATION_SIZE",
+    "model_state_bytes",
     "observation_vector",
     "OVER_BUDGET_PENALTY",
     "DIVERGENCE_PENALTY",
@@ -59,16 +62,30 @@ class ModelDescriptor:
     top_quarter_share: float  # share of block activation bytes in the hungriest quarter of blocks
 
     @classmethod
-    def of_blocks(cls, profile: BlockProfile, *, num_parameters: int) -> ModelDescriptor:
-        """From a measured per-block activation profile (the real env, and a policy on a user's run)."""
-        saved = sorted(profile.saved_bytes, reverse=True)
+    def describe(
+        cls, *, num_parameters: int, block_bytes: Sequence[float], samples: float = 1.0, other_bytes: float = 0.0
+    ) -> ModelDescriptor:
+        """The one description of a model, wherever its figures come from: ``block_bytes``, each
+        block's activation bytes saved for backward (fp32, no recompute) over ``samples`` samples,
+        and ``other_bytes``, activations outside the blocks over as many. A real loop and a
+        policy on a user's run pass a :class:`~autotune.memory.blocks.BlockProfile`'s
+        ``saved_bytes`` and ``micro_batch_size``; the simulator its profile's per-sample bytes."""
+        saved = sorted(block_bytes, reverse=True)
         quarter = max(1, round(len(saved) / 4))
         return cls(
             num_parameters=num_parameters,
-            activation_bytes_per_sample=sum(saved) / profile.micro_batch_size,
-            num_blocks=len(profile.names),
-            top_quarter_share=sum(saved[:quarter]) / max(sum(saved), 1),
+            activation_bytes_per_sample=(other_bytes + sum(saved)) / samples,
+            num_blocks=len(saved),
+            top_quarter_share=sum(saved[:quarter]) / max(sum(saved), 1e-12),
         )
+
+
+def model_state_bytes(model: torch.nn.Module) -> int:
+    """The model-state bytes an observation's budget ratio (:attr:`MachineDescriptor.budget_ratio`)
+    divides by: parameters, gradients and Adam's two moments, 4x the parameter bytes. One estimate
+    for the training environment and a policy on a user's run, which knows it before any step is
+    tracked; the simulator's profiles measured the same sum on fp32 Adam (plus Adam's step counters)."""
+    return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 @dataclass(frozen=True, kw_only=True)

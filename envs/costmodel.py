@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from autotune.envs.calibration import WorkloadProfile, peak_table_index
-from autotune.envs.knobs import ACCUM_LEVELS, FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, blocks_at_level
 
+from autotune.knobs import ACCUM_LEVELS, FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, blocks_at_level
 from autotune.measurement.objective import per_gib
 
 __all__ = [

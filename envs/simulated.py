@@ -15,13 +15,14 @@ import numpy as np
 from autotune.envs.calibration import WorkloadProfile, load_profile
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
 from autotune.envs.costmodel import CPU_ZERO_OVERHEAD, StepCost, randomized_machine, randomized_profile, step_cost
-from autotune.envs.knobs import FRACTION_LEVELS, KnobLevels
 
 from autotune.errors import ConfigError
+from autotune.knobs import FRACTION_LEVELS, KnobLevels
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.settings import TUNING
+from autotune.units import MemoryBudget
 
-__all__ = ["SimulatedEnv", "PROFILE_DIR", "shipped_profiles", "describe_model"]
+__all__ = ["SimulatedEnv", "PROFILE_DIR", "shipped_profiles"]
 
 #: Profiles measured with ``autotune profile`` on the team's 2-core CPU, shipped with the package.
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -31,24 +32,14 @@ def shipped_profiles() -> list[WorkloadProfile]:
     return [load_profile(p) for p in sorted(PROFILE_DIR.glob("*.json"))]
 
 
-def describe_model(p: WorkloadProfile) -> ModelDescriptor:
-    per_block = sorted((b.fp32_per_sample for b in p.blocks), reverse=True)
-    quarter = max(1, round(len(per_block) / 4))
-    return ModelDescriptor(
-        num_parameters=p.num_parameters,
-        activation_bytes_per_sample=p.other_activation_per_sample + sum(per_block),
-        num_blocks=len(p.blocks),
-        top_quarter_share=sum(per_block[:quarter]) / max(sum(per_block), 1e-12),
-    )
-
-
 class SimulatedEnv(TuningEnv):
     """Simulated training: see :class:`TuningEnv` for spaces, reward and episode end.
 
     ## Arguments
     - ``profiles``: WorkloadProfiles or paths to their JSON (default: the shipped ones); reset
       picks one with ``self.np_random``.
-    - ``memory_budget``: budget as a fraction of the default configuration's peak, or None to
+    - ``memory_budget``: what :meth:`~autotune.units.MemoryBudget.parse` reads (``"75%"``, bytes,
+      a ``MemoryBudget``) or a fraction (float) of the default configuration's peak, or None to
       draw it each episode log-uniformly between the least memory any knobs reach and 1.3x the
       default peak. Budgets are never set below 1.05x that least memory (always feasible).
     - ``randomize``: domain randomization (``randomized_profile``): in half of the episodes a
@@ -75,7 +66,7 @@ class SimulatedEnv(TuningEnv):
         self,
         *,
         profiles: Sequence[WorkloadProfile | str | Path] | None = None,
-        memory_budget: float | None = None,
+        memory_budget: MemoryBudget | str | int | float | None = None,
         randomize: bool = False,
         steps_per_action: int = 4,
         noise: float = 0.03,
@@ -101,7 +92,7 @@ class SimulatedEnv(TuningEnv):
         self.profiles = loaded or shipped_profiles()
         if not self.profiles:
             raise FileNotFoundError(f"no workload profiles given and none shipped in {PROFILE_DIR}")
-        self.memory_budget = memory_budget
+        self.memory_budget = None if memory_budget is None else MemoryBudget.parse(memory_budget, fractions=True)
         self.randomize = randomize
         self.steps_per_action = steps_per_action
         self.noise = noise
@@ -138,9 +129,14 @@ class SimulatedEnv(TuningEnv):
             u = rng.uniform(0.0, 1.0)
             budget = int(floor * (1.3 * default_peak / floor) ** u)
         else:
-            budget = int(max(default_peak * self.memory_budget, floor))
+            budget = int(max(self.memory_budget.resolve(lambda: default_peak), floor))
         self._progress = 0.0
-        return start, describe_model(self.profile), self._machine_descriptor(budget), budget
+        p = self.profile
+        per_block = [b.fp32_per_sample for b in p.blocks]
+        model = ModelDescriptor.describe(
+            num_parameters=p.num_parameters, block_bytes=per_block, other_bytes=p.other_activation_per_sample
+        )
+        return start, model, self._machine_descriptor(budget), budget
 
     def _machine_descriptor(self, budget: int) -> MachineDescriptor:
         # The same two ratios TrainingEnv measures at reset, at the episode's starting knobs.

@@ -5,10 +5,10 @@ accumulation, loss scaling; weights and optimizer state untouched; with several 
 change rebuilds the DeepSpeed engines and carries that state over), trains a few real optimizer
 steps and measures them. Spaces and reward are :class:`TuningEnv`'s.
 
-Budget safety: a configuration is run only if the memory model
-(:func:`autotune.memory.model.predict_memory`, a fake-tensor profile of the model) predicts it
-within the budget with a margin, and only if that model was verified on this workload (its
-prediction of the starting configuration within 5% of the measured peak): an unverified
+Budget safety: the adaptive runs' admission rule (:class:`autotune.memory.gate.BudgetGate`, one
+per episode): a configuration is run only if the memory model
+(:func:`autotune.memory.model.predict_memory`, a fake-tensor profile of the model, checked against
+real steps of a copy of it) predicts it within the budget with the gate's headroom; an unverified
 prediction counts as over budget unless the configuration was measured. On a GPU, a config over
 the budget would run out of memory; here it simply is never run.
 """
@@ -20,17 +20,17 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.envs.knobs import ACCUM_LEVELS, FRACTION_LEVELS, KnobLevels, knobs_to_config
+from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv, model_state_bytes
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionError, one_line
+from autotune.knobs import ACCUM_LEVELS, FRACTION_LEVELS, KnobLevels, knobs_to_config
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.probe import probe_speeds
 from autotune.measurement.tracker import tracked_step
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.check import TOLERANCE
-from autotune.memory.model import predict_memory
+from autotune.memory.gate import BudgetGate, headroom_for
 from autotune.memory.profile import MemoryProfile, profile_memory
 from autotune.procs.session import RankSession, SessionStep
 from autotune.resolve import load_workload
@@ -43,19 +43,7 @@ from autotune.workload import Workload
 __all__ = ["TrainingEnv"]
 
 _MAX_ZERO_STAGE = 3  # DeepSpeed's stages: 0 (data parallel), 1 (+ optimizer state), 2 (+ gradients), 3 (+ parameters)
-#: A configuration runs only if predicted at most (1 - margin) x budget: the memory model is within
-#: 0.03% on the local runner, and real steps differ from fake ones by a few hundred bytes.
 _OVER = 2**62  # certainly over any budget
-
-
-def _budget(value: MemoryBudget | int | float) -> MemoryBudget:
-    if isinstance(value, MemoryBudget):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(
-            f"memory_budget must be a MemoryBudget, bytes (int) or a fraction (float), but got {value!r}."
-        )
-    return MemoryBudget(bytes=value) if isinstance(value, int) else MemoryBudget(fraction=value)
 
 
 class TrainingEnv(TuningEnv):
@@ -68,8 +56,9 @@ class TrainingEnv(TuningEnv):
       ZeRO stage 0). That batch stays the effective batch unless ``adapt_batch``.
     - ``adapt_batch``: let the agent grow the batch (never below the workload's), rewarded by
       goodput (:class:`TuningEnv`).
-    - ``memory_budget``: a :class:`~autotune.units.MemoryBudget`, bytes (int), or a fraction
-      (float) of the default configuration's measured peak (per rank).
+    - ``memory_budget``: what :meth:`~autotune.units.MemoryBudget.parse` reads (a ``MemoryBudget``,
+      ``"8GiB"``, ``"75%"``, bytes as an int) or a fraction (float) of the default configuration's
+      measured peak (per rank), as ``gymnasium.make`` kwargs have always given it.
     - ``steps_per_action``: real optimizer steps per env step. With one micro-batch per step on
       one rank, the first of them runs as two half micro-batches to feed the gradient-noise
       estimate and is not timed.
@@ -83,7 +72,7 @@ class TrainingEnv(TuningEnv):
     carries the training state over (fp32 parameters, Adam's moments and step, the LR schedule's
     position, the data stream's position), so training goes on where it was; every other knob
     changes on the live engine. The rebuild's seconds count in the reward's reconfiguration term.
-    With ``ranks == 1`` every stage maps to 0 (:func:`~autotune.envs.knobs.apply_action`; no
+    With ``ranks == 1`` every stage maps to 0 (:func:`~autotune.knobs.apply_action`; no
     action is invalid, so none is masked): ZeRO partitions model states *across* ranks, and at
     one rank stages 1-2 only add DeepSpeed's fp32 master copy (measured: 24 MB more for a
     12.6M-parameter GPT, nothing saved).
@@ -107,7 +96,7 @@ class TrainingEnv(TuningEnv):
         self,
         *,
         workloads: Sequence[str | Workload] = ("mlp-digits",),
-        memory_budget: MemoryBudget | int | float = 1.0,
+        memory_budget: MemoryBudget | str | int | float = 1.0,
         steps_per_action: int = 4,
         horizon: int = TUNING.horizon,
         device: str | None = None,
@@ -124,7 +113,7 @@ class TrainingEnv(TuningEnv):
         if not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1:
             raise ConfigError(f"horizon must be an int >= 1, but got {horizon!r}.")
         self.workload_refs = tuple(workloads)
-        self.memory_budget = _budget(memory_budget)
+        self.memory_budget = MemoryBudget.parse(memory_budget, fractions=True)
         self.steps_per_action = steps_per_action
         self.device = device
         self.ranks = ranks
@@ -135,11 +124,11 @@ class TrainingEnv(TuningEnv):
         self._peaks: dict[KnobLevels, int] = {}
         #: Knob settings the model could not run on this machine this episode, with the reason.
         self.infeasible: dict[KnobLevels, str] = {}
-        self._model_states = 1  # params + grads + optimizer state, measured with the default knobs
         self._workloads: dict[int, Workload] = {}
         self._memory: MemoryProfile | None = None  # the memory model's profile of this episode's model
+        self._gate: BudgetGate | None = None  # this episode's admission (one rank)
         self._reduced_failure: str | None = None  # why reduced precision cannot even be profiled
-        #: Whether the memory model predicted this episode's starting peak within 5%.
+        #: Whether the memory model predicted this episode's starting peak within 5% (verified).
         self.prediction_verified = False
         #: Every peak measured by a real step this episode (including reset's), in order.
         self.measured_peaks: list[tuple[KnobLevels, int]] = []
@@ -181,56 +170,60 @@ class TrainingEnv(TuningEnv):
         default_peak = self._measured_peak(start)
         budget = self._budget = self.memory_budget.resolve(lambda: default_peak)
         self._verify_memory_model(wl, start, default_peak)
-        model = ModelDescriptor.of_blocks(profile, num_parameters=wl.num_parameters)
+        model = ModelDescriptor.describe(
+            num_parameters=wl.num_parameters, block_bytes=profile.saved_bytes, samples=profile.micro_batch_size
+        )
         speed, recompute = self._machine_speeds(start)
         machine = MachineDescriptor(
-            reduced_speed=speed, budget_ratio=budget / self._model_states, recompute_cost=recompute
+            reduced_speed=speed, budget_ratio=budget / model_state_bytes(wl.model), recompute_cost=recompute
         )
         return start, model, machine, budget
 
     def _verify_memory_model(self, wl: Workload, start: KnobLevels, measured: int) -> None:
-        """Profile the model for the memory model (fake tensors, seconds) and check its prediction
-        of the starting configuration against the peak just measured. A model whose reduced
+        """Profile the model for the memory model (fake tensors, checked against real steps of a
+        copy of it, as an adaptive run's gate does), build the episode's gate, and compare its
+        prediction of the starting configuration with the peak just measured. A model whose reduced
         precision cannot even be profiled (a kernel this CPU lacks raises under fake tensors as it
         does for real) gets an fp32-only profile, and reduced precision is infeasible."""
-        self._memory, self.prediction_verified, self._reduced_failure = None, False, None
+        self._memory, self._gate, self.prediction_verified, self._reduced_failure = None, None, False, None
         if self.ranks > 1:
             return
         try:
-            self._memory = profile_memory(wl, modes=("fp32", "bf16"), checkpointed=True, verify=False)
+            self._memory = profile_memory(wl, modes=("fp32", "bf16"), checkpointed=True, verify=True)
         except PredictionError as e:
             self._reduced_failure = one_line(e).rpartition("under fake tensors: ")[2]
             try:
-                self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True, verify=False)
+                self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True, verify=True)
             except PredictionError:  # not a precision problem: no memory model for this model
                 self._reduced_failure = None
-                return
+        config = self.config_of(start)
+        self._gate = BudgetGate(wl, self._budget, profile=self._memory, headroom=headroom_for(config))
+        for levels, peak in self._peaks.items():
+            self._gate.record(self.config_of(levels), peak)
         predicted = self._predicted_peak(start)
         self.prediction_verified = predicted is not None and abs(predicted - measured) <= TOLERANCE * measured
 
     def _predicted_peak(self, knobs: KnobLevels) -> int | None:
-        """The memory model's peak of ``knobs``, or None where it has none (no profile, a
-        precision it could not profile, or a per-block mix on blocks that are not a chain)."""
-        if self._memory is None or self.workload is None:
+        """The memory model's verified peak of ``knobs``, or None where it has none (no profile, a
+        precision it could not profile, an unverified prediction: one of a per-block mix on blocks
+        that are not a chain is never verified)."""
+        if self._gate is None:
             return None
         try:
-            estimate = predict_memory(self.workload, self.config_of(knobs), profile=self._memory)
+            predicted = self._gate.predict(self.config_of(knobs))
         except ConfigError:  # the profile lacks the reduced-precision mode
             return None
-        check = estimate.verification
-        if check is not None and check.kind == "composition":
-            # Blocks that are not a chain (shared, skips): a per-block mix is not composed right,
-            # and the check of the start configuration cannot stand for it. Refused unless measured.
-            return None
-        return estimate.total
+        return predicted[0] if predicted is not None and predicted[1] else None
 
     def _admitted(self, knobs: KnobLevels) -> bool:
-        """Whether ``knobs`` may run: measured before within the budget, or predicted within it
-        with the margin by a verified memory model."""
-        if knobs in self._peaks:
-            return self._peaks[knobs] <= self._budget
-        predicted = self._predicted_peak(knobs) if self.prediction_verified else None
-        return predicted is not None and predicted <= (1.0 - TUNING.local_headroom) * self._budget
+        """Whether ``knobs`` may run: the gate's verdict (measured within the budget, or predicted
+        within it with the headroom by a verified memory model)."""
+        if self._gate is None:
+            return knobs in self._peaks and self._peaks[knobs] <= self._budget
+        try:
+            return self._gate.check(self.config_of(knobs)).admitted
+        except ConfigError:  # the profile lacks the reduced-precision mode: unknown, not measured
+            return False
 
     def _machine_speeds(self, knobs: KnobLevels) -> tuple[float, float]:
         """Step throughput with every block in reduced precision relative to fp32, and the extra
@@ -278,7 +271,7 @@ class TrainingEnv(TuningEnv):
             self.infeasible[knobs] = self._reduced_failure
             return _OVER
         if not self._admitted(knobs):
-            predicted = self._predicted_peak(knobs) if self.prediction_verified else None
+            predicted = self._predicted_peak(knobs)
             return _OVER if predicted is None else max(predicted, self._budget + 1)
         return self._measured_peak(knobs)
 
@@ -292,7 +285,7 @@ class TrainingEnv(TuningEnv):
             loop = self._loop()
             loop.reconfigure(self.config_of(knobs))
             try:
-                self._peaks[knobs], self._model_states = self._tracked_step()
+                self._peaks[knobs] = self._tracked_step()
                 self.measured_peaks.append((knobs, self._peaks[knobs]))
             except Exception as e:
                 # 2**62 bytes: certainly over any budget, so the env refuses the setting with the
@@ -310,16 +303,16 @@ class TrainingEnv(TuningEnv):
                     raise
             finally:
                 loop.reconfigure(self.config_of(self.levels))
+            if self._gate is not None:  # a failed step's 2**62 too: the gate leaves it from now on
+                self._gate.record(self.config_of(knobs), self._peaks[knobs])
         return self._peaks[knobs]
 
-    def _tracked_step(self) -> tuple[int, int]:
-        """(peak bytes, model-state bytes) of one real step under exact memory tracking."""
+    def _tracked_step(self) -> int:
+        """The peak bytes of one real step under exact memory tracking (the highest rank's)."""
         if self.session is not None:
-            tracked = self.session.tracked_step()
-            return tracked.peak_bytes, max(m.category_peaks.model_states for m in tracked.per_rank)
+            return self.session.tracked_step().peak_bytes
         assert self.trainer is not None
-        local = tracked_step(self.trainer)
-        return local.at_peak.total, local.category_peaks.model_states
+        return tracked_step(self.trainer).at_peak.total
 
     def _train(self, knobs: KnobLevels) -> Interval:
         loop = self._loop()

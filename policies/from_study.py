@@ -99,8 +99,8 @@ def fine_tune_from_study(
     :class:`~autotune.errors.ConfigError` and writes nothing.
     """
     from autotune.envs.costmodel import step_cost
-    from autotune.envs.knobs import KnobLevels
 
+    from autotune.knobs import KnobLevels
     from autotune.resolve import load_workload
     from autotune.search.storage import load_existing_study
 

@@ -23,6 +23,7 @@ from autotune.envs.calibration import WorkloadProfile
 from autotune.envs.core import OBSERVATION_SIZE
 
 from autotune.errors import ConfigError
+from autotune.units import MemoryBudget
 
 __all__ = [
     "Policy",
@@ -74,7 +75,7 @@ def simulated_venv(
     *,
     profiles: Sequence[WorkloadProfile] | None,
     randomize: bool,
-    memory_budget: float | None,
+    memory_budget: MemoryBudget | str | int | float | None,
     n_envs: int,
     seed: int,
     adapt_batch: bool = False,

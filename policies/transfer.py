@@ -24,6 +24,7 @@ from autotune.errors import AutotuneError, ConfigError, NonFiniteLossError, Prop
 from autotune.knobs import Knobs
 from autotune.measurement.objective import per_gib
 from autotune.memory.check import TOLERANCE
+from autotune.units import DEFAULT_PEAK, MemoryBudget
 from autotune.workload import Workload
 
 __all__ = ["profile_for_tuning", "fine_tune", "propose", "quick_profile", "simulated_best"]
@@ -40,16 +41,16 @@ def fine_tune(
     policy: Policy,
     profile: WorkloadProfile,
     *,
-    memory_budget: float,
+    memory_budget: MemoryBudget | str | int | float,
     seconds: float,
     seed: int = 0,
     n_envs: int = 4,
     adapt_batch: bool = False,
 ) -> Policy:
-    """PPO from ``policy``'s weights on ``profile``'s simulator at ``memory_budget`` (fraction of
-    the default's peak), for about ``seconds`` of wall time (checked after each rollout of
-    ``256 x n_envs`` steps, then updated on: ~2-4 s here, at least one). ``seconds <= 0`` returns
-    ``policy`` unchanged."""
+    """PPO from ``policy``'s weights on ``profile``'s simulator at ``memory_budget`` (as the
+    environments read it, :meth:`MemoryBudget.parse`: a float is a fraction of the default's peak),
+    for about ``seconds`` of wall time (checked after each rollout of ``256 x n_envs`` steps, then
+    updated on: ~2-4 s here, at least one). ``seconds <= 0`` returns ``policy`` unchanged."""
     if not np.isfinite(seconds):
         raise ConfigError(f"seconds must be a finite number, but got {seconds!r}.")
     if seconds <= 0:
@@ -103,7 +104,8 @@ def quick_profile(workload: Workload) -> WorkloadProfile:
     :class:`NonFiniteLossError` passes through (a study goes on without a proposal and prunes the
     trials; an adaptive run stops)."""
     from autotune.envs.costmodel import step_cost
-    from autotune.envs.knobs import KnobLevels
+
+    from autotune.knobs import KnobLevels
 
     try:
         profile = profile_for_tuning(workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS)
@@ -142,7 +144,7 @@ def simulated_best(
 def propose(
     workload: Workload,
     *,
-    memory_budget: int | None,
+    memory_budget: MemoryBudget | str | int | None,
     seconds: float = 0.0,
     policy: Policy | None = None,
     seed: int = 0,
@@ -150,21 +152,19 @@ def propose(
     """The policy's proposal for ``workload`` without a real env step: profile the model (a quick
     profile), fine-tune the (pretrained) policy on its calibrated simulator for ``seconds``
     (default 0: as shipped), play one deterministic episode there and return the best
-    configuration it reached within ``memory_budget`` (bytes per rank; None: the default's peak),
+    configuration it reached within ``memory_budget`` (:meth:`MemoryBudget.parse`: bytes per rank as
+    an int; None: the default's peak),
     as shared :class:`~autotune.Knobs`. ``autotune study`` enqueues it next to its baselines (one
     more measured trial). Raises :class:`ProposalError` and :class:`NonFiniteLossError` as
     :func:`quick_profile` does.
     """
-    from autotune.envs.costmodel import step_cost
-    from autotune.envs.knobs import KnobLevels
     from autotune.envs.simulated import SimulatedEnv
     from autotune.policies.ppo import EPISODE_STEPS, load_policy
 
+    budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
     profile = quick_profile(workload)
-    default_peak = step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
-    fraction = 1.0 if memory_budget is None else memory_budget / default_peak
-    tuned = fine_tune(policy or load_policy(), profile, memory_budget=fraction, seconds=seconds, seed=seed)
-    env = SimulatedEnv(profiles=[profile], memory_budget=fraction, noise=0.0, horizon=EPISODE_STEPS)
+    tuned = fine_tune(policy or load_policy(), profile, memory_budget=budget, seconds=seconds, seed=seed)
+    env = SimulatedEnv(profiles=[profile], memory_budget=budget, noise=0.0, horizon=EPISODE_STEPS)
     obs, info = env.reset(seed=seed)
 
     def value(info: dict[str, Any]) -> float:  # the shared objective at the fixed batch, within budget

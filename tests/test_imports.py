@@ -1,7 +1,10 @@
 """Imports inside the autotune package point one way: no module-level import cycles.
 
-Only imports executed when a module is imported count: ones inside functions (deliberately lazy)
-and under ``if TYPE_CHECKING:`` (never run) are left out. ``envs/`` and ``policies/`` install as
+Across homes only imports executed when a module is imported count: ones inside functions
+(deliberately lazy) and under ``if TYPE_CHECKING:`` (never run) are left out. Inside one home
+(``autotune/<home>/``) lazy imports count too: a circle of modules that call each other is one
+tangle however late its imports run. And nothing in ``measurement/`` imports ``procs/``, lazily or
+not: a rank runs the measurement schedule, never the other way round. ``envs/`` and ``policies/`` install as
 ``autotune.envs`` and ``autotune.policies`` (pyproject's package-dir), so they are read as such.
 """
 
@@ -67,8 +70,35 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, m
     return targets
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the autotune modules it imports at module level."""
+def _lazy(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements run when a function runs: inside a def (not under TYPE_CHECKING)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found += _module_level(node.body)
+            found += [
+                n
+                for inner in node.body
+                for n in ast.walk(inner)
+                if isinstance(n, ast.Import | ast.ImportFrom) and not _under_type_checking(n, node)
+            ]
+    return found
+
+
+def _under_type_checking(target: ast.AST, root: ast.AST) -> bool:
+    """Whether ``target`` sits in an ``if TYPE_CHECKING:`` body somewhere below ``root``."""
+    for node in ast.walk(root):
+        if (
+            isinstance(node, ast.If)
+            and _is_type_checking(node.test)
+            and any(target is n for stmt in node.body for n in ast.walk(stmt))
+        ):
+            return True
+    return False
+
+
+def import_graph(*, lazy: bool = False) -> dict[str, set[str]]:
+    """Module -> the autotune modules it imports at module level (``lazy``: also inside functions)."""
     modules = _modules()
     names = set(modules)
     graph: dict[str, set[str]] = {}
@@ -76,10 +106,19 @@ def import_graph() -> dict[str, set[str]]:
         tree = ast.parse(path.read_text(), filename=str(path))
         is_package = path.name == "__init__.py"
         edges: set[str] = set()
-        for node in _module_level(tree.body):
+        for node in _module_level(tree.body) + (_lazy(tree) if lazy else []):
             edges |= _targets(node, name, is_package, names)
         graph[name] = edges - {name}
     return graph
+
+
+def _home(module: str) -> str | None:
+    """``autotune.<home>`` for a module of a home (a sub-package, ``envs`` and ``policies`` included)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 and parts[1] in _HOMES else None
+
+
+_HOMES = {p.parent.name for p in (ROOT / "autotune").glob("*/__init__.py")} | {"envs", "policies"}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -128,6 +167,54 @@ def test_graph_reads_the_package() -> None:
 def test_no_import_cycles() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_lazy_imports_are_edges_of_the_lazy_graph() -> None:
+    lazy = import_graph(lazy=True)
+    assert "autotune.memory.model" in lazy["autotune.memory.audit"]  # inside audit()
+    assert "autotune.memory.model" not in import_graph()["autotune.memory.audit"]
+
+
+#: Lazy edges left in a circle, each with why: none may be added. The memory model's two
+#: conveniences call each other through the modules: ``predict_memory`` without a profile profiles
+#: the model, and ``profile_memory(verify=True)`` checks the profile with ``predict_memory``
+#: (``check`` -> ``model``), whose estimates carry the covering check (``model`` -> ``check``).
+#: Untangling it moves the composition below ``check`` and both conveniences above it (not done yet).
+KNOWN_LAZY_EDGES = {
+    ("autotune.memory.model", "autotune.memory.check"),
+    ("autotune.memory.model", "autotune.memory.profile"),
+    ("autotune.memory.profile", "autotune.memory.check"),
+}
+
+
+def _home_cycles(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for home in sorted({h for m in graph if (h := _home(m)) is not None}):
+        inside = {m: {t for t in targets if _home(t) == home} for m, targets in graph.items() if _home(m) == home}
+        cycle = find_cycle(inside)
+        if cycle is not None:
+            found.append(" -> ".join(cycle))
+    return found
+
+
+def test_no_cycles_inside_a_home_lazy_imports_included() -> None:
+    graph = import_graph(lazy=True)
+    assert {(a, b) for a, b in KNOWN_LAZY_EDGES if b in graph[a]} == KNOWN_LAZY_EDGES  # still there: drop when gone
+    without = {m: targets - {b for a, b in KNOWN_LAZY_EDGES if a == m} for m, targets in graph.items()}
+    found = _home_cycles(without)
+    assert found == [], "import cycles inside a home (lazy imports included):\n" + "\n".join(found)
+    assert _home_cycles(graph) == ["autotune.memory.model -> autotune.memory.check -> autotune.memory.model"]
+
+
+def test_measurement_never_imports_the_processes() -> None:
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in import_graph(lazy=True).items()
+        if module.startswith("autotune.measurement")
+        for target in targets
+        if target.startswith("autotune.procs")
+    )
+    assert upward == [], "measurement/ imports procs/ (lazily or not):\n" + "\n".join(upward)
 
 
 #: The architecture's layers, lowest first (see ARCHITECTURE.md): a module may import modules of

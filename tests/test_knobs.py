@@ -6,9 +6,9 @@ import re
 
 import optuna
 import pytest
-from autotune.envs.knobs import KnobLevels, knobs_to_config
 
 from autotune import ConfigError, Knobs, TrainConfig
+from autotune.knobs import KnobLevels, knobs_to_config
 from autotune.search.space import SearchSpace
 
 RANKING = (2, 0, 3, 1)  # block 2 saves the most activation bytes, block 1 the least

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from autotune import ConfigError
-from autotune.units import MemoryBudget, format_bytes, parse_bytes, parse_memory_budget
+from autotune.units import DEFAULT_PEAK, MemoryBudget, format_bytes, parse_bytes, parse_memory_budget
 
 
 @pytest.mark.parametrize(
@@ -94,3 +94,32 @@ def test_a_fraction_is_resolved_against_the_default_peak_only_when_given() -> No
 def test_a_memory_budget_is_validated(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         MemoryBudget(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "budget"),
+    [
+        (MemoryBudget(bytes=5), MemoryBudget(bytes=5)),
+        ("8GiB", MemoryBudget(bytes=8 * 2**30)),
+        ("75%", MemoryBudget(fraction=0.75)),
+        (1000, MemoryBudget(bytes=1000)),
+        (None, DEFAULT_PEAK),
+    ],
+)
+def test_one_parser_reads_every_form_of_a_budget(value: MemoryBudget | str | int | None, budget: MemoryBudget) -> None:
+    assert MemoryBudget.parse(value, default=DEFAULT_PEAK) == budget
+
+
+def test_a_float_is_a_fraction_only_where_the_environments_ask_for_it() -> None:
+    assert MemoryBudget.parse(0.75, fractions=True) == MemoryBudget(fraction=0.75)
+    message = "memory_budget must be bytes (int), a string such as '8GiB' or '75%', or None, but got 0.75."
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        MemoryBudget.parse(0.75, default=DEFAULT_PEAK)
+    # Without a default, None is no budget: the message says which forms are taken.
+    message = "--memory-budget must be bytes (int), or a string such as '8GiB' or '75%', but got None."
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        MemoryBudget.parse(None, name="--memory-budget")
+    with pytest.raises(ConfigError, match=r"^MemoryBudget\.bytes must be an int >= 1, but got 0\.$"):
+        MemoryBudget.parse(0)
+    with pytest.raises(ConfigError, match=r"^MemoryBudget\.fraction must be a finite number > 0, but got -0\.5\.$"):
+        MemoryBudget.parse(-0.5, fractions=True)

@@ -3,7 +3,7 @@
 The policy sees the observation vector of the tuning environments (:class:`autotune.envs.core.TuningEnv`'s
 table: gradient noise, memory pressure, loss trend, throughput, knob levels, model and machine
 descriptors) built from what the user's run measured, and answers with a ``MultiDiscrete`` action.
-Its actions mean what they mean in the environments (:func:`autotune.envs.knobs.apply_action`):
+Its actions mean what they mean in the environments (:func:`autotune.knobs.apply_action`):
 the split of the user's effective batch moves (micro-batch x2 and accumulation /2, or the
 reverse), never the batch; precision and checkpointing move by quarters of the blocks, hungriest
 first; the ZeRO stage is the action's on DeepSpeed ranks and 0 on one process. A split the
@@ -29,6 +29,7 @@ import torch
 
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
 from autotune.errors import MissingDependencyError
+from autotune.knobs import ZERO_STAGES, Move, apply_action, knobs_to_config, levels_of
 from autotune.settings import TUNING
 
 if TYPE_CHECKING:
@@ -39,8 +40,7 @@ if TYPE_CHECKING:
     from autotune.config import TrainConfig
     from autotune.envs.calibration import WorkloadProfile
     from autotune.envs.core import MachineDescriptor, ModelDescriptor
-    from autotune.envs.knobs import KnobLevels
-    from autotune.knobs import Knobs
+    from autotune.knobs import KnobLevels, Knobs
     from autotune.measurement.probe import MachineSpeeds
     from autotune.workload import Workload
 
@@ -94,15 +94,17 @@ class PolicySource(DecisionSource):
         self._proposed: set[TrainConfig] = set()
 
     def start(self, context: RunContext) -> None:
-        from autotune.envs.core import MachineDescriptor, ModelDescriptor
+        from autotune.envs.core import MachineDescriptor, ModelDescriptor, model_state_bytes
 
         self._context = context
         self._ranks = context.start.ranks
         speeds = _machine_speeds(context.workload, context.start)
         self._reduced_ok = speeds.reduced_speed > 0
-        model = context.workload.model
-        states = sum(p.numel() * p.element_size() for p in model.parameters()) * 4  # params, grads, Adam's two moments
-        self._model = ModelDescriptor.of_blocks(context.blocks, num_parameters=context.workload.num_parameters)
+        blocks, params = context.blocks, context.workload.num_parameters
+        self._model = ModelDescriptor.describe(
+            num_parameters=params, block_bytes=blocks.saved_bytes, samples=blocks.micro_batch_size
+        )
+        states = model_state_bytes(context.workload.model)
         self._machine = MachineDescriptor(reduced_speed=speeds.reduced_speed, recompute_cost=speeds.recompute_cost,
                                           budget_ratio=context.budget_bytes / states)  # fmt: skip
 
@@ -179,7 +181,7 @@ class PolicySource(DecisionSource):
 
         assert self._context is not None and self._first is not None, "start() and a first observation"
         assert self._model is not None and self._machine is not None
-        levels = _levels_of(obs.config, len(self._context.ranking))
+        levels = levels_of(obs.config, len(self._context.ranking))
         assert levels is not None, "propose() only observes configurations the levels can express"
 
         def interval(o: Observation) -> Interval:
@@ -205,11 +207,10 @@ class PolicySource(DecisionSource):
         )
 
     def propose(self, observation: Observation) -> Proposal | None:
-        from autotune.envs.knobs import ZERO_STAGES, apply_action, knobs_to_config
 
         assert self._context is not None, "start() first"
         ranking = self._context.ranking
-        levels = _levels_of(observation.config, len(ranking))
+        levels = levels_of(observation.config, len(ranking))
         if levels is None:  # a split the level tables cannot express (not powers of two): keep it
             return None
         if self._first is None:
@@ -261,19 +262,23 @@ class PolicySource(DecisionSource):
         configuration are tried: each trial costs a decision interval at a configuration that may
         be worse, and a tried one with more memory raises the run's peak. None without a plan (no
         simulator), or when no untried neighbour is that close."""
-        from autotune.envs.knobs import apply_action, knobs_to_config
-
         assert self._context is not None
         if self._profile is None or self._ranks != 1:
             return None
-        moves = [(0, 1, 1, 1, 0), (2, 1, 1, 1, 0), (1, 1, 1, 0, 0), (1, 1, 1, 2, 0), (1, 1, 0, 1, 0)]
+        moves = [
+            Move.LARGER_MICRO_BATCH,
+            Move.SMALLER_MICRO_BATCH,
+            Move.LESS_RECOMPUTE,
+            Move.MORE_RECOMPUTE,
+            Move.LESS_REDUCED_PRECISION,
+        ]
         if self._reduced_ok:
-            moves.append((1, 1, 2, 1, 0))
+            moves.append(Move.MORE_REDUCED_PRECISION)
         batch = observation.config.effective_batch_size
         floor = _NEIGHBOUR_WITHIN * self._simulated(levels, batch)
         ranked: list[tuple[float, TrainConfig]] = []
         for move in moves:
-            moved = apply_action(levels, move, max_zero_stage=0)
+            moved = apply_action(levels, move.action, max_zero_stage=0)
             config = knobs_to_config(moved, self._context.ranking, base=observation.config)
             if config in self._proposed or config == observation.config or not self._context.admits(config):
                 continue
@@ -285,24 +290,6 @@ class PolicySource(DecisionSource):
         value, config = max(ranked, key=lambda t: t[0])
         self._proposed.add(config)
         return Proposal(config=config, reason=f"{why}an untried neighbour ({value:.0f} samples/s per GiB simulated)")
-
-
-def _levels_of(config: TrainConfig, num_blocks: int) -> KnobLevels | None:
-    """``config`` as the environments' knob levels, or None when its split is not in their tables."""
-    from autotune.envs.knobs import ACCUM_LEVELS, FRACTION_LEVELS, MICRO_LEVELS, KnobLevels
-
-    if config.micro_batch_size not in MICRO_LEVELS or config.grad_accum_steps not in ACCUM_LEVELS:
-        return None
-    quarters = FRACTION_LEVELS - 1
-    low = sum(p != "fp32" for p in config.block_precisions(num_blocks))
-    ckpt = sum(config.block_checkpoints(num_blocks))
-    return KnobLevels(
-        accum=ACCUM_LEVELS.index(config.grad_accum_steps),
-        micro=MICRO_LEVELS.index(config.micro_batch_size),
-        precision=round(low / num_blocks * quarters),
-        checkpoint=round(ckpt / num_blocks * quarters),
-        zero_stage=config.zero_stage,
-    )
 
 
 def _machine_speeds(workload: Workload, start: TrainConfig) -> MachineSpeeds:

@@ -241,18 +241,13 @@ def _fine_tuned(policy: Any, workload: Any, budget: Any, args: argparse.Namespac
     """The policy fine-tuned on ``workload``'s calibrated simulator (``policies/transfer.py``)."""
     from rich.console import Console
 
-    from autotune.envs.costmodel import step_cost
-    from autotune.envs.knobs import KnobLevels
     from autotune.policies.transfer import fine_tune, profile_for_tuning
 
     console = Console(stderr=True)
     with console.status(f"profiling {workload.name} for the simulator"):
         profile = profile_for_tuning(workload)
-    fraction = budget.fraction
-    if fraction is None:  # bytes: as a fraction of the default's peak the memory model predicts
-        fraction = budget.bytes / step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
     with console.status(f"fine-tuning the policy on {workload.name}'s simulator ({args.fine_tune_seconds:g} s)"):
-        return fine_tune(policy, profile, memory_budget=fraction, seconds=args.fine_tune_seconds, seed=args.seed,
+        return fine_tune(policy, profile, memory_budget=budget, seconds=args.fine_tune_seconds, seed=args.seed,
                          adapt_batch=args.adapt_batch)  # fmt: skip
 
 

@@ -78,7 +78,7 @@ def _cmd_measure(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from autotune.measurement import measure
+    from autotune.procs.measure import measure
     from autotune.report import measurement_table
 
     err = Console(stderr=True)

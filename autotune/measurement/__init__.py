@@ -1,4 +1,5 @@
-"""What a configuration costs, measured on the real training loop: :func:`measure` (the schedule),
+"""What a configuration costs, measured on the real training loop: :func:`measure_local` (the
+schedule in one process; :func:`autotune.measure` also runs it on DeepSpeed ranks),
 exact memory by category, loss trend, goodput, the :class:`Measurement` record and the objective
 (:func:`score`) every searcher maximizes.
 """
@@ -8,7 +9,7 @@ from autotune.measurement.objective import Score, per_gib, score
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.progress import ProgressFn
 from autotune.measurement.record import GIB, Measurement, MemoryBreakdown, RankResult, Status
-from autotune.measurement.schedule import measure
+from autotune.measurement.schedule import measure_local
 from autotune.measurement.trend import ema, loss_slope
 from autotune.train.gns import NoiseEstimate
 
@@ -24,7 +25,7 @@ __all__ = [
     "ema",
     "is_out_of_memory",
     "loss_slope",
-    "measure",
+    "measure_local",
     "per_gib",
     "score",
     "statistical_efficiency",

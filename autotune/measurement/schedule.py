@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
-from autotune.errors import AutotuneError, ConfigError, TrainingError
+from autotune.errors import AutotuneError, ConfigError, TrainingError, UnsupportedError
 from autotune.measurement.cuda_memory import (
     RESERVED_HEADROOM,
     AllocatorStats,
@@ -39,10 +39,10 @@ from autotune.train.local import Trainer
 if TYPE_CHECKING:
     from autotune.workload import Workload
 
-__all__ = ["ProgressFn", "RankReport", "Schedule", "assemble", "measure"]
+__all__ = ["ProgressFn", "RankReport", "Schedule", "assemble", "check_measure_args", "measure_local"]
 
 
-def measure(
+def measure_local(
     workload: Workload,
     config: TrainConfig,
     *,
@@ -64,24 +64,16 @@ def measure(
     ``oom`` or ``diverged``. Any other failure inside training raises :class:`TrainingError`
     (original chained), so a caller can mark the configuration failed and go on.
 
-    ``zero_stage > 0`` or ``ranks > 1`` runs on ``config.ranks`` DeepSpeed ranks started with
-    torchrun (see :func:`autotune.procs.multirank.measure_ranks`); the Measurement then has a
-    ``per_rank`` entry per rank and ``memory`` of the rank with the highest peak.
+    One process: ``zero_stage > 0`` or ``ranks > 1`` is refused (:class:`UnsupportedError`).
+    :func:`autotune.measure` (:func:`autotune.procs.measure.measure`) runs those on their
+    DeepSpeed ranks and the rest here: the measurement home does not reach up to the processes.
     """
-    _check_args(steps=steps, warmup=warmup, memory_budget=memory_budget)
+    check_measure_args(steps=steps, warmup=warmup, memory_budget=memory_budget)
     if config.on_deepspeed:
-        from autotune.procs.multirank import measure_ranks  # lazy: the rank session and its launcher
-
-        runs = measure_ranks(
-            workload,
-            [config],
-            steps=steps,
-            warmup=warmup,
-            memory_budget=memory_budget,
-            device=device,
-            progress=progress,
+        raise UnsupportedError(
+            "measure_local runs one process: a DeepSpeed configuration is measured on its ranks by "
+            f"autotune.measure, but got {config.describe()}."
         )
-        return runs[0]
     trainer = Trainer(workload, config, device=device)
     schedule = Schedule(
         trainer,
@@ -115,7 +107,7 @@ def measure(
     )
 
 
-def _check_args(*, steps: int, warmup: int, memory_budget: int | None) -> None:
+def check_measure_args(*, steps: int, warmup: int, memory_budget: int | None) -> None:
     if not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"measure: steps must be an int >= 1, but got {steps!r}.")
     if not isinstance(warmup, int) or warmup < 1:

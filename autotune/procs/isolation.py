@@ -185,7 +185,7 @@ def _serve(
     watch_parent(parent_pid, exit_code=3)
     import torch
 
-    from autotune.measurement import measure
+    from autotune.procs.measure import measure
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -231,7 +231,7 @@ def _retime(workload: Any, args: dict[str, Any], device: str | None) -> dict[str
 
 
 def _build(source: str, device: str | None) -> Any:
-    from autotune.measurement import measure
+    from autotune.procs.measure import measure
     from autotune.resolve import load_workload
 
     try:

@@ -75,9 +75,10 @@ def finalists(records: tuple[TrialRecord, ...]) -> list[TrialRecord]:
 def to_retime(study: optuna.Study) -> list[TrialRecord]:
     """The finalists still to re-time: none with fewer than two, or if these very trials were
     re-timed already (the study's ``retimed`` record names them)."""
-    from autotune.search.results import summarize
+    from autotune.search.record import trial_record
 
-    chosen = finalists(summarize(study).trials)
+    # The summary's records (results.summarize reads them the same way, and reads this module).
+    chosen = finalists(tuple(trial_record(t) for t in study.get_trials(deepcopy=False)))
     previous = study.user_attrs.get(RETIMED)
     if len(chosen) < 2 or (previous and [f["trial"] for f in previous["finalists"]] == [r.number for r in chosen]):
         return []

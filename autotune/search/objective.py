@@ -5,7 +5,8 @@ cannot fit; take the measurement from the cache or measure it in the child proce
 limit); store everything on the trial (user attributes, a dashboard note, the constraint); then
 
 * ``ok``: return ``(throughput or goodput, peak MiB)``;
-* ``over_budget`` / ``oom`` / ``diverged`` / predicted over budget: ``optuna.TrialPruned`` with
+* ``over_budget`` / ``oom`` / ``diverged`` / predicted over budget (the budget gate's rule and
+  headroom, :func:`autotune.memory.gate.admission`): ``optuna.TrialPruned`` with
   the reason (infeasible is a result, and the study goes on);
 * training error, time limit, crash: :class:`TrialFailed` with the reason (the study catches it).
 
@@ -129,13 +130,19 @@ class Objective:
             trial.set_user_attr(ATTR.PREDICTION_ERROR, f"{type(e).__name__}: {e}")
             return
         trial.set_user_attr(ATTR.PREDICTED, predicted)
-        if predicted > self.memory_budget:
+        from autotune.memory.gate import admission, headroom_for
+
+        # The gate's rule and headroom (autotune.memory.gate); an unverified prediction raised above
+        # and the trial is measured instead, in its isolated child process.
+        verdict = admission(
+            budget=self.memory_budget, headroom=headroom_for(config), predicted=predicted, verified=True
+        )
+        if not verdict.admitted:
             set_constraints(trial, [float(predicted - self.memory_budget)])
-            reason = f"predicted peak {predicted} bytes exceeds the memory budget of {self.memory_budget} bytes"
-            self._finish(trial, config, status="predicted_over_budget", reason=reason)
+            self._finish(trial, config, status="predicted_over_budget", reason=verdict.reason)
             import optuna
 
-            raise optuna.TrialPruned(reason)
+            raise optuna.TrialPruned(verdict.reason)
 
     def _measurement(self, trial: optuna.Trial, config: TrainConfig) -> Measurement:
         key = cache_key(

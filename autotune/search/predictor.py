@@ -1,8 +1,10 @@
-"""The hook to a memory model: skip configurations predicted not to fit, before measuring them.
+"""The study's memory predictions: skip configurations predicted not to fit, before measuring them.
 
-The memory model (``autotune.memory.model``) is developed separately and is optional:
-it is imported lazily, and its absence means "no prediction" (every configuration is measured).
-The contract used::
+The memory model is :mod:`autotune.memory.model`; ``RunOptions.memory_model`` names another
+module with the same ``predict_memory`` (tests plug in a stand-in), or None for no predictions
+(every configuration is measured). Whether a prediction fits is the budget gate's rule
+(:func:`autotune.memory.gate.admission`, with its headroom), applied by the objective and the
+baselines. The contract used::
 
     predict_memory(workload, config) -> int | <object with .total or .peak_bytes>
 
@@ -75,9 +77,9 @@ class _Predictor:
         return self.memo[key]
 
     def _profile(self, workload: Workload, config: TrainConfig) -> Any:
-        # The memory model's profiler (``autotune.memory.profile``), looked up at run time: this module must not
-        # depend statically on an API that is still being written.
-        profile_memory = importlib.import_module("autotune.memory.profile").profile_memory
+        from autotune.memory.check import verify_profile
+        from autotune.memory.profile import profile_memory
+
         assert self.plan_of is not None
         needed = set(self.plan_of(config, num_blocks=len(workload.block_names())).modes)
         current = self.profiles.get(id(workload))
@@ -92,8 +94,6 @@ class _Predictor:
                 if current is None:
                     current = profile_memory(workload, modes=modes)
                 else:
-                    from autotune.memory.check import verify_profile
-
                     grown = profile_memory(workload, modes=modes, verify=False)
                     current = dataclasses.replace(grown, checks=verify_profile(workload, grown, done=current.checks))
             except PredictionError as e:

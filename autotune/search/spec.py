@@ -36,7 +36,7 @@ from typing import Any, Literal, get_args
 import tomllib
 
 from autotune.errors import ConfigError, SpecError
-from autotune.units import MemoryBudget, parse_memory_budget
+from autotune.units import MemoryBudget
 
 __all__ = [
     "BlockOverride",
@@ -299,7 +299,7 @@ def _memory_budget(value: object) -> MemoryBudget:
             f"but got {value!r}."
         )
     try:
-        return parse_memory_budget(value, name="memory_budget")
+        return MemoryBudget.parse(value, name="memory_budget")
     except ConfigError as e:
         raise SpecError(str(e)) from None
 

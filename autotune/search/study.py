@@ -351,10 +351,14 @@ def enqueue_baselines(
     if predictor is not None and budget is not None:
 
         def fits(knobs: Any) -> bool:
+            from autotune.memory.gate import admission, headroom_for
+
+            config = prepared.space.config(knobs)
             try:
-                return predictor(prepared.workload, prepared.space.config(knobs)) <= budget
+                predicted = predictor(prepared.workload, config)
             except Exception:  # an optional model's failure: fall back to measuring
                 return True
+            return admission(budget=budget, headroom=headroom_for(config), predicted=predicted, verified=True).admitted
 
     reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
     added = []

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.envs.knobs import KnobLevels
 
 from autotune import Knobs, TrainConfig
 from autotune.adapt import Adaptive, FixedConfig, Observation, Proposal, RunContext
 from autotune.adapt.batch import grow_batch
 from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning
+from autotune.knobs import KnobLevels
 from autotune.measurement.record import Measurement, MemoryBreakdown
 from autotune.memory.blocks import profile_blocks
 from autotune.train.gns import NoiseEstimate
@@ -452,10 +452,10 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from autotune.envs.costmodel import step_cost
-    from autotune.envs.knobs import apply_action, knobs_to_config
     from autotune.policies import transfer
 
-    from autotune.adapt.policy import _NEIGHBOUR_WITHIN, PolicySource, _levels_of
+    from autotune.adapt.policy import _NEIGHBOUR_WITHIN, PolicySource
+    from autotune.knobs import Move, apply_action, knobs_to_config, levels_of
 
     wl, opt = _user_objects()
     # Fixed time terms (the memory table is the memory model's): the same simulator on any CPU.
@@ -473,18 +473,34 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
     tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=source, decide_every=5)
     tuner.close()
     here, ranking = tuner.config, profile_blocks(wl).ranked()
-    levels = _levels_of(here, len(ranking))
+    levels = levels_of(here, len(ranking))
     assert levels is not None
 
     def simulated(config: TrainConfig) -> float:
-        lv = _levels_of(config, len(ranking))
+        lv = levels_of(config, len(ranking))
         assert lv is not None
         cost = step_cost(profile, lv)
         return BATCH / cost.seconds / (cost.peak_bytes / 2**30)
 
     # The rule, spelled out: one knob moved by one level (as one action moves it), admitted by the
     # budget gate, rated by the simulator at least _NEIGHBOUR_WITHIN of where the run is.
-    moves = [(0, 1, 1, 1, 0), (2, 1, 1, 1, 0), (1, 1, 0, 1, 0), (1, 1, 2, 1, 0), (1, 1, 1, 0, 0), (1, 1, 1, 2, 0)]
+    named = [
+        Move.LARGER_MICRO_BATCH,
+        Move.SMALLER_MICRO_BATCH,
+        Move.LESS_REDUCED_PRECISION,
+        Move.MORE_REDUCED_PRECISION,
+        Move.LESS_RECOMPUTE,
+        Move.MORE_RECOMPUTE,
+    ]
+    moves = [tuple(m.action) for m in named]  # as the history prints them
+    assert moves == [
+        (0, 1, 1, 1, 0),
+        (2, 1, 1, 1, 0),
+        (1, 1, 0, 1, 0),
+        (1, 1, 2, 1, 0),
+        (1, 1, 1, 0, 0),
+        (1, 1, 1, 2, 0),
+    ]
     moved = [apply_action(levels, m, max_zero_stage=0) for m in moves]
     neighbours = {knobs_to_config(lv, ranking, base=here) for lv in moved} - {here}
     floor = _NEIGHBOUR_WITHIN * simulated(here)

@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 from autotune.envs.core import OBSERVATION_SIZE, Interval, MachineDescriptor, ModelDescriptor, observation_vector
-from autotune.envs.knobs import KnobLevels
 
 from autotune.errors import NonFiniteLossError
+from autotune.knobs import KnobLevels
 
 
 def _interval(loss: float) -> Interval:

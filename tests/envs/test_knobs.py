@@ -3,9 +3,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from autotune.envs.knobs import KnobLevels, apply_action, blocks_at_level, knobs_to_config
 
 from autotune import ConfigError
+from autotune.knobs import KnobLevels, apply_action, blocks_at_level, knobs_to_config
 
 
 def test_levels_pick_the_hungriest_blocks_first() -> None:

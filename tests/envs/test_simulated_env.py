@@ -12,11 +12,11 @@ from autotune.envs import SimulatedEnv, WorkloadProfile, calibrate, load_profile
 from autotune.envs.calibration import peak_table_index
 from autotune.envs.core import OBSERVATION_SIZE
 from autotune.envs.costmodel import step_cost
-from autotune.envs.knobs import KnobLevels, knobs_to_config
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from autotune import measure
+from autotune.knobs import KnobLevels, knobs_to_config
 from autotune.memory.blocks import profile_blocks
 from tests.conftest import make_resmlp
 

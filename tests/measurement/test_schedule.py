@@ -163,6 +163,18 @@ def test_fp16_on_cpu_deepspeed_ranks_is_unsupported() -> None:
         measure(wl, TrainConfig(zero_stage=2, ranks=2, precision="fp16"), device="cpu")
 
 
+def test_the_measurement_home_leaves_deepspeed_ranks_to_autotune_measure() -> None:
+    from autotune.measurement import measure_local
+
+    config = TrainConfig(zero_stage=2, ranks=2)
+    msg = (
+        "measure_local runs one process: a DeepSpeed configuration is measured on its ranks by autotune.measure, "
+        f"but got {config.describe()}."
+    )
+    with pytest.raises(UnsupportedError, match=f"^{re.escape(msg)}$"):
+        measure_local(make_resmlp(), config)
+
+
 def test_the_local_trainer_runs_one_process_only() -> None:
     msg = (
         "Trainer runs one local process (zero_stage=0, ranks=1), but got zero_stage=2 with ranks=2; "

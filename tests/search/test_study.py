@@ -145,9 +145,7 @@ def test_the_memory_model_skips_configs_predicted_not_to_fit(tmp_path: Path, tin
         assert (trial.user_attrs[ATTR.STATUS] == "predicted_over_budget") == predicted_over
         if predicted_over:
             assert trial.state.name == "PRUNED" and ATTR.CACHED not in trial.user_attrs
-            assert trial.user_attrs[ATTR.REASON] == (
-                f"predicted peak {10**12} bytes exceeds the memory budget of {budget} bytes"
-            )
+            assert trial.user_attrs[ATTR.REASON] == f"predicted {10**12} B (+2% headroom) > budget {budget} B"
 
 
 def test_an_existing_study_with_other_objectives_is_refused_and_left_untouched(tmp_path: Path) -> None:
