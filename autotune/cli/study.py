@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.cli.flags import BUDGET_HELP
+from autotune.cli.flags import BUDGET_HELP, THREADS_HELP, warn_if_busy
 
 if TYPE_CHECKING:
     import optuna
@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, help="timed steps per trial (default 4)")
     p.add_argument("--warmup", type=int, help="warmup steps per trial (default 1)")
     p.add_argument("--trial-timeout", help="time limit of one trial, e.g. 90s (default 5m)")
-    p.add_argument("--threads", type=int, help="torch threads in the measuring process (default: torch's)")
+    p.add_argument("--threads", type=int, help=THREADS_HELP)
     p.add_argument(
         "--policy-proposal",
         action=argparse.BooleanOptionalAction,
@@ -230,6 +230,8 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
         err.print(f"study {study.study_name!r} ready: {waiting} trials enqueued; start the workers now")
         return 0
     total, done = prepared.spec.trials, count_done(study)
+    if total > done:  # before the first timed step: the one line a busy machine gets
+        warn_if_busy(prepared.spec.measure.threads)
     if progress and total > done:
         with ProgressDisplay(total=total, done=done, console=err) as display:
             run_study(prepared, study, options, display)
