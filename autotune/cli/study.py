@@ -269,7 +269,8 @@ def _cmd_best(args: argparse.Namespace) -> int:
         from autotune.search.study import retime_study
 
         retime_study(study, device=args.device)  # one line each on stderr; the export stays a config
-    best = require_recommended(summarize(study))
+    summary = summarize(study)
+    best = require_recommended(summary)
     assert best.config is not None
     blocks = tuple(study.user_attrs.get("blocks", ()))
     if not blocks:
@@ -282,11 +283,38 @@ def _cmd_best(args: argparse.Namespace) -> int:
         largest = load_workload(stored_spec(study).workload).largest_parameter
     expandable = _expandable_segments(study)
     text = export_config(best.config, args.format, block_names=blocks, workload=study.study_name,
-                         largest_parameter=largest, expandable_segments=expandable)  # fmt: skip
+                         largest_parameter=largest, expandable_segments=expandable,
+                         measured=_measured(summary, best) if args.format == "json" else None)  # fmt: skip
     sys.stdout.write(text)
     if args.format == "deepspeed":  # JSON has no comments: the allocator setting goes to stderr
         print(f"autotune best: {allocator_note(expandable)}", file=sys.stderr)
     return 0
+
+
+def _measured(summary: Any, best: Any) -> dict[str, Any]:
+    """What the study measured for its recommendation: its trial's first measurement and, when the
+    finalists were re-timed side by side, its re-timed figures (those on the trial's attributes)."""
+    measured: dict[str, Any] = {
+        "study": summary.name,
+        "trial": best.number,
+        "throughput": best.throughput,
+        "metric": summary.metric,
+        "objective": best.objective,
+        "peak_bytes": best.peak_bytes,
+        "per_gib": best.per_gib,
+    }
+    f = summary.retimed.get(best.number)
+    if f is not None:
+        measured["retimed"] = {
+            "throughput": f.retimed_throughput,
+            "spread": f.retimed_spread,
+            "per_gib": f.retimed_per_gib,
+            "rank": f.rank + 1,
+            "rounds": f.rounds,
+            "with": sorted(summary.retimed),
+            "decided": summary.retimed_decided,
+        }
+    return measured
 
 
 def _expandable_segments(study: optuna.Study) -> bool:
