@@ -159,7 +159,7 @@ def _set_finished_trial_attrs(study: optuna.Study, number: int, attrs: dict[str,
     storage = study._storage
     trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
     backend = getattr(storage, "_backend", storage)  # optuna wraps an RDBStorage in a cache
-    backend.check_trial_is_updatable = lambda *args, **kwargs: None
+    backend.check_trial_is_updatable = lambda *args, **kwargs: None  # type: ignore[method-assign]
     try:
         for key, value in attrs.items():
             backend.set_trial_user_attr(trial_id, key, value)

@@ -34,6 +34,17 @@ def test_another_process_on_a_fully_threaded_machine_is_one_line() -> None:
     )
 
 
+def test_the_reading_can_be_fixed_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.errors import ConfigError
+
+    monkeypatch.setenv("AUTOTUNE_LOAD_AVERAGE", "2.5")
+    assert busy.load_average() == 2.5
+    monkeypatch.setenv("AUTOTUNE_LOAD_AVERAGE", "high")
+    with pytest.raises(ConfigError) as bad:
+        busy.load_average()
+    assert str(bad.value) == "AUTOTUNE_LOAD_AVERAGE must be a number, but got 'high'."
+
+
 def test_warn_if_busy_says_it_through_note_once() -> None:
     said: list[str] = []
     assert warn_if_busy(2, said.append, load=0.2, cores=2) is None
@@ -44,7 +55,7 @@ def test_warn_if_busy_says_it_through_note_once() -> None:
 def test_train_warns_once_before_its_first_step(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(busy, "load_average", lambda: 1.5)
+    monkeypatch.setenv("AUTOTUNE_LOAD_AVERAGE", "1.5")
     monkeypatch.setattr(busy, "_cores", lambda: 2)
     before = torch.get_num_threads()
     try:
