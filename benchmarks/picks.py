@@ -81,7 +81,9 @@ class Plan:
 
     @property
     def grid_levels(self) -> str:
-        return "0 or all blocks" if self.quick else "every count"
+        if self.quick:
+            return "the smallest micro-batch or the whole batch x no or all blocks in bf16 x no or all recomputed"
+        return "every micro-batch x every count of bf16 blocks x every count of recomputed blocks"
 
 
 def plan(models: Sequence[str] | None, *, quick: bool, threads: int | None = None) -> Plan:
@@ -96,7 +98,7 @@ def plan(models: Sequence[str] | None, *, quick: bool, threads: int | None = Non
         models=chosen,
         sizes={m: dict(CORPUS[m].tiny if quick else CORPUS[m].sizes) for m in chosen},
         quick=quick,
-        study_trials=4 if quick else 12,
+        study_trials=3 if quick else 12,
         tune_steps=2 if quick else 8,
         fine_tune_seconds=0.0 if quick else 30.0,
         steps=2 if quick else 4,
@@ -107,6 +109,11 @@ def plan(models: Sequence[str] | None, *, quick: bool, threads: int | None = Non
 def grid_counts(blocks: int, *, quick: bool) -> tuple[int, ...]:
     """The block counts (bf16, recomputed) the grid takes: all of them, or none and all."""
     return (0, blocks) if quick else tuple(range(blocks + 1))
+
+
+def grid_micro(choices: Sequence[int], *, quick: bool) -> tuple[int, ...]:
+    """The micro-batches the grid takes: every choice, or the smallest and the whole batch."""
+    return tuple(sorted({choices[0], choices[-1]})) if quick else tuple(choices)
 
 
 # ---- the ratios ------------------------------------------------------------------------------------
@@ -274,7 +281,7 @@ def _run_study(reference: str, name: str, p: Plan, budget: int, workdir: Path, *
         counts = grid_counts(space.num_blocks, quick=p.quick)
         points = [
             Knobs(batch_size=batch, micro_batch_size=m, low_precision_blocks=n, checkpoint_blocks=c)
-            for m in space.micro_batch_choices(batch, 1)
+            for m in grid_micro(space.micro_batch_choices(batch, 1), quick=p.quick)
             for n in counts
             for c in counts
         ]

@@ -41,6 +41,8 @@ def test_the_plan_is_five_models_at_their_built_in_sizes_or_a_quick_one(picks: M
     assert str(refused.value) == f"picks: --models must be corpus models ({', '.join(CORPUS)}), but got 'gpt5'"
     assert picks.grid_counts(6, quick=False) == (0, 1, 2, 3, 4, 5, 6)
     assert picks.grid_counts(6, quick=True) == (0, 6)
+    assert picks.grid_micro((1, 2, 4, 8, 16), quick=False) == (1, 2, 4, 8, 16)
+    assert picks.grid_micro((1, 2, 4, 8, 16), quick=True) == (1, 16)
 
 
 def _retimed(*rates: float, ranking: tuple[int, ...]) -> Retimed:
