@@ -165,7 +165,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"# Picks re-timed side by side against the grid's best ({result['date']})",
         "",
         f"`{result['command']}`: CPU {m['cpu']} (capability {m['capability']}), {m['cores']} cores, "
-        f"torch {m['torch']} with {m['threads']} threads; study {result['plan']['study_trials']} trials, "
+        f"torch {m['torch']}, threads {m['threads']}; study {result['plan']['study_trials']} trials, "
         f"tune {result['plan']['tune_steps']} steps, grid over {result['plan']['grid_levels']}. "
         "Value: samples/s per GiB of measured peak; ratio: the pick's re-timed value over the grid best's, "
         "in one side-by-side re-timing.",

@@ -95,7 +95,7 @@ def test_the_markdown_table_names_the_machine_and_each_ratio(picks: ModuleType) 
         "verdict": picks.verdict([row]),
     }
     text = picks.markdown(result)
-    assert "CPU Xeon (capability AVX512), 2 cores, torch 2.13.0 with 1 threads" in text
+    assert "CPU Xeon (capability AVX512), 2 cores, torch 2.13.0, threads 1" in text
     cell = "micro x acc x ranks 8x2x1 \\| fp32 \\| ckpt none \\| ZeRO 0"
     assert f"| hf-gpt2 | quiet | {cell} | {cell} | {cell} | 1.00 | 0.88 | no |" in text
     assert text.splitlines()[-1] == (
