@@ -27,8 +27,9 @@ typecheck: install
 	cp -r envs build/typecheck/autotune/envs
 	cp -r policies build/typecheck/autotune/policies
 	cp benchmarks/gpu_check.py build/typecheck/gpu_check.py
+	cp benchmarks/picks.py build/typecheck/picks.py
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p autotune
-	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml gpu_check.py
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml gpu_check.py picks.py
 
 lint: install typecheck
 	$(BIN)/ruff check .

@@ -16,7 +16,12 @@ from typing import Any, Literal, get_args
 
 from autotune.errors import ConfigError
 
-__all__ = ["TrainConfig", "Precision", "PRECISIONS"]
+__all__ = ["MEASURED_KEY", "TrainConfig", "Precision", "PRECISIONS"]
+
+#: The key of ``autotune best --format json`` holding what the study measured for the
+#: configuration (its trial's figures, re-timed side by side too); :meth:`TrainConfig.from_json`
+#: reads past it, so the file stays a ``--config``.
+MEASURED_KEY = "measured"
 
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -195,6 +200,7 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig JSON is not valid JSON: {e}.") from None
         if not isinstance(data, dict):
             raise ConfigError(f"TrainConfig JSON must be an object, but got {type(data).__name__}.")
+        data.pop(MEASURED_KEY, None)  # ``autotune best --format json``'s figures: not configuration
         return cls.from_dict(data)
 
 

@@ -16,6 +16,14 @@ from autotune import Workload
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands read the load average to warn of a busy machine (autotune.measurement.busy): in
+    tests, the commands they start in subprocesses included, the machine is quiet unless a test
+    scripts a load, so other processes on these cores do not add a line to outputs compared exactly."""
+    monkeypatch.setenv("AUTOTUNE_LOAD_AVERAGE", "0")
+
+
 class Block(nn.Module):
     """Pre-norm residual MLP block: saves enough activations for checkpointing to matter."""
 

@@ -9,10 +9,65 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["BUDGET_HELP", "add_config_flags", "add_ranks_flag", "config_from_args"]
+__all__ = [
+    "BUDGET_HELP",
+    "THREADS_HELP",
+    "add_config_flags",
+    "add_ranks_flag",
+    "add_threads_flag",
+    "config_from_args",
+    "set_threads",
+    "warn_if_busy",
+]
 
 #: Help of every ``--memory-budget`` (the syntax :func:`autotune.units.parse_memory_budget` reads).
 BUDGET_HELP = "a size with a unit (2GiB, 512MiB, 100MB) or a percentage of the default configuration's peak (75%%)"
+
+
+#: Help of every ``--threads``: the choice, in one line (README "Threads and a busy machine").
+THREADS_HELP = (
+    "torch threads of the process that times steps (default: torch's, one per core); fewer than the cores "
+    "when other processes run, else a step can time 10x slower"
+)
+
+
+def add_threads_flag(p: argparse.ArgumentParser) -> None:
+    """``--threads N`` of the commands that time steps in this process (``tune``, ``train``)."""
+    p.add_argument("--threads", type=int, help=THREADS_HELP)
+
+
+def set_threads(threads: int | None, *, ranks: int = 1) -> int:
+    """Apply ``--threads`` (None: torch's default) to this process; the threads that will time
+    steps. With ``ranks`` > 1 the ranks split the cores among themselves (one share each, set in
+    their environment), so ``--threads`` is refused and all the cores are counted."""
+    import os
+
+    import torch
+
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"--threads must be >= 1, but got {threads}.")
+        if ranks > 1:
+            raise ConfigError(f"--threads needs one process (--ranks 1): {ranks} ranks share the cores, one share "
+                              "each.")  # fmt: skip
+        torch.set_num_threads(threads)
+    if ranks > 1:
+        return os.cpu_count() or 1
+    return int(torch.get_num_threads())
+
+
+def warn_if_busy(threads: int | None) -> None:
+    """The busy-machine line (:mod:`autotune.measurement.busy`) on stderr, once, before the command
+    times a step; ``threads`` None: torch's default in a fresh process (the measuring child's)."""
+    import sys
+
+    from autotune.measurement import busy
+
+    if threads is None:
+        import torch
+
+        threads = int(torch.get_num_threads())
+    busy.warn_if_busy(threads, lambda line: print(line, file=sys.stderr))
 
 
 def add_ranks_flag(p: argparse.ArgumentParser) -> None:

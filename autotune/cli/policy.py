@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autotune.cli.flags import BUDGET_HELP, add_ranks_flag
+from autotune.cli.flags import BUDGET_HELP, add_ranks_flag, add_threads_flag
 
 __all__ = ["register"]
 
@@ -78,6 +78,7 @@ def register(sub: Any) -> None:
         "--steps-per-action", type=int, default=4, help="real optimizer steps per env step, >= 2 (default 4)"
     )
     add_ranks_flag(p)
+    add_threads_flag(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the episode's reset (default 0)")
     p.add_argument(
         "--json", action="store_true", help="print the episode as JSON: each step's action, config, measures, reward"
@@ -174,6 +175,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
+    from autotune.cli.flags import set_threads, warn_if_busy
     from autotune.envs.training import TrainingEnv
     from autotune.errors import ConfigError, NonFiniteLossError
     from autotune.policies.episode import retime_best, run_episode
@@ -185,12 +187,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.fine_tune_seconds) and args.fine_tune_seconds >= 0):
         raise ConfigError(f"--fine-tune-seconds must be a finite number >= 0, but got {args.fine_tune_seconds!r}.")
     budget = parse_memory_budget(args.memory_budget)
+    threads = set_threads(args.threads, ranks=args.ranks)
     policy = load_policy(args.policy or PRETRAINED_DIR)
     workload = load_workload(args.workload)
     env = TrainingEnv(workloads=[workload], memory_budget=budget, steps_per_action=args.steps_per_action,
                       horizon=args.steps, ranks=args.ranks, adapt_batch=args.adapt_batch)  # fmt: skip
     try:
         policy.check_action_space(env.action_space)  # before profiling and fine-tuning (seconds)
+        warn_if_busy(threads)
         if args.fine_tune_seconds > 0:
             policy = _fine_tuned(policy, workload, budget, args)
         episode = run_episode(env, policy, workload=args.workload, seed=args.seed, steps=args.steps)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.cli.flags import BUDGET_HELP
+from autotune.cli.flags import BUDGET_HELP, THREADS_HELP, warn_if_busy
 
 if TYPE_CHECKING:
     import optuna
@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, help="timed steps per trial (default 4)")
     p.add_argument("--warmup", type=int, help="warmup steps per trial (default 1)")
     p.add_argument("--trial-timeout", help="time limit of one trial, e.g. 90s (default 5m)")
-    p.add_argument("--threads", type=int, help="torch threads in the measuring process (default: torch's)")
+    p.add_argument("--threads", type=int, help=THREADS_HELP)
     p.add_argument(
         "--policy-proposal",
         action=argparse.BooleanOptionalAction,
@@ -230,6 +230,8 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
         err.print(f"study {study.study_name!r} ready: {waiting} trials enqueued; start the workers now")
         return 0
     total, done = prepared.spec.trials, count_done(study)
+    if total > done:  # before the first timed step: the one line a busy machine gets
+        warn_if_busy(prepared.spec.measure.threads)
     if progress and total > done:
         with ProgressDisplay(total=total, done=done, console=err) as display:
             run_study(prepared, study, options, display)
@@ -267,7 +269,8 @@ def _cmd_best(args: argparse.Namespace) -> int:
         from autotune.search.study import retime_study
 
         retime_study(study, device=args.device)  # one line each on stderr; the export stays a config
-    best = require_recommended(summarize(study))
+    summary = summarize(study)
+    best = require_recommended(summary)
     assert best.config is not None
     blocks = tuple(study.user_attrs.get("blocks", ()))
     if not blocks:
@@ -280,11 +283,38 @@ def _cmd_best(args: argparse.Namespace) -> int:
         largest = load_workload(stored_spec(study).workload).largest_parameter
     expandable = _expandable_segments(study)
     text = export_config(best.config, args.format, block_names=blocks, workload=study.study_name,
-                         largest_parameter=largest, expandable_segments=expandable)  # fmt: skip
+                         largest_parameter=largest, expandable_segments=expandable,
+                         measured=_measured(summary, best) if args.format == "json" else None)  # fmt: skip
     sys.stdout.write(text)
     if args.format == "deepspeed":  # JSON has no comments: the allocator setting goes to stderr
         print(f"autotune best: {allocator_note(expandable)}", file=sys.stderr)
     return 0
+
+
+def _measured(summary: Any, best: Any) -> dict[str, Any]:
+    """What the study measured for its recommendation: its trial's first measurement and, when the
+    finalists were re-timed side by side, its re-timed figures (those on the trial's attributes)."""
+    measured: dict[str, Any] = {
+        "study": summary.name,
+        "trial": best.number,
+        "throughput": best.throughput,
+        "metric": summary.metric,
+        "objective": best.objective,
+        "peak_bytes": best.peak_bytes,
+        "per_gib": best.per_gib,
+    }
+    f = summary.retimed.get(best.number)
+    if f is not None:
+        measured["retimed"] = {
+            "throughput": f.retimed_throughput,
+            "spread": f.retimed_spread,
+            "per_gib": f.retimed_per_gib,
+            "rank": f.rank + 1,
+            "rounds": f.rounds,
+            "with": sorted(summary.retimed),
+            "decided": summary.retimed_decided,
+        }
+    return measured
 
 
 def _expandable_segments(study: optuna.Study) -> bool:

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autotune.cli.flags import BUDGET_HELP, add_ranks_flag
+from autotune.cli.flags import BUDGET_HELP, add_ranks_flag, add_threads_flag
 
 __all__ = ["EPILOG", "register"]
 
@@ -44,6 +44,7 @@ def register(sub: Any) -> None:
                    help="exit 0 even if a step measured a peak over the memory budget (default: exit 4)")  # fmt: skip
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: where the model is)")
     add_ranks_flag(p)
+    add_threads_flag(p)
     p.add_argument("--json", action="store_true", help="print the run as JSON: every step and every decision")
     p.set_defaults(func=_cmd_train)
 
@@ -75,7 +76,12 @@ def _train_command(args: argparse.Namespace) -> int:
     decide_every = 10 if args.decide_every is None else args.decide_every
     from rich.console import Console
 
+    from autotune.cli.flags import set_threads, warn_if_busy
+
+    threads = set_threads(args.threads, ranks=args.ranks)
+
     wl = load_workload(args.workload)
+    warn_if_busy(threads)
     policy = (args.policy or "pretrained") if args.adapt else None
     # Before the first step: the memory profile, and with the policy the machine probe and its
     # start plan on the calibrated simulator (seconds to a minute for the corpus models).

@@ -284,6 +284,6 @@ def busy_note(other_cores: float | None, *, threads: int, cores: int | None = No
     if other_cores is None or other_cores < 0.5:
         return None
     note = f"busy machine: other processes used {other_cores:.1f} of {cores} cores while timing"
-    if threads + other_cores > cores:
+    if threads > 1 and threads + other_cores > cores:  # one thread: nothing fewer to suggest
         note += f"; {threads} threads oversubscribe the cores (fewer threads, e.g. --threads 1, time steadier)"
     return note

@@ -87,16 +87,27 @@ def _num(x: float | None, spec: str = ".1f") -> str:
 
 def _front_table(s: StudySummary) -> Table:
     t = Table(title=f"Pareto front of {s.name!r}: max {s.metric}, min peak memory")
-    columns = ("trial", "micro x acc x ranks", "precision", "ckpt", "ZeRO", f"{s.metric}/s", "peak", "per GiB", "note")
-    for col in columns:
+    columns = ["trial", "micro x acc x ranks", "precision", "ckpt", "ZeRO", f"{s.metric}/s", "peak", "per GiB"]
+    if s.retimed:  # the finalists' first measurement (per GiB) next to their re-timed one
+        columns.append("re-timed per GiB")
+    for col in (*columns, "note"):
         t.add_column(col, justify="left" if col in ("precision", "note") else "right")
-    for r in s.front:
+    # Finalists behind the front too: the re-timing may recommend one the first stint ranked lower.
+    behind = [r for r in s.trials if r.number in s.retimed and r not in s.front]
+    for r in sorted((*s.front, *behind), key=lambda r: (r.peak_bytes or 0, r.number)):
         assert r.config is not None
-        note = ", ".join(x for x in (r.baseline, r is s.recommended and "RECOMMENDED") if x)
-        t.add_row(
-            str(r.number), *r.config.knob_cells(), _num(r.objective), format_bytes(r.peak_bytes), _num(r.per_gib), note
-        )
+        where = "finalist behind the front" if r in behind else None
+        note = ", ".join(x for x in (r.baseline, where, r.number == _number(s.recommended) and "RECOMMENDED") if x)
+        cells = [_num(r.objective), format_bytes(r.peak_bytes), _num(r.per_gib)]
+        if s.retimed:
+            f = s.retimed.get(r.number)
+            cells.append("-" if f is None else f"{_num(f.retimed_per_gib)} ±{f.retimed_spread:.0%}")
+        t.add_row(str(r.number), *r.config.knob_cells(), *cells, note)
     return t
+
+
+def _number(r: TrialRecord | None) -> int | None:
+    return None if r is None else r.number
 
 
 def _finalists_table(s: StudySummary) -> Table | None:

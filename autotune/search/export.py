@@ -11,9 +11,9 @@ snippet.
 from __future__ import annotations
 
 import json
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
-from autotune.config import TrainConfig
+from autotune.config import MEASURED_KEY, TrainConfig
 from autotune.errors import ConfigError
 
 __all__ = ["ExportFormat", "EXPORT_FORMATS", "allocator_note", "export_config", "python_snippet"]
@@ -71,6 +71,7 @@ def export_config(
     workload: str,
     largest_parameter: int,
     expandable_segments: bool = False,
+    measured: dict[str, Any] | None = None,
 ) -> str:
     """The text of ``config`` in format ``fmt`` (``json``, ``deepspeed`` or ``python``).
 
@@ -78,9 +79,13 @@ def export_config(
     ``expandable_segments``: the study measured with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
     the Python snippet says so (the DeepSpeed JSON has no field for it: ``autotune best`` says it
     on stderr, :func:`allocator_note`).
+    ``measured``: what the study measured for it (JSON only, under the key
+    :data:`~autotune.config.MEASURED_KEY`, which :meth:`TrainConfig.from_json` reads past).
     """
     if fmt == "json":
-        return config.to_json() + "\n"
+        if measured is None:
+            return config.to_json() + "\n"
+        return json.dumps({**config.to_dict(), MEASURED_KEY: measured}, indent=2) + "\n"
     if fmt == "deepspeed":
         from autotune.train.deepspeed_config import deepspeed_config
 

@@ -11,11 +11,14 @@ Three keeps the cost bounded (each finalist runs its warm-up and 6-12 steps on o
 seconds to a minute on the corpus models) while giving the configurations a single stint's noise
 can reorder (those within 10-20% of the leader's first measurement) a second, fair look.
 
-The result is stored as the study's user attribute ``retimed`` (the dashboard shows it with the
-study; ``autotune best --format json`` prints it): each finalist's trial number, first and
-re-timed samples/s with its spread, its re-timed value per GiB, the winner, and whether the
-winner was separated from the runner-up beyond their spreads (``decided``), with a note when
-the machine was busy.
+The figures go on each finalist's own trial as user attributes (:data:`TRIAL_ATTRS`: re-timed
+samples/s, its spread, value per GiB, rank, rounds and the trials it was timed with), where the
+dashboard shows them with the trial and ``autotune best --format json`` prints the recommended
+one's. The study keeps one small user attribute ``retimed``: which trials were re-timed last,
+the winner, whether it was separated from the runner-up beyond their spreads (``decided``), the
+rounds and a note when the machine was busy. The summary reads it to know which trials' figures
+are current (a resumed study re-times its new finalists; the old ones keep their attributes)
+and :func:`to_retime` to skip finalists re-timed already.
 """
 
 from __future__ import annotations
@@ -33,10 +36,31 @@ if TYPE_CHECKING:
     from autotune.config import TrainConfig
     from autotune.search.record import TrialRecord
 
-__all__ = ["FINALISTS", "RETIMED", "Finalist", "finalists", "read_retimed", "retime_finalists", "to_retime"]
+__all__ = [
+    "FINALISTS",
+    "RETIMED",
+    "TRIAL_ATTRS",
+    "Finalist",
+    "finalists",
+    "read_retimed",
+    "retime_finalists",
+    "to_retime",
+]
 
 FINALISTS = TUNING.finalists
-RETIMED = "retimed"  # the study's user attribute
+RETIMED = "retimed"  # the study's user attribute: which trials, the winner, decided, rounds, note
+
+
+class TRIAL_ATTRS:
+    """The user attributes of a re-timed finalist's trial."""
+
+    THROUGHPUT = "retimed_throughput"  # median samples/s over the interleaved rounds
+    SPREAD = "retimed_spread"  # median absolute deviation / median
+    PER_GIB = "retimed_per_gib"  # the re-timed value per GiB of the trial's measured peak
+    RANK = "retimed_rank"  # 1: the winner
+    ROUNDS = "retimed_rounds"
+    WITH = "retimed_with"  # the finalists' trial numbers, this one's included
+
 
 Retimer = Callable[[list["TrainConfig"], list[float]], Retimed]
 
@@ -51,6 +75,7 @@ class Finalist:
     retimed_spread: float  # median absolute deviation / median
     retimed_per_gib: float
     rank: int  # 0: the winner
+    rounds: int
 
 
 def finalists(records: tuple[TrialRecord, ...]) -> list[TrialRecord]:
@@ -79,10 +104,15 @@ def to_retime(study: optuna.Study) -> list[TrialRecord]:
 
     # The summary's records (results.summarize reads them the same way, and reads this module).
     chosen = finalists(tuple(trial_record(t) for t in study.get_trials(deepcopy=False)))
-    previous = study.user_attrs.get(RETIMED)
-    if len(chosen) < 2 or (previous and [f["trial"] for f in previous["finalists"]] == [r.number for r in chosen]):
+    if len(chosen) < 2 or _retimed_trials(study) == [r.number for r in chosen]:
         return []
     return chosen
+
+
+def _retimed_trials(study: optuna.Study) -> list[int] | None:
+    record = study.user_attrs.get(RETIMED)
+    # A record without "trials" is an older layout (figures on the study): re-time into this one.
+    return list(record["trials"]) if record and "trials" in record else None
 
 
 def retime_finalists(
@@ -103,18 +133,17 @@ def retime_finalists(
         note(f"re-timing the {len(chosen)} best configurations side by side (trials {numbers})")
     result = retimer(configs, scales)
     rank = {i: k for k, i in enumerate(result.ranking)}
+    for i, (r, t) in enumerate(zip(chosen, result.timings, strict=True)):
+        _set_finished_trial_attrs(study, r.number, {
+            TRIAL_ATTRS.THROUGHPUT: t.median,
+            TRIAL_ATTRS.SPREAD: t.relative_spread,
+            TRIAL_ATTRS.PER_GIB: t.median * scales[i],
+            TRIAL_ATTRS.RANK: rank[i] + 1,
+            TRIAL_ATTRS.ROUNDS: result.rounds,
+            TRIAL_ATTRS.WITH: numbers,
+        })  # fmt: skip
     record = {
-        "finalists": [
-            {
-                "trial": r.number,
-                "first_throughput": r.throughput,
-                "retimed_throughput": t.median,
-                "retimed_spread": t.relative_spread,
-                "retimed_per_gib": t.median * scales[i],
-                "rank": rank[i],
-            }
-            for i, (r, t) in enumerate(zip(chosen, result.timings, strict=True))
-        ],
+        "trials": numbers,
         "winner": chosen[result.winner].number,
         "decided": result.decided,
         "rounds": result.rounds,
@@ -124,20 +153,44 @@ def retime_finalists(
     return record
 
 
-def read_retimed(study: optuna.Study) -> tuple[int | None, dict[int, Finalist]]:
-    """(the re-timing's winner, each finalist by trial number) from the study, or (None, {})."""
+def _set_finished_trial_attrs(study: optuna.Study, number: int, attrs: dict[str, Any]) -> None:
+    """Set user attributes on a finished trial. Optuna refuses any write to a finished trial, but
+    the re-timing can only happen after the finalists' trials finished and its figures belong on
+    them (the dashboard shows a trial's user attributes): Optuna's own write path is used, with
+    its finished-trial check lifted on this storage object for these writes only."""
+    storage = study._storage
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    backend = getattr(storage, "_backend", storage)  # optuna wraps an RDBStorage in a cache
+    backend.check_trial_is_updatable = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    try:
+        for key, value in attrs.items():
+            backend.set_trial_user_attr(trial_id, key, value)
+    finally:
+        del backend.check_trial_is_updatable  # the instance attribute: the class's check is back
+    # The cache keeps finished trials and never reads them again: update its copy too.
+    cached = storage.get_trial(trial_id)
+    for key, value in attrs.items():
+        cached.set_user_attr(key, value)
+
+
+def read_retimed(study: optuna.Study) -> tuple[int | None, dict[int, Finalist], bool | None]:
+    """(the last re-timing's winner, its finalists by trial number, from their trials' attributes,
+    whether the winner was separated beyond the spreads), or (None, {}, None)."""
     record = study.user_attrs.get(RETIMED)
-    if not record:
-        return None, {}
-    by_trial = {
-        f["trial"]: Finalist(
-            trial=f["trial"],
-            first_throughput=f["first_throughput"],
-            retimed_throughput=f["retimed_throughput"],
-            retimed_spread=f["retimed_spread"],
-            retimed_per_gib=f["retimed_per_gib"],
-            rank=f["rank"],
-        )
-        for f in record["finalists"]
-    }
-    return record["winner"], by_trial
+    numbers = _retimed_trials(study)
+    if not record or numbers is None:
+        return None, {}, None
+    by_trial: dict[int, Finalist] = {}
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        if t.number in numbers and TRIAL_ATTRS.THROUGHPUT in a:
+            by_trial[t.number] = Finalist(
+                trial=t.number,
+                first_throughput=a.get("throughput", 0.0),
+                retimed_throughput=a[TRIAL_ATTRS.THROUGHPUT],
+                retimed_spread=a[TRIAL_ATTRS.SPREAD],
+                retimed_per_gib=a[TRIAL_ATTRS.PER_GIB],
+                rank=a[TRIAL_ATTRS.RANK] - 1,
+                rounds=a[TRIAL_ATTRS.ROUNDS],
+            )
+    return record["winner"], by_trial, bool(record["decided"])

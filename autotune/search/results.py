@@ -43,6 +43,8 @@ class StudySummary:
     metric: str
     #: The finalists re-timed side by side (:mod:`autotune.search.finalists`), by trial number.
     retimed: dict[int, Finalist] = dataclasses.field(default_factory=dict)
+    #: Whether the re-timing's winner was separated from the runner-up beyond their spreads.
+    retimed_decided: bool | None = None
 
     def improvement(self, baseline: str) -> Improvement | None:
         return next((i for i in self.improvements if i.baseline == baseline), None)
@@ -73,7 +75,7 @@ def summarize(study: optuna.Study) -> StudySummary:
     # and its value per GiB are autotune.measurement.objective's, as for the envs and Adaptive.
     recommended = max(front, key=lambda r: (r.per_gib or 0.0, -r.number), default=None)
     # Unless the best few were re-timed side by side: then the winner of that (finalists.py).
-    winner, retimed = read_retimed(study)
+    winner, retimed, decided = read_retimed(study)
     recommended = next((r for r in records if r.number == winner and r.feasible), recommended)
     baselines: dict[str, TrialRecord] = {}
     for name in (PYTORCH_DEFAULT, SEED_RECIPE, POLICY_PROPOSAL):
@@ -95,6 +97,7 @@ def summarize(study: optuna.Study) -> StudySummary:
         states=dict(Counter(r.state for r in records)),
         metric=metric,
         retimed=retimed,
+        retimed_decided=decided,
     )
 
 

@@ -91,6 +91,8 @@ def test_a_busy_machine_is_said_in_one_line() -> None:
     assert busy_note(0.2, threads=2, cores=2) is None
     assert busy_note(None, threads=2, cores=2) is None
     assert busy_note(0.5, threads=1, cores=2) == "busy machine: other processes used 0.5 of 2 cores while timing"
+    # one thread already: no fewer threads to suggest
+    assert busy_note(1.8, threads=1, cores=2) == "busy machine: other processes used 1.8 of 2 cores while timing"
     assert busy_note(1.0, threads=2, cores=2) == (
         "busy machine: other processes used 1.0 of 2 cores while timing; 2 threads oversubscribe the cores "
         "(fewer threads, e.g. --threads 1, time steadier)"

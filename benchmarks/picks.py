@@ -1,0 +1,426 @@
+"""Do autotune's picks hold when re-measured? The study's pick at 12 trials and ``tune``'s pick,
+each re-timed side by side with the best of an exhaustive grid, on a quiet machine and with a
+background process loading one core.
+
+For each corpus model (``--models``, at its built-in size; ``--quick``: tiny sizes), at the
+workload's effective batch and one memory budget (:data:`BUDGET_FRACTION` of the PyTorch default's
+measured peak, ``tune``'s default, in bytes so that all three searches share it):
+
+1. grid: every point of the study's space (micro-batch x bf16 blocks x recomputed blocks; with
+   ``--quick`` a tiny grid: no, or all, blocks in bf16 / recomputed) enqueued in a study and
+   measured as trials are (over-budget points pruned by the memory model without running); the
+   study's own end re-times its best :data:`~autotune.search.finalists.FINALISTS` side by side,
+   and the winner is the reference, "grid best". Measured once, on the quiet machine;
+2. study: ``autotune study`` as a user runs it (``--study-trials``, default 12; baselines and the
+   policy's proposal included; finalists re-timed): its recommendation;
+3. tune: ``autotune tune`` as a user runs it (the shipped policy, fine-tuned for
+   ``--fine-tune-seconds`` on the model's simulator, ``--tune-steps`` env steps, its best steps
+   re-timed): its best;
+4. the three configurations re-timed side by side in one process
+   (:func:`autotune.measurement.sidebyside.retime_configs`: the one implementation the study,
+   ``tune`` and the adaptive run use), valued in samples/s per GiB of each one's measured peak;
+   the ratios ``study / grid best`` and ``tune / grid best`` (1.0 where a pick *is* the grid's best).
+
+Steps 2-4 run twice: quiet, and ``loaded`` with a background process spinning on one core for the
+whole of them (a bounded busy loop this script starts and stops). Targets (issue 22): study >= 0.95
+of the grid's best (median over models) and >= 0.90 (min), ``tune`` >= 0.90 (median), both
+conditions. Recorded with the figures: ``torch.backends.cpu.get_cpu_capability()``, the CPU, the
+cores, torch threads and the date.
+
+Run: python benchmarks/picks.py [--models hf-gpt2,hf-bert,hf-vit,lstm-lm,hf-resnet] [--quick]
+     [--threads N] [--out picks] -> picks.json and picks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.config import TrainConfig
+    from autotune.measurement.sidebyside import Retimed
+    from autotune.workload import Workload
+
+GIB = 1024**3
+DEFAULT_MODELS = ("hf-gpt2", "hf-bert", "hf-vit", "lstm-lm", "hf-resnet")
+QUICK_MODELS = ("hf-gpt2", "lstm-lm")
+BUDGET_FRACTION = 0.75  # tune's default --memory-budget, 75%
+CONDITIONS = ("quiet", "loaded")
+LABELS = ("grid", "study", "tune")  # the order the three are re-timed in
+TARGETS = {"study_median": 0.95, "study_min": 0.90, "tune_median": 0.90}
+#: The busy loop's upper bound: it stops with the run, or after this long if the run was killed.
+LOAD_CAP_S = 6 * 3600
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What one run measures."""
+
+    models: tuple[str, ...]
+    sizes: dict[str, dict[str, int]]
+    quick: bool
+    study_trials: int
+    tune_steps: int
+    fine_tune_seconds: float
+    steps: int  # timed steps per trial
+    threads: int | None
+
+    @property
+    def grid_levels(self) -> str:
+        if self.quick:
+            return "the smallest micro-batch or the whole batch x no or all blocks in bf16 x no or all recomputed"
+        return "every micro-batch x every count of bf16 blocks x every count of recomputed blocks"
+
+
+def plan(models: Sequence[str] | None, *, quick: bool, threads: int | None = None) -> Plan:
+    """The run ``--models`` / ``--quick`` ask for (unknown models refused in one line)."""
+    from autotune.zoo import CORPUS
+
+    chosen = tuple(models) if models else (QUICK_MODELS if quick else DEFAULT_MODELS)
+    unknown = [m for m in chosen if m not in CORPUS]
+    if unknown:
+        raise SystemExit(f"picks: --models must be corpus models ({', '.join(CORPUS)}), but got {unknown[0]!r}")
+    return Plan(
+        models=chosen,
+        sizes={m: dict(CORPUS[m].tiny if quick else CORPUS[m].sizes) for m in chosen},
+        quick=quick,
+        study_trials=3 if quick else 12,
+        tune_steps=2 if quick else 8,
+        fine_tune_seconds=0.0 if quick else 30.0,
+        steps=2 if quick else 4,
+        threads=threads,
+    )
+
+
+def grid_counts(blocks: int, *, quick: bool) -> tuple[int, ...]:
+    """The block counts (bf16, recomputed) the grid takes: all of them, or none and all."""
+    return (0, blocks) if quick else tuple(range(blocks + 1))
+
+
+def grid_micro(choices: Sequence[int], *, quick: bool) -> tuple[int, ...]:
+    """The micro-batches the grid takes: every choice, or the smallest and the whole batch."""
+    return tuple(sorted({choices[0], choices[-1]})) if quick else tuple(choices)
+
+
+# ---- the ratios ------------------------------------------------------------------------------------
+
+
+def distinct(configs: dict[str, TrainConfig]) -> tuple[list[TrainConfig], dict[str, int]]:
+    """The distinct configurations to re-time (first seen first) and each label's index among them."""
+    out: list[TrainConfig] = []
+    index: dict[str, int] = {}
+    for label, config in configs.items():
+        if config not in out:
+            out.append(config)
+        index[label] = out.index(config)
+    return out, index
+
+
+def ratios(retimed: Retimed, index: dict[str, int], scales: Sequence[float]) -> dict[str, float]:
+    """Each pick's re-timed value (median samples/s x its scale, 1 / GiB of its peak) over the grid
+    best's, from one side-by-side re-timing; a pick that is the grid's best configuration is 1.0."""
+    values = [t.median * k for t, k in zip(retimed.timings, scales, strict=True)]
+    grid = values[index["grid"]]
+    return {label: values[i] / grid if grid > 0 else 0.0 for label, i in index.items() if label != "grid"}
+
+
+def verdict(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per condition: median and min of the study's and tune's ratios over models, and the targets."""
+    out: dict[str, dict[str, Any]] = {}
+    for condition in CONDITIONS:
+        mine = [r for r in rows if r["condition"] == condition]
+        if not mine:
+            continue
+        study = [r["ratios"]["study"] for r in mine]
+        tune = [r["ratios"]["tune"] for r in mine]
+        figures = {
+            "models": len(mine),
+            "study_median": statistics.median(study),
+            "study_min": min(study),
+            "tune_median": statistics.median(tune),
+        }
+        met = {k: figures[k] >= target for k, target in TARGETS.items()}
+        out[condition] = {**figures, "targets_met": met}
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The table of one run, with its machine and command."""
+    m = result["machine"]
+    lines = [
+        f"# Picks re-timed side by side against the grid's best ({result['date']})",
+        "",
+        f"`{result['command']}`: CPU {m['cpu']} (capability {m['capability']}), {m['cores']} cores, "
+        f"torch {m['torch']}, threads {m['threads']}; study {result['plan']['study_trials']} trials, "
+        f"tune {result['plan']['tune_steps']} steps, grid over {result['plan']['grid_levels']}. "
+        "Value: samples/s per GiB of measured peak; ratio: the pick's re-timed value over the grid best's, "
+        "in one side-by-side re-timing.",
+        "",
+        "| model | condition | grid best | study pick | tune pick | study / grid | tune / grid | decided |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        grid, study, tune = (_cell(r[k]["describe"]) for k in LABELS)
+        lines.append(
+            f"| {r['model']} | {r['condition']} | {grid} | {study} | {tune} | "
+            f"{r['ratios']['study']:.2f} | {r['ratios']['tune']:.2f} | "
+            f"{'yes' if r['retimed']['decided'] else 'no'} |"
+        )
+    lines.append("")
+    for condition, v in result["verdict"].items():
+        met = ", ".join(f"{k} >= {TARGETS[k]:.2f}: {'met' if ok else 'MISSED'}" for k, ok in v["targets_met"].items())
+        lines.append(
+            f"- {condition}: study median {v['study_median']:.2f}, min {v['study_min']:.2f}; "
+            f"tune median {v['tune_median']:.2f} over {v['models']} models ({met})"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a configuration's description separates its knobs with |
+
+
+# ---- the machine and the load ----------------------------------------------------------------------
+
+
+def machine(threads: int) -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": threads,
+    }
+
+
+@contextmanager
+def one_core_loaded(active: bool) -> Iterator[subprocess.Popen[bytes] | None]:
+    """A background process spinning on one core while inside (bounded by :data:`LOAD_CAP_S`)."""
+    if not active:
+        yield None
+        return
+    code = f"import time\nend = time.monotonic() + {LOAD_CAP_S}\nwhile time.monotonic() < end:\n    pass\n"
+    spinner = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        yield spinner
+    finally:
+        spinner.terminate()
+        spinner.wait(timeout=30)
+
+
+# ---- the three searches ----------------------------------------------------------------------------
+
+
+def _source(workdir: Path, model: str, sizes: dict[str, int]) -> str:
+    # The study measures in a child process that resolves the workload by reference: a file here.
+    path = workdir / f"{model.replace('-', '_')}.py"
+    path.write_text(
+        f"from autotune.zoo import CORPUS\n\n\ndef build():\n    return CORPUS[{model!r}].build(**{sizes!r})\n"
+    )
+    return f"{path}:build"
+
+
+def _budget(workload: Workload) -> int:
+    from autotune.config import TrainConfig
+    from autotune import measure
+
+    default = measure(workload, TrainConfig(micro_batch_size=workload.batch_size), steps=1, warmup=1)
+    assert default.peak_bytes is not None
+    return int(default.peak_bytes * BUDGET_FRACTION)
+
+
+def _run_study(reference: str, name: str, p: Plan, budget: int, workdir: Path, *, grid: bool) -> dict[str, Any]:
+    """A study (``grid``: every point of the space enqueued, no policy proposal); its recommendation
+    after re-timing its finalists."""
+    from autotune.knobs import Knobs
+    from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, open_study, prepare, run_study
+    from autotune.search.results import require_recommended, summarize
+    from autotune.units import MemoryBudget
+
+    spec = StudySpec(
+        workload=reference,
+        name=name,
+        trials=p.study_trials,
+        memory_budget=MemoryBudget(bytes=budget),
+        seed=0,
+        policy_proposal=not grid and not p.quick,
+        space=SpaceSpec(precisions=("fp32", "bf16")),
+        measure=MeasureSpec(steps=p.steps, warmup=1, trial_timeout=600.0, threads=p.threads),
+    )
+    options = RunOptions(storage=str(workdir / "studies.db"), cache=None, artifact_dir=workdir / "artifacts",
+                         dashboard=False)  # fmt: skip
+    start = time.perf_counter()
+    prepared = prepare(spec)
+    if grid:
+        space = prepared.space
+        batch = space.batch_sizes[0]
+        counts = grid_counts(space.num_blocks, quick=p.quick)
+        points = [
+            Knobs(batch_size=batch, micro_batch_size=m, low_precision_blocks=n, checkpoint_blocks=c)
+            for m in grid_micro(space.micro_batch_choices(batch, 1), quick=p.quick)
+            for n in counts
+            for c in counts
+        ]
+        prepared = dataclasses.replace(prepared, spec=dataclasses.replace(spec, trials=len(points)))
+    study = open_study(prepared, options)
+    if grid:
+        for k in points:
+            study.enqueue_trial(space.params(k))
+    run_study(prepared, study, options)
+    summary = summarize(study)
+    best = require_recommended(summary)
+    assert best.config is not None and best.peak_bytes is not None
+    return {
+        "config": best.config.to_dict(),
+        "describe": best.config.describe(),
+        "trial": best.number,
+        "peak_bytes": best.peak_bytes,
+        "trials": len(summary.trials),
+        "states": summary.states,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _run_tune(workload: Workload, p: Plan, budget: int) -> dict[str, Any]:
+    """``autotune tune``'s flow (cli/policy.py): its best step after re-timing its best steps."""
+    import torch
+    from autotune.envs.training import TrainingEnv
+    from autotune.policies.episode import retime_best, run_episode
+    from autotune.policies.ppo import PRETRAINED_DIR, load_policy
+
+    from autotune.units import MemoryBudget
+
+    start = time.perf_counter()
+    policy = load_policy(PRETRAINED_DIR)
+    memory_budget = MemoryBudget(bytes=budget)
+    env = TrainingEnv(workloads=[workload], memory_budget=memory_budget, steps_per_action=4, horizon=p.tune_steps)
+    try:
+        policy.check_action_space(env.action_space)
+        if p.fine_tune_seconds > 0:
+            from autotune.policies.transfer import fine_tune, profile_for_tuning
+
+            profile = profile_for_tuning(workload)
+            # the budget as tune's fine-tuning takes it: a fraction of the default's peak
+            policy = fine_tune(policy, profile, memory_budget=BUDGET_FRACTION, seconds=p.fine_tune_seconds, seed=0)
+        episode = run_episode(env, policy, workload=workload.name, seed=0, steps=p.tune_steps)
+    finally:
+        env.close()
+    episode = retime_best(episode, workload, threads=torch.get_num_threads())
+    best = episode.best
+    if best is None:
+        raise SystemExit(f"picks: tune found nothing within the budget on {workload.name}: {episode.nothing_fits}")
+    return {
+        "config": best.config.to_dict(),
+        "describe": best.config.describe(),
+        "step": best.step,
+        "peak_bytes": best.peak_bytes,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _compare(workload: Workload, picks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
+    """The three picks re-timed side by side in this process; the record and the ratios."""
+    import torch
+
+    from autotune.config import TrainConfig
+    from autotune.measurement.sidebyside import busy_note, retime_configs
+
+    configs, index = distinct({label: TrainConfig.from_dict(picks[label]["config"]) for label in LABELS})
+    peak = {index[label]: picks[label]["peak_bytes"] for label in LABELS}
+    scales = [GIB / peak[i] for i in range(len(configs))]
+    retimed = retime_configs(workload, configs, scales=scales)
+
+    record = {
+        "configs": [c.describe() for c in configs],
+        "index": index,
+        "per_gib": [t.median * k for t, k in zip(retimed.timings, scales, strict=True)],
+        "spread": [t.relative_spread for t in retimed.timings],
+        "rounds": retimed.rounds,
+        "decided": retimed.decided,
+        "other_cores": retimed.other_cores,
+        "note": busy_note(retimed.other_cores, threads=torch.get_num_threads()),
+    }
+    return record, ratios(retimed, index, scales)
+
+
+def run(p: Plan, workdir: Path) -> list[dict[str, Any]]:
+    from autotune.resolve import load_workload
+
+    rows: list[dict[str, Any]] = []
+    for model in p.models:
+        reference = _source(workdir, model, p.sizes[model])
+        workload = load_workload(reference)
+        budget = _budget(workload)
+        print(f"picks: {model}: budget {budget / 2**20:.1f} MiB; the grid", file=sys.stderr)
+        grid = _run_study(reference, f"picks-{model}-grid", p, budget, workdir, grid=True)
+        for condition in CONDITIONS:
+            print(f"picks: {model}: {condition}: study, tune, side by side", file=sys.stderr)
+            with one_core_loaded(condition == "loaded"):
+                study = _run_study(reference, f"picks-{model}-{condition}", p, budget, workdir, grid=False)
+                tune = _run_tune(workload, p, budget)
+                retimed, r = _compare(workload, {"grid": grid, "study": study, "tune": tune})
+            rows.append({"model": model, "condition": condition, "budget_bytes": budget, "grid": grid,
+                         "study": study, "tune": tune, "retimed": retimed, "ratios": r})  # fmt: skip
+            print(f"picks: {model}: {condition}: study {r['study']:.2f}, tune {r['tune']:.2f} of the grid's best",
+                  file=sys.stderr)  # fmt: skip
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", help=f"comma list of corpus models (default {','.join(DEFAULT_MODELS)})")
+    quick = f"tiny sizes, a tiny grid, {','.join(QUICK_MODELS)} unless --models: a few minutes"
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--threads", type=int, help="torch threads of every timing process (default: torch's)")
+    parser.add_argument("--out", type=Path, default=Path("picks"), help="writes OUT.json and OUT.md (default picks)")
+    args = parser.parse_args(argv)
+    import optuna
+    import torch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    p = plan(args.models.split(",") if args.models else None, quick=args.quick, threads=args.threads)
+    with tempfile.TemporaryDirectory(prefix="picks-") as tmp:
+        rows = run(p, Path(tmp))
+    result = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": "python benchmarks/picks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine(torch.get_num_threads()),
+        "plan": {**dataclasses.asdict(p), "grid_levels": p.grid_levels},
+        "rows": rows,
+        "verdict": verdict(rows),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""The busy-machine line at the start of study/tune/train, decided on scripted load averages (the
+conftest's ``quiet_machine`` keeps the real load out of every test)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.cli.main import main
+from autotune.measurement import busy
+from autotune.measurement.busy import busy_warning, warn_if_busy
+
+
+def test_a_quiet_machine_or_threads_that_leave_room_get_no_line() -> None:
+    assert busy_warning(None, threads=2, cores=2) is None  # no load average on this platform
+    assert busy_warning(0.3, threads=2, cores=2) is None  # housekeeping, not another process
+    assert busy_warning(1.0, threads=1, cores=2) is None  # one other process, one thread: a core each
+    assert busy_warning(1.9, threads=2, cores=8) is None
+
+
+def test_another_process_on_a_fully_threaded_machine_is_one_line() -> None:
+    assert busy_warning(0.6, threads=2, cores=2) == (
+        "busy machine: load average 0.6 on 2 cores; timings will be noisy (2 torch threads and the other "
+        "processes oversubscribe the cores: OpenMP threads wait on each other); fewer threads time steadier, "
+        "see --threads (e.g. --threads 1)"
+    )
+    line = busy_warning(3.2, threads=1, cores=2)
+    assert line is not None and line.startswith("busy machine: load average 3.2 on 2 cores; timings will be noisy")
+    assert line.endswith("see --threads (e.g. --threads 1)")
+    assert busy_warning(2.0, threads=8, cores=8) == (
+        "busy machine: load average 2.0 on 8 cores; timings will be noisy (8 torch threads and the other "
+        "processes oversubscribe the cores: OpenMP threads wait on each other); fewer threads time steadier, "
+        "see --threads (e.g. --threads 6)"
+    )
+
+
+def test_the_reading_can_be_fixed_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.errors import ConfigError
+
+    monkeypatch.setenv("AUTOTUNE_LOAD_AVERAGE", "2.5")
+    assert busy.load_average() == 2.5
+    monkeypatch.setenv("AUTOTUNE_LOAD_AVERAGE", "high")
+    with pytest.raises(ConfigError) as bad:
+        busy.load_average()
+    assert str(bad.value) == "AUTOTUNE_LOAD_AVERAGE must be a number, but got 'high'."
+
+
+def test_warn_if_busy_says_it_through_note_once() -> None:
+    said: list[str] = []
+    assert warn_if_busy(2, said.append, load=0.2, cores=2) is None
+    line = warn_if_busy(2, said.append, load=1.5, cores=2)
+    assert said == [line] and line is not None
+
+
+def test_train_warns_once_before_its_first_step(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AUTOTUNE_LOAD_AVERAGE", "1.5")
+    monkeypatch.setattr(busy, "_cores", lambda: 2)
+    before = torch.get_num_threads()
+    try:
+        assert main(["train", "mlp-digits", "--steps", "2", "--threads", "1", "--json"]) == 0
+        assert torch.get_num_threads() == 1  # --threads set this process's (the one that times) threads
+    finally:
+        torch.set_num_threads(before)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("busy machine")]
+    assert lines == [
+        "busy machine: load average 1.5 on 2 cores; timings will be noisy (1 torch thread and the other "
+        "processes oversubscribe the cores: OpenMP threads wait on each other); fewer threads time steadier, "
+        "see --threads (e.g. --threads 1)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "mlp-digits", "--threads", "0"], "--threads must be >= 1, but got 0."),
+        (
+            ["tune", "mlp-digits", "--threads", "1", "--ranks", "2"],
+            "--threads needs one process (--ranks 1): 2 ranks share the cores, one share each.",
+        ),
+    ],
+)
+def test_bad_threads_are_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 2
+    assert capsys.readouterr().err.endswith(f"{message}\n")

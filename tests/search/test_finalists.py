@@ -1,0 +1,112 @@
+"""The study's finalists re-timed side by side: the figures go on each finalist's trial (where the
+dashboard and ``autotune best --format json`` show them), the winner is recommended, and the
+tables show the first and the re-timed measurement. Scripted re-timings (never the wall clock)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from rich.console import Console
+
+from autotune.cli.main import main
+from autotune.config import TrainConfig
+from autotune.measurement.sidebyside import Retimed, Timing
+from autotune.search.display import summary_view
+from autotune.search.finalists import RETIMED, TRIAL_ATTRS, retime_finalists, to_retime
+from autotune.search.record import ATTR
+from autotune.search.results import summarize
+
+GIB = 1024**3
+
+
+def _study(storage: str | None) -> optuna.Study:
+    study = optuna.create_study(study_name="s", storage=storage, directions=["maximize", "minimize"])
+    # per GiB (throughput / 1 GiB): 100, 98, 96, 50: three finalists, the fourth left out
+    for micro, rate in ((8, 100.0), (4, 98.0), (2, 96.0), (1, 50.0)):
+        config = TrainConfig(micro_batch_size=micro, grad_accum_steps=16 // micro)
+        attrs = {ATTR.CONFIG: config.to_dict(), ATTR.STATUS: "ok", ATTR.THROUGHPUT: rate, ATTR.PEAK: GIB}
+        study.add_trial(optuna.trial.create_trial(values=[rate, 1024.0], user_attrs=attrs))
+    return study
+
+
+def _retimer(configs: list[TrainConfig], scales: list[float]) -> Retimed:
+    # Re-timed, trial 1 (micro-batch 4) is the fastest: 110 samples/s against 90 and 95.
+    assert [c.micro_batch_size for c in configs] == [8, 4, 2] and scales == [1 / GIB * GIB / 1] * 3
+    return Retimed(
+        timings=(Timing(rates=(90.0, 92.0, 88.0)), Timing(rates=(110.0, 111.0, 109.0)), Timing(rates=(95.0,) * 3)),
+        ranking=(1, 2, 0),
+        decided=True,
+        rounds=3,
+        warmup=(2, 2, 2),
+        other_cores=0.0,
+    )
+
+
+@pytest.mark.parametrize("on_disk", [True, False], ids=["sqlite", "in-memory"])
+def test_the_figures_go_on_each_finalists_trial(tmp_path: Path, on_disk: bool) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}" if on_disk else None
+    study = _study(storage)
+    record = retime_finalists(study, _retimer, threads=1)
+    assert record == {"trials": [0, 1, 2], "winner": 1, "decided": True, "rounds": 3, "note": None}
+    assert study.user_attrs[RETIMED] == record
+    studies = [study] + ([optuna.load_study(study_name="s", storage=storage)] if storage else [])
+    for s in studies:  # this process's (cached) trials, and another process's view of the storage
+        attrs = [t.user_attrs for t in s.get_trials()]
+        assert [a.get(TRIAL_ATTRS.THROUGHPUT) for a in attrs] == [90.0, 110.0, 95.0, None]
+        assert [a.get(TRIAL_ATTRS.RANK) for a in attrs] == [3, 1, 2, None]
+        assert attrs[1][TRIAL_ATTRS.SPREAD] == 1.0 / 110.0
+        assert attrs[1][TRIAL_ATTRS.PER_GIB] == 110.0
+        assert (attrs[1][TRIAL_ATTRS.ROUNDS], attrs[1][TRIAL_ATTRS.WITH]) == (3, [0, 1, 2])
+        assert attrs[1][ATTR.THROUGHPUT] == 98.0  # the first measurement stays
+        summary = summarize(s)
+        assert summary.recommended is not None and summary.recommended.number == 1
+        assert (summary.retimed[1].first_throughput, summary.retimed[1].retimed_throughput) == (98.0, 110.0)
+        assert summary.retimed_decided is True
+    assert to_retime(study) == []  # these finalists are done: best does not re-time them again
+
+
+def test_the_tables_show_the_first_and_the_re_timed_measurement() -> None:
+    study = _study(None)
+    retime_finalists(study, _retimer, threads=1)
+    console = Console(record=True, width=200)
+    console.print(summary_view(summarize(study)))
+    text = console.export_text()
+    assert "re-timed per GiB" in text
+    row = next(line for line in text.splitlines() if "RECOMMENDED" in line)
+    assert "98.0" in row and "110.0 ±1%" in row
+    finalists = [line for line in text.splitlines() if "WINNER" in line]
+    assert len(finalists) == 1 and "98.0" in finalists[0] and "110.0" in finalists[0]
+
+
+def test_best_json_carries_the_re_timed_figures_and_stays_a_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "s.db"
+    study = _study(f"sqlite:///{db}")
+    study.set_user_attr("blocks", ["blocks.0", "blocks.1"])
+    study.set_user_attr("largest_parameter", 64)
+    retime_finalists(study, _retimer, threads=1)
+    assert main(["best", "s", "--storage", str(db), "--format", "json"]) == 0
+    out = capsys.readouterr().out
+    assert TrainConfig.from_json(out).micro_batch_size == 4  # still a --config file
+    assert json.loads(out)["measured"] == {
+        "study": "s",
+        "trial": 1,
+        "throughput": 98.0,
+        "metric": "throughput",
+        "objective": 98.0,
+        "peak_bytes": GIB,
+        "per_gib": 98.0,
+        "retimed": {
+            "throughput": 110.0,
+            "spread": 1.0 / 110.0,
+            "per_gib": 110.0,
+            "rank": 1,
+            "rounds": 3,
+            "with": [0, 1, 2],
+            "decided": True,
+        },
+    }

@@ -1,0 +1,112 @@
+"""benchmarks/picks.py's planning, ratio and verdict logic on scripted re-timings (no wall clock);
+the run itself needs a quiet machine and is the lead's to do (``python benchmarks/picks.py``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.measurement.sidebyside import Retimed, Timing
+from tests.paths import ROOT
+
+GIB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def picks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("picks", ROOT / "benchmarks" / "picks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["picks"] = module  # dataclasses resolve the module of their annotations
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_plan_is_five_models_at_their_built_in_sizes_or_a_quick_one(picks: ModuleType) -> None:
+    from autotune.zoo import CORPUS
+
+    full = picks.plan(None, quick=False)
+    assert full.models == ("hf-gpt2", "hf-bert", "hf-vit", "lstm-lm", "hf-resnet")
+    assert all(full.sizes[m] == dict(CORPUS[m].sizes) for m in full.models)
+    assert (full.study_trials, full.tune_steps, full.fine_tune_seconds) == (12, 8, 30.0)
+    quick = picks.plan(None, quick=True)
+    assert quick.models == ("hf-gpt2", "lstm-lm") and quick.sizes["lstm-lm"] == dict(CORPUS["lstm-lm"].tiny)
+    assert picks.plan(["hf-t5"], quick=True).models == ("hf-t5",)
+    with pytest.raises(SystemExit) as refused:
+        picks.plan(["gpt5"], quick=False)
+    assert str(refused.value) == f"picks: --models must be corpus models ({', '.join(CORPUS)}), but got 'gpt5'"
+    assert picks.grid_counts(6, quick=False) == (0, 1, 2, 3, 4, 5, 6)
+    assert picks.grid_counts(6, quick=True) == (0, 6)
+    assert picks.grid_micro((1, 2, 4, 8, 16), quick=False) == (1, 2, 4, 8, 16)
+    assert picks.grid_micro((1, 2, 4, 8, 16), quick=True) == (1, 16)
+
+
+def _retimed(*rates: float, ranking: tuple[int, ...]) -> Retimed:
+    return Retimed(
+        timings=tuple(Timing(rates=(r, r, r)) for r in rates),
+        ranking=ranking,
+        decided=True,
+        rounds=3,
+        warmup=(2,) * len(rates),
+        other_cores=None,
+    )
+
+
+def test_ratios_are_per_gib_against_the_grid_best_from_one_re_timing(picks: ModuleType) -> None:
+    a, b = TrainConfig(micro_batch_size=8), TrainConfig(micro_batch_size=4, grad_accum_steps=2)
+    configs, index = picks.distinct({"grid": a, "study": a, "tune": b})
+    assert configs == [a, b] and index == {"grid": 0, "study": 0, "tune": 1}  # the study picked the grid's best
+    # tune's pick: faster (120 vs 100 samples/s) but at twice the peak: 0.6 of the grid best per GiB
+    scales = [GIB / GIB, GIB / (2 * GIB)]
+    r = picks.ratios(_retimed(100.0, 120.0, ranking=(0, 1)), index, scales)
+    assert r == {"study": 1.0, "tune": 0.6}
+
+
+def test_the_verdict_takes_medians_and_minimums_per_condition(picks: ModuleType) -> None:
+    rows = [
+        {"condition": "quiet", "ratios": {"study": s, "tune": t}}
+        for s, t in ((1.0, 0.95), (0.97, 0.9), (0.92, 0.8), (1.0, 1.0), (0.96, 0.91))
+    ] + [{"condition": "loaded", "ratios": {"study": 0.74, "tune": 0.55}}]
+    v = picks.verdict(rows)
+    assert v["quiet"] == {
+        "models": 5,
+        "study_median": 0.97,
+        "study_min": 0.92,
+        "tune_median": 0.91,
+        "targets_met": {"study_median": True, "study_min": True, "tune_median": True},
+    }
+    assert v["loaded"]["targets_met"] == {"study_median": False, "study_min": False, "tune_median": False}
+
+
+def test_the_markdown_table_names_the_machine_and_each_ratio(picks: ModuleType) -> None:
+    pick = {"describe": "micro x acc x ranks 8x2x1 | fp32 | ckpt none | ZeRO 0"}
+    row = {"model": "hf-gpt2", "condition": "quiet", "grid": pick, "study": pick, "tune": pick,
+           "retimed": {"decided": False}, "ratios": {"study": 1.0, "tune": 0.876}}  # fmt: skip
+    result = {
+        "date": "2026-11-26T15:00:00+00:00",
+        "command": "python benchmarks/picks.py --quick",
+        "machine": {"cpu": "Xeon", "capability": "AVX512", "cores": 2, "torch": "2.13.0", "threads": 1},
+        "plan": {"study_trials": 12, "tune_steps": 8, "grid_levels": "every count"},
+        "rows": [row],
+        "verdict": picks.verdict([row]),
+    }
+    text = picks.markdown(result)
+    assert "CPU Xeon (capability AVX512), 2 cores, torch 2.13.0, threads 1" in text
+    cell = "micro x acc x ranks 8x2x1 \\| fp32 \\| ckpt none \\| ZeRO 0"
+    assert f"| hf-gpt2 | quiet | {cell} | {cell} | {cell} | 1.00 | 0.88 | no |" in text
+    assert text.splitlines()[-1] == (
+        "- quiet: study median 1.00, min 1.00; tune median 0.88 over 1 models "
+        "(study_median >= 0.95: met, study_min >= 0.90: met, tune_median >= 0.90: MISSED)"
+    )
+
+
+def test_the_background_load_is_started_and_stopped(picks: ModuleType) -> None:
+    with picks.one_core_loaded(False) as none:
+        assert none is None
+    with picks.one_core_loaded(True) as spinner:
+        assert spinner.poll() is None  # spinning
+    assert spinner.returncode is not None  # stopped with the block
