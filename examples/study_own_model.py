@@ -6,7 +6,7 @@ study measures each configuration it tries on real training steps in a separate 
 with two baselines (the PyTorch default and a seed recipe), and prints the Pareto front and the
 recommended configuration. The same study from a shell::
 
-    autotune study examples/study_own_model.py:build --trials 4 --memory-budget 80%
+    autotune study examples/study_own_model.py:build --trials 3 --memory-budget 80%
 
 Run: ``python examples/study_own_model.py`` (seconds to a minute on a CPU). It writes the study to
 ``studies/autotune.db`` under the working directory (resumable: run it again for more trials).
@@ -69,11 +69,12 @@ def build() -> Workload:
 def main() -> int:
     from autotune.cli import main as autotune
 
-    # 4 trials: the two baselines, then two the sampler picks; the pretrained policy's proposal and
-    # the side-by-side re-timing of the best three are left out to keep this example short.
+    # 3 trials: the two baselines, then one the sampler picks (run it again for more: the study
+    # resumes); the pretrained policy's proposal and the side-by-side re-timing of the best three
+    # are left out to keep this example short.
     return autotune([
-        "study", f"{__file__}:build", "--trials", "4", "--memory-budget", "80%",
-        "--no-policy-proposal", "--no-retime", "--steps", "3",
+        "study", f"{__file__}:build", "--trials", "3", "--memory-budget", "80%",
+        "--no-policy-proposal", "--no-retime", "--steps", "2",
     ])  # fmt: skip
 
 
