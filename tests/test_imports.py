@@ -134,7 +134,7 @@ def test_no_import_cycles() -> None:
 #: its own layer or below, never above. ``procs`` sits above ``measurement``: a rank runs the
 #: measurement schedule; ``measure()`` reaches the launcher through a lazy import only.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "units", "_lazy", "config", "knobs", "workload", "zoo", "resolve"),
+    ("errors", "units", "_lazy", "console", "config", "knobs", "workload", "zoo", "resolve"),
     ("train",),
     ("measurement",),
     ("memory", "procs"),
