@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: install demo test test-avx2 readme lint typecheck bench gpu-check
+.PHONY: install demo test test-avx2 readme examples wheel-check lint typecheck bench gpu-check
 
 $(BIN)/.installed: requirements/dev.txt requirements/constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,16 @@ test-avx2: install
 # Every command README.md shows, run as written in a copy of the repository (minutes).
 readme: install
 	$(BIN)/pytest -m readme -s tests/test_readme.py
+
+# Every script in examples/, run as a user runs it, from a fresh directory (tests/test_examples.py).
+examples: install
+	$(BIN)/pytest -m examples tests/test_examples.py
+
+# The wheel and sdist as a user gets them: built, the wheel installed into a fresh venv outside
+# the repository and run from outside it (--version, workloads, a 2-trial study, Adaptive with the
+# pretrained policy). The fresh venv borrows .venv's dependencies; see .ci/wheel-check.sh.
+wheel-check: install
+	VENV=$(VENV) bash .ci/wheel-check.sh
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py

@@ -245,8 +245,8 @@ def _source(workdir: Path, model: str, sizes: dict[str, int]) -> str:
 
 
 def _budget(workload: Workload) -> int:
-    from autotune.config import TrainConfig
     from autotune import measure
+    from autotune.config import TrainConfig
 
     default = measure(workload, TrainConfig(micro_batch_size=workload.batch_size), steps=1, warmup=1)
     assert default.peak_bytes is not None

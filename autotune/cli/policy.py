@@ -93,14 +93,13 @@ def register(sub: Any) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from autotune.console import make_console
     from autotune.envs.calibration import calibrate, save_profile
     from autotune.resolve import load_workload
 
     workload = load_workload(args.workload)
     out = args.out or Path(f"{workload.name}.profile.json")
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     with console.status(f"profiling {workload.name}") as status:
         profile = calibrate(workload, curve_steps=args.curve_steps,
                             progress=lambda what: status.update(f"profiling {workload.name}: {what}"))  # fmt: skip
@@ -150,8 +149,8 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
     import math
 
     import torch
-    from rich.console import Console
 
+    from autotune.console import make_console
     from autotune.errors import ConfigError
     from autotune.policies.from_study import fine_tune_from_study
 
@@ -159,7 +158,9 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seconds must be > 0, but got {args.seconds!r}.")
     _check_out(args.out, overwrite=args.overwrite)  # before profiling and fine-tuning (minutes)
     torch.set_num_threads(1)  # as train-policy: a 64x64 MLP; a second thread only contends
-    with Console(stderr=True).status(f"profiling {args.workload}, fitting it to study {args.study!r}, fine-tuning"):
+    with make_console(stderr=True).status(
+        f"profiling {args.workload}, fitting it to study {args.study!r}, fine-tuning"
+    ):
         done = fine_tune_from_study(args.workload, study=args.study, storage=args.storage, out=args.out,
                                     seconds=args.seconds, seed=args.seed, policy=args.policy)  # fmt: skip
     steps = done.policy.metadata["fine_tuned"]["steps"]
@@ -173,9 +174,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     import math
 
     import torch
-    from rich.console import Console
 
     from autotune.cli.flags import set_threads, warn_if_busy
+    from autotune.console import make_console
     from autotune.envs.training import TrainingEnv
     from autotune.errors import ConfigError, NonFiniteLossError
     from autotune.policies.episode import retime_best, run_episode
@@ -202,7 +203,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     finally:
         env.close()
     if args.retime and all(math.isfinite(s.loss) for s in episode.steps):
-        with Console(stderr=True).status("re-timing the best steps side by side"):
+        with make_console(stderr=True).status("re-timing the best steps side by side"):
             episode = retime_best(episode, workload, threads=torch.get_num_threads())
     if args.storage:
         _record(args, budget, episode, env)
@@ -243,11 +244,10 @@ def _record(args: argparse.Namespace, budget: Any, episode: Any, env: Any) -> No
 
 def _fine_tuned(policy: Any, workload: Any, budget: Any, args: argparse.Namespace) -> Any:
     """The policy fine-tuned on ``workload``'s calibrated simulator (``policies/transfer.py``)."""
-    from rich.console import Console
-
+    from autotune.console import make_console
     from autotune.policies.transfer import fine_tune, profile_for_tuning
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     with console.status(f"profiling {workload.name} for the simulator"):
         profile = profile_for_tuning(workload)
     with console.status(f"fine-tuning the policy on {workload.name}'s simulator ({args.fine_tune_seconds:g} s)"):
@@ -256,12 +256,12 @@ def _fine_tuned(policy: Any, workload: Any, budget: Any, args: argparse.Namespac
 
 
 def _print_episode(episode: Any, final_knobs: Any) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from autotune.console import make_console
     from autotune.units import format_bytes
 
-    console = Console()
+    console = make_console()
     table = Table(title=f"policy on {episode.workload}: budget {format_bytes(episode.budget_bytes)}")
     for col in ("step", "action", "knobs", "samples/s", "peak", "B_noise", "loss", "reward"):
         table.add_column(col, justify="right")

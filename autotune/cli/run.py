@@ -47,8 +47,7 @@ def register(sub: Any) -> None:
 
 
 def _cmd_workloads(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from autotune.console import make_console
     from autotune.report import workloads_table
     from autotune.zoo import BUILTINS
 
@@ -60,7 +59,7 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
         wl = entry.build()
         counts = (f"{wl.num_parameters:,}", str(len(wl.block_names())), str(wl.batch_size))
         rows.append((name, entry.source, *counts, entry.description))
-    Console().print(workloads_table(rows))
+    make_console().print(workloads_table(rows))
     return 0
 
 
@@ -76,12 +75,11 @@ def _cmd_measure(args: argparse.Namespace) -> int:
     config = config_from_args(args, num_blocks=len(workload.block_names()))
     budget_b = budget_bytes(budget, workload, ranks=config.ranks, device_type=device.type)
 
-    from rich.console import Console
-
+    from autotune.console import make_console
     from autotune.procs.measure import measure
     from autotune.report import measurement_table
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     with err.status(f"measuring {workload.name}") as status:
 
         def progress(phase: str, done: int, total: int) -> None:
@@ -99,7 +97,7 @@ def _cmd_measure(args: argparse.Namespace) -> int:
     if args.json:
         print(m.to_json())
     else:
-        Console().print(measurement_table(m))
+        make_console().print(measurement_table(m))
     return 0
 
 
@@ -109,8 +107,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     import json
     import warnings
 
-    from rich.console import Console
-
+    from autotune.console import make_console
     from autotune.errors import PredictionError, PredictionWarning
     from autotune.memory.check import unverified_message
     from autotune.memory.model import budget_bytes, predict_memory
@@ -126,7 +123,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     status = f"profiling {workload.name} (fake tensors, then one real step to check)"
     try:
         # The check's warning is printed below as the command's own line, not as a Python warning.
-        with Console(stderr=True).status(status), warnings.catch_warnings():
+        with make_console(stderr=True).status(status), warnings.catch_warnings():
             warnings.simplefilter("ignore", PredictionWarning)
             budget_b = budget_bytes(budget, workload, ranks=config.ranks, device_type=args.device)
             estimate = predict_memory(workload, config, device_type=args.device)
@@ -140,7 +137,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(estimate.to_json())
     else:
-        Console().print(estimate_table(workload.name, config, estimate, budget_b))
+        make_console().print(estimate_table(workload.name, config, estimate, budget_b))
     if not estimate.verified and estimate.verification is not None:
         print(
             f"autotune predict: UNVERIFIED: {unverified_message(workload.name, estimate.verification)}", file=sys.stderr

@@ -215,15 +215,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: bool) -> int:
     import optuna
-    from rich.console import Console
 
+    from autotune.console import make_console
     from autotune.errors import MissingDependencyError
     from autotune.search.dashboard import save_study_artifacts
     from autotune.search.display import ProgressDisplay, summary_view
     from autotune.search.results import summarize
     from autotune.search.study import StudyObserver, count_done, run_study
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     if options.create_only:
         run_study(prepared, study, options)
         waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
@@ -238,7 +238,7 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
     else:
         run_study(prepared, study, options, StudyObserver())
     summary = summarize(study)
-    Console().print(summary_view(summary))
+    make_console().print(summary_view(summary))
     if options.dashboard and not options.worker:
         try:
             save_study_artifacts(

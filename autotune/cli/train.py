@@ -74,9 +74,8 @@ def _train_command(args: argparse.Namespace) -> int:
         if given and not args.adapt:
             raise ConfigError(f"{flag} needs --adapt (without it the run keeps the default configuration).")
     decide_every = 10 if args.decide_every is None else args.decide_every
-    from rich.console import Console
-
     from autotune.cli.flags import set_threads, warn_if_busy
+    from autotune.console import make_console
 
     threads = set_threads(args.threads, ranks=args.ranks)
 
@@ -85,7 +84,7 @@ def _train_command(args: argparse.Namespace) -> int:
     policy = (args.policy or "pretrained") if args.adapt else None
     # Before the first step: the memory profile, and with the policy the machine probe and its
     # start plan on the calibrated simulator (seconds to a minute for the corpus models).
-    with Console(stderr=True).status(f"{wl.name}: memory profile, machine probe and start plan"):
+    with make_console(stderr=True).status(f"{wl.name}: memory profile, machine probe and start plan"):
         if args.ranks > 1:
             tuner = Adaptive.on_ranks(wl, ranks=args.ranks, memory_budget=args.memory_budget, policy=policy,
                                       decide_every=decide_every, device=args.device)  # fmt: skip
@@ -127,13 +126,15 @@ def _over_budget_exit(tuner: Any, *, allowed: bool) -> int:
 
 
 def _train(tuner: Any, steps: int, name: str, *, quiet: bool) -> None:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autotune.console import make_console
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[status]}"))  # fmt: skip
-    console = Console(stderr=True) if quiet else None  # stdout is the JSON's
-    with Progress(*columns, transient=quiet, console=console) as progress:
+    console = make_console(stderr=quiet)  # quiet: stdout is the JSON's
+    # A bar on a terminal only: in a file or a log rich would leave its last frame as one more line.
+    with Progress(*columns, transient=quiet, console=console, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"train {name}", total=steps, status="")
         for _ in range(steps):
             s = tuner.step()
@@ -142,12 +143,12 @@ def _train(tuner: Any, steps: int, name: str, *, quiet: bool) -> None:
 
 
 def _summary(tuner: Any) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from autotune.console import make_console
     from autotune.units import format_bytes
 
-    console = Console()
+    console = make_console()
     steps = tuner.steps
     samples = sum(s.samples for s in steps)
     seconds = sum(s.seconds for s in steps)

@@ -1,8 +1,9 @@
 """What the user sees: a live progress display while a study runs, and the final tables.
 
-Progress (stderr): trials done / total, best throughput per GiB so far, the config being measured,
-elapsed and remaining time. Tables (stdout): the Pareto front, the recommended configuration,
-and its improvement over each baseline.
+Progress (stderr, on a terminal only): trials done / total, best throughput per GiB so far, the
+config being measured, elapsed and remaining time. Tables (stdout): the Pareto front, the
+recommended configuration, and its improvement over each baseline, one line per row wherever they
+are printed (see :mod:`autotune.console`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.config import TrainConfig
+from autotune.console import make_console
 from autotune.search.record import TrialRecord, trial_record
 from autotune.search.results import StudySummary
 from autotune.search.study import StudyObserver, count_done
@@ -33,10 +35,14 @@ def config_summary(c: TrainConfig) -> str:
 
 
 class ProgressDisplay(StudyObserver):
-    """A rich progress bar over the study's counted trials (resumed ones included)."""
+    """A rich progress bar over the study's counted trials (resumed ones included), on a terminal.
+
+    Anywhere else (a file, a pipe, a CI log) nothing is drawn: a redrawn bar has no place in a log,
+    and rich would print its last frame there. Notes (:meth:`note`) are printed either way.
+    """
 
     def __init__(self, *, total: int, done: int, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self.best: float | None = None
         self.progress = Progress(
             TextColumn("[bold]trials"),
@@ -54,10 +60,13 @@ class ProgressDisplay(StudyObserver):
         self.live = Live(Group(self.progress, self.now), console=self.console, refresh_per_second=4)
 
     def __enter__(self) -> ProgressDisplay:
-        self.live.start()
+        if self.console.is_terminal:
+            self.live.start()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if not self.live.is_started:
+            return
         # Ctrl-C: erase the display, so the CLI's one line ("interrupted") is all that remains.
         self.live.transient = exc_type is KeyboardInterrupt
         self.live.stop()

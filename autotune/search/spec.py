@@ -47,6 +47,7 @@ __all__ = [
     "StudySpec",
     "load_spec",
     "parse_duration",
+    "shipped_spec",
     "spec_from_dict",
     "spec_to_dict",
 ]
@@ -263,9 +264,32 @@ _MEASURE = {f.name for f in fields(MeasureSpec)}
 _BLOCK = {f.name for f in fields(BlockOverride)}
 
 
-def load_spec(path: str | Path) -> StudySpec:
-    """Read a TOML study spec; every error names the file and the key."""
+def shipped_spec(path: str | Path) -> Path | None:
+    """The spec the package ships under ``path``'s file name, when ``path`` is one of the
+    repository's ``studies/NAME.toml`` (or a bare ``NAME.toml``) and the package has it, else None.
+
+    The package installs the repository's ``studies/*.toml`` as ``autotune.studies``, so a command
+    written against the repository (``autotune study studies/gpt-tiny.toml``) also runs from any
+    directory once the wheel is installed.
+    """
     path = Path(path)
+    if path.parent not in (Path(), Path("studies")):
+        return None
+    from importlib.resources import files
+
+    shipped = files("autotune.studies").joinpath(path.name)
+    return Path(str(shipped)) if shipped.is_file() else None
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Read a TOML study spec; every error names the file and the key.
+
+    A ``studies/NAME.toml`` that is not in the working directory is read from the specs the package
+    ships (:func:`shipped_spec`), so the README's commands run from anywhere.
+    """
+    path = Path(path)
+    if not path.exists():
+        path = shipped_spec(path) or path
     try:
         data = tomllib.loads(path.read_text())
     except OSError as e:

@@ -283,7 +283,6 @@ def test_workloads_without_transformers_lists_what_to_install(
 
     monkeypatch.setitem(sys.modules, "transformers", None)
     monkeypatch.setattr(zoo, "BUILTINS", {name: zoo.BUILTINS[name] for name in ("gpt-tiny", "hf-gpt2", "lstm-lm")})
-    monkeypatch.setenv("COLUMNS", "400")  # one table row per line
     assert cli.main(["workloads"]) == 0
     rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("│")}
     assert list(rows) == ["gpt-tiny", "hf-gpt2", "lstm-lm"]

@@ -15,6 +15,7 @@ from autotune.search.spec import (
     StudySpec,
     load_spec,
     parse_duration,
+    shipped_spec,
     spec_from_dict,
     spec_to_dict,
 )
@@ -172,3 +173,28 @@ def test_expandable_segments_is_a_space_option_stored_only_when_on(tmp_path: Pat
     assert "expandable_segments" not in spec_to_dict(StudySpec(workload="gpt-tiny"))["space"]
     with pytest.raises(SpecError, match=re.escape("space.expandable_segments must be true or false, but got 1.")):
         SpaceSpec(expandable_segments=1)  # type: ignore[arg-type]
+
+
+def test_a_studies_spec_outside_the_repository_reads_the_one_the_package_ships(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no studies/ here: as a user of the installed wheel
+    for target in ("studies/gpt-tiny.toml", "gpt-tiny.toml"):
+        shipped = shipped_spec(target)
+        assert shipped is not None and shipped.read_bytes() == (STUDIES / "gpt-tiny.toml").read_bytes()
+        assert load_spec(target) == load_spec(STUDIES / "gpt-tiny.toml")
+    # Only a studies/NAME.toml (or a bare NAME.toml) the package has: anything else is the user's file.
+    assert shipped_spec("configs/gpt-tiny.toml") is None
+    assert shipped_spec("studies/mine.toml") is None
+    message = "studies/mine.toml: cannot read the study spec: No such file or directory."
+    with pytest.raises(SpecError, match=f"^{re.escape(message)}$"):
+        load_spec("studies/mine.toml")
+
+
+def test_a_spec_in_the_working_directory_comes_before_the_shipped_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "gpt-tiny.toml").write_text('workload = "mlp-digits"\n')
+    assert load_spec("studies/gpt-tiny.toml").workload == "mlp-digits"

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The package as a user gets it: build the sdist and wheel, install the wheel into a fresh venv
+# outside the repository and run it from a directory outside the repository (`make wheel-check`).
+#
+# Fast (no second torch install): the fresh venv sees the dependencies already installed in the
+# repository's venv through a .pth file listing that venv's site-packages. A .pth line is only
+# appended to sys.path: the .pth files in that folder (the editable install's finder among them)
+# are never executed, so the only autotune the fresh venv can import is the wheel's, which
+# `pip install --no-deps` puts in its own site-packages (checked below).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+python=${VENV:-.venv}/bin/python
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "wheel-check: building the sdist and wheel"
+# --no-isolation: the build backend (setuptools) is the venv's, nothing downloaded.
+if ! "$python" -m build --no-isolation --outdir "$work/dist" . >"$work/build.log" 2>&1; then
+    cat "$work/build.log"
+    exit 1
+fi
+rm -rf build/lib build/bdist.* # setuptools' staging folders (build/ also holds make typecheck's copy)
+wheel=$(ls "$work"/dist/*.whl)
+sdist=$(ls "$work"/dist/*.tar.gz)
+
+# What the CLI and the library read at run time must be in both.
+"$python" - "$wheel" "$sdist" <<'PY'
+import sys, tarfile, zipfile
+wheel, sdist = sys.argv[1:]
+needed = ["policies/pretrained/policy.json", "policies/pretrained/policy.safetensors", "studies/gpt-tiny.toml",
+          "studies/mlp-digits.toml", "envs/profiles/gpt-tiny.json"]
+in_wheel = set(zipfile.ZipFile(wheel).namelist())
+in_sdist = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
+missing = [f"wheel: autotune/{n}" for n in needed if f"autotune/{n}" not in in_wheel]
+missing += [f"sdist: {n}" for n in needed if n not in in_sdist]
+if missing:
+    sys.exit("wheel-check: missing from the package: " + ", ".join(missing))
+print(f"wheel-check: {len(in_wheel)} files in the wheel, {len(in_sdist)} in the sdist, the policy and specs in both")
+PY
+
+"$python" -m venv --without-pip "$work/venv"
+site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$site/repo-venv-deps.pth"
+"$python" -m pip --python "$work/venv/bin/python" install -q --no-deps "$wheel"
+
+mkdir "$work/run"
+cd "$work/run" # outside the repository: nothing may depend on its working directory
+export PATH="$work/venv/bin:$PATH"
+where=$(python -c 'import autotune; print(autotune.__file__)')
+case "$where" in
+    "$work/venv/"*) echo "wheel-check: autotune imported from $where" ;;
+    *) echo "wheel-check: autotune imported from $where, not from the fresh venv" >&2; exit 1 ;;
+esac
+version=$(autotune --version)
+expected="autotune $(python -c 'import autotune; print(autotune.__version__)')"
+[ "$version" = "$expected" ] || { echo "wheel-check: --version says '$version', expected '$expected'" >&2; exit 1; }
+echo "wheel-check: $version"
+autotune workloads
+# The repository's command, from here: the shipped spec (2 trials: the two baselines).
+autotune study studies/mlp-digits.toml --trials 2 --no-policy-proposal --no-retime --no-progress
+python - <<'PY'
+import torch
+from torch import nn
+
+from autotune import Adaptive
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), *(nn.Sequential(nn.Linear(64, 64), nn.GELU()) for _ in range(3)), nn.Linear(64, 4))
+data = torch.utils.data.TensorDataset(torch.randn(128, 16), torch.randint(0, 4, (128,)))
+
+
+def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+with Adaptive(model, opt, loss_fn, data, batch_size=16, policy="pretrained", decide_every=2) as tuner:
+    losses = [tuner.step().loss for _ in range(6)]
+print(f"wheel-check: Adaptive(policy='pretrained'): 6 steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+      f"{len(tuner.history)} decisions, last config {tuner.config.describe()}")
+PY
+echo "wheel-check: ok"

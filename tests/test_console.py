@@ -1,0 +1,100 @@
+"""Output a person reads off a terminal: whole table rows in a file or a CI log, no live progress."""
+
+from __future__ import annotations
+
+import io
+
+from autotune.config import TrainConfig
+from autotune.console import OFF_TERMINAL_WIDTH, make_console
+from autotune.search.display import ProgressDisplay, summary_view
+from autotune.search.finalists import Finalist
+from autotune.search.record import TrialRecord
+from autotune.search.results import Improvement, StudySummary
+
+MIB = 2**20
+
+
+def _trial(number: int, config: TrainConfig, throughput: float, peak: int, baseline: str | None) -> TrialRecord:
+    return TrialRecord(number=number, state="COMPLETE", config=config, baseline=baseline, status="ok", reason=None,
+                       throughput=throughput, objective=throughput, peak_bytes=peak, memory=None, noise_scale=None,
+                       efficiency=None, feasible=True)  # fmt: skip
+
+
+def _summary() -> StudySummary:
+    default = _trial(0, TrainConfig(micro_batch_size=32), 1500.0, 129 * MIB, "pytorch-default")
+    best = _trial(
+        5,
+        TrainConfig(micro_batch_size=8, grad_accum_steps=4, precision=("bf16", "fp32", "bf16"), checkpoint=True),
+        1380.5,
+        int(22.48 * MIB),
+        None,
+    )
+    return StudySummary(
+        name="gpt-tiny",
+        trials=(default, best),
+        front=(best, default),
+        recommended=best,
+        baselines={"pytorch-default": default},
+        improvements=(
+            Improvement(baseline="pytorch-default", trial=0, throughput=0.92, peak_memory=0.17, per_gib=5.27),
+        ),
+        states={"COMPLETE": 2},
+        metric="throughput",
+        retimed={
+            5: Finalist(
+                trial=5,
+                first_throughput=1380.5,
+                retimed_throughput=1371.0,
+                retimed_spread=0.012,
+                retimed_per_gib=62450.3,
+                rank=0,
+            )
+        },
+    )
+
+
+def test_off_a_terminal_the_study_tables_keep_one_line_per_row() -> None:
+    out = io.StringIO()
+    console = make_console(file=out)
+    assert (console.is_terminal, console.width) == (False, OFF_TERMINAL_WIDTH)
+    console.print(summary_view(_summary()))
+    # rich pads a table's title to the table's width with spaces: the only trailing ones.
+    assert [line.rstrip() for line in out.getvalue().splitlines()] == EXPECTED
+    assert out.getvalue().endswith("trials: 2 complete\n")
+
+
+EXPECTED = [
+    "                          Pareto front of 'gpt-tiny': max throughput, min peak memory",
+    '┏━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━┳━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━┓',
+    '┃ trial ┃ micro x acc x ranks ┃ precision ┃ ckpt ┃ ZeRO ┃ throughput/s ┃      peak ┃ per GiB ┃ note            ┃',
+    '┡━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━╇━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━┩',
+    '│     5 │               8x4x1 │ bf16 2/3  │  all │    0 │       1380.5 │ 22.48 MiB │ 62884.0 │ RECOMMENDED     │',
+    '│     0 │              32x1x1 │ fp32      │ none │    0 │       1500.0 │   129 MiB │ 11907.0 │ pytorch-default │',
+    '└───────┴─────────────────────┴───────────┴──────┴──────┴──────────────┴───────────┴─────────┴─────────────────┘',
+    '           finalists re-timed side by side (median of interleaved rounds)',
+    '┏━━━━━━━┳━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━━━━━━━━━┳━━━━━━━━┓',
+    '┃ trial ┃ first samples/s ┃ re-timed samples/s ┃ spread ┃ re-timed per GiB ┃   rank ┃',
+    '┡━━━━━━━╇━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━━━━━━━━╇━━━━━━━━┩',
+    '│     5 │          1380.5 │             1371.0 │   1.2% │          62450.3 │ WINNER │',
+    '└───────┴─────────────────┴────────────────────┴────────┴──────────────────┴────────┘',
+    '                           recommended / baseline',
+    '┏━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━┓',
+    '┃ baseline        ┃ trial ┃ throughput ┃  peak ┃ per GiB ┃ baseline per GiB ┃',
+    '┡━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━┩',
+    '│ pytorch-default │     0 │      0.92x │ 0.17x │   5.27x │          11907.0 │',
+    '└─────────────────┴───────┴────────────┴───────┴─────────┴──────────────────┘',
+    # one line, as long as it is: a log is read with its lines whole
+    "recommended: trial 5: micro x acc x ranks 8x4x1 | bf16 2/3 | ckpt all | ZeRO 0: 1380.5 samples/s, "
+    "peak 22.48 MiB, 62884.0 samples/s per GiB (5.27x the PyTorch default per GiB); "
+    "re-timed side by side: 62450.3 per GiB (spread 1.2%)",
+    'trials: 2 complete',
+]  # fmt: skip
+
+
+def test_off_a_terminal_the_progress_display_draws_nothing_but_its_notes() -> None:
+    out = io.StringIO()
+    with ProgressDisplay(total=4, done=0, console=make_console(file=out)) as display:
+        assert not display.live.is_started
+        display.trial_started(0, TrainConfig(micro_batch_size=32), "pytorch-default")
+        display.note("cache: 1 trial measured before")
+    assert out.getvalue() == "cache: 1 trial measured before\n"
