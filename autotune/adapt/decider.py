@@ -356,6 +356,13 @@ class Decider:
             return None
         verdict = self.gate.check(target)
         change = _change(step, current, target, proposal, source, verdict)
+        wanted = proposal.config
+        if (wanted.micro_batch_size, wanted.grad_accum_steps) != (target.micro_batch_size, target.grad_accum_steps):
+            # What the loop forbids is in the history: a framework's loop keeps its own split.
+            kept = f"{target.micro_batch_size}x{target.grad_accum_steps}"
+            asked = f"{wanted.micro_batch_size}x{wanted.grad_accum_steps}"
+            reason = f"{change.reason}; split {asked} not taken: the loop keeps {kept}"
+            change = dataclasses.replace(change, reason=reason)
         if not verdict.admitted:
             self._refuse_once(change)
             return None

@@ -66,6 +66,7 @@ def test_a_proposal_mid_run_takes_only_what_the_trainer_allows(tmp_path: Path) -
     assert (change.step, change.source, change.applied) == (2, "scripted", True)
     assert change.after == TrainConfig(micro_batch_size=4, checkpoint=True, grad_clip=None)
     assert change.reason.startswith("scripted; predicted ") and change.predicted_bytes is not None
+    assert change.reason.endswith("; split 2x2 not taken: the loop keeps 4x1")  # what the Trainer forbids, said
     assert spy.wrapped == [0, len(blocks), len(blocks), len(blocks)]  # read at each step's end, after the decision
 
 
