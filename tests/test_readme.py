@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 SAVED_AS = re.compile(r"# ([\w./-]+\.py)\n")
+# A template's ``...`` placeholder; ``x[..., :4]`` (Ellipsis indexing) is code, and its block runs.
+PLACEHOLDER = re.compile(r"\.\.\.(?!,)")
 
 
 class Block(NamedTuple):
@@ -159,7 +161,7 @@ def test_readme_runs_as_written(tmp_path: Path) -> None:
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "160"}
     for block in readme_blocks(README.read_text()):
-        if block.lang == "python" and "..." not in block.body:
+        if block.lang == "python" and not PLACEHOLDER.search(block.body):
             saved_as = SAVED_AS.match(block.body)
             if saved_as:  # the reader saves it under the name it gives, then the commands below use it
                 (repo / saved_as.group(1)).write_text(block.body)
