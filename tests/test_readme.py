@@ -3,8 +3,10 @@
 Every ``autotune`` line in a ``bash`` block of README.md must parse with the real argument parser
 (fast, in the suite), and every one runs as written, in order, in a fresh copy of the repository
 (``pytest -m readme``, what ``make readme`` and CI run after the suite: it takes minutes). The
-``make`` lines are the two entry points CI itself runs; Python blocks run too, except the
-workload template (its ``...`` are placeholders).
+``make`` lines are the two entry points CI itself runs; Python blocks run too, except a block
+with ``...`` placeholders. A Python block whose first line is a file name comment (``# my_model.py``)
+is saved as that file first, as the reader is told to, so the commands after it can name it.
+The docs pages' ``autotune`` commands (docs/*.md) must parse too: they are not run (minutes each).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from autotune.cli.main import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+SAVED_AS = re.compile(r"# ([\w./-]+\.py)\n")
+# A template's ``...`` placeholder; ``x[..., :4]`` (Ellipsis indexing) is code, and its block runs.
+PLACEHOLDER = re.compile(r"\.\.\.(?!,)")
 
 
 class Block(NamedTuple):
@@ -42,10 +48,10 @@ def readme_blocks(text: str) -> list[Block]:
     return blocks
 
 
-def readme_commands() -> list[tuple[int, str]]:
-    """(line, command) of each autotune command in README's bash blocks, comments stripped."""
+def readme_commands(path: Path = README) -> list[tuple[int, str]]:
+    """(line, command) of each autotune command in the bash blocks of ``path``, comments stripped."""
     commands: list[tuple[int, str]] = []
-    for block in readme_blocks(README.read_text()):
+    for block in readme_blocks(path.read_text()):
         if block.lang != "bash":
             continue
         for i, line in enumerate(block.body.splitlines()):
@@ -56,10 +62,14 @@ def readme_commands() -> list[tuple[int, str]]:
 
 
 COMMANDS = readme_commands()
+DOC_COMMANDS = [(f"{path.name}:{line}", command) for path in DOCS for line, command in readme_commands(path)]
 
 
 def test_readme_shows_commands() -> None:
-    assert len(COMMANDS) >= 10
+    # A front page: the quick starts' commands, tune, the dashboard and the three to look first
+    # (the rest of the manual is in docs/, whose commands test_docs_command_parses checks).
+    assert len(COMMANDS) >= 8
+    assert len(DOC_COMMANDS) >= 20
 
 
 @pytest.mark.parametrize(("line", "command"), COMMANDS, ids=[f"L{n}" for n, _ in COMMANDS])
@@ -71,6 +81,16 @@ def test_readme_command_parses(line: int, command: str) -> None:
         _parser().parse_args(args)
     except SystemExit as e:  # argparse exits 2 on a bad argument, 0 on --help/--version
         assert e.code == 0, f"README.md:{line}: {command!r} does not parse"
+
+
+@pytest.mark.parametrize(("where", "command"), DOC_COMMANDS, ids=[w for w, _ in DOC_COMMANDS])
+def test_docs_command_parses(where: str, command: str) -> None:
+    words = shlex.split(command)
+    args = words[1 : words.index(">")] if ">" in words else words[1:]
+    try:
+        _parser().parse_args(args)
+    except SystemExit as e:
+        assert e.code == 0, f"docs/{where}: {command!r} does not parse"
 
 
 def inline_commands() -> list[str]:
@@ -141,7 +161,10 @@ def test_readme_runs_as_written(tmp_path: Path) -> None:
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "160"}
     for block in readme_blocks(README.read_text()):
-        if block.lang == "python" and "..." not in block.body:
+        if block.lang == "python" and not PLACEHOLDER.search(block.body):
+            saved_as = SAVED_AS.match(block.body)
+            if saved_as:  # the reader saves it under the name it gives, then the commands below use it
+                (repo / saved_as.group(1)).write_text(block.body)
             start = time.monotonic()
             proc = subprocess.run([sys.executable, "-c", block.body], cwd=repo, env=env, capture_output=True, text=True)
             assert proc.returncode == 0, f"README.md:{block.line}: python block failed:\n{proc.stderr[-3000:]}"
