@@ -89,8 +89,13 @@ class Knobs:
     checkpoint_blocks: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (("batch_size", 1), ("micro_batch_size", 1), ("ranks", 1),
-                          ("low_precision_blocks", 0), ("checkpoint_blocks", 0)):  # fmt: skip
+        for name, low in (
+            ("batch_size", 1),
+            ("micro_batch_size", 1),
+            ("ranks", 1),
+            ("low_precision_blocks", 0),
+            ("checkpoint_blocks", 0),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"Knobs.{name} must be an int >= {low}, but got {value!r}.")
@@ -169,9 +174,13 @@ class KnobLevels:
     zero_stage: int = 0
 
     def __post_init__(self) -> None:
-        for name, n in (("accum", len(ACCUM_LEVELS)), ("micro", len(MICRO_LEVELS)),
-                        ("precision", FRACTION_LEVELS), ("checkpoint", FRACTION_LEVELS),
-                        ("zero_stage", ZERO_STAGES)):  # fmt: skip
+        for name, n in (
+            ("accum", len(ACCUM_LEVELS)),
+            ("micro", len(MICRO_LEVELS)),
+            ("precision", FRACTION_LEVELS),
+            ("checkpoint", FRACTION_LEVELS),
+            ("zero_stage", ZERO_STAGES),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or not 0 <= value < n:
                 raise ConfigError(f"KnobLevels.{name} must be an int in [0, {n - 1}], but got {value!r}.")
@@ -222,8 +231,14 @@ def level_blocks(level: int, num_blocks: int) -> int:
     return round(level / (FRACTION_LEVELS - 1) * num_blocks)
 
 
-def knobs_to_config(levels: KnobLevels, ranking: tuple[int, ...], *, reduced: Precision = "bf16",
-                    ranks: int = 1, base: TrainConfig | None = None) -> TrainConfig:  # fmt: skip
+def knobs_to_config(
+    levels: KnobLevels,
+    ranking: tuple[int, ...],
+    *,
+    reduced: Precision = "bf16",
+    ranks: int = 1,
+    base: TrainConfig | None = None,
+) -> TrainConfig:
     """The TrainConfig for ``levels`` on a model whose blocks rank as ``ranking`` (hungriest first)."""
     return levels.knobs(len(ranking), reduced=reduced, ranks=ranks).to_config(ranking, base=base)
 

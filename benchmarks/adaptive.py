@@ -61,12 +61,26 @@ from autotune.zoo import CORPUS
 
 GIB = 1024**3
 SMALL: dict[str, dict[str, int]] = {
-    "hf-gpt2": {"layers": 4, "width": 128, "heads": 4, "seq_len": 64, "vocab": 256, "num_samples": 1024,
-                "batch_size": 32},
-    "hf-vit": {"layers": 4, "width": 128, "heads": 4, "patch_size": 8, "image_size": 32, "num_samples": 1024,
-               "batch_size": 32},
+    "hf-gpt2": {
+        "layers": 4,
+        "width": 128,
+        "heads": 4,
+        "seq_len": 64,
+        "vocab": 256,
+        "num_samples": 1024,
+        "batch_size": 32,
+    },
+    "hf-vit": {
+        "layers": 4,
+        "width": 128,
+        "heads": 4,
+        "patch_size": 8,
+        "image_size": 32,
+        "num_samples": 1024,
+        "batch_size": 32,
+    },
     "lstm-lm": {"layers": 4, "width": 128, "seq_len": 64, "vocab": 256, "num_samples": 1024, "batch_size": 32},
-}  # fmt: skip
+}
 VARIANTS = ("default", "adaptive", "study-best")
 
 
@@ -94,8 +108,17 @@ def _sizes(name: str, size: str) -> dict[str, int]:
 def _tuner(name: str, size: str, policy: Any, decide_every: int) -> Adaptive:
     wl = CORPUS[name].build(**_sizes(name, size))
     opt = wl.make_optimizer(wl.model.parameters())
-    return Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=wl.batch_size, policy=policy,
-                    decide_every=decide_every, blocks=wl.blocks, name=wl.name)  # fmt: skip
+    return Adaptive(
+        wl.model,
+        opt,
+        wl.loss_fn,
+        wl.dataset,
+        batch_size=wl.batch_size,
+        policy=policy,
+        decide_every=decide_every,
+        blocks=wl.blocks,
+        name=wl.name,
+    )
 
 
 # ---- the study ------------------------------------------------------------------------------------
@@ -115,8 +138,10 @@ def _study(name: str, size: str, args: argparse.Namespace, workdir: Path) -> dic
     """A real study of the same model, batch and budget; its recommendation and wall time."""
     # The study measures in a child process that resolves the workload by reference: a file here.
     source = workdir / f"{name.replace('-', '_')}_{size}.py"
-    source.write_text(f"from autotune.zoo import CORPUS\n\n\ndef build():\n"
-                      f"    return CORPUS[{name!r}].build(**{_sizes(name, size)!r})\n")  # fmt: skip
+    source.write_text(
+        f"from autotune.zoo import CORPUS\n\n\ndef build():\n"
+        f"    return CORPUS[{name!r}].build(**{_sizes(name, size)!r})\n"
+    )
     spec = StudySpec(
         workload=f"{source}:build",
         name=f"adaptive-benchmark-{name}-{size}",
@@ -127,8 +152,12 @@ def _study(name: str, size: str, args: argparse.Namespace, workdir: Path) -> dic
         space=SpaceSpec(precisions=("fp32", "bf16")),
         measure=MeasureSpec(steps=args.study_steps, warmup=1, trial_timeout=600.0, threads=args.threads or None),
     )
-    options = RunOptions(storage=args.storage or str(workdir / "studies.db"), cache=None,
-                         artifact_dir=workdir / "artifacts", dashboard=False)  # fmt: skip
+    options = RunOptions(
+        storage=args.storage or str(workdir / "studies.db"),
+        cache=None,
+        artifact_dir=workdir / "artifacts",
+        dashboard=False,
+    )
     start = time.perf_counter()
     prepared = prepare(spec)
     study = open_study(prepared, options)
@@ -222,9 +251,12 @@ def _compare(name: str, size: str, args: argparse.Namespace, best: TrainConfig) 
     for change in tuners["adaptive"].history:
         print(f"  {name} adaptive: {change.describe()}", flush=True)
     for r in tuners["adaptive"].configs:  # what each configuration it ran measured, as it judged them
-        print(f"  {name} adaptive judged at step {r.step}: {r.config.describe()}: {r.score.throughput:.1f} "
-              f"samples/s ({r.timed_steps} steps), {r.score.peak_bytes / 2**20:.2f} MiB, {r.score.per_gib:.0f} "
-              "per GiB", flush=True)  # fmt: skip
+        print(
+            f"  {name} adaptive judged at step {r.step}: {r.config.describe()}: {r.score.throughput:.1f} "
+            f"samples/s ({r.timed_steps} steps), {r.score.peak_bytes / 2**20:.2f} MiB, {r.score.per_gib:.0f} "
+            "per GiB",
+            flush=True,
+        )
     for change in tuners["study-best"].history:
         print(f"  {name} study-best: {change.describe()}", flush=True)
     cache: dict[TrainConfig, int] = {}
@@ -237,9 +269,11 @@ def _compare(name: str, size: str, args: argparse.Namespace, best: TrainConfig) 
 
 def _row(name: str, label: str, r: dict[str, Any]) -> str:
     cell = r["settled"].describe().replace(" | ", ", ")  # a table cell: no pipes
-    return (f"| {name} | {label} | {r['thr']:.1f} | {r['peak'] / 2**20:.2f} | {r['thr_gib']:.0f} | "
-            f"{r['settled_thr']:.1f} ({r['settled_steps']}) | {r['settled_peak'] / 2**20:.2f} | "
-            f"{r['settled_gib']:.0f} | {r['loss']:.4f} | {r['changes']} ({r['change_s']:.3f}) | {cell} |")  # fmt: skip
+    return (
+        f"| {name} | {label} | {r['thr']:.1f} | {r['peak'] / 2**20:.2f} | {r['thr_gib']:.0f} | "
+        f"{r['settled_thr']:.1f} ({r['settled_steps']}) | {r['settled_peak'] / 2**20:.2f} | "
+        f"{r['settled_gib']:.0f} | {r['loss']:.4f} | {r['changes']} ({r['change_s']:.3f}) | {cell} |"
+    )
 
 
 # ---- observation cost -----------------------------------------------------------------------------
@@ -283,9 +317,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"{torch.get_num_threads()} threads, {args.steps} steps, size {args.size}, "
-          f"decide every {args.decide_every}", flush=True)  # fmt: skip
+    print(
+        f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"{torch.get_num_threads()} threads, {args.steps} steps, size {args.size}, "
+        f"decide every {args.decide_every}",
+        flush=True,
+    )
     if args.observation_only:
         print("| model | observation cost |\n|---|---:|")
         for name in args.workloads.split(","):
@@ -296,22 +333,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="autotune-adaptive-") as tmp:
         for name in args.workloads.split(","):
             study = _study(name, args.size, args, Path(tmp))
-            print(f"{name}: study of {study['trials']} trials ({study['states']}) in {study['seconds']:.0f} s, "
-                  f"best trial {study['trial']}: {study['config'].describe()}, {study['per_gib']:.0f} samples/s "
-                  f"per GiB, {study['over_default'] or float('nan'):.2f}x the default's", flush=True)  # fmt: skip
+            print(
+                f"{name}: study of {study['trials']} trials ({study['states']}) in {study['seconds']:.0f} s, "
+                f"best trial {study['trial']}: {study['config'].describe()}, {study['per_gib']:.0f} samples/s "
+                f"per GiB, {study['over_default'] or float('nan'):.2f}x the default's",
+                flush=True,
+            )
             runs = _compare(name, args.size, args, study["config"])
             rows += [_row(name, label, runs[label]) for label in VARIANTS]
             ratio = {k: runs["adaptive"][k] / runs["study-best"][k] for k in ("thr_gib", "settled_gib")}
-            print(f"{name}: adaptive / study-best samples/s per GiB: whole run {ratio['thr_gib']:.2f}, "
-                  f"settled {ratio['settled_gib']:.2f}; over the default (settled): adaptive "
-                  f"{runs['adaptive']['settled_gib'] / runs['default']['settled_gib']:.2f}x, study-best "
-                  f"{runs['study-best']['settled_gib'] / runs['default']['settled_gib']:.2f}x", flush=True)  # fmt: skip
-            out[name] = {"study": {**study, "config": study["config"].to_dict()},
-                         "runs": {k: {**r, "settled": r["settled"].to_dict(), "final": r["final"].to_dict()}
-                                  for k, r in runs.items()}}  # fmt: skip
-    print("\n| model | variant | samples/s | run peak MiB | samples/s per run-peak GiB | settled samples/s "
-          "(steps) | settled peak MiB | settled samples/s per GiB | loss (last 5) | reconfigs (s) | "
-          "settled config |")  # fmt: skip
+            print(
+                f"{name}: adaptive / study-best samples/s per GiB: whole run {ratio['thr_gib']:.2f}, "
+                f"settled {ratio['settled_gib']:.2f}; over the default (settled): adaptive "
+                f"{runs['adaptive']['settled_gib'] / runs['default']['settled_gib']:.2f}x, study-best "
+                f"{runs['study-best']['settled_gib'] / runs['default']['settled_gib']:.2f}x",
+                flush=True,
+            )
+            out[name] = {
+                "study": {**study, "config": study["config"].to_dict()},
+                "runs": {
+                    k: {**r, "settled": r["settled"].to_dict(), "final": r["final"].to_dict()} for k, r in runs.items()
+                },
+            }
+    print(
+        "\n| model | variant | samples/s | run peak MiB | samples/s per run-peak GiB | settled samples/s "
+        "(steps) | settled peak MiB | settled samples/s per GiB | loss (last 5) | reconfigs (s) | "
+        "settled config |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     print("\n".join(rows))
     if args.out:

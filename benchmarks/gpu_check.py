@@ -46,10 +46,16 @@ DEVICE = "cuda"
 
 # Sizes that fill a few GiB at the micro-batches below (fp32, Adam): the decoder ~60M parameters,
 # the ViT 21M with 257 tokens per image, the LSTM 4 x 1024 over 256 tokens.
-DECODER = {"layers": 8, "width": 768, "heads": 12, "seq_len": 256, "vocab": 8192, "num_samples": 2048,
-           "batch_size": 16}  # fmt: skip
-VISION = {"layers": 12, "width": 384, "heads": 6, "patch_size": 4, "image_size": 64, "num_samples": 2048,
-          "batch_size": 64}  # fmt: skip
+DECODER = {"layers": 8, "width": 768, "heads": 12, "seq_len": 256, "vocab": 8192, "num_samples": 2048, "batch_size": 16}
+VISION = {
+    "layers": 12,
+    "width": 384,
+    "heads": 6,
+    "patch_size": 4,
+    "image_size": 64,
+    "num_samples": 2048,
+    "batch_size": 64,
+}
 LSTM = {"layers": 4, "width": 1024, "seq_len": 256, "vocab": 8192, "num_samples": 2048, "batch_size": 32}
 
 
@@ -104,22 +110,40 @@ def part_device() -> dict[str, Any]:
     from autotune.train.local import Trainer
 
     props = torch.cuda.get_device_properties(0)
-    tflops = {name: _matmul_tflops(dtype) for name, dtype in
-              (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))}  # fmt: skip
+    tflops = {
+        name: _matmul_tflops(dtype)
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))
+    }
     wl = _load(decoder_lm)
     base = _configs(8)[0]
     trainer = Trainer(wl, base, device=DEVICE)
     try:
-        speeds = probe_precisions(trainer, base, precisions=reduced_precisions(DEVICE),
-                                  recover=lambda: trainer.optimizer.zero_grad(set_to_none=True))  # fmt: skip
+        speeds = probe_precisions(
+            trainer,
+            base,
+            precisions=reduced_precisions(DEVICE),
+            recover=lambda: trainer.optimizer.zero_grad(set_to_none=True),
+        )
     finally:
         trainer.close()
-    rows = [{"precision": p, "matmul TFLOP/s": round(tflops[p], 1), "step speed vs fp32": round(s, 3),
-             "failure": speeds.failures.get(p)} for p, s in speeds.speeds.items()]  # fmt: skip
+    rows = [
+        {
+            "precision": p,
+            "matmul TFLOP/s": round(tflops[p], 1),
+            "step speed vs fp32": round(s, 3),
+            "failure": speeds.failures.get(p),
+        }
+        for p, s in speeds.speeds.items()
+    ]
     summary = f"{props.name}, capability {props.major}.{props.minor}, {props.total_memory / 2**30:.1f} GiB"
-    return {"summary": summary, "name": props.name, "capability": [props.major, props.minor],
-            "total_memory": props.total_memory, "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-            "rows": rows}  # fmt: skip
+    return {
+        "summary": summary,
+        "name": props.name,
+        "capability": [props.major, props.minor],
+        "total_memory": props.total_memory,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "rows": rows,
+    }
 
 
 def _matmul_tflops(dtype: Any, n: int = 8192, iters: int = 20) -> float:
@@ -155,14 +179,22 @@ def part_measure() -> dict[str, Any]:
             if ratio is None and a is not None:
                 ratio = a.reserved_ratio  # the first real step's: what the gate would carry
             estimate = estimate.with_reserved_ratio(ratio)
-            rows.append({"model": builder.__name__, "config": config.describe(), "status": m.status,
-                         "tracked": m.peak_bytes, "allocated": None if a is None else a.allocated_peak,
-                         "reserved": None if a is None else a.reserved_peak,
-                         "retries": None if a is None else a.alloc_retries, "predicted": estimate.total,
-                         "predicted reserved": estimate.reserved,
-                         "vs allocated": _ratio(estimate.total, None if a is None else a.allocated_peak),
-                         "vs reserved": _ratio(estimate.reserved, None if a is None else a.reserved_peak),
-                         "samples/s": None if m.throughput is None else round(m.throughput, 1)})  # fmt: skip
+            rows.append(
+                {
+                    "model": builder.__name__,
+                    "config": config.describe(),
+                    "status": m.status,
+                    "tracked": m.peak_bytes,
+                    "allocated": None if a is None else a.allocated_peak,
+                    "reserved": None if a is None else a.reserved_peak,
+                    "retries": None if a is None else a.alloc_retries,
+                    "predicted": estimate.total,
+                    "predicted reserved": estimate.reserved,
+                    "vs allocated": _ratio(estimate.total, None if a is None else a.allocated_peak),
+                    "vs reserved": _ratio(estimate.reserved, None if a is None else a.reserved_peak),
+                    "samples/s": None if m.throughput is None else round(m.throughput, 1),
+                }
+            )
     ok = sum(r["status"] == "ok" for r in rows)
     return {"summary": f"{ok}/{len(rows)} configurations measured ok", "rows": rows}
 
@@ -177,24 +209,48 @@ def part_study(out: Path) -> dict[str, Any]:
     from autotune.search.study import open_study, prepare, run_study
     from autotune.units import MemoryBudget
 
-    spec = StudySpec(workload=_ref(decoder_lm), name="gpu-check", trials=12, memory_budget=MemoryBudget(fraction=0.75),
-                     policy_proposal=False, space=SpaceSpec(precisions=("fp32", "bf16", "fp16")),
-                     measure=MeasureSpec(steps=3, warmup=1, trial_timeout=60.0))  # fmt: skip
-    options = RunOptions(storage=f"sqlite:///{out / 'study.db'}", cache=None, artifact_dir=out / "artifacts",
-                         device=DEVICE, dashboard=False)  # fmt: skip
+    spec = StudySpec(
+        workload=_ref(decoder_lm),
+        name="gpu-check",
+        trials=12,
+        memory_budget=MemoryBudget(fraction=0.75),
+        policy_proposal=False,
+        space=SpaceSpec(precisions=("fp32", "bf16", "fp16")),
+        measure=MeasureSpec(steps=3, warmup=1, trial_timeout=60.0),
+    )
+    options = RunOptions(
+        storage=f"sqlite:///{out / 'study.db'}",
+        cache=None,
+        artifact_dir=out / "artifacts",
+        device=DEVICE,
+        dashboard=False,
+    )
     prepared = prepare(spec)
     study = open_study(prepared, options)
     run_study(prepared, study, options)
     summary = summarize(study)
     best, vs_default = summary.recommended, summary.improvement(PYTORCH_DEFAULT)
-    rows = [{"trial": r.number, "config": None if r.config is None else r.config.describe(), "status": r.status,
-             "peak": r.peak_bytes, "samples/s": r.throughput, "per GiB": r.per_gib}
-            for r in summary.trials]  # fmt: skip
+    rows = [
+        {
+            "trial": r.number,
+            "config": None if r.config is None else r.config.describe(),
+            "status": r.status,
+            "peak": r.peak_bytes,
+            "samples/s": r.throughput,
+            "per GiB": r.per_gib,
+        }
+        for r in summary.trials
+    ]
     line = "no feasible pick" if best is None or best.config is None else f"pick {best.config.describe()}"
     if vs_default is not None:
         line += f": {vs_default.per_gib:.2f}x the PyTorch default per GiB"
-    return {"summary": line, "budget_bytes": prepared.memory_budget, "states": summary.states,
-            "per_gib_vs_default": None if vs_default is None else vs_default.per_gib, "rows": rows}  # fmt: skip
+    return {
+        "summary": line,
+        "budget_bytes": prepared.memory_budget,
+        "states": summary.states,
+        "per_gib_vs_default": None if vs_default is None else vs_default.per_gib,
+        "rows": rows,
+    }
 
 
 def part_adapt() -> dict[str, Any]:
@@ -207,8 +263,13 @@ def part_adapt() -> dict[str, Any]:
 
     # autotune tune WORKLOAD --steps 4 --fine-tune-seconds 0
     policy = load_policy(PRETRAINED_DIR)
-    env = TrainingEnv(workloads=[_ref(decoder_lm)], memory_budget=parse_memory_budget("75%"), steps_per_action=4,
-                      horizon=4, device=DEVICE)  # fmt: skip
+    env = TrainingEnv(
+        workloads=[_ref(decoder_lm)],
+        memory_budget=parse_memory_budget("75%"),
+        steps_per_action=4,
+        horizon=4,
+        device=DEVICE,
+    )
     try:
         policy.check_action_space(env.action_space)
         episode = run_episode(env, policy, workload="decoder_lm", seed=0, steps=4)
@@ -217,22 +278,43 @@ def part_adapt() -> dict[str, Any]:
     # autotune train WORKLOAD --steps 60 --adapt (the model on the GPU first: Adaptive trains it in place)
     wl = _load(decoder_lm)
     model = wl.model.to(DEVICE)
-    tuner = Adaptive(model, wl.make_optimizer(model.parameters()), wl.loss_fn, wl.dataset, batch_size=wl.batch_size,
-                     policy="pretrained", decide_every=10, blocks=wl.blocks, name=wl.name,
-                     track_memory="all")  # fmt: skip
+    tuner = Adaptive(
+        model,
+        wl.make_optimizer(model.parameters()),
+        wl.loss_fn,
+        wl.dataset,
+        batch_size=wl.batch_size,
+        policy="pretrained",
+        decide_every=10,
+        blocks=wl.blocks,
+        name=wl.name,
+        track_memory="all",
+    )
     try:
         steps = [tuner.step() for _ in range(60)]
     finally:
         tuner.close()
-    rows = [{"step": c.step, "verdict": "applied" if c.applied else ("reverted" if c.reverted else "refused"),
-             "config": c.after.describe(), "why": f"{c.source}: {c.reason}"} for c in tuner.history]  # fmt: skip
+    rows = [
+        {
+            "step": c.step,
+            "verdict": "applied" if c.applied else ("reverted" if c.reverted else "refused"),
+            "config": c.after.describe(),
+            "why": f"{c.source}: {c.reason}",
+        }
+        for c in tuner.history
+    ]
     best = tuner.best
-    return {"summary": f"tune return {episode.total_reward:+.3f}; train --adapt: {len(tuner.history)} changes, "
-                       f"final {tuner.config.describe()}",
-            "tune_final": episode.final_config.to_dict(), "tune_budget_bytes": episode.budget_bytes,
-            "adapt_budget_bytes": tuner.budget_bytes, "reserved_ratio": tuner.gate.reserved_ratio,
-            "adapt_final_loss": steps[-1].loss,
-            "adapt_best": None if best is None else best.config.describe(), "rows": rows}  # fmt: skip
+    return {
+        "summary": f"tune return {episode.total_reward:+.3f}; train --adapt: {len(tuner.history)} changes, "
+        f"final {tuner.config.describe()}",
+        "tune_final": episode.final_config.to_dict(),
+        "tune_budget_bytes": episode.budget_bytes,
+        "adapt_budget_bytes": tuner.budget_bytes,
+        "reserved_ratio": tuner.gate.reserved_ratio,
+        "adapt_final_loss": steps[-1].loss,
+        "adapt_best": None if best is None else best.config.describe(),
+        "rows": rows,
+    }
 
 
 def part_deepspeed() -> dict[str, Any]:
@@ -245,15 +327,25 @@ def part_deepspeed() -> dict[str, Any]:
     configs = [dataclasses.replace(_configs(8)[1], zero_stage=stage) for stage in range(4)]
     # ZeRO 0 at one rank is the local runner in autotune (nothing to partition); stages 1-3 share
     # one rank session (one torchrun start, one NCCL init) instead of one each.
-    runs = [measure(wl, configs[0], steps=2, warmup=1, device=DEVICE),
-            *measure_ranks(wl, configs[1:], steps=2, warmup=1, device=DEVICE)]  # fmt: skip
+    runs = [
+        measure(wl, configs[0], steps=2, warmup=1, device=DEVICE),
+        *measure_ranks(wl, configs[1:], steps=2, warmup=1, device=DEVICE),
+    ]
     rows = []
     for config, m in zip(configs, runs, strict=True):
         predicted = predict_memory(wl, config, device_type=DEVICE, verify=False)
-        rows.append({"stage": config.zero_stage, "runner": "deepspeed" if config.on_deepspeed else "local",
-                     "status": m.status, "predicted": predicted.total, "tracked": m.peak_bytes,
-                     "reserved": m.reserved_bytes, "vs tracked": _ratio(predicted.total, m.peak_bytes),
-                     "reason": m.reason})  # fmt: skip
+        rows.append(
+            {
+                "stage": config.zero_stage,
+                "runner": "deepspeed" if config.on_deepspeed else "local",
+                "status": m.status,
+                "predicted": predicted.total,
+                "tracked": m.peak_bytes,
+                "reserved": m.reserved_bytes,
+                "vs tracked": _ratio(predicted.total, m.peak_bytes),
+                "reason": m.reason,
+            }
+        )
     ok = sum(r["status"] == "ok" for r in rows)
     return {"summary": f"{ok}/4 stages measured ok", "rows": rows}
 
@@ -266,15 +358,27 @@ def part_hf(out: Path) -> dict[str, Any]:
 
     wl = _load(decoder_lm)
     callback = AutotuneCallback(decide_every=5)
-    args = transformers.TrainingArguments(output_dir=str(out / "hf"), per_device_train_batch_size=8, max_steps=20,
-                                          report_to=[], save_strategy="no", disable_tqdm=True, seed=0)  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(out / "hf"),
+        per_device_train_batch_size=8,
+        max_steps=20,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
     torch.cuda.reset_peak_memory_stats()
     result = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback]).train()
-    rows = [{"step": c.step, "applied": c.applied, "config": c.after.describe(), "why": f"{c.source}: {c.reason}"}
-            for c in callback.history]  # fmt: skip
-    return {"summary": f"20 steps, loss {result.training_loss:.4f}, {len(rows)} changes",
-            "allocated_peak": torch.cuda.max_memory_allocated(), "reserved_peak": torch.cuda.max_memory_reserved(),
-            "rows": rows}  # fmt: skip
+    rows = [
+        {"step": c.step, "applied": c.applied, "config": c.after.describe(), "why": f"{c.source}: {c.reason}"}
+        for c in callback.history
+    ]
+    return {
+        "summary": f"20 steps, loss {result.training_loss:.4f}, {len(rows)} changes",
+        "allocated_peak": torch.cuda.max_memory_allocated(),
+        "reserved_peak": torch.cuda.max_memory_reserved(),
+        "rows": rows,
+    }
 
 
 # ---- plan, guard, report --------------------------------------------------------------------------------
@@ -292,20 +396,54 @@ class Part:
 
 
 PLAN = (
-    Part(name="device", title="device and machine probe", limit_s=30, run=lambda out: part_device(),
-         imports=("autotune.measurement.probe", "autotune.train.local")),
-    Part(name="measure", title="measure vs the memory model", limit_s=100, run=lambda out: part_measure(),
-         imports=("autotune.measurement", "autotune.memory.model", "autotune.memory.profile")),
-    Part(name="study", title="12-trial study under a budget", limit_s=120, run=part_study,
-         imports=("autotune.search", "autotune.search.study", "autotune.search.baselines")),
-    Part(name="adapt", title="tune 4 steps, train --adapt 60 steps", limit_s=110, run=lambda out: part_adapt(),
-         imports=("autotune.adapt.adaptive", "autotune.envs.training", "autotune.policies.episode",
-                  "autotune.policies.ppo")),
-    Part(name="deepspeed", title="DeepSpeed, one rank, ZeRO 0-3", limit_s=65, run=lambda out: part_deepspeed(),
-         imports=("autotune.procs.multirank", "deepspeed")),
-    Part(name="hf", title="Hugging Face Trainer callback, 20 steps", limit_s=50, run=part_hf,
-         imports=("autotune.integrations.hf", "transformers")),
-)  # fmt: skip
+    Part(
+        name="device",
+        title="device and machine probe",
+        limit_s=30,
+        run=lambda out: part_device(),
+        imports=("autotune.measurement.probe", "autotune.train.local"),
+    ),
+    Part(
+        name="measure",
+        title="measure vs the memory model",
+        limit_s=100,
+        run=lambda out: part_measure(),
+        imports=("autotune.measurement", "autotune.memory.model", "autotune.memory.profile"),
+    ),
+    Part(
+        name="study",
+        title="12-trial study under a budget",
+        limit_s=120,
+        run=part_study,
+        imports=("autotune.search", "autotune.search.study", "autotune.search.baselines"),
+    ),
+    Part(
+        name="adapt",
+        title="tune 4 steps, train --adapt 60 steps",
+        limit_s=110,
+        run=lambda out: part_adapt(),
+        imports=(
+            "autotune.adapt.adaptive",
+            "autotune.envs.training",
+            "autotune.policies.episode",
+            "autotune.policies.ppo",
+        ),
+    ),
+    Part(
+        name="deepspeed",
+        title="DeepSpeed, one rank, ZeRO 0-3",
+        limit_s=65,
+        run=lambda out: part_deepspeed(),
+        imports=("autotune.procs.multirank", "deepspeed"),
+    ),
+    Part(
+        name="hf",
+        title="Hugging Face Trainer callback, 20 steps",
+        limit_s=50,
+        run=part_hf,
+        imports=("autotune.integrations.hf", "transformers"),
+    ),
+)
 
 
 def run_part(part: Part, out: Path, *, dry_run: bool = False) -> dict[str, Any]:
@@ -335,8 +473,15 @@ def run_part(part: Part, out: Path, *, dry_run: bool = False) -> dict[str, Any]:
 def _entry(
     part: Part, *, seconds: float, result: dict[str, Any] | None = None, error: str | None = None
 ) -> dict[str, Any]:
-    return {"name": part.name, "title": part.title, "limit_s": part.limit_s, "seconds": seconds,
-            "ok": error is None, "error": error, "result": result}  # fmt: skip
+    return {
+        "name": part.name,
+        "title": part.title,
+        "limit_s": part.limit_s,
+        "seconds": seconds,
+        "ok": error is None,
+        "error": error,
+        "result": result,
+    }
 
 
 def guarded(part: Part, out: Path, run: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
@@ -355,16 +500,28 @@ def guarded(part: Part, out: Path, run: Callable[[Path], dict[str, Any]]) -> dic
 
 def fake_result(part: Part) -> dict[str, Any]:
     """What the dry run reports for ``part``: the shape of a real result, with made-up figures."""
-    return {"summary": f"dry run of {part.name}", "rows": [{"config": "micro x acc x ranks 16x1x1 | fp32 | ckpt none "
-                                                                     "| ZeRO 0", "allocated": 4_700_160,
-                                                           "reserved": 6_291_456, "retries": 0}]}  # fmt: skip
+    return {
+        "summary": f"dry run of {part.name}",
+        "rows": [
+            {
+                "config": "micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0",
+                "allocated": 4_700_160,
+                "reserved": 6_291_456,
+                "retries": 0,
+            }
+        ],
+    }
 
 
 def write_report(out: Path, machine: dict[str, Any], entries: list[dict[str, Any]]) -> None:
     report = {"machine": machine, "parts": entries}
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    lines = [f"# autotune GPU check: {machine.get('device', '?')}", "",
-             "| part | status | seconds (limit) | result |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# autotune GPU check: {machine.get('device', '?')}",
+        "",
+        "| part | status | seconds (limit) | result |",
+        "|---|---|---|---|",
+    ]
     for e in entries:
         status = "ok" if e["ok"] else "FAILED"
         text = e["result"]["summary"] if e["ok"] else e["error"]

@@ -27,20 +27,37 @@ from autotune.zoo.hf import hf_loss
 _COMMON = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64}
 #: (config class, model class, extra config) by name: small, and as their configs spell sizes.
 _MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "mistral": ("MistralConfig", "MistralForCausalLM",
-                {"intermediate_size": 128, "num_hidden_layers": 2, "num_key_value_heads": 2}),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        {"intermediate_size": 128, "num_hidden_layers": 2, "num_key_value_heads": 2},
+    ),
     "phi": ("PhiConfig", "PhiForCausalLM", {"intermediate_size": 128, "num_hidden_layers": 2}),
-    "gemma": ("GemmaConfig", "GemmaForCausalLM",
-              {"intermediate_size": 128, "num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16}),
+    "gemma": (
+        "GemmaConfig",
+        "GemmaForCausalLM",
+        {"intermediate_size": 128, "num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16},
+    ),
     "gpt-neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"intermediate_size": 128, "num_hidden_layers": 2}),
     "falcon": ("FalconConfig", "FalconForCausalLM", {"num_hidden_layers": 2}),
     "opt": ("OPTConfig", "OPTForCausalLM", {"ffn_dim": 128, "num_hidden_layers": 2, "word_embed_proj_dim": 64}),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
-              {"intermediate_size": 128, "num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16}),
-    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM",
-                   {"intermediate_size": 128, "num_hidden_layers": 2, "num_key_value_heads": 2,
-                    "bos_token_id": 0, "eos_token_id": 0}),
-}  # fmt: skip
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        {"intermediate_size": 128, "num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16},
+    ),
+    "starcoder2": (
+        "Starcoder2Config",
+        "Starcoder2ForCausalLM",
+        {
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_key_value_heads": 2,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+    ),
+}
 
 
 class _Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -82,14 +99,19 @@ def main() -> None:
         RealBranches.__enter__ = lambda self: self  # type: ignore[method-assign]
     import transformers
 
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
-          f"fake branches {'off' if args.without_fake_branches else 'on'}")  # fmt: skip
+    print(
+        f"transformers {transformers.__version__}, torch {torch.__version__}, "
+        f"fake branches {'off' if args.without_fake_branches else 'on'}"
+    )
     print("| model | attention_mask | predicted B | measured B | error |\n|---|---|---:|---:|---:|")
     for name in _MODELS:
         for mask in (False, True):
             predicted, measured = _error(name, mask=mask)
-            print(f"| {name} | {'all ones' if mask else 'none'} | {predicted} | {measured} | "
-                  f"{(predicted - measured) / measured:+.4%} |", flush=True)  # fmt: skip
+            print(
+                f"| {name} | {'all ones' if mask else 'none'} | {predicted} | {measured} | "
+                f"{(predicted - measured) / measured:+.4%} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

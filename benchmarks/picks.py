@@ -271,8 +271,9 @@ def _run_study(reference: str, name: str, p: Plan, budget: int, workdir: Path, *
         space=SpaceSpec(precisions=("fp32", "bf16")),
         measure=MeasureSpec(steps=p.steps, warmup=1, trial_timeout=600.0, threads=p.threads),
     )
-    options = RunOptions(storage=str(workdir / "studies.db"), cache=None, artifact_dir=workdir / "artifacts",
-                         dashboard=False)  # fmt: skip
+    options = RunOptions(
+        storage=str(workdir / "studies.db"), cache=None, artifact_dir=workdir / "artifacts", dashboard=False
+    )
     start = time.perf_counter()
     prepared = prepare(spec)
     if grid:
@@ -383,10 +384,22 @@ def run(p: Plan, workdir: Path) -> list[dict[str, Any]]:
                 study = _run_study(reference, f"picks-{model}-{condition}", p, budget, workdir, grid=False)
                 tune = _run_tune(workload, p, budget)
                 retimed, r = _compare(workload, {"grid": grid, "study": study, "tune": tune})
-            rows.append({"model": model, "condition": condition, "budget_bytes": budget, "grid": grid,
-                         "study": study, "tune": tune, "retimed": retimed, "ratios": r})  # fmt: skip
-            print(f"picks: {model}: {condition}: study {r['study']:.2f}, tune {r['tune']:.2f} of the grid's best",
-                  file=sys.stderr)  # fmt: skip
+            rows.append(
+                {
+                    "model": model,
+                    "condition": condition,
+                    "budget_bytes": budget,
+                    "grid": grid,
+                    "study": study,
+                    "tune": tune,
+                    "retimed": retimed,
+                    "ratios": r,
+                }
+            )
+            print(
+                f"picks: {model}: {condition}: study {r['study']:.2f}, tune {r['tune']:.2f} of the grid's best",
+                file=sys.stderr,
+            )
     return rows
 
 

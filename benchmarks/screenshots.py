@@ -30,9 +30,22 @@ CHROMIUM = Path("/usr/bin/chromium")
 def run_study(root: Path, target: str, trials: int, budget: str | None) -> Path:
     """A study made by the CLI as a user makes one; returns its SQLite file."""
     db = root / "study.db"
-    command = [sys.executable, "-m", "autotune.cli", "study", target, "--trials", str(trials),
-               "--storage", str(db), "--artifact-dir", str(root / "artifacts"), "--cache", str(root / "cache.db"),
-               "--no-progress"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "study",
+        target,
+        "--trials",
+        str(trials),
+        "--storage",
+        str(db),
+        "--artifact-dir",
+        str(root / "artifacts"),
+        "--cache",
+        str(root / "cache.db"),
+        "--no-progress",
+    ]
     if budget is not None:
         command += ["--memory-budget", budget]
     subprocess.run(command, check=True, cwd=ROOT)
@@ -58,10 +71,21 @@ def screenshot(db: Path, artifacts: Path, out: Path) -> None:
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.cli", "dashboard", "--storage", str(db), "--port", str(port),
-         "--artifact-dir", str(artifacts)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "dashboard",
+            "--storage",
+            str(db),
+            "--port",
+            str(port),
+            "--artifact-dir",
+            str(artifacts),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(f"{url}/api/studies", proc)

@@ -44,14 +44,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     profiles = {p.workload: p for p in shipped_profiles()}
-    print(f"{'workload':<12} {'configs':>7} {'spearman thr/GiB':>17} {'spearman thr':>13} "
-          f"{'mem err median/max':>19} {'block-sum err median/max':>25}")  # fmt: skip
+    print(
+        f"{'workload':<12} {'configs':>7} {'spearman thr/GiB':>17} {'spearman thr':>13} "
+        f"{'mem err median/max':>19} {'block-sum err median/max':>25}"
+    )
     for name in args.workloads.split(","):
         profile, wl = profiles[name], load_workload(name)
         order = ranking(profile)
         b0 = MICRO_LEVELS.index(min(MICRO_LEVELS, key=lambda m: abs(m - wl.batch_size)))
-        grid = [KnobLevels(micro=m, precision=p, checkpoint=c)
-                for m, p, c in itertools.product((b0 - 2, b0), (0, 2, 4), (0, 2, 4))]  # fmt: skip
+        grid = [
+            KnobLevels(micro=m, precision=p, checkpoint=c)
+            for m, p, c in itertools.product((b0 - 2, b0), (0, 2, 4), (0, 2, 4))
+        ]
         real_tpg, sim_tpg, real_thr, sim_thr, errors, block_sum = [], [], [], [], [], []
         untabled = dataclasses.replace(profile, peak_table=None)
         configs = {str(i): knobs_to_config(knobs, order) for i, knobs in enumerate(grid)}
@@ -71,9 +75,12 @@ def main() -> None:
             if args.verbose:
                 real, sim = f"{throughput:8.1f}/s {peak / 2**20:7.2f} MiB", f"{sim_throughput:8.1f}/s"
                 print(f"  {knobs}: real {real}  sim {sim} {cost.peak_bytes / 2**20:7.2f} MiB")
-        print(f"{name:<12} {len(grid):>7} {_spearman(real_tpg, sim_tpg):>17.3f} {_spearman(real_thr, sim_thr):>13.3f} "
-              f"{statistics.median(errors):>10.1%} /{max(errors):>6.1%} "
-              f"{statistics.median(block_sum):>16.1%} /{max(block_sum):>6.1%}", flush=True)  # fmt: skip
+        print(
+            f"{name:<12} {len(grid):>7} {_spearman(real_tpg, sim_tpg):>17.3f} {_spearman(real_thr, sim_thr):>13.3f} "
+            f"{statistics.median(errors):>10.1%} /{max(errors):>6.1%} "
+            f"{statistics.median(block_sum):>16.1%} /{max(block_sum):>6.1%}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,16 @@ class _Script(DecisionSource):
 
 def _losses(name: str, size: str, policy: Any, steps: int) -> tuple[list[float], Adaptive]:
     wl = CORPUS[name].build(**_sizes(name, size))  # seeded: identical weights and data each call
-    tuner = Adaptive(wl.model, wl.make_optimizer(wl.model.parameters()), wl.loss_fn, wl.dataset,
-                     batch_size=wl.batch_size, policy=policy, decide_every=10, blocks=wl.blocks)  # fmt: skip
+    tuner = Adaptive(
+        wl.model,
+        wl.make_optimizer(wl.model.parameters()),
+        wl.loss_fn,
+        wl.dataset,
+        batch_size=wl.batch_size,
+        policy=policy,
+        decide_every=10,
+        blocks=wl.blocks,
+    )
     try:
         return [tuner.step().loss for _ in range(steps)], tuner
     finally:
@@ -66,8 +74,10 @@ def main() -> None:
     default, _ = _losses(args.model, args.size, None, args.steps)
     fixed, _ = _losses(args.model, args.size, split, args.steps)
     switched, tuner = _losses(args.model, args.size, _Script([other, split, other]), args.steps)
-    print(f"{args.model} {args.size}, batch {batch}, torch {torch.__version__}, CPU capability "
-          f"{torch.backends.cpu.get_cpu_capability()}")  # fmt: skip
+    print(
+        f"{args.model} {args.size}, batch {batch}, torch {torch.__version__}, CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}"
+    )
     for change in tuner.history:
         print(f"  switched: {change.describe()}")
     same = next((i for i, (a, b) in enumerate(zip(default, fixed, strict=True)) if abs(a - b) > 1e-3), args.steps)

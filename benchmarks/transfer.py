@@ -94,8 +94,9 @@ def grid(b0: int) -> list[KnobLevels]:
     ]
 
 
-def measure_grid(wl: Workload, configs: dict[KnobLevels, TrainConfig], timed: int = 3, *,
-                 bound: Bound | None = None) -> dict[KnobLevels, Any]:  # fmt: skip
+def measure_grid(
+    wl: Workload, configs: dict[KnobLevels, TrainConfig], timed: int = 3, *, bound: Bound | None = None
+) -> dict[KnobLevels, Any]:
     """(peak bytes, samples/s, why not) of every config on one live trainer, reconfigured between them.
 
     With ``bound``, fp32 configurations go first, and a configuration whose throughput per GiB,
@@ -137,8 +138,14 @@ def measure_grid(wl: Workload, configs: dict[KnobLevels, TrainConfig], timed: in
     return out
 
 
-def optuna_winner(cells: dict[KnobLevels, Any], predicted: dict[KnobLevels, int], budget: int, seed: int,
-                  start: KnobLevels, aliases: dict[KnobLevels, KnobLevels]) -> tuple[KnobLevels, int]:  # fmt: skip
+def optuna_winner(
+    cells: dict[KnobLevels, Any],
+    predicted: dict[KnobLevels, int],
+    budget: int,
+    seed: int,
+    start: KnobLevels,
+    aliases: dict[KnobLevels, KnobLevels],
+) -> tuple[KnobLevels, int]:
     splits = sorted({(k.micro, k.accum) for k in predicted})
     sampler = optuna.samplers.TPESampler(seed=seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -150,8 +157,12 @@ def optuna_winner(cells: dict[KnobLevels, Any], predicted: dict[KnobLevels, int]
             break
         trial = study.ask()
         m, a = splits[trial.suggest_int("split", 0, len(splits) - 1)]
-        k = KnobLevels(micro=m, accum=a, precision=trial.suggest_int("precision", 0, FRACTION_LEVELS - 1),
-                       checkpoint=trial.suggest_int("checkpoint", 0, FRACTION_LEVELS - 1))  # fmt: skip
+        k = KnobLevels(
+            micro=m,
+            accum=a,
+            precision=trial.suggest_int("precision", 0, FRACTION_LEVELS - 1),
+            checkpoint=trial.suggest_int("checkpoint", 0, FRACTION_LEVELS - 1),
+        )
         k = aliases.get(k, k)
         if predicted[k] > budget:  # the study skips it unmeasured (memory model)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -245,9 +256,13 @@ def main() -> None:
     parser.add_argument("--fine-tune-seconds", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--dominance-margin", type=float, default=None,
-                        help="leave grid configurations whose optimistic samples/s per GiB is under 1/MARGIN "
-                             "of the best so far (default: measure every one)")  # fmt: skip
+    parser.add_argument(
+        "--dominance-margin",
+        type=float,
+        default=None,
+        help="leave grid configurations whose optimistic samples/s per GiB is under 1/MARGIN "
+        "of the best so far (default: measure every one)",
+    )
     parser.add_argument("--out", type=Path, help="write the rows as JSON here too")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -261,23 +276,44 @@ def main() -> None:
         assert not any(t.startswith(name.split(":tiny")[0] + ":") or t == name for t in trained_on), name
         row = run_model(name, policy, args.fine_tune_seconds, args.seed, args.dominance_margin)
         rows.append(row)
-        print(json.dumps({k: row[k] for k in ("model", "policy_over_optimum", "optuna_over_optimum",
-                                                "policy_steps_over_budget", "batch_held", "optuna_measured",
-                                                "memory_model_verified", "policy_seconds", "grid_size",
-                                                "dominated")}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    k: row[k]
+                    for k in (
+                        "model",
+                        "policy_over_optimum",
+                        "optuna_over_optimum",
+                        "policy_steps_over_budget",
+                        "batch_held",
+                        "optuna_measured",
+                        "memory_model_verified",
+                        "policy_seconds",
+                        "grid_size",
+                        "dominated",
+                    )
+                }
+            ),
+            flush=True,
+        )
     print()
     print(f"| model | policy / optimum | Optuna@{STEPS} / optimum | steps over budget | batch held |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['policy_over_optimum']:.2f} | {r['optuna_over_optimum']:.2f} | "
-              f"{r['policy_steps_over_budget']} | {'yes' if r['batch_held'] else 'no'} |")  # fmt: skip
+        print(
+            f"| {r['model']} | {r['policy_over_optimum']:.2f} | {r['optuna_over_optimum']:.2f} | "
+            f"{r['policy_steps_over_budget']} | {'yes' if r['batch_held'] else 'no'} |"
+        )
     p = [r["policy_over_optimum"] for r in rows]
     o = [r["optuna_over_optimum"] for r in rows]
     print(f"| median | {statistics.median(p):.2f} | {statistics.median(o):.2f} | | |")
     print(f"| min | {min(p):.2f} | {min(o):.2f} | | |")
     if args.out:
-        args.out.write_text(json.dumps({"cpu_capability": capability, "dominance_margin": args.dominance_margin,
-                                        "rows": rows}, indent=1))  # fmt: skip
+        args.out.write_text(
+            json.dumps(
+                {"cpu_capability": capability, "dominance_margin": args.dominance_margin, "rows": rows}, indent=1
+            )
+        )
     assert all(math.isfinite(x) for x in p + o)
 
 

@@ -139,8 +139,14 @@ def load_profile(path: Path) -> WorkloadProfile:
 Progress = Callable[[str], None]
 
 
-def calibrate(workload: Workload, *, reduced: Precision = "bf16", curve_steps: int = 60, timing_rounds: int = 8,
-              progress: Progress | None = None) -> WorkloadProfile:  # fmt: skip
+def calibrate(
+    workload: Workload,
+    *,
+    reduced: Precision = "bf16",
+    curve_steps: int = 60,
+    timing_rounds: int = 8,
+    progress: Progress | None = None,
+) -> WorkloadProfile:
     """Measure ``workload`` on this machine (tens of seconds for the built-in workloads).
 
     ``timing_rounds``: interleaved steps per timed configuration (their median is used); fewer

@@ -284,9 +284,14 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         """log(throughput per GiB of peak) at the user's batch; log(goodput per GiB) with
         ``adapt_batch`` (the batch is then >= B_0, so the Pollux efficiency is <= 1): the
         objective every searcher shares (:func:`autotune.measurement.objective.score`)."""
-        measured = score(throughput=r.throughput, peak_bytes=r.peak_bytes, batch_size=r.batch,
-                         base_batch_size=self._batch0, noise_scale=r.b_noise,
-                         batch_is_knob=self.adapt_batch)  # fmt: skip
+        measured = score(
+            throughput=r.throughput,
+            peak_bytes=r.peak_bytes,
+            batch_size=r.batch,
+            base_batch_size=self._batch0,
+            noise_scale=r.b_noise,
+            batch_is_knob=self.adapt_batch,
+        )
         return measured.log_per_gib
 
     def _observation(self, r: Interval) -> np.ndarray:

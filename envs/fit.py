@@ -56,8 +56,13 @@ def _block_sets(profile: WorkloadProfile, config: TrainConfig) -> tuple[frozense
 def simulated_throughput(profile: WorkloadProfile, config: TrainConfig) -> float:
     """Samples/s the profile's time model gives ``config`` (one rank, its exact per-block knobs)."""
     reduced, recomputed = _block_sets(profile, config)
-    seconds = step_seconds(profile, micro_batch_size=config.micro_batch_size, accum_steps=config.grad_accum_steps,
-                           reduced=reduced, recomputed=recomputed)  # fmt: skip
+    seconds = step_seconds(
+        profile,
+        micro_batch_size=config.micro_batch_size,
+        accum_steps=config.grad_accum_steps,
+        reduced=reduced,
+        recomputed=recomputed,
+    )
     return config.effective_batch_size / seconds
 
 
@@ -130,7 +135,7 @@ def _fit_linear(p: WorkloadProfile, seconds: np.ndarray, measured: Sequence[Meas
             accum_steps=c.grad_accum_steps,
             reduced=reduced,
             recomputed=recomputed,
-        )  # fmt: skip  (= k * A)
+        )  # = k * A
         rows.append([1.0, k_a, k_a * c.micro_batch_size])
     t_fixed, t_mf, t_ps = (float(v) for v in relative_nnls(np.array(rows), seconds))
     return dataclasses.replace(p, step_fixed_seconds=t_fixed, micro_fixed_seconds=t_mf, micro_seconds_per_sample=t_ps)

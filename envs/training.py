@@ -249,8 +249,13 @@ class TrainingEnv(TuningEnv):
         loop = self._loop()
         plain = dataclasses.replace(base, precision=0, checkpoint=0)
         # config_of's reduced precision (bf16); on ranks a failing rank ends the session: no recovery
-        speeds = probe_speeds(loop, self.config_of(plain), reduced="bf16", probe_reduced=self._reduced_failure is None,
-                              recover=None if self.session is not None else self._discard_failed_step)  # fmt: skip
+        speeds = probe_speeds(
+            loop,
+            self.config_of(plain),
+            reduced="bf16",
+            probe_reduced=self._reduced_failure is None,
+            recover=None if self.session is not None else self._discard_failed_step,
+        )
         if base != knobs:  # back on the starting knobs (the probes ran at a smaller micro-batch)
             loop.reconfigure(self.config_of(knobs))
         if speeds.reduced_failure is not None:

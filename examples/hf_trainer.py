@@ -37,8 +37,9 @@ def main() -> None:
     transformers.set_seed(0)
     # use_cache=False: a training run keeps no key/value cache (autotune profiles the model's
     # memory under fake tensors, which a cache built with real tensors would break).
-    config = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=4, n_head=4,
-                                     bos_token_id=0, eos_token_id=0, use_cache=False)  # fmt: skip
+    config = transformers.GPT2Config(
+        vocab_size=256, n_positions=32, n_embd=64, n_layer=4, n_head=4, bos_token_id=0, eos_token_id=0, use_cache=False
+    )
     model = transformers.GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"  # the loss GPT-2 computes (its class name matches no loss type)
     callback = AutotuneCallback(decide_every=4)  # the shipped pretrained policy, within the default's own peak
@@ -59,8 +60,10 @@ def main() -> None:
         result = trainer.train()
     print(f"training loss {result.training_loss:.3f} over {result.global_step} steps")
     for change in callback.history:
-        print(f"step {change.step}: {change.source}: {'applied' if change.applied else 'refused'}: "
-              f"{change.after.describe()}")  # fmt: skip
+        print(
+            f"step {change.step}: {change.source}: {'applied' if change.applied else 'refused'}: "
+            f"{change.after.describe()}"
+        )
 
 
 if __name__ == "__main__":

@@ -71,14 +71,24 @@ def main() -> None:
     L.seed_everything(0, verbose=False)
     module = Classifier(batch_size=32)
     callback = AutotuneCallback(decide_every=4)  # the shipped pretrained policy, within the default's own peak
-    trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])  # fmt: skip
+    trainer = L.Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
     trainer.fit(module)
     print(f"train_loss {float(trainer.callback_metrics['train_loss']):.3f} after {trainer.global_step} steps")
     print(f"micro-batch {module.batch_size} x accumulation {trainer.accumulate_grad_batches}")
     for change in callback.history:
-        print(f"step {change.step}: {change.source}: {'applied' if change.applied else 'refused'}: "
-              f"{change.after.describe()}")  # fmt: skip
+        print(
+            f"step {change.step}: {change.source}: {'applied' if change.applied else 'refused'}: "
+            f"{change.after.describe()}"
+        )
 
 
 if __name__ == "__main__":

@@ -68,18 +68,23 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     # The dataset and collate let autotune profile the model's memory before the first step;
     # memory_budget "80%": never more than 80% of the default configuration's predicted peak.
-    tuner = Adaptive(model, optimizer, loss_fn, sequences, batch_size=16, collate_fn=pad,
-                     memory_budget="80%", decide_every=4)  # fmt: skip
+    tuner = Adaptive(
+        model, optimizer, loss_fn, sequences, batch_size=16, collate_fn=pad, memory_budget="80%", decide_every=4
+    )
     with tuner:
         for epoch in range(2):
             for batch in loader:
                 record = tuner.step(batch)
             print(f"epoch {epoch}: loss {record.loss:.3f}, config {tuner.config.describe()}")
     for change in tuner.history:
-        print(f"step {change.step}: {change.source}: {'applied' if change.applied else 'refused'}: "
-              f"{change.after.describe()} ({change.reason})")  # fmt: skip
-    print(f"trained {sum(s.samples for s in tuner.steps)} samples in {len(tuner.steps)} steps "
-          f"within a budget of {tuner.budget_bytes} bytes")  # fmt: skip
+        print(
+            f"step {change.step}: {change.source}: {'applied' if change.applied else 'refused'}: "
+            f"{change.after.describe()} ({change.reason})"
+        )
+    print(
+        f"trained {sum(s.samples for s in tuner.steps)} samples in {len(tuner.steps)} steps "
+        f"within a budget of {tuner.budget_bytes} bytes"
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,10 @@ def main() -> None:
         losses = [tuner.step().loss for _ in range(12)]
     print(f"12 steps on 2 ranks: loss {losses[0]:.3f} -> {losses[-1]:.3f}, budget {tuner.budget_bytes} B per rank")
     for change in tuner.history:
-        print(f"step {change.step}: {change.source}: {'applied' if change.applied else 'refused'}: "
-              f"{change.after.describe()}")  # fmt: skip
+        print(
+            f"step {change.step}: {change.source}: {'applied' if change.applied else 'refused'}: "
+            f"{change.after.describe()}"
+        )
 
 
 if __name__ == "__main__":

@@ -72,10 +72,20 @@ def main() -> int:
     # 3 trials: the two baselines, then one the sampler picks (run it again for more: the study
     # resumes); the pretrained policy's proposal and the side-by-side re-timing of the best three
     # are left out to keep this example short.
-    return autotune([
-        "study", f"{__file__}:build", "--trials", "3", "--memory-budget", "80%",
-        "--no-policy-proposal", "--no-retime", "--steps", "2",
-    ])  # fmt: skip
+    return autotune(
+        [
+            "study",
+            f"{__file__}:build",
+            "--trials",
+            "3",
+            "--memory-budget",
+            "80%",
+            "--no-policy-proposal",
+            "--no-retime",
+            "--steps",
+            "2",
+        ]
+    )
 
 
 if __name__ == "__main__":

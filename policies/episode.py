@@ -80,9 +80,14 @@ class Episode:
         """``s``'s objective per GiB of its peak (:func:`autotune.measurement.objective.score`)."""
         from autotune.measurement.objective import score
 
-        return score(throughput=s.throughput, peak_bytes=s.peak_bytes, batch_size=s.batch,
-                     base_batch_size=self.steps[0].batch, noise_scale=s.b_noise,
-                     batch_is_knob=self.adapt_batch).per_gib  # fmt: skip
+        return score(
+            throughput=s.throughput,
+            peak_bytes=s.peak_bytes,
+            batch_size=s.batch,
+            base_batch_size=self.steps[0].batch,
+            noise_scale=s.b_noise,
+            batch_is_knob=self.adapt_batch,
+        ).per_gib
 
     def ranked(self) -> list[EpisodeStep]:
         """Steps with a finite loss within the budget, best first, one per configuration."""
@@ -103,8 +108,10 @@ class Episode:
         from autotune.units import format_bytes
 
         lowest = min(self.steps, key=lambda s: s.peak_bytes)
-        return (f"nothing measured fitted the budget of {format_bytes(self.budget_bytes)}: the lowest peak was "
-                f"{format_bytes(lowest.peak_bytes)} (step {lowest.step}, {lowest.knobs})")  # fmt: skip
+        return (
+            f"nothing measured fitted the budget of {format_bytes(self.budget_bytes)}: the lowest peak was "
+            f"{format_bytes(lowest.peak_bytes)} (step {lowest.step}, {lowest.knobs})"
+        )
 
     @property
     def start_config(self) -> TrainConfig:
@@ -145,8 +152,9 @@ def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, s
         records.append(_record(env, t, tuple(int(a) for a in action), info, float(reward)))
         if terminated:
             break
-    return Episode(workload=workload, budget_bytes=int(info["budget_bytes"]), steps=tuple(records),
-                   adapt_batch=env.adapt_batch)  # fmt: skip
+    return Episode(
+        workload=workload, budget_bytes=int(info["budget_bytes"]), steps=tuple(records), adapt_batch=env.adapt_batch
+    )
 
 
 def _record(

@@ -116,8 +116,19 @@ def fine_tune_from_study(
     tuned = fine_tune(base, fitted, memory_budget=fraction, seconds=seconds, seed=seed)
     before, after = throughput_error(profile, measured), throughput_error(fitted, measured)
     meta = dict(tuned.metadata)
-    meta["fine_tuned"] = {**meta.get("fine_tuned", {}), "from_study": study, "trials": len(measured),
-                          "throughput_error": {"calibrated": before, "fitted": after}}  # fmt: skip
+    meta["fine_tuned"] = {
+        **meta.get("fine_tuned", {}),
+        "from_study": study,
+        "trials": len(measured),
+        "throughput_error": {"calibrated": before, "fitted": after},
+    }
     write_policy(tuned.network, out, metadata=meta)
-    return StudyFineTune(study=study, trials=len(measured), error_before=before, error_after=after, profile=fitted,
-                         policy=Policy(network=tuned.network, metadata=meta, directory=out), out=out)  # fmt: skip
+    return StudyFineTune(
+        study=study,
+        trials=len(measured),
+        error_before=before,
+        error_after=after,
+        profile=fitted,
+        policy=Policy(network=tuned.network, metadata=meta, directory=out),
+        out=out,
+    )

@@ -86,9 +86,14 @@ def simulated_venv(
     # Randomized training also draws the rank count, so the ZeRO action has something to teach.
     # A callable, not the id: given an id, make_vec_env asks for render_mode="rgb_array", which the
     # env does not offer (Gymnasium warns).
-    env_kwargs: dict[str, Any] = {"profiles": profiles, "randomize": randomize, "memory_budget": memory_budget,
-                  "ranks": RANK_CHOICES if randomize else 1, "horizon": EPISODE_STEPS,
-                  "adapt_batch": adapt_batch}  # fmt: skip
+    env_kwargs: dict[str, Any] = {
+        "profiles": profiles,
+        "randomize": randomize,
+        "memory_budget": memory_budget,
+        "ranks": RANK_CHOICES if randomize else 1,
+        "horizon": EPISODE_STEPS,
+        "adapt_batch": adapt_batch,
+    }
     return make_vec_env(
         lambda: gym.make("autotune/Simulated-v0", max_episode_steps=EPISODE_STEPS, **env_kwargs),
         n_envs=n_envs,
@@ -131,8 +136,7 @@ def train_policy(
     if not isinstance(timesteps, int) or isinstance(timesteps, bool) or timesteps < 1:
         raise ConfigError(f"timesteps must be an int >= 1, but got {timesteps!r}.")
     torch.manual_seed(seed)
-    venv = simulated_venv(profiles=profiles, randomize=randomize, memory_budget=memory_budget, n_envs=n_envs,
-                          seed=seed)  # fmt: skip
+    venv = simulated_venv(profiles=profiles, randomize=randomize, memory_budget=memory_budget, n_envs=n_envs, seed=seed)
     model = new_ppo(venv, seed=seed, verbose=verbose)
     if init is not None:
         model.policy.load_state_dict(init.network.state_dict())

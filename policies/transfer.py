@@ -72,16 +72,25 @@ def fine_tune(
         def _on_step(self) -> bool:
             return not self.stop
 
-    venv = simulated_venv(profiles=[profile], randomize=False, memory_budget=memory_budget, n_envs=n_envs,
-                          seed=seed, adapt_batch=adapt_batch)  # fmt: skip
+    venv = simulated_venv(
+        profiles=[profile],
+        randomize=False,
+        memory_budget=memory_budget,
+        n_envs=n_envs,
+        seed=seed,
+        adapt_batch=adapt_batch,
+    )
     model: Any = new_ppo(venv, seed=seed, learning_rate=1e-4)
     model.policy.load_state_dict(policy.network.state_dict())
     start = time.perf_counter()
     model.learn(total_timesteps=10**9, callback=_Deadline(start + seconds))
     model.policy.set_training_mode(False)
     meta = dict(policy.metadata)
-    meta["fine_tuned"] = {"on": profile.workload, "steps": int(model.num_timesteps),
-                          "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+    meta["fine_tuned"] = {
+        "on": profile.workload,
+        "steps": int(model.num_timesteps),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     return Policy(network=model.policy, metadata=meta, directory=policy.directory)
 
 

@@ -15,9 +15,21 @@ MIB = 2**20
 
 
 def _trial(number: int, config: TrainConfig, throughput: float, peak: int, baseline: str | None) -> TrialRecord:
-    return TrialRecord(number=number, state="COMPLETE", config=config, baseline=baseline, status="ok", reason=None,
-                       throughput=throughput, objective=throughput, peak_bytes=peak, memory=None, noise_scale=None,
-                       efficiency=None, feasible=True)  # fmt: skip
+    return TrialRecord(
+        number=number,
+        state="COMPLETE",
+        config=config,
+        baseline=baseline,
+        status="ok",
+        reason=None,
+        throughput=throughput,
+        objective=throughput,
+        peak_bytes=peak,
+        memory=None,
+        noise_scale=None,
+        efficiency=None,
+        feasible=True,
+    )
 
 
 def _summary() -> StudySummary:
@@ -65,30 +77,30 @@ def test_off_a_terminal_the_study_tables_keep_one_line_per_row() -> None:
 
 EXPECTED = [
     "                          Pareto front of 'gpt-tiny': max throughput, min peak memory",
-    '┏━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━┳━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━┓',
-    '┃ trial ┃ micro x acc x ranks ┃ precision ┃ ckpt ┃ ZeRO ┃ throughput/s ┃      peak ┃ per GiB ┃ note            ┃',
-    '┡━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━╇━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━┩',
-    '│     5 │               8x4x1 │ bf16 2/3  │  all │    0 │       1380.5 │ 22.48 MiB │ 62884.0 │ RECOMMENDED     │',
-    '│     0 │              32x1x1 │ fp32      │ none │    0 │       1500.0 │   129 MiB │ 11907.0 │ pytorch-default │',
-    '└───────┴─────────────────────┴───────────┴──────┴──────┴──────────────┴───────────┴─────────┴─────────────────┘',
-    '           finalists re-timed side by side (median of interleaved rounds)',
-    '┏━━━━━━━┳━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━━━━━━━━━┳━━━━━━━━┓',
-    '┃ trial ┃ first samples/s ┃ re-timed samples/s ┃ spread ┃ re-timed per GiB ┃   rank ┃',
-    '┡━━━━━━━╇━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━━━━━━━━╇━━━━━━━━┩',
-    '│     5 │          1380.5 │             1371.0 │   1.2% │          62450.3 │ WINNER │',
-    '└───────┴─────────────────┴────────────────────┴────────┴──────────────────┴────────┘',
-    '                           recommended / baseline',
-    '┏━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━┓',
-    '┃ baseline        ┃ trial ┃ throughput ┃  peak ┃ per GiB ┃ baseline per GiB ┃',
-    '┡━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━┩',
-    '│ pytorch-default │     0 │      0.92x │ 0.17x │   5.27x │          11907.0 │',
-    '└─────────────────┴───────┴────────────┴───────┴─────────┴──────────────────┘',
+    "┏━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━┳━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━┓",
+    "┃ trial ┃ micro x acc x ranks ┃ precision ┃ ckpt ┃ ZeRO ┃ throughput/s ┃      peak ┃ per GiB ┃ note            ┃",
+    "┡━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━╇━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━┩",
+    "│     5 │               8x4x1 │ bf16 2/3  │  all │    0 │       1380.5 │ 22.48 MiB │ 62884.0 │ RECOMMENDED     │",
+    "│     0 │              32x1x1 │ fp32      │ none │    0 │       1500.0 │   129 MiB │ 11907.0 │ pytorch-default │",
+    "└───────┴─────────────────────┴───────────┴──────┴──────┴──────────────┴───────────┴─────────┴─────────────────┘",
+    "           finalists re-timed side by side (median of interleaved rounds)",
+    "┏━━━━━━━┳━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━━━━━━━━━┳━━━━━━━━┓",
+    "┃ trial ┃ first samples/s ┃ re-timed samples/s ┃ spread ┃ re-timed per GiB ┃   rank ┃",
+    "┡━━━━━━━╇━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━━━━━━━━╇━━━━━━━━┩",
+    "│     5 │          1380.5 │             1371.0 │   1.2% │          62450.3 │ WINNER │",
+    "└───────┴─────────────────┴────────────────────┴────────┴──────────────────┴────────┘",
+    "                           recommended / baseline",
+    "┏━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━┓",
+    "┃ baseline        ┃ trial ┃ throughput ┃  peak ┃ per GiB ┃ baseline per GiB ┃",
+    "┡━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━┩",
+    "│ pytorch-default │     0 │      0.92x │ 0.17x │   5.27x │          11907.0 │",
+    "└─────────────────┴───────┴────────────┴───────┴─────────┴──────────────────┘",
     # one line, as long as it is: a log is read with its lines whole
     "recommended: trial 5: micro x acc x ranks 8x4x1 | bf16 2/3 | ckpt all | ZeRO 0: 1380.5 samples/s, "
     "peak 22.48 MiB, 62884.0 samples/s per GiB (5.27x the PyTorch default per GiB); "
     "re-timed side by side: 62450.3 per GiB (spread 1.2%)",
-    'trials: 2 complete',
-]  # fmt: skip
+    "trials: 2 complete",
+]
 
 
 def test_off_a_terminal_the_progress_display_draws_nothing_but_its_notes() -> None:

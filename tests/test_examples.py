@@ -25,8 +25,15 @@ def _run(name: str, cwd: Path, timeout: float = 600) -> str:
     # One thread per process: on 2 shared cores the examples' own processes (ranks, measurements)
     # would otherwise oversubscribe them.
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    done = subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 

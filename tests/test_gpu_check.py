@@ -43,8 +43,12 @@ def test_the_dry_run_writes_both_reports(gpu_check: ModuleType, tmp_path: Path) 
         # An optional package that is not installed is named; everything autotune's own imports.
         assert set(part["result"]["missing"]) <= {"deepspeed", "transformers"}
     lines = (tmp_path / "report.md").read_text().splitlines()
-    assert lines[:4] == ["# autotune GPU check: dry run", "", "| part | status | seconds (limit) | result |",
-                         "|---|---|---|---|"]  # fmt: skip
+    assert lines[:4] == [
+        "# autotune GPU check: dry run",
+        "",
+        "| part | status | seconds (limit) | result |",
+        "|---|---|---|---|",
+    ]
     assert lines[4].startswith("| device and machine probe | ok | ")
 
 
@@ -64,8 +68,10 @@ def test_a_failing_part_is_reported_with_its_exception_and_the_report_still_writ
     gpu_check.write_report(tmp_path, {"device": "H100"}, [fine, entry])
     table = (tmp_path / "report.md").read_text().splitlines()
     assert table[5].startswith("| measure vs the memory model | FAILED | ")
-    assert table[5].endswith(" (100) | RuntimeError: CUDA error: an illegal memory access was encountered "
-                             f"(at test_gpu_check.py:{entry['error'].rsplit(':', 1)[1]} |")  # fmt: skip
+    assert table[5].endswith(
+        " (100) | RuntimeError: CUDA error: an illegal memory access was encountered "
+        f"(at test_gpu_check.py:{entry['error'].rsplit(':', 1)[1]} |"
+    )
 
 
 def test_one_part_runs_dry_in_its_own_process(gpu_check: ModuleType, tmp_path: Path) -> None:

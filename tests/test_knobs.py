@@ -42,15 +42,19 @@ _ONE = {"batch_size": 8, "micro_batch_size": 8}
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"batch_size": 30, "micro_batch_size": 8},
-         "Knobs.micro_batch_size x ranks must divide batch_size, but got 8 x 1 and 30."),
+        (
+            {"batch_size": 30, "micro_batch_size": 8},
+            "Knobs.micro_batch_size x ranks must divide batch_size, but got 8 x 1 and 30.",
+        ),
         ({"batch_size": 8, "micro_batch_size": 0}, "Knobs.micro_batch_size must be an int >= 1, but got 0."),
         ({**_ONE, "zero_stage": 4}, "Knobs.zero_stage must be one of 0, 1, 2, 3, but got 4."),
-        ({**_ONE, "low_precision": "int8"},
-         "Knobs.low_precision must be one of ('fp32', 'bf16', 'fp16'), but got 'int8'."),
+        (
+            {**_ONE, "low_precision": "int8"},
+            "Knobs.low_precision must be one of ('fp32', 'bf16', 'fp16'), but got 'int8'.",
+        ),
         ({**_ONE, "checkpoint_blocks": -1}, "Knobs.checkpoint_blocks must be an int >= 0, but got -1."),
     ],
-)  # fmt: skip
+)
 def test_invalid_knobs_say_the_rule_and_the_value(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         Knobs(**kwargs)  # type: ignore[arg-type]
@@ -68,8 +72,14 @@ def test_counts_beyond_the_model_are_refused() -> None:
         Knobs(batch_size=8, micro_batch_size=8).blocks((0, 0))
 
 
-@pytest.mark.parametrize("levels", [KnobLevels(), KnobLevels(accum=2, micro=3, precision=2, checkpoint=1),
-                                    KnobLevels(accum=4, micro=0, precision=4, checkpoint=3)])  # fmt: skip
+@pytest.mark.parametrize(
+    "levels",
+    [
+        KnobLevels(),
+        KnobLevels(accum=2, micro=3, precision=2, checkpoint=1),
+        KnobLevels(accum=4, micro=0, precision=4, checkpoint=3),
+    ],
+)
 def test_an_environment_configuration_is_a_study_trial(levels: KnobLevels) -> None:
     """What an agent reaches (levels) is a point of the study's space: enqueue it, read it back."""
     knobs = levels.knobs(len(RANKING))

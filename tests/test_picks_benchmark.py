@@ -84,8 +84,15 @@ def test_the_verdict_takes_medians_and_minimums_per_condition(picks: ModuleType)
 
 def test_the_markdown_table_names_the_machine_and_each_ratio(picks: ModuleType) -> None:
     pick = {"describe": "micro x acc x ranks 8x2x1 | fp32 | ckpt none | ZeRO 0"}
-    row = {"model": "hf-gpt2", "condition": "quiet", "grid": pick, "study": pick, "tune": pick,
-           "retimed": {"decided": False}, "ratios": {"study": 1.0, "tune": 0.876}}  # fmt: skip
+    row = {
+        "model": "hf-gpt2",
+        "condition": "quiet",
+        "grid": pick,
+        "study": pick,
+        "tune": pick,
+        "retimed": {"decided": False},
+        "ratios": {"study": 1.0, "tune": 0.876},
+    }
     result = {
         "date": "2026-11-26T15:00:00+00:00",
         "command": "python benchmarks/picks.py --quick",

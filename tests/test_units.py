@@ -56,8 +56,11 @@ FORMS = (
     ("text", "message"),
     [
         ("5", "--memory-budget needs a unit: a size such as 5GiB or 5MiB, or a percentage such as 75%, but got '5'."),
-        ("0.75", "--memory-budget needs a unit: a size such as 0.75GiB or 0.75MiB, or a percentage such as 75%, "
-         "but got '0.75'."),
+        (
+            "0.75",
+            "--memory-budget needs a unit: a size such as 0.75GiB or 0.75MiB, or a percentage such as 75%, "
+            "but got '0.75'.",
+        ),
         ("0", "--memory-budget must be positive and finite, but got '0'."),
         ("-0.5", "--memory-budget must be positive and finite, but got '-0.5'."),
         ("0GiB", "--memory-budget must be positive and finite, but got '0GiB'."),
@@ -68,7 +71,7 @@ FORMS = (
         ("inf", f"--memory-budget must be {FORMS}, but got 'inf'."),
         ("2 parsecs", f"--memory-budget must be {FORMS}, but got '2 parsecs'."),
     ],
-)  # fmt: skip
+)
 def test_a_bad_memory_budget_is_refused(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         parse_memory_budget(text)

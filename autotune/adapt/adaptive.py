@@ -160,20 +160,43 @@ class Adaptive:
         _check_int("batch_size", batch_size, 1)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer must be a torch.optim.Optimizer, but got {type(optimizer).__name__}.")
-        workload = Workload(name=name, model=model, dataset=dataset, loss_fn=loss_fn, blocks=blocks,
-                            optimizer=_like(optimizer), batch_size=batch_size, collate_fn=collate_fn,
-                            worst_case_batch=worst_case_batch)  # fmt: skip
+        workload = Workload(
+            name=name,
+            model=model,
+            dataset=dataset,
+            loss_fn=loss_fn,
+            blocks=blocks,
+            optimizer=_like(optimizer),
+            batch_size=batch_size,
+            collate_fn=collate_fn,
+            worst_case_batch=worst_case_batch,
+        )
         size = workload.dataset_size or batch_size
-        default = TrainConfig(micro_batch_size=min(batch_size, size), grad_clip=grad_clip, lr_scaling=lr_scaling,  # type: ignore[arg-type]
-                              seed=seed)  # fmt: skip
+        default = TrainConfig(
+            micro_batch_size=min(batch_size, size),
+            grad_clip=grad_clip,
+            lr_scaling=lr_scaling,  # type: ignore[arg-type]
+            seed=seed,
+        )
 
         def loop(start: TrainConfig, noise: bool) -> AdaptLoop:
             return InPlaceTrainer(workload, start, model=model, optimizer=optimizer, device=device, track_noise=noise)
 
         device_type = next((p.device.type for p in model.parameters()), "cpu")
-        self._setup(workload, default, loop, memory_budget=memory_budget, policy=policy, decide_every=decide_every,
-                    adapt_batch=adapt_batch, min_efficiency=min_efficiency, max_batch_size=max_batch_size,
-                    track_memory=track_memory, device_type=device_type, paired=True)  # fmt: skip
+        self._setup(
+            workload,
+            default,
+            loop,
+            memory_budget=memory_budget,
+            policy=policy,
+            decide_every=decide_every,
+            adapt_batch=adapt_batch,
+            min_efficiency=min_efficiency,
+            max_batch_size=max_batch_size,
+            track_memory=track_memory,
+            device_type=device_type,
+            paired=True,
+        )
 
     @classmethod
     def on_ranks(
@@ -235,8 +258,13 @@ class Adaptive:
             raise ConfigError(
                 f"the batch of workload {wl.name!r} ({wl.batch_size}) must divide evenly by ranks={ranks}."
             )
-        default = TrainConfig(micro_batch_size=wl.batch_size // ranks, ranks=ranks, grad_clip=grad_clip,
-                              lr_scaling=lr_scaling, seed=seed)  # type: ignore[arg-type]  # fmt: skip
+        default = TrainConfig(
+            micro_batch_size=wl.batch_size // ranks,
+            ranks=ranks,
+            grad_clip=grad_clip,
+            lr_scaling=lr_scaling,  # type: ignore[arg-type]
+            seed=seed,
+        )
         device_type = device_type_of(device) if session is None else session.device_type
         check_configs(wl, [default], device_type)  # a reference and a micro-batch the ranks can take
 
@@ -246,9 +274,19 @@ class Adaptive:
             return RankLoop.launch(wl, start, device_type=device_type, timeout=timeout)
 
         self = cls.__new__(cls)
-        self._setup(wl, default, loop, memory_budget=memory_budget, policy=policy, decide_every=decide_every,
-                    adapt_batch=False, min_efficiency=1.0, max_batch_size=None, track_memory=track_memory,
-                    device_type=device_type)  # fmt: skip
+        self._setup(
+            wl,
+            default,
+            loop,
+            memory_budget=memory_budget,
+            policy=policy,
+            decide_every=decide_every,
+            adapt_batch=False,
+            min_efficiency=1.0,
+            max_batch_size=None,
+            track_memory=track_memory,
+            device_type=device_type,
+        )
         return self
 
     def _setup(
@@ -285,9 +323,17 @@ class Adaptive:
         self.guard = ShapeGuard(workload, self.gate, reduced_precision=reduced)  # for step(batch)
         # The local loop switches configuration in ~1 ms: a proposal is measured side by side there.
         self._hooks = _LoopHooks(paired=paired)
-        self.controller = Controller(frontend=self._hooks, source=self.source, gate=self.gate, default=default,
-                                     fraction=budget.fraction, decide_every=decide_every, adapt_batch=adapt_batch,
-                                     min_efficiency=min_efficiency, max_batch_size=self.max_batch_size)  # fmt: skip
+        self.controller = Controller(
+            frontend=self._hooks,
+            source=self.source,
+            gate=self.gate,
+            default=default,
+            fraction=budget.fraction,
+            decide_every=decide_every,
+            adapt_batch=adapt_batch,
+            min_efficiency=min_efficiency,
+            max_batch_size=self.max_batch_size,
+        )
         self.decider = self.controller.decider
         start = self.controller.begin(workload, device_type=device_type)  # raises if nothing fits
         wants_noise = adapt_batch or (self.source is not None and self.source.needs_noise)
@@ -395,11 +441,24 @@ class Adaptive:
             if index >= 1 and config in self._ran:
                 throughput = result.samples / result.seconds
         self._ran.add(config)
-        record = AdaptStep(step=index, loss=result.loss, samples=result.samples, seconds=result.seconds, lr=result.lr,
-                           config=config, peak_bytes=peak)  # fmt: skip
+        record = AdaptStep(
+            step=index,
+            loss=result.loss,
+            samples=result.samples,
+            seconds=result.seconds,
+            lr=result.lr,
+            config=config,
+            peak_bytes=peak,
+        )
         self.steps.append(record)
-        self.controller.after_step(index, config=config, loss=result.loss, throughput=throughput, peak=peak,
-                                   allocator=t.allocator_stats if peak is not None else None)  # fmt: skip
+        self.controller.after_step(
+            index,
+            config=config,
+            loss=result.loss,
+            throughput=throughput,
+            peak=peak,
+            allocator=t.allocator_stats if peak is not None else None,
+        )
         return record
 
     def _tracks(self, config: TrainConfig) -> bool:

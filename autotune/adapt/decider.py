@@ -117,8 +117,9 @@ class Decider:
 
     # ---- before the first step ---------------------------------------------------------------------
 
-    def begin(self, *, start: TrainConfig, default: TrainConfig, why: str = "",
-              context: RunContext | None = None) -> Change | None:  # fmt: skip
+    def begin(
+        self, *, start: TrainConfig, default: TrainConfig, why: str = "", context: RunContext | None = None
+    ) -> Change | None:
         """Start the source; the change to make before the first step, or None (stay at ``start``).
 
         ``start`` is where the budget puts the run (``why``: how it got there from ``default``,
@@ -189,9 +190,14 @@ class Decider:
         for config, samples in trial.samples.items():
             record = self._record(config, step, samples=self._timed[config], b_noise=None)
             peak = record.score.peak_bytes if record is not None else self.gate.budget
-            side = score(throughput=statistics.median(samples), peak_bytes=peak,
-                         batch_size=config.effective_batch_size, base_batch_size=self.base_batch_size,
-                         noise_scale=None, batch_is_knob=False)  # fmt: skip
+            side = score(
+                throughput=statistics.median(samples),
+                peak_bytes=peak,
+                batch_size=config.effective_batch_size,
+                base_batch_size=self.base_batch_size,
+                noise_scale=None,
+                batch_is_knob=False,
+            )
             per_gib[config], timing[config] = side.per_gib, Timing(rates=tuple(samples))
         here, there = per_gib[trial.candidate], per_gib[trial.incumbent]
         a, b = timing[trial.candidate], timing[trial.incumbent]
@@ -208,11 +214,19 @@ class Decider:
             f"side by side ({counts}): measured {here:.1f} per GiB, not {TUNING.margin:.0%} above the {there:.1f} "
             "of the configuration it replaced beyond their spread: back to it"
         )
-        return Change(step=step, source="measured", before=trial.candidate, after=trial.incumbent, applied=True,
-                      reason=reason, measured_bytes=self.gate.measured.get(trial.incumbent))  # fmt: skip
+        return Change(
+            step=step,
+            source="measured",
+            before=trial.candidate,
+            after=trial.incumbent,
+            applied=True,
+            reason=reason,
+            measured_bytes=self.gate.measured.get(trial.incumbent),
+        )
 
-    def on_step(self, step: int, config: TrainConfig, *, due: bool,
-                observe: Callable[[], Observation]) -> Change | None:  # fmt: skip
+    def on_step(
+        self, step: int, config: TrainConfig, *, due: bool, observe: Callable[[], Observation]
+    ) -> Change | None:
         """After each step (its timing already reported): the change to make, or None. A
         side-by-side trial's verdict while one lasts (no decision meanwhile); else, if a decision
         is ``due``, the decision on the observation ``observe()`` builds (only then: it reads the
@@ -221,16 +235,18 @@ class Decider:
             return self.trial_over(step, config)
         return self.decide(observe()) if due else None
 
-    def observation(self, *, step: int, config: TrainConfig, b_noise: float | None,
-                    losses: tuple[float, ...]) -> Observation:  # fmt: skip
+    def observation(
+        self, *, step: int, config: TrainConfig, b_noise: float | None, losses: tuple[float, ...]
+    ) -> Observation:
         """The run as measured since the last change: ``config``'s measured peak, else its prediction."""
         peak = self.gate.measured.get(config)
         if peak is None:
             predicted = self.gate.predict(config)
             peak = predicted[0] if predicted is not None else self.gate.budget
         throughput = statistics.median(self._recent) if self._recent else 0.0
-        return Observation(step=step, config=config, throughput=throughput, peak_bytes=peak, b_noise=b_noise,
-                           losses=losses)  # fmt: skip
+        return Observation(
+            step=step, config=config, throughput=throughput, peak_bytes=peak, b_noise=b_noise, losses=losses
+        )
 
     def decide(self, obs: Observation) -> Change | None:
         """The change to make now (``applied``: the loop makes it, then calls :meth:`moved`), or None.
@@ -244,8 +260,12 @@ class Decider:
         proposal: Proposal | None = None
         source = "adapt_batch"
         if self.adapt_batch:
-            proposal = grow_batch(obs, base_batch_size=self.base_batch_size, min_efficiency=self.min_efficiency,
-                                  max_batch_size=self.max_batch_size)  # fmt: skip
+            proposal = grow_batch(
+                obs,
+                base_batch_size=self.base_batch_size,
+                min_efficiency=self.min_efficiency,
+                max_batch_size=self.max_batch_size,
+            )
         if proposal is None and self.source is not None:
             proposal, source = self.source.propose(obs), self.source.name
         if proposal is None:
@@ -287,8 +307,18 @@ class Decider:
         configuration to go back to (the one before it), logged."""
         assert self.previous is not None, "begin() first"
         reason = f"measured {peak} B > budget {self.gate.budget} B: back to {self.previous.describe()}"
-        self.history.append(Change(step=step, source="budget", before=config, after=config, applied=False,
-                                   reverted=True, reason=reason, measured_bytes=peak))  # fmt: skip
+        self.history.append(
+            Change(
+                step=step,
+                source="budget",
+                before=config,
+                after=config,
+                applied=False,
+                reverted=True,
+                reason=reason,
+                measured_bytes=peak,
+            )
+        )
         self._refused.add(config)
         self._recent, self.trial = [], None
         return self.previous
@@ -302,15 +332,19 @@ class Decider:
             "history": [c.to_dict() for c in self.history],
             "judged": [r.to_dict() for r in self.judged.values()],
             "previous": None if self.previous is None else self.previous.to_dict(),
-            "trial": None if trial is None else {
-                "candidate": trial.candidate.to_dict(), "incumbent": trial.incumbent.to_dict(), "fresh": trial.fresh,
+            "trial": None
+            if trial is None
+            else {
+                "candidate": trial.candidate.to_dict(),
+                "incumbent": trial.incumbent.to_dict(),
+                "fresh": trial.fresh,
                 "samples": [{"config": c.to_dict(), "samples": list(v)} for c, v in trial.samples.items()],
             },
             "on_trial": self._on_trial,
             "refused": [c.to_dict() for c in _in_order(self._refused)],
             "recent": list(self._recent),
             "timed": [{"config": c.to_dict(), "samples": list(v)} for c, v in self._timed.items()],
-        }  # fmt: skip
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict`: nothing measured or refused there is explored again."""
@@ -321,11 +355,16 @@ class Decider:
         self.judged = {r.config: r for r in records}
         self.previous = None if state["previous"] is None else TrainConfig.from_dict(state["previous"])
         trial = state["trial"]
-        self.trial = None if trial is None else SideBySide(
-            candidate=TrainConfig.from_dict(trial["candidate"]), incumbent=TrainConfig.from_dict(trial["incumbent"]),
-            samples={TrainConfig.from_dict(s["config"]): list(s["samples"]) for s in trial["samples"]},
-            fresh=trial["fresh"],
-        )  # fmt: skip
+        self.trial = (
+            None
+            if trial is None
+            else SideBySide(
+                candidate=TrainConfig.from_dict(trial["candidate"]),
+                incumbent=TrainConfig.from_dict(trial["incumbent"]),
+                samples={TrainConfig.from_dict(s["config"]): list(s["samples"]) for s in trial["samples"]},
+                fresh=trial["fresh"],
+            )
+        )
         self._on_trial = state["on_trial"]
         self._refused = {TrainConfig.from_dict(c) for c in state["refused"]}
         self._recent = list(state["recent"])
@@ -348,10 +387,19 @@ class Decider:
         known, here = self._trusted(target), self._trusted(current)
         if known is not None and here is not None and known.score.per_gib < (1 + TUNING.margin) * here.score.per_gib:
             # Measured before, and not clearly better: going there again would only pay the move.
-            why = (f"measured at step {known.step}: {known.score.per_gib:.1f} per GiB, not {TUNING.margin:.0%} above "
-                   f"this configuration's {here.score.per_gib:.1f}")  # fmt: skip
-            refused = Change(step=step, source=source, before=current, after=target, applied=False,
-                             reason=f"{proposal.reason}; {why}", measured_bytes=known.score.peak_bytes)  # fmt: skip
+            why = (
+                f"measured at step {known.step}: {known.score.per_gib:.1f} per GiB, not {TUNING.margin:.0%} above "
+                f"this configuration's {here.score.per_gib:.1f}"
+            )
+            refused = Change(
+                step=step,
+                source=source,
+                before=current,
+                after=target,
+                applied=False,
+                reason=f"{proposal.reason}; {why}",
+                measured_bytes=known.score.peak_bytes,
+            )
             self._refuse_once(refused)
             return None
         verdict = self.gate.check(target)
@@ -392,8 +440,11 @@ class Decider:
         if here is None:  # not enough timed steps yet: the trial goes on
             return None
         self._on_trial = False
-        others = [r for c, r in self.judged.items() if c != obs.config and r.score.peak_bytes <= self.gate.budget
-                  and self._trusted(c) is not None]  # fmt: skip
+        others = [
+            r
+            for c, r in self.judged.items()
+            if c != obs.config and r.score.peak_bytes <= self.gate.budget and self._trusted(c) is not None
+        ]
         best = max(others, key=lambda r: r.score.per_gib, default=None)
         if best is None or here.score.per_gib > (1 + TUNING.margin) * best.score.per_gib:
             return None
@@ -402,8 +453,15 @@ class Decider:
             f"measured {here.score.per_gib:.1f} per GiB, not {TUNING.margin:.0%} above the "
             f"{best.score.per_gib:.1f} of {which}: back to it"
         )
-        return Change(step=obs.step, source="measured", before=obs.config, after=best.config, applied=True,
-                      reason=reason, measured_bytes=best.score.peak_bytes)  # fmt: skip
+        return Change(
+            step=obs.step,
+            source="measured",
+            before=obs.config,
+            after=best.config,
+            applied=True,
+            reason=reason,
+            measured_bytes=best.score.peak_bytes,
+        )
 
     def _trusted(self, config: TrainConfig) -> ConfigRecord | None:
         """``config``'s record if its throughput is a median of enough timed steps to act on."""
@@ -419,25 +477,39 @@ class Decider:
         configuration left long ago look like the best)."""
         self._record(obs.config, obs.step, samples=self._timed.get(obs.config, []), b_noise=obs.b_noise)
 
-    def _record(self, config: TrainConfig, step: int, *, samples: list[float],
-                b_noise: float | None) -> ConfigRecord | None:  # fmt: skip
+    def _record(
+        self, config: TrainConfig, step: int, *, samples: list[float], b_noise: float | None
+    ) -> ConfigRecord | None:
         peak = self.gate.known_peak(config)
         if not samples or peak is None:
             return None
-        judged = score(throughput=statistics.median(samples), peak_bytes=peak,
-                       batch_size=config.effective_batch_size, base_batch_size=self.base_batch_size,
-                       noise_scale=b_noise, batch_is_knob=self.adapt_batch)  # fmt: skip
+        judged = score(
+            throughput=statistics.median(samples),
+            peak_bytes=peak,
+            batch_size=config.effective_batch_size,
+            base_batch_size=self.base_batch_size,
+            noise_scale=b_noise,
+            batch_is_knob=self.adapt_batch,
+        )
         # A config judged again keeps its place (dicts keep first insertion order).
         record = ConfigRecord(step=step, config=config, timed_steps=len(samples), noise_scale=b_noise, score=judged)
         self.judged[config] = record
         return record
 
 
-def _change(step: int, current: TrainConfig, target: TrainConfig, proposal: Proposal, source: str,
-            verdict: Verdict) -> Change:  # fmt: skip
-    return Change(step=step, source=source, before=current, after=target, applied=verdict.admitted,
-                  reason=f"{proposal.reason}; {verdict.reason}", predicted_bytes=verdict.predicted,
-                  measured_bytes=verdict.measured)  # fmt: skip
+def _change(
+    step: int, current: TrainConfig, target: TrainConfig, proposal: Proposal, source: str, verdict: Verdict
+) -> Change:
+    return Change(
+        step=step,
+        source=source,
+        before=current,
+        after=target,
+        applied=verdict.admitted,
+        reason=f"{proposal.reason}; {verdict.reason}",
+        predicted_bytes=verdict.predicted,
+        measured_bytes=verdict.measured,
+    )
 
 
 def _in_order(configs: set[TrainConfig]) -> list[TrainConfig]:

@@ -120,8 +120,9 @@ class InPlaceTrainer(Trainer):
         track_noise: bool,
     ) -> None:
         stream = workload_stream(workload, num_replicas=1, rank=0, seed=config.seed)
-        super().__init__(workload, config, model=model, optimizer=optimizer, device=device, track_noise=track_noise,
-                         stream=stream)  # fmt: skip
+        super().__init__(
+            workload, config, model=model, optimizer=optimizer, device=device, track_noise=track_noise, stream=stream
+        )
         self.noise = SampledNoise(self.gns)
         self.gns = self.noise  # type: ignore[assignment]  # the same protocol, sampled
         self.allocator: StatsSource | None = allocator_source(self.device)

@@ -105,8 +105,11 @@ class PolicySource(DecisionSource):
             num_parameters=params, block_bytes=blocks.saved_bytes, samples=blocks.micro_batch_size
         )
         states = model_state_bytes(context.workload.model)
-        self._machine = MachineDescriptor(reduced_speed=speeds.reduced_speed, recompute_cost=speeds.recompute_cost,
-                                          budget_ratio=context.budget_bytes / states)  # fmt: skip
+        self._machine = MachineDescriptor(
+            reduced_speed=speeds.reduced_speed,
+            recompute_cost=speeds.recompute_cost,
+            budget_ratio=context.budget_bytes / states,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The decisions made, the configurations proposed (never proposed again) and the first
@@ -125,9 +128,13 @@ class PolicySource(DecisionSource):
         self._decisions = state["decisions"]
         self._proposed = {TrainConfig.from_dict(c) for c in state["proposed"]}
         first = state["first"]
-        self._first = None if first is None else Observation(**{
-            **first, "config": TrainConfig.from_dict(first["config"]), "losses": tuple(first["losses"])
-        })  # fmt: skip
+        self._first = (
+            None
+            if first is None
+            else Observation(
+                **{**first, "config": TrainConfig.from_dict(first["config"]), "losses": tuple(first["losses"])}
+            )
+        )
 
     def plan(self, context: RunContext) -> Proposal | None:
         """Where the run starts: the best configuration on the model's calibrated simulator
@@ -185,9 +192,15 @@ class PolicySource(DecisionSource):
         assert levels is not None, "propose() only observes configurations the levels can express"
 
         def interval(o: Observation) -> Interval:
-            return Interval(batch=o.config.effective_batch_size, throughput=o.throughput, peak_bytes=o.peak_bytes,
-                            b_noise=o.b_noise, loss=o.losses[-1] if o.losses else 0.0,
-                            train_seconds=0.0, reconfig_seconds=0.0)  # fmt: skip
+            return Interval(
+                batch=o.config.effective_batch_size,
+                throughput=o.throughput,
+                peak_bytes=o.peak_bytes,
+                b_noise=o.b_noise,
+                loss=o.losses[-1] if o.losses else 0.0,
+                train_seconds=0.0,
+                reconfig_seconds=0.0,
+            )
 
         batch = obs.config.effective_batch_size
         return observation_vector(
@@ -230,8 +243,11 @@ class PolicySource(DecisionSource):
         if rated is not None and rated < _NEIGHBOUR_WITHIN:
             # A real trial of it would cost steps at a configuration this model's own calibrated
             # simulator rates well below where the run is.
-            return self._neighbour(observation, levels, f"policy action {action} rated {rated:.2f} of this "
-                                   "configuration on the simulator, not tried; ")  # fmt: skip
+            return self._neighbour(
+                observation,
+                levels,
+                f"policy action {action} rated {rated:.2f} of this configuration on the simulator, not tried; ",
+            )
         return Proposal(config=config, reason=f"policy action {action}")
 
     def _rated(self, moved: KnobLevels, levels: KnobLevels, batch: int) -> float | None:
@@ -304,8 +320,15 @@ def _machine_speeds(workload: Workload, start: TrainConfig) -> MachineSpeeds:
 
     device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
     # One local process even for a run on ranks: the probes time a rank's compute, not its collectives.
-    probe = dataclasses.replace(start, micro_batch_size=min(start.micro_batch_size, 8), grad_accum_steps=1,
-                                precision="fp32", checkpoint=False, ranks=1, zero_stage=0)  # fmt: skip
+    probe = dataclasses.replace(
+        start,
+        micro_batch_size=min(start.micro_batch_size, 8),
+        grad_accum_steps=1,
+        precision="fp32",
+        checkpoint=False,
+        ranks=1,
+        zero_stage=0,
+    )
     trainer = Trainer(workload, probe, device=device, track_noise=False)
     try:
         return probe_speeds(trainer, probe, recover=lambda: trainer.optimizer.zero_grad(set_to_none=True))

@@ -92,8 +92,9 @@ class RankLoop:
 
     def _counted(self, step: SessionStep) -> StepResult:
         self.step_count += 1
-        return StepResult(loss=step.loss, samples=step.samples, seconds=step.seconds, lr=step.lr,
-                          overflow=step.overflow)  # fmt: skip
+        return StepResult(
+            loss=step.loss, samples=step.samples, seconds=step.seconds, lr=step.lr, overflow=step.overflow
+        )
 
     def _call(self, command: Callable[[], _T], config: TrainConfig) -> _T:
         try:

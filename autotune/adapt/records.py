@@ -128,10 +128,19 @@ class ConfigRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ConfigRecord:
-        judged = Score(throughput=data["throughput"], efficiency=data["efficiency"], value=data["value"],
-                       peak_bytes=data["peak_bytes"])  # fmt: skip
-        return cls(step=data["step"], config=TrainConfig.from_dict(data["config"]), timed_steps=data["timed_steps"],
-                   noise_scale=data["noise_scale"], score=judged)  # fmt: skip
+        judged = Score(
+            throughput=data["throughput"],
+            efficiency=data["efficiency"],
+            value=data["value"],
+            peak_bytes=data["peak_bytes"],
+        )
+        return cls(
+            step=data["step"],
+            config=TrainConfig.from_dict(data["config"]),
+            timed_steps=data["timed_steps"],
+            noise_scale=data["noise_scale"],
+            score=judged,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,8 +157,10 @@ class OverBudgetStep:
 
     def describe(self) -> str:
         predicted = "" if self.predicted_bytes is None else f" (predicted {self.predicted_bytes} B)"
-        return (f"step {self.step}: {self.config.describe()} measured a peak of {self.peak_bytes} B{predicted}, "
-                f"over the memory budget of {self.budget_bytes} B")  # fmt: skip
+        return (
+            f"step {self.step}: {self.config.describe()} measured a peak of {self.peak_bytes} B{predicted}, "
+            f"over the memory budget of {self.budget_bytes} B"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,5 +173,10 @@ class OverBudgetStep:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OverBudgetStep:
-        return cls(step=data["step"], config=TrainConfig.from_dict(data["config"]), peak_bytes=data["peak_bytes"],
-                   budget_bytes=data["budget_bytes"], predicted_bytes=data["predicted_bytes"])  # fmt: skip
+        return cls(
+            step=data["step"],
+            config=TrainConfig.from_dict(data["config"]),
+            peak_bytes=data["peak_bytes"],
+            budget_bytes=data["budget_bytes"],
+            predicted_bytes=data["predicted_bytes"],
+        )

@@ -81,11 +81,25 @@ class ShapeGuard:
             fits = self.gate.check(candidate)
             if fits.admitted:
                 reason = f"{what}: {config.describe()} at its shape: {verdict.reason}; split: {fits.reason}"
-                return Change(step=step, source=SOURCE, before=config, after=candidate, applied=True, reason=reason,
-                              predicted_bytes=fits.predicted)  # fmt: skip
+                return Change(
+                    step=step,
+                    source=SOURCE,
+                    before=config,
+                    after=candidate,
+                    applied=True,
+                    reason=reason,
+                    predicted_bytes=fits.predicted,
+                )
         reason = f"{what}: {verdict.reason}, and no split of the batch fits: it runs as it is"
-        return Change(step=step, source=SOURCE, before=config, after=config, applied=False, reason=reason,
-                      predicted_bytes=verdict.predicted)  # fmt: skip
+        return Change(
+            step=step,
+            source=SOURCE,
+            before=config,
+            after=config,
+            applied=False,
+            reason=reason,
+            predicted_bytes=verdict.predicted,
+        )
 
     def _reprofile(self, batch: Any) -> None:
         """The gate's profile, taken again at ``batch``'s shape (declared as the worst case)."""
@@ -103,5 +117,6 @@ def splits(config: TrainConfig) -> Iterator[TrainConfig]:
     for checkpoint in dict.fromkeys((config.checkpoint, True)):
         for micro in range(config.micro_batch_size, 0, -1):
             if total % micro == 0 and (micro, checkpoint) != (config.micro_batch_size, config.checkpoint):
-                yield dataclasses.replace(config, micro_batch_size=micro, grad_accum_steps=total // micro,
-                                          checkpoint=checkpoint)  # fmt: skip
+                yield dataclasses.replace(
+                    config, micro_batch_size=micro, grad_accum_steps=total // micro, checkpoint=checkpoint
+                )

@@ -48,8 +48,9 @@ def set_threads(threads: int | None, *, ranks: int = 1) -> int:
         if threads < 1:
             raise ConfigError(f"--threads must be >= 1, but got {threads}.")
         if ranks > 1:
-            raise ConfigError(f"--threads needs one process (--ranks 1): {ranks} ranks share the cores, one share "
-                              "each.")  # fmt: skip
+            raise ConfigError(
+                f"--threads needs one process (--ranks 1): {ranks} ranks share the cores, one share each."
+            )
         torch.set_num_threads(threads)
     if ranks > 1:
         return os.cpu_count() or 1

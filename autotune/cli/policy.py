@@ -47,15 +47,20 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of PPO and the simulated environments (default 0)")
     p.set_defaults(func=_cmd_fine_tune_policy)
 
-    p = sub.add_parser("tune", help="run a policy for one episode on the real training loop of a workload",
-                       epilog="exit codes: 0 done; 1 a configuration failed to train; 2 a user mistake (nothing "
-                       "run); 3 the loss became NaN or infinite (at the start, or the step that ended the "
-                       "episode); 130 Ctrl-C")  # fmt: skip
+    p = sub.add_parser(
+        "tune",
+        help="run a policy for one episode on the real training loop of a workload",
+        epilog="exit codes: 0 done; 1 a configuration failed to train; 2 a user mistake (nothing "
+        "run); 3 the loss became NaN or infinite (at the start, or the step that ended the "
+        "episode); 130 Ctrl-C",
+    )
     p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
     p.add_argument("--policy", type=Path, help="policy directory (default: the shipped pretrained policy)")
-    p.add_argument("--memory-budget", default="75%",
-                   help=f"{BUDGET_HELP}; the percentage is of the default's peak measured on the running loop "
-                        "(default 75%%)")  # fmt: skip
+    p.add_argument(
+        "--memory-budget",
+        default="75%",
+        help=f"{BUDGET_HELP}; the percentage is of the default's peak measured on the running loop (default 75%%)",
+    )
     p.add_argument("--steps", type=int, default=8, help="env steps (each trains --steps-per-action steps; default 8)")
     p.add_argument(
         "--fine-tune-seconds",
@@ -101,11 +106,16 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     out = args.out or Path(f"{workload.name}.profile.json")
     console = make_console(stderr=True)
     with console.status(f"profiling {workload.name}") as status:
-        profile = calibrate(workload, curve_steps=args.curve_steps,
-                            progress=lambda what: status.update(f"profiling {workload.name}: {what}"))  # fmt: skip
+        profile = calibrate(
+            workload,
+            curve_steps=args.curve_steps,
+            progress=lambda what: status.update(f"profiling {workload.name}: {what}"),
+        )
     save_profile(profile, out)
-    print(f"wrote {out}: {len(profile.blocks)} blocks, reduced-precision slowdown {profile.reduced_slowdown:.2f}x, "
-          f"recompute +{profile.recompute_fraction:.0%} of block time")  # fmt: skip
+    print(
+        f"wrote {out}: {len(profile.blocks)} blocks, reduced-precision slowdown {profile.reduced_slowdown:.2f}x, "
+        f"recompute +{profile.recompute_fraction:.0%} of block time"
+    )
     return 0
 
 
@@ -121,11 +131,20 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
     # environments' Python (measured on 2 cores shared with other processes: two threads can be slower than one).
     torch.set_num_threads(1)
     profiles = [load_profile(p) for p in args.profiles] if args.profiles else shipped_profiles()
-    model = train_policy(timesteps=args.timesteps, profiles=profiles, randomize=not args.no_randomize,
-                         seed=args.seed, verbose=1)  # fmt: skip
-    save_policy(model, args.out, trained_on=[p.workload for p in profiles], timesteps=args.timesteps,
-                extra={"randomize": not args.no_randomize, "seed": args.seed,
-                       "ranks": list(RANK_CHOICES) if not args.no_randomize else [1]})  # fmt: skip
+    model = train_policy(
+        timesteps=args.timesteps, profiles=profiles, randomize=not args.no_randomize, seed=args.seed, verbose=1
+    )
+    save_policy(
+        model,
+        args.out,
+        trained_on=[p.workload for p in profiles],
+        timesteps=args.timesteps,
+        extra={
+            "randomize": not args.no_randomize,
+            "seed": args.seed,
+            "ranks": list(RANK_CHOICES) if not args.no_randomize else [1],
+        },
+    )
     print(f"saved {args.out}/policy.safetensors and {args.out}/policy.json")
     return 0
 
@@ -141,8 +160,10 @@ def _check_out(out: Path, *, overwrite: bool) -> None:
         raise ConfigError(f"--out must be a directory, but {str(out)!r} {where}.")
     held = [name for name in ("policy.json", "policy.safetensors") if (out / name).exists()]
     if held and not overwrite:
-        raise ConfigError(f"--out {str(out)!r} already holds a policy ({', '.join(held)}): pass --overwrite to "
-                          "replace it, or another --out.")  # fmt: skip
+        raise ConfigError(
+            f"--out {str(out)!r} already holds a policy ({', '.join(held)}): pass --overwrite to "
+            "replace it, or another --out."
+        )
 
 
 def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
@@ -161,8 +182,15 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
     with make_console(stderr=True).status(
         f"profiling {args.workload}, fitting it to study {args.study!r}, fine-tuning"
     ):
-        done = fine_tune_from_study(args.workload, study=args.study, storage=args.storage, out=args.out,
-                                    seconds=args.seconds, seed=args.seed, policy=args.policy)  # fmt: skip
+        done = fine_tune_from_study(
+            args.workload,
+            study=args.study,
+            storage=args.storage,
+            out=args.out,
+            seconds=args.seconds,
+            seed=args.seed,
+            policy=args.policy,
+        )
     steps = done.policy.metadata["fine_tuned"]["steps"]
     before, after = math.exp(done.error_before), math.exp(done.error_after)
     fit = f"simulated throughput off by x{before:.2f} calibrated -> x{after:.2f} fitted, geometric RMS"
@@ -191,8 +219,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     threads = set_threads(args.threads, ranks=args.ranks)
     policy = load_policy(args.policy or PRETRAINED_DIR)
     workload = load_workload(args.workload)
-    env = TrainingEnv(workloads=[workload], memory_budget=budget, steps_per_action=args.steps_per_action,
-                      horizon=args.steps, ranks=args.ranks, adapt_batch=args.adapt_batch)  # fmt: skip
+    env = TrainingEnv(
+        workloads=[workload],
+        memory_budget=budget,
+        steps_per_action=args.steps_per_action,
+        horizon=args.steps,
+        ranks=args.ranks,
+        adapt_batch=args.adapt_batch,
+    )
     try:
         policy.check_action_space(env.action_space)  # before profiling and fine-tuning (seconds)
         warn_if_busy(threads)
@@ -213,8 +247,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         _print_episode(episode, final_knobs)
     diverged = next((s for s in episode.steps if not math.isfinite(s.loss)), None)
     if diverged is not None:  # the environment ended the episode there; its output says what ran before
-        raise NonFiniteLossError(f"the loss was {diverged.loss} at step {diverged.step} ({diverged.knobs}): "
-                                 "the episode ended there")  # fmt: skip
+        raise NonFiniteLossError(
+            f"the loss was {diverged.loss} at step {diverged.step} ({diverged.knobs}): the episode ended there"
+        )
     return 0
 
 
@@ -232,13 +267,17 @@ def _record(args: argparse.Namespace, budget: Any, episode: Any, env: Any) -> No
         print(f"nothing recorded in {args.storage}: {episode.nothing_fits}", file=sys.stderr)
         return
     c, n = best.config, len(env.workload.block_names())
-    knobs = Knobs(batch_size=c.effective_batch_size, micro_batch_size=c.micro_batch_size,
-                  low_precision_blocks=sum(p != "fp32" for p in c.block_precisions(n)),
-                  checkpoint_blocks=sum(c.block_checkpoints(n)))  # fmt: skip
+    knobs = Knobs(
+        batch_size=c.effective_batch_size,
+        micro_batch_size=c.micro_batch_size,
+        low_precision_blocks=sum(p != "fp32" for p in c.block_precisions(n)),
+        checkpoint_blocks=sum(c.block_checkpoints(n)),
+    )
     prepared = prepare(StudySpec(workload=args.workload, memory_budget=budget))
     study = open_study(prepared, RunOptions(storage=args.storage))
-    number = record_trial(study, prepared, knobs, throughput=best.throughput, peak_bytes=best.peak_bytes,
-                          source="policy")  # fmt: skip
+    number = record_trial(
+        study, prepared, knobs, throughput=best.throughput, peak_bytes=best.peak_bytes, source="policy"
+    )
     print(f"recorded as trial {number} of study {study.study_name!r} in {args.storage}", file=sys.stderr)
 
 
@@ -251,8 +290,14 @@ def _fine_tuned(policy: Any, workload: Any, budget: Any, args: argparse.Namespac
     with console.status(f"profiling {workload.name} for the simulator"):
         profile = profile_for_tuning(workload)
     with console.status(f"fine-tuning the policy on {workload.name}'s simulator ({args.fine_tune_seconds:g} s)"):
-        return fine_tune(policy, profile, memory_budget=budget, seconds=args.fine_tune_seconds, seed=args.seed,
-                         adapt_batch=args.adapt_batch)  # fmt: skip
+        return fine_tune(
+            policy,
+            profile,
+            memory_budget=budget,
+            seconds=args.fine_tune_seconds,
+            seed=args.seed,
+            adapt_batch=args.adapt_batch,
+        )
 
 
 def _print_episode(episode: Any, final_knobs: Any) -> None:
@@ -268,8 +313,16 @@ def _print_episode(episode: Any, final_knobs: Any) -> None:
     for s in episode.steps:
         action = "-" if s.action is None else ",".join(str(a) for a in s.action)
         reward = "-" if s.reward is None else f"{s.reward:+.3f}"
-        table.add_row(str(s.step), action, s.knobs, f"{s.throughput:.1f}", format_bytes(s.peak_bytes),
-                      _num(s.b_noise), f"{s.loss:.4f}", reward)  # fmt: skip
+        table.add_row(
+            str(s.step),
+            action,
+            s.knobs,
+            f"{s.throughput:.1f}",
+            format_bytes(s.peak_bytes),
+            _num(s.b_noise),
+            f"{s.loss:.4f}",
+            reward,
+        )
     console.print(table)
     console.print(f"return {episode.total_reward:+.3f}; default config: {episode.start_config.to_dict()}")
     console.print(f"final config:   {episode.final_config.to_dict()}")
@@ -282,8 +335,10 @@ def _print_episode(episode: Any, final_knobs: Any) -> None:
         if r is not None:
             i = r["steps"].index(r["winner"])
             verdict = "decided" if r["decided"] else "too close to call: within each other's spread"
-            console.print(f"  re-timed side by side with steps {r['steps']}: {r['retimed_per_gib'][i]:.1f} per GiB "
-                          f"(spread {r['retimed_spread'][i]:.1%}; {verdict}, {r['rounds']} rounds)")  # fmt: skip
+            console.print(
+                f"  re-timed side by side with steps {r['steps']}: {r['retimed_per_gib'][i]:.1f} per GiB "
+                f"(spread {r['retimed_spread'][i]:.1%}; {verdict}, {r['rounds']} rounds)"
+            )
             if r["note"]:
                 console.print(f"  {r['note']}")
     # The shared encoding (autotune.knobs): the same point in a study's terms, to check it there.

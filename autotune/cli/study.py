@@ -126,8 +126,14 @@ def _spec_from_args(args: argparse.Namespace) -> StudySpec:
     target: str = args.target
     spec = load_spec(target) if target.endswith(".toml") else StudySpec(workload=target)
     top: dict[str, Any] = {}
-    for flag, key in (("trials", "trials"), ("study_name", "name"), ("sampler", "sampler"), ("seed", "seed"),
-                      ("policy_proposal", "policy_proposal"), ("retime", "retime")):  # fmt: skip
+    for flag, key in (
+        ("trials", "trials"),
+        ("study_name", "name"),
+        ("sampler", "sampler"),
+        ("seed", "seed"),
+        ("policy_proposal", "policy_proposal"),
+        ("retime", "retime"),
+    ):
         if getattr(args, flag) is not None:
             top[key] = getattr(args, flag)
     if args.memory_budget is not None:
@@ -205,8 +211,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     _quiet_optuna()
     _check_device(args.device)
     options = _options(args, worker=True)
-    existing = load_existing_study(args.storage, args.study,
-                                   hint=": create it first with autotune study ... --create-only")  # fmt: skip
+    existing = load_existing_study(
+        args.storage, args.study, hint=": create it first with autotune study ... --create-only"
+    )
     spec = dataclasses.replace(stored_spec(existing), name=args.study)
     prepared = prepare(spec)
     study = open_study(prepared, options)
@@ -282,9 +289,15 @@ def _cmd_best(args: argparse.Namespace) -> int:
 
         largest = load_workload(stored_spec(study).workload).largest_parameter
     expandable = _expandable_segments(study)
-    text = export_config(best.config, args.format, block_names=blocks, workload=study.study_name,
-                         largest_parameter=largest, expandable_segments=expandable,
-                         measured=_measured(summary, best) if args.format == "json" else None)  # fmt: skip
+    text = export_config(
+        best.config,
+        args.format,
+        block_names=blocks,
+        workload=study.study_name,
+        largest_parameter=largest,
+        expandable_segments=expandable,
+        measured=_measured(summary, best) if args.format == "json" else None,
+    )
     sys.stdout.write(text)
     if args.format == "deepspeed":  # JSON has no comments: the allocator setting goes to stderr
         print(f"autotune best: {allocator_note(expandable)}", file=sys.stderr)

@@ -30,18 +30,23 @@ EPILOG = (
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("train", help="train a workload for N steps; with --adapt, keep it at the best configuration",
-                       epilog=EPILOG)  # fmt: skip
+    p = sub.add_parser(
+        "train", help="train a workload for N steps; with --adapt, keep it at the best configuration", epilog=EPILOG
+    )
     p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
     p.add_argument("--adapt", action="store_true", help="adapt the configuration as training goes (default: fixed)")
     p.add_argument("--policy", type=Path, help="policy directory for --adapt (default: the shipped pretrained one)")
     p.add_argument("--memory-budget", help=f"{BUDGET_HELP} (default: the default configuration's own peak)")
     p.add_argument("--decide-every", type=int, help="with --adapt: steps between decisions, >= 2 (default 10)")
-    p.add_argument("--adapt-batch", action="store_true",
-                   help="with --adapt: let the effective batch grow with the gradient noise")  # fmt: skip
-    p.add_argument("--allow-over-budget", action="store_true",
-                   help="exit 0 even if a step measured a peak over the memory budget (default: exit 4)")  # fmt: skip
+    p.add_argument(
+        "--adapt-batch", action="store_true", help="with --adapt: let the effective batch grow with the gradient noise"
+    )
+    p.add_argument(
+        "--allow-over-budget",
+        action="store_true",
+        help="exit 0 even if a step measured a peak over the memory budget (default: exit 4)",
+    )
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: where the model is)")
     add_ranks_flag(p)
     add_threads_flag(p)
@@ -68,8 +73,10 @@ def _train_command(args: argparse.Namespace) -> int:
     if args.ranks < 1:
         raise ConfigError(f"--ranks must be >= 1, but got {args.ranks}.")
     if args.ranks > 1 and args.adapt_batch:
-        raise ConfigError("--adapt-batch needs one process (--ranks 1): the batch follows the gradient noise "
-                          "scale, which ZeRO's engines do not expose.")  # fmt: skip
+        raise ConfigError(
+            "--adapt-batch needs one process (--ranks 1): the batch follows the gradient noise "
+            "scale, which ZeRO's engines do not expose."
+        )
     for flag, given in (("--decide-every", args.decide_every is not None), ("--adapt-batch", args.adapt_batch)):
         if given and not args.adapt:
             raise ConfigError(f"{flag} needs --adapt (without it the run keeps the default configuration).")
@@ -86,14 +93,31 @@ def _train_command(args: argparse.Namespace) -> int:
     # start plan on the calibrated simulator (seconds to a minute for the corpus models).
     with make_console(stderr=True).status(f"{wl.name}: memory profile, machine probe and start plan"):
         if args.ranks > 1:
-            tuner = Adaptive.on_ranks(wl, ranks=args.ranks, memory_budget=args.memory_budget, policy=policy,
-                                      decide_every=decide_every, device=args.device)  # fmt: skip
+            tuner = Adaptive.on_ranks(
+                wl,
+                ranks=args.ranks,
+                memory_budget=args.memory_budget,
+                policy=policy,
+                decide_every=decide_every,
+                device=args.device,
+            )
         else:
-            tuner = Adaptive(wl.model, wl.make_optimizer(wl.model.parameters()), wl.loss_fn, wl.dataset,
-                             batch_size=wl.batch_size, memory_budget=args.memory_budget, policy=policy,
-                             decide_every=decide_every, adapt_batch=args.adapt_batch, blocks=wl.blocks,
-                             device=args.device, name=wl.name, collate_fn=wl.collate_fn,
-                             track_memory="all")  # the summary reports measured peaks  # fmt: skip
+            tuner = Adaptive(
+                wl.model,
+                wl.make_optimizer(wl.model.parameters()),
+                wl.loss_fn,
+                wl.dataset,
+                batch_size=wl.batch_size,
+                memory_budget=args.memory_budget,
+                policy=policy,
+                decide_every=decide_every,
+                adapt_batch=args.adapt_batch,
+                blocks=wl.blocks,
+                device=args.device,
+                name=wl.name,
+                collate_fn=wl.collate_fn,
+                track_memory="all",
+            )  # the summary reports measured peaks
     try:
         _train(tuner, args.steps, wl.name, quiet=args.json)
     finally:
@@ -102,8 +126,12 @@ def _train_command(args: argparse.Namespace) -> int:
         import json
 
         history = [c.to_dict() for c in tuner.history]
-        run = {"budget_bytes": tuner.budget_bytes, "steps": [s.to_dict() for s in tuner.steps], "history": history,
-               "over_budget_steps": [o.to_dict() for o in tuner.over_budget_steps]}  # fmt: skip
+        run = {
+            "budget_bytes": tuner.budget_bytes,
+            "steps": [s.to_dict() for s in tuner.steps],
+            "history": history,
+            "over_budget_steps": [o.to_dict() for o in tuner.over_budget_steps],
+        }
         print(json.dumps(run, indent=2))
     else:
         _summary(tuner)
@@ -120,8 +148,11 @@ def _over_budget_exit(tuner: Any, *, allowed: bool) -> int:
     over = tuner.over_budget_steps
     if not over or allowed:
         return 0
-    print(f"autotune train: {len(over)} step(s) measured a peak over the memory budget, the first at "
-          f"{over[0].describe()}; --allow-over-budget accepts that", file=sys.stderr)  # fmt: skip
+    print(
+        f"autotune train: {len(over)} step(s) measured a peak over the memory budget, the first at "
+        f"{over[0].describe()}; --allow-over-budget accepts that",
+        file=sys.stderr,
+    )
     return EXIT_OVER_BUDGET
 
 
@@ -130,8 +161,13 @@ def _train(tuner: Any, steps: int, name: str, *, quiet: bool) -> None:
 
     from autotune.console import make_console
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[status]}"))  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+    )
     console = make_console(stderr=quiet)  # quiet: stdout is the JSON's
     # A bar on a terminal only: in a file or a log rich would leave its last frame as one more line.
     with Progress(*columns, transient=quiet, console=console, disable=not console.is_terminal) as progress:
@@ -157,15 +193,19 @@ def _summary(tuner: Any) -> None:
     where = f" on {ranks} ranks" if ranks > 1 else ""
     per_rank = " per rank" if ranks > 1 else ""
     rate = samples / max(seconds, 1e-9)
-    console.print(f"{len(steps)} steps{where}, {samples} samples in {seconds:.1f} s ({rate:.1f} "
-                  f"samples/s), final loss {steps[-1].loss:.4f}, budget {format_bytes(tuner.budget_bytes)}{per_rank}, "
-                  f"highest measured peak {format_bytes(max(peaks) if peaks else None)}")  # fmt: skip
+    console.print(
+        f"{len(steps)} steps{where}, {samples} samples in {seconds:.1f} s ({rate:.1f} "
+        f"samples/s), final loss {steps[-1].loss:.4f}, budget {format_bytes(tuner.budget_bytes)}{per_rank}, "
+        f"highest measured peak {format_bytes(max(peaks) if peaks else None)}"
+    )
     for over in tuner.over_budget_steps:
         console.print(f"OVER BUDGET: {over.describe()}", markup=False, highlight=False)
     best = tuner.best  # judged as a study judges its trials (autotune.measurement.objective)
     if best is not None:
-        console.print(f"best measured: {best.config.describe()}: {best.score.throughput:.1f} samples/s, peak "
-                      f"{format_bytes(best.score.peak_bytes)}, {best.score.per_gib:.1f} samples/s per GiB")  # fmt: skip
+        console.print(
+            f"best measured: {best.config.describe()}: {best.score.throughput:.1f} samples/s, peak "
+            f"{format_bytes(best.score.peak_bytes)}, {best.score.per_gib:.1f} samples/s per GiB"
+        )
     if not tuner.history:
         console.print(f"configuration: {tuner.config.describe()} (no change)")
         return

@@ -69,9 +69,14 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         blocks: Block module names (default: auto-detected).
     """
 
-    def __init__(self, *, policy: PolicyArg | Mapping[str, Any] = "pretrained",
-                 memory_budget: MemoryBudget | str | int | None = None, decide_every: int = 50,
-                 blocks: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        policy: PolicyArg | Mapping[str, Any] = "pretrained",
+        memory_budget: MemoryBudget | str | int | None = None,
+        decide_every: int = 50,
+        blocks: list[str] | None = None,
+    ) -> None:
         if isinstance(policy, Mapping):
             if "source" in policy:  # what state() writes for a DecisionSource object
                 raise UnsupportedError(
@@ -80,8 +85,12 @@ class AutotuneCallback(TrainerCallback, ExportableState):
                 )
             policy = TrainConfig.from_dict(policy)
         self.loop = FrameworkLoop(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
-        self._args = {"policy": _json_policy(policy), "memory_budget": _json_budget(memory_budget),
-                      "decide_every": decide_every, "blocks": blocks}  # fmt: skip
+        self._args = {
+            "policy": _json_policy(policy),
+            "memory_budget": _json_budget(memory_budget),
+            "decide_every": decide_every,
+            "blocks": blocks,
+        }
         self._logged = 0
 
     @override
@@ -123,9 +132,15 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         """
         assert model is not None, "the Trainer passes its model to on_train_begin"
         dataset = train_dataloader.dataset if train_dataloader is not None else None
-        self.loop.begin(model, dataset, hf_loss, micro_batch_size=args.per_device_train_batch_size,
-                        accum=args.gradient_accumulation_steps, name=type(model).__name__,
-                        collate_fn=getattr(train_dataloader, "collate_fn", None))  # fmt: skip
+        self.loop.begin(
+            model,
+            dataset,
+            hf_loss,
+            micro_batch_size=args.per_device_train_batch_size,
+            accum=args.gradient_accumulation_steps,
+            name=type(model).__name__,
+            collate_fn=getattr(train_dataloader, "collate_fn", None),
+        )
 
     @override
     def on_step_begin(

@@ -68,8 +68,14 @@ class AutotuneCallback(Callback):
     Args: as :class:`autotune.integrations.hf.AutotuneCallback`.
     """
 
-    def __init__(self, *, policy: PolicyArg = "pretrained", memory_budget: MemoryBudget | str | int | None = None,
-                 decide_every: int = 50, blocks: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        policy: PolicyArg = "pretrained",
+        memory_budget: MemoryBudget | str | int | None = None,
+        decide_every: int = 50,
+        blocks: list[str] | None = None,
+    ) -> None:
         self.loop = FrameworkLoop(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
         self._step = 0
         self._reload: int | None = None  # the user's reload_dataloaders_every_n_epochs while a reload is asked
@@ -110,9 +116,16 @@ class AutotuneCallback(Callback):
         assert loader is not None, "Lightning builds the train DataLoader before on_train_start"
         self._step = trainer.global_step
         why = _fixed_split(trainer, pl_module)
-        self.loop.begin(pl_module, loader.dataset, _step_loss, micro_batch_size=loader.batch_size,
-                        accum=trainer.accumulate_grad_batches, name=type(pl_module).__name__, split=why is None,
-                        collate_fn=loader.collate_fn)  # fmt: skip
+        self.loop.begin(
+            pl_module,
+            loader.dataset,
+            _step_loss,
+            micro_batch_size=loader.batch_size,
+            accum=trainer.accumulate_grad_batches,
+            name=type(pl_module).__name__,
+            split=why is None,
+            collate_fn=loader.collate_fn,
+        )
         controller = self.loop.controller
         assert controller is not None
         if why is None or controller.source is None:  # no decisions: no split to refuse

@@ -72,8 +72,11 @@ def probe_speeds(
     seconds, failures = _time_probes(loop, probes, steps=steps, fallible={"reduced"}, recover=recover)
     loop.reconfigure(base)
     recompute = seconds["recompute"] / seconds["plain"] - 1.0
-    return MachineSpeeds(reduced_speed=seconds["plain"] / seconds.get("reduced", math.inf), recompute_cost=recompute,
-                         reduced_failure=failures.get("reduced"))  # fmt: skip
+    return MachineSpeeds(
+        reduced_speed=seconds["plain"] / seconds.get("reduced", math.inf),
+        recompute_cost=recompute,
+        reduced_failure=failures.get("reduced"),
+    )
 
 
 def _time_probes(

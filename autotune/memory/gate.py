@@ -247,8 +247,10 @@ class BudgetGate:
         if measured is not None and reserved is not None:
             needed = reserved_with_headroom(reserved)
             rule = "<=" if needed <= self.budget else ">"
-            reason = (f"measured {reserved} B reserved (+{RESERVED_HEADROOM:.0%} headroom: {needed} B) {rule} "
-                      f"budget {self.budget} B")  # fmt: skip
+            reason = (
+                f"measured {reserved} B reserved (+{RESERVED_HEADROOM:.0%} headroom: {needed} B) {rule} "
+                f"budget {self.budget} B"
+            )
             return Verdict(admitted=needed <= self.budget, reason=reason, predicted=None, measured=measured)
         predicted = self.predict(config) if measured is None else None
         total, verified = predicted if predicted is not None else (None, False)
@@ -271,6 +273,8 @@ class BudgetGate:
         headroom = max(self.headroom, RESERVED_HEADROOM)
         needed = reserved_with_headroom(reserved, headroom)
         rule = "<=" if needed <= self.budget else ">"
-        reason = (f"predicted {total} B allocated x {ratio:.4f} reserved/allocated = {reserved} B reserved "
-                  f"(+{headroom:.0%} headroom: {needed} B) {rule} budget {self.budget} B")  # fmt: skip
+        reason = (
+            f"predicted {total} B allocated x {ratio:.4f} reserved/allocated = {reserved} B reserved "
+            f"(+{headroom:.0%} headroom: {needed} B) {rule} budget {self.budget} B"
+        )
         return Verdict(admitted=needed <= self.budget, reason=reason, predicted=total, measured=None)

@@ -97,8 +97,11 @@ def find_worst_case(workload: Workload) -> WorstCase:
         # The first batch at the reference size, not at each micro-batch size: a padding collate
         # pads 2 samples and 4 to different lengths, and the profile's two sizes must share shapes.
         first = workload.first_batch(workload.batch_size)
-        why = "an IterableDataset is not scanned: declare Workload.worst_case_batch" if workload.iterable else (
-            "scan_batches=0")  # fmt: skip
+        why = (
+            "an IterableDataset is not scanned: declare Workload.worst_case_batch"
+            if workload.iterable
+            else ("scan_batches=0")
+        )
         return WorstCase(batch=first, how="first batch", sample_bytes=sample_bytes(first), why=why)
     batches = math.ceil(len(workload.dataset) / workload.batch_size)  # type: ignore[arg-type]
     best: tuple[int, int, Any] | None = None
@@ -109,8 +112,9 @@ def find_worst_case(workload: Workload) -> WorstCase:
         if best is None or size > best[0]:
             best = (size, k, batch)
     assert best is not None, "a map-style Workload has at least one sample"
-    return WorstCase(batch=best[2], how="scanned", sample_bytes=best[0], scanned=scanned, batches=batches,
-                     longest=best[1])  # fmt: skip
+    return WorstCase(
+        batch=best[2], how="scanned", sample_bytes=best[0], scanned=scanned, batches=batches, longest=best[1]
+    )
 
 
 def profile_batch(workload: Workload, m: int) -> Any:

@@ -81,18 +81,29 @@ def start_module(
     """
     (run_dir / PIDS_DIR).mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc-per-node={nprocs}", "--nnodes=1",
-        "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-        f"--log-dir={run_dir / 'logs'}", "--redirects=3",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nprocs}",
+        "--nnodes=1",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        f"--log-dir={run_dir / 'logs'}",
+        "--redirects=3",
         "--max-restarts=0",
-        "-m", module, *args,
-    ]  # fmt: skip
+        "-m",
+        module,
+        *args,
+    ]
     with (run_dir / "torchrun.log").open("wb") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env or os.environ),
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env or os.environ),
             start_new_session=True,  # Ctrl-C in the terminal reaches us only; we stop the ranks in order
-        )  # fmt: skip
+        )
     return RankProcesses(proc, run_dir, module)
 
 

@@ -36,11 +36,13 @@ def measure(
     process, or on DeepSpeed ranks (module docstring). The schedule and the results are
     :func:`~autotune.measurement.schedule.measure_local`'s."""
     if not config.on_deepspeed:
-        return measure_local(workload, config, steps=steps, warmup=warmup, memory_budget=memory_budget,
-                             device=device, progress=progress)  # fmt: skip
+        return measure_local(
+            workload, config, steps=steps, warmup=warmup, memory_budget=memory_budget, device=device, progress=progress
+        )
     check_measure_args(steps=steps, warmup=warmup, memory_budget=memory_budget)
     from autotune.procs.multirank import measure_ranks  # lazy: the rank session and its launcher
 
-    runs = measure_ranks(workload, [config], steps=steps, warmup=warmup, memory_budget=memory_budget, device=device,
-                         progress=progress)  # fmt: skip
+    runs = measure_ranks(
+        workload, [config], steps=steps, warmup=warmup, memory_budget=memory_budget, device=device, progress=progress
+    )
     return runs[0]

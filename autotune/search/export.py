@@ -96,6 +96,7 @@ def export_config(
         )
         return json.dumps(ds, indent=2) + "\n"
     if fmt == "python":
-        return python_snippet(config, block_names=block_names, workload=workload,
-                              expandable_segments=expandable_segments)  # fmt: skip
+        return python_snippet(
+            config, block_names=block_names, workload=workload, expandable_segments=expandable_segments
+        )
     raise ConfigError(f"--format must be one of {EXPORT_FORMATS}, but got {fmt!r}.")

@@ -134,14 +134,18 @@ def retime_finalists(
     result = retimer(configs, scales)
     rank = {i: k for k, i in enumerate(result.ranking)}
     for i, (r, t) in enumerate(zip(chosen, result.timings, strict=True)):
-        _set_finished_trial_attrs(study, r.number, {
-            TRIAL_ATTRS.THROUGHPUT: t.median,
-            TRIAL_ATTRS.SPREAD: t.relative_spread,
-            TRIAL_ATTRS.PER_GIB: t.median * scales[i],
-            TRIAL_ATTRS.RANK: rank[i] + 1,
-            TRIAL_ATTRS.ROUNDS: result.rounds,
-            TRIAL_ATTRS.WITH: numbers,
-        })  # fmt: skip
+        _set_finished_trial_attrs(
+            study,
+            r.number,
+            {
+                TRIAL_ATTRS.THROUGHPUT: t.median,
+                TRIAL_ATTRS.SPREAD: t.relative_spread,
+                TRIAL_ATTRS.PER_GIB: t.median * scales[i],
+                TRIAL_ATTRS.RANK: rank[i] + 1,
+                TRIAL_ATTRS.ROUNDS: result.rounds,
+                TRIAL_ATTRS.WITH: numbers,
+            },
+        )
     record = {
         "trials": numbers,
         "winner": chosen[result.winner].number,

@@ -190,9 +190,14 @@ class Objective:
             raise optuna.TrialPruned(reason)
         # The one objective (goodput only when the batch is a knob): the trial's first value,
         # whose value per GiB picks the recommended trial (results.py).
-        s = score(throughput=m.throughput, peak_bytes=peak, batch_size=config.effective_batch_size,
-                  base_batch_size=self.base_batch_size, noise_scale=m.noise.b_simple,
-                  batch_is_knob=self.space.multi_batch)  # fmt: skip
+        s = score(
+            throughput=m.throughput,
+            peak_bytes=peak,
+            batch_size=config.effective_batch_size,
+            base_batch_size=self.base_batch_size,
+            noise_scale=m.noise.b_simple,
+            batch_is_knob=self.space.multi_batch,
+        )
         trial.set_user_attr(ATTR.GOODPUT, m.throughput * s.efficiency)
         self._finish(trial, config, status="ok", reason=None, m=m)
         return s.value, peak / MIB

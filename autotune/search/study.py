@@ -249,8 +249,12 @@ def _check_same(existing: optuna.study.StudySummary, prepared: Prepared, where: 
         if stored.get(key) != value:
             # The fingerprint hashes the weights: a build() that draws them unseeded gives another
             # one on every run, and the user's rerun of the same study is refused.
-            seed = ("unseeded random weights change the fingerprint on every run (seed them: torch.manual_seed "
-                    "in build()), or " if key == "workload_fingerprint" else "")  # fmt: skip
+            seed = (
+                "unseeded random weights change the fingerprint on every run (seed them: torch.manual_seed "
+                "in build()), or "
+                if key == "workload_fingerprint"
+                else ""
+            )
             raise StudyError(
                 f"study {name!r} already exists in {where!r} with another {key.replace('_', ' ')} "
                 f"({stored.get(key)!r}, this run: {value!r}); {seed}pass --study-name to start another study"
@@ -425,8 +429,9 @@ def run_study(
             study.stop()  # other workers may have finished the rest
 
     alloc_conf = study_alloc_conf(spec, options.device)
-    with MeasurementProcess(prepared.workload.source, threads=spec.measure.threads, device=options.device,
-                            alloc_conf=alloc_conf) as measurer:  # fmt: skip
+    with MeasurementProcess(
+        prepared.workload.source, threads=spec.measure.threads, device=options.device, alloc_conf=alloc_conf
+    ) as measurer:
         measurer.start()
         objective = Objective(
             space=prepared.space,
@@ -529,9 +534,14 @@ def record_trial(
     trial = study.ask()
     config = prepared.space.config(prepared.space.suggest(trial))
     # Measured at the user's batch without a noise estimate: efficiency 1, value = throughput.
-    s = score(throughput=throughput, peak_bytes=peak_bytes, batch_size=config.effective_batch_size,
-              base_batch_size=prepared.reference_batch, noise_scale=None,
-              batch_is_knob=prepared.space.multi_batch)  # fmt: skip
+    s = score(
+        throughput=throughput,
+        peak_bytes=peak_bytes,
+        batch_size=config.effective_batch_size,
+        base_batch_size=prepared.reference_batch,
+        noise_scale=None,
+        batch_is_knob=prepared.space.multi_batch,
+    )
     attrs = {
         ATTR.CONFIG: config.to_dict(),
         ATTR.STATUS: "ok",

@@ -31,8 +31,9 @@ def workload_stream(workload: Workload, *, num_replicas: int, rank: int, seed: i
     if workload.iterable:
         assert num_replicas == 1, "an iterable dataset is refused on ranks before a trainer is built"
         return IterableStream(workload.dataset, collate_fn=workload.collate_fn, name=workload.name)  # type: ignore[arg-type]
-    return ShardStream(workload.dataset, num_replicas=num_replicas, rank=rank, seed=seed,
-                       collate_fn=workload.collate_fn)  # fmt: skip
+    return ShardStream(
+        workload.dataset, num_replicas=num_replicas, rank=rank, seed=seed, collate_fn=workload.collate_fn
+    )
 
 
 class ShardStream:

@@ -75,8 +75,11 @@ def _masters(engine: Any) -> Iterator[tuple[str, torch.nn.Parameter, torch.Tenso
     if fp32_groups is None:  # fp32 engine: the torch optimizer updates the parameters themselves
         yield from ((name, p, p) for name, p in named)
         return
-    master = {id(lp): hp for lps, hps in zip(engine.optimizer.fp16_groups, fp32_groups, strict=True)
-              for lp, hp in zip(lps, hps, strict=True)}  # fmt: skip
+    master = {
+        id(lp): hp
+        for lps, hps in zip(engine.optimizer.fp16_groups, fp32_groups, strict=True)
+        for lp, hp in zip(lps, hps, strict=True)
+    }
     yield from ((name, p, master[id(p)]) for name, p in named if id(p) in master)
 
 

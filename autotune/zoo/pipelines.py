@@ -92,11 +92,18 @@ def build_varlen_lm(
     shape = GPTShape(vocab_size=vocab, seq_len=max_len - 1, n_layer=layers, n_head=heads, d_model=width)
     with seeded_init(seed):
         model = GPT(shape)
-    tokens = markov_corpus(num_sequences=num_samples, length=max_len, vocab_size=vocab, num_topics=4, branching=8,
-                           seed=seed + 1)  # fmt: skip
+    tokens = markov_corpus(
+        num_sequences=num_samples, length=max_len, vocab_size=vocab, num_topics=4, branching=8, seed=seed + 1
+    )
     lengths = _lengths(num_samples, min_len, max_len, seed + 2)
-    return Workload(name="varlen-lm", model=model, dataset=VarLenSequences(tokens, lengths), loss_fn=masked_lm_loss,
-                    collate_fn=pad_collate, batch_size=batch_size)  # fmt: skip
+    return Workload(
+        name="varlen-lm",
+        model=model,
+        dataset=VarLenSequences(tokens, lengths),
+        loss_fn=masked_lm_loss,
+        collate_fn=pad_collate,
+        batch_size=batch_size,
+    )
 
 
 class TokenStream(IterableDataset[torch.Tensor]):
@@ -125,7 +132,7 @@ def build_stream_lm(
     shape = GPTShape(vocab_size=vocab, seq_len=seq_len, n_layer=layers, n_head=heads, d_model=width)
     with seeded_init(seed):
         model = GPT(shape)
-    tokens = markov_corpus(num_sequences=num_samples, length=seq_len + 1, vocab_size=vocab, num_topics=4, branching=8,
-                           seed=seed + 1)  # fmt: skip
-    return Workload(name="stream-lm", model=model, dataset=TokenStream(tokens), loss_fn=lm_loss,
-                    batch_size=batch_size)  # fmt: skip
+    tokens = markov_corpus(
+        num_sequences=num_samples, length=seq_len + 1, vocab_size=vocab, num_topics=4, branching=8, seed=seed + 1
+    )
+    return Workload(name="stream-lm", model=model, dataset=TokenStream(tokens), loss_fn=lm_loss, batch_size=batch_size)

@@ -106,8 +106,11 @@ def test_the_pretrained_policy_keeps_the_effective_batch_and_the_budget() -> Non
     if tuner.steps[0].config != _fp32(BATCH):
         plan = tuner.history[0]
         assert (plan.step, plan.applied, plan.before, plan.after) == (0, True, _fp32(BATCH), tuner.steps[0].config)
-        assert re.match(r"the best of the calibrated simulator \(\d+ samples/s per GiB simulated; \d+ s\); "
-                        "predicted ", plan.reason)  # fmt: skip
+        assert re.match(
+            r"the best of the calibrated simulator \(\d+ samples/s per GiB simulated; \d+ s\); "
+            "predicted ",
+            plan.reason,
+        )
 
 
 def test_the_plan_is_the_simulator_s_best_configuration_the_gate_admits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,8 +136,16 @@ def test_the_plan_is_the_simulator_s_best_configuration_the_gate_admits(monkeypa
     predicted = tuner.gate.predict(planned)
     assert predicted is not None
     wl, opt = _user_objects()
-    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy="pretrained", decide_every=5,
-                     memory_budget=predicted[0])  # fmt: skip
+    tuner = Adaptive(
+        wl.model,
+        opt,
+        wl.loss_fn,
+        wl.dataset,
+        batch_size=BATCH,
+        policy="pretrained",
+        decide_every=5,
+        memory_budget=predicted[0],
+    )
     tuner.close()
     (plan,) = tuner.history
     assert plan.applied and plan.after not in (planned, _fp32(BATCH)) and tuner.gate.check(plan.after).admitted
@@ -145,8 +156,14 @@ def test_the_plan_is_off_on_a_gpu_unless_asked_for() -> None:
 
     wl, _ = _user_objects()
     source = PolicySource()
-    context = RunContext(workload=wl, start=_fp32(BATCH), budget_bytes=2**30, blocks=profile_blocks(wl),
-                         device_type="cuda", admits=lambda c: True)  # fmt: skip
+    context = RunContext(
+        workload=wl,
+        start=_fp32(BATCH),
+        budget_bytes=2**30,
+        blocks=profile_blocks(wl),
+        device_type="cuda",
+        admits=lambda c: True,
+    )
     assert source.plan(context) is None  # no profile is taken: its copies of the model would take GPU memory
     assert PolicySource(plan=False).plan(dataclasses.replace(context, device_type="cpu")) is None
 
@@ -191,13 +208,11 @@ def test_batch_grows_only_when_the_noise_scale_supports_it() -> None:
     [
         ({"decide_every": 1}, "decide_every must be an int >= 2, but got 1."),
         ({"batch_size": 0}, "batch_size must be an int >= 1, but got 0."),
-        ({"memory_budget": 1.5},
-         BAD_BUDGET),
-        ({"policy": 3},
-         BAD_POLICY),
+        ({"memory_budget": 1.5}, BAD_BUDGET),
+        ({"policy": 3}, BAD_POLICY),
         ({"min_efficiency": 0.0}, "min_efficiency must be in (0, 1], but got 0.0."),
     ],
-)  # fmt: skip
+)
 def test_user_mistakes_are_one_line_config_errors(kwargs: dict[str, object], message: str) -> None:
     wl, opt = _user_objects()
     args = {"batch_size": BATCH, "policy": None} | kwargs
@@ -218,8 +233,17 @@ def test_a_fixed_config_of_another_effective_batch_is_refused() -> None:
 def test_a_config_measured_over_the_budget_is_left_at_once() -> None:
     wl, opt = _user_objects()
     budget = int(0.8 * _default_peak())
-    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, memory_budget=budget,
-                     policy=Scripted([_fp32(BATCH)]), decide_every=2, track_memory=True)  # fmt: skip
+    tuner = Adaptive(
+        wl.model,
+        opt,
+        wl.loss_fn,
+        wl.dataset,
+        batch_size=BATCH,
+        memory_budget=budget,
+        policy=Scripted([_fp32(BATCH)]),
+        decide_every=2,
+        track_memory=True,
+    )
     start = tuner.config
     tuner.gate.predict = lambda config: (1, True)  # type: ignore[method-assignment]  # a prediction that lies
     with pytest.warns(OverBudgetWarning) as caught:
@@ -240,8 +264,10 @@ def test_a_config_measured_over_the_budget_is_left_at_once() -> None:
         budget,
         1,
     )
-    message = (f"step 2: micro x acc x ranks 32x1x1 | fp32 | ckpt none | ZeRO 0 measured a peak of "
-               f"{reverted.measured_bytes} B (predicted 1 B), over the memory budget of {budget} B")  # fmt: skip
+    message = (
+        f"step 2: micro x acc x ranks 32x1x1 | fp32 | ckpt none | ZeRO 0 measured a peak of "
+        f"{reverted.measured_bytes} B (predicted 1 B), over the memory budget of {budget} B"
+    )
     assert [str(w.message) for w in caught] == [message]
 
 
@@ -280,15 +306,31 @@ class _Replayed:
 
     def measure(self, config: TrainConfig, **_: object) -> Measurement:
         throughput, peak = self.numbers[config.micro_batch_size]
-        memory = MemoryBreakdown(parameters=peak, gradients=0, optimizer_state=0, activations=0, temporaries=0,
-                                 buffers=0, other=0)  # fmt: skip
-        return Measurement(workload="w", config=config, device="cpu", status="ok", reason=None, warmup=1, steps=1,
-                           throughput=throughput, throughput_p25=throughput, throughput_p75=throughput,
-                           step_seconds=BATCH / throughput, memory=memory, category_peaks=memory,
-                           device_peak_bytes=None, memory_budget=None,
-                           noise=NoiseEstimate(b_simple=None, trace_sigma=None, grad_sq_norm=None, sigma2=None,
-                                               steps=0),
-                           losses=(1.0,), loss_slope=None, overflow_steps=0, lr=1e-3)  # fmt: skip
+        memory = MemoryBreakdown(
+            parameters=peak, gradients=0, optimizer_state=0, activations=0, temporaries=0, buffers=0, other=0
+        )
+        return Measurement(
+            workload="w",
+            config=config,
+            device="cpu",
+            status="ok",
+            reason=None,
+            warmup=1,
+            steps=1,
+            throughput=throughput,
+            throughput_p25=throughput,
+            throughput_p75=throughput,
+            step_seconds=BATCH / throughput,
+            memory=memory,
+            category_peaks=memory,
+            device_peak_bytes=None,
+            memory_budget=None,
+            noise=NoiseEstimate(b_simple=None, trace_sigma=None, grad_sq_norm=None, sigma2=None, steps=0),
+            losses=(1.0,),
+            loss_slope=None,
+            overflow_steps=0,
+            lr=1e-3,
+        )
 
 
 def test_adaptive_the_envs_and_the_study_judge_the_same_numbers_identically() -> None:
@@ -308,8 +350,20 @@ def test_adaptive_the_envs_and_the_study_judge_the_same_numbers_identically() ->
         assert r.score.value == r.score.throughput  # the user's batch: throughput, not goodput
 
     # An environment's reward on the same numbers.
-    env = _Replay([Interval(batch=BATCH, throughput=r.score.throughput, peak_bytes=r.score.peak_bytes, b_noise=None,
-                            loss=1.0, train_seconds=1.0, reconfig_seconds=0.0) for r in (first, second)])  # fmt: skip
+    env = _Replay(
+        [
+            Interval(
+                batch=BATCH,
+                throughput=r.score.throughput,
+                peak_bytes=r.score.peak_bytes,
+                b_noise=None,
+                loss=1.0,
+                train_seconds=1.0,
+                reconfig_seconds=0.0,
+            )
+            for r in (first, second)
+        ]
+    )
     env.reset(seed=0)
     _, reward, *_, info = env.step(np.array([1, 1, 1, 1, 0]))
     assert info["reward_terms"]["score"] == second.score.log_per_gib
@@ -319,9 +373,19 @@ def test_adaptive_the_envs_and_the_study_judge_the_same_numbers_identically() ->
     # A study that measured the same numbers recommends the same configuration, at the same value.
     space = SearchSpace(batch_sizes=(BATCH,), ranking=(0, 1, 2, 3), max_micro_batch=BATCH)
     numbers = {r.config.micro_batch_size: (r.score.throughput, r.score.peak_bytes) for r in (first, second)}
-    objective = Objective(space=space, measurer=_Replayed(numbers), workload=make_resmlp(), workload_id="w",
-                          machine="m", cache=MeasurementCache(None), memory_budget=None, steps=1, warmup=1,
-                          trial_timeout=60.0, base_batch_size=BATCH)  # fmt: skip
+    objective = Objective(
+        space=space,
+        measurer=_Replayed(numbers),
+        workload=make_resmlp(),
+        workload_id="w",
+        machine="m",
+        cache=MeasurementCache(None),
+        memory_budget=None,
+        steps=1,
+        warmup=1,
+        trial_timeout=60.0,
+        base_batch_size=BATCH,
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["maximize", "minimize"])
     for micro in numbers:
@@ -338,8 +402,16 @@ def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
     wl, opt = _user_objects()
     # A decision every 5 steps; a proposal's first step is tracked, then it is measured side by side
     # with the configuration it replaced (steps alternating, 4 timed steps each, no decision meanwhile).
-    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([slow, slow]),
-                     decide_every=5, track_memory=True)  # fmt: skip
+    tuner = Adaptive(
+        wl.model,
+        opt,
+        wl.loss_fn,
+        wl.dataset,
+        batch_size=BATCH,
+        policy=Scripted([slow, slow]),
+        decide_every=5,
+        track_memory=True,
+    )
     # Step times by configuration (the steps themselves are real): 8 x 4 takes 100x as long, far
     # more than its smaller peak can make up per GiB.
     real_step = tuner.trainer.step
@@ -356,8 +428,11 @@ def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
     went, back, again = tuner.history
     assert (went.step, went.source, went.after, went.applied) == (5, "scripted", slow, True)
     assert (back.step, back.source, back.before, back.after, back.applied) == (14, "measured", slow, fast, True)
-    assert re.fullmatch(r"side by side \(4 steps against 4\): measured [\d.]+ per GiB, not 3% above the [\d.]+ of the "
-                        "configuration it replaced beyond their spread: back to it", back.reason)  # fmt: skip
+    assert re.fullmatch(
+        r"side by side \(4 steps against 4\): measured [\d.]+ per GiB, not 3% above the [\d.]+ of the "
+        "configuration it replaced beyond their spread: back to it",
+        back.reason,
+    )
     assert (again.step, again.source, again.after, again.applied) == (15, "scripted", slow, False)
     assert again.reason.startswith("scripted; measured at step 14: ")
     # fast: re-judged at step 20 over every step it timed (3 before step 5, 4 in the trial, 6 after it)
@@ -368,8 +443,16 @@ def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
 def test_once_measurement_moved_the_run_back_a_noisier_remeasure_does_not_move_it_again() -> None:
     fast, slow = _fp32(BATCH), _fp32(8)
     wl, opt = _user_objects()
-    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([slow]),
-                     decide_every=5, track_memory=True)  # fmt: skip
+    tuner = Adaptive(
+        wl.model,
+        opt,
+        wl.loss_fn,
+        wl.dataset,
+        batch_size=BATCH,
+        policy=Scripted([slow]),
+        decide_every=5,
+        track_memory=True,
+    )
     real_step = tuner.trainer.step
 
     def step(**kwargs: Any) -> Any:
@@ -388,8 +471,16 @@ def test_once_measurement_moved_the_run_back_a_noisier_remeasure_does_not_move_i
 def test_a_trial_is_kept_only_if_it_measures_clearly_better_than_the_best() -> None:
     a, b, c = _fp32(BATCH), _fp32(8), _fp32(4)
     wl, opt = _user_objects()
-    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([b, c]),
-                     decide_every=5, track_memory=True)  # fmt: skip
+    tuner = Adaptive(
+        wl.model,
+        opt,
+        wl.loss_fn,
+        wl.dataset,
+        batch_size=BATCH,
+        policy=Scripted([b, c]),
+        decide_every=5,
+        track_memory=True,
+    )
     real_step = tuner.trainer.step
     # Scripted samples/s per GiB of measured peak: b 2% above a (within the 3% margin: a stays the
     # run's configuration, so the run cannot drift on noise), c 10% above (kept).
@@ -406,7 +497,10 @@ def test_a_trial_is_kept_only_if_it_measures_clearly_better_than_the_best() -> N
     trial = [b] + [a, b] * 4  # tracked, then side by side with the configuration it replaced
     assert [s.config for s in tuner.steps] == [a] * 5 + trial + [a] + [c] + [a, c] * 4 + [c]
     assert [(ch.step, ch.source, ch.before, ch.after, ch.applied) for ch in tuner.history] == [
-        (5, "scripted", a, b, True), (14, "measured", b, a, True), (15, "scripted", a, c, True)]  # fmt: skip
+        (5, "scripted", a, b, True),
+        (14, "measured", b, a, True),
+        (15, "scripted", a, c, True),
+    ]
     assert tuner.history[1].reason == (
         "side by side (4 steps against 4): measured 1020.0 per GiB, not 3% above the 1000.0 of the configuration it "
         "replaced beyond their spread: back to it"
@@ -433,18 +527,29 @@ def test_a_source_s_plan_is_where_the_run_starts_if_the_gate_admits_it() -> None
     tuner.close()
     [change] = tuner.history
     assert (change.step, change.source, change.before, change.after, change.applied) == (
-        0, "scripted", _fp32(BATCH), planned, True)  # fmt: skip
+        0,
+        "scripted",
+        _fp32(BATCH),
+        planned,
+        True,
+    )
     assert change.reason.startswith("planned; predicted ") and tuner.steps[0].config == planned
     # A plan over the budget is not where the run starts: the budget's start is.
     wl, opt = _user_objects()
     budget = int(0.6 * _default_peak())
-    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, memory_budget=budget,
-                     policy=Planned(_fp32(BATCH), []))  # fmt: skip
+    tuner = Adaptive(
+        wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, memory_budget=budget, policy=Planned(_fp32(BATCH), [])
+    )
     tuner.close()
     start, refused = tuner.history
     assert start.source == "budget" and tuner.config == start.after != _fp32(BATCH)
     assert (refused.step, refused.source, refused.before, refused.after, refused.applied) == (
-        0, "scripted", start.after, _fp32(BATCH), False)  # fmt: skip
+        0,
+        "scripted",
+        start.after,
+        _fp32(BATCH),
+        False,
+    )
     assert refused.reason.startswith("planned; predicted ") and "> budget" in refused.reason
 
 
@@ -459,9 +564,15 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
 
     wl, opt = _user_objects()
     # Fixed time terms (the memory table is the memory model's): the same simulator on any CPU.
-    profile = dataclasses.replace(transfer.quick_profile(wl), step_fixed_seconds=0.01, micro_fixed_seconds=0.002,
-                                  micro_seconds_per_sample=0.001, blocks_fraction=0.5, reduced_slowdown=0.8,
-                                  recompute_fraction=0.3)  # fmt: skip
+    profile = dataclasses.replace(
+        transfer.quick_profile(wl),
+        step_fixed_seconds=0.01,
+        micro_fixed_seconds=0.002,
+        micro_seconds_per_sample=0.001,
+        blocks_fraction=0.5,
+        reduced_slowdown=0.8,
+        recompute_fraction=0.3,
+    )
     monkeypatch.setattr(transfer, "quick_profile", lambda workload: profile)
     source = PolicySource()
 
@@ -517,8 +628,11 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
     assert values == sorted(values, reverse=True)
 
     # A policy action the simulator rates below the floor is not tried: the best close neighbour is.
-    far = next(m for m, lv in zip(moves, moved, strict=True) if lv != levels
-               and simulated(knobs_to_config(lv, ranking, base=here)) < floor)  # fmt: skip
+    far = next(
+        m
+        for m, lv in zip(moves, moved, strict=True)
+        if lv != levels and simulated(knobs_to_config(lv, ranking, base=here)) < floor
+    )
 
     class Far:
         def act(self, observation: np.ndarray) -> np.ndarray:
@@ -567,8 +681,11 @@ def test_by_default_only_a_configuration_without_a_verified_prediction_is_tracke
     tuner.close()
     assert [s.peak_bytes is not None for s in steps] == [False, True, False]
     assert tuner.gate.measured == {a: steps[1].peak_bytes}
-    with pytest.raises(ConfigError, match=r"^track_memory must be 'unverified', True or 'all', False or 'none', "
-                                          r"but got 'some'\.$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^track_memory must be 'unverified', True or 'all', False or 'none', "
+        r"but got 'some'\.$",
+    ):
         Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=None, track_memory="some")
 
 
@@ -583,8 +700,10 @@ def _nan_run(policy: object) -> Adaptive:
 
 def test_a_nan_loss_stops_a_run_that_decides() -> None:
     tuner = _nan_run(Scripted([]))
-    message = ("step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0: an adaptive run "
-               "stops at a diverged step")  # fmt: skip
+    message = (
+        "step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0: an adaptive run "
+        "stops at a diverged step"
+    )
     with pytest.raises(NonFiniteLossError, match=f"^{re.escape(message)}$"):
         tuner.step()
     tuner.close()

@@ -36,8 +36,14 @@ def _obs(step: int, config: TrainConfig) -> Observation:
 def _decider(source: DecisionSource | None, gate: BudgetGate, **kwargs: object) -> Decider:
     decider = Decider(source=source, gate=gate, base_batch_size=32, **kwargs)  # type: ignore[arg-type]
     wl = gate.workload
-    context = RunContext(workload=wl, start=A, budget_bytes=gate.budget, blocks=profile_blocks(wl, micro_batch_size=2),
-                         device_type="cpu", admits=lambda c: gate.check(c).admitted)  # fmt: skip
+    context = RunContext(
+        workload=wl,
+        start=A,
+        budget_bytes=gate.budget,
+        blocks=profile_blocks(wl, micro_batch_size=2),
+        device_type="cpu",
+        admits=lambda c: gate.check(c).admitted,
+    )
     assert decider.begin(start=A, default=A, context=context if source is not None else None) is None
     return decider
 
@@ -51,8 +57,12 @@ def test_a_trial_no_better_than_the_best_goes_back_and_is_not_proposed_again() -
     decider = _decider(Scripted([B, A, B]), _gate({A: GIB, B: GIB}))
     _time(decider, A, 100.0, 101.0, 99.0)
     change = decider.decide(_obs(9, A))
-    assert change is not None and (change.before, change.after, change.source, change.applied) == (A, B, "scripted",
-                                                                                                   True)  # fmt: skip
+    assert change is not None and (change.before, change.after, change.source, change.applied) == (
+        A,
+        B,
+        "scripted",
+        True,
+    )
     decider.moved(change)
     _time(decider, B, 102.0, 102.5, 102.0)  # 2% better: within the margin
     back = decider.decide(_obs(19, B))
@@ -135,9 +145,11 @@ def test_side_by_side_trials_alternate_and_judge_the_pairs() -> None:
     assert back is not None and (back.source, back.before, back.after) == ("measured", C, B)
     per_gib = 150.0 / 2
     # C's first step was timed here (a loop that tracks nothing): 5 steps of it against 4
-    assert back.reason == (f"side by side (5 steps against 4): measured {per_gib:.1f} per GiB, not "
-                           f"{TUNING.margin:.0%} above the 110.0 of the configuration it replaced beyond their spread: "
-                           "back to it")  # fmt: skip
+    assert back.reason == (
+        f"side by side (5 steps against 4): measured {per_gib:.1f} per GiB, not "
+        f"{TUNING.margin:.0%} above the 110.0 of the configuration it replaced beyond their spread: "
+        "back to it"
+    )
 
 
 def test_a_trial_within_the_spread_of_its_incumbent_runs_more_steps_then_goes_back() -> None:
@@ -163,9 +175,11 @@ def test_a_trial_within_the_spread_of_its_incumbent_runs_more_steps_then_goes_ba
     assert back is not None and (back.before, back.after) == (B, A)
     assert ran == [B] + [A, B] * TUNING.max_paired_steps
     n = TUNING.max_paired_steps
-    assert back.reason == (f"side by side ({n} steps against {n}): measured 110.0 per "
-                           "GiB, not 3% above the 100.0 of the configuration it replaced beyond their spread: back to "
-                           "it")  # fmt: skip
+    assert back.reason == (
+        f"side by side ({n} steps against {n}): measured 110.0 per "
+        "GiB, not 3% above the 100.0 of the configuration it replaced beyond their spread: back to "
+        "it"
+    )
 
 
 def test_what_the_loop_cannot_take_is_cut_to_what_it_can() -> None:
@@ -173,8 +187,7 @@ def test_what_the_loop_cannot_take_is_cut_to_what_it_can() -> None:
     def takes(current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
         return dataclasses.replace(current, precision=proposed.precision, checkpoint=proposed.checkpoint)
 
-    decider = _decider(Scripted([C, dataclasses.replace(C, checkpoint=True)]), _gate({A: GIB, B: GIB}),
-                       takes=takes)  # fmt: skip
+    decider = _decider(Scripted([C, dataclasses.replace(C, checkpoint=True)]), _gate({A: GIB, B: GIB}), takes=takes)
     assert decider.decide(_obs(9, A)) is None  # the split alone: nothing the loop can take
     change = decider.decide(_obs(19, A))
     assert (
@@ -193,8 +206,14 @@ def test_a_refused_plan_is_logged_after_the_start_and_once() -> None:
     gate = _gate({A: GIB, B: GIB, C: 8 * GIB})
     decider = Decider(source=_Planned([C, C]), gate=gate, base_batch_size=32)
     wl = gate.workload
-    context = RunContext(workload=wl, start=B, budget_bytes=gate.budget, blocks=profile_blocks(wl, micro_batch_size=2),
-                         device_type="cpu", admits=lambda c: gate.check(c).admitted)  # fmt: skip
+    context = RunContext(
+        workload=wl,
+        start=B,
+        budget_bytes=gate.budget,
+        blocks=profile_blocks(wl, micro_batch_size=2),
+        device_type="cpu",
+        admits=lambda c: gate.check(c).admitted,
+    )
     start = decider.begin(start=B, default=A, why="A is over", context=context)
     assert start == Change(step=0, source="budget", before=A, after=B, applied=True, reason="A is over")
     decider.started(start)

@@ -84,8 +84,17 @@ def test_on_the_cpu_nothing_changes(tiny: Workload, profile: MemoryProfile) -> N
 
 
 def _estimate(**kwargs: object) -> MemoryEstimate:
-    values: dict[str, object] = dict(parameters=4_000, gradients=4_000, optimizer_state=8_000, activations=3_000,
-                                     temporaries=0, buffers=0, other=0, phase="forward/backward", ranks=1)  # fmt: skip
+    values: dict[str, object] = dict(
+        parameters=4_000,
+        gradients=4_000,
+        optimizer_state=8_000,
+        activations=3_000,
+        temporaries=0,
+        buffers=0,
+        other=0,
+        phase="forward/backward",
+        ranks=1,
+    )
     return MemoryEstimate(**(values | kwargs))  # type: ignore[arg-type]
 
 

@@ -35,8 +35,9 @@ def test_an_optimizer_without_its_model_is_refused() -> None:
 def test_the_data_stream_keeps_its_place_across_micro_batch_changes() -> None:
     wl = make_resmlp()  # 1024 samples
     opt = torch.optim.SGD(wl.model.parameters(), lr=0.1)
-    trainer = InPlaceTrainer(wl, TrainConfig(micro_batch_size=32), model=wl.model, optimizer=opt, device=None,
-                             track_noise=False)  # fmt: skip
+    trainer = InPlaceTrainer(
+        wl, TrainConfig(micro_batch_size=32), model=wl.model, optimizer=opt, device=None, track_noise=False
+    )
     trainer.step()
     trainer.reconfigure(TrainConfig(micro_batch_size=8, grad_accum_steps=4))
     trainer.step()
@@ -49,8 +50,9 @@ def test_a_measured_step_reads_the_allocator_where_there_is_one() -> None:
 
     wl = make_resmlp()
     opt = torch.optim.SGD(wl.model.parameters(), lr=0.1)
-    trainer = InPlaceTrainer(wl, TrainConfig(micro_batch_size=8), model=wl.model, optimizer=opt, device=None,
-                             track_noise=False)  # fmt: skip
+    trainer = InPlaceTrainer(
+        wl, TrainConfig(micro_batch_size=8), model=wl.model, optimizer=opt, device=None, track_noise=False
+    )
     assert (trainer.allocator, trainer.allocator_stats) == (None, None)  # the CPU has no allocator to read
     fake = trainer.allocator = FakeAllocator(allocated=4_700_160, reserved=6_291_456, retries=1)
     _, peak = trainer.measured_step()

@@ -130,14 +130,20 @@ def test_a_rank_failure_is_a_training_error_naming_the_rank_and_the_config() -> 
     [
         ({"ranks": 1}, ConfigError, "ranks must be an int >= 2 (one process: Adaptive(model, ...)), but got 1."),
         ({"ranks": 3}, ConfigError, "the batch of workload 'my-net' (32) must divide evenly by ranks=3."),
-        ({"workload": "object"}, UnsupportedError,
-         "workload 'my-net' has no source reference, but every DeepSpeed rank rebuilds it from one; load it with "
-         "autotune.load_workload(...) (or set Workload.source)."),
-        ({"policy": TrainConfig(micro_batch_size=32, grad_clip=None)}, ConfigError,
-         "FixedConfig must run on the run's 2 ranks, but got ranks=1, zero_stage=0."),
+        (
+            {"workload": "object"},
+            UnsupportedError,
+            "workload 'my-net' has no source reference, but every DeepSpeed rank rebuilds it from one; load it with "
+            "autotune.load_workload(...) (or set Workload.source).",
+        ),
+        (
+            {"policy": TrainConfig(micro_batch_size=32, grad_clip=None)},
+            ConfigError,
+            "FixedConfig must run on the run's 2 ranks, but got ranks=1, zero_stage=0.",
+        ),
         ({"decide_every": 1}, ConfigError, "decide_every must be an int >= 2, but got 1."),
     ],
-)  # fmt: skip
+)
 def test_user_mistakes_are_refused_before_any_rank_starts(
     kwargs: dict[str, object], error: type[Exception], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,8 +35,17 @@ def _build(script: list[TrainConfig], state: dict[str, Any] | None = None, **kwa
     if state is not None:
         wl.model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
-    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted(script),
-                     decide_every=5, track_memory=True, **kwargs)  # fmt: skip
+    tuner = Adaptive(
+        wl.model,
+        opt,
+        wl.loss_fn,
+        wl.dataset,
+        batch_size=BATCH,
+        policy=Scripted(script),
+        decide_every=5,
+        track_memory=True,
+        **kwargs,
+    )
     if state is not None:
         tuner.load_state_dict(state["tuner"])
     real_step = tuner.trainer.step
@@ -54,8 +63,10 @@ def _decisions(tuner: Adaptive) -> list[dict[str, Any]]:
 
 
 def _save(tuner: Adaptive, path: Path) -> None:
-    torch.save({"model": tuner.model.state_dict(), "optimizer": tuner.optimizer.state_dict(),
-                "tuner": tuner.state_dict()}, path)  # fmt: skip
+    torch.save(
+        {"model": tuner.model.state_dict(), "optimizer": tuner.optimizer.state_dict(), "tuner": tuner.state_dict()},
+        path,
+    )
 
 
 @pytest.mark.parametrize("stop", [8, 15])  # in SLOW's side-by-side trial; after SMALL was applied

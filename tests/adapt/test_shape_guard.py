@@ -52,8 +52,17 @@ def _epoch(dataset: Any, budget: int) -> tuple[Adaptive, list[tuple[int, int, in
     order; per step (padded length, micro-batch size, tracked peak)."""
     wl = _varlen()
     opt = torch.optim.AdamW(wl.model.parameters(), lr=1e-3)
-    run = Adaptive(wl.model, opt, wl.loss_fn, dataset if dataset is not None else wl.dataset, batch_size=8,
-                   collate_fn=wl.collate_fn, memory_budget=budget, policy=None, track_memory="all")  # fmt: skip
+    run = Adaptive(
+        wl.model,
+        opt,
+        wl.loss_fn,
+        dataset if dataset is not None else wl.dataset,
+        batch_size=8,
+        collate_fn=wl.collate_fn,
+        memory_budget=budget,
+        policy=None,
+        track_memory="all",
+    )
     steps = []
     for batch in wl.loader(8):
         run.gate.measured.clear()  # every step tracked, not only each configuration's first
@@ -115,8 +124,14 @@ def test_the_guard_splits_the_long_batch_of_a_stream_before_it_runs() -> None:
 def test_splits_try_smaller_micro_batches_then_recompute() -> None:
     config = TrainConfig(micro_batch_size=4, grad_accum_steps=3)
     assert [(c.micro_batch_size, c.grad_accum_steps, c.checkpoint) for c in splits(config)] == [
-        (3, 4, False), (2, 6, False), (1, 12, False), (4, 3, True), (3, 4, True), (2, 6, True), (1, 12, True),
-    ]  # fmt: skip
+        (3, 4, False),
+        (2, 6, False),
+        (1, 12, False),
+        (4, 3, True),
+        (3, 4, True),
+        (2, 6, True),
+        (1, 12, True),
+    ]
 
 
 class _NothingFits:

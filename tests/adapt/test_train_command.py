@@ -18,26 +18,45 @@ from tests.processes import alive
     ("args", "line"),
     [
         (("--steps", "0"), "autotune train: error: --steps must be >= 1, but got 0.\n"),
-        (("--policy", "p"), "autotune train: error: --policy needs --adapt (without it the run keeps the default "
-                            "configuration).\n"),
+        (
+            ("--policy", "p"),
+            "autotune train: error: --policy needs --adapt (without it the run keeps the default configuration).\n",
+        ),
         (("--adapt", "--decide-every", "1"), "autotune train: error: decide_every must be an int >= 2, but got 1.\n"),
-        (("--memory-budget", "8"), "autotune train: error: memory_budget needs a unit: a size such as 8GiB or 8MiB, "
-                                   "or a percentage such as 75%, but got '8'.\n"),
+        (
+            ("--memory-budget", "8"),
+            "autotune train: error: memory_budget needs a unit: a size such as 8GiB or 8MiB, "
+            "or a percentage such as 75%, but got '8'.\n",
+        ),
         (("--ranks", "0"), "autotune train: error: --ranks must be >= 1, but got 0.\n"),
         # Flags of an adaptive run, given to a fixed one: refused, not ignored (issue 19).
-        (("--decide-every", "5"), "autotune train: error: --decide-every needs --adapt (without it the run keeps "
-                                  "the default configuration).\n"),
-        (("--decide-every", "10"), "autotune train: error: --decide-every needs --adapt (without it the run keeps "
-                                   "the default configuration).\n"),  # the default's value, given
-        (("--adapt-batch",), "autotune train: error: --adapt-batch needs --adapt (without it the run keeps the "
-                             "default configuration).\n"),
-        (("--ranks", "2", "--adapt-batch"), "autotune train: error: --adapt-batch needs one process (--ranks 1): the "
-                                            "batch follows the gradient noise scale, which ZeRO's engines do not "
-                                            "expose.\n"),
-        (("--ranks", "3"), "autotune train: error: the batch of workload 'mlp-digits' (32) must divide evenly by "
-                           "ranks=3.\n"),
+        (
+            ("--decide-every", "5"),
+            "autotune train: error: --decide-every needs --adapt (without it the run keeps "
+            "the default configuration).\n",
+        ),
+        (
+            ("--decide-every", "10"),
+            "autotune train: error: --decide-every needs --adapt (without it the run keeps "
+            "the default configuration).\n",
+        ),  # the default's value, given
+        (
+            ("--adapt-batch",),
+            "autotune train: error: --adapt-batch needs --adapt (without it the run keeps the "
+            "default configuration).\n",
+        ),
+        (
+            ("--ranks", "2", "--adapt-batch"),
+            "autotune train: error: --adapt-batch needs one process (--ranks 1): the "
+            "batch follows the gradient noise scale, which ZeRO's engines do not "
+            "expose.\n",
+        ),
+        (
+            ("--ranks", "3"),
+            "autotune train: error: the batch of workload 'mlp-digits' (32) must divide evenly by ranks=3.\n",
+        ),
     ],
-)  # fmt: skip
+)
 def test_user_mistakes_are_one_line_exit_2(
     args: tuple[str, ...], line: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -143,8 +162,17 @@ def test_a_step_measured_over_the_budget_is_warned_listed_and_exits_4(
         self.gate.predict = lambda config: (1, True)  # type: ignore[method-assignment]
 
     monkeypatch.setattr(Adaptive, "__init__", lying)
-    args = ["train", f"{TINY_WORKLOAD}:build", "--steps", "6", "--adapt", "--decide-every", "2", "--memory-budget",
-            "80%"]  # fmt: skip
+    args = [
+        "train",
+        f"{TINY_WORKLOAD}:build",
+        "--steps",
+        "6",
+        "--adapt",
+        "--decide-every",
+        "2",
+        "--memory-budget",
+        "80%",
+    ]
     assert main([*args, "--json"]) == 4
     out = capsys.readouterr()
     run = json.loads(out.out)
@@ -154,8 +182,10 @@ def test_a_step_measured_over_the_budget_is_warned_listed_and_exits_4(
     assert peak > budget == run["budget_bytes"] and run["steps"][2]["peak_bytes"] == peak
     reverted = [c for c in run["history"] if c["reverted"]]
     assert [(c["step"], c["measured_bytes"]) for c in reverted] == [(3, peak)]
-    what = (f"step 2: micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0 measured a peak of {peak} B "
-            f"(predicted 1 B), over the memory budget of {budget} B")  # fmt: skip
+    what = (
+        f"step 2: micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0 measured a peak of {peak} B "
+        f"(predicted 1 B), over the memory budget of {budget} B"
+    )
     assert [line for line in out.err.splitlines() if line] == [
         f"autotune train: warning: {what}",
         f"autotune train: 1 step(s) measured a peak over the memory budget, the first at {what}; "

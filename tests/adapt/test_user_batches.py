@@ -150,8 +150,15 @@ def test_a_user_s_loader_over_an_iterable_dataset_trains_as_the_dataset_owning_f
     def run(user_batches: bool) -> list[float]:
         wl = load_workload(f"{PADDED_WORKLOAD}:build")
         opt = torch.optim.AdamW(wl.model.parameters(), lr=1e-3)
-        tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=8, collate_fn=wl.collate_fn,
-                         policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2))  # fmt: skip
+        tuner = Adaptive(
+            wl.model,
+            opt,
+            wl.loss_fn,
+            wl.dataset,
+            batch_size=8,
+            collate_fn=wl.collate_fn,
+            policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2),
+        )
         loader = torch.utils.data.DataLoader(wl.dataset, batch_size=4, collate_fn=wl.collate_fn)
         # The user's loader yields micro-batch-sized padded batches; two of them make a step here.
         pairs = zip(*[iter(loader)] * 2, strict=False)

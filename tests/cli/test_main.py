@@ -151,59 +151,97 @@ def bad_policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (("tune", "TINY", "--policy", "P/missing"),
-         f"autotune tune: error: policy 'P/missing' does not exist: {_POLICY_FILES}."),
-        (("tune", "TINY", "--policy", "P/a-file"),
-         f"autotune tune: error: policy 'P/a-file' is not a directory: {_POLICY_FILES}."),
-        (("tune", "TINY", "--policy", "P/empty"),
-         f"autotune tune: error: policy 'P/empty' has no policy.json: {_POLICY_FILES}."),
-        (("tune", "TINY", "--policy", "P/not-json"),
-         "autotune tune: error: policy 'P/not-json': policy.json is not valid JSON (Expecting property name "
-         "enclosed in double quotes: line 1 column 2 (char 1))."),
-        (("tune", "TINY", "--policy", "P/no-net-arch"),
-         "autotune tune: error: policy 'P/no-net-arch': policy.json lacks key 'net_arch' (required: format, "
-         "observation_size, action_nvec, net_arch)."),
-        (("tune", "TINY", "--policy", "P/random-bytes"),
-         "autotune tune: error: policy 'P/random-bytes': policy.safetensors is not a readable safetensors file "
-         "(Error while deserializing header: header too large)."),
-        (("tune", "TINY", "--policy", "P/wrong-nvec"),
-         "autotune tune: error: policy 'P/wrong-nvec': policy.safetensors does not match policy.json (action_nvec "
-         "[3, 3, 3, 3, 5], net_arch [64, 64]): action_net.bias has shape (16,), expected (17,)."),
-        (("tune", "TINY", "--policy", "P/other-actions"),
-         "autotune tune: error: policy 'P/other-actions' chooses actions from MultiDiscrete([3, 3, 3]), but the "
-         "environment's action space is MultiDiscrete([3 3 3 3 4])."),
-        (("tune", "TINY", "--memory-budget", "0"),
-         "autotune tune: error: --memory-budget must be positive and finite, but got '0'."),
-        (("tune", "TINY", "--memory-budget", "-0.5"),
-         "autotune tune: error: --memory-budget must be positive and finite, but got '-0.5'."),
-        (("tune", "TINY", "--memory-budget", "0.75"),
-         "autotune tune: error: --memory-budget needs a unit: a size such as 0.75GiB or 0.75MiB, or a percentage "
-         "such as 75%, but got '0.75'."),
+        (
+            ("tune", "TINY", "--policy", "P/missing"),
+            f"autotune tune: error: policy 'P/missing' does not exist: {_POLICY_FILES}.",
+        ),
+        (
+            ("tune", "TINY", "--policy", "P/a-file"),
+            f"autotune tune: error: policy 'P/a-file' is not a directory: {_POLICY_FILES}.",
+        ),
+        (
+            ("tune", "TINY", "--policy", "P/empty"),
+            f"autotune tune: error: policy 'P/empty' has no policy.json: {_POLICY_FILES}.",
+        ),
+        (
+            ("tune", "TINY", "--policy", "P/not-json"),
+            "autotune tune: error: policy 'P/not-json': policy.json is not valid JSON (Expecting property name "
+            "enclosed in double quotes: line 1 column 2 (char 1)).",
+        ),
+        (
+            ("tune", "TINY", "--policy", "P/no-net-arch"),
+            "autotune tune: error: policy 'P/no-net-arch': policy.json lacks key 'net_arch' (required: format, "
+            "observation_size, action_nvec, net_arch).",
+        ),
+        (
+            ("tune", "TINY", "--policy", "P/random-bytes"),
+            "autotune tune: error: policy 'P/random-bytes': policy.safetensors is not a readable safetensors file "
+            "(Error while deserializing header: header too large).",
+        ),
+        (
+            ("tune", "TINY", "--policy", "P/wrong-nvec"),
+            "autotune tune: error: policy 'P/wrong-nvec': policy.safetensors does not match policy.json (action_nvec "
+            "[3, 3, 3, 3, 5], net_arch [64, 64]): action_net.bias has shape (16,), expected (17,).",
+        ),
+        (
+            ("tune", "TINY", "--policy", "P/other-actions"),
+            "autotune tune: error: policy 'P/other-actions' chooses actions from MultiDiscrete([3, 3, 3]), but the "
+            "environment's action space is MultiDiscrete([3 3 3 3 4]).",
+        ),
+        (
+            ("tune", "TINY", "--memory-budget", "0"),
+            "autotune tune: error: --memory-budget must be positive and finite, but got '0'.",
+        ),
+        (
+            ("tune", "TINY", "--memory-budget", "-0.5"),
+            "autotune tune: error: --memory-budget must be positive and finite, but got '-0.5'.",
+        ),
+        (
+            ("tune", "TINY", "--memory-budget", "0.75"),
+            "autotune tune: error: --memory-budget needs a unit: a size such as 0.75GiB or 0.75MiB, or a percentage "
+            "such as 75%, but got '0.75'.",
+        ),
         (("tune", "TINY", "--steps", "0"), "autotune tune: error: horizon must be an int >= 1, but got 0."),
-        (("predict", "-w", "TINY", "--memory-budget", "5"),
-         "autotune predict: error: --memory-budget needs a unit: a size such as 5GiB or 5MiB, or a percentage such "
-         "as 75%, but got '5'."),
-        (("measure", "-w", "TINY", "--device", "tpu"),
-         "autotune measure: error: device must be cpu, cuda, cuda:N or auto, but got 'tpu'."),
-        (("predict", "-w", "TINY", "--export-deepspeed", "no-dir/ds.json"),
-         "autotune predict: error: --export-deepspeed: cannot write 'no-dir/ds.json': directory 'no-dir' does not "
-         "exist."),
-        (("predict", "-w", "TINY", "--export-deepspeed", "P/empty"),
-         "autotune predict: error: --export-deepspeed: 'P/empty' is a directory; give a file path such as "
-         "'P/empty/ds.json'."),
+        (
+            ("predict", "-w", "TINY", "--memory-budget", "5"),
+            "autotune predict: error: --memory-budget needs a unit: a size such as 5GiB or 5MiB, or a percentage such "
+            "as 75%, but got '5'.",
+        ),
+        (
+            ("measure", "-w", "TINY", "--device", "tpu"),
+            "autotune measure: error: device must be cpu, cuda, cuda:N or auto, but got 'tpu'.",
+        ),
+        (
+            ("predict", "-w", "TINY", "--export-deepspeed", "no-dir/ds.json"),
+            "autotune predict: error: --export-deepspeed: cannot write 'no-dir/ds.json': directory 'no-dir' does not "
+            "exist.",
+        ),
+        (
+            ("predict", "-w", "TINY", "--export-deepspeed", "P/empty"),
+            "autotune predict: error: --export-deepspeed: 'P/empty' is a directory; give a file path such as "
+            "'P/empty/ds.json'.",
+        ),
         (("dashboard", "--port", "99999"), "autotune dashboard: error: --port must be in [1, 65535], but got 99999."),
         (("dashboard", "--port", "0"), "autotune dashboard: error: --port must be in [1, 65535], but got 0."),
         (("dashboard", "--port", "-1"), "autotune dashboard: error: --port must be in [1, 65535], but got -1."),
-        (("train-policy", "--timesteps", "-5"),
-         "autotune train-policy: error: timesteps must be an int >= 1, but got -5."),
-        (("train-policy", "--timesteps", "0"),
-         "autotune train-policy: error: timesteps must be an int >= 1, but got 0."),
-        (("measure", "-w", "TINY_bad_loss", "--micro-batch", "4", "--accum", "2"),
-         "autotune measure: error: workload 'tiny': loss_fn must return a scalar tensor, but returned shape (4, 16)"),
-        (("measure", "-w", "TINY_float_loss", "--micro-batch", "4", "--accum", "2"),
-         "autotune measure: error: workload 'tiny': loss_fn must return a scalar tensor, but returned float"),
+        (
+            ("train-policy", "--timesteps", "-5"),
+            "autotune train-policy: error: timesteps must be an int >= 1, but got -5.",
+        ),
+        (
+            ("train-policy", "--timesteps", "0"),
+            "autotune train-policy: error: timesteps must be an int >= 1, but got 0.",
+        ),
+        (
+            ("measure", "-w", "TINY_bad_loss", "--micro-batch", "4", "--accum", "2"),
+            "autotune measure: error: workload 'tiny': loss_fn must return a scalar tensor, but returned shape (4, 16)",
+        ),
+        (
+            ("measure", "-w", "TINY_float_loss", "--micro-batch", "4", "--accum", "2"),
+            "autotune measure: error: workload 'tiny': loss_fn must return a scalar tensor, but returned float",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -23,8 +23,12 @@ def test_a_study_prunes_every_trial_and_goes_on_without_the_proposal(
 ) -> None:
     db = tmp_path / "s.db"
     where = ("--storage", str(db), "--no-cache", "--artifact-dir", str(tmp_path / "art"))
-    assert main(["study", NAN, "--trials", "3", *where, "--steps", "2", "--warmup", "1", "--threads", "1",
-                 "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            ["study", NAN, "--trials", "3", *where, "--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress"]
+        )
+        == 0
+    )
     assert f"no policy proposal: nan-net: {CALIBRATION}\n" in capsys.readouterr().err
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name="nan-net", storage=f"sqlite:///{db}")
@@ -54,8 +58,10 @@ def test_train_adapt_stops_with_one_line(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_fixed_train_warns_once_at_the_first_nan_and_goes_on(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", NAN, "--steps", "3", "--json"]) == 0
-    warning = ("autotune train: warning: step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none "
-               "| ZeRO 0; training goes on")  # fmt: skip
+    warning = (
+        "autotune train: warning: step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none "
+        "| ZeRO 0; training goes on"
+    )
     out = capsys.readouterr()
     assert [line for line in out.err.splitlines() if line] == [warning]  # the progress bar leaves a blank line
     assert [s["loss"] for s in json.loads(out.out)["steps"]] == [pytest.approx(math.nan, nan_ok=True)] * 3

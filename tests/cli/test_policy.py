@@ -39,8 +39,10 @@ def test_an_out_that_cannot_take_a_policy_is_refused_before_any_work(
     for key, value in paths.items():
         out, why = out.replace(key, value), why.replace(key, value)
     storage = tmp_path / "s.db"
-    args = {"train-policy": ["--timesteps", "64"], "fine-tune-policy": [TINY, "--study", "tiny", "--storage",
-                                                                          str(storage)]}[command]  # fmt: skip
+    args = {
+        "train-policy": ["--timesteps", "64"],
+        "fine-tune-policy": [TINY, "--study", "tiny", "--storage", str(storage)],
+    }[command]
     assert main([command, *args, "--out", out]) == 2
     assert capsys.readouterr() == ("", f"autotune {command}: error: {why}\n")
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # nothing written

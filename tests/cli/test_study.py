@@ -78,7 +78,7 @@ def test_help_lists_the_search_commands(tmp_path: Path) -> None:
         (
             ("study", "SPEC", "--storage", "postgresql://autotune@127.0.0.1:1/none"),
             "autotune study: error: cannot open storage 'postgresql+psycopg://autotune@127.0.0.1:1/none': "
-            "connection failed: connection to server at \"127.0.0.1\", port 1 failed: Connection refused",
+            'connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused',
         ),
         (
             ("study", "SPEC", "--storage", "sqlite:////nonexistent-dir/x.db"),
@@ -116,7 +116,7 @@ def test_help_lists_the_search_commands(tmp_path: Path) -> None:
             "autotune dashboard: error: no study storage at missing.db: run autotune study first, or pass --storage",
         ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -318,9 +318,11 @@ def test_a_rerun_of_an_unseeded_workload_says_why_its_fingerprint_changed(
     before = db.read_bytes()
     assert main(args) == 2
     err = capsys.readouterr().err
-    line = (f"autotune study: error: study 'my-net' already exists in 'sqlite:///{db}' with another workload "
-            "fingerprint ('HEX', this run: 'HEX'); unseeded random weights change the fingerprint on every run (seed "
-            "them: torch.manual_seed in build()), or pass --study-name to start another study\n")  # fmt: skip
+    line = (
+        f"autotune study: error: study 'my-net' already exists in 'sqlite:///{db}' with another workload "
+        "fingerprint ('HEX', this run: 'HEX'); unseeded random weights change the fingerprint on every run (seed "
+        "them: torch.manual_seed in build()), or pass --study-name to start another study\n"
+    )
     assert re.fullmatch(re.escape(line).replace("HEX", "[0-9a-f]{64}"), err)
     assert err.count("\n") == 1 and db.read_bytes() == before
 

@@ -36,8 +36,11 @@ def test_a_proposal_measured_worse_is_left_for_the_configuration_it_replaced(mon
     went, back, again = live.history
     assert (went.step, went.source, went.after, went.applied) == (5, "scripted", B, True)
     assert (back.step, back.source, back.before, back.after, back.applied) == (10, "measured", B, A, True)
-    assert re.fullmatch(r"measured [\d.]+ per GiB, not 3% above the [\d.]+ of the configuration it replaced: "
-                        "back to it", back.reason)  # fmt: skip
+    assert re.fullmatch(
+        r"measured [\d.]+ per GiB, not 3% above the [\d.]+ of the configuration it replaced: "
+        "back to it",
+        back.reason,
+    )
     assert (again.step, again.after, again.applied) == (15, B, False)
     assert again.reason.startswith("scripted; measured at step 10: ")
     # Judged by the median of each configuration's timed steps (the first after a change left

@@ -36,9 +36,17 @@ def test_the_callback_applies_checkpointing_inside_a_real_trainer(tmp_path: Path
     config = TrainConfig(micro_batch_size=4, checkpoint=True)
     callback = AutotuneCallback(policy=config, decide_every=2)
     spy = Spy(blocks)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=6,
-                                          report_to=[], logging_steps=1, save_strategy="no", use_cpu=True,
-                                          disable_tqdm=True, seed=0)  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=6,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
     trainer = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, spy])
     result = trainer.train()
     assert trainer.model is wl.model
@@ -55,12 +63,20 @@ def test_a_proposal_mid_run_takes_only_what_the_trainer_allows(tmp_path: Path) -
     wl = entry.build(**entry.tiny)
     blocks = list(wl.block_names())
     # 2 x 2 recomputed: the Trainer keeps its DataLoader's micro-batch 4, so only the recompute is taken.
-    callback = AutotuneCallback(policy=Scripted([TrainConfig(micro_batch_size=2, grad_accum_steps=2,
-                                                             checkpoint=True)]), decide_every=2)  # fmt: skip
+    callback = AutotuneCallback(
+        policy=Scripted([TrainConfig(micro_batch_size=2, grad_accum_steps=2, checkpoint=True)]), decide_every=2
+    )
     spy = Spy(blocks)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4,
-                                          report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
-                                          seed=0)  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=4,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
     transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, spy]).train()
     [change] = callback.history
     assert (change.step, change.source, change.applied) == (2, "scripted", True)
@@ -75,9 +91,15 @@ def test_a_default_over_the_budget_starts_recomputing_every_block(tmp_path: Path
     wl = entry.build(**entry.tiny)
     blocks = list(wl.block_names())
     callback, spy = AutotuneCallback(policy=None, memory_budget="80%"), Spy(blocks)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=2,
-                                          report_to=[], save_strategy="no", use_cpu=True,
-                                          disable_tqdm=True)  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        max_steps=2,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, spy]).train()
     [change] = callback.history
     assert (change.step, change.source, change.applied, change.after.checkpoint) == (0, "budget", True, True)
@@ -89,9 +111,17 @@ def test_the_default_pretrained_policy_adapts_within_what_the_trainer_allows(tmp
     entry = CORPUS["hf-gpt2"]
     wl = entry.build(**entry.tiny)
     callback = AutotuneCallback(decide_every=2)  # the shipped policy; on the CPU, its start plan
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=8,
-                                          report_to=[], logging_steps=1, save_strategy="no", use_cpu=True,
-                                          disable_tqdm=True, seed=0)  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=8,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
     result = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback]).train()
     assert math.isfinite(result.training_loss)
     live = callback.loop
@@ -114,10 +144,18 @@ def test_a_trainer_resumed_from_a_checkpoint_rebuilds_the_callback_with_its_stat
     config = TrainConfig(micro_batch_size=4, checkpoint=True)
 
     def train(max_steps: int, callback: AutotuneCallback, **kwargs: Any) -> transformers.Trainer:
-        args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4,
-                                              max_steps=max_steps, report_to=[], save_strategy="steps", save_steps=4,
-                                              use_cpu=True, disable_tqdm=True, seed=0,
-                                              restore_callback_states_from_checkpoint=True)  # fmt: skip
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            max_steps=max_steps,
+            report_to=[],
+            save_strategy="steps",
+            save_steps=4,
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=0,
+            restore_callback_states_from_checkpoint=True,
+        )
         trainer = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback])
         trainer.train(**kwargs)
         return trainer
@@ -127,8 +165,12 @@ def test_a_trainer_resumed_from_a_checkpoint_rebuilds_the_callback_with_its_stat
     # Judged at step 4 over its 3 timed steps (the first after the plan's change pays for it).
     [(judged, timed)] = [(r.config, r.timed_steps) for r in first.loop.decider.judged.values()]  # type: ignore[union-attr]
     assert (judged.checkpoint, timed) == (True, 3)
-    assert first.state()["args"] == {"policy": config.to_dict(), "memory_budget": "80%", "decide_every": 2,
-                                     "blocks": None}  # fmt: skip
+    assert first.state()["args"] == {
+        "policy": config.to_dict(),
+        "memory_budget": "80%",
+        "decide_every": 2,
+        "blocks": None,
+    }
     trainer = train(8, AutotuneCallback(policy=None), resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
     [rebuilt] = [c for c in trainer.callback_handler.callbacks if isinstance(c, AutotuneCallback)]
     assert rebuilt.loop.budget == first.loop.budget and rebuilt.loop.decide_every == 2

@@ -52,12 +52,21 @@ def test_the_callback_applies_checkpointing_inside_a_real_fit() -> None:
     module = LitLM(wl.model, wl.loss_fn)
     blocks = list(find_blocks(module))
     # accumulation 2 x micro-batch 4: the fixed config's effective batch is the fit's
-    callback = AutotuneCallback(policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2, checkpoint=True),
-                                decide_every=2)  # fmt: skip
+    callback = AutotuneCallback(
+        policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2, checkpoint=True), decide_every=2
+    )
     spy = Spy(blocks)
-    trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, accumulate_grad_batches=2, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[callback, spy])  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        devices=1,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback, spy],
+    )
     with pytest.warns(AutotuneWarning) as caught:
         trainer.fit(module, torch.utils.data.DataLoader(wl.dataset, batch_size=4))
     assert trainer.lightning_module is module
@@ -107,9 +116,17 @@ def _lstm_at_8() -> tuple[Any, LitBatched, AutotuneCallback]:
 
 
 def _fit(module: L.LightningModule, callbacks: list[Any], max_steps: int = -1, **kwargs: Any) -> L.Trainer:
-    trainer = L.Trainer(max_epochs=2, max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=callbacks)  # fmt: skip
+    trainer = L.Trainer(
+        max_epochs=2,
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
     trainer.fit(module, **kwargs)
     return trainer
 
@@ -180,8 +197,13 @@ def test_a_fit_resumed_from_a_checkpoint_resumes_the_callback_s_configuration_an
     # Resumed with no decision source: only the restored state can put checkpointing back on.
     resumed = AutotuneCallback(policy=None, decide_every=2)
     spy = Spy(list(find_blocks(module)))
-    _fit(LitLM(entry.build(**entry.tiny).model, wl.loss_fn), [resumed, spy], max_steps=8, train_dataloaders=loader,
-         ckpt_path=tmp_path / "fit.ckpt")  # fmt: skip
+    _fit(
+        LitLM(entry.build(**entry.tiny).model, wl.loss_fn),
+        [resumed, spy],
+        max_steps=8,
+        train_dataloaders=loader,
+        ckpt_path=tmp_path / "fit.ckpt",
+    )
     assert resumed.loop.config == callback.loop.config and resumed.loop.config.checkpoint is True
     # the plan, and the refused split (LitLM has no batch_size), logged once across the resume
     assert resumed.history == callback.history and len(resumed.history) == 2

@@ -95,8 +95,9 @@ def _measurement(trainer: Trainer, schedule: Schedule, budget: int | None) -> Me
     status, reason = schedule.execute()
     trainer.close()
     report = schedule.report(status, reason)
-    return assemble("resmlp", trainer.config, device="cuda:0", warmup=1, steps=1, memory_budget=budget,
-                    reports=[report])  # fmt: skip
+    return assemble(
+        "resmlp", trainer.config, device="cuda:0", warmup=1, steps=1, memory_budget=budget, reports=[report]
+    )
 
 
 # The tracked step of resmlp at micro-batch 8 peaks at 4_653_260 tensor bytes (test_schedule.py).
@@ -154,9 +155,12 @@ def test_old_records_without_allocator_read_back() -> None:
         (None, True, "expandable_segments:True"),
         ("", False, "expandable_segments:False"),
         ("max_split_size_mb:128", True, "max_split_size_mb:128,expandable_segments:True"),
-        ("expandable_segments:False, garbage_collection_threshold:0.6", True,
-         "garbage_collection_threshold:0.6,expandable_segments:True"),
+        (
+            "expandable_segments:False, garbage_collection_threshold:0.6",
+            True,
+            "garbage_collection_threshold:0.6,expandable_segments:True",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_allocator_conf_keeps_the_users_other_settings(existing: str | None, expandable: bool, conf: str) -> None:
     assert alloc_conf_with(existing, expandable_segments=expandable) == conf

@@ -51,17 +51,24 @@ def test_speeds_are_best_of_steps_ratios_and_the_loop_ends_on_its_base() -> None
     speeds = probe_speeds(loop, BASE)
     assert speeds == MachineSpeeds(reduced_speed=0.4 / 0.1, recompute_cost=0.6 / 0.4 - 1.0)
     plain = TrainConfig(micro_batch_size=8, grad_accum_steps=2)
-    assert loop.configs == [plain, TrainConfig(micro_batch_size=8, grad_accum_steps=2, checkpoint=True),
-                            TrainConfig(micro_batch_size=8, grad_accum_steps=2, precision="bf16"), BASE]  # fmt: skip
+    assert loop.configs == [
+        plain,
+        TrainConfig(micro_batch_size=8, grad_accum_steps=2, checkpoint=True),
+        TrainConfig(micro_batch_size=8, grad_accum_steps=2, precision="bf16"),
+        BASE,
+    ]
 
 
 def test_reduced_precision_that_cannot_run_reads_as_speed_zero_once_cleaned_up() -> None:
     cleaned: list[bool] = []
-    loop = ScriptedLoop({("fp32", False): [1.0, 1.0], ("fp32", True): [1.5, 1.5]},
-                        fail=RuntimeError("could not create a primitive descriptor\nfor bf16"))  # fmt: skip
+    loop = ScriptedLoop(
+        {("fp32", False): [1.0, 1.0], ("fp32", True): [1.5, 1.5]},
+        fail=RuntimeError("could not create a primitive descriptor\nfor bf16"),
+    )
     speeds = probe_speeds(loop, BASE, recover=lambda: cleaned.append(True))
-    assert speeds == MachineSpeeds(reduced_speed=0.0, recompute_cost=0.5,
-                                   reduced_failure="RuntimeError: could not create a primitive descriptor")  # fmt: skip
+    assert speeds == MachineSpeeds(
+        reduced_speed=0.0, recompute_cost=0.5, reduced_failure="RuntimeError: could not create a primitive descriptor"
+    )
     assert cleaned == [True] and loop.configs[-1] == BASE
 
 
@@ -70,8 +77,9 @@ def test_without_recovery_or_on_out_of_memory_the_error_propagates() -> None:
     with pytest.raises(RuntimeError, match="primitive"):
         probe_speeds(ScriptedLoop(dict(seconds), fail=RuntimeError("primitive")), BASE)
     with pytest.raises(torch.OutOfMemoryError):
-        probe_speeds(ScriptedLoop(dict(seconds), fail=torch.OutOfMemoryError("CUDA out of memory")), BASE,
-                     recover=lambda: None)  # fmt: skip
+        probe_speeds(
+            ScriptedLoop(dict(seconds), fail=torch.OutOfMemoryError("CUDA out of memory")), BASE, recover=lambda: None
+        )
 
 
 def test_known_unusable_reduced_precision_is_not_stepped() -> None:
@@ -97,15 +105,20 @@ def test_every_precision_is_timed_against_fp32_and_the_loop_ends_on_its_base() -
     speeds = probe_precisions(loop, BASE, precisions=("bf16", "fp16"))
     assert speeds == PrecisionSpeeds(speeds={"fp32": 1.0, "bf16": 0.5 / 0.2, "fp16": 0.5 / 0.25}, failures={})
     plain = TrainConfig(micro_batch_size=8, grad_accum_steps=2)
-    assert loop.configs == [plain, dataclasses.replace(plain, precision="bf16"),
-                            dataclasses.replace(plain, precision="fp16"), BASE]  # fmt: skip
+    assert loop.configs == [
+        plain,
+        dataclasses.replace(plain, precision="bf16"),
+        dataclasses.replace(plain, precision="fp16"),
+        BASE,
+    ]
 
 
 def test_a_precision_that_cannot_run_reads_as_zero_and_the_others_are_still_timed() -> None:
     loop = ScriptedLoop({("fp32", False): [1.0], ("fp16", False): [0.5]}, fail=RuntimeError("no bf16 LSTM\nhere"))
     speeds = probe_precisions(loop, BASE, precisions=("bf16", "fp16"), steps=1, recover=lambda: None)
-    assert speeds == PrecisionSpeeds(speeds={"fp32": 1.0, "bf16": 0.0, "fp16": 2.0},
-                                     failures={"bf16": "RuntimeError: no bf16 LSTM"})  # fmt: skip
+    assert speeds == PrecisionSpeeds(
+        speeds={"fp32": 1.0, "bf16": 0.0, "fp16": 2.0}, failures={"bf16": "RuntimeError: no bf16 LSTM"}
+    )
 
 
 def test_fp16_is_probed_on_cuda_only() -> None:

@@ -41,8 +41,14 @@ def _llama_without_cache(pad: int | None = None) -> Workload:
     wl.model.config.use_cache = False  # as transformers.Trainer leaves it
     if pad is None:
         return wl
-    return Workload(name=wl.name, model=wl.model, dataset=_Masked(wl.dataset, pad), loss_fn=wl.loss_fn,
-                    blocks=wl.blocks, batch_size=wl.batch_size)  # fmt: skip
+    return Workload(
+        name=wl.name,
+        model=wl.model,
+        dataset=_Masked(wl.dataset, pad),
+        loss_fn=wl.loss_fn,
+        blocks=wl.blocks,
+        batch_size=wl.batch_size,
+    )
 
 
 def _error(wl: Workload) -> float:

@@ -196,8 +196,9 @@ def test_the_gate_refuses_a_composed_prediction_on_shared_blocks_until_measured(
     mixed = TrainConfig(micro_batch_size=4, checkpoint=(True, False, False, False))
     verdict = gate.check(mixed)
     assert not verdict.admitted and verdict.measured is None
-    assert re.fullmatch(r"predicted \d+ B, but the prediction is unverified and the config was never measured",
-                        verdict.reason)  # fmt: skip
+    assert re.fullmatch(
+        r"predicted \d+ B, but the prediction is unverified and the config was never measured", verdict.reason
+    )
     assert gate.check(TrainConfig(micro_batch_size=4, checkpoint=True)).admitted
     gate.record(mixed, 667_040)
     assert gate.check(mixed).admitted
@@ -251,6 +252,7 @@ def test_an_unchecked_profile_still_flags_a_composed_prediction_on_shared_blocks
     profile = profile_memory(workload, verify=False)  # no checks: no warning either
     uniform = predict_memory(workload, TrainConfig(micro_batch_size=4, checkpoint=True), profile=profile)
     assert (uniform.verified, uniform.verification) == (False, None)
-    mixed = predict_memory(workload, TrainConfig(micro_batch_size=4, checkpoint=(True, False, False, False)),
-                           profile=profile)  # fmt: skip
+    mixed = predict_memory(
+        workload, TrainConfig(micro_batch_size=4, checkpoint=(True, False, False, False)), profile=profile
+    )
     assert mixed.verification is not None and (mixed.verified, mixed.verification.kind) == (False, "composition")

@@ -18,8 +18,9 @@ TINY = TINY_WORKLOAD
 
 
 def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--fine-tune-seconds", "0",
-                 "--json"])  # fmt: skip
+    code = main(
+        ["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--fine-tune-seconds", "0", "--json"]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     episode = json.loads(out)
@@ -44,8 +45,23 @@ def test_tune_records_its_best_step_as_a_study_trial(tmp_path: Path, capsys: pyt
     from autotune.search.record import ATTR
 
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    code = main(["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--fine-tune-seconds", "0",
-                 "--memory-budget", "90%", "--storage", storage, "--json"])  # fmt: skip
+    code = main(
+        [
+            "tune",
+            f"{TINY}:build",
+            "--steps",
+            "2",
+            "--steps-per-action",
+            "2",
+            "--fine-tune-seconds",
+            "0",
+            "--memory-budget",
+            "90%",
+            "--storage",
+            storage,
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     episode = json.loads(out)
@@ -61,8 +77,18 @@ def test_the_best_step_is_the_objective_s_goodput_when_the_batch_was_a_knob() ->
     from autotune.policies.episode import Episode, EpisodeStep
 
     def step(i: int, batch: int, throughput: float) -> EpisodeStep:
-        return EpisodeStep(step=i, action=None, knobs="", batch=batch, config=TrainConfig(micro_batch_size=batch),
-                           throughput=throughput, peak_bytes=2**30, b_noise=10.0, loss=1.0, reward=None)  # fmt: skip
+        return EpisodeStep(
+            step=i,
+            action=None,
+            knobs="",
+            batch=batch,
+            config=TrainConfig(micro_batch_size=batch),
+            throughput=throughput,
+            peak_bytes=2**30,
+            b_noise=10.0,
+            loss=1.0,
+            reward=None,
+        )
 
     steps = (step(0, 32, 100.0), step(1, 64, 150.0))
     # At batch 64 against 32 with a noise scale of 10 samples: efficiency 42/74, goodput 85 < 100.
@@ -73,8 +99,18 @@ def test_the_best_step_is_the_objective_s_goodput_when_the_batch_was_a_knob() ->
 def _step(i: int, peak: int, loss: float = 1.0) -> Any:
     from autotune.policies.episode import EpisodeStep
 
-    return EpisodeStep(step=i, action=None, knobs="16x1", batch=16, config=TrainConfig(micro_batch_size=16),
-                       throughput=100.0 * (i + 1), peak_bytes=peak, b_noise=None, loss=loss, reward=None)  # fmt: skip
+    return EpisodeStep(
+        step=i,
+        action=None,
+        knobs="16x1",
+        batch=16,
+        config=TrainConfig(micro_batch_size=16),
+        throughput=100.0 * (i + 1),
+        peak_bytes=peak,
+        b_noise=None,
+        loss=loss,
+        reward=None,
+    )
 
 
 def test_a_start_over_the_budget_with_every_action_refused_is_no_best() -> None:
@@ -98,16 +134,33 @@ def test_a_step_whose_loss_is_not_finite_is_never_the_best() -> None:
 
 def test_tune_says_nothing_fitted_and_records_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "s.db"
-    code = main(["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--fine-tune-seconds", "0",
-                 "--memory-budget", "1%", "--storage", f"sqlite:///{db}", "--json"])  # fmt: skip
+    code = main(
+        [
+            "tune",
+            f"{TINY}:build",
+            "--steps",
+            "2",
+            "--steps-per-action",
+            "2",
+            "--fine-tune-seconds",
+            "0",
+            "--memory-budget",
+            "1%",
+            "--storage",
+            f"sqlite:///{db}",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     episode = json.loads(out)
     low = min(s["peak_bytes"] for s in episode["steps"])
     assert all(s["peak_bytes"] > episode["budget_bytes"] for s in episode["steps"])
     assert (episode["best_step"], episode["best_config"]) == (None, None)
-    line = (f"nothing measured fitted the budget of {format_bytes(episode['budget_bytes'])}: the lowest peak was "
-            f"{format_bytes(low)} (step 0, 16x1)")  # fmt: skip
+    line = (
+        f"nothing measured fitted the budget of {format_bytes(episode['budget_bytes'])}: the lowest peak was "
+        f"{format_bytes(low)} (step 0, 16x1)"
+    )
     assert episode["nothing_fits"] == line
     assert err == f"nothing recorded in sqlite:///{db}: {line}\n"
     assert not db.exists()
@@ -127,8 +180,21 @@ def test_tune_stops_with_exit_3_at_a_step_whose_loss_is_not_finite(
         return result._replace(loss=math.nan) if len(calls) == 2 else result  # the first action's interval
 
     monkeypatch.setattr(TrainingEnv, "_train", diverging)
-    code = main(["tune", f"{TINY}:build", "--steps", "3", "--steps-per-action", "2", "--fine-tune-seconds", "0",
-                 "--memory-budget", "200%", "--json"])  # fmt: skip
+    code = main(
+        [
+            "tune",
+            f"{TINY}:build",
+            "--steps",
+            "3",
+            "--steps-per-action",
+            "2",
+            "--fine-tune-seconds",
+            "0",
+            "--memory-budget",
+            "200%",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     episode = json.loads(out)  # what ran before is still reported
     last = episode["steps"][-1]

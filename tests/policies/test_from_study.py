@@ -23,10 +23,20 @@ def _study(tmp_path: Path, *, name: str, trials: int, create_only: bool = False)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    spec = StudySpec(workload=TINY, name=name, trials=trials, policy_proposal=False,
-                     measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=120))  # fmt: skip
-    options = RunOptions(storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "artifacts",
-                         memory_model=None, create_only=create_only)  # fmt: skip
+    spec = StudySpec(
+        workload=TINY,
+        name=name,
+        trials=trials,
+        policy_proposal=False,
+        measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=120),
+    )
+    options = RunOptions(
+        storage=str(tmp_path / "s.db"),
+        cache=None,
+        artifact_dir=tmp_path / "artifacts",
+        memory_model=None,
+        create_only=create_only,
+    )
     prepared = prepare(spec)
     run_study(prepared, open_study(prepared, options), options)
     return f"sqlite:///{tmp_path / 's.db'}"
@@ -52,8 +62,21 @@ def test_the_fitted_simulator_is_closer_and_the_saved_policy_runs(
     )
     assert load_policy(out).metadata["fine_tuned"] == meta
     assert decision_source(out).policy.metadata["fine_tuned"] == meta  # type: ignore[union-attr]
-    code = main(["tune", TINY, "--policy", str(out), "--steps", "1", "--steps-per-action", "2",
-                 "--fine-tune-seconds", "0", "--json"])  # fmt: skip
+    code = main(
+        [
+            "tune",
+            TINY,
+            "--policy",
+            str(out),
+            "--steps",
+            "1",
+            "--steps-per-action",
+            "2",
+            "--fine-tune-seconds",
+            "0",
+            "--json",
+        ]
+    )
     tuned, err = capsys.readouterr()
     assert code == 0, err
     assert len(json.loads(tuned)["steps"]) == 2

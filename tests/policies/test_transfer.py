@@ -30,8 +30,9 @@ def test_a_study_with_the_policy_proposal_measures_it_as_one_more_baseline(tmp_p
     spec = StudySpec(
         workload=f"{TINY}:build", trials=3, measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=120)
     )
-    options = RunOptions(storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "artifacts",
-                         memory_model=None)  # fmt: skip
+    options = RunOptions(
+        storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "artifacts", memory_model=None
+    )
     prepared = prepare(spec)  # the spec's policy_proposal is on by default
     study = open_study(prepared, options)
     run_study(prepared, study, options)
@@ -44,10 +45,18 @@ def test_a_study_with_the_policy_proposal_measures_it_as_one_more_baseline(tmp_p
 def test_without_a_proposal_the_study_goes_on_and_says_why_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = StudySpec(workload=f"{DATA_DEPENDENT}:build", trials=2,
-                     measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=120))  # fmt: skip
-    options = RunOptions(storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "artifacts",
-                         memory_model=None, create_only=True)  # fmt: skip
+    spec = StudySpec(
+        workload=f"{DATA_DEPENDENT}:build",
+        trials=2,
+        measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=120),
+    )
+    options = RunOptions(
+        storage=str(tmp_path / "s.db"),
+        cache=None,
+        artifact_dir=tmp_path / "artifacts",
+        memory_model=None,
+        create_only=True,
+    )
     prepared = prepare(spec)
     study = open_study(prepared, options)
     capsys.readouterr()
@@ -60,8 +69,13 @@ def test_without_a_proposal_the_study_goes_on_and_says_why_in_one_line(
 
 def test_a_spec_can_turn_the_proposal_off(tmp_path: Path) -> None:
     spec = StudySpec(workload=f"{TINY}:build", trials=3, policy_proposal=False)
-    options = RunOptions(storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "artifacts",
-                         memory_model=None, create_only=True)  # fmt: skip
+    options = RunOptions(
+        storage=str(tmp_path / "s.db"),
+        cache=None,
+        artifact_dir=tmp_path / "artifacts",
+        memory_model=None,
+        create_only=True,
+    )
     prepared = prepare(spec)
     study = open_study(prepared, options)
     run_study(prepared, study, options)

@@ -28,12 +28,37 @@ def study_db(tmp_path_factory: pytest.TempPathFactory, tiny_budget: int) -> Path
     """A 4-trial study of the tiny workload made by the CLI, with artifacts under ``artifacts/``."""
     root = tmp_path_factory.mktemp("dash")
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune.cli", "study", f"{TINY}:build", "--trials", "4",
-         "--memory-budget", f"{tiny_budget}B", "--storage", str(root / "s.db"),
-         "--artifact-dir", str(root / "artifacts"), "--cache", str(root / "c.db"),
-         "--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress", "--no-memory-model"],
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=root, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "study",
+            f"{TINY}:build",
+            "--trials",
+            "4",
+            "--memory-budget",
+            f"{tiny_budget}B",
+            "--storage",
+            str(root / "s.db"),
+            "--artifact-dir",
+            str(root / "artifacts"),
+            "--cache",
+            str(root / "c.db"),
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--threads",
+            "1",
+            "--no-progress",
+            "--no-memory-model",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=root,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return root / "s.db"
 
@@ -70,10 +95,22 @@ def test_the_pareto_figure_marks_baselines_and_the_recommendation(study_db: Path
 def dashboard(study_db: Path) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.cli", "dashboard", "--storage", str(study_db), "--port", str(port),
-         "--artifact-dir", str(study_db.parent / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "dashboard",
+            "--storage",
+            str(study_db),
+            "--port",
+            str(port),
+            "--artifact-dir",
+            str(study_db.parent / "artifacts"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

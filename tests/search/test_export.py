@@ -63,8 +63,9 @@ def test_an_unknown_format_is_refused() -> None:
 
 @pytest.mark.parametrize("expandable", [False, True])
 def test_the_python_snippet_says_which_allocator_setting_it_assumes(expandable: bool) -> None:
-    code = export_config(CONFIG, "python", block_names=BLOCKS, workload="resmlp", largest_parameter=1,
-                         expandable_segments=expandable)  # fmt: skip
+    code = export_config(
+        CONFIG, "python", block_names=BLOCKS, workload="resmlp", largest_parameter=1, expandable_segments=expandable
+    )
     namespace: dict[str, Any] = {}
     exec(compile(code, "snippet.py", "exec"), namespace)
     assert namespace["ALLOC_CONF"] == ("expandable_segments:True" if expandable else None)

@@ -73,8 +73,12 @@ def test_two_workers_share_one_study(postgres_url: str, tmp_path: Path) -> None:
     base = [sys.executable, "-m", "autotune.cli"]
     create = subprocess.run(
         [*base, "study", f"{TINY}:build", "--trials", "6", "--storage", postgres_url, "--create-only", *MEASURE],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert create.returncode == 0, create.stderr
     # The two baselines and the policy's proposal (its line says what it proposes and what it cost).
     proposal, ready = create.stderr.splitlines()

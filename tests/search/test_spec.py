@@ -87,48 +87,75 @@ def test_the_shipped_specs_are_valid(name: str) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('workload = "x"\ntrial = 3', "unknown key 'trial' (known keys: measure, memory_budget, name, "
-         "policy_proposal, retime, sampler, seed, space, timeout, trials, workload)."),
+        (
+            'workload = "x"\ntrial = 3',
+            "unknown key 'trial' (known keys: measure, memory_budget, name, "
+            "policy_proposal, retime, sampler, seed, space, timeout, trials, workload).",
+        ),
         ('workload = "x"\npolicy_proposal = "no"', "policy_proposal must be true or false, but got 'no'."),
-        ('workload = "x"\n[space]\nrank = [2]', "unknown key 'space.rank' (known keys: batch_size, batch_sizes, "
-         "blocks, expandable_segments, precisions, ranks, zero_stages)."),
-        ('workload = "x"\n[measure]\nstep = 2', "unknown key 'measure.step' (known keys: steps, threads, "
-         "trial_timeout, warmup)."),
-        ('workload = "x"\n[space.blocks.1]\nprecison = "bf16"', "unknown key 'space.blocks.1.precison' "
-         "(known keys: checkpoint, precision)."),
+        (
+            'workload = "x"\n[space]\nrank = [2]',
+            "unknown key 'space.rank' (known keys: batch_size, batch_sizes, "
+            "blocks, expandable_segments, precisions, ranks, zero_stages).",
+        ),
+        (
+            'workload = "x"\n[measure]\nstep = 2',
+            "unknown key 'measure.step' (known keys: steps, threads, trial_timeout, warmup).",
+        ),
+        (
+            'workload = "x"\n[space.blocks.1]\nprecison = "bf16"',
+            "unknown key 'space.blocks.1.precison' (known keys: checkpoint, precision).",
+        ),
         ('workload = "x"\ntrials = "many"', "trials must be an int, but got 'many'."),
         ('workload = "x"\ntrials = -1', "trials must be >= 1, but got -1."),
         ('workload = "x"\ntrials = 0', "trials must be >= 1, but got 0."),
-        ('workload = "x"\nmemory_budget = 96', 'memory_budget must be a string with a unit such as "96MiB" or a '
-         'percentage such as "75%", but got 96.'),
-        ('workload = "x"\nmemory_budget = "96"', "memory_budget needs a unit: a size such as 96GiB or 96MiB, or a "
-         "percentage such as 75%, but got '96'."),
+        (
+            'workload = "x"\nmemory_budget = 96',
+            'memory_budget must be a string with a unit such as "96MiB" or a percentage such as "75%", but got 96.',
+        ),
+        (
+            'workload = "x"\nmemory_budget = "96"',
+            "memory_budget needs a unit: a size such as 96GiB or 96MiB, or a percentage such as 75%, but got '96'.",
+        ),
         ('workload = "x"\nmemory_budget = "0%"', "memory_budget must be positive and finite, but got '0%'."),
-        ('workload = 3', "workload must be a non-empty string, but got 3."),
-        ('workload = "x"\nsampler = "cmaes"', "sampler must be one of ('tpe', 'nsga2', 'gp', 'random'), "
-         "but got 'cmaes'."),
-        ('workload = "x"\nmemory_budget = "lots"', "memory_budget must be a size with a unit (B, KB, MB, GB, TB, "
-         "KiB, MiB, GiB, TiB) such as 2GiB, or a percentage of the default configuration's peak such as 75%, "
-         "but got 'lots'."),
+        ("workload = 3", "workload must be a non-empty string, but got 3."),
+        (
+            'workload = "x"\nsampler = "cmaes"',
+            "sampler must be one of ('tpe', 'nsga2', 'gp', 'random'), but got 'cmaes'.",
+        ),
+        (
+            'workload = "x"\nmemory_budget = "lots"',
+            "memory_budget must be a size with a unit (B, KB, MB, GB, TB, "
+            "KiB, MiB, GiB, TiB) such as 2GiB, or a percentage of the default configuration's peak such as 75%, "
+            "but got 'lots'.",
+        ),
         ('workload = "x"\ntimeout = "soon"', "timeout must be a duration like 90, 90s, 30m or 2h, but got 'soon'."),
         ('workload = "x"\nspace = 3', "space must be a table, but got 3."),
         ('workload = "x"\n[space]\nranks = 2', "space.ranks must be a non-empty list of ints, but got 2."),
         ('workload = "x"\n[space]\nranks = [0]', "space.ranks entries must be >= 1, but got 0."),
         ('workload = "x"\n[space]\nbatch_sizes = [8, 8]', "space.batch_sizes must not repeat a value, but got [8, 8]."),
-        ('workload = "x"\n[space]\nprecisions = ["fp8"]', "space.precisions entries must be one of "
-         "('fp32', 'bf16', 'fp16'), but got 'fp8'."),
+        (
+            'workload = "x"\n[space]\nprecisions = ["fp8"]',
+            "space.precisions entries must be one of ('fp32', 'bf16', 'fp16'), but got 'fp8'.",
+        ),
         ('workload = "x"\n[space]\nzero_stages = [4]', "space.zero_stages entries must be in [0, 3], but got 4."),
-        ('workload = "x"\n[space.blocks.a]\ncheckpoint = true', "space.blocks keys must be block indices, "
-         "but got 'a'."),
-        ('workload = "x"\n[space.blocks.0]\ncheckpoint = "yes"', "space.blocks.0.checkpoint must be a bool, "
-         "but got 'yes'."),
+        (
+            'workload = "x"\n[space.blocks.a]\ncheckpoint = true',
+            "space.blocks keys must be block indices, but got 'a'.",
+        ),
+        (
+            'workload = "x"\n[space.blocks.0]\ncheckpoint = "yes"',
+            "space.blocks.0.checkpoint must be a bool, but got 'yes'.",
+        ),
         ('workload = "x"\n[measure]\nsteps = 0', "measure.steps must be >= 1, but got 0."),
         ('workload = "x"\n[measure]\nwarmup = 0', "measure.warmup must be >= 1, but got 0."),
-        ('workload = "x"\n[measure]\ntrial_timeout = -5', "measure.trial_timeout must be a positive duration, "
-         "but got -5."),
+        (
+            'workload = "x"\n[measure]\ntrial_timeout = -5',
+            "measure.trial_timeout must be a positive duration, but got -5.",
+        ),
         ('workload = "x"\n[measure]\nthreads = 0', "measure.threads must be >= 1, but got 0."),
     ],
-)  # fmt: skip
+)
 def test_a_malformed_spec_names_the_file_key_rule_and_value(tmp_path: Path, text: str, message: str) -> None:
     path = _write(tmp_path, text)
     with pytest.raises(SpecError, match=f"^{re.escape(f'{path}: {message}')}$"):

@@ -100,8 +100,12 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
     assert t[2].user_attrs[ATTR.BASELINE] == POLICY_PROPOSAL
     assert (t[3].user_attrs[ATTR.BASELINE], t[3].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 8)
     assert [trial.user_attrs.get(ATTR.BASELINE) for trial in t] == [
-        PYTORCH_DEFAULT, SEED_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, None
-    ]  # fmt: skip
+        PYTORCH_DEFAULT,
+        SEED_RECIPE,
+        POLICY_PROPOSAL,
+        PYTORCH_DEFAULT,
+        None,
+    ]
     for trial in t[1:]:
         if trial.state.name == "COMPLETE":
             assert trial.values[1] == trial.user_attrs[ATTR.PEAK] / 2**20
@@ -271,8 +275,9 @@ class _OnCuda:
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
 
-    def measure(self, config: TrainConfig, *, steps: int, warmup: int, memory_budget: int | None,
-                timeout: float) -> Measurement:  # fmt: skip
+    def measure(
+        self, config: TrainConfig, *, steps: int, warmup: int, memory_budget: int | None, timeout: float
+    ) -> Measurement:
         m = measure(self.workload, config, steps=steps, warmup=warmup, memory_budget=memory_budget)
         stats = AllocatorStats(allocated_peak=4_700_160, reserved_peak=6_291_456, alloc_retries=3, ooms=0)
         return dataclasses.replace(m, allocator=stats)
@@ -280,9 +285,19 @@ class _OnCuda:
 
 def test_a_trial_on_cuda_records_the_allocators_figures() -> None:
     prepared = prepare(_spec())
-    objective = Objective(space=prepared.space, measurer=_OnCuda(prepared.workload), workload=prepared.workload,
-                          workload_id="w", machine="m", cache=MeasurementCache(None), memory_budget=None, steps=1,
-                          warmup=1, trial_timeout=60.0, base_batch_size=prepared.reference_batch)  # fmt: skip
+    objective = Objective(
+        space=prepared.space,
+        measurer=_OnCuda(prepared.workload),
+        workload=prepared.workload,
+        workload_id="w",
+        machine="m",
+        cache=MeasurementCache(None),
+        memory_budget=None,
+        steps=1,
+        warmup=1,
+        trial_timeout=60.0,
+        base_batch_size=prepared.reference_batch,
+    )
     study = optuna.create_study(directions=["maximize", "minimize"])
     study.optimize(objective, n_trials=1)
     assert study.trials[0].user_attrs[ATTR.ALLOCATOR] == {

@@ -72,6 +72,17 @@ def test_study_exports_and_tune(name: str, tmp_path: Path, capsys: pytest.Captur
 
     # No fine-tuning (profile + 30 s per model by default; tests/policies/test_transfer.py covers
     # it): the real environment's reset, its probes and two real steps are what this checks.
-    out = _cli(capsys, "tune", ref, "--steps", "2", "--steps-per-action", "2", "--memory-budget", "75%",
-               "--fine-tune-seconds", "0")  # fmt: skip
+    out = _cli(
+        capsys,
+        "tune",
+        ref,
+        "--steps",
+        "2",
+        "--steps-per-action",
+        "2",
+        "--memory-budget",
+        "75%",
+        "--fine-tune-seconds",
+        "0",
+    )
     assert "final config" in out

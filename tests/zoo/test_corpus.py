@@ -157,8 +157,10 @@ def test_the_fake_tensor_prediction_matches_the_measured_peak(name: str) -> None
     # says so once; their uniform configurations are still verified.
     structure = detect_structure(wl)
     assert structure.chain == (name not in NOT_CHAIN)
-    note = (f"workload {wl.name!r}: {structure.describe()}: configurations that treat blocks differently are "
-            "predicted unverified (measured, never admitted on the prediction).")  # fmt: skip
+    note = (
+        f"workload {wl.name!r}: {structure.describe()}: configurations that treat blocks differently are "
+        "predicted unverified (measured, never admitted on the prediction)."
+    )
     assert [str(w.message) for w in caught] == ([] if structure.chain else [note])
     assert predicted.verified  # the one-step checks agreed: nothing to fall back on
     assert predicted.total == pytest.approx(measured, rel=0.02)
