@@ -60,6 +60,7 @@ def _summary() -> StudySummary:
                 retimed_spread=0.012,
                 retimed_per_gib=62450.3,
                 rank=0,
+                rounds=5,
             )
         },
     )
@@ -76,13 +77,13 @@ def test_off_a_terminal_the_study_tables_keep_one_line_per_row() -> None:
 
 
 EXPECTED = [
-    "                          Pareto front of 'gpt-tiny': max throughput, min peak memory",
-    "┏━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━┳━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━┓",
-    "┃ trial ┃ micro x acc x ranks ┃ precision ┃ ckpt ┃ ZeRO ┃ throughput/s ┃      peak ┃ per GiB ┃ note            ┃",
-    "┡━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━╇━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━┩",
-    "│     5 │               8x4x1 │ bf16 2/3  │  all │    0 │       1380.5 │ 22.48 MiB │ 62884.0 │ RECOMMENDED     │",
-    "│     0 │              32x1x1 │ fp32      │ none │    0 │       1500.0 │   129 MiB │ 11907.0 │ pytorch-default │",
-    "└───────┴─────────────────────┴───────────┴──────┴──────┴──────────────┴───────────┴─────────┴─────────────────┘",
+    "                                    Pareto front of 'gpt-tiny': max throughput, min peak memory",
+    "┏━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━┳━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━┓",
+    "┃ trial ┃ micro x acc x ranks ┃ precision ┃ ckpt ┃ ZeRO ┃ throughput/s ┃      peak ┃ per GiB ┃ re-timed per GiB ┃ note            ┃",  # noqa: E501
+    "┡━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━╇━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━┩",
+    "│     5 │               8x4x1 │ bf16 2/3  │  all │    0 │       1380.5 │ 22.48 MiB │ 62884.0 │      62450.3 ±1% │ RECOMMENDED     │",  # noqa: E501
+    "│     0 │              32x1x1 │ fp32      │ none │    0 │       1500.0 │   129 MiB │ 11907.0 │                - │ pytorch-default │",  # noqa: E501
+    "└───────┴─────────────────────┴───────────┴──────┴──────┴──────────────┴───────────┴─────────┴──────────────────┴─────────────────┘",
     "           finalists re-timed side by side (median of interleaved rounds)",
     "┏━━━━━━━┳━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━━━━━━━━━┳━━━━━━━━┓",
     "┃ trial ┃ first samples/s ┃ re-timed samples/s ┃ spread ┃ re-timed per GiB ┃   rank ┃",

@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        result: int = args.func(args)
+        with warnings_as_lines(args.command):  # autotune's warnings, in every command: one line each
+            result: int = args.func(args)
         return result
     except NonFiniteLossError as e:
         print(f"autotune {args.command}: {e}", file=sys.stderr)

