@@ -54,6 +54,21 @@ class TrainConfig:
         lr_min_ratio: Final LR as a fraction of the peak LR for ``cosine``.
         grad_clip: Max global gradient norm (None: no clipping).
         seed: Seed of data order and any randomness in the loop.
+
+    Raises:
+        ConfigError: a knob out of its range, or knobs that contradict each other, with the rule
+            and the value received.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> config = TrainConfig(micro_batch_size=8, grad_accum_steps=4, precision=("bf16", "fp32", "bf16", "fp32"),
+        ...                      checkpoint=True)
+        >>> config.effective_batch_size
+        32
+        >>> config.describe()
+        'micro x acc x ranks 8x4x1 | bf16 2/4 | ckpt all | ZeRO 0'
+        >>> TrainConfig.from_json(config.to_json()) == config
+        True
     """
 
     micro_batch_size: int = 8

@@ -27,8 +27,17 @@ def load_workload(ref: str) -> Workload:
     generated architecture, ``path/to/file.py:build`` or ``package.module:build``. The function named after
     the colon is called with no arguments and must return a :class:`Workload`.
 
+    Returns:
+        The workload, its ``source`` set to ``ref`` (so a study's child process can rebuild it).
+
     Raises:
         WorkloadError: with one line saying which file or name failed and what was expected.
+
+    Example:
+        >>> from autotune import load_workload
+        >>> wl = load_workload("mlp-digits")
+        >>> wl.name, wl.batch_size, wl.block_names()
+        ('mlp-digits', 32, ('blocks.0', 'blocks.1', 'blocks.2', 'blocks.3'))
     """
     if ref in zoo.BUILTINS:
         return dataclasses.replace(zoo.BUILTINS[ref].build(), source=ref)

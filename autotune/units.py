@@ -90,6 +90,13 @@ class MemoryBudget:
         """The one parser of a budget: a ``MemoryBudget`` as is; text as :func:`parse_memory_budget`
         (``"8GiB"``, ``"75%"``); an int as bytes; None as ``default`` where the caller has one.
 
+        Example:
+            >>> from autotune.units import MemoryBudget
+            >>> MemoryBudget.parse("8GiB"), MemoryBudget.parse("75%")
+            (MemoryBudget(bytes=8589934592, fraction=None), MemoryBudget(bytes=None, fraction=0.75))
+            >>> MemoryBudget.parse(2**30).bytes
+            1073741824
+
         ``fractions``: also read a float as a fraction of the default's peak (``0.75`` is 75%).
         Only the environments take it: their ``gymnasium.make`` kwargs and the policy's training
         scripts have always given fractions, and a float cannot be bytes. Everywhere else a float
