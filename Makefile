@@ -45,6 +45,7 @@ test: lint docs
 # The docs site (mkdocs.yml) into site/, warnings as errors: a broken link, an unresolvable API
 # reference or a docstring mkdocstrings cannot read fails it. Seconds, not minutes.
 docs: install
+	$(BIN)/python docs/hooks/package_layout.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # The CPU varies between machines: an AVX2 CPU has no bf16 units (bf16 matmul ~40x slower than

@@ -33,3 +33,10 @@ def stage() -> Path:
 def on_config(config: Any, **kwargs: Any) -> Any:
     stage()
     return config
+
+
+if __name__ == "__main__":
+    # `make docs` stages the sources before mkdocs starts: mkdocstrings drops a search path that
+    # does not exist when it reads its configuration, before this hook's on_config runs, and a
+    # fresh clone has no build/ yet (its first build then fails to find autotune.envs).
+    stage()
