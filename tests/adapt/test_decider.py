@@ -193,7 +193,8 @@ def test_what_the_loop_cannot_take_is_cut_to_what_it_can() -> None:
     assert (
         change is not None
         and change.after == B
-        and change.reason == f"scripted; measured {GIB} B <= budget {4 * GIB} B"
+        and change.reason
+        == f"scripted; measured {GIB} B <= budget {4 * GIB} B; split 4x8 not taken: the loop keeps 8x4"
     )
 
 
