@@ -212,9 +212,17 @@ class Controller:
                         return config, f"the default {_over(verdict)}; {candidate.reason}", candidate.predicted
                     tried.append(candidate)
                 micro //= 2
-        smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
         per_rank = " per rank" if default.ranks > 1 else ""
         split = "" if self.frontend.splits_now else f" at the loop's split {batch} x {default.grad_accum_steps}"
+        fitting = [
+            v for v in tried if v.predicted is not None and v.predicted * (1 + self.gate.headroom) <= self.gate.budget
+        ]
+        if fitting:  # small enough, but predicted by a memory model that was not verified for it
+            raise ConfigError(
+                f"no fp32 configuration of batch {default.effective_batch_size}{split} is known to fit memory_budget "
+                f"{self.gate.budget} B{per_rank}: {fitting[0].reason}"
+            )
+        smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
         raise ConfigError(
             f"memory_budget {self.gate.budget} B{per_rank} is below every fp32 configuration of batch "
             f"{default.effective_batch_size}{split} (smallest predicted peak {smallest} B, "
