@@ -53,8 +53,11 @@ def test_plain_loop(tmp_path: Path) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("epoch 0: loss ") and lines[1].startswith("epoch 1: loss ")
     assert all(math.isfinite(x) for x in _losses(out))
-    # 80% of the default's predicted peak: the default is over it, so the run starts split in two.
-    assert lines[2].startswith("step 0: budget: applied: micro x acc x ranks 8x2x1 | fp32 | ckpt none | ZeRO 0 ")
+    # 80% of the default's predicted peak: the default is over it, so the run starts elsewhere: split
+    # in two (the budget's start), or where the pretrained policy's plan puts it within the budget
+    # (on the CPU the plan depends on the bf16 speed this machine measures).
+    assert re.match(r"step 0: (budget|policy): applied: micro x acc x ranks (8x2x1|16x1x1) \| ", lines[2]), lines[2]
+    assert "<= budget" in lines[2] and "16x1x1 | fp32 | ckpt none" not in lines[2]
     assert re.fullmatch(r"trained 512 samples in 32 steps within a budget of \d+ bytes", lines[-1])
 
 
