@@ -356,14 +356,15 @@ class Controller:
             self._warned_nonfinite = True
             warnings.warn(NonFiniteLossWarning(f"{what}; training goes on"), stacklevel=4)
 
-    def refused(self, step: int, source: str, reason: str) -> None:
+    def refused(self, step: int, source: str, reason: str) -> bool:
         """What the loop forbids (``source``: which loop), in the history once: a refused change
-        that stays where the run is."""
-        if any(c.source == source and c.reason == reason for c in self.history):  # a resumed run said it
-            return
+        that stays where the run is. Whether it was new (a resumed run said it before)."""
+        if any(c.source == source and c.reason == reason for c in self.history):
+            return False
         self.decider.note(
             Change(step=step, source=source, before=self.config, after=self.config, applied=False, reason=reason)
         )
+        return True
 
     # ---- resume ------------------------------------------------------------------------------------
 

@@ -131,10 +131,10 @@ class AutotuneCallback(Callback):
         if why is None or controller.source is None:  # no decisions: no split to refuse
             return
         reason = f"the split cannot change in this fit: {why}"
-        if any(c.reason == reason for c in controller.history):  # a resumed fit said it before: once
-            return
-        controller.refused(trainer.global_step, "lightning", reason)
-        warnings.warn(AutotuneWarning(f"AutotuneCallback: {reason}; only per-block knobs will change"), stacklevel=2)
+        if controller.refused(trainer.global_step, "lightning", reason):  # a resumed fit said it before: once
+            warnings.warn(
+                AutotuneWarning(f"AutotuneCallback: {reason}; only per-block knobs will change"), stacklevel=2
+            )
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
