@@ -18,6 +18,7 @@ from autotune.errors import BatchError, WorkloadError
 
 if TYPE_CHECKING:
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.data import DataLoader, Dataset
 
     from autotune.memory.worst_case import WorstCase
@@ -157,6 +158,38 @@ class Workload:
     def largest_parameter(self) -> int:
         """Elements of the largest parameter: what DeepSpeed's bucket sizes are fitted to."""
         return max((p.numel() for p in self.model.parameters()), default=1)
+
+    def model_copy(self, device: torch.device | str = "cpu", *, fake: FakeTensorMode | None = None) -> torch.nn.Module:
+        """A deep copy of the model on ``device``, in training mode; the model itself is untouched.
+
+        The analyses (the memory profile, its checks, the block scan) run on the host, and a model a
+        framework already moved to the GPU must not be copied there first: every parameter and
+        buffer is copied straight to ``device`` (tied weights stay tied; gradients are not copied).
+        With ``fake``, the copy is made of ``fake``'s fake tensors: shapes only, nothing allocated
+        on any device.
+        """
+        import copy
+        import itertools
+
+        import torch
+
+        target = torch.device(device)
+        state = list(itertools.chain(self.model.parameters(), self.model.buffers()))
+        if fake is not None:
+            from torch._subclasses.fake_tensor import FakeCopyMode
+
+            with FakeCopyMode(fake):
+                model = copy.deepcopy(self.model)
+            if any(not _on(t, target) for t in state):
+                with fake:
+                    _move(model, target)
+            return model.train()
+        memo: dict[int, Any] = {}
+        for t in state:
+            if id(t) not in memo and not _on(t, target):
+                moved = t.detach().to(target, copy=True)
+                memo[id(t)] = torch.nn.Parameter(moved, t.requires_grad) if isinstance(t, torch.nn.Parameter) else moved
+        return copy.deepcopy(self.model, memo).train()
 
     def block_names(self) -> tuple[str, ...]:
         """The block names: the declared ones, else the auto-detected ones."""
@@ -328,3 +361,25 @@ def _outermost(names: list[str]) -> tuple[str, ...]:
         if not any(_contains(k, name) for k in kept):
             kept.append(name)
     return tuple(kept)
+
+
+def _on(t: torch.Tensor, device: torch.device) -> bool:
+    return t.device.type == device.type and (t.device.index or 0) == (device.index or 0)
+
+
+def _move(model: torch.nn.Module, device: torch.device) -> None:
+    """Every parameter and buffer of ``model`` to ``device``, in place, one new object per tensor
+    (tied parameters stay tied). ``Module.to`` cannot swap fake tensors in place."""
+    import torch
+
+    new: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                if id(p) not in new:
+                    new[id(p)] = torch.nn.Parameter(p.detach().to(device), requires_grad=p.requires_grad)
+                module._parameters[name] = new[id(p)]  # type: ignore[assignment]
+        for name, b in module._buffers.items():
+            if b is not None:
+                new.setdefault(id(b), b.to(device))
+                module._buffers[name] = new[id(b)]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -271,3 +272,63 @@ def test_declared_units_in_parallel_branches_give_way_to_the_module_that_holds_t
             self.stages = nn.ModuleList(nn.Sequential(Bottleneck(), Bottleneck()) for _ in range(2))
 
     assert find_blocks(Net()) == ("stages.0.0", "stages.0.1", "stages.1.0", "stages.1.1")
+
+
+class _Tied(torch.nn.Module):
+    """An embedding tied to its output head, a frozen layer and a BatchNorm (buffers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.frozen = torch.nn.Linear(4, 4)
+        self.frozen.requires_grad_(False)
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def _tied_workload() -> Workload:
+    model = _Tied().eval()
+    model.embed.weight.grad = torch.ones_like(model.embed.weight)
+    return Workload(
+        name="tied",
+        model=model,
+        dataset=torch.utils.data.TensorDataset(torch.zeros(4, dtype=torch.long)),
+        loss_fn=lambda m, batch: m.head(m.embed(batch[0])).sum(),
+        batch_size=2,
+        blocks=["frozen", "norm"],
+    )
+
+
+def test_a_model_copy_goes_straight_to_its_device_tied_frozen_and_without_gradients() -> None:
+    """The meta device stands in for a GPU: a model a Trainer moved there is copied to the host
+    for the memory analyses (and the other way round) without a copy on its own device first."""
+    wl = _tied_workload()
+    copy = wl.model_copy("meta")
+    assert {t.device.type for t in (*copy.parameters(), *copy.buffers())} == {"meta"}
+    assert {t.device.type for t in (*wl.model.parameters(), *wl.model.buffers())} == {"cpu"}  # untouched
+    assert copy.head.weight is copy.embed.weight  # still tied
+    assert [p.requires_grad for p in copy.parameters()] == [p.requires_grad for p in wl.model.parameters()]
+    assert copy.embed.weight.grad is None and wl.model.embed.weight.grad is not None
+    assert copy.training and not wl.model.training
+
+
+def test_a_model_copy_on_the_same_device_shares_no_storage() -> None:
+    wl = _tied_workload()
+    copy = wl.model_copy()
+    with torch.no_grad():
+        copy.embed.weight.zero_()
+        copy.norm.running_mean.fill_(7.0)
+    assert wl.model.embed.weight.abs().sum() > 0
+    assert torch.equal(wl.model.norm.running_mean, torch.zeros(4))
+
+
+def test_a_fake_model_copy_of_a_model_elsewhere_is_on_the_host_and_allocates_nothing() -> None:
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    wl = _tied_workload()
+    elsewhere = dataclasses.replace(wl, model=wl.model_copy("meta"))
+    fake = elsewhere.model_copy("cpu", fake=FakeTensorMode())
+    tensors = [*fake.parameters(), *fake.buffers()]
+    assert all(isinstance(t, FakeTensor) and t.device.type == "cpu" for t in tensors)
+    assert fake.head.weight is fake.embed.weight

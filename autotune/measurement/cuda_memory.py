@@ -60,6 +60,10 @@ class StatsSource(Protocol):
 
     def reset_peak_memory_stats(self, device: torch.device) -> None: ...
 
+    def release(self, device: torch.device) -> None:
+        """Free what earlier work in this process left behind, before a configuration is measured."""
+        ...
+
 
 class TorchCudaStats:
     """The real allocator: ``torch.cuda.memory_stats`` and ``reset_peak_memory_stats``."""
@@ -73,6 +77,23 @@ class TorchCudaStats:
         import torch
 
         torch.cuda.reset_peak_memory_stats(device)
+
+    def release(self, device: torch.device) -> None:
+        """Collect cyclic garbage, then hand the allocator's cached blocks back to the driver.
+
+        A configuration measured after others in one process (``measure`` called in a loop, the
+        probe) must not count their leftovers: model copies held in reference cycles until the
+        cyclic collector runs were measured on an H100 as +0.9 GiB allocated per earlier
+        configuration, and cached segments inflate the reserved peak. Cost: one full collection
+        and one ``cudaFree`` per cached segment (milliseconds), once per configuration.
+        """
+        import gc
+
+        import torch
+
+        gc.collect()
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
 
 
 #: The environment variable the CUDA caching allocator reads its settings from, once, when it starts.

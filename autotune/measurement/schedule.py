@@ -210,6 +210,8 @@ class Schedule:
     def execute(self) -> tuple[Status, str | None]:
         t = self.trainer
         split = t.noise_split
+        if self.allocator is not None:  # this configuration's peaks alone (StatsSource.release)
+            self.allocator.release(t.device)
         # At least ``warmup`` untimed steps and, from two on, more (up to EXTRA_WARMUP) until the
         # last two agree within SETTLED: the first steps of a configuration in a process pay one-time
         # costs (oneDNN kernels compiled per shape and dtype, cuDNN autotuning, allocator

@@ -56,9 +56,25 @@ def tracker_class() -> type[Any]:
         maxima do show it. Cost: one pass over ~8 counters per dispatched op, next to MemTracker's own.
         """
 
-        def __init__(self) -> None:
+        def __init__(self, device: torch.device | str | None = None) -> None:
             super().__init__()
+            # The device whose memory the budget is about. MemTracker keeps one snapshot per
+            # device it sees, and a CUDA step also touches host tensors (Adam's `step` counters
+            # live on the CPU unless `capturable`/`fused`; the DataLoader's batch before its copy):
+            # host memory is not the accelerator's, so only this device's snapshot counts.
+            self.device = None if device is None else torch.device(device)
             self.category_peaks: dict[str, int] = {}
+
+        def counts(self, device: torch.device) -> bool:
+            if self.device is None:
+                return True
+            return device.type == self.device.type and (device.index or 0) == (self.device.index or 0)
+
+        def device_snapshot(self, kind: str = "peak") -> dict[Any, int]:
+            """The tracked device's snapshot (``kind`` as in ``get_tracker_snapshot``), {} if unseen."""
+            snapshots = {d: snap for d, snap in self.get_tracker_snapshot(kind).items() if self.counts(d)}
+            assert len(snapshots) <= 1, f"one device per rank expected, got {list(snapshots)}"
+            return next(iter(snapshots.values()), {})
 
         # A module created inside forward (Hugging Face models build a CrossEntropyLoss() there) is
         # gone by backward: MemTracker skips its per-module backward hooks, with a UserWarning
@@ -82,7 +98,9 @@ def tracker_class() -> type[Any]:
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             super()._update_peak_stats(peak_state)
-            for dev_snap in self._curr_mem_snap.values():
+            for device, dev_snap in self._curr_mem_snap.items():
+                if not self.counts(device):
+                    continue
                 for key, nbytes in dev_snap.items():
                     name = getattr(key, "value", key)
                     if nbytes > self.category_peaks.get(name, 0):
@@ -103,15 +121,13 @@ class TrackedStep:
 
 def tracked_step(trainer: Trainer) -> TrackedStep:
     """Run one real optimizer step of the local trainer under exact memory tracking."""
-    tracker = tracker_class()()
+    tracker = tracker_class()(device=trainer.device)
     tracker.track_external(trainer.model, trainer.optimizer)
     with tracker:
         # MemTracker's module stats raise on a module seen twice ("multiple iterative calls")
         # unless reset before each forward: with accumulation, before every micro-batch.
         result = trainer.step(before_micro_batch=tracker.reset_mod_stats)
-    snapshots = tracker.get_tracker_snapshot("peak")
-    assert len(snapshots) <= 1, f"one device per rank expected, got {list(snapshots)}"
-    at_peak = breakdown(next(iter(snapshots.values()), {}))
+    at_peak = breakdown(tracker.device_snapshot("peak"))
     return TrackedStep(result=result, at_peak=at_peak, category_peaks=breakdown(tracker.category_peaks))
 
 

@@ -33,9 +33,9 @@ __all__ = ["tracked_zero_step"]
 
 def tracked_zero_step(trainer: ZeroTrainer) -> TrackedStep:
     """One real optimizer step under exact memory tracking, with DeepSpeed's buffers labelled."""
-    tracker = tracker_class()()
+    tracker = tracker_class()(device=trainer.device)
     _label_model_states(tracker, trainer)
-    resident = breakdown(next(iter(tracker.get_tracker_snapshot("current").values()), {}))
+    resident = breakdown(tracker.device_snapshot("current"))
     # Fetched (collated, moved to the device) before tracking, then counted as activations: the
     # batch is training memory, the data loader's work on the dataset is not.
     batches = trainer.next_batches()
@@ -44,9 +44,7 @@ def tracked_zero_step(trainer: ZeroTrainer) -> TrackedStep:
         # MemTracker needs reset_mod_stats before each forward of the same modules (accumulation).
         result = trainer.step(batches=batches, before_micro_batch=tracker.reset_mod_stats)
     del batches
-    snapshots = tracker.get_tracker_snapshot("peak")
-    assert len(snapshots) <= 1, f"one device per rank expected, got {list(snapshots)}"
-    at_peak = breakdown(next(iter(snapshots.values()), {}))
+    at_peak = breakdown(tracker.device_snapshot("peak"))
     return TrackedStep(
         result=result, at_peak=at_peak, category_peaks=breakdown(tracker.category_peaks), resident=resident
     )

@@ -10,7 +10,6 @@ does. ``tests/memory/test_property.py`` audits a fixed set of random architectur
 
 from __future__ import annotations
 
-import copy
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -112,7 +111,7 @@ def same_state_after_recompute(workload: Workload, config: TrainConfig, *, seed:
     batch = _first_batch(workload, config.micro_batch_size)
     states = []
     for ckpt in ([False] * len(names), list(checkpoints)):
-        model = copy.deepcopy(workload.model).train()
+        model = workload.model_copy()
         wrappers = apply_block_knobs(model, names, ["fp32"] * len(names), ckpt, device_type="cpu")
         torch.manual_seed(seed)  # dropout draws the same masks in both runs
         try:

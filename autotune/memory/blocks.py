@@ -12,7 +12,6 @@ The memory model's profile (every category, stretch by stretch, under ``FakeTens
 
 from __future__ import annotations
 
-import copy
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +48,7 @@ class BlockProfile:
 
 def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: Precision = "fp32") -> BlockProfile:
     """Run one forward pass of a copy of the model on CPU and count each block's saved bytes."""
-    model = copy.deepcopy(workload.model).train()
+    model = workload.model_copy()
     names = workload.block_names()
     wrappers = apply_block_knobs(model, names, [precision] * len(names), [False] * len(names), device_type="cpu")
     counts = [0] * len(names)

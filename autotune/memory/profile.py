@@ -19,7 +19,6 @@ run; it is composed from these uniform runs, so the profile records what composi
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import itertools
@@ -238,10 +237,9 @@ def _profile(
 
 
 def _fake_model(workload: Workload, fake: Any) -> torch.nn.Module:
-    from torch._subclasses.fake_tensor import FakeCopyMode
-
-    with FakeCopyMode(fake):
-        return copy.deepcopy(workload.model).train()
+    # On the host (the profile's batch, autocast and kernels are the CPU's), whatever device the
+    # model is on: a Trainer moves it to the GPU before a callback sees it.
+    return workload.model_copy("cpu", fake=fake)
 
 
 def _cast_floats(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -24,7 +24,6 @@ layer Transformer, recomputing block 0 alone was predicted 12% below its measure
 
 from __future__ import annotations
 
-import copy
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -136,14 +135,13 @@ def _shared_parameters(
 
 
 def _skips(workload: Workload, names: tuple[str, ...], micro_batch_size: int) -> tuple[tuple[int, int], ...]:
-    from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from autotune.memory.blocks import _first_batch
     from autotune.memory.fake_branches import RealBranches
 
     fake = FakeTensorMode(allow_non_fake_inputs=False)
-    with FakeCopyMode(fake):
-        model = copy.deepcopy(workload.model).train()
+    model = workload.model_copy("cpu", fake=fake)
     flow = _Flow(len(names), {_key(t) for t in (*model.parameters(), *model.buffers())})
     handles = []
     for i, name in enumerate(names):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,7 +86,7 @@ class Trainer(BaseTrainer):
             resolved = resolve_device(device) if device is not None or first is None else first.device
         super().__init__(workload, config, device=resolved)
         self.stream = stream
-        self.model = copy.deepcopy(workload.model).to(self.device) if model is None else model
+        self.model = workload.model_copy(self.device) if model is None else model
         self.model.train()
         self.optimizer = optimizer if optimizer is not None else workload.make_optimizer(self.model.parameters())
         self._track_lrs()
@@ -195,8 +194,14 @@ class Trainer(BaseTrainer):
         return self.scaler.get_scale() < before  # the scaler backs off only after inf/nan grads
 
     def close(self) -> None:
-        """Remove wrappers and hooks from the model."""
+        """Remove wrappers and hooks from the model, and drop the batch stream: a suspended
+        generator holds the trainer in a reference cycle, which only the cyclic collector frees,
+        so a closed trainer's model copy and optimizer state stayed on the GPU into the next
+        configuration's measurement (seen on an H100: +0.9 GiB allocated per configuration
+        measured before, in one process)."""
         if self._wrappers is not None:
             self._wrappers.remove()
             self._wrappers = None
         self.gns.remove()
+        self._batches = iter(())
+        self._loader_key = None

@@ -12,7 +12,8 @@ class FakeAllocator:
     """Answers :class:`autotune.measurement.cuda_memory.StatsSource` with fixed bytes.
 
     ``memory_stats`` returns the keys torch.cuda.memory_stats() has (and one it has that autotune
-    does not read); ``resets`` counts ``reset_peak_memory_stats`` calls, ``devices`` the devices asked.
+    does not read); ``resets`` and ``releases`` count ``reset_peak_memory_stats`` and ``release``
+    calls, ``devices`` the devices asked.
     """
 
     def __init__(self, *, allocated: int, reserved: int, retries: int = 0, ooms: int = 0) -> None:
@@ -24,6 +25,7 @@ class FakeAllocator:
             "active_bytes.all.peak": allocated,
         }
         self.resets = 0
+        self.releases = 0
         self.devices: list[torch.device] = []
 
     def memory_stats(self, device: torch.device) -> Mapping[str, Any]:
@@ -32,3 +34,6 @@ class FakeAllocator:
 
     def reset_peak_memory_stats(self, device: torch.device) -> None:
         self.resets += 1
+
+    def release(self, device: torch.device) -> None:
+        self.releases += 1

@@ -107,6 +107,7 @@ def test_measurement_reports_allocated_reserved_and_retries() -> None:
     m = _measurement(trainer, schedule, None)
     assert m.ok
     assert fake.resets == 1  # the peaks are of the tracked step alone
+    assert fake.releases == 1  # with nothing an earlier configuration left (StatsSource.release)
     assert m.allocator == AllocatorStats(allocated_peak=4_700_160, reserved_peak=6_291_456, alloc_retries=2, ooms=0)
     assert (m.device_peak_bytes, m.reserved_bytes, m.peak_bytes) == (4_700_160, 6_291_456, 4_653_260)
     again = Measurement.from_dict(json.loads(m.to_json()))

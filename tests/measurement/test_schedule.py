@@ -210,3 +210,21 @@ def test_warmup_runs_until_two_successive_steps_agree(seconds: tuple[float, ...]
     assert schedule.warmed == warmed <= 2 + EXTRA_WARMUP
     assert schedule.report("ok", None).warmup_steps == warmed
     assert len(schedule.results) == warmed + 1 + 2
+
+
+def test_a_closed_trainer_is_freed_without_the_cyclic_collector() -> None:
+    """Measured one after another in one process, each configuration's model copy and optimizer
+    state go when its measurement ends (on an H100 each closed trainer's +0.9 GiB stayed allocated
+    into the next measurement until the cyclic collector ran)."""
+    import gc
+
+    wl = make_resmlp()
+    gc.collect()
+    gc.disable()
+    try:
+        for batch in (4, 8, 4):
+            measure(wl, TrainConfig(micro_batch_size=batch), steps=1, warmup=1)
+        alive = sum(type(o) is Trainer for o in gc.get_objects())
+    finally:
+        gc.enable()
+    assert alive <= 1

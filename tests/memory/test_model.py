@@ -207,3 +207,16 @@ def test_predict_command_answers_for_a_cluster_and_exports_the_deepspeed_config(
     assert estimate["total"] == sum(estimate[k] for k in categories)
     ds = json.loads(export.read_text())
     assert (ds["train_batch_size"], ds["zero_optimization"]["stage"], ds["bf16"]) == (256, 3, {"enabled": True})
+
+
+def test_a_model_already_on_an_accelerator_is_profiled_as_on_the_host(tiny: Workload) -> None:
+    """A Trainer moves the model to the GPU before the callback profiles it: the profile copies it
+    back to the host as fakes (a CUDA run failed here with 'found two different devices cuda:0, cpu').
+    The meta device stands in for the accelerator on a CPU-only machine."""
+    import copy
+    import dataclasses
+
+    elsewhere = dataclasses.replace(tiny, model=copy.deepcopy(tiny.model).to("meta"))
+    assert next(elsewhere.model.parameters()).device.type == "meta"
+    on_host = profile_memory(tiny, modes=("fp32", "bf16"), verify=False)
+    assert profile_memory(elsewhere, modes=("fp32", "bf16"), verify=False) == on_host
