@@ -112,3 +112,40 @@ def test_an_estimate_refuses_a_ratio_below_one(ratio: object) -> None:
     msg = f"MemoryEstimate.reserved_ratio must be a finite number >= 1 or None, but got {ratio!r}."
     with pytest.raises(ConfigError, match=f"^{re.escape(msg)}$"):
         _estimate(reserved_ratio=ratio)
+
+
+@pytest.fixture(scope="module")
+def two_modes(tiny: Workload) -> MemoryProfile:
+    return profile_memory(tiny, modes=("fp32", "bf16"))
+
+
+def test_a_kind_measured_above_its_prediction_is_scaled_and_no_longer_trusted(
+    tiny: Workload, two_modes: MemoryProfile
+) -> None:
+    """On an H100 the decoder's fp32 step measured 1.157x the host profile's prediction, where
+    bf16 was exact: the gate learns it per kind from the first real step and scales from then on."""
+    gate = _gate(tiny, two_modes, 10**9)
+    bf16 = TrainConfig(micro_batch_size=8, precision="bf16")
+    assert gate.predict(B) == (61_184, True) and gate.trusts(B)
+    gate.record(A, 60_640)  # exact: nothing learnt
+    assert gate.device_error == {}
+    gate.record(A, 72_768)  # 1.2x the 60_640 predicted: fp32 ("default") configurations are off here
+    assert gate.device_error == {"default": 1.2}
+    assert gate.predict(B) == (73_421, True)  # ceil(61_184 x 1.2)
+    assert not gate.trusts(B)  # its first step is measured before it is relied on
+    assert gate.predict(bf16) == (61_184, True) and gate.trusts(bf16)  # another kind: as predicted
+    gate.budget = 74_890  # 73_421 + 2% = 74_889.42 -> 74_889
+    assert gate.check(B).reason == (
+        "predicted 73421 B (+2% headroom) <= budget 74890 B (allocated: no reserved/allocated ratio measured on "
+        "this device yet); x1.2000: real steps on this device came above the memory model (default)"
+    )
+    gate.budget = 74_888
+    assert not gate.check(B).admitted
+
+
+def test_a_step_within_the_headroom_above_its_prediction_teaches_nothing(
+    tiny: Workload, two_modes: MemoryProfile
+) -> None:
+    gate = _gate(tiny, two_modes, 10**9, device_type="cpu")
+    gate.record(B, 62_407)  # 61_184 x 1.02 = 62_407.68: within the 2% headroom
+    assert gate.device_error == {} and gate.trusts(B)
