@@ -1,7 +1,7 @@
 """One prepared check of autotune on a CUDA GPU: six parts, each timed, guarded and reported.
 
-Run on one H100/H200 (about 7 minutes, at most the parts' limits, 10 min 15 s; nothing downloaded:
-every model is built from its config):
+Run on one H100/H200 (about 7 minutes, at most the parts' limits, 9 min 20 s, inside a 10-minute
+call; nothing downloaded: every model is built from its config):
 
     python benchmarks/gpu_check.py --out build/gpu-check      (make gpu-check)
 
@@ -405,28 +405,28 @@ PLAN = (
     Part(
         name="device",
         title="device and machine probe",
-        limit_s=45,
+        limit_s=40,
         run=lambda out: part_device(),
         imports=("autotune.measurement.probe", "autotune.train.local"),
     ),
     Part(
         name="measure",
         title="measure vs the memory model",
-        limit_s=120,
+        limit_s=110,
         run=lambda out: part_measure(),
         imports=("autotune.measurement", "autotune.memory.model", "autotune.memory.profile"),
     ),
     Part(
         name="study",
         title="12-trial study under a budget",
-        limit_s=180,
+        limit_s=160,
         run=part_study,
         imports=("autotune.search", "autotune.search.study", "autotune.search.baselines"),
     ),
     Part(
         name="adapt",
         title="tune 4 steps, train --adapt 60 steps",
-        limit_s=120,
+        limit_s=110,
         run=lambda out: part_adapt(),
         imports=(
             "autotune.adapt.adaptive",
@@ -438,7 +438,7 @@ PLAN = (
     Part(
         name="deepspeed",
         title="DeepSpeed, one rank, ZeRO 0-3",
-        limit_s=90,
+        limit_s=80,
         run=lambda out: part_deepspeed(),
         imports=("autotune.procs.multirank", "deepspeed"),
     ),

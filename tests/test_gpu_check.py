@@ -27,9 +27,26 @@ def gpu_check() -> ModuleType:
     return module
 
 
-def test_the_plan_fits_in_eight_minutes(gpu_check: ModuleType) -> None:
+def test_the_plan_fits_in_a_ten_minute_call(gpu_check: ModuleType) -> None:
     assert [p.name for p in gpu_check.PLAN] == NAMES
-    assert sum(p.limit_s for p in gpu_check.PLAN) == 475  # of 480 s; each part is killed at its own limit
+    # Each part is killed at its own limit; 40 s are left of 600 for installing and copying back.
+    # The limits are the first H100 run's seconds (docs/benchmarks.md) with room: device 23 s,
+    # measure 86 s, DeepSpeed 60 s; the study and the HF part had failed early there.
+    assert sum(p.limit_s for p in gpu_check.PLAN) == 560
+
+
+def test_some_parts_run_alone_and_an_unknown_one_is_refused(
+    gpu_check: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert gpu_check.main(["--out", str(tmp_path), "--dry-run", "--parts", "measure,hf"]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [p["name"] for p in report["parts"]] == ["measure", "hf"]
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check.main(["--out", str(tmp_path), "--dry-run", "--parts", "measure,gpu"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "error: unknown part 'gpu' (parts: device, measure, study, adapt, deepspeed, hf)"
+    )
 
 
 def test_the_dry_run_writes_both_reports(gpu_check: ModuleType, tmp_path: Path) -> None:
@@ -69,7 +86,7 @@ def test_a_failing_part_is_reported_with_its_exception_and_the_report_still_writ
     table = (tmp_path / "report.md").read_text().splitlines()
     assert table[5].startswith("| measure vs the memory model | FAILED | ")
     assert table[5].endswith(
-        " (100) | RuntimeError: CUDA error: an illegal memory access was encountered "
+        " (110) | RuntimeError: CUDA error: an illegal memory access was encountered "
         f"(at test_gpu_check.py:{entry['error'].rsplit(':', 1)[1]} |"
     )
 
