@@ -44,8 +44,10 @@ def test_some_parts_run_alone_and_an_unknown_one_is_refused(
     with pytest.raises(SystemExit) as exit_:
         gpu_check.main(["--out", str(tmp_path), "--dry-run", "--parts", "measure,gpu"])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1].endswith(
-        "error: unknown part 'gpu' (parts: device, measure, study, adapt, deepspeed, hf)"
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith("error: unknown part 'gpu' (parts: device, measure, study, adapt, deepspeed, hf)")
     )
 
 
