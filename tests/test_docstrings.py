@@ -8,7 +8,14 @@ import importlib
 import pytest
 
 #: Modules whose docstrings hold runnable examples (Google style ``Example:`` sections).
-MODULES = ("autotune.config", "autotune.units", "autotune.resolve", "autotune.memory.model")
+MODULES = (
+    "autotune.config",
+    "autotune.units",
+    "autotune.resolve",
+    "autotune.memory.model",
+    "autotune.errors",
+    "autotune.procs.measure",
+)
 
 
 @pytest.mark.parametrize("name", MODULES)
