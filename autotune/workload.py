@@ -67,6 +67,23 @@ class Workload:
             case is declared (collated, never run); 0: the first batch only.
         source: The reference this workload was loaded from (set by :func:`load_workload`), so
             other processes (DeepSpeed ranks, study workers) can rebuild it. None if built directly.
+
+    Raises:
+        WorkloadError: a field of the wrong type or out of range, or a block name the model does
+            not have; the message names the field and the value received.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from autotune import Workload
+        >>> def loss_fn(model, batch):
+        ...     x, y = batch
+        ...     return nn.functional.cross_entropy(model(x), y)
+        >>> data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        >>> wl = Workload(name="toy", model=model, dataset=data, loss_fn=loss_fn, batch_size=16)
+        >>> wl.block_names(), wl.dataset_size  # blocks auto-detected: the two Linear layers
+        (('0', '2'), 64)
     """
 
     name: str

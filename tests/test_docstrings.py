@@ -15,6 +15,8 @@ MODULES = (
     "autotune.memory.model",
     "autotune.errors",
     "autotune.procs.measure",
+    "autotune.knobs",
+    "autotune.workload",
 )
 
 
