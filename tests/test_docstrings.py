@@ -17,6 +17,7 @@ MODULES = (
     "autotune.procs.measure",
     "autotune.knobs",
     "autotune.workload",
+    "autotune.adapt.adaptive",
 )
 
 
