@@ -18,6 +18,7 @@ MODULES = (
     "autotune.knobs",
     "autotune.workload",
     "autotune.adapt.adaptive",
+    "autotune.adapt.sources",
 )
 
 

@@ -62,7 +62,15 @@ class SideBySide:
     worth deciding on; steps alternating between the two configurations see the same machine.
     The loop runs :meth:`Decider.trial_config` each step (one reconfiguration per step: a swap of
     block wrappers and the micro-batch drawn, ~1 ms on the local loop), so half of the trial's
-    steps run at the incumbent instead of all of them at a candidate that may be worse."""
+    steps run at the incumbent instead of all of them at a candidate that may be worse.
+
+    Attributes:
+        candidate: The proposed configuration on trial.
+        incumbent: The configuration it replaced.
+        samples: Samples/s of each side's timed steps in the trial, by configuration.
+        fresh: Whether the trial has not run a step yet: its first step runs where the loop is
+            (the candidate), as its tracked step.
+    """
 
     candidate: TrainConfig
     incumbent: TrainConfig
@@ -78,6 +86,9 @@ class Decider:
         gate: The budget gate every configuration passes; its ``budget`` is the run's.
         base_batch_size: The user's effective batch.
         adapt_batch: Let the batch grow with the gradient noise scale (:func:`autotune.adapt.batch.grow_batch`).
+        min_efficiency: With ``adapt_batch``: the fraction, in (0, 1], of the user's per-sample
+            progress a doubled batch must keep (default 1.0).
+        max_batch_size: With ``adapt_batch``: the largest effective batch (default: the user's).
         takes: ``takes(current, proposed)``: what of ``proposed`` the loop can run from
             ``current`` (a framework's loop: the per-block knobs, the split only at an epoch
             boundary); default: all of it.
