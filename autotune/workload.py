@@ -269,9 +269,8 @@ def find_blocks(model: torch.nn.Module, *, workload: str = "?") -> tuple[str, ..
     bottleneck, the shortcut, with the residual add in neither. When the found units inside some
     instance of a repeated (two or more instances), non-container module class sit in more than
     one container, the instances of the innermost such class become the blocks instead (the
-    bottlenecks; the stem's conv layer, outside them, is not a block: with it the composition
-    was 9.7% off). Measured on that ResNet with every other block checkpointed: the conv layers
-    as blocks mispredict the peak by up to 8%, the bottlenecks by 0.02%. Then an instance nested
+    bottlenecks; the stem's conv layer, outside them, is not a block), since the conv layers as
+    blocks mispredict that ResNet's peak by up to 8% (docs/benchmarks.md). Then an instance nested
     inside another selected instance is dropped (outermost only).
 
     Raises:
