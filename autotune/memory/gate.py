@@ -252,7 +252,7 @@ class BudgetGate:
         """What in ``config`` the memory model predicts from its own part of the profile: its
         reduced precisions and recompute, else (all blocks plain fp32) ``"default"``."""
         n = len(self.workload.block_names())
-        kinds = sorted({p for p in config.block_precisions(n) if p != "fp32"})
+        kinds: list[str] = sorted({p for p in config.block_precisions(n) if p != "fp32"})
         kinds += ["recompute"] if any(config.block_checkpoints(n)) else []
         return tuple(kinds) or ("default",)
 
