@@ -440,8 +440,10 @@ class Adaptive:
 
     @property
     def over_budget_steps(self) -> tuple[OverBudgetStep, ...]:
-        """Every step whose measured peak was over the budget (each also warned of with an
-        :class:`~autotune.errors.OverBudgetWarning`); empty if the run kept to its budget."""
+        """Every step whose measured peak was over the budget; empty if the run kept to its budget.
+
+        Each was also warned of with an :class:`~autotune.errors.OverBudgetWarning`.
+        """
         return tuple(self.controller.over_budget)
 
     @property
@@ -451,8 +453,11 @@ class Adaptive:
 
     @property
     def best(self) -> ConfigRecord | None:
-        """The judged configuration with the most throughput (goodput with ``adapt_batch``) per GiB
-        of peak within the budget: what a study would recommend among them."""
+        """The judged configuration with the most throughput per GiB of peak within the budget.
+
+        Goodput with ``adapt_batch``: what a study would recommend among them. None before any
+        configuration is judged.
+        """
         return self.decider.best
 
     @property

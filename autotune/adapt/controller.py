@@ -426,7 +426,11 @@ class Controller:
     # ---- resume ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Every decision and measurement, the source's state and the recent losses, as plain values."""
+        """Every decision and measurement, the source's state and the recent losses, as plain values.
+
+        Returns:
+            A dict for :meth:`load_state_dict`.
+        """
         return {
             "measured": [{"config": c.to_dict(), "peak_bytes": b} for c, b in self.gate.measured.items()],
             "decider": self.decider.state_dict(),
@@ -436,7 +440,11 @@ class Controller:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state_dict`: nothing measured or refused there is explored again."""
+        """Continue from :meth:`state_dict`: nothing measured or refused there is explored again.
+
+        Args:
+            state: What :meth:`state_dict` returned.
+        """
         for m in state.get("measured", []):
             self.measured(TrainConfig.from_dict(m["config"]), m["peak_bytes"])
         self.decider.load_state_dict(state["decider"])
@@ -446,7 +454,11 @@ class Controller:
         self.resume_losses(state.get("losses", []))
 
     def resume_losses(self, losses: list[float]) -> None:
-        """The losses of the run so far (a non-finite one was warned of before the restart)."""
+        """Set the losses of the run so far, on a resume (a non-finite one was warned of before the restart).
+
+        Args:
+            losses: Every step's loss, oldest first.
+        """
         self.losses = list(losses)[-TUNING.observed_losses :]
         self._warned_nonfinite = not all(math.isfinite(v) for v in losses)
 

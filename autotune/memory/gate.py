@@ -216,17 +216,30 @@ class BudgetGate:
         return gate
 
     def replace_profile(self, profile: MemoryProfile | None) -> None:
-        """Predict from ``profile`` from now on: one taken at a larger batch than the last
-        (:mod:`autotune.adapt.shape_guard`). Measurements and predictions so far were of smaller
-        batches, so they no longer stand for a configuration's peak: forgotten."""
+        """Predict from ``profile`` from now on, forgetting every measurement and prediction so far.
+
+        Measurements and predictions so far were of smaller batches, so they no longer stand for
+        a configuration's peak.
+
+        Args:
+            profile: One taken at a larger batch than the last (:mod:`autotune.adapt.shape_guard`).
+        """
         self.profile = profile
         self._predicted.clear()
         self.measured.clear()
         self.reserved.clear()
 
     def record(self, config: TrainConfig, peak_bytes: int, *, allocator: AllocatorStats | None = None) -> None:
-        """A real step of ``config`` peaked at ``peak_bytes`` (exact: the same every time); on
-        CUDA ``allocator`` holds the caching allocator's peaks over that step."""
+        """Record that a real step of ``config`` peaked at ``peak_bytes``.
+
+        A peak more than the headroom above the prediction scales every prediction of the same
+        kind from then on (:meth:`device_scale`).
+
+        Args:
+            config: The configuration.
+            peak_bytes: Its exact peak tensor bytes (the same every time).
+            allocator: On CUDA, the caching allocator's peaks over that step.
+        """
         self.measured[config] = peak_bytes
         estimate = self.estimate(config)
         if estimate is not None and peak_bytes > estimate.total * (1.0 + self.headroom):
@@ -238,38 +251,69 @@ class BudgetGate:
             self.observe(allocator)
 
     def observe(self, allocator: AllocatorStats) -> None:
-        """The caching allocator's peaks over real steps (of no config in particular: a framework
-        loop's run so far): its reserved/allocated ratio, if higher, scales predictions from now on."""
+        """Record the caching allocator's peaks over real steps (of no config in particular).
+
+        Args:
+            allocator: A framework loop's run so far: its reserved/allocated ratio, if higher
+                than any seen, scales predictions from now on.
+        """
         ratio = allocator.reserved_ratio
         if ratio is not None and (self.reserved_ratio is None or ratio > self.reserved_ratio):
             self.reserved_ratio = ratio
 
     @property
     def on_cuda(self) -> bool:
+        """Whether the run trains on CUDA (reserved memory then decides)."""
         return self.device_type == "cuda"
 
     def kinds_of(self, config: TrainConfig) -> tuple[str, ...]:
-        """What in ``config`` the memory model predicts from its own part of the profile: its
-        reduced precisions and recompute, else (all blocks plain fp32) ``"default"``."""
+        """What in ``config`` the memory model predicts from its own part of the profile.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            Its reduced precisions and ``"recompute"``, else (all blocks plain fp32) ``("default",)``.
+        """
         n = len(self.workload.block_names())
         kinds: list[str] = sorted({p for p in config.block_precisions(n) if p != "fp32"})
         kinds += ["recompute"] if any(config.block_checkpoints(n)) else []
         return tuple(kinds) or ("default",)
 
     def device_scale(self, config: TrainConfig) -> float:
-        """How far real steps on this device came above the predictions of ``config``'s kinds (1.0: not)."""
+        """How far real steps on this device came above the predictions of ``config``'s kinds.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            The highest measured/predicted ratio of its kinds (1.0: none came above).
+        """
         return max((self.device_error.get(k, 1.0) for k in self.kinds_of(config)), default=1.0)
 
     def predict(self, config: TrainConfig) -> tuple[int, bool] | None:
-        """(predicted peak bytes, verified), or None without a profile; scaled by
-        :meth:`device_scale` where real steps on this device came above predictions of its kind."""
+        """The memory model's peak for ``config``, scaled by :meth:`device_scale`.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            ``(predicted peak bytes, verified)``, or None without a profile.
+        """
         estimate = self.estimate(config)
         if estimate is None:
             return None
         return math.ceil(estimate.total * self.device_scale(config)), estimate.verified
 
     def estimate(self, config: TrainConfig) -> MemoryEstimate | None:
-        """The memory model's prediction of ``config`` (memoized), or None without a profile."""
+        """The memory model's prediction of ``config`` (memoized), unscaled.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            The estimate, or None without a profile.
+        """
         if self.profile is None:
             return None
         if config not in self._predicted:
@@ -304,7 +348,14 @@ class BudgetGate:
         return abs(check.relative_error) <= self.headroom and self.device_scale(config) == 1.0
 
     def known_peak(self, config: TrainConfig) -> int | None:
-        """``config``'s peak bytes if known: measured, else a verified prediction; else None."""
+        """``config``'s peak bytes if known: measured, else a verified prediction.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            The bytes, or None when neither is known.
+        """
         measured = self.measured.get(config)
         if measured is not None:
             return measured
