@@ -124,6 +124,7 @@ class Knobs:
 
     @property
     def grad_accum_steps(self) -> int:
+        """Micro-batches accumulated per optimizer step: ``batch_size / (micro_batch_size x ranks)``."""
         return self.batch_size // (self.micro_batch_size * self.ranks)
 
     def blocks(self, ranking: Sequence[int]) -> tuple[tuple[Precision, ...], tuple[bool, ...]]:

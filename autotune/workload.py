@@ -169,6 +169,7 @@ class Workload:
 
     @property
     def num_parameters(self) -> int:
+        """Elements of every parameter of the model."""
         return sum(p.numel() for p in self.model.parameters())
 
     @property
@@ -215,6 +216,17 @@ class Workload:
         return find_blocks(self.model, workload=self.name)
 
     def make_optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        """The workload's optimizer over ``params`` (AdamW at ``DEFAULT_LR`` when none is given).
+
+        Args:
+            params: The parameters to optimize (of a copy of the model).
+
+        Returns:
+            The optimizer, at the base learning rate.
+
+        Raises:
+            WorkloadError: the factory returned something other than a ``torch.optim.Optimizer``.
+        """
         import torch
 
         if self.optimizer is None:

@@ -41,6 +41,7 @@ class AdaptStep:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values (what :meth:`from_dict` reads)."""
         return {
             "step": self.step,
             "loss": self.loss,
@@ -53,6 +54,7 @@ class AdaptStep:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AdaptStep:
+        """The record :meth:`to_dict` wrote."""
         return cls(**{**data, "config": TrainConfig.from_dict(data["config"])})
 
 
@@ -98,6 +100,7 @@ class Change:
         return f"step {self.step}: {verdict} {self.after.describe()} ({self.source}: {self.reason})"
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values (what :meth:`from_dict` reads)."""
         return {
             "step": self.step,
             "source": self.source,
@@ -113,6 +116,7 @@ class Change:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Change:
+        """The record :meth:`to_dict` wrote."""
         configs = {k: TrainConfig.from_dict(data[k]) for k in ("before", "after")}
         return cls(**{**data, **configs})
 
@@ -136,6 +140,7 @@ class ConfigRecord:
     score: Score
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values (what :meth:`from_dict` reads)."""
         return {
             "step": self.step,
             "config": self.config.to_dict(),
@@ -150,6 +155,7 @@ class ConfigRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ConfigRecord:
+        """The record :meth:`to_dict` wrote."""
         judged = Score(
             throughput=data["throughput"],
             efficiency=data["efficiency"],
@@ -196,6 +202,7 @@ class OverBudgetStep:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values (what :meth:`from_dict` reads)."""
         return {
             "step": self.step,
             "config": self.config.to_dict(),
@@ -206,6 +213,7 @@ class OverBudgetStep:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OverBudgetStep:
+        """The record :meth:`to_dict` wrote."""
         return cls(
             step=data["step"],
             config=TrainConfig.from_dict(data["config"]),

@@ -218,6 +218,14 @@ class FixedConfig(DecisionSource):
         self.config = config
 
     def start(self, context: RunContext) -> None:
+        """Check the configuration against the run and take the run's own hygiene.
+
+        Args:
+            context: What the source knows of the run.
+
+        Raises:
+            ConfigError: an effective batch or ranks other than the run's.
+        """
         if self.config.effective_batch_size != context.start.effective_batch_size:
             raise ConfigError(
                 f"FixedConfig's effective batch must be the run's ({context.start.effective_batch_size}), "
@@ -241,9 +249,11 @@ class FixedConfig(DecisionSource):
         )
 
     def plan(self, context: RunContext) -> Proposal | None:
+        """Start in the configuration (if the budget gate admits it)."""
         return Proposal(config=self.config, reason="the fixed configuration")
 
     def propose(self, observation: Observation) -> Proposal | None:
+        """The configuration, at the run's effective batch if ``adapt_batch`` grew it; None once there."""
         config, batch = self.config, observation.config.effective_batch_size
         if batch != config.effective_batch_size and batch % config.micro_batch_size == 0:
             # The run's batch grew (``adapt_batch``): keep it, in this configuration's micro-batches.

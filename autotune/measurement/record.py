@@ -86,6 +86,7 @@ class RankResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
+        """The record as :meth:`Measurement.to_dict` writes it in ``per_rank``."""
         d = dict(data)
         for key in ("memory", "category_peaks", "resident"):
             d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
@@ -193,6 +194,7 @@ class Measurement:
         return per_gib(self.throughput, self.peak_bytes)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values, plus ``peak_bytes``, ``reserved_bytes`` and ``throughput_per_gib``."""
         d = asdict(self)
         d["config"] = self.config.to_dict()
         d["losses"] = list(self.losses)
@@ -203,10 +205,12 @@ class Measurement:
         return d
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as indented JSON."""
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        """The record :meth:`to_dict` wrote (its derived keys are skipped; older records lack ``allocator``)."""
         d = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
         d["config"] = TrainConfig.from_dict(d["config"])
         for key in ("memory", "category_peaks"):
