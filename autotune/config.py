@@ -129,6 +129,7 @@ class TrainConfig:
 
     @property
     def effective_batch_size(self) -> int:
+        """Samples per optimizer step: ``micro_batch_size x grad_accum_steps x ranks``."""
         return self.micro_batch_size * self.grad_accum_steps * self.ranks
 
     def block_precisions(self, num_blocks: int) -> tuple[Precision, ...]:
@@ -146,6 +147,7 @@ class TrainConfig:
 
     @property
     def uses_fp16(self) -> bool:
+        """Whether any block runs in fp16 (the loop then scales the loss dynamically)."""
         return "fp16" in _as_tuple(self.precision)
 
     def lr_multiplier(self, base_batch_size: int) -> float:
@@ -190,6 +192,7 @@ class TrainConfig:
         return f"micro x acc x ranks {batch} | {prec} | ckpt {ckpt} | ZeRO {zero}"
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values (per-block tuples as lists)."""
         d = asdict(self)
         for key in ("precision", "checkpoint"):
             if isinstance(d[key], tuple):
@@ -197,10 +200,22 @@ class TrainConfig:
         return d
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as indented JSON: what ``--config`` files hold."""
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        """The configuration :meth:`to_dict` wrote.
+
+        Args:
+            data: Field names to values; a missing field takes its default.
+
+        Returns:
+            The configuration, validated.
+
+        Raises:
+            ConfigError: an unknown field, or a value that breaks a rule.
+        """
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -209,6 +224,18 @@ class TrainConfig:
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
+        """The configuration :meth:`to_json` wrote, or ``autotune best --format json`` (its
+        ``measured`` figures are skipped).
+
+        Args:
+            text: The JSON text of one object.
+
+        Returns:
+            The configuration, validated.
+
+        Raises:
+            ConfigError: text that is not a JSON object, an unknown field, or a value that breaks a rule.
+        """
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:

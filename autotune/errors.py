@@ -17,27 +17,70 @@ __all__ = [
 
 
 class AutotuneError(Exception):
-    """Base class of every error autotune raises deliberately."""
+    """Base class of every error autotune raises deliberately.
+
+    Catch it to tell a user mistake or an infeasible configuration from a bug: anything else that
+    escapes autotune is a bug (``assert`` guards only internal invariants). The CLI exits with
+    status 2 on it.
+
+    Example:
+        >>> from autotune import AutotuneError, TrainConfig
+        >>> try:
+        ...     TrainConfig(micro_batch_size=0)
+        ... except AutotuneError as error:
+        ...     print(type(error).__name__)
+        ConfigError
+    """
 
 
 class ConfigError(AutotuneError, ValueError):
-    """A configuration value breaks a rule; the message names the field, rule and value."""
+    """A configuration value breaks a rule; the message names the field, rule and value.
+
+    Raised at construction (:class:`~autotune.TrainConfig`, :class:`~autotune.Adaptive`, the
+    callbacks) and by argument checks (:func:`~autotune.measure`'s ``steps``). Also a
+    :class:`ValueError`, so code that validates with ``except ValueError`` keeps working.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> TrainConfig(zero_stage=4)
+        Traceback (most recent call last):
+        ...
+        autotune.errors.ConfigError: TrainConfig.zero_stage must be in [0, 3], but got 4.
+    """
 
 
 class WorkloadError(AutotuneError):
-    """A workload reference cannot be resolved, or a workload breaks its contract."""
+    """A workload reference cannot be resolved, or a workload breaks its contract.
+
+    Raised by :func:`~autotune.load_workload` (unknown name, missing file or function, a
+    ``build()`` that raised or returned something else) and by :class:`~autotune.Workload`'s
+    checks; the message is one line naming the reference and what was expected.
+
+    Example:
+        >>> from autotune import load_workload
+        >>> load_workload("no-such-model")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        autotune.errors.WorkloadError: unknown workload 'no-such-model': expected a built-in name (...
+    """
 
 
 class TrainingError(AutotuneError):
     """Training under a configuration failed for a reason other than running out of memory.
 
     The original exception is chained (``__cause__``). Out-of-memory and divergence are not
-    errors: :func:`autotune.measure` reports them in the returned ``Measurement``.
+    errors: :func:`autotune.measure` reports them in the returned ``Measurement`` (its
+    ``status``), so a search can go on past them.
     """
 
 
 class UnsupportedError(AutotuneError):
-    """A valid configuration that this build of autotune cannot run yet (says which issue adds it)."""
+    """A valid configuration that this build of autotune cannot run where it was asked to.
+
+    The configuration passes :class:`~autotune.TrainConfig`'s checks, but this build, machine or
+    entry point cannot run it (a DeepSpeed configuration handed to a one-process measurement, a
+    knob a model cannot take); the message says what would run it.
+    """
 
 
 class SpecError(AutotuneError, ValueError):

@@ -78,6 +78,19 @@ class Knobs:
         low_precision: The precision of the low-precision blocks.
         low_precision_blocks: How many blocks, hungriest first, run in ``low_precision``.
         checkpoint_blocks: How many blocks, hungriest first, are recomputed in backward.
+
+    Raises:
+        ConfigError: a knob out of its range, or ``micro_batch_size x ranks`` not dividing
+            ``batch_size``, with the rule and the value received.
+
+    Example:
+        >>> from autotune import Knobs
+        >>> knobs = Knobs(batch_size=32, micro_batch_size=8, low_precision_blocks=2, checkpoint_blocks=1)
+        >>> knobs.describe(), knobs.grad_accum_steps
+        ('8x4 bf16:2 ckpt:1', 4)
+        >>> config = knobs.to_config([2, 0, 3, 1])  # block indices, most activation bytes first
+        >>> config.precision, config.checkpoint
+        (('bf16', 'fp32', 'bf16', 'fp32'), (False, False, True, False))
     """
 
     batch_size: int
@@ -111,6 +124,7 @@ class Knobs:
 
     @property
     def grad_accum_steps(self) -> int:
+        """Micro-batches accumulated per optimizer step: ``batch_size / (micro_batch_size x ranks)``."""
         return self.batch_size // (self.micro_batch_size * self.ranks)
 
     def blocks(self, ranking: Sequence[int]) -> tuple[tuple[Precision, ...], tuple[bool, ...]]:

@@ -21,11 +21,13 @@ __all__ = ["load_workload"]
 
 
 def load_workload(ref: str) -> Workload:
-    """Resolve a workload reference.
+    """Resolve a workload reference into a :class:`Workload`.
 
-    ``ref`` is a built-in name (see ``autotune workloads``), ``random:SEED`` (or ``random2:SEED``) for a
-    generated architecture, ``path/to/file.py:build`` or ``package.module:build``. The function named after
-    the colon is called with no arguments and must return a :class:`Workload`.
+    Args:
+        ref: A built-in name (see ``autotune workloads``), ``random:SEED`` (or ``random2:SEED``)
+            for a generated architecture, ``path/to/file.py:build`` or ``package.module:build``.
+            The function named after the colon is called with no arguments and must return a
+            :class:`Workload`.
 
     Returns:
         The workload, its ``source`` set to ``ref`` (so a study's child process can rebuild it).

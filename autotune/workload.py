@@ -67,6 +67,23 @@ class Workload:
             case is declared (collated, never run); 0: the first batch only.
         source: The reference this workload was loaded from (set by :func:`load_workload`), so
             other processes (DeepSpeed ranks, study workers) can rebuild it. None if built directly.
+
+    Raises:
+        WorkloadError: a field of the wrong type or out of range, or a block name the model does
+            not have; the message names the field and the value received.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from autotune import Workload
+        >>> def loss_fn(model, batch):
+        ...     x, y = batch
+        ...     return nn.functional.cross_entropy(model(x), y)
+        >>> data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        >>> wl = Workload(name="toy", model=model, dataset=data, loss_fn=loss_fn, batch_size=16)
+        >>> wl.block_names(), wl.dataset_size  # blocks auto-detected: the two Linear layers
+        (('0', '2'), 64)
     """
 
     name: str
@@ -152,6 +169,7 @@ class Workload:
 
     @property
     def num_parameters(self) -> int:
+        """Elements of every parameter of the model."""
         return sum(p.numel() for p in self.model.parameters())
 
     @property
@@ -198,6 +216,17 @@ class Workload:
         return find_blocks(self.model, workload=self.name)
 
     def make_optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        """The workload's optimizer over ``params`` (AdamW at ``DEFAULT_LR`` when none is given).
+
+        Args:
+            params: The parameters to optimize (of a copy of the model).
+
+        Returns:
+            The optimizer, at the base learning rate.
+
+        Raises:
+            WorkloadError: the factory returned something other than a ``torch.optim.Optimizer``.
+        """
         import torch
 
         if self.optimizer is None:
@@ -252,9 +281,8 @@ def find_blocks(model: torch.nn.Module, *, workload: str = "?") -> tuple[str, ..
     bottleneck, the shortcut, with the residual add in neither. When the found units inside some
     instance of a repeated (two or more instances), non-container module class sit in more than
     one container, the instances of the innermost such class become the blocks instead (the
-    bottlenecks; the stem's conv layer, outside them, is not a block: with it the composition
-    was 9.7% off). Measured on that ResNet with every other block checkpointed: the conv layers
-    as blocks mispredict the peak by up to 8%, the bottlenecks by 0.02%. Then an instance nested
+    bottlenecks; the stem's conv layer, outside them, is not a block), since the conv layers as
+    blocks mispredict that ResNet's peak by up to 8% (docs/benchmarks.md). Then an instance nested
     inside another selected instance is dropped (outermost only).
 
     Raises:

@@ -25,11 +25,9 @@ state O and DeepSpeed's fp32 master partition at stages >= 1):
 
 (ring collectives move (R - 1)/R of the buffer per rank), plus the per-collective overheads that
 bandwidth does not see (launches, hooks, small messages): ``zero_overhead`` x the local step time
-at stage 3, 0.3x that at stage 2 and 0.1x at stage 1 (the shares are an assumption). Measured here
-(2 CPU ranks, gloo, gpt-tiny micro-batch 8): a stage-3 step took 857 ms against 252 ms at stage
-0 in the environment's rank session, an overhead of 2.4 (``autotune measure --workload gpt-tiny
---ranks 2 --micro-batch 8 --zero-stage 0`` and ``3``: 117 vs 32 samples/s, 2.6), where the
-bandwidth term alone gives ~0.03. This ZeRO part is arithmetic
+at stage 3, 0.3x that at stage 2 and 0.1x at stage 1 (the shares are an assumption). On 2 CPU
+ranks that overhead measured ~2.4 where the bandwidth term alone gives ~0.03
+(docs/benchmarks.md, "The simulator's ZeRO overhead"). This ZeRO part is arithmetic
 with two machine parameters, not calibrated per workload: the simulator uses it to let a policy
 learn what the ZeRO action does to memory and time, not to predict a DeepSpeed run exactly.
 

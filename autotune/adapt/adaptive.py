@@ -61,8 +61,27 @@ _STATE_VERSION = 1  # of state_dict(): a change to its keys bumps it
 
 
 def decision_source(policy: PolicyArg) -> DecisionSource | None:
-    """``"pretrained"`` (the shipped policy), a policy directory, a :class:`TrainConfig` (fixed),
-    a :class:`DecisionSource`, or None (no decisions: the run stays where it starts)."""
+    """The decision source an adaptive run's ``policy=`` argument stands for.
+
+    Args:
+        policy: ``"pretrained"`` (the shipped policy), a policy directory (``str`` or ``Path``), a
+            :class:`~autotune.TrainConfig` (a :class:`FixedConfig` of it), a
+            :class:`DecisionSource` (itself), or None.
+
+    Returns:
+        The source, or None: no decisions, the run stays where it starts.
+
+    Raises:
+        ConfigError: ``policy`` is none of these types.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> from autotune.adapt import decision_source
+        >>> decision_source(TrainConfig(micro_batch_size=4)).name
+        'fixed'
+        >>> decision_source(None) is None
+        True
+    """
     if policy is None or isinstance(policy, DecisionSource):
         return policy
     if isinstance(policy, TrainConfig):
@@ -95,42 +114,82 @@ def _like(optimizer: torch.optim.Optimizer) -> Callable[[Any], torch.optim.Optim
 class Adaptive:
     """Train ``model`` with ``optimizer`` in place, adapting how each step is computed.
 
-    On DeepSpeed ranks, with the ZeRO stage as a knob too: :meth:`on_ranks` (a workload
-    reference: the model lives in the rank processes).
+    Every ``decide_every`` steps the decision source may propose another configuration
+    (micro-batch split, per-block precision, activation checkpointing); the budget gate admits it
+    only if its peak memory is known to fit ``memory_budget``. The effective batch stays
+    ``batch_size`` unless ``adapt_batch``. Every decision, applied or refused, is in
+    :attr:`history`. On DeepSpeed ranks, with the ZeRO stage as a knob too: :meth:`on_ranks`
+    (a workload reference: the model lives in the rank processes).
 
     Args:
-        model, optimizer: The user's objects; they are the ones trained (no copy, nothing moved).
+        model: The user's model: the one trained (no copy, nothing moved).
+        optimizer: The user's optimizer over ``model``'s parameters (the memory model counts
+            the state of its class with its defaults).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
-        dataset: A map-style dataset or an ``IterableDataset`` (see :class:`Workload`): the data of
-            :meth:`step` with no batch, and the memory model's profile either way.
+        dataset: A map-style dataset or an ``IterableDataset`` (see :class:`~autotune.Workload`):
+            the data of :meth:`step` with no batch, and the memory model's profile either way.
+        batch_size: The effective batch in samples: by default it never changes (only its split
+            into micro-batches x accumulation does).
+        memory_budget: Peak tensor bytes allowed: ``"8GiB"``, bytes, ``"75%"`` of the default
+            configuration's predicted peak, or None (100%: adaptation never uses more memory
+            than the default run). A budget below the default's peak starts from the first of
+            smaller micro-batches, then recompute, that fits.
+        policy: Where decisions come from (see :func:`~autotune.adapt.decision_source`); default
+            the pretrained policy; None makes no decisions.
+        decide_every: Optimizer steps between decisions (>= 2: never every step).
+        adapt_batch: Let the effective batch grow with the gradient noise scale (see
+            :mod:`autotune.adapt.batch`), up to ``max_batch_size``.
+        min_efficiency: With ``adapt_batch``: the batch doubles only while the doubled batch keeps
+            at least this fraction, in (0, 1], of ``batch_size``'s per-sample progress.
+        max_batch_size: With ``adapt_batch``: the largest effective batch (default 8 x
+            ``batch_size``; at least ``batch_size``).
+        blocks: Block module names (default: auto-detected, see :func:`autotune.workload.find_blocks`).
+        device: Where batches go (default: the model's device).
+        grad_clip: Max global gradient norm, as in :class:`~autotune.TrainConfig` (default None:
+            no clipping, the user's loop decides that).
+        lr_scaling: How the learning rate follows the effective batch, as in
+            :class:`~autotune.TrainConfig` (``"linear"``, ``"sqrt"``, ``"none"``).
+        seed: Seed of data order and any randomness in the loop.
+        track_memory: Which configurations' first step runs under exact memory tracking (their
+            measured bytes then replace the prediction, and one measured over the budget is left
+            at once): ``"unverified"`` (default) those whose prediction the gate does not trust
+            (:meth:`BudgetGate.trusts`: verified by a check against a real step that came within
+            the gate's 2% headroom), True or ``"all"`` every one, False or ``"none"`` none (then
+            only verified predictions admit). Why not always: a tracked step costs 1.1-15x a
+            step on the CPU.
+        name: The run's name in reports and warnings.
         collate_fn: Batches the dataset's samples (default: the DataLoader's default collate).
         worst_case_batch: A batch at the longest shapes the data can produce: the budget gate
             predicts at it (``Workload.worst_case_batch``); None scans a map-style dataset. A
             :meth:`step` batch larger still is predicted at its shape before it runs, and the
             step split if it would not fit (:mod:`autotune.adapt.shape_guard`).
-        batch_size: The effective batch: by default it never changes (only its split into
-            micro-batches x accumulation does).
-        memory_budget: Peak tensor bytes allowed: ``"8GiB"``, bytes, ``"75%"`` of the default
-            configuration's predicted peak, or None (100%: adaptation never uses more memory
-            than the default run). A budget below the default's peak starts from the first of
-            smaller micro-batches, then recompute, that fits; if none does, a ConfigError (the
-            callbacks raise the same from their train-begin hooks: see
-            :class:`autotune.adapt.controller.Controller`).
-        policy: Where decisions come from (see :func:`decision_source`); default the pretrained policy.
-        decide_every: Steps between decisions (>= 2: never every step).
-        adapt_batch: Let the effective batch grow with the gradient noise scale (see
-            :mod:`autotune.adapt.batch`), up to ``max_batch_size`` (default 8 x ``batch_size``).
-        blocks: Block module names (default: auto-detected, see :func:`autotune.workload.find_blocks`).
-        device: Where batches go (default: the model's device).
-        grad_clip, lr_scaling, seed: As in :class:`TrainConfig` (no clipping by default: the
-            user's loop decides that).
-        track_memory: Which configurations' first step runs under exact memory tracking (their
-            measured bytes then replace the prediction, and one measured over the budget is left
-            at once): ``"unverified"`` (default) those whose prediction the gate does not trust
-            (:meth:`BudgetGate.trusts`: verified, by a check against a real step that came within
-            the gate's 2% headroom; within 1e-6 on the corpus models, while a tracked step costs
-            1.1-15x a step on the CPU), True or ``"all"`` every one, False or ``"none"`` none
-            (then only verified predictions admit).
+
+    Raises:
+        ConfigError: an argument out of range, or no configuration (smaller micro-batches, then
+            recompute) fits ``memory_budget`` (the callbacks raise the same from their
+            train-begin hooks: see :class:`~autotune.adapt.Controller`).
+        WorkloadError: ``model``, ``dataset``, ``loss_fn`` or ``blocks`` break the workload
+            contract (:class:`~autotune.Workload`).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from autotune import Adaptive, TrainConfig
+        >>> def loss_fn(model, batch):
+        ...     x, y = batch
+        ...     return nn.functional.cross_entropy(model(x), y)
+        >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        >>> run = Adaptive(model, optimizer, loss_fn, data, batch_size=16,
+        ...                policy=TrainConfig(micro_batch_size=8, grad_accum_steps=2))
+        >>> for _ in range(3):
+        ...     step = run.step()
+        >>> step.step, run.config.describe()
+        (2, 'micro x acc x ranks 8x2x1 | fp32 | ckpt none | ZeRO 0')
+        >>> print(run.history[0].describe())  # doctest: +ELLIPSIS
+        step 0: applied micro x acc x ranks 8x2x1 | fp32 | ckpt none | ZeRO 0 (fixed: the fixed configuration; ...)
+        >>> run.close()  # the model is exactly as it was given, trained
     """
 
     def __init__(
@@ -233,8 +292,17 @@ class Adaptive:
         on an error, Ctrl-C, or when the parent dies.
 
         Args:
+            workload: A workload reference, or a :class:`~autotune.Workload` loaded from one
+                (its ``source`` is what the ranks rebuild).
             ranks: DeepSpeed data-parallel ranks, >= 2 (one process: construct :class:`Adaptive`).
+            memory_budget: Per rank, as for :class:`Adaptive` (a percentage: of the default
+                configuration's predicted peak per rank).
+            policy: As for :class:`Adaptive`.
+            decide_every: As for :class:`Adaptive`.
             device: ``cpu``, ``cuda`` (one GPU per rank) or None (CUDA when available).
+            grad_clip: As for :class:`Adaptive`.
+            lr_scaling: As for :class:`Adaptive`.
+            seed: As for :class:`Adaptive`.
             timeout: Seconds one command to the ranks (a step, a reconfiguration) may take.
             session: A running :class:`~autotune.procs.session.RankSession` of ``ranks`` ranks to
                 train in instead of starting one (a start costs ~10 s: runs can share one, as the
@@ -242,7 +310,23 @@ class Adaptive:
                 :meth:`close` leaves it open for its owner.
             track_memory: As for :class:`Adaptive`, but every configuration by default: the
                 memory model's error on ranks was up to 4.8% on held-out configurations.
-            Others: as for :class:`Adaptive`.
+
+        Returns:
+            The run, its ranks started.
+
+        Raises:
+            ConfigError: an argument out of range, a ``session`` closed or of another rank
+                count, a batch that does not divide by ``ranks``, or nothing fits the budget.
+            WorkloadError: the workload reference cannot be resolved.
+            UnsupportedError: a device the DeepSpeed runner does not run on.
+
+        Example:
+            What a user writes (it starts DeepSpeed processes, so it runs in CI as
+            ``examples/ranks.py``, in ``make examples``, not as a doctest)::
+
+                with Adaptive.on_ranks("path/to/file.py:build", ranks=2, memory_budget="85%") as run:
+                    losses = [run.step().loss for _ in range(12)]
+                print(run.history)
         """
         from autotune.adapt.ranks import RankLoop
         from autotune.procs.session import check_configs, device_type_of
@@ -356,8 +440,10 @@ class Adaptive:
 
     @property
     def over_budget_steps(self) -> tuple[OverBudgetStep, ...]:
-        """Every step whose measured peak was over the budget (each also warned of with an
-        :class:`~autotune.errors.OverBudgetWarning`); empty if the run kept to its budget."""
+        """Every step whose measured peak was over the budget; empty if the run kept to its budget.
+
+        Each was also warned of with an :class:`~autotune.errors.OverBudgetWarning`.
+        """
         return tuple(self.controller.over_budget)
 
     @property
@@ -367,8 +453,11 @@ class Adaptive:
 
     @property
     def best(self) -> ConfigRecord | None:
-        """The judged configuration with the most throughput (goodput with ``adapt_batch``) per GiB
-        of peak within the budget: what a study would recommend among them."""
+        """The judged configuration with the most throughput per GiB of peak within the budget.
+
+        Goodput with ``adapt_batch``: what a study would recommend among them. None before any
+        configuration is judged.
+        """
         return self.decider.best
 
     @property
@@ -383,6 +472,7 @@ class Adaptive:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
+        """The user's optimizer (on ranks there is none here, as for :attr:`model`)."""
         return self._in_place().optimizer
 
     def _in_place(self, refusal: str = _NO_LOCAL_MODEL) -> InPlaceTrainer:
@@ -401,6 +491,10 @@ class Adaptive:
                 a leading batch dimension (dicts, tuples, ``BatchEncoding``). The step splits it
                 into the configuration's micro-batches, each loss weighted by its share of the
                 samples: the gradient of the one full batch.
+
+        Returns:
+            The step's record: its loss, samples, seconds, learning rate, configuration and, when
+            it ran under exact memory tracking, its peak bytes.
 
         Raises:
             NonFiniteLossError: The step's loss is NaN or infinite and the run makes decisions (a
@@ -469,18 +563,24 @@ class Adaptive:
     # ---- resume ---------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs, as plain values (``torch.load(weights_only=True)`` reads them):
-        the configuration, the step count, every step and decision, the measured peaks and
+        """What a resumed run needs, as plain values (``torch.load(weights_only=True)`` reads them).
+
+        The configuration, the step count, every step and decision, the measured peaks and
         throughputs, a side-by-side trial under way, the decision source's state and the data
         stream's position. Not the model and optimizer (yours: save their ``state_dict()`` beside
         it) nor the gradient noise estimate (it starts again).
 
-        Example:
-            ``torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-            "tuner": tuner.state_dict()}, path)``
+        Returns:
+            A dict of plain values, for :meth:`load_state_dict`.
 
         Raises:
             UnsupportedError: on ranks (the training state lives in the rank processes).
+
+        Example:
+            Saved beside the model and optimizer::
+
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                            "tuner": tuner.state_dict()}, path)
         """
         t = self._in_place(_NO_LOCAL_STATE)
         return {
@@ -497,12 +597,17 @@ class Adaptive:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue the run :meth:`state_dict` saved, on an Adaptive built as that one was (the
+        """Continue the run :meth:`state_dict` saved.
+
+        Call it on an Adaptive built as that one was (the
         model and optimizer loaded with their own state): the next step runs at the saved
         configuration, with the saved step count (the LR schedule's) and data position, and
         nothing measured or refused before is explored again. The restored configuration passes
         this run's budget gate first: a smaller budget it does not fit puts the run where this
         run's own start put it (a ``budget`` change in :attr:`history`).
+
+        Args:
+            state: What :meth:`state_dict` returned.
 
         Raises:
             ConfigError: a state of another version or another effective batch.
@@ -527,8 +632,11 @@ class Adaptive:
         self.controller.restore(restored, step=t.step_count, run="run")
 
     def close(self) -> None:
-        """Remove every wrapper and hook from the user's model: it is exactly as it was given (on
-        ranks: close their engines and reap every process)."""
+        """Remove every wrapper and hook from the user's model: it is exactly as it was given.
+
+        On ranks: close their engines and reap every process. ``with Adaptive(...) as run:``
+        closes it on leaving the block.
+        """
         self.trainer.close()
 
     def __enter__(self) -> Adaptive:

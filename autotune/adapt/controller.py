@@ -93,8 +93,21 @@ class Controller:
         default: The run's own configuration (the user's split, fp32, no recompute).
         fraction: The budget as a fraction of the default's peak (None: bytes): a measurement of
             the default replaces its prediction as that basis.
-        decide_every: Steps between decisions.
-        adapt_batch, min_efficiency, max_batch_size: As for :class:`autotune.Adaptive`.
+        decide_every: Optimizer steps between decisions.
+        adapt_batch: As for :class:`autotune.Adaptive`.
+        min_efficiency: As for :class:`autotune.Adaptive` (default 1.0: the batch never grows
+            at a cost).
+        max_batch_size: As for :class:`autotune.Adaptive`.
+
+    Example:
+        The loops drive it in this order (the callbacks' hooks do the same; see
+        :class:`autotune.Adaptive` for a run that uses it)::
+
+            start = controller.begin(workload, device_type="cpu")  # raises if nothing fits
+            for index in range(steps):
+                want = controller.before_step()  # a side-by-side trial may switch the next step
+                ...  # one optimizer step under want or controller.config
+                controller.after_step(index, config=config, loss=loss, throughput=samples_per_s)
     """
 
     def __init__(
@@ -132,6 +145,7 @@ class Controller:
 
     @property
     def history(self) -> list[Change]:
+        """Every decision so far, applied or refused, in order."""
         return self.decider.history
 
     @property
@@ -142,8 +156,18 @@ class Controller:
     # ---- before the first step ---------------------------------------------------------------------
 
     def begin(self, workload: Workload, *, device_type: str) -> TrainConfig:
-        """Put the run where the budget and the source's plan say (:meth:`start`, then the plan);
-        the configuration the loop starts in. Raises :class:`ConfigError` if nothing fits."""
+        """Put the run where the budget and the source's plan say: :meth:`start`, then the plan.
+
+        Args:
+            workload: The run's workload (profiled per block for the source's plan).
+            device_type: ``"cpu"`` or ``"cuda"``: what the source is told the run trains on.
+
+        Returns:
+            The configuration the loop starts in.
+
+        Raises:
+            ConfigError: no configuration fits the budget.
+        """
         start, why, predicted = self.start()
         context = None
         if self.source is not None:  # the profile is only for a source's plan and observations
@@ -187,11 +211,20 @@ class Controller:
         return self.config
 
     def start(self) -> tuple[TrainConfig, str, int | None]:
-        """Where the budget puts the run, why (empty: the default) and its predicted peak: the
-        default if it fits (or the budget is at least the default's own peak), else the first of
-        smaller micro-batches (only where the loop takes a new split before its first step; on
-        ranks: each at the lowest ZeRO stage that fits), then recompute on every block, that the
-        gate admits."""
+        """Where the budget puts the run, before any decision source has a say.
+
+        The default if it fits (or the budget is at least the default's own peak), else the
+        first of smaller micro-batches (only where the loop takes a new split before its first
+        step; on ranks: each at the lowest ZeRO stage that fits), then recompute on every block,
+        that the gate admits.
+
+        Returns:
+            The configuration, why (empty: the default) and its predicted peak in bytes (None
+            for the default).
+
+        Raises:
+            ConfigError: no configuration fits the budget.
+        """
         default = self.default
         verdict = self.gate.check(default)
         if verdict.admitted or (self.fraction is not None and self.fraction >= 1.0):
@@ -232,8 +265,12 @@ class Controller:
     # ---- each step ----------------------------------------------------------------------------------
 
     def before_step(self) -> TrainConfig | None:
-        """The configuration the next step must run under, if not the loop's current one: while a
-        side-by-side trial lasts (only where the loop is ``paired``), the side it alternates to."""
+        """The configuration the next step must run under, if not the loop's current one.
+
+        Returns:
+            While a side-by-side trial lasts (only where the loop is ``paired``), the side it
+            alternates to; else None.
+        """
         want = self.decider.trial_config(self.config)
         if want is None or want == self.config:
             return None
@@ -253,6 +290,8 @@ class Controller:
         """Step ``index`` (0-based: ``index + 1`` steps are done) ran under ``config``.
 
         Args:
+            index: The step's 0-based index.
+            config: The configuration it ran under.
             loss: Its loss, where the loop read it (None: not read, e.g. between a framework's logs).
             throughput: Samples/s where the step counts towards the configuration's time (not the
                 first of a configuration, which pays one-time costs, nor a tracked step).
@@ -291,8 +330,13 @@ class Controller:
             self._make(change)
 
     def measured(self, config: TrainConfig, peak: int, allocator: AllocatorStats | None = None) -> None:
-        """A measured peak of ``config`` (on CUDA with the caching allocator's peaks over that
-        step); the default's also sets a percentage budget."""
+        """Record a measured peak of ``config``; the default's also sets a percentage budget.
+
+        Args:
+            config: The configuration measured.
+            peak: Its peak tensor bytes.
+            allocator: On CUDA, the caching allocator's peaks over that step.
+        """
         self.gate.record(config, peak, allocator=allocator)
         if config == self.default and self.fraction is not None:
             # A percentage is of the default's peak: its measurement replaces its prediction
@@ -302,8 +346,13 @@ class Controller:
             self.gate.budget = max(self.gate.budget, int(basis * self.fraction))
 
     def made(self, step: int, taken: bool, why: str = "") -> None:
-        """The loop reached the point a pending change waited for (:meth:`FrontEnd.apply`
-        returned None) and took it (``taken``), or not (``why``: the change is refused, logged)."""
+        """The loop reached the point a pending change waited for (:meth:`FrontEnd.apply` returned None).
+
+        Args:
+            step: Optimizer steps done.
+            taken: Whether the loop made the change.
+            why: When not taken, why: the change is logged as refused with it.
+        """
         change, self.pending = self.pending, None
         if change is None:
             return
@@ -357,8 +406,16 @@ class Controller:
             warnings.warn(NonFiniteLossWarning(f"{what}; training goes on"), stacklevel=4)
 
     def refused(self, step: int, source: str, reason: str) -> bool:
-        """What the loop forbids (``source``: which loop), in the history once: a refused change
-        that stays where the run is. Whether it was new (a resumed run said it before)."""
+        """Log what the loop forbids, once: a refused change that stays where the run is.
+
+        Args:
+            step: Optimizer steps done.
+            source: Which loop forbids it (the history's ``source``).
+            reason: What it forbids and why.
+
+        Returns:
+            Whether it was new (False: the history said it already, e.g. before a resume).
+        """
         if any(c.source == source and c.reason == reason for c in self.history):
             return False
         self.decider.note(
@@ -369,7 +426,11 @@ class Controller:
     # ---- resume ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Every decision and measurement, the source's state and the recent losses, as plain values."""
+        """Every decision and measurement, the source's state and the recent losses, as plain values.
+
+        Returns:
+            A dict for :meth:`load_state_dict`.
+        """
         return {
             "measured": [{"config": c.to_dict(), "peak_bytes": b} for c, b in self.gate.measured.items()],
             "decider": self.decider.state_dict(),
@@ -379,7 +440,11 @@ class Controller:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state_dict`: nothing measured or refused there is explored again."""
+        """Continue from :meth:`state_dict`: nothing measured or refused there is explored again.
+
+        Args:
+            state: What :meth:`state_dict` returned.
+        """
         for m in state.get("measured", []):
             self.measured(TrainConfig.from_dict(m["config"]), m["peak_bytes"])
         self.decider.load_state_dict(state["decider"])
@@ -389,13 +454,25 @@ class Controller:
         self.resume_losses(state.get("losses", []))
 
     def resume_losses(self, losses: list[float]) -> None:
-        """The losses of the run so far (a non-finite one was warned of before the restart)."""
+        """Set the losses of the run so far, on a resume (a non-finite one was warned of before the restart).
+
+        Args:
+            losses: Every step's loss, oldest first.
+        """
         self.losses = list(losses)[-TUNING.observed_losses :]
         self._warned_nonfinite = not all(math.isfinite(v) for v in losses)
 
     def restore(self, saved: TrainConfig, *, step: int, run: str) -> TrainConfig:
-        """Where a resumed run goes: ``saved`` if this run's gate admits it, else where this run
-        started (a ``budget`` change in the history; ``run``: "run" or "fit", as the message says)."""
+        """Put a resumed run at its saved configuration if this run's gate admits it.
+
+        Args:
+            saved: The configuration the saved run was in.
+            step: Optimizer steps done.
+            run: ``"run"`` or ``"fit"``, as the history's message says.
+
+        Returns:
+            ``saved``, or where this run started (a ``budget`` change in the history).
+        """
         verdict = self.gate.check(saved)
         target = saved
         if not verdict.admitted:

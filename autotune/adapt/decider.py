@@ -62,7 +62,15 @@ class SideBySide:
     worth deciding on; steps alternating between the two configurations see the same machine.
     The loop runs :meth:`Decider.trial_config` each step (one reconfiguration per step: a swap of
     block wrappers and the micro-batch drawn, ~1 ms on the local loop), so half of the trial's
-    steps run at the incumbent instead of all of them at a candidate that may be worse."""
+    steps run at the incumbent instead of all of them at a candidate that may be worse.
+
+    Attributes:
+        candidate: The proposed configuration on trial.
+        incumbent: The configuration it replaced.
+        samples: Samples/s of each side's timed steps in the trial, by configuration.
+        fresh: Whether the trial has not run a step yet: its first step runs where the loop is
+            (the candidate), as its tracked step.
+    """
 
     candidate: TrainConfig
     incumbent: TrainConfig
@@ -78,6 +86,9 @@ class Decider:
         gate: The budget gate every configuration passes; its ``budget`` is the run's.
         base_batch_size: The user's effective batch.
         adapt_batch: Let the batch grow with the gradient noise scale (:func:`autotune.adapt.batch.grow_batch`).
+        min_efficiency: With ``adapt_batch``: the fraction, in (0, 1], of the user's per-sample
+            progress a doubled batch must keep (default 1.0).
+        max_batch_size: With ``adapt_batch``: the largest effective batch (default: the user's).
         takes: ``takes(current, proposed)``: what of ``proposed`` the loop can run from
             ``current`` (a framework's loop: the per-block knobs, the split only at an epoch
             boundary); default: all of it.
@@ -120,13 +131,22 @@ class Decider:
     def begin(
         self, *, start: TrainConfig, default: TrainConfig, why: str = "", context: RunContext | None = None
     ) -> Change | None:
-        """Start the source; the change to make before the first step, or None (stay at ``start``).
+        """Start the source and decide where the run starts.
 
-        ``start`` is where the budget puts the run (``why``: how it got there from ``default``,
-        empty if it is the default). With a source, ``context`` (whose ``start`` is ``start``)
-        starts it, and its plan (:meth:`DecisionSource.plan`) moves the run further if the loop
-        can take it and the gate admits it; a refused plan is logged. Report the change made with
-        :meth:`started` (or, where it waits for the loop, :meth:`moved`)."""
+        With a source, ``context`` starts it, and its plan (:meth:`DecisionSource.plan`) moves
+        the run further if the loop can take it and the gate admits it; a refused plan is logged.
+        Report the change made with :meth:`started` (or, where it waits for the loop, :meth:`moved`).
+
+        Args:
+            start: Where the budget puts the run.
+            default: The run's own configuration.
+            why: How the budget got from ``default`` to ``start`` (empty if it is the default).
+            context: What the source is told of the run (its ``start`` is ``start``); None
+                without a source.
+
+        Returns:
+            The change to make before the first step, or None (stay at ``start``).
+        """
         self.previous, self._begun_at = start, len(self.history)
         change = None
         if start != default:
@@ -144,24 +164,40 @@ class Decider:
         return dataclasses.replace(planned, before=default)
 
     def started(self, change: Change, seconds: float = 0.0) -> None:
-        """The run starts at ``change.after`` (logged before any refusal :meth:`begin` logged)."""
+        """Record that the run starts at ``change.after`` (logged before any refusal :meth:`begin` logged).
+
+        Args:
+            change: The change :meth:`begin` returned, as the loop made it.
+            seconds: Wall time the reconfiguration took.
+        """
         self.history.insert(self._begun_at, dataclasses.replace(change, seconds=seconds))
         self.previous = change.after
 
     # ---- while the run trains ----------------------------------------------------------------------
 
     def timed(self, config: TrainConfig, throughput: float) -> None:
-        """One timed step of ``config`` (samples/s): not a tracked step (nor, in a framework's
-        loop, the first after a change, which pays for it)."""
+        """Record one timed step of ``config``.
+
+        Args:
+            config: The configuration it ran under.
+            throughput: Its samples/s. Not of a tracked step (nor, in a framework's loop, of the
+                first after a change, which pays for it).
+        """
         self._recent.append(throughput)
         self._timed.setdefault(config, []).append(throughput)
         if self.trial is not None and config in self.trial.samples:
             self.trial.samples[config].append(throughput)
 
     def trial_config(self, current: TrainConfig) -> TrainConfig | None:
-        """The configuration the next step runs under while a side-by-side trial lasts (None:
-        no trial): the candidate's first (tracked) step, then the side with fewer timed steps,
-        alternating on a tie."""
+        """The configuration the next step runs under while a side-by-side trial lasts.
+
+        Args:
+            current: The configuration the loop is on.
+
+        Returns:
+            The candidate's first (tracked) step, then the side with fewer timed steps,
+            alternating on a tie; None without a trial.
+        """
         trial = self.trial
         if trial is None:
             return None
@@ -174,12 +210,21 @@ class Decider:
         return trial.incumbent if current == trial.candidate else trial.candidate
 
     def trial_over(self, step: int, current: TrainConfig) -> Change | None:
-        """After each step: once both sides of a trial have ``TUNING.paired_steps`` timed steps and
-        the last ran the candidate, its verdict: kept (None; the run is there) if its median
-        objective per GiB is more than the margin above the incumbent's and the gap is larger
-        than their spreads, measured side by side; more steps while it is above the margin but
-        within the spreads (up to ``TUNING.max_paired_steps`` each); else the change back to the
-        incumbent (make it, then :meth:`moved`)."""
+        """A side-by-side trial's verdict, once it has one (called after each step).
+
+        Once both sides have ``TUNING.paired_steps`` timed steps and the last ran the candidate,
+        the candidate is kept if its median objective per GiB is more than the margin above the
+        incumbent's and the gap is larger than their spreads; more steps run while it is above
+        the margin but within the spreads (up to ``TUNING.max_paired_steps`` each).
+
+        Args:
+            step: Optimizer steps done.
+            current: The configuration the last step ran under.
+
+        Returns:
+            The change back to the incumbent (make it, then :meth:`moved`), or None: kept, or
+            no verdict yet.
+        """
         trial = self.trial
         if trial is None or current != trial.candidate:
             return None
@@ -227,10 +272,19 @@ class Decider:
     def on_step(
         self, step: int, config: TrainConfig, *, due: bool, observe: Callable[[], Observation]
     ) -> Change | None:
-        """After each step (its timing already reported): the change to make, or None. A
-        side-by-side trial's verdict while one lasts (no decision meanwhile); else, if a decision
-        is ``due``, the decision on the observation ``observe()`` builds (only then: it reads the
-        run's statistics)."""
+        """The change to make after a step (its timing already reported), if any.
+
+        Args:
+            step: Optimizer steps done.
+            config: The configuration the step ran under.
+            due: Whether a decision is due at this step.
+            observe: Builds the observation (called only when a decision is made: it reads the
+                run's statistics).
+
+        Returns:
+            A side-by-side trial's verdict while one lasts (no decision meanwhile); else, if a
+            decision is ``due``, :meth:`decide`'s; else None.
+        """
         if self.trial is not None:
             return self.trial_over(step, config)
         return self.decide(observe()) if due else None
@@ -238,7 +292,18 @@ class Decider:
     def observation(
         self, *, step: int, config: TrainConfig, b_noise: float | None, losses: tuple[float, ...]
     ) -> Observation:
-        """The run as measured since the last change: ``config``'s measured peak, else its prediction."""
+        """The run as measured since the last change.
+
+        Args:
+            step: Optimizer steps done.
+            config: The configuration the run is on.
+            b_noise: The gradient noise scale, where the loop estimates it.
+            losses: The recent losses.
+
+        Returns:
+            The observation: ``config``'s measured peak, else its prediction, and the median
+            throughput of the timed steps since the last change.
+        """
         peak = self.gate.measured.get(config)
         if peak is None:
             predicted = self.gate.predict(config)
@@ -249,10 +314,18 @@ class Decider:
         )
 
     def decide(self, obs: Observation) -> Change | None:
-        """The change to make now (``applied``: the loop makes it, then calls :meth:`moved`), or None.
+        """Judge the configuration the run is on, then decide.
 
         Refusals are logged here, once per configuration (a fixed source proposes the same one
-        at every decision)."""
+        at every decision).
+
+        Args:
+            obs: The run since the last decision.
+
+        Returns:
+            The change to make now (``applied``: the loop makes it, then calls :meth:`moved`), or
+            None.
+        """
         self._judge(obs)
         back = self._back_if_worse(obs)
         if back is not None:
@@ -273,7 +346,12 @@ class Decider:
         return self._admit(obs.step, obs.config, proposal, source)
 
     def moved(self, change: Change, seconds: float = 0.0) -> None:
-        """The loop made ``change`` (``seconds``: what the reconfiguration itself took)."""
+        """Record that the loop made ``change``; a proposal starts a side-by-side trial where it can.
+
+        Args:
+            change: The change made.
+            seconds: What the reconfiguration itself took.
+        """
         self.history.append(dataclasses.replace(change, seconds=seconds))
         self.previous, self._recent = change.before, []
         proposed = change.source != "measured"
@@ -286,25 +364,45 @@ class Decider:
             self._on_trial = proposed
 
     def guarded(self, change: Change) -> None:
-        """The shape guard's change (:mod:`autotune.adapt.shape_guard`), made before a long batch:
-        logged; a trial under way ends (its sides were gated at a smaller batch)."""
+        """Log the shape guard's change, made before a long batch; a trial under way ends.
+
+        A trial's sides were gated at a smaller batch (:mod:`autotune.adapt.shape_guard`).
+
+        Args:
+            change: The change the guard made.
+        """
         self.history.append(change)
         if change.applied:
             self.previous, self.trial, self._recent = change.after, None, []
 
     def refuse(self, change: Change) -> None:
-        """A change :meth:`decide` returned that the loop could not make after all (its reason says why)."""
+        """Log a change :meth:`decide` returned that the loop could not make after all.
+
+        Args:
+            change: The change; its reason says why.
+        """
         self.history.append(dataclasses.replace(change, applied=False))
         self._refused.add(change.after)
 
     def note(self, change: Change) -> None:
-        """A change decided outside the decider's rules (a resume under a smaller budget, what a
-        framework forbids), for the history."""
+        """Log a change decided outside the decider's rules, for the history.
+
+        Args:
+            change: A resume under a smaller budget, or what a framework forbids.
+        """
         self.history.append(change)
 
     def revert(self, config: TrainConfig, peak: int, step: int) -> TrainConfig:
-        """A tracked step measured ``config`` over the budget (its prediction was off): the
-        configuration to go back to (the one before it), logged."""
+        """Leave ``config``: a tracked step measured it over the budget (its prediction was off).
+
+        Args:
+            config: The configuration measured over the budget.
+            peak: Its measured peak bytes.
+            step: Optimizer steps done.
+
+        Returns:
+            The configuration to go back to (the one before it); the revert is logged.
+        """
         assert self.previous is not None, "begin() first"
         reason = f"measured {peak} B > budget {self.gate.budget} B: back to {self.previous.describe()}"
         self.history.append(
@@ -326,7 +424,11 @@ class Decider:
     # ---- resume ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Every decision and measurement so far, as plain values (see :meth:`Adaptive.state_dict`)."""
+        """Every decision and measurement so far, as plain values (see :meth:`Adaptive.state_dict`).
+
+        Returns:
+            A dict for :meth:`load_state_dict`.
+        """
         trial = self.trial
         return {
             "history": [c.to_dict() for c in self.history],
@@ -347,7 +449,11 @@ class Decider:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state_dict`: nothing measured or refused there is explored again."""
+        """Continue from :meth:`state_dict`: nothing measured or refused there is explored again.
+
+        Args:
+            state: What :meth:`state_dict` returned.
+        """
         from autotune.config import TrainConfig
 
         self.history = [Change.from_dict(c) for c in state["history"]]

@@ -47,10 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["PolicySource"]
 
 #: The neighbours tried, and the policy's actions tried, are those the plan's simulator rates at
-#: least this fraction of the run's configuration. On hf-gpt2 (``benchmarks/adaptive.py --steps
-#: 300 --decide-every 20``, before this floor) the simulator rated three tried neighbours of 4x8,
-#: bf16, ckpt 3/4 at 0.86 (8x4), 0.85 (ckpt 2/4) and 0.52 (bf16 on 3/4) of it: all three measured
-#: worse, and the first two raised the run's peak from 17.6 to 22.0 MiB.
+#: least this fraction of the run's configuration: below it, tried neighbours measured worse and
+#: raised the run's peak (docs/benchmarks.md, "Why the run starts at the simulator's plan").
 _NEIGHBOUR_WITHIN = 0.9
 
 
@@ -67,11 +65,18 @@ def _load(directory: Path | None) -> Any:
 class PolicySource(DecisionSource):
     """Decisions from a policy file (default: the shipped pretrained policy).
 
-    ``horizon``: decisions after which the observation's "fraction of the training budget used"
-    reads 1 (the policy was trained on 16-step episodes). ``plan``: start the run at the
-    calibrated simulator's best configuration (:meth:`plan`); None (default): on when the run's
-    model is on the CPU, off on a GPU, where the profile's copies of the model would take memory
-    the budget does not count.
+    ``policy="pretrained"`` or a policy directory makes one (:func:`autotune.adapt.decision_source`).
+
+    Args:
+        directory: The policy's directory (None: the shipped pretrained policy).
+        horizon: Decisions after which the observation's "fraction of the training budget used"
+            reads 1 (the policy was trained on 16-step episodes).
+        plan: Start the run at the calibrated simulator's best configuration (:meth:`plan`);
+            None (default): on when the run's model is on the CPU, off on a GPU, where the
+            profile's copies of the model would take memory the budget does not count.
+
+    Raises:
+        MissingDependencyError: stable-baselines3 or gymnasium is not installed.
     """
 
     name = "policy"
@@ -147,10 +152,15 @@ class PolicySource(DecisionSource):
 
         The profile holds copies of the model (one per timed configuration, with their optimizer
         state) and runs the default configuration among them: so on a GPU it is off unless asked
-        for (``PolicySource(plan=True)``), and ``plan=False`` turns it off everywhere.
+        for (``PolicySource(plan=True)``), and ``plan=False`` turns it off everywhere. Why it is
+        on by default on the CPU: docs/benchmarks.md, "Why the run starts at the simulator's plan".
 
-        Measured (README, ``benchmarks/adaptive.py``): against a study's best fixed configuration,
-        whole runs went from 0.11 / 0.61 / 0.13 (starting at the default) to 0.56 / 0.80 / 0.88."""
+        Args:
+            context: What the source knows of the run.
+
+        Returns:
+            The simulator's best admitted configuration, or None.
+        """
         wanted = context.device_type == "cpu" if self.plan_start is None else self.plan_start
         if not wanted or context.start.ranks != 1:
             return None

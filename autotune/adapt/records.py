@@ -14,10 +14,17 @@ __all__ = ["AdaptStep", "Change", "ConfigRecord", "OverBudgetStep"]
 
 @dataclass(frozen=True, kw_only=True)
 class AdaptStep:
-    """One optimizer step of the user's model.
+    """One optimizer step of the user's model, as :meth:`autotune.Adaptive.step` returns it.
 
-    ``peak_bytes`` is the exact peak tensor memory of the step (MemTracker) when the step was
-    tracked (the first one under each configuration), else None.
+    Attributes:
+        step: 0-based index of this optimizer step.
+        loss: The step's loss (mean over its micro-batches, weighted by their samples).
+        samples: Samples trained in the step.
+        seconds: Wall time of the step.
+        lr: Learning rate of the step.
+        config: The configuration it ran under.
+        peak_bytes: The exact peak tensor memory of the step (MemTracker) when the step was
+            tracked (the first one under a configuration whose prediction is not trusted), else None.
     """
 
     step: int  # 0-based index of this optimizer step
@@ -30,9 +37,11 @@ class AdaptStep:
 
     @property
     def throughput(self) -> float:
+        """Samples/s of the step (0.0 if it took no measurable time)."""
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values (what :meth:`from_dict` reads)."""
         return {
             "step": self.step,
             "loss": self.loss,
@@ -45,6 +54,7 @@ class AdaptStep:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AdaptStep:
+        """The record :meth:`to_dict` wrote."""
         return cls(**{**data, "config": TrainConfig.from_dict(data["config"])})
 
 
@@ -52,12 +62,25 @@ class AdaptStep:
 class Change:
     """A configuration the decision source proposed, applied or refused, and why.
 
-    ``step`` counts the optimizer steps done before the decision. ``applied`` False: the budget
-    gate refused it (``reason`` says by how much, or that the prediction was not verified), it was
-    measured before and was not better than the configuration the run is on, or a measured step
-    of it exceeded the budget and the run went back (``reverted``). ``source`` "measured": the run
-    left a configuration a proposal brought that measured no more than the margin above the
-    best one measured before it.
+    An entry of :attr:`autotune.Adaptive.history`; :meth:`describe` is its one-line form.
+
+    Attributes:
+        step: Optimizer steps done before the decision.
+        source: Who asked: the decision source's name, ``"budget"`` (the start within the budget,
+            or a step measured over it), ``"measured"`` (the run left a configuration a proposal
+            brought that measured no more than the margin above the best one measured before
+            it), ``"resume"``, or a loop's name for what it cannot take.
+        before: The configuration the run was on.
+        after: The configuration proposed.
+        applied: Whether the run switched to ``after``. False: the budget gate refused it
+            (``reason`` says by how much, or that the prediction was not verified), it was
+            measured before and was not better than the configuration the run is on, or a
+            measured step of it exceeded the budget and the run went back (``reverted``).
+        reason: Why, in words (with the predicted bytes and the budget for the gate's verdicts).
+        predicted_bytes: The memory model's peak for ``after``, where it made one.
+        measured_bytes: A measured peak of ``after``, where one was taken.
+        seconds: Wall time of the reconfiguration itself (wrappers, data stream).
+        reverted: The run went back from ``after`` because a measured step exceeded the budget.
     """
 
     step: int
@@ -72,10 +95,12 @@ class Change:
     reverted: bool = False
 
     def describe(self) -> str:
+        """One line: the step, applied / refused / reverted, the configuration, the source and reason."""
         verdict = "applied" if self.applied else ("reverted" if self.reverted else "refused")
         return f"step {self.step}: {verdict} {self.after.describe()} ({self.source}: {self.reason})"
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values (what :meth:`from_dict` reads)."""
         return {
             "step": self.step,
             "source": self.source,
@@ -91,6 +116,7 @@ class Change:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Change:
+        """The record :meth:`to_dict` wrote."""
         configs = {k: TrainConfig.from_dict(data[k]) for k in ("before", "after")}
         return cls(**{**data, **configs})
 
@@ -114,6 +140,7 @@ class ConfigRecord:
     score: Score
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values (what :meth:`from_dict` reads)."""
         return {
             "step": self.step,
             "config": self.config.to_dict(),
@@ -128,6 +155,7 @@ class ConfigRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ConfigRecord:
+        """The record :meth:`to_dict` wrote."""
         judged = Score(
             throughput=data["throughput"],
             efficiency=data["efficiency"],
@@ -145,9 +173,19 @@ class ConfigRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class OverBudgetStep:
-    """A step whose exact peak (a tracked step) was over the run's memory budget at the time:
-    the gate admitted its configuration on a prediction that was off. The run left it after
-    this step (a ``reverted`` :class:`Change`) unless there was nowhere to go back to."""
+    """A step whose exact peak (a tracked step) was over the run's memory budget at the time.
+
+    The gate admitted its configuration on a prediction that was off. The run left it after
+    this step (a ``reverted`` :class:`Change`) unless there was nowhere to go back to. An entry
+    of :attr:`autotune.Adaptive.over_budget_steps`.
+
+    Attributes:
+        step: 0-based index of the step.
+        config: The configuration it ran under.
+        peak_bytes: Its measured peak tensor bytes.
+        budget_bytes: The run's budget at the time.
+        predicted_bytes: What the memory model said for ``config``, if it could.
+    """
 
     step: int
     config: TrainConfig
@@ -156,6 +194,7 @@ class OverBudgetStep:
     predicted_bytes: int | None  # what the memory model said, if it could
 
     def describe(self) -> str:
+        """One line: the step, the configuration, the measured peak (and prediction) and the budget."""
         predicted = "" if self.predicted_bytes is None else f" (predicted {self.predicted_bytes} B)"
         return (
             f"step {self.step}: {self.config.describe()} measured a peak of {self.peak_bytes} B{predicted}, "
@@ -163,6 +202,7 @@ class OverBudgetStep:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values (what :meth:`from_dict` reads)."""
         return {
             "step": self.step,
             "config": self.config.to_dict(),
@@ -173,6 +213,7 @@ class OverBudgetStep:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OverBudgetStep:
+        """The record :meth:`to_dict` wrote."""
         return cls(
             step=data["step"],
             config=TrainConfig.from_dict(data["config"]),

@@ -27,7 +27,17 @@ __all__ = ["DecisionSource", "FixedConfig", "Observation", "Proposal", "RunConte
 
 @dataclass(frozen=True, kw_only=True)
 class RunContext:
-    """What a source knows of the run before its first step."""
+    """What a source knows of the run before its first step (:meth:`DecisionSource.start`).
+
+    Attributes:
+        workload: The run's workload.
+        start: The configuration the run starts from (its ranks: the run's, fixed).
+        budget_bytes: The memory budget in bytes (per rank on ranks).
+        blocks: Each block's saved bytes (one forward of a copy, taken once per run).
+        device_type: ``"cpu"`` or ``"cuda"``.
+        admits: Whether the run's budget gate would admit a configuration now (a plan can pick
+            the best candidate that passes instead of proposing one that is refused).
+    """
 
     workload: Workload
     start: TrainConfig  # the configuration the run starts from (its ranks: the run's, fixed)
@@ -46,7 +56,17 @@ class RunContext:
 
 @dataclass(frozen=True, kw_only=True)
 class Observation:
-    """The run between two decisions, as measured (no extra step is run to make it)."""
+    """The run between two decisions, as measured (no extra step is run to make it).
+
+    Attributes:
+        step: Optimizer steps done.
+        config: The configuration the run is on.
+        throughput: Median samples/s of the untracked steps since the last change.
+        peak_bytes: Measured peak of ``config`` (its tracked step), else its prediction.
+        b_noise: Gradient noise scale (McCandlish et al. 2018), in samples; None when not
+            estimated (only sources with ``needs_noise`` get one).
+        losses: The recent steps' losses, oldest first.
+    """
 
     step: int  # optimizer steps done
     config: TrainConfig
@@ -58,12 +78,58 @@ class Observation:
 
 @dataclass(frozen=True, kw_only=True)
 class Proposal:
+    """A configuration a decision source wants the run to switch to.
+
+    Args:
+        config: The configuration; its effective batch must be the run's (the batch grows only
+            through the run's ``adapt_batch`` rule).
+        reason: Why, in words: it is in the run's history.
+    """
+
     config: TrainConfig
     reason: str
 
 
 class DecisionSource(ABC):
-    """Proposes configurations during a run. ``name`` appears in the run's history."""
+    """Proposes configurations during a run: subclass it and implement :meth:`propose`.
+
+    Pass an instance as ``policy=`` to :class:`autotune.Adaptive` or a callback. Every
+    ``decide_every`` steps the run calls :meth:`propose` with an :class:`Observation`; what it
+    returns passes the budget gate before it touches the model, and a proposal that measures no
+    better than the configuration it replaced is undone.
+
+    Attributes:
+        name: The source's name in the run's history.
+        needs_noise: Whether :meth:`propose` reads ``Observation.b_noise`` (the run then hooks
+            the gradients: ~3-5% of a step, so only when someone reads it).
+
+    Example:
+        >>> import dataclasses
+        >>> import torch
+        >>> from torch import nn
+        >>> from autotune import Adaptive
+        >>> from autotune.adapt import DecisionSource, Proposal
+        >>> class HalfMicroBatch(DecisionSource):
+        ...     name = "half"
+        ...     def propose(self, observation):
+        ...         config = observation.config
+        ...         if config.micro_batch_size < 16:
+        ...             return None  # stay
+        ...         smaller = dataclasses.replace(config, micro_batch_size=8, grad_accum_steps=2)
+        ...         return Proposal(config=smaller, reason="half the micro-batch")
+        >>> def loss_fn(model, batch):
+        ...     x, y = batch
+        ...     return nn.functional.cross_entropy(model(x), y)
+        >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        >>> with Adaptive(model, optimizer, loss_fn, data, batch_size=16, policy=HalfMicroBatch(),
+        ...               decide_every=2) as run:
+        ...     for _ in range(3):
+        ...         step = run.step()
+        >>> print(run.history[0].describe())  # doctest: +ELLIPSIS
+        step 2: applied micro x acc x ranks 8x2x1 | fp32 | ckpt none | ZeRO 0 (half: half the micro-batch; ...)
+    """
 
     name: str = "source"
     #: Whether :meth:`propose` reads ``Observation.b_noise`` (the run then hooks the gradients:
@@ -71,30 +137,78 @@ class DecisionSource(ABC):
     needs_noise: bool = False
 
     def start(self, context: RunContext) -> None:  # noqa: B027 (optional hook)
-        """Called once before the first step."""
+        """Called once before the first step; by default nothing.
+
+        Args:
+            context: What the source knows of the run.
+
+        Raises:
+            ConfigError: the run is one this source cannot serve (say why).
+        """
 
     def plan(self, context: RunContext) -> Proposal | None:
-        """Where the run should start, decided before its first step (after :meth:`start`), or
-        None: where the budget put it. Passes the budget gate like any proposal."""
+        """Where the run should start, decided before its first step (after :meth:`start`).
+
+        Args:
+            context: What the source knows of the run.
+
+        Returns:
+            A proposal, which passes the budget gate like any other, or None (the default): where
+            the budget put the run.
+        """
         return None
 
     @abstractmethod
     def propose(self, observation: Observation) -> Proposal | None:
-        """A config to switch to, or None to stay."""
+        """A configuration to switch to, decided at a decision step.
+
+        Args:
+            observation: The run since the last decision.
+
+        Returns:
+            A proposal, or None to stay.
+        """
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs of this source (plain values: ``torch.load(weights_only=True)``
-        reads them back); by default nothing. Called by :meth:`autotune.adapt.Adaptive.state_dict`."""
+        """What a resumed run needs of this source; by default nothing.
+
+        Called by :meth:`autotune.adapt.Adaptive.state_dict`.
+
+        Returns:
+            Plain values (``torch.load(weights_only=True)`` reads them back).
+        """
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: B027 (optional hook)
-        """Restore :meth:`state_dict`'s values (after :meth:`start`)."""
+        """Restore :meth:`state_dict`'s values (called after :meth:`start`); by default nothing.
+
+        Args:
+            state: What :meth:`state_dict` returned.
+        """
 
 
 class FixedConfig(DecisionSource):
-    """Always the same configuration, e.g. a study's ``best``: the run starts in it if the budget
-    gate admits it (its plan), else switches to it at the first decision the gate does, and
-    stays. Its effective batch must be the run's."""
+    """Always the same configuration, e.g. a study's ``best``.
+
+    The run starts in it if the budget gate admits it (its plan), else switches to it at the
+    first decision the gate does, and stays. Only the knobs come from it (micro-batch,
+    accumulation, precision, checkpointing, ZeRO stage): the run keeps its own LR scaling,
+    clipping and seed. ``policy=TrainConfig(...)`` makes one.
+
+    Args:
+        config: The configuration. Its effective batch must be the run's, and it must run on
+            the run's ranks (one process: ``ranks=1``, ``zero_stage=0``).
+
+    Raises:
+        ConfigError: ``config`` is not a :class:`~autotune.TrainConfig`; at the run's start, an
+            effective batch or ranks other than the run's.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> from autotune.adapt import FixedConfig
+        >>> FixedConfig(TrainConfig(micro_batch_size=8, grad_accum_steps=2)).name
+        'fixed'
+    """
 
     name = "fixed"
 
@@ -104,6 +218,14 @@ class FixedConfig(DecisionSource):
         self.config = config
 
     def start(self, context: RunContext) -> None:
+        """Check the configuration against the run and take the run's own hygiene.
+
+        Args:
+            context: What the source knows of the run.
+
+        Raises:
+            ConfigError: an effective batch or ranks other than the run's.
+        """
         if self.config.effective_batch_size != context.start.effective_batch_size:
             raise ConfigError(
                 f"FixedConfig's effective batch must be the run's ({context.start.effective_batch_size}), "
@@ -127,9 +249,11 @@ class FixedConfig(DecisionSource):
         )
 
     def plan(self, context: RunContext) -> Proposal | None:
+        """Start in the configuration (if the budget gate admits it)."""
         return Proposal(config=self.config, reason="the fixed configuration")
 
     def propose(self, observation: Observation) -> Proposal | None:
+        """The configuration, at the run's effective batch if ``adapt_batch`` grew it; None once there."""
         config, batch = self.config, observation.config.effective_batch_size
         if batch != config.effective_batch_size and batch % config.micro_batch_size == 0:
             # The run's batch grew (``adapt_batch``): keep it, in this configuration's micro-batches.

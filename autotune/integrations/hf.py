@@ -60,13 +60,38 @@ __all__ = ["AutotuneCallback"]
 class AutotuneCallback(TrainerCallback, ExportableState):
     """Adapt per-block precision and checkpointing of the Trainer's model while it trains.
 
+    Pass it in ``transformers.Trainer(callbacks=[...])``. The micro-batch and the gradient
+    accumulation stay the ``TrainingArguments``' (see the module's docstring for why); every
+    decision, applied or refused, is in :attr:`history`. Resumable from the Trainer's
+    checkpoints with ``TrainingArguments(restore_callback_states_from_checkpoint=True)``.
+
     Args:
-        policy: ``"pretrained"``, a policy directory, a ``TrainConfig`` (fixed; or its
-            ``to_dict()``, as a checkpoint holds it) or a ``DecisionSource`` (see
-            :func:`autotune.adapt.decision_source`).
-        memory_budget: As for :class:`autotune.Adaptive` (default: the default's own peak).
+        policy: ``"pretrained"`` (default: the shipped policy), a policy directory, a
+            ``TrainConfig`` (fixed; or its ``to_dict()``, as a checkpoint holds it) or a
+            ``DecisionSource`` (see :func:`autotune.adapt.decision_source`).
+        memory_budget: Peak tensor bytes allowed, as for :class:`autotune.Adaptive`: ``"8GiB"``,
+            bytes, ``"75%"``, or None (default: the default configuration's own peak).
         decide_every: Optimizer steps between decisions (>= 2).
-        blocks: Block module names (default: auto-detected).
+        blocks: Block module names (default: auto-detected, see
+            :func:`autotune.workload.find_blocks`).
+
+    Raises:
+        ConfigError: ``decide_every`` out of range; from ``on_train_begin``, nothing at the
+            Trainer's split fits ``memory_budget``.
+        UnsupportedError: the Trainer rebuilds it from a checkpoint whose policy was a
+            ``DecisionSource`` object (JSON cannot hold it).
+
+    Example:
+        What a user writes (a full Trainer run, so it runs in CI as ``examples/hf_trainer.py``,
+        in ``make examples``, not as a doctest)::
+
+            from autotune.integrations.hf import AutotuneCallback
+
+            callback = AutotuneCallback(memory_budget="90%", decide_every=50)
+            trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+            trainer.train()
+            for change in callback.history:
+                print(change.describe())
     """
 
     def __init__(

@@ -62,10 +62,40 @@ def _step_loss(module: torch.nn.Module, batch: Any) -> torch.Tensor:
 
 
 class AutotuneCallback(Callback):
-    """Adapt per-block precision and checkpointing of the ``LightningModule`` while it fits, and the
-    micro-batch x accumulation split at epoch boundaries (see the module's docstring).
+    """Adapt per-block precision and checkpointing of the ``LightningModule`` while it fits.
 
-    Args: as :class:`autotune.integrations.hf.AutotuneCallback`.
+    Pass it in ``lightning.Trainer(callbacks=[...])``. It also changes the micro-batch x
+    accumulation split at epoch boundaries, where the module has a ``batch_size`` attribute its
+    ``train_dataloader()`` reads (see the module's docstring); the effective batch never changes.
+    Every decision, applied or refused, is in :attr:`history`; its state is saved in Lightning's
+    checkpoints and restored by ``trainer.fit(ckpt_path=...)``.
+
+    Args:
+        policy: ``"pretrained"`` (default: the shipped policy), a policy directory, a
+            ``TrainConfig`` (fixed) or a ``DecisionSource`` (see
+            :func:`autotune.adapt.decision_source`).
+        memory_budget: Peak tensor bytes allowed, as for :class:`autotune.Adaptive`: ``"8GiB"``,
+            bytes, ``"75%"``, or None (default: the default configuration's own peak).
+        decide_every: Optimizer steps between decisions (>= 2).
+        blocks: Block module names (default: auto-detected, see
+            :func:`autotune.workload.find_blocks`).
+
+    Raises:
+        ConfigError: ``decide_every`` out of range; at the start of the fit, nothing this loop
+            can take fits ``memory_budget``, or the module cannot be profiled (a manual
+            optimization ``training_step``).
+
+    Example:
+        What a user writes (a full fit, so it runs in CI as ``examples/lightning_fit.py``, in
+        ``make examples``, not as a doctest)::
+
+            from autotune.integrations.lightning import AutotuneCallback
+
+            callback = AutotuneCallback(memory_budget="90%", decide_every=50)
+            trainer = lightning.Trainer(max_epochs=3, callbacks=[callback])
+            trainer.fit(module)  # module.batch_size: the split the callback may change
+            for change in callback.history:
+                print(change.describe())
     """
 
     def __init__(

@@ -22,9 +22,16 @@ Status = Literal["ok", "over_budget", "oom", "diverged"]
 class MemoryBreakdown:
     """Tensor bytes by category at the moment of peak total, on one device of one rank.
 
-    Counted by storage (``MemTracker``), so identical from run to run. ``activations`` include
-    the input batch and what autograd saves for backward; ``temporaries`` are tensors created
-    during backward; ``other`` is anything tracked that fits no category.
+    Counted by storage (``MemTracker``), so identical from run to run.
+
+    Attributes:
+        parameters: Bytes of the model's parameters.
+        gradients: Bytes of their gradients.
+        optimizer_state: Bytes of the optimizer's state (Adam's moments, step counters).
+        activations: The input batch and what autograd saves for backward.
+        temporaries: Tensors created during backward.
+        buffers: The model's buffers (batch-norm statistics and the like).
+        other: Anything tracked that fits no category.
     """
 
     parameters: int
@@ -37,6 +44,7 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> int:
+        """Every category's bytes: the peak total itself."""
         return sum(getattr(self, name) for name in MEMORY_CATEGORIES)
 
     @property
@@ -49,9 +57,17 @@ class MemoryBreakdown:
 class RankResult:
     """What one data-parallel rank of a multi-rank (DeepSpeed) measurement cost.
 
-    ``resident`` is what the rank holds *between* optimizer steps (counted just before the
-    tracked step): parameters, optimizer state and DeepSpeed's buffers, i.e. what ZeRO
-    partitions. ``memory`` and ``category_peaks`` are as in :class:`Measurement`, for this rank.
+    Attributes:
+        rank: The rank's index, 0-based.
+        throughput: Samples/s of this rank, median over the timed steps (None if not timed).
+        step_seconds: Median seconds of a timed step.
+        memory: As in :class:`Measurement`, for this rank.
+        category_peaks: As in :class:`Measurement`, for this rank.
+        resident: What the rank holds *between* optimizer steps (counted just before the
+            tracked step): parameters, optimizer state and DeepSpeed's buffers, i.e. what ZeRO
+            partitions.
+        device_peak_bytes: ``torch.cuda.max_memory_allocated`` on CUDA, else None.
+        allocator: This rank's caching allocator peaks on CUDA, else None.
     """
 
     rank: int
@@ -65,10 +81,12 @@ class RankResult:
 
     @property
     def peak_bytes(self) -> int | None:
+        """The rank's peak tensor bytes (``memory.total``), None if not measured."""
         return None if self.memory is None else self.memory.total
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
+        """The record as :meth:`Measurement.to_dict` writes it in ``per_rank``."""
         d = dict(data)
         for key in ("memory", "category_peaks", "resident"):
             d[key] = None if d[key] is None else MemoryBreakdown(**d[key])
@@ -85,16 +103,44 @@ def _allocator(data: dict[str, Any] | None) -> AllocatorStats | None:
 class Measurement:
     """What one configuration of one workload cost, measured on the real training loop.
 
-    ``status`` is ``ok``, or why the configuration is infeasible: ``over_budget`` (peak above
-    ``memory_budget``; throughput is then not measured), ``oom`` (the allocator failed),
-    ``diverged`` (non-finite loss). ``reason`` says more in one line.
+    Returned by :func:`autotune.measure`; plain data with a JSON round-trip (:meth:`to_json`,
+    :meth:`from_dict`). The per-category figures (``memory``, ``category_peaks``) are tracked
+    tensor bytes on every device: the CUDA allocator keeps no categories, only totals.
 
-    On CUDA, ``allocator`` holds the caching allocator's peaks over the tracked step (of the rank
-    with the highest reserved peak): ``reserved_peak`` is what a device budget is checked against
-    (with :data:`~autotune.measurement.cuda_memory.RESERVED_HEADROOM`), ``alloc_retries`` how
-    often the allocator had to free its cache to go on. The per-category figures (``memory``,
-    ``category_peaks``) are tracked tensor bytes on every device: the allocator keeps no
-    categories, only totals.
+    Attributes:
+        workload: The workload's name.
+        config: The configuration measured.
+        device: Where it ran (``"cpu"``, ``"cuda:0"``).
+        status: ``"ok"``, or why the configuration is infeasible: ``"over_budget"`` (peak above
+            ``memory_budget``; throughput is then not measured), ``"oom"`` (the allocator
+            failed), ``"diverged"`` (non-finite loss).
+        reason: One line saying more when ``status`` is not ``"ok"``, else None.
+        warmup: Untimed steps asked for.
+        steps: Timed steps asked for.
+        throughput: Samples/s, median over the timed steps (None when not timed).
+        throughput_p25: 25th percentile of the timed steps' samples/s.
+        throughput_p75: 75th percentile of the timed steps' samples/s.
+        step_seconds: Median seconds of a timed optimizer step.
+        memory: Bytes by category at the moment of peak total (sums to the peak).
+        category_peaks: Each category's own maximum over the tracked step.
+        device_peak_bytes: ``torch.cuda.max_memory_allocated`` on CUDA
+            (``allocator.allocated_peak``), else None.
+        memory_budget: The budget in bytes it was measured against, or None.
+        noise: The gradient noise statistics of the untimed steps.
+        losses: Every optimizer step's mean loss, warmup included.
+        loss_slope: Per optimizer step, of the EMA-smoothed loss.
+        overflow_steps: fp16 steps skipped by the loss scaler.
+        lr: Learning rate at the last step.
+        per_rank: One entry per data-parallel rank when the DeepSpeed runner measured it
+            (``zero_stage > 0`` or ``ranks > 1``), else empty; ``memory`` is then the rank with
+            the highest peak.
+        deepspeed_config: The config DeepSpeed ran with (``deepspeed.initialize(config=...)``),
+            None on the local runner: what ``autotune best --format deepspeed`` exports for this
+            configuration, byte for byte.
+        allocator: On CUDA, the caching allocator's peaks over the tracked step (of the rank with
+            the highest reserved peak): ``reserved_peak`` is what a device budget is checked
+            against (with :data:`~autotune.measurement.cuda_memory.RESERVED_HEADROOM`),
+            ``alloc_retries`` how often the allocator had to free its cache to go on. None off CUDA.
     """
 
     workload: str
@@ -127,10 +173,12 @@ class Measurement:
 
     @property
     def ok(self) -> bool:
+        """Whether the configuration ran (``status == "ok"``)."""
         return self.status == "ok"
 
     @property
     def peak_bytes(self) -> int | None:
+        """Peak tracked tensor bytes (``memory.total``), None when nothing was measured."""
         return None if self.memory is None else self.memory.total
 
     @property
@@ -146,6 +194,7 @@ class Measurement:
         return per_gib(self.throughput, self.peak_bytes)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON values, plus ``peak_bytes``, ``reserved_bytes`` and ``throughput_per_gib``."""
         d = asdict(self)
         d["config"] = self.config.to_dict()
         d["losses"] = list(self.losses)
@@ -156,10 +205,12 @@ class Measurement:
         return d
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as indented JSON."""
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        """The record :meth:`to_dict` wrote (its derived keys are skipped; older records lack ``allocator``)."""
         d = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
         d["config"] = TrainConfig.from_dict(d["config"])
         for key in ("memory", "category_peaks"):

@@ -101,7 +101,15 @@ def memory_profile(workload: Workload, *, reduced_precision: bool, ranks: int = 
 
 @dataclass(frozen=True, kw_only=True)
 class Verdict:
-    """Whether a config may run, with the figures that decided it."""
+    """Whether a config may run, with the figures that decided it (:meth:`BudgetGate.check`).
+
+    Attributes:
+        admitted: Whether it may run.
+        reason: The rule and figures in words, e.g. ``"predicted 3288 B (+2% headroom) <= budget
+            4568 B"``: what the run's history says.
+        predicted: The predicted peak bytes it was judged on, or None.
+        measured: The measured peak bytes it was judged on, or None.
+    """
 
     admitted: bool
     reason: str
@@ -112,14 +120,25 @@ class Verdict:
 class BudgetGate:
     """Admit configs whose peak is known to fit ``budget`` bytes.
 
-    ``headroom`` is a safety margin on predictions (not on measurements): the memory model's
-    local-runner error was within 0.03% of measured peaks on the models it was developed on, so
-    2% keeps such a prediction from admitting a config that measures above the budget; where a
-    profile's check against a real step was further off (:meth:`trusts`), an adaptive run
-    measures each configuration's first step instead of trusting it. On DeepSpeed ranks its error
-    was within 4.8% on held-out configurations (ZeRO-3 the worst; :mod:`autotune.memory.model`),
-    so :meth:`build` takes 5% there, and a config measured over the budget is still left at once.
-    ``device_type``: where the ranks run (a DeepSpeed engine's precision depends on it).
+    A configuration is admitted on a measured peak (exact, of a real step), else on a verified
+    prediction of the memory model plus ``headroom``; an unverified prediction admits nothing.
+    Where a profile's check against a real step was further off than the headroom
+    (:meth:`trusts`), an adaptive run measures each configuration's first step instead of
+    trusting it, and a config measured over the budget is left at once. The headrooms (2% on
+    one process, 5% on DeepSpeed ranks) cover the memory model's measured error where it runs
+    (docs/benchmarks.md, "The budget gate's headroom").
+
+    Args:
+        workload: The workload whose configurations it judges.
+        budget: Peak tensor bytes allowed (per rank on ranks), >= 1.
+        profile: The memory model's profile of ``workload`` (None: no predictions, only
+            measurements admit).
+        headroom: Safety margin on predictions (not on measurements), a fraction in [0, 1).
+        device_type: Where the run trains, ``"cpu"`` or ``"cuda"`` (a DeepSpeed engine's
+            precision, and the caching allocator's overhead, depend on it).
+
+    Raises:
+        ConfigError: ``budget`` or ``headroom`` out of range.
     """
 
     def __init__(
@@ -147,10 +166,9 @@ class BudgetGate:
         self.reserved_ratio: float | None = None
         # Per kind of configuration (:func:`kinds_of`), the highest measured/predicted ratio of the
         # real steps on this device, where above 1 by more than the headroom. The profile and its
-        # check run on the host, and a GPU kernel can save more than its CPU counterpart: on an
-        # H100 the decoder's fp32 attention measured 1.157x its prediction and cuDNN's fp16 LSTM
-        # 1.196x, where bf16 and the ViT were exact (docs/benchmarks.md). Predictions of that kind
-        # are scaled by it from then on, and no longer trusted without a measured first step.
+        # check run on the host, and a GPU kernel can save more than its CPU counterpart (up to
+        # ~20% more on the H100 run: docs/benchmarks.md). Predictions of that kind are scaled by
+        # it from then on, and no longer trusted without a measured first step.
         self.device_error: dict[str, float] = {}
         self._predicted: dict[TrainConfig, MemoryEstimate] = {}
 
@@ -164,8 +182,24 @@ class BudgetGate:
         reduced_precision: bool,
         device_type: str = "cpu",
     ) -> BudgetGate:
-        """Profile ``workload`` and resolve ``budget`` (a percentage: of ``default``'s predicted
-        peak; per rank when ``default`` runs on ranks)."""
+        """Profile ``workload`` and resolve ``budget`` into a gate.
+
+        Args:
+            workload: The workload to profile.
+            budget: The budget; a percentage is of ``default``'s predicted peak (per rank when
+                ``default`` runs on ranks).
+            default: The run's own configuration.
+            reduced_precision: Whether the profile must cover bf16/fp16 blocks (only a decision
+                source proposes them).
+            device_type: ``"cpu"`` or ``"cuda"``.
+
+        Returns:
+            The gate, its headroom the one for where ``default`` runs.
+
+        Raises:
+            ConfigError: a percentage budget where the memory model cannot predict ``default``
+                (give the budget in bytes then).
+        """
         profile = memory_profile(workload, reduced_precision=reduced_precision, ranks=default.ranks)
         gate = cls(workload, 1, profile=profile, headroom=headroom_for(default), device_type=device_type)
 
@@ -182,17 +216,30 @@ class BudgetGate:
         return gate
 
     def replace_profile(self, profile: MemoryProfile | None) -> None:
-        """Predict from ``profile`` from now on: one taken at a larger batch than the last
-        (:mod:`autotune.adapt.shape_guard`). Measurements and predictions so far were of smaller
-        batches, so they no longer stand for a configuration's peak: forgotten."""
+        """Predict from ``profile`` from now on, forgetting every measurement and prediction so far.
+
+        Measurements and predictions so far were of smaller batches, so they no longer stand for
+        a configuration's peak.
+
+        Args:
+            profile: One taken at a larger batch than the last (:mod:`autotune.adapt.shape_guard`).
+        """
         self.profile = profile
         self._predicted.clear()
         self.measured.clear()
         self.reserved.clear()
 
     def record(self, config: TrainConfig, peak_bytes: int, *, allocator: AllocatorStats | None = None) -> None:
-        """A real step of ``config`` peaked at ``peak_bytes`` (exact: the same every time); on
-        CUDA ``allocator`` holds the caching allocator's peaks over that step."""
+        """Record that a real step of ``config`` peaked at ``peak_bytes``.
+
+        A peak more than the headroom above the prediction scales every prediction of the same
+        kind from then on (:meth:`device_scale`).
+
+        Args:
+            config: The configuration.
+            peak_bytes: Its exact peak tensor bytes (the same every time).
+            allocator: On CUDA, the caching allocator's peaks over that step.
+        """
         self.measured[config] = peak_bytes
         estimate = self.estimate(config)
         if estimate is not None and peak_bytes > estimate.total * (1.0 + self.headroom):
@@ -204,38 +251,69 @@ class BudgetGate:
             self.observe(allocator)
 
     def observe(self, allocator: AllocatorStats) -> None:
-        """The caching allocator's peaks over real steps (of no config in particular: a framework
-        loop's run so far): its reserved/allocated ratio, if higher, scales predictions from now on."""
+        """Record the caching allocator's peaks over real steps (of no config in particular).
+
+        Args:
+            allocator: A framework loop's run so far: its reserved/allocated ratio, if higher
+                than any seen, scales predictions from now on.
+        """
         ratio = allocator.reserved_ratio
         if ratio is not None and (self.reserved_ratio is None or ratio > self.reserved_ratio):
             self.reserved_ratio = ratio
 
     @property
     def on_cuda(self) -> bool:
+        """Whether the run trains on CUDA (reserved memory then decides)."""
         return self.device_type == "cuda"
 
     def kinds_of(self, config: TrainConfig) -> tuple[str, ...]:
-        """What in ``config`` the memory model predicts from its own part of the profile: its
-        reduced precisions and recompute, else (all blocks plain fp32) ``"default"``."""
+        """What in ``config`` the memory model predicts from its own part of the profile.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            Its reduced precisions and ``"recompute"``, else (all blocks plain fp32) ``("default",)``.
+        """
         n = len(self.workload.block_names())
-        kinds = sorted({p for p in config.block_precisions(n) if p != "fp32"})
+        kinds: list[str] = sorted({p for p in config.block_precisions(n) if p != "fp32"})
         kinds += ["recompute"] if any(config.block_checkpoints(n)) else []
         return tuple(kinds) or ("default",)
 
     def device_scale(self, config: TrainConfig) -> float:
-        """How far real steps on this device came above the predictions of ``config``'s kinds (1.0: not)."""
+        """How far real steps on this device came above the predictions of ``config``'s kinds.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            The highest measured/predicted ratio of its kinds (1.0: none came above).
+        """
         return max((self.device_error.get(k, 1.0) for k in self.kinds_of(config)), default=1.0)
 
     def predict(self, config: TrainConfig) -> tuple[int, bool] | None:
-        """(predicted peak bytes, verified), or None without a profile; scaled by
-        :meth:`device_scale` where real steps on this device came above predictions of its kind."""
+        """The memory model's peak for ``config``, scaled by :meth:`device_scale`.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            ``(predicted peak bytes, verified)``, or None without a profile.
+        """
         estimate = self.estimate(config)
         if estimate is None:
             return None
         return math.ceil(estimate.total * self.device_scale(config)), estimate.verified
 
     def estimate(self, config: TrainConfig) -> MemoryEstimate | None:
-        """The memory model's prediction of ``config`` (memoized), or None without a profile."""
+        """The memory model's prediction of ``config`` (memoized), unscaled.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            The estimate, or None without a profile.
+        """
         if self.profile is None:
             return None
         if config not in self._predicted:
@@ -247,14 +325,22 @@ class BudgetGate:
         return self._predicted[config]
 
     def trusts(self, config: TrainConfig) -> bool:
-        """Whether ``config``'s prediction may stand in for a measurement: verified, and its
-        profile's check against a real step came within the headroom. "Verified" alone allows
-        5% (:data:`autotune.memory.check.TOLERANCE`), more than the headroom covers, and the
-        error can grow with the micro-batch: a Hugging Face Mistral without a cache (before
-        :mod:`autotune.memory.fake_branches`) was checked 2.3% over at micro-batch 2 and
-        predicted 6% over at 16. On the corpus models the check came within 1e-6. The check is
-        the one covering ``config``'s kind (:func:`autotune.memory.check.covering`): a recomputed
-        configuration's is the recompute check's."""
+        """Whether ``config``'s prediction may stand in for a measurement.
+
+        It may when it is verified and its profile's check against a real step came within the
+        headroom, and no real step on this device came above a prediction of its kind.
+        "Verified" alone allows 5% (:data:`autotune.memory.check.TOLERANCE`), more than the
+        headroom covers, and the error can grow with the micro-batch (docs/benchmarks.md, "The
+        budget gate's headroom"). The check is the one covering ``config``'s kind
+        (:func:`autotune.memory.check.covering`): a recomputed configuration's is the recompute
+        check's.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            Whether to trust the prediction without a measured first step.
+        """
         estimate = self.estimate(config)
         check = estimate.verification if estimate is not None else None
         if estimate is None or not estimate.verified or check is None or check.relative_error is None:
@@ -262,7 +348,14 @@ class BudgetGate:
         return abs(check.relative_error) <= self.headroom and self.device_scale(config) == 1.0
 
     def known_peak(self, config: TrainConfig) -> int | None:
-        """``config``'s peak bytes if known: measured, else a verified prediction; else None."""
+        """``config``'s peak bytes if known: measured, else a verified prediction.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            The bytes, or None when neither is known.
+        """
         measured = self.measured.get(config)
         if measured is not None:
             return measured
@@ -270,6 +363,17 @@ class BudgetGate:
         return predicted[0] if predicted is not None and predicted[1] else None
 
     def check(self, config: TrainConfig) -> Verdict:
+        """Whether ``config`` may run: on its measured peak if known, else its prediction.
+
+        On CUDA a measured reserved peak (with its headroom) is what counts, and a prediction
+        is scaled by the highest reserved/allocated ratio seen.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            The verdict, with the figures and rule in ``reason``.
+        """
         measured = self.measured.get(config)
         reserved = self.reserved.get(config)
         if measured is not None and reserved is not None:

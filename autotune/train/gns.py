@@ -36,10 +36,18 @@ __all__ = ["GradientNoiseMonitor", "NoiseEstimate"]
 
 @dataclass(frozen=True, kw_only=True)
 class NoiseEstimate:
-    """Smoothed gradient-noise statistics (per-sample units).
+    """Smoothed gradient-noise statistics (per-sample units), McCandlish et al. 2018.
 
-    ``b_simple`` is None when it is undefined: no step had two micro-batches, or the smoothed
-    |G|^2 estimate is not positive (noise dominates: the batch is far below B_noise).
+    Attributes:
+        b_simple: The simple noise scale ``trace_sigma / grad_sq_norm``: the batch size past
+            which a larger batch buys little. None when undefined: no step had two
+            micro-batches, or the smoothed |G|^2 estimate is not positive (noise dominates: the
+            batch is far below B_noise).
+        trace_sigma: Smoothed estimate of the trace of the per-sample gradient covariance.
+        grad_sq_norm: Smoothed estimate of the squared norm of the true gradient, |G|^2.
+        sigma2: The variance of the micro-batch gradients around their mean (the seed
+            method's sigma^2), smoothed as the others.
+        steps: Optimizer steps that contributed an estimate (those with two micro-batches or more).
     """
 
     b_simple: float | None
