@@ -471,9 +471,10 @@ class Adaptive:
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs, as plain values (``torch.load(weights_only=True)`` reads them):
         the configuration, the step count, every step and decision, the measured peaks and
-        throughputs, a side-by-side trial under way, the decision source's state and the data
-        stream's position. Not the model and optimizer (yours: save their ``state_dict()`` beside
-        it) nor the gradient noise estimate (it starts again).
+        throughputs, a side-by-side trial under way, the decision source's state, the data
+        stream's position and the largest batch shape seen (with that batch, as tensors:
+        :meth:`autotune.adapt.shape_guard.ShapeGuard.state_dict`). Not the model and optimizer
+        (yours: save their ``state_dict()`` beside it) nor the gradient noise estimate (it starts again).
 
         Example:
             ``torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
