@@ -133,7 +133,9 @@ class NonFiniteLossWarning(AutotuneWarning):
 
 class OverBudgetWarning(AutotuneWarning):
     """An adaptive run measured a step over its memory budget (the configuration's prediction was
-    off); the message names the configuration, the measured and the budget bytes."""
+    off); the message names the configuration, the measured and the budget bytes. Also a framework
+    callback's evaluation measured over it (once; the message says what to lower: the training
+    configuration stays)."""
 
 
 __all__ += ["NonFiniteLossError", "NonFiniteLossWarning", "OverBudgetWarning"]

@@ -57,7 +57,7 @@ _NO_LOCAL_STATE = (
     "Adaptive.on_ranks keeps its training state in the rank processes: state_dict() and load_state_dict() need "
     "Adaptive(model, ...) in one process."
 )
-_STATE_VERSION = 1  # of state_dict(): a change to its keys bumps it
+_STATE_VERSION = 2  # of state_dict(): a change to its keys bumps it (2: shape_guard; 1 is still read)
 
 
 def decision_source(policy: PolicyArg) -> DecisionSource | None:
@@ -566,9 +566,10 @@ class Adaptive:
         """What a resumed run needs, as plain values (``torch.load(weights_only=True)`` reads them).
 
         The configuration, the step count, every step and decision, the measured peaks and
-        throughputs, a side-by-side trial under way, the decision source's state and the data
-        stream's position. Not the model and optimizer (yours: save their ``state_dict()`` beside
-        it) nor the gradient noise estimate (it starts again).
+        throughputs, a side-by-side trial under way, the decision source's state, the data
+        stream's position and the largest batch shape seen (with that batch, as tensors:
+        :meth:`autotune.adapt.shape_guard.ShapeGuard.state_dict`). Not the model and optimizer
+        (yours: save their ``state_dict()`` beside it) nor the gradient noise estimate (it starts again).
 
         Returns:
             A dict of plain values, for :meth:`load_state_dict`.
@@ -594,6 +595,8 @@ class Adaptive:
             # (its first step after the restart pays the new process's one-time costs, one
             # outlier in a median of at least ``TUNING.trusted_steps`` timed steps).
             "ran": sorted((c.to_dict() for c in self._ran), key=lambda d: json.dumps(d, sort_keys=True)),
+            # The largest batch shape seen: a resumed run does not profile it again at every step's check.
+            "shape_guard": self.guard.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -614,14 +617,18 @@ class Adaptive:
             UnsupportedError: on ranks.
         """
         t = self._in_place(_NO_LOCAL_STATE)
-        if state.get("version") != _STATE_VERSION:
-            raise ConfigError(f"Adaptive state must be version {_STATE_VERSION}, but got {state.get('version')!r}.")
+        if state.get("version") not in (1, _STATE_VERSION):  # 1: before the shape guard's state was kept
+            raise ConfigError(
+                f"Adaptive state must be version 1 or {_STATE_VERSION}, but got {state.get('version')!r}."
+            )
         restored, start = TrainConfig.from_dict(state["config"]), t.config
         if restored.effective_batch_size != start.effective_batch_size and not self.adapt_batch:
             raise ConfigError(
                 f"the saved run's effective batch must be this run's ({start.effective_batch_size}), but got "
                 f"{restored.effective_batch_size}."
             )
+        # Before the measurements: a profile at the saved largest shape forgets those of smaller ones.
+        self.guard.load_state_dict(state.get("shape_guard", {}))
         self.controller.load_state_dict(state)
         self.steps = [AdaptStep.from_dict(s) for s in state["steps"]]
         self.controller.resume_losses([s.loss for s in self.steps])

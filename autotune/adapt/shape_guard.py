@@ -12,6 +12,11 @@ recomputed. So the run never exceeds the budget on a long batch, and the split i
 :class:`~autotune.adapt.records.Change` in the run's history. The run stays split: the long
 batch may come again, and decisions from then on are gated at its shape.
 
+A resumed run keeps what the guard saw (:meth:`ShapeGuard.state_dict`, in
+:meth:`autotune.Adaptive.state_dict`): the largest bytes per sample and the batch at that shape;
+its gate is profiled at that shape once when the state is loaded (a fresh gate's profile is of the
+workload's worst case, which the saved run had outgrown), and a batch no larger is not profiled again.
+
 Cost: one profile per new largest shape (a few seconds of fake-tensor passes and two real
 check steps per kind of configuration); a batch no larger than the largest seen costs one pass
 over its tensors' sizes.
@@ -51,6 +56,7 @@ class ShapeGuard:
     def __init__(self, workload: Workload, gate: BudgetGate, *, reduced_precision: bool) -> None:
         self.workload, self.gate, self.reduced_precision = workload, gate, reduced_precision
         self.largest: int | None = None  # bytes per sample the gate's profile covers (found lazily)
+        self.batch: Any = None  # the batch at that shape (host copies), once one outgrew the worst case
 
     def apply(self, batch: Any, loop: AdaptLoop, decider: Decider) -> Change | None:
         """:meth:`before` for ``loop``'s next step: the change made (``loop`` reconfigured) and
@@ -105,8 +111,22 @@ class ShapeGuard:
         """The gate's profile, taken again at ``batch``'s shape (declared as the worst case)."""
         from autotune.adapt.gate import memory_profile
 
-        at_shape = dataclasses.replace(self.workload, worst_case_batch=map_tensors(lambda t: t.detach().cpu(), batch))
+        self.batch = map_tensors(lambda t: t.detach().cpu(), batch)
+        at_shape = dataclasses.replace(self.workload, worst_case_batch=self.batch)
         self.gate.replace_profile(memory_profile(at_shape, reduced_precision=self.reduced_precision))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The largest bytes per sample seen (None: not looked up yet) and the batch at that shape
+        (None: none outgrew the workload's worst case): tensors and plain values."""
+        return {"largest": self.largest, "batch": self.batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the gate is profiled at the saved batch's shape (once,
+        here; what it measured at a smaller shape no longer stands, as after any new shape), so a
+        batch no larger than the saved largest is not profiled again."""
+        if state.get("batch") is not None:
+            self._reprofile(state["batch"])
+        self.largest = state.get("largest")
 
 
 def splits(config: TrainConfig) -> Iterator[TrainConfig]:

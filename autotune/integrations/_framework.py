@@ -25,12 +25,25 @@ rule on a non-finite loss. What differs, and why (the framework's rules, not a c
   CUDA against the caching allocator's run-wide statistics at each decision. A loop that can
   measure a step's peak hands it in with :attr:`FrameworkLoop.measure_peak`; one measured over
   the budget is then left at once, as in ``Adaptive``.
+
+**Evaluation** (the Trainer's ``evaluate()`` every N steps, Lightning's validation) is part of
+the peak the budget protects, but not of any training configuration: the callbacks bracket it
+with :meth:`FrameworkLoop.evaluation_begin` and :meth:`FrameworkLoop.evaluation_end`. The first
+evaluation's peak is measured (:attr:`FrameworkLoop.evaluation_peak`): on the CPU exactly, by
+tracking every storage on the model's device over it (the model, the optimizer's state and what
+the evaluation allocates); on CUDA as the caching allocator's reserved peak over it. Around
+every evaluation on CUDA the allocator's peak statistics are read (the training window's, kept)
+and reset, so the training steps' peaks, the run's statistics the gate reads at decisions and a
+step's measured peak never include an evaluation: an evaluation over the budget never reverts
+or shrinks the training configuration (transformers#32215: ``auto_find_batch_size`` halved the
+training batch when evaluation ran out of memory). It is said once, with what to lower instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,15 +55,21 @@ from autotune.adapt.decider import Decider
 from autotune.adapt.gate import BudgetGate, as_budget
 from autotune.adapt.records import Change
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError
-from autotune.measurement.cuda_memory import AllocatorStats, StatsSource, allocator_source
+from autotune.errors import ConfigError, OverBudgetWarning
+from autotune.measurement.cuda_memory import (
+    RESERVED_HEADROOM,
+    AllocatorStats,
+    StatsSource,
+    allocator_source,
+    reserved_with_headroom,
+)
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
 __all__ = ["FrameworkLoop"]
 
-_STATE_VERSION = 1  # of FrameworkLoop.state_dict(): a change to its keys bumps it
+_STATE_VERSION = 2  # of FrameworkLoop.state_dict(): a change to its keys bumps it (2: evaluation_peak)
 
 
 class FrameworkLoop:
@@ -90,6 +109,13 @@ class FrameworkLoop:
         #: can measure one (None: no measurement, the default: see the module's docstring).
         self.measure_peak: Callable[[TrainConfig], int | None] | None = None
         self._resume: dict[str, Any] | None = None  # a saved state, restored at begin()
+        #: The first evaluation's measured peak bytes (on CUDA: the allocator's reserved peak), None
+        #: before one ran under the callback (see the module's docstring).
+        self.evaluation_peak: int | None = None
+        self._evaluating = False
+        self._tracker: Any = None  # the CPU's exact tracker over the first evaluation
+        # CUDA: the training windows' peaks so far (an evaluation's left out), kept across resets.
+        self._trained: AllocatorStats | None = None
 
     # ---- what the callbacks read ----------------------------------------------------------------------
 
@@ -178,16 +204,22 @@ class FrameworkLoop:
         for its epoch boundary is decided again). Before :meth:`begin`: the state it will restore."""
         if self.controller is None:
             return dict(self._resume or {})
-        return {"version": _STATE_VERSION, "config": self.controller.config.to_dict(), **self.controller.state_dict()}
+        return {
+            "version": _STATE_VERSION,
+            "config": self.controller.config.to_dict(),
+            "evaluation_peak": self.evaluation_peak,
+            **self.controller.state_dict(),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` at :meth:`begin` (the framework restores callbacks before the
         model and its loop are known to them)."""
-        if state.get("version") != _STATE_VERSION:
+        if state.get("version") not in (1, _STATE_VERSION):  # 1: before evaluation peaks were kept
             raise ConfigError(
-                f"AutotuneCallback state must be version {_STATE_VERSION}, but got {state.get('version')!r}."
+                f"AutotuneCallback state must be version 1 or {_STATE_VERSION}, but got {state.get('version')!r}."
             )
         self._resume = dict(state)
+        self.evaluation_peak = state.get("evaluation_peak")
 
     def _restore(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: its per-block knobs on the model (the split is the loop's, as it
@@ -230,7 +262,8 @@ class FrameworkLoop:
     def run_stats(self) -> AllocatorStats | None:
         if self.allocator is None or self._device is None:
             return None
-        return AllocatorStats.read(self.allocator, self._device)  # never reset: the user's statistics too
+        # Reset only around evaluations (the user's statistics too): the training windows' peaks.
+        return _peaks(self._trained, AllocatorStats.read(self.allocator, self._device))
 
     # ---- the loop's steps -----------------------------------------------------------------------------
 
@@ -248,6 +281,79 @@ class FrameworkLoop:
             self._warm = True
         peak = self.measure_peak(config) if self.measure_peak is not None else None
         self.controller.after_step(step - 1, config=config, loss=loss, throughput=throughput, peak=peak)
+
+    # ---- evaluation ----------------------------------------------------------------------------------
+
+    def evaluation_begin(self, *optimizers: torch.optim.Optimizer) -> None:
+        """An evaluation starts (between optimizer steps). On CUDA the training window's peaks are
+        kept and the allocator's peak statistics reset; on the CPU the first evaluation is tracked
+        (the model and the ``optimizers``' state count: they are on the device throughout). Before
+        :meth:`begin` (Lightning's sanity check) nothing is done."""
+        if self.controller is None or self._evaluating:
+            return
+        self._evaluating = True
+        if self.allocator is not None and self._device is not None:
+            self._trained = _peaks(self._trained, AllocatorStats.read(self.allocator, self._device))
+            self.allocator.reset_peak_memory_stats(self._device)
+        elif self.evaluation_peak is None and self._model is not None:
+            from autotune.measurement.tracker import tracker_class
+
+            self._tracker = tracker_class()(device=self._device)
+            self._tracker.track_external(self._model, *optimizers)
+            self._tracker.__enter__()
+
+    def evaluation_batch(self) -> None:
+        """Before each evaluation batch: the tracker's per-module statistics start again (it
+        refuses a module's second forward otherwise; its totals are kept)."""
+        if self._tracker is not None:
+            self._tracker.reset_mod_stats()
+
+    def evaluation_end(self, step: int, *, lower: str) -> None:
+        """The evaluation :meth:`evaluation_begin` opened ended at optimizer step ``step``: the
+        first one's peak is kept and noted in the history (source ``"evaluation"``, nothing
+        applied) and, if over the budget, said once (:class:`~autotune.errors.OverBudgetWarning`;
+        ``lower``: what the user lowers instead). The training configuration stays as it is."""
+        if not self._evaluating:
+            return
+        self._evaluating = False
+        assert self.controller is not None
+        peak = needed = None
+        if self.allocator is not None and self._device is not None:
+            stats = AllocatorStats.read(self.allocator, self._device)
+            self.allocator.reset_peak_memory_stats(self._device)  # the next training window starts here
+            if self.evaluation_peak is None:
+                # As the gate judges a measured peak on CUDA: reserved memory, with its headroom.
+                peak, needed = stats.reserved_peak, reserved_with_headroom(stats.reserved_peak)
+                what = f"{peak} B reserved (+{RESERVED_HEADROOM:.0%} headroom: {needed} B)"
+        elif self._tracker is not None:
+            tracker, self._tracker = self._tracker, None
+            tracker.__exit__(None, None, None)
+            peak = needed = int(tracker.device_snapshot("peak").get("Total", 0))  # MemTracker's total key
+            what = f"{peak} B"
+        if peak is None or needed is None:
+            return
+        self.evaluation_peak = peak
+        budget, config = self.controller.gate.budget, self.controller.config
+        fits = needed <= budget
+        reason = (
+            f"the evaluation measured {what} {'<=' if fits else '>'} budget {budget} B; the training configuration "
+            "stays: evaluation is not what the budget adapts"
+        )
+        if not fits:
+            reason += f" (lower {lower})"
+        self.controller.decider.note(
+            Change(
+                step=step,
+                source="evaluation",
+                before=config,
+                after=config,
+                applied=False,
+                reason=reason,
+                measured_bytes=peak,
+            )
+        )
+        if not fits:
+            warnings.warn(OverBudgetWarning(f"step {step}: {reason}"), stacklevel=3)
 
     def take_split(self, step: int, micro_batch_size: int | None) -> None:
         """The loop reached the epoch boundary a pending split change waited for, and its new
@@ -282,7 +388,23 @@ class FrameworkLoop:
         self._warm = False
 
     def remove(self) -> None:
-        """Take the wrappers off: the model is exactly as the loop gave it."""
+        """Take the wrappers off (and a tracker an evaluation that failed left): the model is
+        exactly as the loop gave it."""
+        if self._tracker is not None:
+            tracker, self._tracker, self._evaluating = self._tracker, None, False
+            tracker.__exit__(None, None, None)
         if self._wrappers is not None:
             self._wrappers.remove()
             self._wrappers = None
+
+
+def _peaks(kept: AllocatorStats | None, now: AllocatorStats) -> AllocatorStats:
+    """The peaks of two windows of the allocator's statistics together (its counters of retries
+    and out-of-memory errors are since the process started: the later ones)."""
+    if kept is None:
+        return now
+    return dataclasses.replace(
+        now,
+        allocated_peak=max(kept.allocated_peak, now.allocated_peak),
+        reserved_peak=max(kept.reserved_peak, now.reserved_peak),
+    )

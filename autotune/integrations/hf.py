@@ -25,6 +25,14 @@ decision and measurement) is saved in each checkpoint, and with
 ``TrainingArguments(restore_callback_states_from_checkpoint=True)`` the Trainer rebuilds it from
 its JSON arguments and restores that state at ``on_train_begin``. A ``DecisionSource`` object
 cannot be written as JSON: such a callback is refused when the Trainer rebuilds it.
+
+Evaluation (``eval_strategy="steps"`` or ``"epoch"``) is part of the peak the budget protects,
+never of the training configuration (transformers#32215): the window from the ``on_step_end`` (or
+``on_epoch_end``) that asks for an evaluation to ``on_evaluate`` is bracketed (see
+:mod:`autotune.integrations._framework`). The first evaluation's peak is measured
+(:attr:`AutotuneCallback.evaluation_peak`: exact tracked bytes on the CPU, the allocator's
+reserved peak on CUDA), noted in the history and kept in the callback's state; one over the
+budget is said once (lower ``per_device_eval_batch_size``) and changes nothing in training.
 """
 
 from __future__ import annotations
@@ -138,6 +146,11 @@ class AutotuneCallback(TrainerCallback, ExportableState):
     def history(self) -> list[Any]:
         return self.loop.history
 
+    @property
+    def evaluation_peak(self) -> int | None:
+        """The first evaluation's measured peak bytes (None: none ran under the callback yet)."""
+        return self.loop.evaluation_peak
+
     @override
     def on_train_begin(
         self,
@@ -179,12 +192,37 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         losses = [e["loss"] for e in state.log_history[self._logged :] if "loss" in e]
         self._logged = len(state.log_history)
         self.loop.step_end(state.global_step, losses[-1] if losses else None)
+        if control.should_evaluate:  # set by the Trainer's flow callback, before this one
+            self.loop.evaluation_begin(*_optimizers(kwargs))
+
+    @override
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if control.should_evaluate:  # eval_strategy="epoch"
+            self.loop.evaluation_begin(*_optimizers(kwargs))
+
+    @override
+    def on_prediction_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.loop.evaluation_batch()
+
+    @override
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self.loop.evaluation_end(state.global_step, lower="per_device_eval_batch_size")
 
     @override
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.loop.remove()
+
+
+def _optimizers(kwargs: Mapping[str, Any]) -> list[torch.optim.Optimizer]:
+    """The Trainer's optimizer, as its callbacks get it (its state is on the device through an evaluation)."""
+    optimizer = kwargs.get("optimizer")
+    return [optimizer] if optimizer is not None else []
 
 
 def _json_policy(policy: PolicyArg) -> Any:

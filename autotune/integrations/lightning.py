@@ -25,6 +25,14 @@ dict), run on copies of the module, where ``self.log`` has no trainer: its warni
 A manual-optimization ``training_step`` steps its optimizers itself, which no copy outside the fit
 can: its profile fails, and the callback raises ``ConfigError`` at the start of the fit (the
 budget gate has no prediction to admit anything by).
+
+Validation during the fit is part of the peak the budget protects, never of the training
+configuration (transformers#32215): ``on_validation_start`` to ``on_validation_end`` is bracketed
+(see :mod:`autotune.integrations._framework`). The first validation's peak is measured
+(:attr:`AutotuneCallback.evaluation_peak`: exact tracked bytes on the CPU, the allocator's
+reserved peak on CUDA), noted in the history and kept in the callback's state; one over the
+budget is said once (lower the val DataLoader's batch size) and changes nothing in training.
+The sanity check runs before the callback starts: it is not measured.
 """
 
 from __future__ import annotations
@@ -114,6 +122,11 @@ class AutotuneCallback(Callback):
     @property
     def history(self) -> list[Any]:
         return self.loop.history
+
+    @property
+    def evaluation_peak(self) -> int | None:
+        """The first validation's measured peak bytes (None: none ran under the callback yet)."""
+        return self.loop.evaluation_peak
 
     @property
     @override
@@ -209,6 +222,20 @@ class AutotuneCallback(Callback):
             value = outputs["loss"] if isinstance(outputs, dict) else outputs
             loss = float(value.detach()) if isinstance(value, torch.Tensor) else None
         self.loop.step_end(step, loss)
+
+    @override
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.loop.evaluation_begin(*trainer.optimizers)
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self.loop.evaluation_batch()
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.loop.evaluation_end(trainer.global_step, lower="the val DataLoader's batch size")
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -123,7 +123,7 @@ def test_a_state_of_another_batch_or_version_is_refused() -> None:
     message = "the saved run's effective batch must be this run's (32), but got 64."
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         resumed.load_state_dict(other_batch)
-    with pytest.raises(ConfigError, match=f"^{re.escape('Adaptive state must be version 1, but got 0.')}$"):
+    with pytest.raises(ConfigError, match=f"^{re.escape('Adaptive state must be version 1 or 2, but got 0.')}$"):
         resumed.load_state_dict(state | {"version": 0})
     resumed.close()
     assert resumed.steps == [] and resumed.config == FAST

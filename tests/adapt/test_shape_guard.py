@@ -165,3 +165,45 @@ def test_a_long_batch_no_split_fits_is_logged_refused_and_a_batch_seen_is_not_ch
     assert gate.profiles == [None]
     assert guard.before(long, DEFAULT, 8) is None  # the largest seen now: not profiled again
     assert gate.profiles == [None]
+
+
+def test_a_resumed_run_keeps_the_largest_shape_and_does_not_profile_it_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, _ = _epoch(_Stream(_varlen().dataset), BUDGET)  # the guard saw the long batch at step 7
+    assert run.guard.largest == 512
+    path = tmp_path / "tuner.pt"
+    torch.save(run.state_dict(), path)
+    run.close()
+    state = torch.load(path, weights_only=True)  # plain values and tensors
+    assert state["version"] == 2 and state["shape_guard"]["largest"] == 512
+
+    wl = _varlen()
+    fresh = Adaptive(
+        wl.model,
+        torch.optim.AdamW(wl.model.parameters(), lr=1e-3),
+        wl.loss_fn,
+        _Stream(wl.dataset),
+        batch_size=8,
+        collate_fn=wl.collate_fn,
+        memory_budget=BUDGET,
+        policy=None,
+        track_memory="all",
+    )
+    fresh.load_state_dict(state)  # the gate profiled at the long shape here, once
+    assert fresh.guard.largest == 512
+    # What the saved run's gate predicted at that shape (the guard's split reason, test above).
+    assert fresh.gate.predict(DEFAULT) == (1630256, True)
+    assert fresh.config == dataclasses.replace(DEFAULT, micro_batch_size=4, grad_accum_steps=2)
+    assert fresh.guard.batch["input_ids"].shape == (8, 32)
+    profiles = []
+    monkeypatch.setattr(ShapeGuard, "_reprofile", lambda self, batch: profiles.append(batch))
+    long_batch = list(wl.loader(8))[-1]
+    assert long_batch["input_ids"].shape[1] == 32
+    split = dataclasses.replace(DEFAULT, micro_batch_size=4, grad_accum_steps=2)
+    record = fresh.step(long_batch)
+    assert profiles == [] and record.config == split  # not profiled again, not split again
+    # The saved run's last measurement (its long batch at 4 x 2) stands: not tracked again.
+    assert record.peak_bytes is None and fresh.gate.measured == {split: LONG_AT_4}
+    assert [c.source for c in fresh.history] == ["shape guard"]  # the saved run's, nothing new
+    fresh.close()
