@@ -227,7 +227,7 @@ class Controller:
         """
         default = self.default
         verdict = self.gate.check(default)
-        if verdict.admitted or (self.fraction is not None and self.fraction >= 1.0):
+        if self._admits(default, verdict):
             return default, "", None
         batch, tried = default.micro_batch_size, []
         stages = range(4) if default.ranks > 1 else range(1)
@@ -475,7 +475,7 @@ class Controller:
         """
         verdict = self.gate.check(saved)
         target = saved
-        if not verdict.admitted:
+        if not self._admits(saved, verdict):
             reason = f"resumed under a budget it is over ({verdict.reason}): back to where this {run} starts"
             self.decider.note(
                 Change(step=step, source="budget", before=saved, after=self.config, applied=True, reason=reason)
@@ -488,6 +488,13 @@ class Controller:
             assert made is not None, "a resumed configuration is within the loop's split"
             self.config = target
         return target
+
+    def _admits(self, config: TrainConfig, verdict: Verdict) -> bool:
+        """Whether a run may start (or resume) at ``config``: the gate admits it, or it is the
+        default under a budget of at least the default's own peak (``"100%"``: the prediction's
+        headroom must not refuse the very configuration the budget was taken from)."""
+        whole = self.fraction is not None and self.fraction >= 1.0
+        return verdict.admitted or (config == self.default and whole)
 
 
 def _split(config: TrainConfig, micro: int, checkpoint: bool, zero_stage: int = 0) -> TrainConfig:

@@ -145,3 +145,17 @@ def test_the_pretrained_policy_s_state_survives_a_resume(tmp_path: Path) -> None
     resumed.close()
     assert resumed.source is not None and resumed.source.state_dict() == saved
     assert resumed.config == first.config and resumed.history == first.history
+
+
+def test_a_run_at_the_default_under_the_whole_default_budget_resumes_there(tmp_path: Path) -> None:
+    """A budget of 100% is the default's own peak: the start admits the default without the
+    prediction's headroom, and so does the resume (it re-gated it with the headroom and moved)."""
+    first = _build([], memory_budget="100%")
+    for _ in range(3):
+        first.step()
+    first.close()
+    assert first.config == FAST and first.history == ()
+    _save(first, tmp_path / "run.pt")
+    resumed = _build([], torch.load(tmp_path / "run.pt", weights_only=True), memory_budget="100%")
+    resumed.close()
+    assert resumed.config == FAST and resumed.history == ()

@@ -244,3 +244,17 @@ def test_a_resumed_loop_keeps_the_evaluation_peak_and_reads_a_state_from_before_
     old = FrameworkLoop(policy=None, memory_budget=10**9, decide_every=5, blocks=None)
     old.load_state_dict({**{k: v for k, v in state.items() if k != "evaluation_peak"}, "version": 1})
     assert old.evaluation_peak is None
+
+
+def test_a_loop_at_the_default_under_the_whole_default_budget_resumes_there() -> None:
+    """``"100%"`` is the default's own peak: the start admits the default without the prediction's
+    headroom, and so does the resume (it re-gated the saved default with the headroom and moved)."""
+    wl = make_resmlp(n=64)
+    live = FrameworkLoop(policy=None, memory_budget="100%", decide_every=5, blocks=None)
+    live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=1, name="resmlp")
+    state = live.state_dict()
+    resumed = FrameworkLoop(policy=None, memory_budget="100%", decide_every=5, blocks=None)
+    resumed.load_state_dict(state)
+    resumed.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=1, name="resmlp")
+    assert resumed.history == [] and resumed.controller is not None
+    assert resumed.controller.config == live.controller.config  # type: ignore[union-attr]
