@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 #: Modules whose docstrings hold runnable examples (Google style ``Example:`` sections).
-MODULES = ("autotune.config", "autotune.units", "autotune.resolve", "autotune.memory.model")
+MODULES = ("autotune.config", "autotune.units", "autotune.resolve", "autotune.memory.predict")
 
 
 @pytest.mark.parametrize("name", MODULES)
