@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from autotune.config import TrainConfig
     from autotune.knobs import Knobs
     from autotune.measurement import Measurement, MemoryBreakdown, NoiseEstimate, RankResult
-    from autotune.memory.model import MemoryEstimate, predict_memory
+    from autotune.memory.model import MemoryEstimate
+    from autotune.memory.predict import predict_memory
     from autotune.procs.measure import measure
     from autotune.resolve import load_workload
     from autotune.workload import Workload
@@ -55,7 +56,7 @@ _LAZY = {
     "RankResult": "autotune.measurement",
     "measure": "autotune.procs.measure",
     "MemoryEstimate": "autotune.memory.model",
-    "predict_memory": "autotune.memory.model",
+    "predict_memory": "autotune.memory.predict",
 }
 
 

@@ -57,7 +57,7 @@ class MemoryBudget:
     What "the default configuration's peak" is depends on who resolves it (:meth:`resolve` takes
     it as a callable, called only for a fraction): ``autotune tune`` measures it on the running
     loop; ``measure``, ``predict`` and ``study`` predict it with the memory model
-    (:func:`autotune.memory.model.budget_bytes`).
+    (:func:`autotune.memory.predict.budget_bytes`).
     """
 
     bytes: int | None = None

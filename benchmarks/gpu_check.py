@@ -165,8 +165,7 @@ def _matmul_tflops(dtype: Any, n: int = 8192, iters: int = 20) -> float:
 
 def part_measure() -> dict[str, Any]:
     from autotune import AutotuneError, measure
-    from autotune.memory.model import predict_memory
-    from autotune.memory.profile import profile_memory
+    from autotune.memory.predict import predict_memory, profile_memory
 
     rows: list[dict[str, Any]] = []
     for builder, batch in ((decoder_lm, 16), (vision_model, 64), (lstm_lm, 32)):
@@ -414,7 +413,7 @@ PLAN = (
         title="measure vs the memory model",
         limit_s=110,
         run=lambda out: part_measure(),
-        imports=("autotune.measurement", "autotune.memory.model", "autotune.memory.profile"),
+        imports=("autotune.measurement", "autotune.memory.predict"),
     ),
     Part(
         name="study",

@@ -35,7 +35,7 @@ from typing import Any
 from autotune import TrainConfig, load_workload, measure, predict_memory
 from autotune.config import Precision
 from autotune.memory.model import plan_of
-from autotune.memory.profile import profile_memory
+from autotune.memory.predict import profile_memory
 from autotune.procs.multirank import measure_ranks
 
 WORKLOADS = ("gpt-tiny", "mlp-digits", "resnet-tiny", "gpt-small")

@@ -24,7 +24,7 @@ import torch
 
 from autotune import TrainConfig, Workload, load_workload, measure, predict_memory
 from autotune.errors import PredictionError, PredictionWarning
-from autotune.memory.profile import profile_memory
+from autotune.memory.predict import profile_memory
 from autotune.zoo import BUILTINS
 
 

@@ -39,8 +39,7 @@ from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, TrainingError
 from autotune.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs_to_config
 from autotune.memory.blocks import profile_blocks
-from autotune.memory.model import predict_memory
-from autotune.memory.profile import profile_memory
+from autotune.memory.predict import predict_memory, profile_memory
 from autotune.procs.measure import measure
 from autotune.settings import TUNING
 from autotune.train import Trainer

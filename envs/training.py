@@ -7,7 +7,7 @@ steps and measures them. Spaces and reward are :class:`TuningEnv`'s.
 
 Budget safety: the adaptive runs' admission rule (:class:`autotune.memory.gate.BudgetGate`, one
 per episode): a configuration is run only if the memory model
-(:func:`autotune.memory.model.predict_memory`, a fake-tensor profile of the model, checked against
+(:func:`autotune.memory.predict.predict_memory`, a fake-tensor profile of the model, checked against
 real steps of a copy of it) predicts it within the budget with the gate's headroom; an unverified
 prediction counts as over budget unless the configuration was measured. On a GPU, a config over
 the budget would run out of memory; here it simply is never run.
@@ -31,7 +31,8 @@ from autotune.measurement.tracker import tracked_step
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.check import TOLERANCE
 from autotune.memory.gate import BudgetGate, headroom_for
-from autotune.memory.profile import MemoryProfile, profile_memory
+from autotune.memory.predict import profile_memory
+from autotune.memory.profile import MemoryProfile
 from autotune.procs.session import RankSession, SessionStep
 from autotune.resolve import load_workload
 from autotune.settings import TUNING

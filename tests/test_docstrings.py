@@ -12,7 +12,7 @@ MODULES = (
     "autotune.config",
     "autotune.units",
     "autotune.resolve",
-    "autotune.memory.model",
+    "autotune.memory.predict",
     "autotune.errors",
     "autotune.procs.measure",
     "autotune.knobs",

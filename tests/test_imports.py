@@ -175,18 +175,6 @@ def test_lazy_imports_are_edges_of_the_lazy_graph() -> None:
     assert "autotune.memory.model" not in import_graph()["autotune.memory.audit"]
 
 
-#: Lazy edges left in a circle, each with why: none may be added. The memory model's two
-#: conveniences call each other through the modules: ``predict_memory`` without a profile profiles
-#: the model, and ``profile_memory(verify=True)`` checks the profile with ``predict_memory``
-#: (``check`` -> ``model``), whose estimates carry the covering check (``model`` -> ``check``).
-#: Untangling it moves the composition below ``check`` and both conveniences above it (not done yet).
-KNOWN_LAZY_EDGES = {
-    ("autotune.memory.model", "autotune.memory.check"),
-    ("autotune.memory.model", "autotune.memory.profile"),
-    ("autotune.memory.profile", "autotune.memory.check"),
-}
-
-
 def _home_cycles(graph: dict[str, set[str]]) -> list[str]:
     found = []
     for home in sorted({h for m in graph if (h := _home(m)) is not None}):
@@ -198,12 +186,8 @@ def _home_cycles(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_cycles_inside_a_home_lazy_imports_included() -> None:
-    graph = import_graph(lazy=True)
-    assert {(a, b) for a, b in KNOWN_LAZY_EDGES if b in graph[a]} == KNOWN_LAZY_EDGES  # still there: drop when gone
-    without = {m: targets - {b for a, b in KNOWN_LAZY_EDGES if a == m} for m, targets in graph.items()}
-    found = _home_cycles(without)
+    found = _home_cycles(import_graph(lazy=True))
     assert found == [], "import cycles inside a home (lazy imports included):\n" + "\n".join(found)
-    assert _home_cycles(graph) == ["autotune.memory.model -> autotune.memory.check -> autotune.memory.model"]
 
 
 def test_measurement_never_imports_the_processes() -> None:

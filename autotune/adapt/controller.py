@@ -177,7 +177,7 @@ class Controller:
             context = RunContext(
                 workload=workload,
                 start=start,
-                budget_bytes=self.gate.budget,
+                budget=lambda: self.gate.budget,
                 blocks=blocks,
                 device_type=device_type,
                 admits=lambda c: self.gate.check(c).admitted,

@@ -41,12 +41,20 @@ class RunContext:
 
     workload: Workload
     start: TrainConfig  # the configuration the run starts from (its ranks: the run's, fixed)
-    budget_bytes: int
+    #: The run's budget gate's budget in bytes (per rank), read when asked: the gate's budget can
+    #: change during the run (a percentage re-based on the default's measured peak), and a copy
+    #: taken before the first step would go stale.
+    budget: Callable[[], int]
     blocks: BlockProfile  # each block's saved bytes (one forward of a copy, taken once per run)
     device_type: str
     #: Whether the run's budget gate would admit a configuration now (a plan can pick the best
     #: candidate that passes instead of proposing one that is refused).
     admits: Callable[[TrainConfig], bool]
+
+    @property
+    def budget_bytes(self) -> int:
+        """The run's memory budget in bytes (per rank on ranks), as its budget gate has it now."""
+        return self.budget()
 
     @property
     def ranking(self) -> tuple[int, ...]:

@@ -64,7 +64,7 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 
 def _cmd_measure(args: argparse.Namespace) -> int:
-    from autotune.memory.model import budget_bytes
+    from autotune.memory.predict import budget_bytes
     from autotune.resolve import load_workload
     from autotune.train.local import resolve_device
     from autotune.units import parse_memory_budget
@@ -110,7 +110,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from autotune.console import make_console
     from autotune.errors import PredictionError, PredictionWarning
     from autotune.memory.check import unverified_message
-    from autotune.memory.model import budget_bytes, predict_memory
+    from autotune.memory.predict import budget_bytes, predict_memory
     from autotune.report import estimate_table
     from autotune.resolve import load_workload
     from autotune.units import parse_memory_budget

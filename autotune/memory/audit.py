@@ -80,8 +80,8 @@ def audit_predictions(
     ``profile`` defaults to a verified profile with every mode the configs use. Cost: the profile,
     its check steps, and two real steps per configuration.
     """
-    from autotune.memory.model import plan_of, predict_memory
-    from autotune.memory.profile import profile_memory
+    from autotune.memory.model import plan_of
+    from autotune.memory.predict import predict_memory, profile_memory
     from autotune.procs.measure import measure
 
     if profile is None:

@@ -7,7 +7,7 @@ and it is what checkpointing a block removes and autocast shrinks. The search ra
 it ("checkpoint the N hungriest blocks").
 
 The memory model's profile (every category, stretch by stretch, under ``FakeTensorMode``) is
-:func:`autotune.memory.profile.profile_memory`.
+:func:`autotune.memory.profile.fake_profile`.
 """
 
 from __future__ import annotations

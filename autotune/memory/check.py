@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionWarning, one_line
+from autotune.memory.model import compose_memory
 
 if TYPE_CHECKING:
     from autotune.memory.model import Plan
@@ -108,9 +109,8 @@ def verify_profile(
     optimizer state the prediction counts; the second runs under MemTracker, ~2x a plain step):
     up to four kinds, the default at the profile's larger micro-batch size, the rest at the
     smaller one. Callers that measure every config anyway pass ``verify=False`` to
-    :func:`autotune.memory.profile.profile_memory` and skip it.
+    :func:`autotune.memory.predict.profile_memory` and skip it.
     """
-    from autotune.memory.model import predict_memory
     from autotune.memory.worst_case import at_worst_case
 
     checked = {v.kind for v in done}
@@ -118,7 +118,7 @@ def verify_profile(
     for kind, config in check_configs(profile).items():
         if kind in checked:
             continue
-        predicted = predict_memory(workload, config, profile=profile).total
+        predicted = compose_memory(workload, config, profile).total
         # The real step runs on worst-case samples, as the profile did (memory.worst_case).
         measured, failure = _measure_one_step(at_worst_case(workload, config.micro_batch_size), config)
         error = None if measured is None else (predicted - measured) / measured

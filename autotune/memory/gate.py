@@ -13,7 +13,7 @@ budget unless the configuration was measured. (A study's trial *is* that measure
 isolated child process where an out-of-memory error is a result: there an unverified
 configuration is measured, never pruned on the prediction.)
 
-Every candidate is predicted by the memory model first (:func:`autotune.memory.model.predict_memory`,
+Every candidate is predicted by the memory model first (:func:`autotune.memory.predict.predict_memory`,
 a fake-tensor profile taken once per run; on DeepSpeed ranks, per rank, with ZeRO's partitioning of
 the model states). A prediction is trusted only if its profile was
 verified against a real step; an unverified one counts as over the budget unless that config was
@@ -86,7 +86,7 @@ def memory_profile(workload: Workload, *, reduced_precision: bool, ranks: int = 
     """The memory model's profile (fp32 and, if asked, bf16 blocks; plain and recomputed; on
     ranks also bf16 weights, a DeepSpeed bf16 engine's), verified on one real step of a copy of
     the model; None if the model cannot be profiled (then only measured configurations pass the gate)."""
-    from autotune.memory.profile import profile_memory
+    from autotune.memory.predict import profile_memory
 
     modes: tuple[str, ...] = ("fp32",)
     if reduced_precision:
@@ -317,7 +317,7 @@ class BudgetGate:
         if self.profile is None:
             return None
         if config not in self._predicted:
-            from autotune.memory.model import predict_memory
+            from autotune.memory.predict import predict_memory
 
             self._predicted[config] = predict_memory(
                 self.workload, config, profile=self.profile, device_type=self.device_type

@@ -12,7 +12,7 @@ why stages 1-2 *add* memory at N = 1). K comes from the workload's own optimizer
 On top of the model states, each phase of a step adds its transients:
 
 * forward/backward: activations and temporaries from the workload's profile
-  (:func:`autotune.memory.profile.profile_memory`), linear in the micro-batch size. The profile
+  (:func:`autotune.memory.profile.fake_profile`), linear in the micro-batch size. The profile
   runs every block alike (fp32, bf16, checkpointed or not); a config that mixes them is composed
   stretch by stretch: each from the run that ran *its* block as the config says, shifted by what
   the blocks before it keep in the config instead of in that run. A block keeps what its
@@ -53,10 +53,9 @@ from autotune.train.deepspeed_config import DEFAULT_BUCKET, bucket_elements, eng
 if TYPE_CHECKING:
     from autotune.memory.check import Verification
     from autotune.memory.profile import BlockSaves, MemoryProfile, Moment, Windows
-    from autotune.units import MemoryBudget
     from autotune.workload import Workload
 
-__all__ = ["MemoryEstimate", "Plan", "budget_bytes", "plan_of", "predict_memory", "reserved_of"]
+__all__ = ["MemoryEstimate", "Plan", "compose_memory", "plan_of", "reserved_of"]
 
 Phase = Literal["forward/backward", "optimizer step"]
 _WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -182,59 +181,22 @@ def plan_of(config: TrainConfig, *, num_blocks: int, device_type: str = "cpu") -
     return Plan("deepspeed", config.zero_stage, config.ranks, weights, mode, (mode,) * num_blocks, checkpoints)
 
 
-def predict_memory(
-    workload: Workload,
-    config: TrainConfig,
-    *,
-    ranks: int | None = None,
-    profile: MemoryProfile | None = None,
-    device_type: str = "cpu",
-    verify: bool = True,
+def compose_memory(
+    workload: Workload, config: TrainConfig, profile: MemoryProfile, *, device_type: str = "cpu"
 ) -> MemoryEstimate:
-    """Predict the peak tensor bytes per rank of ``config`` (at ``ranks``, default ``config.ranks``).
-
-    ``profile`` (from :func:`autotune.memory.profile.profile_memory` with at least ``plan_of(...).modes``)
-    is measured when not given: a few seconds of fake-tensor forward/backward passes, no real
-    compute, so this answers for models and rank counts this machine cannot run; with ``verify``
-    (the default) also checked against one real step (two real steps at micro-batch 4: pass
-    ``verify=False`` to skip them). The estimate is ``verified`` only if its profile was checked
-    and agreed (see :mod:`autotune.memory.check`).
-
-    Returns:
-        The predicted peak by category (:class:`MemoryEstimate`; ``total`` is the peak).
-
-    Raises:
-        PredictionError: the model cannot be profiled under fake tensors.
-
-    Example:
-        >>> from autotune import TrainConfig, load_workload, predict_memory
-        >>> wl = load_workload("mlp-digits")
-        >>> estimate = predict_memory(wl, TrainConfig(micro_batch_size=32))
-        >>> estimate.parameters, estimate.optimizer_state  # fp32 weights; AdamW's two moments
-        (2192424, 4384968)
-        >>> estimate.verified  # checked against a real step of a copy of the model
-        True
+    """``config``'s predicted peak per rank, composed from ``profile`` (with at least
+    ``plan_of(...).modes``), unverified: :func:`autotune.memory.predict.predict_memory` attaches
+    the check that covers it (:func:`autotune.memory.check.covering`) and profiles when no profile
+    is given.
     """
-    if ranks is not None:
-        config = dataclasses.replace(config, ranks=ranks)
     plan = plan_of(config, num_blocks=len(workload.block_names()), device_type=device_type)
-    if profile is None:
-        from autotune.memory.profile import profile_memory
-
-        profile = profile_memory(workload, modes=plan.modes, checkpointed=any(plan.checkpoints), verify=verify)
     missing = [m for m in plan.modes if m not in profile.modes]
     if missing:
         raise ConfigError(f"predict_memory: the profile lacks mode {missing[0]!r}; profile with modes={plan.modes}.")
     recomputed = {mode for mode, ckpt in zip(plan.block_modes, plan.checkpoints, strict=True) if ckpt}
     if any(profile.modes[mode].checkpointed is None for mode in recomputed):
         raise ConfigError("predict_memory: the profile has no checkpointed runs; profile with checkpointed=True.")
-    estimate = _Predictor(workload, config, plan, profile).peak()
-    from autotune.memory.check import covering
-
-    check = covering(profile, config, plan, estimate.total)
-    return dataclasses.replace(
-        estimate, verified=check is not None and check.verified, verification=check, worst_case=profile.worst_case
-    )
+    return dataclasses.replace(_Predictor(workload, config, plan, profile).peak(), worst_case=profile.worst_case)
 
 
 class _Stretch(NamedTuple):
@@ -395,7 +357,7 @@ class _Predictor:
             owners, inputs, like, freed = _waiting(w, n)
             mode, ckpt = config[like]  # whose run to read
             series = self.profile.modes[mode].checkpointed if ckpt else self.profile.modes[mode].windows
-            assert series is not None, "predict_memory checks the checkpointed runs"
+            assert series is not None, "compose_memory checks the checkpointed runs"
             uniform = [(mode, ckpt)] * n
             shift = batch + _kept(saves, config, owners, inputs, mode, freed)
             shift -= _kept(saves, uniform, owners, inputs, mode, freed)
@@ -492,21 +454,3 @@ def _buffer_bytes(workload: Workload, weights: str) -> int:
         size = _WEIGHT_BYTES[weights] if b.is_floating_point() else b.element_size()
         total += b.numel() * size
     return total
-
-
-def budget_bytes(
-    budget: MemoryBudget | None, workload: Workload, *, ranks: int = 1, device_type: str = "cpu"
-) -> int | None:
-    """``budget`` in bytes per rank, for ``measure``, ``predict`` and ``study``.
-
-    A percentage (``MemoryBudget.fraction``) is of the *predicted* peak per rank of the PyTorch
-    default configuration at ``ranks``: fp32, the workload's batch split over the ranks in one
-    micro-batch each, nothing recomputed, ZeRO stage 0 (what ``autotune tune`` starts from, and
-    measures instead). A prediction runs no real compute, so the budget is known before anything
-    runs or is written; on the local runner it equals the measured peak within a few hundred bytes.
-    """
-    if budget is None:
-        return None
-    per_rank = max(1, min(workload.batch_size // ranks, workload.dataset_size or workload.batch_size))
-    default = TrainConfig(micro_batch_size=per_rank, ranks=ranks)
-    return budget.resolve(lambda: predict_memory(workload, default, device_type=device_type).total)

@@ -1,6 +1,6 @@
 """What :mod:`autotune.memory.model` composes a config's memory from, measured once per workload.
 
-:func:`profile_memory` runs forward/backward passes of a fake copy of the model under
+:func:`fake_profile` runs forward/backward passes of a fake copy of the model under
 ``FakeTensorMode`` (shapes only, no compute) while ``MemTracker`` counts every storage: per
 *mode* (every block fp32, every block an autocast island, or 16-bit weights throughout), plain
 and with every block checkpointed, at two micro-batch sizes. A config that mixes modes is never
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from autotune.memory.check import Verification
     from autotune.memory.structure import BlockStructure
 
-__all__ = ["BlockSaves", "MODES", "MemoryProfile", "ModeProfile", "Moment", "Window", "profile_memory"]
+__all__ = ["BlockSaves", "MODES", "MemoryProfile", "ModeProfile", "Moment", "Window", "fake_profile"]
 
 #: How the blocks of a model can run: fp32 weights with each block fp32 or autocast (an island,
 #: as apply.py makes it), or 16-bit weights throughout (a DeepSpeed bf16/fp16 engine).
@@ -163,15 +163,16 @@ class MemoryProfile:
         return next((v for v in self.checks if v.kind == "default"), None)
 
 
-def profile_memory(
+def fake_profile(
     workload: Workload,
     *,
     modes: Sequence[str] = ("fp32",),
     micro_batch_sizes: tuple[int, int] = (2, 4),
     checkpointed: bool = True,
-    verify: bool = True,
 ) -> MemoryProfile:
-    """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute).
+    """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute),
+    unchecked (``checks`` empty): :func:`autotune.memory.predict.profile_memory` also checks it
+    against real steps.
 
     ``checkpointed=False`` skips the runs with every block checkpointed (half the time); the
     profile then serves configs without checkpointing only.
@@ -179,20 +180,13 @@ def profile_memory(
     Fake tensors go through the same kernels' shape logic, and MemTracker counts them as real
     ones (the same bytes on the built-in workloads, to a few hundred bytes with bf16 blocks), so
     this is cheap for any model size: under a second of Python per run (four per mode: two sizes,
-    plain and checkpointed), mostly MemTracker's bookkeeping.
-
-    ``verify=True`` (the default) then checks the profile against real steps, one per kind of
-    configuration it can predict (:func:`autotune.memory.check.verify_profile`: two real steps
-    each, the fp32 mode profiled too if not asked for) and records them in ``checks``, warning
-    (:class:`PredictionWarning`) where they disagree. A model
-    the fake run cannot go through (a data-dependent operation, an operator without a meta
-    kernel) raises :class:`PredictionError` with the reason.
+    plain and checkpointed), mostly MemTracker's bookkeeping. A model the fake run cannot go
+    through (a data-dependent operation, an operator without a meta kernel) raises
+    :class:`PredictionError` with the reason.
     """
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
-        raise ValueError(f"profile_memory: modes must be among {MODES}, but got {unknown[0]!r}.")
-    if verify and "fp32" not in modes:
-        modes = ("fp32", *modes)
+        raise ValueError(f"fake_profile: modes must be among {MODES}, but got {unknown[0]!r}.")
     try:
         profile = _profile(workload, modes, micro_batch_sizes, checkpointed)
     except AutotuneError:
@@ -204,14 +198,7 @@ def profile_memory(
         raise PredictionError(f"cannot profile workload {workload.name!r} under fake tensors: {one_line(e)}") from e
     from autotune.memory.structure import detect_structure
 
-    profile = dataclasses.replace(
-        profile, structure=detect_structure(workload), worst_case=workload.worst_case.describe()
-    )
-    if not verify:
-        return profile
-    from autotune.memory.check import verify_profile
-
-    return dataclasses.replace(profile, checks=verify_profile(workload, profile))
+    return dataclasses.replace(profile, structure=detect_structure(workload), worst_case=workload.worst_case.describe())
 
 
 def _profile(

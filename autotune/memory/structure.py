@@ -92,7 +92,7 @@ def detect_structure(workload: Workload, *, micro_batch_size: int = 2) -> BlockS
 
     Cost: one forward of a fake copy of the model (no compute, no backward), under a second for
     the corpus models. A model the fake forward cannot go through (data-dependent code) is
-    reported by :func:`autotune.memory.profile.profile_memory` already; here its skip connections
+    reported by :func:`autotune.memory.profile.fake_profile` already; here its skip connections
     stay unknown and only sharing is reported.
     """
     names = workload.block_names()

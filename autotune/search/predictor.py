@@ -1,6 +1,6 @@
 """The study's memory predictions: skip configurations predicted not to fit, before measuring them.
 
-The memory model is :mod:`autotune.memory.model`; ``RunOptions.memory_model`` names another
+The memory model is :mod:`autotune.memory.predict`; ``RunOptions.memory_model`` names another
 module with the same ``predict_memory`` (tests plug in a stand-in), or None for no predictions
 (every configuration is measured). Whether a prediction fits is the budget gate's rule
 (:func:`autotune.memory.gate.admission`, with its headroom), applied by the objective and the
@@ -39,7 +39,7 @@ __all__ = ["MemoryPredictor", "load_memory_predictor", "predicted_bytes"]
 MemoryPredictor = Callable[[Workload, TrainConfig], int]
 
 
-def load_memory_predictor(module: str = "autotune.memory.model") -> MemoryPredictor | None:
+def load_memory_predictor(module: str = "autotune.memory.predict") -> MemoryPredictor | None:
     """``predict_memory`` from ``module`` as a memoized bytes-returning function, or None if absent."""
     try:
         mod = importlib.import_module(module)
@@ -78,7 +78,7 @@ class _Predictor:
 
     def _profile(self, workload: Workload, config: TrainConfig) -> Any:
         from autotune.memory.check import verify_profile
-        from autotune.memory.profile import profile_memory
+        from autotune.memory.predict import profile_memory
 
         assert self.plan_of is not None
         needed = set(self.plan_of(config, num_blocks=len(workload.block_names())).modes)

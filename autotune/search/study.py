@@ -87,7 +87,7 @@ class RunOptions:
     worker: bool = False
     create_only: bool = False
     dashboard: bool = True
-    memory_model: str | None = "autotune.memory.model"
+    memory_model: str | None = "autotune.memory.predict"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,10 +168,10 @@ def _budget(spec: StudySpec, workload: Workload) -> int | None:
     """The budget in bytes, checked against the least memory any rank can hold.
 
     A percentage is of the memory model's predicted peak of the PyTorch default configuration
-    (:func:`autotune.memory.model.budget_bytes`) at the space's smallest rank count: a
+    (:func:`autotune.memory.predict.budget_bytes`) at the space's smallest rank count: a
     prediction, because the budget must be known before the first (baseline) trial runs.
     """
-    from autotune.memory.model import budget_bytes
+    from autotune.memory.predict import budget_bytes
 
     budget = budget_bytes(spec.memory_budget, workload, ranks=min(spec.space.ranks))
     if budget is None:

@@ -159,7 +159,7 @@ def test_the_plan_is_off_on_a_gpu_unless_asked_for() -> None:
     context = RunContext(
         workload=wl,
         start=_fp32(BATCH),
-        budget_bytes=2**30,
+        budget=lambda: 2**30,
         blocks=profile_blocks(wl),
         device_type="cuda",
         admits=lambda c: True,

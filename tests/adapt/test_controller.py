@@ -8,10 +8,13 @@ from typing import Any
 import pytest
 
 from autotune import TrainConfig
+from autotune.adapt import BudgetGate, RunContext
 from autotune.adapt.controller import Controller
 from autotune.adapt.gate import Verdict
 from autotune.adapt.records import Change
+from autotune.adapt.sources import DecisionSource, Observation, Proposal
 from autotune.errors import ConfigError
+from tests.conftest import make_resmlp
 
 UNVERIFIED = "predicted 500 B, but the prediction is unverified and the config was never measured"
 
@@ -56,3 +59,34 @@ def test_a_start_small_enough_but_unverified_says_so_not_that_the_budget_is_too_
     assert str(caught.value) == (
         "no fp32 configuration of batch 8 at the loop's split 8 x 1 is known to fit memory_budget 1000 B: " + UNVERIFIED
     )
+
+
+class _Recording(DecisionSource):
+    """Keeps the context it started with; proposes nothing."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.context: RunContext | None = None
+
+    def start(self, context: RunContext) -> None:
+        self.context = context
+
+    def propose(self, observation: Observation) -> Proposal | None:
+        return None
+
+
+def test_the_run_context_reads_the_gate_budget_after_it_changes() -> None:
+    default = TrainConfig(micro_batch_size=8, grad_accum_steps=4, grad_clip=None)
+    workload = make_resmlp(n=64)
+    gate = BudgetGate(workload, 1500, profile=None)  # no profile: only measured configs pass
+    gate.record(default, 1000)
+    source = _Recording()
+    controller = Controller(frontend=_Loop(), source=source, gate=gate, default=default, fraction=0.5, decide_every=2)
+    assert controller.begin(workload, device_type="cpu") == default
+    assert source.context is not None and source.context.budget_bytes == 1500
+    # A percentage budget is re-based on the default's measured peak (half of 4000 B here).
+    controller.measured(default, 4000)
+    assert gate.budget == 2000 and source.context.budget_bytes == 2000
+    gate.budget = 3072
+    assert source.context.budget_bytes == 3072

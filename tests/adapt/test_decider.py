@@ -39,7 +39,7 @@ def _decider(source: DecisionSource | None, gate: BudgetGate, **kwargs: object) 
     context = RunContext(
         workload=wl,
         start=A,
-        budget_bytes=gate.budget,
+        budget=lambda: gate.budget,
         blocks=profile_blocks(wl, micro_batch_size=2),
         device_type="cpu",
         admits=lambda c: gate.check(c).admitted,
@@ -210,7 +210,7 @@ def test_a_refused_plan_is_logged_after_the_start_and_once() -> None:
     context = RunContext(
         workload=wl,
         start=B,
-        budget_bytes=gate.budget,
+        budget=lambda: gate.budget,
         blocks=profile_blocks(wl, micro_batch_size=2),
         device_type="cpu",
         admits=lambda c: gate.check(c).admitted,

@@ -9,7 +9,8 @@ import pytest
 from autotune import ConfigError, MemoryEstimate, TrainConfig, Workload, load_workload
 from autotune.adapt.gate import BudgetGate
 from autotune.measurement.cuda_memory import AllocatorStats
-from autotune.memory.profile import MemoryProfile, profile_memory
+from autotune.memory.predict import profile_memory
+from autotune.memory.profile import MemoryProfile
 from tests.paths import USER_WORKLOAD
 
 A = TrainConfig(micro_batch_size=4)

@@ -278,7 +278,7 @@ def test_a_percentage_budget_is_of_the_default_configurations_predicted_peak(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from autotune import TrainConfig, load_workload
-    from autotune.memory.model import predict_memory
+    from autotune.memory.predict import predict_memory
 
     workload = load_workload(f"{TINY}:build")
     default_peak = predict_memory(workload, TrainConfig(micro_batch_size=16)).total

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from autotune import load_workload
 from autotune.memory.blocks import profile_blocks
-from autotune.memory.profile import profile_memory
+from autotune.memory.predict import profile_memory
 from tests.conftest import make_resmlp
 
 

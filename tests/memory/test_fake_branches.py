@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from autotune import TrainConfig, Workload, measure, predict_memory
 from autotune.memory.fake_branches import RealBranches
-from autotune.memory.profile import profile_memory
+from autotune.memory.predict import profile_memory
 from autotune.zoo import CORPUS
 
 CONFIG = TrainConfig(micro_batch_size=8, grad_clip=None)

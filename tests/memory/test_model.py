@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from autotune import ConfigError, MemoryEstimate, TrainConfig, Workload, load_workload, measure, predict_memory
-from autotune.memory.profile import MemoryProfile, _profile_run, profile_memory
+from autotune.memory.predict import profile_memory
+from autotune.memory.profile import MemoryProfile, _profile_run
 from tests.paths import ROOT, USER_WORKLOAD
 
 TINY = f"{USER_WORKLOAD}:build"

@@ -14,7 +14,8 @@ from autotune import TrainConfig, Workload, measure, predict_memory
 from autotune.adapt.gate import BudgetGate
 from autotune.errors import PredictionWarning
 from autotune.memory.check import TOLERANCE, check_configs, unverified_message
-from autotune.memory.profile import MemoryProfile, profile_memory
+from autotune.memory.predict import profile_memory
+from autotune.memory.profile import MemoryProfile
 from autotune.memory.structure import BlockStructure, detect_structure
 from tests.conftest import make_resmlp
 from tests.memory.structures import build_shared, build_unet

@@ -13,7 +13,8 @@ from autotune import TrainConfig, Workload, measure, predict_memory
 from autotune.cli import main
 from autotune.errors import PredictionError, PredictionWarning
 from autotune.memory.check import TOLERANCE
-from autotune.memory.profile import MemoryProfile, profile_memory
+from autotune.memory.predict import profile_memory
+from autotune.memory.profile import MemoryProfile
 from autotune.search.predictor import load_memory_predictor
 from tests.memory.lstm import build, build_gru
 

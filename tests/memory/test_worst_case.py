@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autotune import TrainConfig, Workload, WorkloadError
-from autotune.memory.model import predict_memory
+from autotune.memory.predict import predict_memory
 from autotune.memory.worst_case import at_worst_case, profile_batch, sample_bytes, take_rows
 from autotune.zoo import CORPUS
 

@@ -101,7 +101,7 @@ def test_the_policy_sees_what_it_saw_before(name: str, monkeypatch: pytest.Monke
         RunContext(
             workload=wl,
             start=start,
-            budget_bytes=50_000_000,
+            budget=lambda: 50_000_000,
             device_type="cpu",
             blocks=profile_blocks(wl, micro_batch_size=2),
             admits=lambda config: True,

@@ -247,11 +247,11 @@ def test_with_a_batch_knob_the_study_maximizes_goodput(tmp_path: Path) -> None:
 
 
 def test_the_real_memory_model_when_it_exists(tmp_path: Path, tiny_budget: int) -> None:
-    pytest.importorskip("autotune.memory.model", reason="the memory model is not in this tree yet")
+    pytest.importorskip("autotune.memory.predict", reason="the memory model is not in this tree yet")
     budget = tiny_budget
     study, _ = _run(
         _spec(trials=2, memory_budget=MemoryBudget(bytes=budget)),
-        _options(tmp_path, memory_model="autotune.memory.model"),
+        _options(tmp_path, memory_model="autotune.memory.predict"),
     )
     first = study.trials[0]
     assert ATTR.PREDICTION_ERROR not in first.user_attrs, first.user_attrs[ATTR.PREDICTION_ERROR]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autotune import Measurement, TrainConfig, TrainingError, UnsupportedError, load_workload, measure, predict_memory
-from autotune.memory.profile import profile_memory
+from autotune.memory.predict import profile_memory
 from autotune.procs.multirank import measure_ranks
 from autotune.search.export import export_config
 from autotune.units import format_bytes

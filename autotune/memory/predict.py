@@ -1,0 +1,124 @@
+"""The memory model's entry points: profile a workload and check the profile on real steps
+(:func:`profile_memory`), predict a configuration, profiling when no profile is given
+(:func:`predict_memory`), and a budget in bytes (:func:`budget_bytes`).
+
+They combine the pieces below them, which never import this module: the fake-tensor profile
+(:mod:`autotune.memory.profile`), the composition from a profile (:mod:`autotune.memory.model`)
+and its check against real steps (:mod:`autotune.memory.check`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from autotune.config import TrainConfig
+from autotune.memory.check import covering, verify_profile
+
+# plan_of is also part of the contract a study loads from this module (search/predictor.py).
+from autotune.memory.model import MemoryEstimate, compose_memory, plan_of
+from autotune.memory.profile import MODES, MemoryProfile, fake_profile
+
+if TYPE_CHECKING:
+    from autotune.units import MemoryBudget
+    from autotune.workload import Workload
+
+__all__ = ["budget_bytes", "predict_memory", "profile_memory"]
+
+
+def profile_memory(
+    workload: Workload,
+    *,
+    modes: Sequence[str] = ("fp32",),
+    micro_batch_sizes: tuple[int, int] = (2, 4),
+    checkpointed: bool = True,
+    verify: bool = True,
+) -> MemoryProfile:
+    """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute).
+
+    ``checkpointed=False`` skips the runs with every block checkpointed (half the time); the
+    profile then serves configs without checkpointing only.
+
+    Fake tensors go through the same kernels' shape logic, and MemTracker counts them as real
+    ones (the same bytes on the built-in workloads, to a few hundred bytes with bf16 blocks), so
+    this is cheap for any model size: under a second of Python per run (four per mode: two sizes,
+    plain and checkpointed), mostly MemTracker's bookkeeping.
+
+    ``verify=True`` (the default) then checks the profile against real steps, one per kind of
+    configuration it can predict (:func:`autotune.memory.check.verify_profile`: two real steps
+    each, the fp32 mode profiled too if not asked for) and records them in ``checks``, warning
+    (:class:`PredictionWarning`) where they disagree. A model
+    the fake run cannot go through (a data-dependent operation, an operator without a meta
+    kernel) raises :class:`PredictionError` with the reason.
+    """
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        raise ValueError(f"profile_memory: modes must be among {MODES}, but got {unknown[0]!r}.")
+    if verify and "fp32" not in modes:
+        modes = ("fp32", *modes)
+    profile = fake_profile(workload, modes=modes, micro_batch_sizes=micro_batch_sizes, checkpointed=checkpointed)
+    if not verify:
+        return profile
+    return dataclasses.replace(profile, checks=verify_profile(workload, profile))
+
+
+def predict_memory(
+    workload: Workload,
+    config: TrainConfig,
+    *,
+    ranks: int | None = None,
+    profile: MemoryProfile | None = None,
+    device_type: str = "cpu",
+    verify: bool = True,
+) -> MemoryEstimate:
+    """Predict the peak tensor bytes per rank of ``config`` (at ``ranks``, default ``config.ranks``).
+
+    ``profile`` (from :func:`profile_memory` with at least ``plan_of(...).modes``)
+    is measured when not given: a few seconds of fake-tensor forward/backward passes, no real
+    compute, so this answers for models and rank counts this machine cannot run; with ``verify``
+    (the default) also checked against one real step (two real steps at micro-batch 4: pass
+    ``verify=False`` to skip them). The estimate is ``verified`` only if its profile was checked
+    and agreed (see :mod:`autotune.memory.check`).
+
+    Returns:
+        The predicted peak by category (:class:`MemoryEstimate`; ``total`` is the peak).
+
+    Raises:
+        PredictionError: the model cannot be profiled under fake tensors.
+
+    Example:
+        >>> from autotune import TrainConfig, load_workload, predict_memory
+        >>> wl = load_workload("mlp-digits")
+        >>> estimate = predict_memory(wl, TrainConfig(micro_batch_size=32))
+        >>> estimate.parameters, estimate.optimizer_state  # fp32 weights; AdamW's two moments
+        (2192424, 4384968)
+        >>> estimate.verified  # checked against a real step of a copy of the model
+        True
+    """
+    if ranks is not None:
+        config = dataclasses.replace(config, ranks=ranks)
+    plan = plan_of(config, num_blocks=len(workload.block_names()), device_type=device_type)
+    if profile is None:
+        profile = profile_memory(workload, modes=plan.modes, checkpointed=any(plan.checkpoints), verify=verify)
+    estimate = compose_memory(workload, config, profile, device_type=device_type)
+    check = covering(profile, config, plan, estimate.total)
+    return dataclasses.replace(estimate, verified=check is not None and check.verified, verification=check)
+
+
+def budget_bytes(
+    budget: MemoryBudget | None, workload: Workload, *, ranks: int = 1, device_type: str = "cpu"
+) -> int | None:
+    """``budget`` in bytes per rank, for ``measure``, ``predict`` and ``study``.
+
+    A percentage (``MemoryBudget.fraction``) is of the *predicted* peak per rank of the PyTorch
+    default configuration at ``ranks``: fp32, the workload's batch split over the ranks in one
+    micro-batch each, nothing recomputed, ZeRO stage 0 (what ``autotune tune`` starts from, and
+    measures instead). A prediction runs no real compute, so the budget is known before anything
+    runs or is written; on the local runner it equals the measured peak within a few hundred bytes.
+    """
+    if budget is None:
+        return None
+    per_rank = max(1, min(workload.batch_size // ranks, workload.dataset_size or workload.batch_size))
+    default = TrainConfig(micro_batch_size=per_rank, ranks=ranks)
+    return budget.resolve(lambda: predict_memory(workload, default, device_type=device_type).total)
