@@ -32,7 +32,8 @@ class RunContext:
     Attributes:
         workload: The run's workload.
         start: The configuration the run starts from (its ranks: the run's, fixed).
-        budget_bytes: The memory budget in bytes (per rank on ranks).
+        budget: Returns the run's budget gate's budget in bytes (per rank on ranks) when asked;
+            read it as :attr:`budget_bytes`.
         blocks: Each block's saved bytes (one forward of a copy, taken once per run).
         device_type: ``"cpu"`` or ``"cuda"``.
         admits: Whether the run's budget gate would admit a configuration now (a plan can pick
