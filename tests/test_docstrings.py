@@ -52,11 +52,7 @@ def _public() -> list[tuple[str, object]]:
     return names
 
 
-#: Their docstrings are rewritten with the memory package's restructuring (memory/model.py).
-PENDING = {"autotune.MemoryEstimate", "autotune.predict_memory"}
-
-
-CHECKED = [p for p in _public() if p[0] not in PENDING]
+CHECKED = _public()
 
 
 @pytest.mark.parametrize(("name", "obj"), CHECKED, ids=[name for name, _ in CHECKED])

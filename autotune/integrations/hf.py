@@ -144,6 +144,7 @@ class AutotuneCallback(TrainerCallback, ExportableState):
 
     @property
     def history(self) -> list[Any]:
+        """Every change considered so far, applied or not, oldest first (:class:`~autotune.adapt.records.Change`)."""
         return self.loop.history
 
     @property
@@ -184,10 +185,13 @@ class AutotuneCallback(TrainerCallback, ExportableState):
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        """Start the step's measurement window (the CUDA allocator's peaks; a tracked step on the CPU)."""
         self.loop.step_begin()
 
     @override
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        """Close the step: its loss from the Trainer's logs, its peak, a decision every
+        ``decide_every`` steps; open the evaluation window when the Trainer evaluates next."""
         # Losses come from the Trainer's own logs (every ``logging_steps``): no extra sync.
         losses = [e["loss"] for e in state.log_history[self._logged :] if "loss" in e]
         self._logged = len(state.log_history)
@@ -199,6 +203,7 @@ class AutotuneCallback(TrainerCallback, ExportableState):
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        """Open the evaluation window when the Trainer evaluates at the epoch's end (``eval_strategy="epoch"``)."""
         if control.should_evaluate:  # eval_strategy="epoch"
             self.loop.evaluation_begin(*_optimizers(kwargs))
 
@@ -206,16 +211,20 @@ class AutotuneCallback(TrainerCallback, ExportableState):
     def on_prediction_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        """Count one evaluation batch (the first evaluation is measured, once)."""
         self.loop.evaluation_batch()
 
     @override
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        """Close the evaluation window: its peak is kept, and said once if over the budget; the
+        training configuration stays."""
         self.loop.evaluation_end(state.global_step, lower="per_device_eval_batch_size")
 
     @override
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        """Take the per-block wrappers off the model: it is left as it was given."""
         self.loop.remove()
 
 

@@ -121,6 +121,7 @@ class AutotuneCallback(Callback):
 
     @property
     def history(self) -> list[Any]:
+        """Every change considered so far, applied or not, oldest first (:class:`~autotune.adapt.records.Change`)."""
         return self.loop.history
 
     @property
@@ -181,6 +182,8 @@ class AutotuneCallback(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Stage a split the controller chose: the module's ``batch_size`` for the DataLoader hook and
+        one reload of the train DataLoader at the next epoch (BatchSizeFinder's way)."""
         pending = self.loop.pending
         if pending is None or self._reload is not None:
             return
@@ -192,6 +195,8 @@ class AutotuneCallback(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Take a staged split once the reloaded DataLoader has its micro-batch (the accumulation
+        keeps the effective batch); a DataLoader that did not take it is logged as refused."""
         pending = self.loop.pending
         if pending is None or self._reload is None:
             return
@@ -205,6 +210,7 @@ class AutotuneCallback(Callback):
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Start the step's measurement window (the CUDA allocator's peaks; a tracked step on the CPU)."""
         if batch_idx % trainer.accumulate_grad_batches == 0:
             self.loop.step_begin()
 
@@ -212,6 +218,7 @@ class AutotuneCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
+        """Close the step at an optimizer step: its loss, its peak, a decision every ``decide_every`` steps."""
         step = trainer.global_step
         if step == self._step:  # a micro-batch inside an accumulation: no optimizer step yet
             return
@@ -225,20 +232,26 @@ class AutotuneCallback(Callback):
 
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Open the validation window (Lightning's sanity check runs before the callback starts)."""
         self.loop.evaluation_begin(*trainer.optimizers)
 
     @override
     def on_validation_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
+        """Count one validation batch (the first validation is measured, once)."""
         self.loop.evaluation_batch()
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Close the validation window: its peak is kept, and said once if over the budget; the
+        training configuration stays."""
         self.loop.evaluation_end(trainer.global_step, lower="the val DataLoader's batch size")
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Refuse a split still pending, undo a staged reload, and take the per-block wrappers off the
+        model: it is left as it was given."""
         if self._reload is not None:  # a reload was asked for an epoch that never came
             trainer.reload_dataloaders_every_n_epochs, self._reload = self._reload, None  # type: ignore[attr-defined]  # set by its DataConnector
             lightning_setattr(pl_module, "batch_size", self._batch_size)

@@ -28,12 +28,9 @@ On top of the model states, each phase of a step adds its transients:
 The peak is the larger of the two. What DeepSpeed does beyond the paper (bucket sizes, ZeRO 1-2's
 padding, stage 2's gradient partition buffer, stage 0's flattened all-reduce buffer, the gathered
 module at stage 3) was read from DeepSpeed 0.19.8 and checked against :func:`autotune.measure`.
-Measured error (``benchmarks/memory_model.py``, CPU, 1 and 2 ranks): on 156 configurations never
-looked at while writing this, all within 5% of the measured peak (max 4.8%, ZeRO-3; the local
-runner's within 0.03%); on 50 mixing fp32 and bf16 blocks (``--grid mixed``), within 0.8%; on the
-238 it was developed against, 99% (max 7.1%: ZeRO-3 on checkpointed ResNet blocks). On the local
-runner the forward/backward composition equals a fake-tensor run of the config itself byte for
-byte; real steps differ from fake ones by a few hundred bytes.
+On the local runner the forward/backward composition equals a fake-tensor run of the config
+itself byte for byte. Its measured error against real steps, on the CPU and on a GPU, is on the
+docs' benchmarks page (``benchmarks/memory_model.py``, ``benchmarks/gpu_check.py``).
 """
 
 from __future__ import annotations
@@ -65,23 +62,32 @@ _WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 class MemoryEstimate(MemoryBreakdown):
     """Predicted tensor bytes of one rank at its peak, in :class:`MemoryBreakdown`'s categories.
 
-    ``phase`` is where the peak is predicted; ``ranks`` the data-parallel ranks it assumes.
-    A prediction, not a measurement: compare with :attr:`Measurement.memory`.
-
-    ``verified``: the profile behind it was checked against a real step of each kind of
-    configuration this one uses, and each agreed within 5% (``verification`` holds the deciding
-    check, :func:`autotune.memory.check.covering`; None if the profile was not checked). Act on an
-    unverified prediction (prune, skip) only knowing that it may be wrong: measure instead.
-
-    What it predicts (:attr:`predicts`) is *allocated* memory: live tensor bytes, what
+    A prediction, not a measurement: compare with :attr:`Measurement.memory`. What it predicts
+    (:attr:`predicts`) is *allocated* memory: live tensor bytes, what
     ``torch.cuda.max_memory_allocated`` counts. On CUDA what runs out is the caching allocator's
     reserved memory, larger by fragmentation and cache (74.2 vs 80.8 GiB, allenai/OLMo-core#297);
     no fake-tensor pass can know it, so once one real step has run on the device its measured
-    reserved/allocated ratio is carried here (``reserved_ratio``, see
-    :meth:`with_reserved_ratio`) and :attr:`reserved` is the prediction scaled by it.
+    reserved/allocated ratio is carried here and :attr:`reserved` is the prediction scaled by it.
+    Act on an unverified prediction (prune, skip) only knowing that it may be wrong: measure instead.
 
-    ``worst_case``: the batch the profile behind it ran at, e.g. ``"worst case: scanned 8 batches
-    (the whole epoch), longest at batch 6"`` (:mod:`autotune.memory.worst_case`).
+    Attributes:
+        parameters: Bytes of parameters (per rank: ZeRO-3 partitions them).
+        gradients: Bytes of gradients as the runner keeps them at the peak.
+        optimizer_state: Bytes of optimizer state (and DeepSpeed's fp32 master copy).
+        activations: Bytes saved for backward, and the batch.
+        temporaries: Bytes alive only inside an operation or a phase.
+        buffers: Bytes of module buffers (BatchNorm's running statistics).
+        other: Bytes of anything else (DeepSpeed's flat buffers).
+        phase: Where the peak is predicted: ``"forward/backward"`` or ``"optimizer step"``.
+        ranks: The data-parallel ranks it assumes.
+        verified: The profile behind it was checked against a real step of each kind of
+            configuration this one uses, and each agreed within 5%.
+        verification: The deciding check (:func:`autotune.memory.check.covering`); None if the
+            profile was not checked.
+        reserved_ratio: The measured reserved/allocated ratio on the device (CUDA), see
+            :meth:`with_reserved_ratio`; None before a real step.
+        worst_case: The batch the profile behind it ran at, e.g. ``"worst case: scanned 8
+            batches (the whole epoch), longest at batch 6"`` (:mod:`autotune.memory.worst_case`).
     """
 
     phase: Phase

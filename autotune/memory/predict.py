@@ -72,20 +72,34 @@ def predict_memory(
     device_type: str = "cpu",
     verify: bool = True,
 ) -> MemoryEstimate:
-    """Predict the peak tensor bytes per rank of ``config`` (at ``ranks``, default ``config.ranks``).
+    """Predict the peak tensor bytes per rank of ``config``, by category, before running it.
 
-    ``profile`` (from :func:`profile_memory` with at least ``plan_of(...).modes``)
-    is measured when not given: a few seconds of fake-tensor forward/backward passes, no real
-    compute, so this answers for models and rank counts this machine cannot run; with ``verify``
-    (the default) also checked against one real step (two real steps at micro-batch 4: pass
-    ``verify=False`` to skip them). The estimate is ``verified`` only if its profile was checked
-    and agreed (see :mod:`autotune.memory.check`).
+    The profile is a few seconds of fake-tensor forward/backward passes (no real compute), so
+    this answers for models and rank counts this machine cannot run. The estimate is
+    ``verified`` only if its profile was checked against real steps and agreed
+    (:mod:`autotune.memory.check`).
+
+    Args:
+        workload: The model, data and loss (a GPU-resident model is profiled from a host copy).
+        config: The configuration to predict.
+        ranks: Data-parallel ranks to predict at (default: ``config.ranks``); the prediction is
+            per rank.
+        profile: A profile from :func:`profile_memory` holding at least
+            ``plan_of(...).modes``; taken when not given.
+        device_type: ``"cpu"`` or ``"cuda"``: where the run would be (a DeepSpeed engine's
+            precision depends on it). On CUDA the prediction is of allocated bytes (see
+            :class:`~autotune.memory.model.MemoryEstimate`).
+        verify: With a profile taken here, check it against real steps of a copy of the model
+            (two steps at a small micro-batch per kind of configuration); ``False`` skips them
+            and leaves the estimate unverified.
 
     Returns:
-        The predicted peak by category (:class:`MemoryEstimate`; ``total`` is the peak).
+        The predicted peak by category (:class:`~autotune.memory.model.MemoryEstimate`;
+        ``total`` is the peak).
 
     Raises:
-        PredictionError: the model cannot be profiled under fake tensors.
+        PredictionError: The model cannot be profiled under fake tensors.
+        ConfigError: ``profile`` lacks a mode ``config`` needs.
 
     Example:
         >>> from autotune import TrainConfig, load_workload, predict_memory
