@@ -28,7 +28,7 @@ conditions. Recorded with the figures: ``torch.backends.cpu.get_cpu_capability()
 cores, torch threads and the date.
 
 Run: python benchmarks/picks.py [--models hf-gpt2,hf-bert,hf-vit,lstm-lm,hf-resnet] [--quick]
-     [--threads N] [--out picks] -> picks.json and picks.md
+     [--coarse-grid] [--threads N] [--out picks] -> picks.json and picks.md
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class Plan:
     models: tuple[str, ...]
     sizes: dict[str, dict[str, int]]
     quick: bool
+    coarse_grid: bool  # the quick run's 8-point grid (at any size)
     study_trials: int
     tune_steps: int
     fine_tune_seconds: float
@@ -81,13 +82,13 @@ class Plan:
 
     @property
     def grid_levels(self) -> str:
-        if self.quick:
+        if self.coarse_grid:
             return "the smallest micro-batch or the whole batch x no or all blocks in bf16 x no or all recomputed"
         return "every micro-batch x every count of bf16 blocks x every count of recomputed blocks"
 
 
-def plan(models: Sequence[str] | None, *, quick: bool, threads: int | None = None) -> Plan:
-    """The run ``--models`` / ``--quick`` ask for (unknown models refused in one line)."""
+def plan(models: Sequence[str] | None, *, quick: bool, coarse_grid: bool = False, threads: int | None = None) -> Plan:
+    """The run ``--models`` / ``--quick`` / ``--coarse-grid`` ask for (unknown models refused in one line)."""
     from autotune.zoo import CORPUS
 
     chosen = tuple(models) if models else (QUICK_MODELS if quick else DEFAULT_MODELS)
@@ -98,6 +99,7 @@ def plan(models: Sequence[str] | None, *, quick: bool, threads: int | None = Non
         models=chosen,
         sizes={m: dict(CORPUS[m].tiny if quick else CORPUS[m].sizes) for m in chosen},
         quick=quick,
+        coarse_grid=quick or coarse_grid,
         study_trials=3 if quick else 12,
         tune_steps=2 if quick else 8,
         fine_tune_seconds=0.0 if quick else 30.0,
@@ -106,14 +108,14 @@ def plan(models: Sequence[str] | None, *, quick: bool, threads: int | None = Non
     )
 
 
-def grid_counts(blocks: int, *, quick: bool) -> tuple[int, ...]:
+def grid_counts(blocks: int, *, coarse: bool) -> tuple[int, ...]:
     """The block counts (bf16, recomputed) the grid takes: all of them, or none and all."""
-    return (0, blocks) if quick else tuple(range(blocks + 1))
+    return (0, blocks) if coarse else tuple(range(blocks + 1))
 
 
-def grid_micro(choices: Sequence[int], *, quick: bool) -> tuple[int, ...]:
+def grid_micro(choices: Sequence[int], *, coarse: bool) -> tuple[int, ...]:
     """The micro-batches the grid takes: every choice, or the smallest and the whole batch."""
-    return tuple(sorted({choices[0], choices[-1]})) if quick else tuple(choices)
+    return tuple(sorted({choices[0], choices[-1]})) if coarse else tuple(choices)
 
 
 # ---- the ratios ------------------------------------------------------------------------------------
@@ -279,10 +281,10 @@ def _run_study(reference: str, name: str, p: Plan, budget: int, workdir: Path, *
     if grid:
         space = prepared.space
         batch = space.batch_sizes[0]
-        counts = grid_counts(space.num_blocks, quick=p.quick)
+        counts = grid_counts(space.num_blocks, coarse=p.coarse_grid)
         points = [
             Knobs(batch_size=batch, micro_batch_size=m, low_precision_blocks=n, checkpoint_blocks=c)
-            for m in grid_micro(space.micro_batch_choices(batch, 1), quick=p.quick)
+            for m in grid_micro(space.micro_batch_choices(batch, 1), coarse=p.coarse_grid)
             for n in counts
             for c in counts
         ]
@@ -408,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", help=f"comma list of corpus models (default {','.join(DEFAULT_MODELS)})")
     quick = f"tiny sizes, a tiny grid, {','.join(QUICK_MODELS)} unless --models: a few minutes"
     parser.add_argument("--quick", action="store_true", help=quick)
+    coarse = "at the built-in sizes, the quick run's 8-point grid: its best is the best of 8 points, not of every point"
+    parser.add_argument("--coarse-grid", action="store_true", help=coarse)
     parser.add_argument("--threads", type=int, help="torch threads of every timing process (default: torch's)")
     parser.add_argument("--out", type=Path, default=Path("picks"), help="writes OUT.json and OUT.md (default picks)")
     args = parser.parse_args(argv)
@@ -417,7 +421,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    p = plan(args.models.split(",") if args.models else None, quick=args.quick, threads=args.threads)
+    p = plan(
+        args.models.split(",") if args.models else None,
+        quick=args.quick,
+        coarse_grid=args.coarse_grid,
+        threads=args.threads,
+    )
     with tempfile.TemporaryDirectory(prefix="picks-") as tmp:
         rows = run(p, Path(tmp))
     result = {

@@ -39,10 +39,14 @@ def test_the_plan_is_five_models_at_their_built_in_sizes_or_a_quick_one(picks: M
     with pytest.raises(SystemExit) as refused:
         picks.plan(["gpt5"], quick=False)
     assert str(refused.value) == f"picks: --models must be corpus models ({', '.join(CORPUS)}), but got 'gpt5'"
-    assert picks.grid_counts(6, quick=False) == (0, 1, 2, 3, 4, 5, 6)
-    assert picks.grid_counts(6, quick=True) == (0, 6)
-    assert picks.grid_micro((1, 2, 4, 8, 16), quick=False) == (1, 2, 4, 8, 16)
-    assert picks.grid_micro((1, 2, 4, 8, 16), quick=True) == (1, 16)
+    assert picks.grid_counts(6, coarse=False) == (0, 1, 2, 3, 4, 5, 6)
+    assert picks.grid_counts(6, coarse=True) == (0, 6)
+    assert picks.grid_micro((1, 2, 4, 8, 16), coarse=False) == (1, 2, 4, 8, 16)
+    assert picks.grid_micro((1, 2, 4, 8, 16), coarse=True) == (1, 16)
+    assert (full.coarse_grid, quick.coarse_grid) == (False, True)
+    coarse = picks.plan(["hf-gpt2"], quick=False, coarse_grid=True)
+    assert coarse.coarse_grid and coarse.sizes["hf-gpt2"] == dict(CORPUS["hf-gpt2"].sizes)
+    assert (coarse.study_trials, coarse.tune_steps) == (12, 8)  # the real run's searches, a smaller reference
 
 
 def _retimed(*rates: float, ranking: tuple[int, ...]) -> Retimed:
