@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from autotune.memory.worst_case import WorstCase
 
-__all__ = ["Workload", "find_blocks", "DEFAULT_LR", "SCAN_BATCHES"]
+__all__ = ["Workload", "find_blocks", "swap_tensors", "DEFAULT_LR", "SCAN_BATCHES"]
 
 #: Learning rate of the default optimizer (AdamW) at the workload's reference batch size.
 DEFAULT_LR = 1e-3
@@ -200,7 +200,7 @@ class Workload:
                 model = copy.deepcopy(self.model)
             if any(not _on(t, target) for t in state):
                 with fake:
-                    _move(model, target)
+                    swap_tensors(model, lambda t: t.to(target))
             return model.train()
         memo: dict[int, Any] = {}
         for t in state:
@@ -395,9 +395,12 @@ def _on(t: torch.Tensor, device: torch.device) -> bool:
     return t.device.type == device.type and (t.device.index or 0) == (device.index or 0)
 
 
-def _move(model: torch.nn.Module, device: torch.device) -> None:
-    """Every parameter and buffer of ``model`` to ``device``, in place, one new object per tensor
-    (tied parameters stay tied). ``Module.to`` cannot swap fake tensors in place."""
+def swap_tensors(model: torch.nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Replace every parameter and buffer of ``model``, in place, by ``convert`` of it.
+
+    One new object per tensor, so tied parameters (and shared buffers) stay tied; a parameter
+    stays a parameter with its ``requires_grad``. ``Module.to`` cannot swap fake tensors in place.
+    """
     import torch
 
     new: dict[int, torch.Tensor] = {}
@@ -405,9 +408,9 @@ def _move(model: torch.nn.Module, device: torch.device) -> None:
         for name, p in module._parameters.items():
             if p is not None:
                 if id(p) not in new:
-                    new[id(p)] = torch.nn.Parameter(p.detach().to(device), requires_grad=p.requires_grad)
+                    new[id(p)] = torch.nn.Parameter(convert(p.detach()), requires_grad=p.requires_grad)
                 module._parameters[name] = new[id(p)]  # type: ignore[assignment]
         for name, b in module._buffers.items():
             if b is not None:
-                new.setdefault(id(b), b.to(device))
+                new.setdefault(id(b), convert(b))
                 module._buffers[name] = new[id(b)]

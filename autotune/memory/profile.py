@@ -37,7 +37,7 @@ from autotune.memory.blocks import _first_batch
 from autotune.memory.fake_branches import RealBranches
 from autotune.memory.fake_workspaces import RealWorkspaces
 from autotune.train.wrappers import apply_block_knobs
-from autotune.workload import Workload
+from autotune.workload import Workload, swap_tensors
 
 if TYPE_CHECKING:
     from autotune.memory.check import Verification
@@ -230,20 +230,8 @@ def _fake_model(workload: Workload, fake: Any) -> torch.nn.Module:
 
 
 def _cast_floats(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Parameters and float buffers to ``dtype``, as a DeepSpeed 16-bit engine casts them.
-
-    ``Module.to`` cannot swap fake tensors in place; tied parameters stay tied (one new object each).
-    """
-    new: dict[int, torch.nn.Parameter] = {}
-    for module in model.modules():
-        for name, p in module._parameters.items():
-            if p is not None:
-                if id(p) not in new:
-                    new[id(p)] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
-                module._parameters[name] = new[id(p)]
-        for name, b in module._buffers.items():
-            if b is not None and b.is_floating_point():
-                module._buffers[name] = b.to(dtype)
+    """Parameters and float buffers to ``dtype``, as a DeepSpeed 16-bit engine casts them."""
+    swap_tensors(model, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def _profile_mode(workload: Workload, fake: Any, mode: str, sizes: tuple[int, int], recompute: bool) -> ModeProfile:
