@@ -63,6 +63,7 @@ from autotune.measurement.cuda_memory import (
     allocator_source,
     reserved_with_headroom,
 )
+from autotune.measurement.tracker import breakdown, tracker_class
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
@@ -296,8 +297,6 @@ class FrameworkLoop:
             self._trained = _peaks(self._trained, AllocatorStats.read(self.allocator, self._device))
             self.allocator.reset_peak_memory_stats(self._device)
         elif self.evaluation_peak is None and self._model is not None:
-            from autotune.measurement.tracker import tracker_class
-
             self._tracker = tracker_class()(device=self._device)
             self._tracker.track_external(self._model, *optimizers)
             self._tracker.__enter__()
@@ -328,7 +327,7 @@ class FrameworkLoop:
         elif self._tracker is not None:
             tracker, self._tracker = self._tracker, None
             tracker.__exit__(None, None, None)
-            peak = needed = int(tracker.device_snapshot("peak").get("Total", 0))  # MemTracker's total key
+            peak = needed = breakdown(tracker.device_snapshot("peak")).total
             what = f"{peak} B"
         if peak is None or needed is None:
             return
