@@ -31,9 +31,14 @@ def _user_objects() -> tuple[Workload, torch.optim.Optimizer]:
     return wl, torch.optim.AdamW(wl.model.parameters(), lr=1e-3)
 
 
-def _run(policy: object, steps: int, **kwargs: object) -> tuple[Adaptive, list[float]]:
+def _tuner(policy: object, **kwargs: object) -> Adaptive:
+    """An Adaptive over fresh user objects (the seeded resmlp and its AdamW) at the batch of BATCH."""
     wl, opt = _user_objects()
-    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=policy, **kwargs)  # type: ignore[arg-type]
+    return Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=policy, **kwargs)  # type: ignore[arg-type]
+
+
+def _run(policy: object, steps: int, **kwargs: object) -> tuple[Adaptive, list[float]]:
+    tuner = _tuner(policy, **kwargs)
     losses = [tuner.step().loss for _ in range(steps)]
     tuner.close()
     return tuner, losses
@@ -41,8 +46,7 @@ def _run(policy: object, steps: int, **kwargs: object) -> tuple[Adaptive, list[f
 
 def _default_peak() -> int:
     """The default configuration's predicted peak (a 100% budget)."""
-    wl, opt = _user_objects()
-    probe = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=None)
+    probe = _tuner(policy=None)
     probe.close()
     return probe.budget_bytes
 
@@ -135,17 +139,7 @@ def test_the_plan_is_the_simulator_s_best_configuration_the_gate_admits(monkeypa
     # A budget that best does not fit: the plan is the best the gate admits, not a refused one.
     predicted = tuner.gate.predict(planned)
     assert predicted is not None
-    wl, opt = _user_objects()
-    tuner = Adaptive(
-        wl.model,
-        opt,
-        wl.loss_fn,
-        wl.dataset,
-        batch_size=BATCH,
-        policy="pretrained",
-        decide_every=5,
-        memory_budget=predicted[0],
-    )
+    tuner = _tuner(policy="pretrained", decide_every=5, memory_budget=predicted[0])
     tuner.close()
     (plan,) = tuner.history
     assert plan.applied and plan.after not in (planned, _fp32(BATCH)) and tuner.gate.check(plan.after).admitted
@@ -180,9 +174,8 @@ def test_a_model_the_simulator_cannot_profile_starts_without_a_plan_and_says_why
         raise ProposalError("the memory model predicts 55 B, which measured 52 B (more than 5% off)")
 
     monkeypatch.setattr(transfer, "quick_profile", fails)
-    wl, opt = _user_objects()
     with pytest.warns(AutotuneWarning, match=r"^no start plan: the memory model predicts 55 B, which measured 52 B"):
-        tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=PolicySource())
+        tuner = _tuner(policy=PolicySource())
     tuner.close()
     assert tuner.config == _fp32(BATCH) and tuner.history == ()
 
@@ -231,19 +224,8 @@ def test_a_fixed_config_of_another_effective_batch_is_refused() -> None:
 
 
 def test_a_config_measured_over_the_budget_is_left_at_once() -> None:
-    wl, opt = _user_objects()
     budget = int(0.8 * _default_peak())
-    tuner = Adaptive(
-        wl.model,
-        opt,
-        wl.loss_fn,
-        wl.dataset,
-        batch_size=BATCH,
-        memory_budget=budget,
-        policy=Scripted([_fp32(BATCH)]),
-        decide_every=2,
-        track_memory=True,
-    )
+    tuner = _tuner(memory_budget=budget, policy=Scripted([_fp32(BATCH)]), decide_every=2, track_memory=True)
     start = tuner.config
     tuner.gate.predict = lambda config: (1, True)  # type: ignore[method-assignment]  # a prediction that lies
     with pytest.warns(OverBudgetWarning) as caught:
@@ -399,19 +381,9 @@ def test_adaptive_the_envs_and_the_study_judge_the_same_numbers_identically() ->
 
 def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
     fast, slow = _fp32(BATCH), _fp32(8)
-    wl, opt = _user_objects()
     # A decision every 5 steps; a proposal's first step is tracked, then it is measured side by side
     # with the configuration it replaced (steps alternating, 4 timed steps each, no decision meanwhile).
-    tuner = Adaptive(
-        wl.model,
-        opt,
-        wl.loss_fn,
-        wl.dataset,
-        batch_size=BATCH,
-        policy=Scripted([slow, slow]),
-        decide_every=5,
-        track_memory=True,
-    )
+    tuner = _tuner(policy=Scripted([slow, slow]), decide_every=5, track_memory=True)
     # Step times by configuration (the steps themselves are real): 8 x 4 takes 100x as long, far
     # more than its smaller peak can make up per GiB.
     real_step = tuner.trainer.step
@@ -442,17 +414,7 @@ def test_a_configuration_measured_worse_is_left_and_not_entered_again() -> None:
 
 def test_once_measurement_moved_the_run_back_a_noisier_remeasure_does_not_move_it_again() -> None:
     fast, slow = _fp32(BATCH), _fp32(8)
-    wl, opt = _user_objects()
-    tuner = Adaptive(
-        wl.model,
-        opt,
-        wl.loss_fn,
-        wl.dataset,
-        batch_size=BATCH,
-        policy=Scripted([slow]),
-        decide_every=5,
-        track_memory=True,
-    )
+    tuner = _tuner(policy=Scripted([slow]), decide_every=5, track_memory=True)
     real_step = tuner.trainer.step
 
     def step(**kwargs: Any) -> Any:
@@ -470,17 +432,7 @@ def test_once_measurement_moved_the_run_back_a_noisier_remeasure_does_not_move_i
 
 def test_a_trial_is_kept_only_if_it_measures_clearly_better_than_the_best() -> None:
     a, b, c = _fp32(BATCH), _fp32(8), _fp32(4)
-    wl, opt = _user_objects()
-    tuner = Adaptive(
-        wl.model,
-        opt,
-        wl.loss_fn,
-        wl.dataset,
-        batch_size=BATCH,
-        policy=Scripted([b, c]),
-        decide_every=5,
-        track_memory=True,
-    )
+    tuner = _tuner(policy=Scripted([b, c]), decide_every=5, track_memory=True)
     real_step = tuner.trainer.step
     # Scripted samples/s per GiB of measured peak: b 2% above a (within the 3% margin: a stays the
     # run's configuration, so the run cannot drift on noise), c 10% above (kept).
@@ -520,9 +472,8 @@ class Planned(Scripted):
 
 
 def test_a_source_s_plan_is_where_the_run_starts_if_the_gate_admits_it() -> None:
-    wl, opt = _user_objects()
     planned = _fp32(8, True)
-    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Planned(planned, []))
+    tuner = _tuner(policy=Planned(planned, []))
     tuner.step()
     tuner.close()
     [change] = tuner.history
@@ -535,11 +486,8 @@ def test_a_source_s_plan_is_where_the_run_starts_if_the_gate_admits_it() -> None
     )
     assert change.reason.startswith("planned; predicted ") and tuner.steps[0].config == planned
     # A plan over the budget is not where the run starts: the budget's start is.
-    wl, opt = _user_objects()
     budget = int(0.6 * _default_peak())
-    tuner = Adaptive(
-        wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, memory_budget=budget, policy=Planned(_fp32(BATCH), [])
-    )
+    tuner = _tuner(memory_budget=budget, policy=Planned(_fp32(BATCH), []))
     tuner.close()
     start, refused = tuner.history
     assert start.source == "budget" and tuner.config == start.after != _fp32(BATCH)
@@ -661,8 +609,7 @@ def test_by_default_only_a_configuration_without_a_verified_prediction_is_tracke
     assert {r.config: r.score.peak_bytes for r in tuner.configs} == {c: tuner.gate.predict(c)[0] for c in (a, b)}  # type: ignore[index]
     # A profile whose check against a real step came further off than the gate's 2% headroom
     # (verified: within 5%) is not trusted: each configuration's first full step is tracked.
-    wl, opt = _user_objects()
-    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=None)
+    tuner = _tuner(policy=None)
     assert tuner.gate.profile is not None and tuner.gate.profile.verification is not None
     assert tuner.gate.trusts(a)
     checks = tuple(dataclasses.replace(v, relative_error=0.03) for v in tuner.gate.profile.checks)
