@@ -29,6 +29,21 @@ class Spy(transformers.TrainerCallback):  # type: ignore[misc]
         self.wrapped.append(sum("forward" in model.get_submodule(b).__dict__ for b in self.blocks))
 
 
+def _args(output_dir: str, batch: int, max_steps: int, **extra: Any) -> transformers.TrainingArguments:
+    """The Trainer's arguments for a short CPU run without reports or progress bars (checkpoints
+    only if ``extra`` asks for them)."""
+    extra.setdefault("save_strategy", "no")
+    return transformers.TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=batch,
+        max_steps=max_steps,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        **extra,
+    )
+
+
 def test_the_callback_applies_checkpointing_inside_a_real_trainer(tmp_path: Path) -> None:
     entry = CORPUS["hf-gpt2"]
     wl = entry.build(**entry.tiny)
@@ -36,17 +51,7 @@ def test_the_callback_applies_checkpointing_inside_a_real_trainer(tmp_path: Path
     config = TrainConfig(micro_batch_size=4, checkpoint=True)
     callback = AutotuneCallback(policy=config, decide_every=2)
     spy = Spy(blocks)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        max_steps=6,
-        report_to=[],
-        logging_steps=1,
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
-    )
+    args = _args(str(tmp_path), 4, 6, logging_steps=1, seed=0)
     trainer = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, spy])
     result = trainer.train()
     assert trainer.model is wl.model
@@ -67,16 +72,7 @@ def test_a_proposal_mid_run_takes_only_what_the_trainer_allows(tmp_path: Path) -
         policy=Scripted([TrainConfig(micro_batch_size=2, grad_accum_steps=2, checkpoint=True)]), decide_every=2
     )
     spy = Spy(blocks)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        max_steps=4,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
-    )
+    args = _args(str(tmp_path), 4, 4, seed=0)
     transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, spy]).train()
     [change] = callback.history
     assert (change.step, change.source, change.applied) == (2, "scripted", True)
@@ -91,15 +87,7 @@ def test_a_default_over_the_budget_starts_recomputing_every_block(tmp_path: Path
     wl = entry.build(**entry.tiny)
     blocks = list(wl.block_names())
     callback, spy = AutotuneCallback(policy=None, memory_budget="80%"), Spy(blocks)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        max_steps=2,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    args = _args(str(tmp_path), 8, 2)
     transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, spy]).train()
     [change] = callback.history
     assert (change.step, change.source, change.applied, change.after.checkpoint) == (0, "budget", True, True)
@@ -111,17 +99,7 @@ def test_the_default_pretrained_policy_adapts_within_what_the_trainer_allows(tmp
     entry = CORPUS["hf-gpt2"]
     wl = entry.build(**entry.tiny)
     callback = AutotuneCallback(decide_every=2)  # the shipped policy; on the CPU, its start plan
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        max_steps=8,
-        report_to=[],
-        logging_steps=1,
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
-    )
+    args = _args(str(tmp_path), 4, 8, logging_steps=1, seed=0)
     result = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback]).train()
     assert math.isfinite(result.training_loss)
     live = callback.loop
@@ -147,15 +125,12 @@ def test_a_trainer_resumed_from_a_checkpoint_rebuilds_the_callback_with_its_stat
     config = TrainConfig(micro_batch_size=4, checkpoint=True)
 
     def train(max_steps: int, callback: AutotuneCallback, **kwargs: Any) -> transformers.Trainer:
-        args = transformers.TrainingArguments(
-            output_dir=str(tmp_path),
-            per_device_train_batch_size=4,
-            max_steps=max_steps,
-            report_to=[],
+        args = _args(
+            str(tmp_path),
+            4,
+            max_steps,
             save_strategy="steps",
             save_steps=4,
-            use_cpu=True,
-            disable_tqdm=True,
             seed=0,
             restore_callback_states_from_checkpoint=True,
         )
