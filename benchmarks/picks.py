@@ -27,8 +27,12 @@ of the grid's best (median over models) and >= 0.90 (min), ``tune`` >= 0.90 (med
 conditions. Recorded with the figures: ``torch.backends.cpu.get_cpu_capability()``, the CPU, the
 cores, torch threads and the date.
 
+The exhaustive grids dominate the cost (hours on 2 cores): ``--grids DIR`` keeps each model's
+grid result in ``DIR/<model>.json`` and reuses one whose model, sizes, grid and budget match
+(``--grids-only`` measures the grids and stops), so the searches can be rerun against them.
+
 Run: python benchmarks/picks.py [--models hf-gpt2,hf-bert,hf-vit,lstm-lm,hf-resnet] [--quick]
-     [--coarse-grid] [--threads N] [--out picks] -> picks.json and picks.md
+     [--coarse-grid] [--threads N] [--grids DIR [--grids-only]] [--out picks] -> picks.json and picks.md
 """
 
 from __future__ import annotations
@@ -370,7 +374,27 @@ def _compare(workload: Workload, picks: dict[str, dict[str, Any]]) -> tuple[dict
     return record, ratios(retimed, index, scales)
 
 
-def run(p: Plan, workdir: Path) -> list[dict[str, Any]]:
+def grid_key(p: Plan, model: str, budget: int) -> dict[str, Any]:
+    """What a kept grid result must match to be reused: the model, its sizes, the grid, the budget."""
+    return {"model": model, "sizes": p.sizes[model], "coarse_grid": p.coarse_grid, "budget_bytes": budget}
+
+
+def kept_grid(grids: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The kept grid result for ``key`` (None: no directory, no file, or another key)."""
+    if grids is None:
+        return None
+    path = grids / f"{key['model']}.json"
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    if kept.get("key") != key:
+        print(f"picks: {path} is another grid ({kept.get('key')}, now {key}): measuring again", file=sys.stderr)
+        return None
+    result: dict[str, Any] = kept["grid"]
+    return result
+
+
+def run(p: Plan, workdir: Path, *, grids: Path | None = None, grids_only: bool = False) -> list[dict[str, Any]]:
     from autotune.resolve import load_workload
 
     rows: list[dict[str, Any]] = []
@@ -378,8 +402,19 @@ def run(p: Plan, workdir: Path) -> list[dict[str, Any]]:
         reference = _source(workdir, model, p.sizes[model])
         workload = load_workload(reference)
         budget = _budget(workload)
-        print(f"picks: {model}: budget {budget / 2**20:.1f} MiB; the grid", file=sys.stderr)
-        grid = _run_study(reference, f"picks-{model}-grid", p, budget, workdir, grid=True)
+        key = grid_key(p, model, budget)
+        grid = kept_grid(grids, key)
+        if grid is None:
+            print(f"picks: {model}: budget {budget / 2**20:.1f} MiB; the grid", file=sys.stderr)
+            grid = _run_study(reference, f"picks-{model}-grid", p, budget, workdir, grid=True)
+            if grids is not None:
+                grids.mkdir(parents=True, exist_ok=True)
+                (grids / f"{model}.json").write_text(json.dumps({"key": key, "grid": grid}, indent=2) + "\n")
+        else:
+            print(f"picks: {model}: budget {budget / 2**20:.1f} MiB; the kept grid ({grids})", file=sys.stderr)
+        if grids_only:
+            print(f"picks: {model}: grid best {grid['describe']} ({grid['seconds']:.0f} s)", file=sys.stderr)
+            continue
         for condition in CONDITIONS:
             print(f"picks: {model}: {condition}: study, tune, side by side", file=sys.stderr)
             with one_core_loaded(condition == "loaded"):
@@ -413,8 +448,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     coarse = "at the built-in sizes, the quick run's 8-point grid: its best is the best of 8 points, not of every point"
     parser.add_argument("--coarse-grid", action="store_true", help=coarse)
     parser.add_argument("--threads", type=int, help="torch threads of every timing process (default: torch's)")
+    parser.add_argument("--grids", type=Path, help="keep each model's grid result in GRIDS/<model>.json and reuse it")
+    parser.add_argument("--grids-only", action="store_true", help="measure (or find) the grids, then stop")
     parser.add_argument("--out", type=Path, default=Path("picks"), help="writes OUT.json and OUT.md (default picks)")
     args = parser.parse_args(argv)
+    if args.grids_only and args.grids is None:
+        parser.error("--grids-only needs --grids DIR (where the grids are kept)")
     import optuna
     import torch
 
@@ -428,7 +467,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         threads=args.threads,
     )
     with tempfile.TemporaryDirectory(prefix="picks-") as tmp:
-        rows = run(p, Path(tmp))
+        rows = run(p, Path(tmp), grids=args.grids, grids_only=args.grids_only)
+    if args.grids_only:
+        return 0
     result = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python benchmarks/picks.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -4,7 +4,9 @@ the run itself needs a quiet machine and is the lead's to do (``python benchmark
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -121,3 +123,17 @@ def test_the_background_load_is_started_and_stopped(picks: ModuleType) -> None:
     with picks.one_core_loaded(True) as spinner:
         assert spinner.poll() is None  # spinning
     assert spinner.returncode is not None  # stopped with the block
+
+
+def test_a_kept_grid_is_reused_only_for_the_same_model_sizes_grid_and_budget(
+    picks: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = picks.plan(["lstm-lm"], quick=True)
+    key = picks.grid_key(p, "lstm-lm", 1000)
+    assert picks.kept_grid(None, key) is None and picks.kept_grid(tmp_path, key) is None  # nothing kept
+    grid = {"describe": "16x1x1 | bf16 | ckpt all | ZeRO 0", "seconds": 3.0}
+    (tmp_path / "lstm-lm.json").write_text(json.dumps({"key": key, "grid": grid}))
+    assert picks.kept_grid(tmp_path, key) == grid
+    other = picks.grid_key(p, "lstm-lm", 999)  # the budget measured differently: measure again
+    assert picks.kept_grid(tmp_path, other) is None
+    assert "is another grid" in capsys.readouterr().err
