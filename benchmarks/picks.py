@@ -295,6 +295,8 @@ def _run_study(reference: str, name: str, p: Plan, budget: int, workdir: Path, *
         prepared = dataclasses.replace(prepared, spec=dataclasses.replace(spec, trials=len(points)))
     study = open_study(prepared, options)
     if grid:
+        # Every point once, in this order; run_study enqueues the baselines after them (grid
+        # points already measured), and they stay waiting when the study has its len(points) trials.
         for k in points:
             study.enqueue_trial(space.params(k))
     run_study(prepared, study, options)

@@ -102,7 +102,7 @@ class SearchSpace:
 
     # ---- trial <-> knobs <-> config ------------------------------------------------------------
 
-    def suggest(self, trial: optuna.Trial) -> Knobs:
+    def suggest(self, trial: optuna.trial.BaseTrial) -> Knobs:
         """Sample (or, for an enqueued trial, read back) one point."""
         b = trial.suggest_categorical("batch_size", self.batch_sizes) if self.multi_batch else self.batch_sizes[0]
         r = trial.suggest_categorical("ranks", self.ranks) if len(self.ranks) > 1 else self.ranks[0]

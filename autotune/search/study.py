@@ -33,6 +33,7 @@ from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
 from autotune.search.predictor import MemoryPredictor, load_memory_predictor
 from autotune.search.record import ATTR, GOODPUT_METRIC_NAMES, METRIC_NAMES, MIB
+from autotune.search.refine import Refine
 from autotune.search.space import SearchSpace
 from autotune.search.spec import StudySpec, spec_from_dict, spec_to_dict
 from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE, open_storage, redact, storage_url
@@ -43,12 +44,14 @@ if TYPE_CHECKING:
 
     import optuna
 
+    from autotune.knobs import Knobs
     from autotune.workload import Workload
 
 __all__ = [
     "Prepared",
     "RunOptions",
     "StudyObserver",
+    "admits",
     "count_done",
     "enqueue_baselines",
     "open_study",
@@ -191,7 +194,7 @@ def _budget(spec: StudySpec, workload: Workload) -> int | None:
 
 
 def open_study(prepared: Prepared, options: RunOptions) -> optuna.Study:
-    """Load the study (checking it is this one) or create it, with its baselines enqueued."""
+    """Load the study (checking it is this one) or create it (:func:`run_study` enqueues the baselines)."""
     import optuna
 
     storage = open_storage(options.storage)
@@ -350,20 +353,7 @@ def enqueue_baselines(
         for t in study.get_trials(deepcopy=False)
         if not (t.state == TrialState.FAIL and t.user_attrs.get(ATTR.INTERRUPTED))
     }
-    budget = prepared.memory_budget
-    fits = None
-    if predictor is not None and budget is not None:
-
-        def fits(knobs: Any) -> bool:
-            from autotune.memory.gate import admission, headroom_for
-
-            config = prepared.space.config(knobs)
-            try:
-                predicted = predictor(prepared.workload, config)
-            except Exception:  # an optional model's failure: fall back to measuring
-                return True
-            return admission(budget=budget, headroom=headroom_for(config), predicted=predicted, verified=True).admitted
-
+    fits = admits(prepared, predictor)
     reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
     added = []
     for b in baselines(prepared.space, batch_size=reference, fits=fits):
@@ -376,6 +366,26 @@ def enqueue_baselines(
             added.append(POLICY_PROPOSAL)
         (note or StudyObserver().note)(message)
     return added
+
+
+def admits(prepared: Prepared, predictor: MemoryPredictor | None) -> Callable[[Knobs], bool] | None:
+    """The memory model's admission of a point of the study's space under its budget (the budget
+    gate's rule and headroom), or None without a model or a budget: every point is measured."""
+    budget = prepared.memory_budget
+    if predictor is None or budget is None:
+        return None
+
+    def fits(knobs: Knobs) -> bool:
+        from autotune.memory.gate import admission, headroom_for
+
+        config = prepared.space.config(knobs)
+        try:
+            predicted = predictor(prepared.workload, config)
+        except Exception:  # an optional model's failure: fall back to measuring
+            return True
+        return admission(budget=budget, headroom=headroom_for(config), predicted=predicted, verified=True).admitted
+
+    return fits
 
 
 def _enqueue_proposal(study: optuna.Study, prepared: Prepared) -> tuple[bool, str]:
@@ -428,6 +438,13 @@ def run_study(
         if count_done(study) >= spec.trials:
             study.stop()  # other workers may have finished the rest
 
+    refine = Refine(
+        space=prepared.space,
+        trials=spec.trials,
+        fits=admits(prepared, predictor),
+        counted=count_done,
+        note=observer.note,
+    )
     alloc_conf = study_alloc_conf(spec, options.device)
     with MeasurementProcess(
         prepared.workload.source, threads=spec.measure.threads, device=options.device, alloc_conf=alloc_conf
@@ -456,7 +473,7 @@ def run_study(
             n_trials=remaining,
             timeout=spec.timeout,
             catch=(TrialFailed,),
-            callbacks=[after_trial],
+            callbacks=[after_trial, refine],
             gc_after_trial=False,
         )
         if count_done(study) >= spec.trials and spec.retime:

@@ -1,0 +1,172 @@
+"""Local refinement: a study's last trials measure the untried neighbours of its best configuration.
+
+A short study gives its sampler too few trials to model the space. Optuna's ``TPESampler`` draws
+its first ``n_startup_trials`` (10) at random and counts the baselines and the policy's proposal
+among them, so a 12-trial study is three fixed points, seven random ones and two of TPE: a random
+point rarely lands next to the best one, and the best configuration's neighbour (the same
+precision and recompute at the next micro-batch, say) goes unmeasured although it is better (the
+picks benchmark on lstm-lm, docs/benchmarks.md). TPE may also propose a configuration it has
+measured, and that trial teaches the study nothing.
+
+So the study ends with a greedy hill-climb: its last :func:`refine_trials` trials, and the trial
+after any that repeated a configuration, measure one *neighbour* of the incumbent (the feasible
+trial with the best objective per GiB so far): one knob one step away (:func:`neighbours`), the
+first not yet tried (waiting or running included) that the memory model admits. A neighbour that
+measures better becomes the incumbent of the next step. They are enqueued through Optuna's own
+protocol (``Study.enqueue_trial`` from a trial callback, marked ``refined_from``), so the sampler,
+the dashboard, ``autotune best``, resumed studies and other workers see ordinary trials, and the
+finalists' re-timing compares them with the rest.
+
+Moves that usually raise throughput come first: a larger micro-batch (more work per kernel launch
+and optimizer step), fewer recomputed blocks, more low-precision blocks; then their reverses,
+which lower the peak. The measurement decides; the order only decides which neighbour a short
+study can afford to look at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from autotune.knobs import Knobs
+from autotune.search.record import ATTR, trial_record
+from autotune.search.space import SearchSpace
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["REFINED_FROM", "Refine", "neighbours", "refine_trials"]
+
+#: The user attribute of a refinement trial: the incumbent trial it is a neighbour of.
+REFINED_FROM = "refined_from"
+
+#: The share of a study's trials spent refining at its end (a quarter: 3 of 12, 5 of 20).
+REFINE_SHARE = 0.25
+
+
+def refine_trials(trials: int) -> int:
+    """How many of a study's ``trials`` refine its incumbent (a quarter, rounded; at least one
+    from two trials on)."""
+    return 0 if trials < 2 else max(1, round(trials * REFINE_SHARE))
+
+
+def neighbours(space: SearchSpace, knobs: Knobs) -> list[Knobs]:
+    """The points one knob one step away from ``knobs`` in ``space``, throughput-raising moves
+    first: next larger micro-batch, one recomputed block fewer, one low-precision block more, one
+    ZeRO stage lower; then the reverses. The effective batch and the ranks stay."""
+    micro = space.micro_batch_choices(knobs.batch_size, knobs.ranks)
+    i = micro.index(knobs.micro_batch_size) if knobs.micro_batch_size in micro else -1
+    n = space.num_blocks
+    low = bool(space.low_precisions)
+    stages = space.zero_stages if knobs.ranks > 1 else ()
+    z = stages.index(knobs.zero_stage) if knobs.zero_stage in stages else -1
+    up: list[dict[str, int]] = []  # moves that usually raise throughput
+    down: list[dict[str, int]] = []  # their reverses, which lower the peak
+    if 0 <= i < len(micro) - 1:
+        up.append({"micro_batch_size": micro[i + 1]})
+    if i > 0:
+        down.append({"micro_batch_size": micro[i - 1]})
+    if knobs.checkpoint_blocks > 0:
+        up.append({"checkpoint_blocks": knobs.checkpoint_blocks - 1})
+    if knobs.checkpoint_blocks < n:
+        down.append({"checkpoint_blocks": knobs.checkpoint_blocks + 1})
+    if low and knobs.low_precision_blocks < n:
+        up.append({"low_precision_blocks": knobs.low_precision_blocks + 1})
+    if low and knobs.low_precision_blocks > 0:
+        down.append({"low_precision_blocks": knobs.low_precision_blocks - 1})
+    if z > 0:
+        up.append({"zero_stage": stages[z - 1]})
+    if 0 <= z < len(stages) - 1:
+        down.append({"zero_stage": stages[z + 1]})
+    return [dataclasses.replace(knobs, **change) for change in up + down]  # type: ignore[arg-type]
+
+
+class Refine:
+    """Optuna trial callback: enqueue the next refinement trial when the study is in its last
+    :func:`refine_trials` trials, or the finished trial repeated a configuration, and no trial
+    waits.
+
+    Args:
+        space: The study's space (decodes trials into knobs and back).
+        trials: The study's total trials.
+        fits: The memory model's admission of a point (None: every point is tried).
+        counted: How many trials count toward ``trials`` so far (the study's own count).
+        note: Gets one line per enqueued refinement.
+    """
+
+    def __init__(
+        self,
+        *,
+        space: SearchSpace,
+        trials: int,
+        fits: Callable[[Knobs], bool] | None,
+        counted: Callable[[optuna.Study], int],
+        note: Callable[[str], None] | None = None,
+    ) -> None:
+        self.space = space
+        self.trials = trials
+        self.fits = fits
+        self.counted = counted
+        self.note = note
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        from optuna.trial import TrialState
+
+        done = self.counted(study)
+        if done >= self.trials:
+            return
+        everything = study.get_trials(deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in everything):
+            return  # baselines, a retried trial or a refinement come first
+        tried: dict[Knobs, int] = {}  # every point tried, waiting or running included -> its first trial
+        measured: dict[Knobs, int] = {}  # the points a finished trial measured (or pruned) before this one
+        repeat_of = None
+        for t in everything:
+            knobs = self._knobs(t)
+            if knobs is None:
+                continue
+            if t.number == trial.number:
+                repeat_of = measured.get(knobs)
+            elif t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+                measured.setdefault(knobs, t.number)
+            tried.setdefault(knobs, t.number)
+        if repeat_of is None and done < self.trials - refine_trials(self.trials):
+            return
+        best = self._incumbent(everything)
+        if best is None:
+            return
+        number, incumbent = best
+        for candidate in neighbours(self.space, incumbent):
+            if candidate in tried or (self.fits is not None and not self.fits(candidate)):
+                continue
+            study.enqueue_trial(self.space.params(candidate), user_attrs={REFINED_FROM: number})
+            if self.note is not None:
+                why = "refining" if repeat_of is None else f"trial {trial.number} repeated trial {repeat_of}"
+                self.note(f"{why}: next {candidate.describe()}, a neighbour of trial {number} (the best so far)")
+            return
+
+    def _knobs(self, trial: optuna.trial.FrozenTrial) -> Knobs | None:
+        """The point a trial measures (a waiting trial's enqueued params), or None if it has none."""
+        import optuna
+
+        params = trial.params or trial.system_attrs.get("fixed_params")
+        if not params:
+            return None
+        try:
+            return self.space.suggest(optuna.trial.FixedTrial(params))
+        except (ValueError, KeyError):  # params of another space (a resumed study's older trials)
+            return None
+
+    def _incumbent(self, trials: list[optuna.trial.FrozenTrial]) -> tuple[int, Knobs] | None:
+        """The feasible trial with the best objective per GiB (the finalists' order), and its point."""
+        best: tuple[float, int, Knobs] | None = None
+        for t in trials:
+            record = trial_record(t)
+            value = record.per_gib
+            knobs = self._knobs(t)
+            if not record.feasible or value is None or knobs is None or ATTR.CONFIG not in t.user_attrs:
+                continue
+            if best is None or value > best[0]:
+                best = (value, t.number, knobs)
+        return None if best is None else (best[1], best[2])

@@ -1,0 +1,150 @@
+"""The study's local refinement: the untried neighbours of its best trial, in its last trials and
+after a repeated one, enqueued through Optuna (scripted trials: no measurement)."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune.knobs import Knobs
+from autotune.search.record import ATTR
+from autotune.search.refine import REFINED_FROM, Refine, neighbours, refine_trials
+from autotune.search.space import SearchSpace
+
+MIB = 2**20
+SPACE = SearchSpace(batch_sizes=(16,), ranking=(0, 1, 2, 3), max_micro_batch=16)
+
+
+def _knobs(micro: int, low: int, ckpt: int) -> Knobs:
+    return Knobs(batch_size=16, micro_batch_size=micro, low_precision_blocks=low, checkpoint_blocks=ckpt)
+
+
+def test_neighbours_are_one_knob_one_step_away_throughput_raising_moves_first() -> None:
+    assert neighbours(SPACE, _knobs(8, 4, 4)) == [
+        _knobs(16, 4, 4),  # a larger micro-batch
+        _knobs(8, 4, 3),  # one recomputed block fewer
+        _knobs(4, 4, 4),  # (no fifth block to put in bf16) a smaller micro-batch
+        _knobs(8, 3, 4),  # (every block recomputed already) one bf16 block fewer
+    ]
+    assert neighbours(SPACE, _knobs(1, 0, 0)) == [_knobs(2, 0, 0), _knobs(1, 1, 0), _knobs(1, 0, 1)]
+    fp32_only = SearchSpace(batch_sizes=(16,), ranking=(0, 1), max_micro_batch=4, low_precisions=())
+    assert neighbours(fp32_only, _knobs(4, 0, 1)) == [_knobs(4, 0, 0), _knobs(2, 0, 1), _knobs(4, 0, 2)]
+    ranks = SearchSpace(batch_sizes=(16,), ranks=(2,), zero_stages=(0, 1, 2, 3), ranking=(0,), max_micro_batch=16)
+    on_ranks = Knobs(batch_size=16, ranks=2, micro_batch_size=8, zero_stage=2)
+    moved = [
+        (k.micro_batch_size, k.low_precision_blocks, k.checkpoint_blocks, k.zero_stage)
+        for k in neighbours(ranks, on_ranks)
+    ]
+    # 8 per rank is the whole batch: up are bf16 +1 and ZeRO one stage down; down, the reverses
+    assert moved == [(8, 1, 0, 2), (8, 0, 0, 1), (4, 0, 0, 2), (8, 0, 1, 2), (8, 0, 0, 3)]
+
+
+@pytest.mark.parametrize(("trials", "refined"), [(1, 0), (2, 1), (3, 1), (4, 1), (12, 3), (20, 5), (100, 25)])
+def test_a_quarter_of_the_trials_refine(trials: int, refined: int) -> None:
+    assert refine_trials(trials) == refined
+
+
+def _add(study: optuna.Study, knobs: Knobs, *, rate: float, peak_mib: float, feasible: bool = True) -> None:
+    params = SPACE.params(knobs)
+    distributions = {
+        "micro_batch_size": optuna.distributions.CategoricalDistribution(SPACE.micro_batch_choices(16, 1)),
+        "low_precision_blocks": optuna.distributions.IntDistribution(0, 4),
+        "checkpoint_blocks": optuna.distributions.IntDistribution(0, 4),
+    }
+    attrs = {ATTR.CONFIG: SPACE.config(knobs).to_dict(), ATTR.STATUS: "ok", ATTR.PEAK: int(peak_mib * MIB)}
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=params,
+            distributions=distributions,
+            values=[rate, peak_mib],
+            user_attrs=attrs,
+            system_attrs={"constraints": [0.0 if feasible else 1.0]},
+        )
+    )
+
+
+def _study(*points: tuple[Knobs, float, float]) -> optuna.Study:
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for knobs, rate, peak in points:
+        _add(study, knobs, rate=rate, peak_mib=peak)
+    return study
+
+
+# Per GiB (rate / peak MiB x 1024): trial 1 leads (100 / 50 MiB = 2048), trial 2 next (1843).
+POINTS = ((_knobs(16, 0, 0), 80.0, 120.0), (_knobs(8, 4, 4), 100.0, 50.0), (_knobs(4, 4, 4), 90.0, 50.0))
+
+
+def _refine(study: optuna.Study, *, trials: int = 12, fits: object = None) -> tuple[Refine, list[str]]:
+    notes: list[str] = []
+    refine = Refine(
+        space=SPACE,
+        trials=trials,
+        fits=fits,  # type: ignore[arg-type]
+        counted=lambda s: len(s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))),
+        note=notes.append,
+    )
+    return refine, notes
+
+
+def _waiting(study: optuna.Study) -> list[tuple[dict[str, object], dict[str, object]]]:
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    return [(t.system_attrs["fixed_params"], t.user_attrs) for t in waiting]
+
+
+def test_before_its_last_trials_the_study_is_left_to_its_sampler() -> None:
+    study = _study(*POINTS)
+    refine, notes = _refine(study, trials=12)  # 3 of 12 done: the last 3 refine
+    refine(study, study.trials[-1])
+    assert _waiting(study) == [] and notes == []
+
+
+def test_in_its_last_trials_the_first_untried_admitted_neighbour_of_the_best_is_enqueued() -> None:
+    study = _study(*POINTS)
+    # 3 done of 4: the last one refines. The larger micro-batch is predicted over the budget.
+    refine, notes = _refine(study, trials=4, fits=lambda k: k.micro_batch_size < 16)
+    refine(study, study.trials[-1])
+    assert _waiting(study) == [
+        ({"micro_batch_size": 8, "low_precision_blocks": 4, "checkpoint_blocks": 3}, {REFINED_FROM: 1})
+    ]
+    assert notes == ["refining: next 8x2 bf16:4 ckpt:3, a neighbour of trial 1 (the best so far)"]
+    refine(study, study.trials[-1])  # a trial waits: nothing more until it has run
+    assert len(_waiting(study)) == 1
+
+
+def test_a_repeated_configuration_is_followed_by_a_refinement_at_any_point() -> None:
+    study = _study(*POINTS, (_knobs(4, 4, 4), 91.0, 50.0))  # trial 3 repeats trial 2
+    refine, notes = _refine(study, trials=40)
+    refine(study, study.trials[-1])
+    # 16x1 of trial 1's point (the largest micro-batch) first: nothing predicts it, it is tried
+    assert _waiting(study) == [
+        ({"micro_batch_size": 16, "low_precision_blocks": 4, "checkpoint_blocks": 4}, {REFINED_FROM: 1})
+    ]
+    assert notes == ["trial 3 repeated trial 2: next 16x1 bf16:4 ckpt:4, a neighbour of trial 1 (the best so far)"]
+
+
+def test_the_climb_moves_on_from_a_better_neighbour_and_stops_when_every_neighbour_was_tried() -> None:
+    study = _study(*POINTS, (_knobs(16, 4, 4), 180.0, 60.0))  # the neighbour measured better: 3072 per GiB
+    refine, _ = _refine(study, trials=6)
+    refine(study, study.trials[-1])
+    assert _waiting(study) == [
+        ({"micro_batch_size": 16, "low_precision_blocks": 4, "checkpoint_blocks": 3}, {REFINED_FROM: 3})
+    ]
+    done = _study(*POINTS)
+    for k in neighbours(SPACE, _knobs(8, 4, 4)):
+        if k not in {p[0] for p in POINTS}:
+            _add(done, k, rate=10.0, peak_mib=100.0)
+    refine, notes = _refine(done, trials=len(done.trials) + 1)
+    refine(done, done.trials[-1])
+    assert _waiting(done) == [] and notes == []  # the sampler takes the last trial
+
+
+def test_an_infeasible_trial_is_never_the_incumbent_and_a_finished_study_is_left_alone() -> None:
+    study = _study(*POINTS)
+    _add(study, _knobs(2, 4, 4), rate=1000.0, peak_mib=10.0, feasible=False)  # over the budget
+    refine, _ = _refine(study, trials=5)
+    refine(study, study.trials[-1])
+    assert [user for _, user in _waiting(study)] == [{REFINED_FROM: 1}]
+    finished = _study(*POINTS)
+    refine, notes = _refine(finished, trials=3)
+    refine(finished, finished.trials[-1])
+    assert _waiting(finished) == [] and notes == []
