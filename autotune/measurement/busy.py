@@ -8,19 +8,27 @@ counts the other processes' runnable threads; with the threads torch will use it
 the cores are oversubscribed. ``study``, ``tune`` and ``train`` print :func:`busy_warning`'s line
 once at their start; ``--threads`` (fewer threads than cores) is the remedy it names.
 
-While timing, :class:`autotune.measurement.sidebyside.CoreLoad` measures what other processes
-actually used (the output's ``busy machine: other processes used ...`` line).
+The load average is an exponentially decaying mean: a minute after a test suite or a build
+ends it still reads over one. So when it says busy, :func:`warn_if_busy` samples what other
+processes use of the cores right now (:class:`CoreLoad`, a quarter of a second) and stays
+silent when that is under half a core: the machine was busy, and no longer is. While timing,
+:class:`CoreLoad` measures what other processes actually used (the output's ``busy machine:
+other processes used ...`` line).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["LOAD_VAR", "OTHER_LOAD", "busy_warning", "load_average", "warn_if_busy"]
+__all__ = ["LOAD_VAR", "OTHER_LOAD", "CoreLoad", "busy_warning", "load_average", "warn_if_busy"]
 
 #: Half a runnable thread on average: another process, not the kernel's housekeeping.
 OTHER_LOAD = 0.5
+#: How long :func:`warn_if_busy` samples the cores when the load average says busy.
+SAMPLE_SECONDS = 0.25
 #: A fixed load-average reading instead of the machine's (``0``: never warn). Tests set it, so the
 #: outputs they compare exactly do not depend on what else runs on the machine.
 LOAD_VAR = "AUTOTUNE_LOAD_AVERAGE"
@@ -62,13 +70,33 @@ def warn_if_busy(
     *,
     load: float | None = None,
     cores: int | None = None,
+    now: Callable[[], float | None] | None = None,
 ) -> str | None:
     """Say :func:`busy_warning`'s line through ``note`` if the machine is busy (``load`` and
-    ``cores`` default to this machine's); returns the line or None."""
+    ``cores`` default to this machine's); returns the line or None.
+
+    A busy load average is checked against what other processes use of the cores ``now``
+    (default: a :data:`SAMPLE_SECONDS` sample of :class:`CoreLoad`; none when ``load`` or
+    :data:`LOAD_VAR` fixes the reading): under :data:`OTHER_LOAD` cores, what made it busy has
+    ended, and nothing is said."""
+    fixed = load is not None or os.environ.get(LOAD_VAR) is not None
     line = busy_warning(load if load is not None else load_average(), threads=threads, cores=cores or _cores())
-    if line is not None:
-        note(line)
+    if line is None:
+        return None
+    if now is None and not fixed:
+        now = _sample
+    if now is not None:
+        others = now()
+        if others is not None and others < OTHER_LOAD:
+            return None
+    note(line)
     return line
+
+
+def _sample() -> float | None:
+    load = CoreLoad.start()
+    time.sleep(SAMPLE_SECONDS)
+    return load.other_cores()
 
 
 def _cores() -> int:
@@ -77,3 +105,44 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+class CoreLoad:
+    """What other processes used of the cores since :meth:`start` (Linux: ``/proc/stat``'s busy
+    time minus this process's own CPU time; elsewhere the load average minus this process's
+    threads). Our own threads are excluded: they are the work being timed."""
+
+    def __init__(self, busy: float | None, own: float, wall: float) -> None:
+        self._busy, self._own, self._wall = busy, own, wall
+
+    @classmethod
+    def start(cls) -> CoreLoad:
+        return cls(_busy_seconds(), _own_seconds(), time.monotonic())
+
+    def other_cores(self) -> float | None:
+        """Cores' worth of CPU time other processes used per second since :meth:`start`."""
+        wall = time.monotonic() - self._wall
+        busy = _busy_seconds()
+        if self._busy is not None and busy is not None and wall > 0.05:
+            return max(0.0, (busy - self._busy - (_own_seconds() - self._own)) / wall)
+        try:
+            return max(0.0, os.getloadavg()[0] - 1.0)
+        except OSError:
+            return None
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _busy_seconds() -> float | None:
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")

@@ -14,8 +14,9 @@ shape and dtype on the CPU; cuDNN autotuning and allocator growth on a GPU). So:
   rounds (bounded) while the leader is not separated from the runner-up by more than their
   spreads; :func:`separated` is the rule, and the adaptive run's side-by-side trials decide
   with it too;
-* :class:`CoreLoad` measures what *other* processes used of the cores while timing, so the
-  output can say when the machine was too busy to be sure.
+* what *other* processes used of the cores while timing
+  (:class:`autotune.measurement.busy.CoreLoad`) goes with the result, so the output can say
+  when the machine was too busy to be sure (:func:`busy_note`).
 
 The study's finalists, ``tune``'s best steps and an adaptive run's trials all go through this
 module: one implementation of "re-time these configurations side by side".
@@ -25,11 +26,11 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from autotune.measurement.busy import CoreLoad
 
 if TYPE_CHECKING:
     from autotune.config import TrainConfig
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SETTLED",
-    "CoreLoad",
     "Retimed",
     "Timing",
     "busy_note",
@@ -230,47 +230,6 @@ def retime_configs(
         return retime(steps, scales=scales, rounds=rounds, max_rounds=max_rounds, steps_per_round=steps_per_round)
     finally:
         trainer.close()
-
-
-class CoreLoad:
-    """What other processes used of the cores since :meth:`start` (Linux: ``/proc/stat``'s busy
-    time minus this process's own CPU time; elsewhere the load average minus this process's
-    threads). Our own threads are excluded: they are the work being timed."""
-
-    def __init__(self, busy: float | None, own: float, wall: float) -> None:
-        self._busy, self._own, self._wall = busy, own, wall
-
-    @classmethod
-    def start(cls) -> CoreLoad:
-        return cls(_busy_seconds(), _own_seconds(), time.monotonic())
-
-    def other_cores(self) -> float | None:
-        """Cores' worth of CPU time other processes used per second since :meth:`start`."""
-        wall = time.monotonic() - self._wall
-        busy = _busy_seconds()
-        if self._busy is not None and busy is not None and wall > 0.05:
-            return max(0.0, (busy - self._busy - (_own_seconds() - self._own)) / wall)
-        try:
-            return max(0.0, os.getloadavg()[0] - 1.0)
-        except OSError:
-            return None
-
-
-def _own_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def _busy_seconds() -> float | None:
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return None
-    if not fields or fields[0] != "cpu":
-        return None
-    ticks = [int(x) for x in fields[1:]]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def busy_note(other_cores: float | None, *, threads: int, cores: int | None = None) -> str | None:

@@ -84,3 +84,25 @@ def test_train_warns_once_before_its_first_step(
 def test_bad_threads_are_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(args) == 2
     assert capsys.readouterr().err.endswith(f"{message}\n")
+
+
+def test_a_load_average_left_by_a_job_that_ended_is_not_a_busy_machine() -> None:
+    # The load average decays over minutes; what other processes use right now decides.
+    said: list[str] = []
+    assert warn_if_busy(2, said.append, load=1.5, cores=2, now=lambda: 0.1) is None
+    assert said == []
+    line = warn_if_busy(2, said.append, load=1.5, cores=2, now=lambda: 0.9)  # still running
+    assert said == [line] and line is not None and line.startswith("busy machine: load average 1.5 on 2 cores")
+    assert warn_if_busy(2, said.append, load=1.5, cores=2, now=lambda: None) == line  # no sample: the average
+
+
+def test_the_sample_counts_other_processes_and_not_this_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # /proc/stat's busy seconds advance by 1.2 s while this process used 0.4 s of them, over 1 s.
+    busy_seconds = iter([10.0, 11.2])
+    own = iter([5.0, 5.4])
+    clock = iter([100.0, 101.0])
+    monkeypatch.setattr(busy, "_busy_seconds", lambda: next(busy_seconds))
+    monkeypatch.setattr(busy, "_own_seconds", lambda: next(own))
+    monkeypatch.setattr(busy.time, "monotonic", lambda: next(clock))
+    load = busy.CoreLoad.start()
+    assert load.other_cores() == pytest.approx(0.8)
