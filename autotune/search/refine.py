@@ -150,6 +150,8 @@ class Refine:
         """The point a trial measures (a waiting trial's enqueued params), or None if it has none."""
         import optuna
 
+        # Optuna keeps an enqueued trial's params in the system attribute "fixed_params" until it
+        # runs (Study.enqueue_trial, since Optuna 2.0); a waiting refinement is a tried point.
         params = trial.params or trial.system_attrs.get("fixed_params")
         if not params:
             return None
