@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -396,7 +396,16 @@ def kept_grid(grids: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
     return result
 
 
-def run(p: Plan, workdir: Path, *, grids: Path | None = None, grids_only: bool = False) -> list[dict[str, Any]]:
+def run(
+    p: Plan,
+    workdir: Path,
+    *,
+    grids: Path | None = None,
+    grids_only: bool = False,
+    on_model: Callable[[list[dict[str, Any]]], object] | None = None,
+) -> list[dict[str, Any]]:
+    """Each model's grid (kept or measured), then its rows; ``on_model`` gets the rows so far
+    after each model."""
     from autotune.resolve import load_workload
 
     rows: list[dict[str, Any]] = []
@@ -439,6 +448,8 @@ def run(p: Plan, workdir: Path, *, grids: Path | None = None, grids_only: bool =
                 f"picks: {model}: {condition}: study {r['study']:.2f}, tune {r['tune']:.2f} of the grid's best",
                 file=sys.stderr,
             )
+        if on_model is not None:
+            on_model(rows)
     return rows
 
 
@@ -468,22 +479,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         coarse_grid=args.coarse_grid,
         threads=args.threads,
     )
+    command = "python benchmarks/picks.py " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        # Rewritten after each model's rows: a run stopped part way keeps the models it finished.
+        result = {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": command,
+            "machine": machine(torch.get_num_threads()),
+            "plan": {**dataclasses.asdict(p), "grid_levels": p.grid_levels},
+            "rows": rows,
+            "verdict": verdict(rows),
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(markdown(result))
+        return result
+
     with tempfile.TemporaryDirectory(prefix="picks-") as tmp:
-        rows = run(p, Path(tmp), grids=args.grids, grids_only=args.grids_only)
-    if args.grids_only:
-        return 0
-    result = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python benchmarks/picks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine(torch.get_num_threads()),
-        "plan": {**dataclasses.asdict(p), "grid_levels": p.grid_levels},
-        "rows": rows,
-        "verdict": verdict(rows),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+        rows = run(p, Path(tmp), grids=args.grids, grids_only=args.grids_only, on_model=report)
+    if not args.grids_only:
+        print(markdown(report(rows)))
     return 0
 
 
