@@ -271,6 +271,9 @@ def test_ctrl_c_mid_trial_is_one_line_exit_130_and_keeps_the_completed_trials(tm
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group: the terminal's Ctrl-C reaches parent and child
+        # A runner started in the background by a non-interactive shell (`cmd &`) ignores SIGINT, and
+        # an ignored signal is inherited: Python would keep it ignored and the Ctrl-C never arrive.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 240
