@@ -321,6 +321,7 @@ def _run_tune(workload: Workload, p: Plan, budget: int) -> dict[str, Any]:
     from autotune.policies.episode import retime_best, run_episode
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
 
+    from autotune.search.refine import refine_trials
     from autotune.units import MemoryBudget
 
     start = time.perf_counter()
@@ -335,7 +336,8 @@ def _run_tune(workload: Workload, p: Plan, budget: int) -> dict[str, Any]:
             profile = profile_for_tuning(workload)
             # the budget as tune's fine-tuning takes it: a fraction of the default's peak
             policy = fine_tune(policy, profile, memory_budget=BUDGET_FRACTION, seconds=p.fine_tune_seconds, seed=0)
-        episode = run_episode(env, policy, workload=workload.name, seed=0, steps=p.tune_steps)
+        refine = refine_trials(p.tune_steps)  # tune's default (--refine)
+        episode = run_episode(env, policy, workload=workload.name, seed=0, steps=p.tune_steps, refine=refine)
     finally:
         env.close()
     episode = retime_best(episode, workload, threads=torch.get_num_threads())
@@ -348,6 +350,11 @@ def _run_tune(workload: Workload, p: Plan, budget: int) -> dict[str, Any]:
         "step": best.step,
         "peak_bytes": best.peak_bytes,
         "seconds": time.perf_counter() - start,
+        # what the episode measured, and who chose each step (the policy or its climb)
+        "steps": [
+            {"step": s.step, "by": s.source, "knobs": s.knobs, "throughput": s.throughput, "peak_bytes": s.peak_bytes}
+            for s in episode.steps
+        ],
     }
 
 

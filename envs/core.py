@@ -234,13 +234,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         assert self._first is not None and self._last is not None, "call reset() before step()"
         self._t += 1
-        new = apply_action(
-            self.levels,
-            tuple(int(a) for a in action),
-            max_zero_stage=self.max_zero_stage,
-            adapt_batch=self.adapt_batch,
-            min_batch=self._levels_batch0,
-        )
+        new = self.next_levels(action)
         if self._peak_bytes(new) > self._budget:  # also when staying on an over-budget config
             return (
                 self._observation(self._last),
@@ -266,6 +260,23 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         reward = score - score0 - reconfig
         terms = {"score": score, "score0": score0, "reconfig": reconfig}
         return self._observation(result), float(reward), False, False, self._info(result, reward_terms=terms)
+
+    # ---- what a driver may ask (a policy's episode, its climb) --------------------------------------
+
+    def next_levels(self, action: np.ndarray | tuple[int, ...]) -> KnobLevels:
+        """The knobs ``action`` moves to from the current ones (before the budget is checked)."""
+        return apply_action(
+            self.levels,
+            tuple(int(a) for a in action),
+            max_zero_stage=self.max_zero_stage,
+            adapt_batch=self.adapt_batch,
+            min_batch=self._levels_batch0,
+        )
+
+    def admits(self, knobs: KnobLevels) -> bool:
+        """Whether :meth:`step` would train on ``knobs`` rather than refuse them as over the budget
+        (a real environment may measure the peak of ``knobs`` once to say so; it is cached)."""
+        return self._peak_bytes(knobs) <= self._budget
 
     # ---- shared pieces ------------------------------------------------------------------------------
 

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from autotune.config import TrainConfig
 from autotune.settings import TUNING
 
@@ -43,6 +45,8 @@ class EpisodeStep:
     b_noise: float | None
     loss: float
     reward: float | None
+    #: Who chose the step's action: "policy", "climb" (:mod:`autotune.policies.climb`), None at step 0.
+    source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "config": self.config.to_dict()}
@@ -89,10 +93,13 @@ class Episode:
             batch_is_knob=self.adapt_batch,
         ).per_gib
 
-    def ranked(self) -> list[EpisodeStep]:
-        """Steps with a finite loss within the budget, best first, one per configuration."""
+    def ranked(self, *, distinct: bool = True) -> list[EpisodeStep]:
+        """Steps with a finite loss within the budget, best first, one per configuration
+        (``distinct=False``: every such step)."""
         fits = [s for s in self.steps if s.peak_bytes <= self.budget_bytes and math.isfinite(s.loss)]
         fits.sort(key=lambda s: (-self.per_gib(s), s.step))
+        if not distinct:
+            return fits
         out: list[EpisodeStep] = []
         for s in fits:
             if all(o.config != s.config for o in out):
@@ -141,15 +148,48 @@ class Episode:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, steps: int) -> Episode:
+def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, steps: int, refine: int = 0) -> Episode:
     """Reset ``env`` with ``seed`` and let ``policy`` act for at most ``steps`` steps (fewer if the
-    episode terminates). Each step trains the real model ``env.steps_per_action`` optimizer steps."""
+    episode terminates). Each step trains the real model ``env.steps_per_action`` optimizer steps.
+
+    The last ``refine`` steps, and with ``refine`` > 0 every step after the policy first proposes
+    to stay where it is, are a greedy climb from the best step so far instead
+    (:class:`~autotune.policies.climb.Climb`; ``tune`` passes a quarter of its steps); a step the
+    climb has no move for is the policy's. ``refine=0`` is the policy alone."""
+    from autotune.policies.climb import Climb, settled
+
     obs, info = env.reset(seed=seed)
-    records = [_record(env, 0, None, info, None)]
+    records = [_record(env, 0, None, info, None, None)]
+    levels = [info["levels"]]
+    climb = Climb(env) if refine > 0 else None
+    climbing = False
     for t in range(1, steps + 1):
-        action = policy.act(obs)
-        obs, reward, terminated, _, info = env.step(action)
-        records.append(_record(env, t, tuple(int(a) for a in action), info, float(reward)))
+        action: tuple[int, ...] | None = tuple(int(a) for a in policy.act(obs))
+        source = "policy"
+        if climb is not None:
+            assert action is not None
+            climbing = climbing or t > steps - refine or settled(env, action)
+            if climbing:
+                partial = Episode(
+                    workload=workload,
+                    budget_bytes=int(info["budget_bytes"]),
+                    steps=tuple(records),
+                    adapt_batch=env.adapt_batch,
+                )
+                counted = {s.step for s in partial.ranked(distinct=False)}
+                measured = [
+                    (lv, partial.per_gib(s) if s.step in counted else None)
+                    for lv, s in zip(levels, records, strict=True)
+                ]
+                chosen = climb.action(measured)
+                if chosen is not None:
+                    action, source = chosen, "climb"
+        assert action is not None
+        obs, reward, terminated, _, info = env.step(np.asarray(action))
+        if climb is not None:
+            climb.stepped(info["levels"])
+        records.append(_record(env, t, action, info, float(reward), source))
+        levels.append(info["levels"])
         if terminated:
             break
     return Episode(
@@ -158,7 +198,12 @@ def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, s
 
 
 def _record(
-    env: TrainingEnv, step: int, action: tuple[int, ...] | None, info: dict[str, Any], reward: float | None
+    env: TrainingEnv,
+    step: int,
+    action: tuple[int, ...] | None,
+    info: dict[str, Any],
+    reward: float | None,
+    source: str | None,
 ) -> EpisodeStep:
     return EpisodeStep(
         step=step,
@@ -171,6 +216,7 @@ def _record(
         b_noise=None if info["b_noise"] is None else float(info["b_noise"]),
         loss=float(info["loss"]),
         reward=reward,
+        source=source,
     )
 
 

@@ -94,6 +94,13 @@ def register(sub: Any) -> None:
         default=True,
         help="re-time the three best steps side by side before naming the best (default: on; seconds)",
     )
+    p.add_argument(
+        "--refine",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the last quarter of the steps, and every step after the policy first proposes to stay, climb "
+        "from the best step measured to its untried neighbours (default: on; --no-refine: the policy alone)",
+    )
     p.set_defaults(func=_cmd_tune)
 
 
@@ -210,6 +217,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from autotune.policies.episode import retime_best, run_episode
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
     from autotune.resolve import load_workload
+    from autotune.search.refine import refine_trials
     from autotune.units import parse_memory_budget
 
     # Everything the user gave is checked before the first real training step (seconds to minutes).
@@ -232,7 +240,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         warn_if_busy(threads)
         if args.fine_tune_seconds > 0:
             policy = _fine_tuned(policy, workload, budget, args)
-        episode = run_episode(env, policy, workload=args.workload, seed=args.seed, steps=args.steps)
+        refine = refine_trials(args.steps) if args.refine else 0
+        episode = run_episode(env, policy, workload=args.workload, seed=args.seed, steps=args.steps, refine=refine)
         final_knobs = env.knobs
     finally:
         env.close()
@@ -308,13 +317,14 @@ def _print_episode(episode: Any, final_knobs: Any) -> None:
 
     console = make_console()
     table = Table(title=f"policy on {episode.workload}: budget {format_bytes(episode.budget_bytes)}")
-    for col in ("step", "action", "knobs", "samples/s", "peak", "B_noise", "loss", "reward"):
+    for col in ("step", "by", "action", "knobs", "samples/s", "peak", "B_noise", "loss", "reward"):
         table.add_column(col, justify="right")
     for s in episode.steps:
         action = "-" if s.action is None else ",".join(str(a) for a in s.action)
         reward = "-" if s.reward is None else f"{s.reward:+.3f}"
         table.add_row(
             str(s.step),
+            s.source or "-",
             action,
             s.knobs,
             f"{s.throughput:.1f}",

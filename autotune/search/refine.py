@@ -12,8 +12,10 @@ So the study ends with a greedy hill-climb: its last :func:`refine_trials` trial
 after any that repeated a configuration, measure one *neighbour* of the incumbent (the feasible
 trial with the best objective per GiB so far): one knob one step away (:func:`neighbours`), the
 first not yet tried (waiting or running included) that the memory model admits. A neighbour that
-measures better becomes the incumbent of the next step. They are enqueued through Optuna's own
-protocol (``Study.enqueue_trial`` from a trial callback, marked ``refined_from``), so the sampler,
+measures better becomes the incumbent of the next step, and the move that reached it is tried
+again first from there (:func:`pattern_first`: one recomputed block fewer, then one fewer again).
+They are enqueued through Optuna's own protocol (``Study.enqueue_trial`` from a trial callback,
+marked ``refined_from``), so the sampler,
 the dashboard, ``autotune best``, resumed studies and other workers see ordinary trials, and the
 finalists' re-timing compares them with the rest.
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.knobs import Knobs
 from autotune.search.record import ATTR, trial_record
@@ -36,7 +38,9 @@ from autotune.search.space import SearchSpace
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["REFINED_FROM", "Refine", "neighbours", "refine_trials"]
+__all__ = ["REFINED_FROM", "Refine", "neighbours", "pattern_first", "refine_trials"]
+
+_P = TypeVar("_P")
 
 #: The user attribute of a refinement trial: the incumbent trial it is a neighbour of.
 REFINED_FROM = "refined_from"
@@ -49,6 +53,30 @@ def refine_trials(trials: int) -> int:
     """How many of a study's ``trials`` refine its incumbent (a quarter, rounded; at least one
     from two trials on)."""
     return 0 if trials < 2 else max(1, round(trials * REFINE_SHARE))
+
+
+def pattern_first(candidates: list[_P], previous: _P | None, incumbent: _P) -> list[_P]:
+    """``candidates`` (neighbours of ``incumbent``) with the one that repeats the move ``previous``
+    -> ``incumbent`` first: after a move pays, the same move again (the pattern move of Hooke and
+    Jeeves, "Direct search" solution of numerical and statistical problems, J. ACM 8(2), 1961).
+    A move is the sign of the change of each integer field (a micro-batch doubled and the
+    accumulation halved is one move), so it applies to Knobs and to the environments' levels."""
+    if previous is None:
+        return candidates
+    move = _direction(previous, incumbent)
+    for i, candidate in enumerate(candidates):
+        if _direction(incumbent, candidate) == move:
+            return [candidate, *candidates[:i], *candidates[i + 1 :]]
+    return candidates
+
+
+def _direction(a: Any, b: Any) -> tuple[int, ...]:
+    signs = []
+    for field in dataclasses.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, int) and isinstance(y, int):
+            signs.append((y > x) - (y < x))
+    return tuple(signs)
 
 
 def neighbours(space: SearchSpace, knobs: Knobs) -> list[Knobs]:
@@ -121,11 +149,13 @@ class Refine:
             return  # baselines, a retried trial or a refinement come first
         tried: dict[Knobs, int] = {}  # every point tried, waiting or running included -> its first trial
         measured: dict[Knobs, int] = {}  # the points a finished trial measured (or pruned) before this one
+        points: dict[int, Knobs] = {}  # trial number -> its point (decoded once)
         repeat_of = None
         for t in everything:
             knobs = self._knobs(t)
             if knobs is None:
                 continue
+            points[t.number] = knobs
             if t.number == trial.number:
                 repeat_of = measured.get(knobs)
             elif t.state in (TrialState.COMPLETE, TrialState.PRUNED):
@@ -133,11 +163,15 @@ class Refine:
             tried.setdefault(knobs, t.number)
         if repeat_of is None and done < self.trials - refine_trials(self.trials):
             return
-        best = self._incumbent(everything)
+        best = self._incumbent(everything, points)
         if best is None:
             return
-        number, incumbent = best
-        for candidate in neighbours(self.space, incumbent):
+        leader, incumbent = best
+        number = leader.number
+        came_from = leader.user_attrs.get(REFINED_FROM)  # a refinement that paid: its move goes first
+        previous = points.get(came_from) if isinstance(came_from, int) else None
+        candidates = pattern_first(neighbours(self.space, incumbent), previous, incumbent)
+        for candidate in candidates:
             if candidate in tried or (self.fits is not None and not self.fits(candidate)):
                 continue
             study.enqueue_trial(self.space.params(candidate), user_attrs={REFINED_FROM: number})
@@ -160,15 +194,17 @@ class Refine:
         except (ValueError, KeyError):  # params of another space (a resumed study's older trials)
             return None
 
-    def _incumbent(self, trials: list[optuna.trial.FrozenTrial]) -> tuple[int, Knobs] | None:
+    def _incumbent(
+        self, trials: list[optuna.trial.FrozenTrial], points: dict[int, Knobs]
+    ) -> tuple[optuna.trial.FrozenTrial, Knobs] | None:
         """The feasible trial with the best objective per GiB (the finalists' order), and its point."""
-        best: tuple[float, int, Knobs] | None = None
+        best: tuple[float, optuna.trial.FrozenTrial, Knobs] | None = None
         for t in trials:
             record = trial_record(t)
             value = record.per_gib
-            knobs = self._knobs(t)
+            knobs = points.get(t.number)
             if not record.feasible or value is None or knobs is None or ATTR.CONFIG not in t.user_attrs:
                 continue
             if best is None or value > best[0]:
-                best = (value, t.number, knobs)
+                best = (value, t, knobs)
         return None if best is None else (best[1], best[2])

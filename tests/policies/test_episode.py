@@ -37,6 +37,17 @@ def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(s["batch"] == steps[0]["batch"] for s in steps)  # the user's batch, held
     best = steps[episode["best_step"]]
     assert TrainConfig.from_dict(episode["best_config"]) == TrainConfig.from_dict(best["config"])
+    # Step 1 is the policy's unless it proposed to stay; step 2, the last quarter, the climb's
+    # unless no neighbour of the best step was left to try (tests/policies/test_climb.py: exact).
+    assert steps[0]["source"] is None and {s["source"] for s in steps[1:]} <= {"policy", "climb"}
+
+
+def test_tune_no_refine_is_the_policy_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["tune", f"{TINY}:build", "--steps", "2", "--steps-per-action", "2", "--fine-tune-seconds", "0"]
+    code = main([*args, "--no-refine", "--no-retime", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert [s["source"] for s in json.loads(out)["steps"]] == [None, "policy", "policy"]
 
 
 def test_tune_records_its_best_step_as_a_study_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

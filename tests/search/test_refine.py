@@ -6,9 +6,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.knobs import Knobs
+from autotune.knobs import KnobLevels, Knobs
 from autotune.search.record import ATTR
-from autotune.search.refine import REFINED_FROM, Refine, neighbours, refine_trials
+from autotune.search.refine import REFINED_FROM, Refine, neighbours, pattern_first, refine_trials
 from autotune.search.space import SearchSpace
 
 MIB = 2**20
@@ -44,7 +44,15 @@ def test_a_quarter_of_the_trials_refine(trials: int, refined: int) -> None:
     assert refine_trials(trials) == refined
 
 
-def _add(study: optuna.Study, knobs: Knobs, *, rate: float, peak_mib: float, feasible: bool = True) -> None:
+def _add(
+    study: optuna.Study,
+    knobs: Knobs,
+    *,
+    rate: float,
+    peak_mib: float,
+    feasible: bool = True,
+    refined_from: int | None = None,
+) -> None:
     params = SPACE.params(knobs)
     distributions = {
         "micro_batch_size": optuna.distributions.CategoricalDistribution(SPACE.micro_batch_choices(16, 1)),
@@ -52,6 +60,8 @@ def _add(study: optuna.Study, knobs: Knobs, *, rate: float, peak_mib: float, fea
         "checkpoint_blocks": optuna.distributions.IntDistribution(0, 4),
     }
     attrs = {ATTR.CONFIG: SPACE.config(knobs).to_dict(), ATTR.STATUS: "ok", ATTR.PEAK: int(peak_mib * MIB)}
+    if refined_from is not None:
+        attrs[REFINED_FROM] = refined_from
     study.add_trial(
         optuna.trial.create_trial(
             params=params,
@@ -136,6 +146,34 @@ def test_the_climb_moves_on_from_a_better_neighbour_and_stops_when_every_neighbo
     refine, notes = _refine(done, trials=len(done.trials) + 1)
     refine(done, done.trials[-1])
     assert _waiting(done) == [] and notes == []  # the sampler takes the last trial
+
+
+def test_a_refinement_that_paid_is_repeated_first() -> None:
+    study = _study(*POINTS)
+    # Trial 3, one recomputed block fewer than trial 1, measured better (110 / 50 MiB): the same
+    # move again comes before the larger micro-batch that leads the neighbours' order.
+    _add(study, _knobs(8, 4, 3), rate=110.0, peak_mib=50.0, refined_from=1)
+    refine, notes = _refine(study, trials=5)
+    refine(study, study.trials[-1])
+    assert _waiting(study) == [
+        ({"micro_batch_size": 8, "low_precision_blocks": 4, "checkpoint_blocks": 2}, {REFINED_FROM: 3})
+    ]
+    assert notes == ["refining: next 8x2 bf16:4 ckpt:2, a neighbour of trial 3 (the best so far)"]
+
+
+def test_pattern_first_repeats_the_move_that_reached_the_incumbent() -> None:
+    here = _knobs(8, 4, 3)
+    candidates = neighbours(SPACE, here)
+    assert pattern_first(candidates, _knobs(8, 4, 4), here)[0] == _knobs(8, 4, 2)
+    assert pattern_first(candidates, _knobs(4, 4, 3), here)[0] == _knobs(16, 4, 3)  # already first
+    assert pattern_first(candidates, None, here) == candidates
+    # A move with no continuation (the micro-batch went down to the smallest) keeps the order.
+    assert pattern_first(neighbours(SPACE, _knobs(1, 0, 0)), _knobs(2, 0, 0), _knobs(1, 0, 0)) == neighbours(
+        SPACE, _knobs(1, 0, 0)
+    )
+    # On the environments' levels a split is one move: micro-batch up and accumulation down.
+    up, recompute = KnobLevels(micro=3, accum=1), KnobLevels(micro=2, accum=2, checkpoint=1)
+    assert pattern_first([recompute, up], KnobLevels(micro=1, accum=3), KnobLevels(micro=2, accum=2)) == [up, recompute]
 
 
 def test_an_infeasible_trial_is_never_the_incumbent_and_a_finished_study_is_left_alone() -> None:

@@ -1,0 +1,163 @@
+"""The climb at the end of a ``tune`` episode, on a scripted environment: exact moves, exact order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
+from autotune.policies.climb import Climb, neighbours
+from autotune.policies.episode import run_episode
+
+from autotune.config import TrainConfig
+from autotune.knobs import KnobLevels, knobs_to_config
+
+GIB = 2**30
+STAY = (1, 1, 1, 1, 0)
+START = KnobLevels(micro=2, accum=2, precision=0, checkpoint=4)  # 4 x 4, every block recomputed
+
+
+class _Terrain(TuningEnv):
+    """Each knob setting trains at ``throughput(levels)`` samples/s with a peak of 1 GiB, except
+    where ``over`` says it is over the 2 GiB budget: the objective per GiB is the throughput."""
+
+    def __init__(self, throughput: Callable[[KnobLevels], float], over: frozenset[KnobLevels] = frozenset()) -> None:
+        super().__init__(horizon=8)
+        self.throughput = throughput
+        self.over = over
+        self.trained: list[KnobLevels] = []
+
+    def config_of(self, knobs: KnobLevels) -> TrainConfig:
+        return knobs_to_config(knobs, (0, 1, 2, 3))
+
+    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
+        model = ModelDescriptor(num_parameters=1, activation_bytes_per_sample=1.0, num_blocks=4, top_quarter_share=0.5)
+        return START, model, MachineDescriptor(reduced_speed=1.0, budget_ratio=2.0), 2 * GIB
+
+    def _peak_bytes(self, knobs: KnobLevels) -> int:
+        return 3 * GIB if knobs in self.over else GIB
+
+    def _train(self, knobs: KnobLevels) -> Interval:
+        self.trained.append(knobs)
+        return Interval(
+            batch=knobs.effective_batch_size,
+            throughput=self.throughput(knobs),
+            peak_bytes=GIB,
+            b_noise=None,
+            loss=1.0,
+            train_seconds=1.0,
+            reconfig_seconds=0.0,
+        )
+
+
+class _Policy:
+    def __init__(self, actions: Callable[[int], tuple[int, ...]]) -> None:
+        self.actions = actions
+        self.calls = 0
+
+    def act(self, observation: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        return np.asarray(self.actions(self.calls))
+
+
+def _less_recompute_is_faster(k: KnobLevels) -> float:
+    """Each recompute level less: +10; a micro-batch level away from 4: -5; each bf16 level: -3."""
+    return 100.0 + 10 * (4 - k.checkpoint) - 5 * abs(k.micro - 2) - 3 * k.precision
+
+
+def _knobs(k: KnobLevels) -> tuple[int, int, int]:
+    return (k.micro_batch_size, k.precision, k.checkpoint)
+
+
+def test_a_settled_policy_hands_over_and_the_climb_walks_to_no_recompute() -> None:
+    env = _Terrain(_less_recompute_is_faster)
+    policy: Any = _Policy(lambda _: STAY)
+    episode = run_episode(env, policy, workload="w", seed=0, steps=8, refine=2)
+    # Step 1: the policy proposes to stay, so every step climbs. The larger micro-batch is tried
+    # first and is worse; then one recompute level less is better, and the same move again from
+    # there, down to none; then the neighbours of 4x4 without recompute.
+    assert [_knobs(k) for k in env.trained] == [
+        (4, 0, 4),
+        (8, 0, 4),
+        (4, 0, 3),
+        (4, 0, 2),
+        (4, 0, 1),
+        (4, 0, 0),
+        (8, 0, 0),
+        (4, 1, 0),
+        (2, 0, 0),
+    ]
+    assert [s.source for s in episode.steps] == [None] + ["climb"] * 8
+    assert episode.best is not None and (episode.best.step, episode.best.throughput) == (5, 140.0)
+    # Every climb step moved one knob: the action touches the split or one of precision and recompute.
+    assert [s.action for s in episode.steps[1:3]] == [(0, 1, 1, 1, 0), (2, 1, 1, 0, 0)]
+
+
+def test_without_refine_the_policy_acts_alone() -> None:
+    env = _Terrain(_less_recompute_is_faster)
+    policy: Any = _Policy(lambda _: STAY)
+    episode = run_episode(env, policy, workload="w", seed=0, steps=8)
+    assert env.trained == [START] * 9
+    assert [s.source for s in episode.steps] == [None] + ["policy"] * 8
+    assert episode.best is not None and episode.best.step == 0
+
+
+def test_a_moving_policy_keeps_all_but_the_last_quarter() -> None:
+    env = _Terrain(_less_recompute_is_faster)
+    # Never settles: one micro-batch level up, then back, and so on.
+    policy: Any = _Policy(lambda n: (0, 1, 1, 1, 0) if n % 2 else (2, 1, 1, 1, 0))
+    episode = run_episode(env, policy, workload="w", seed=0, steps=8, refine=2)
+    assert [s.source for s in episode.steps] == [None] + ["policy"] * 6 + ["climb"] * 2
+    # The policy measured 4x4 and 8x2 with every block recomputed; the climb goes from 4x4, the
+    # best, to its next untried neighbour (one recompute level less), then once more the same way.
+    assert [_knobs(k) for k in env.trained[-2:]] == [(4, 0, 3), (4, 0, 2)]
+    assert policy.calls == 8  # the policy is still asked: its action decides when it has settled
+
+
+def test_the_climb_skips_a_neighbour_over_the_budget() -> None:
+    over = frozenset({KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)})
+    env = _Terrain(_less_recompute_is_faster, over=over)
+    policy: Any = _Policy(lambda _: STAY)
+    run_episode(env, policy, workload="w", seed=0, steps=3, refine=1)
+    # 8x2 (worse), then not one recompute level less (over the budget): one bf16 level more.
+    assert [_knobs(k) for k in env.trained] == [(4, 0, 4), (8, 0, 4), (4, 1, 4), (2, 0, 4)]
+
+
+def test_with_every_neighbour_tried_the_step_is_the_policy_s() -> None:
+    env = _Terrain(lambda k: 100.0)
+    env.reset(seed=0)
+    climb = Climb(env)
+    tried = [(n, 90.0) for n in neighbours(START, max_zero_stage=0)]
+    assert climb.action([(START, 100.0), *tried]) is None
+    assert climb.action([(START, None)]) is None  # nothing counted yet: no incumbent
+
+
+def test_neighbours_in_order_at_the_ends_of_the_tables() -> None:
+    corner = KnobLevels(accum=0, micro=4, precision=0, checkpoint=4)  # 16 x 1, every block recomputed
+    assert neighbours(corner, max_zero_stage=0) == [
+        KnobLevels(accum=0, micro=4, precision=0, checkpoint=3),
+        KnobLevels(accum=0, micro=4, precision=1, checkpoint=4),
+        KnobLevels(accum=1, micro=3, precision=0, checkpoint=4),
+    ]
+    middle = KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1)
+    assert neighbours(middle, max_zero_stage=3) == [
+        KnobLevels(accum=0, micro=4, precision=2, checkpoint=2, zero_stage=1),
+        KnobLevels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1),
+        KnobLevels(accum=1, micro=3, precision=3, checkpoint=2, zero_stage=1),
+        KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=0),
+        KnobLevels(accum=2, micro=2, precision=2, checkpoint=2, zero_stage=1),
+        KnobLevels(accum=1, micro=3, precision=2, checkpoint=3, zero_stage=1),
+        KnobLevels(accum=1, micro=3, precision=1, checkpoint=2, zero_stage=1),
+        KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=2),
+    ]
+
+
+@pytest.mark.parametrize("refine", [0, 1])
+def test_the_episode_s_json_says_who_chose_each_step(refine: int) -> None:
+    env = _Terrain(_less_recompute_is_faster)
+    policy: Any = _Policy(lambda _: (0, 1, 1, 1, 0))  # one move, then settled at the table's end
+    episode = run_episode(env, policy, workload="w", seed=0, steps=2, refine=refine)
+    sources = [s["source"] for s in episode.to_dict()["steps"]]
+    assert sources == ([None, "policy", "climb"] if refine else [None, "policy", "policy"])
