@@ -165,7 +165,9 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     G_0 is the episode's starting configuration, so staying on it earns 0 per step and the return
     rewards reaching a better configuration quickly and staying there; a reconfiguration pays the
     training time it costs (w = 1). A configuration whose peak would exceed the budget is not
-    run (on a GPU it would run out of memory): r = -1 and the knobs stay, so staying on an
+    run (on a GPU it would run out of memory): r = -1 and the knobs stay (the training
+    environment judges on the memory model's verified prediction, and measures one tracked step of
+    a configuration it has no verified prediction for, as an adaptive run does), so staying on an
     over-budget configuration keeps costing. (The episode's starting configuration is always run
     once, as the reference G_0, even if it is over budget.) A non-finite loss ends the episode
     with r = -2.

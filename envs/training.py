@@ -208,13 +208,17 @@ class TrainingEnv(TuningEnv):
         """The memory model's verified peak of ``knobs``, or None where it has none (no profile, a
         precision it could not profile, an unverified prediction: one of a per-block mix on blocks
         that are not a chain is never verified)."""
+        predicted = self._prediction(knobs)
+        return predicted[0] if predicted is not None and predicted[1] else None
+
+    def _prediction(self, knobs: KnobLevels) -> tuple[int, bool] | None:
+        """The memory model's peak of ``knobs`` and whether it is verified; None without one."""
         if self._gate is None:
             return None
         try:
-            predicted = self._gate.predict(self.config_of(knobs))
+            return self._gate.predict(self.config_of(knobs))
         except ConfigError:  # the profile lacks the reduced-precision mode
             return None
-        return predicted[0] if predicted is not None and predicted[1] else None
 
     def _admitted(self, knobs: KnobLevels) -> bool:
         """Whether ``knobs`` may run: the gate's verdict (measured within the budget, or predicted
@@ -269,16 +273,21 @@ class TrainingEnv(TuningEnv):
         self.trainer.optimizer.zero_grad(set_to_none=True)
 
     def _peak_bytes(self, knobs: KnobLevels) -> int:
-        """The measured peak of ``knobs``, measured only if the memory model admits it (one rank):
-        otherwise the prediction (or, unverified, certainly over budget) and nothing runs."""
+        """The measured peak of ``knobs`` (one rank): measured if the memory model admits it, and
+        also where its prediction is unverified (or there is none) but not over the budget, as an
+        adaptive run measures the first step of a configuration it cannot trust (the study
+        measures it in its trial). Only a prediction over the budget leaves ``knobs`` unmeasured:
+        a model whose blocks share weights or skip across blocks (a UNet) has no verified
+        prediction for a per-block mix, and refusing those would leave the policy nowhere to go."""
         if knobs in self._peaks or self.ranks > 1:
             return self._measured_peak(knobs)
         if self._reduced_failure is not None and knobs.precision > 0:
             self.infeasible[knobs] = self._reduced_failure
             return _OVER
         if not self._admitted(knobs):
-            predicted = self._predicted_peak(knobs)
-            return _OVER if predicted is None else max(predicted, self._budget + 1)
+            predicted = self._prediction(knobs)
+            if predicted is not None and (predicted[1] or predicted[0] > self._budget):
+                return max(predicted[0], self._budget + 1)
         return self._measured_peak(knobs)
 
     def _measured_peak(self, knobs: KnobLevels) -> int:

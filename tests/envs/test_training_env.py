@@ -216,10 +216,11 @@ def test_a_knob_the_model_cannot_take_is_infeasible_not_a_crash() -> None:
         env.close()
 
 
-def test_a_per_block_mix_on_blocks_that_are_not_a_chain_is_refused_unless_measured() -> None:
+def test_a_per_block_mix_on_blocks_that_are_not_a_chain_is_measured_not_trusted() -> None:
     """A UNet's skip connections break the memory model's per-block composition: the environment
-    refuses a mix of recomputed and plain blocks on its prediction (over the budget, nothing
-    runs), and still admits uniform settings on theirs."""
+    never admits a mix of recomputed and plain blocks on its prediction; it measures its peak
+    (one tracked step, as an adaptive run and a study's trial do) and judges that, and still
+    admits uniform settings on their prediction."""
     from autotune.errors import PredictionWarning
 
     env = TrainingEnv(workloads=[f"{STRUCTURES}:build_unet"], steps_per_action=2, horizon=4, memory_budget=10.0)
@@ -233,5 +234,14 @@ def test_a_per_block_mix_on_blocks_that_are_not_a_chain_is_refused_unless_measur
         assert env.config_of(some).block_checkpoints(5) not in ((False,) * 5, (True,) * 5)
         assert env._predicted_peak(every) is not None and env._admitted(every)
         assert env._predicted_peak(some) is None and not env._admitted(some)
+        measured = len(env.measured_peaks)
+        assert env.admits(some)  # within the budget on its measured peak
+        assert env.measured_peaks[measured:] == [(some, env._peaks[some])] and env._admitted(some)
+        # Another mix, unverified and predicted over a lower budget: refused, nothing runs.
+        other = dataclasses.replace(start, checkpoint=2)
+        prediction = env._prediction(other)
+        assert prediction is not None and not prediction[1]
+        env._budget = env._gate.budget = prediction[0] - 1  # type: ignore[union-attr]
+        assert not env.admits(other) and len(env.measured_peaks) == measured + 1
     finally:
         env.close()
