@@ -345,8 +345,10 @@ def _run_tune(workload: Workload, p: Plan, budget: int) -> dict[str, Any]:
         env.close()
     episode = retime_best(episode, workload, threads=torch.get_num_threads())
     best = episode.best
-    if best is None:
-        raise SystemExit(f"picks: tune found nothing within the budget on {workload.name}: {episode.nothing_fits}")
+    if best is None:  # a pick of nothing: its ratio is 0, and the run goes on to the next model
+        nothing = f"picks: tune found nothing within the budget on {workload.name}: {episode.nothing_fits}"
+        print(nothing, file=sys.stderr)
+        return {"config": None, "describe": "nothing within the budget", "peak_bytes": None, "steps": []}
     return {
         "config": best.config.to_dict(),
         "describe": best.config.describe(),
@@ -362,14 +364,16 @@ def _run_tune(workload: Workload, p: Plan, budget: int) -> dict[str, Any]:
 
 
 def _compare(workload: Workload, picks: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
-    """The three picks re-timed side by side in this process; the record and the ratios."""
+    """The three picks re-timed side by side in this process; the record and the ratios (0 for a
+    search that found nothing within the budget)."""
     import torch
 
     from autotune.config import TrainConfig
     from autotune.measurement.sidebyside import busy_note, retime_configs
 
-    configs, index = distinct({label: TrainConfig.from_dict(picks[label]["config"]) for label in LABELS})
-    peak = {index[label]: picks[label]["peak_bytes"] for label in LABELS}
+    found = [label for label in LABELS if picks[label]["config"] is not None]
+    configs, index = distinct({label: TrainConfig.from_dict(picks[label]["config"]) for label in found})
+    peak = {index[label]: picks[label]["peak_bytes"] for label in found}
     scales = [GIB / peak[i] for i in range(len(configs))]
     retimed = retime_configs(workload, configs, scales=scales)
 
@@ -383,7 +387,7 @@ def _compare(workload: Workload, picks: dict[str, dict[str, Any]]) -> tuple[dict
         "other_cores": retimed.other_cores,
         "note": busy_note(retimed.other_cores, threads=torch.get_num_threads()),
     }
-    return record, ratios(retimed, index, scales)
+    return record, {label: 0.0 for label in LABELS[1:]} | ratios(retimed, index, scales)
 
 
 def grid_key(p: Plan, model: str, budget: int) -> dict[str, Any]:

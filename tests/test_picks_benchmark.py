@@ -32,7 +32,7 @@ def test_the_plan_is_five_models_at_their_built_in_sizes_or_a_quick_one(picks: M
     from autotune.zoo import CORPUS
 
     full = picks.plan(None, quick=False)
-    assert full.models == ("hf-gpt2", "hf-bert", "hf-vit", "lstm-lm", "hf-resnet")
+    assert full.models == ("lstm-lm", "shared-encoder", "unet-tiny", "hf-gpt2", "hf-bert")
     assert all(full.sizes[m] == dict(CORPUS[m].sizes) for m in full.models)
     assert (full.study_trials, full.tune_steps, full.fine_tune_seconds) == (12, 8, 30.0)
     quick = picks.plan(None, quick=True)
@@ -137,3 +137,27 @@ def test_a_kept_grid_is_reused_only_for_the_same_model_sizes_grid_and_budget(
     other = picks.grid_key(p, "lstm-lm", 999)  # the budget measured differently: measure again
     assert picks.kept_grid(tmp_path, other) is None
     assert "is another grid" in capsys.readouterr().err
+
+
+def test_a_search_that_found_nothing_within_the_budget_scores_zero(
+    picks: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.measurement import sidebyside
+
+    a, b = TrainConfig(micro_batch_size=8), TrainConfig(micro_batch_size=4, grad_accum_steps=2)
+    timed: list[list[TrainConfig]] = []
+
+    def retime_configs(workload: object, configs: list[TrainConfig], *, scales: list[float]) -> Retimed:
+        timed.append(configs)
+        return _retimed(100.0, 150.0, ranking=(1, 0))
+
+    monkeypatch.setattr(sidebyside, "retime_configs", retime_configs)
+    found = {"config": None, "describe": "nothing within the budget", "peak_bytes": None}
+    chosen = {
+        "grid": {"config": a.to_dict(), "peak_bytes": GIB},
+        "study": {"config": b.to_dict(), "peak_bytes": GIB},
+        "tune": found,
+    }
+    record, r = picks._compare(object(), chosen)
+    assert timed == [[a, b]]  # only the picks that exist are re-timed
+    assert r == {"study": 1.5, "tune": 0.0} and record["index"] == {"grid": 0, "study": 1}
