@@ -113,14 +113,11 @@ class Climb:
         comes nearer than here). Every action of the space is tried: 324, no training."""
         nvec = [int(n) for n in self.env.action_space.nvec]  # type: ignore[attr-defined]
         keep = (1, 1, 1, 1, current.zero_stage)
-        best: tuple[int, int, tuple[int, ...]] | None = None
-        for action in itertools.product(*(range(n) for n in nvec)):
-            touched = sum(a != k for a, k in zip(action, keep, strict=True))
-            key = (_distance(self.env.next_levels(action), target), touched, action)
-            if best is None or key < best:
-                best = key
-        assert best is not None
-        return best[2] if best[0] < _distance(current, target) else None
+        distance, _, action = min(
+            (_distance(self.env.next_levels(a), target), sum(x != k for x, k in zip(a, keep, strict=True)), a)
+            for a in itertools.product(*(range(n) for n in nvec))
+        )
+        return action if distance < _distance(current, target) else None
 
 
 def settled(env: TuningEnv, action: Sequence[int]) -> bool:
