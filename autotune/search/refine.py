@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from autotune.knobs import Knobs
 from autotune.search.record import ATTR, trial_record
 from autotune.search.space import SearchSpace
+from autotune.search.surface import Estimate, fit_surface, ranked
 
 if TYPE_CHECKING:
     import optuna
@@ -121,6 +122,9 @@ class Refine:
         fits: The memory model's admission of a point (None: every point is tried).
         counted: How many trials count toward ``trials`` so far (the study's own count).
         note: Gets one line per enqueued refinement.
+        known_peak: The memory model's verified peak of a point, or None where it has none (the
+            surface's fitted peak stands in).
+        budget_bytes: The study's memory budget: the surface proposes no point estimated above it.
     """
 
     def __init__(
@@ -131,12 +135,16 @@ class Refine:
         fits: Callable[[Knobs], bool] | None,
         counted: Callable[[optuna.Study], int],
         note: Callable[[str], None] | None = None,
+        known_peak: Callable[[Knobs], int | None] | None = None,
+        budget_bytes: int | None = None,
     ) -> None:
         self.space = space
         self.trials = trials
         self.fits = fits
         self.counted = counted
         self.note = note
+        self.known_peak = known_peak
+        self.budget_bytes = budget_bytes
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         from optuna.trial import TrialState
@@ -170,15 +178,65 @@ class Refine:
         number = leader.number
         came_from = leader.user_attrs.get(REFINED_FROM)  # a refinement that paid: its move goes first
         previous = points.get(came_from) if isinstance(came_from, int) else None
+        why = "refining" if repeat_of is None else f"trial {trial.number} repeated trial {repeat_of}"
+        jump = self._jump(everything, points, incumbent, trial_record(leader).per_gib, tried)
+        if jump is not None:
+            estimate, fitted = jump
+            study.enqueue_trial(self.space.params(estimate.knobs), user_attrs={REFINED_FROM: number})
+            if self.note is not None:
+                self.note(
+                    f"{why}: next {estimate.knobs.describe()}, estimated {estimate.per_gib:.1f} per GiB by a surface "
+                    f"through {fitted} trials, above trial {number} (the best so far)"
+                )
+            return
         candidates = pattern_first(neighbours(self.space, incumbent), previous, incumbent)
         for candidate in candidates:
-            if candidate in tried or (self.fits is not None and not self.fits(candidate)):
+            if candidate in tried or not self._admitted(candidate):
                 continue
             study.enqueue_trial(self.space.params(candidate), user_attrs={REFINED_FROM: number})
             if self.note is not None:
-                why = "refining" if repeat_of is None else f"trial {trial.number} repeated trial {repeat_of}"
                 self.note(f"{why}: next {candidate.describe()}, a neighbour of trial {number} (the best so far)")
             return
+
+    def _admitted(self, knobs: Knobs) -> bool:
+        return self.fits is None or self.fits(knobs)
+
+    def _jump(
+        self,
+        trials: list[optuna.trial.FrozenTrial],
+        points: dict[int, Knobs],
+        incumbent: Knobs,
+        incumbent_per_gib: float | None,
+        tried: dict[Knobs, int],
+    ) -> tuple[Estimate, int] | None:
+        """The untried admitted point a surface through the measured trials at the incumbent's
+        batch, ranks, ZeRO stage and reduced precision estimates best per GiB, if that beats the
+        incumbent's measurement (:mod:`autotune.search.surface`), and how many trials it fitted."""
+        if incumbent_per_gib is None:
+            return None
+        measured = []
+        for t in trials:
+            record = trial_record(t)
+            knobs = points.get(t.number)
+            if knobs is None or record.objective is None or record.peak_bytes is None:
+                continue
+            if (knobs.batch_size, knobs.ranks, knobs.zero_stage, knobs.low_precision) == (
+                incumbent.batch_size,
+                incumbent.ranks,
+                incumbent.zero_stage,
+                incumbent.low_precision,
+            ):
+                measured.append((knobs, record.objective, record.peak_bytes))
+        surface = fit_surface(measured, num_blocks=self.space.num_blocks)
+        if surface is None:
+            return None
+        untried = [k for k in self.space.variants(incumbent) if k not in tried]
+        for estimate in ranked(surface, untried, known_peak=self.known_peak, budget_bytes=self.budget_bytes):
+            if estimate.per_gib <= incumbent_per_gib:
+                return None
+            if self._admitted(estimate.knobs):
+                return estimate, surface.points
+        return None
 
     def _knobs(self, trial: optuna.trial.FrozenTrial) -> Knobs | None:
         """The point a trial measures (a waiting trial's enqueued params), or None if it has none."""

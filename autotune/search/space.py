@@ -100,6 +100,17 @@ class SearchSpace:
             return "micro_batch_size"
         return f"micro_batch_size[B={batch_size},R={ranks}]"
 
+    def variants(self, knobs: Knobs) -> list[Knobs]:
+        """Every point at ``knobs``' effective batch, ranks, ZeRO stage and reduced precision: each
+        micro-batch, count of reduced-precision blocks and count of recomputed blocks."""
+        lows = range(self.num_blocks + 1) if self.low_precisions else range(1)
+        return [
+            dataclasses.replace(knobs, micro_batch_size=m, low_precision_blocks=n, checkpoint_blocks=c)
+            for m in self.micro_batch_choices(knobs.batch_size, knobs.ranks)
+            for n in lows
+            for c in range(self.num_blocks + 1)
+        ]
+
     # ---- trial <-> knobs <-> config ------------------------------------------------------------
 
     def suggest(self, trial: optuna.trial.BaseTrial) -> Knobs:

@@ -54,6 +54,7 @@ __all__ = [
     "admits",
     "count_done",
     "enqueue_baselines",
+    "known_peak",
     "open_study",
     "prepare",
     "recover_interrupted",
@@ -388,6 +389,21 @@ def admits(prepared: Prepared, predictor: MemoryPredictor | None) -> Callable[[K
     return fits
 
 
+def known_peak(prepared: Prepared, predictor: MemoryPredictor | None) -> Callable[[Knobs], int | None] | None:
+    """The memory model's verified peak of a point of the study's space, None where it has none
+    (an unverified prediction, a model that cannot profile the workload); None without a model."""
+    if predictor is None:
+        return None
+
+    def peak(knobs: Knobs) -> int | None:
+        try:
+            return predictor(prepared.workload, prepared.space.config(knobs))
+        except Exception:  # an optional model's failure or an unverified prediction: no known peak
+            return None
+
+    return peak
+
+
 def _enqueue_proposal(study: optuna.Study, prepared: Prepared) -> tuple[bool, str]:
     """Enqueue the policy's proposal: whether it was, and the one line to show (what, or why not)."""
     start = time.perf_counter()
@@ -444,6 +460,8 @@ def run_study(
         fits=admits(prepared, predictor),
         counted=count_done,
         note=observer.note,
+        known_peak=known_peak(prepared, predictor),
+        budget_bytes=prepared.memory_budget,
     )
     alloc_conf = study_alloc_conf(spec, options.device)
     with MeasurementProcess(

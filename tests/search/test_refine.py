@@ -143,7 +143,10 @@ def test_the_climb_moves_on_from_a_better_neighbour_and_stops_when_every_neighbo
     for k in neighbours(SPACE, _knobs(8, 4, 4)):
         if k not in {p[0] for p in POINTS}:
             _add(done, k, rate=10.0, peak_mib=100.0)
-    refine, notes = _refine(done, trials=len(done.trials) + 1)
+    # Only the incumbent's neighbours fit the budget: the surface through these seven trials has
+    # nowhere to jump (tests/search/test_surface.py), and every neighbour was tried.
+    near = set(neighbours(SPACE, _knobs(8, 4, 4)))
+    refine, notes = _refine(done, trials=len(done.trials) + 1, fits=lambda k: k in near)
     refine(done, done.trials[-1])
     assert _waiting(done) == [] and notes == []  # the sampler takes the last trial
 
@@ -186,3 +189,36 @@ def test_an_infeasible_trial_is_never_the_incumbent_and_a_finished_study_is_left
     refine, notes = _refine(finished, trials=3)
     refine(finished, finished.trials[-1])
     assert _waiting(finished) == [] and notes == []
+
+
+def test_a_surface_through_the_trials_jumps_past_the_neighbours_to_its_best_estimate() -> None:
+    from tests.search.test_surface import MEASURED, peak, rate
+
+    study = _study(*((k, rate(k), peak(k) / MIB) for k in MEASURED))  # 9 of 12 done: refining
+    refine, notes = _refine(study, trials=12)
+    refine(study, study.trials[-1])
+    # The incumbent is trial 8 (2x8 bf16:4 ckpt:1, 11994.7 per GiB); the best point of the space,
+    # 1x16 bf16:4, is two moves away and the surface estimates it at its true value.
+    assert _waiting(study) == [
+        ({"micro_batch_size": 1, "low_precision_blocks": 4, "checkpoint_blocks": 0}, {REFINED_FROM: 8})
+    ]
+    assert notes == [
+        "refining: next 1x16 bf16:4, estimated 12986.9 per GiB by a surface through 9 trials, "
+        "above trial 8 (the best so far)"
+    ]
+
+
+def test_a_surface_that_estimates_nothing_above_the_incumbent_leaves_the_neighbours() -> None:
+    from tests.search.test_surface import MEASURED, peak, rate
+
+    # Trial 6 (16x1 bf16:4) measured 4x its true rate (a lucky stint): 20272 per GiB, above the
+    # surface's best estimate of an untried point (2x8 bf16:4, 18544).
+    lucky = [(k, rate(k) * (4.0 if k == _knobs(16, 4, 0) else 1.0), peak(k) / MIB) for k in MEASURED]
+    study = _study(*lucky)
+    refine, notes = _refine(study, trials=12)
+    refine(study, study.trials[-1])
+    # Its neighbours: no larger micro-batch, nothing recomputed, every block in bf16: a smaller micro-batch.
+    assert _waiting(study) == [
+        ({"micro_batch_size": 8, "low_precision_blocks": 4, "checkpoint_blocks": 0}, {REFINED_FROM: 6})
+    ]
+    assert notes == ["refining: next 8x2 bf16:4, a neighbour of trial 6 (the best so far)"]

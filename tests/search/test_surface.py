@@ -1,0 +1,87 @@
+"""The response surface a study's refinement may jump along: fitted on scripted measurements from
+a known surface, it must give back that surface's values and its best point exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune.knobs import Knobs
+from autotune.search.space import SearchSpace
+from autotune.search.surface import MIN_POINTS, fit_surface, ranked
+
+MIB = 2**20
+SPACE = SearchSpace(batch_sizes=(16,), ranking=(0, 1, 2, 3), max_micro_batch=16)
+
+
+def _knobs(micro: int, low: int, ckpt: int) -> Knobs:
+    return Knobs(batch_size=16, micro_batch_size=micro, low_precision_blocks=low, checkpoint_blocks=ckpt)
+
+
+def rate(k: Knobs) -> float:
+    """x1.15 per doubling of the micro-batch, x1.65 with every block in bf16, x0.74 all recomputed."""
+    return (
+        100.0
+        * 2 ** (0.2 * math.log2(k.micro_batch_size))
+        * math.exp(0.5 * k.low_precision_blocks / 4 - 0.3 * k.checkpoint_blocks / 4)
+    )
+
+
+def peak(k: Knobs) -> int:
+    """10 MiB fixed, 4 MiB of activations per sample, less 1 MiB in bf16 and 2 MiB recomputed."""
+    m = k.micro_batch_size
+    return round(10 * MIB + m * (4 * MIB - MIB * k.low_precision_blocks / 4 - 2 * MIB * k.checkpoint_blocks / 4))
+
+
+#: Nine trials, as a 12-trial study has measured before its refinement.
+MEASURED = [
+    _knobs(16, 0, 0),
+    _knobs(8, 4, 4),
+    _knobs(4, 4, 4),
+    _knobs(2, 0, 4),
+    _knobs(8, 2, 2),
+    _knobs(4, 0, 0),
+    _knobs(16, 4, 0),
+    _knobs(1, 2, 4),
+    _knobs(2, 4, 1),
+]
+
+
+def test_a_surface_through_exact_measurements_gives_back_every_point_of_the_space() -> None:
+    surface = fit_surface([(k, rate(k), peak(k)) for k in MEASURED], num_blocks=4)
+    assert surface is not None and surface.points == 9
+    for k in SPACE.variants(_knobs(16, 0, 0)):  # 5 micro-batches x 5 x 5 counts
+        estimate = surface.estimate(k)
+        assert estimate is not None
+        assert estimate.objective == pytest.approx(rate(k), rel=1e-9)
+        assert estimate.peak_bytes == pytest.approx(peak(k), rel=1e-9)
+    best = ranked(surface, SPACE.variants(_knobs(16, 0, 0)))
+    truth = sorted(SPACE.variants(_knobs(16, 0, 0)), key=lambda k: -rate(k) / peak(k))
+    assert [e.knobs for e in best[:3]] == truth[:3] == [_knobs(1, 4, 0), _knobs(1, 4, 1), _knobs(2, 4, 0)]
+    assert best[0].knobs not in MEASURED  # the far corner, four moves from the best measured point
+
+
+def test_the_budget_and_a_known_peak_decide_what_fits() -> None:
+    surface = fit_surface([(k, rate(k), peak(k)) for k in MEASURED], num_blocks=4)
+    assert surface is not None
+    space = SPACE.variants(_knobs(16, 0, 0))
+    # 1x16 bf16:4 is estimated at 13 MiB; a memory model that knows it needs 1 GiB rules it out.
+    known = {_knobs(1, 4, 0): 2**30}
+    best = ranked(surface, space, known_peak=known.get, budget_bytes=64 * MIB)
+    assert best[0].knobs == _knobs(1, 4, 1)
+    assert all(e.peak_bytes <= 64 * MIB for e in best)
+    assert len(best) == sum(1 for k in space if peak(k) <= 64 * MIB) - 1
+
+
+def test_a_knob_that_never_varied_has_no_coefficient_and_too_few_points_no_surface() -> None:
+    all_fp32 = [_knobs(m, 0, c) for m, c in ((16, 0), (8, 4), (4, 4), (2, 0), (8, 2), (4, 0))]
+    surface = fit_surface([(k, rate(k), peak(k)) for k in all_fp32], num_blocks=4)
+    assert surface is not None and surface.varied == (True, False, True)
+    assert surface.estimate(_knobs(1, 0, 0)) is not None
+    assert surface.estimate(_knobs(1, 2, 0)) is None  # bf16 was never measured
+    few = [(k, rate(k), peak(k)) for k in MEASURED[: MIN_POINTS - 1]]
+    assert fit_surface(few, num_blocks=4) is None
+    # Six points that all share a micro-batch and vary the rest together determine nothing.
+    collinear = [_knobs(8, n, n) for n in range(4)] + [_knobs(8, 4, 4), _knobs(8, 0, 0)]
+    assert fit_surface([(k, rate(k), peak(k)) for k in collinear], num_blocks=4) is None
