@@ -318,32 +318,25 @@ def _run_study(reference: str, name: str, p: Plan, budget: int, workdir: Path, *
 
 
 def _run_tune(workload: Workload, p: Plan, budget: int) -> dict[str, Any]:
-    """``autotune tune``'s flow (cli/policy.py): its best step after re-timing its best steps."""
-    import torch
-    from autotune.envs.training import TrainingEnv
-    from autotune.policies.episode import retime_best, run_episode
+    """``autotune tune`` (:func:`autotune.policies.tune.tune`, as the command runs it): its best
+    step after re-timing its best steps."""
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
-
-    from autotune.search.refine import refine_trials
-    from autotune.units import MemoryBudget
+    from autotune.policies.tune import tune
 
     start = time.perf_counter()
-    policy = load_policy(PRETRAINED_DIR)
-    memory_budget = MemoryBudget(bytes=budget)
-    env = TrainingEnv(workloads=[workload], memory_budget=memory_budget, steps_per_action=4, horizon=p.tune_steps)
-    try:
-        policy.check_action_space(env.action_space)
-        if p.fine_tune_seconds > 0:
-            from autotune.policies.transfer import fine_tune, profile_for_tuning
-
-            profile = profile_for_tuning(workload)
-            # the budget as tune's fine-tuning takes it: a fraction of the default's peak
-            policy = fine_tune(policy, profile, memory_budget=BUDGET_FRACTION, seconds=p.fine_tune_seconds, seed=0)
-        refine = refine_trials(p.tune_steps)  # tune's default (--refine)
-        episode = run_episode(env, policy, workload=workload.name, seed=0, steps=p.tune_steps, refine=refine)
-    finally:
-        env.close()
-    episode = retime_best(episode, workload, threads=torch.get_num_threads())
+    # The budget as `tune --memory-budget 75%` takes it: a fraction of the default's peak, measured
+    # on the running loop (the bytes the grid and the study were given: _budget).
+    tuned = tune(
+        workload,
+        load_policy(PRETRAINED_DIR),
+        memory_budget=BUDGET_FRACTION,
+        steps=p.tune_steps,
+        fine_tune_seconds=p.fine_tune_seconds,
+    )
+    episode = tuned.episode
+    if episode.budget_bytes != budget:
+        mismatch = f"picks: tune's budget on {workload.name} is {episode.budget_bytes} bytes, the study's {budget}"
+        print(mismatch, file=sys.stderr)
     best = episode.best
     if best is None:  # a pick of nothing: its ratio is 0, and the run goes on to the next model
         nothing = f"picks: tune found nothing within the budget on {workload.name}: {episode.nothing_fits}"

@@ -208,16 +208,12 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     import math
 
-    import torch
-
     from autotune.cli.flags import set_threads, warn_if_busy
     from autotune.console import make_console
-    from autotune.envs.training import TrainingEnv
     from autotune.errors import ConfigError, NonFiniteLossError
-    from autotune.policies.episode import retime_best, run_episode
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
+    from autotune.policies.tune import tune
     from autotune.resolve import load_workload
-    from autotune.search.refine import refine_trials
     from autotune.units import parse_memory_budget
 
     # Everything the user gave is checked before the first real training step (seconds to minutes).
@@ -227,33 +223,28 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     threads = set_threads(args.threads, ranks=args.ranks)
     policy = load_policy(args.policy or PRETRAINED_DIR)
     workload = load_workload(args.workload)
-    env = TrainingEnv(
-        workloads=[workload],
+    warn_if_busy(threads)
+    tuned = tune(
+        workload,
+        policy,
         memory_budget=budget,
+        steps=args.steps,
         steps_per_action=args.steps_per_action,
-        horizon=args.steps,
+        fine_tune_seconds=args.fine_tune_seconds,
         ranks=args.ranks,
         adapt_batch=args.adapt_batch,
+        seed=args.seed,
+        refine=args.refine,
+        retime=args.retime,
+        status=make_console(stderr=True).status,
     )
-    try:
-        policy.check_action_space(env.action_space)  # before profiling and fine-tuning (seconds)
-        warn_if_busy(threads)
-        if args.fine_tune_seconds > 0:
-            policy = _fine_tuned(policy, workload, budget, args)
-        refine = refine_trials(args.steps) if args.refine else 0
-        episode = run_episode(env, policy, workload=args.workload, seed=args.seed, steps=args.steps, refine=refine)
-        final_knobs = env.knobs
-    finally:
-        env.close()
-    if args.retime and all(math.isfinite(s.loss) for s in episode.steps):
-        with make_console(stderr=True).status("re-timing the best steps side by side"):
-            episode = retime_best(episode, workload, threads=torch.get_num_threads())
+    episode = tuned.episode
     if args.storage:
-        _record(args, budget, episode, env)
+        _record(args, budget, episode, workload)
     if args.json:
         print(episode.to_json())
     else:
-        _print_episode(episode, final_knobs)
+        _print_episode(episode, tuned.final_knobs)
     diverged = next((s for s in episode.steps if not math.isfinite(s.loss)), None)
     if diverged is not None:  # the environment ended the episode there; its output says what ran before
         raise NonFiniteLossError(
@@ -262,7 +253,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(args: argparse.Namespace, budget: Any, episode: Any, env: Any) -> None:
+def _record(args: argparse.Namespace, budget: Any, episode: Any, workload: Any) -> None:
     """The episode's best step as a trial of the study ``autotune study WORKLOAD --memory-budget B``
     would open in ``--storage`` (created if absent)."""
     import sys
@@ -275,7 +266,7 @@ def _record(args: argparse.Namespace, budget: Any, episode: Any, env: Any) -> No
     if best is None:
         print(f"nothing recorded in {args.storage}: {episode.nothing_fits}", file=sys.stderr)
         return
-    c, n = best.config, len(env.workload.block_names())
+    c, n = best.config, len(workload.block_names())
     knobs = Knobs(
         batch_size=c.effective_batch_size,
         micro_batch_size=c.micro_batch_size,
@@ -288,25 +279,6 @@ def _record(args: argparse.Namespace, budget: Any, episode: Any, env: Any) -> No
         study, prepared, knobs, throughput=best.throughput, peak_bytes=best.peak_bytes, source="policy"
     )
     print(f"recorded as trial {number} of study {study.study_name!r} in {args.storage}", file=sys.stderr)
-
-
-def _fine_tuned(policy: Any, workload: Any, budget: Any, args: argparse.Namespace) -> Any:
-    """The policy fine-tuned on ``workload``'s calibrated simulator (``policies/transfer.py``)."""
-    from autotune.console import make_console
-    from autotune.policies.transfer import fine_tune, profile_for_tuning
-
-    console = make_console(stderr=True)
-    with console.status(f"profiling {workload.name} for the simulator"):
-        profile = profile_for_tuning(workload)
-    with console.status(f"fine-tuning the policy on {workload.name}'s simulator ({args.fine_tune_seconds:g} s)"):
-        return fine_tune(
-            policy,
-            profile,
-            memory_budget=budget,
-            seconds=args.fine_tune_seconds,
-            seed=args.seed,
-            adapt_batch=args.adapt_batch,
-        )
 
 
 def _print_episode(episode: Any, final_knobs: Any) -> None:

@@ -122,8 +122,8 @@ class Refine:
         fits: The memory model's admission of a point (None: every point is tried).
         counted: How many trials count toward ``trials`` so far (the study's own count).
         note: Gets one line per enqueued refinement.
-        known_peak: The memory model's verified peak of a point, or None where it has none (the
-            surface's fitted peak stands in).
+        known_peak: The memory model's verified peak of a point, or None where it has none; the
+            surface ranks by these peaks where every candidate has one, else by its fitted peaks.
         budget_bytes: The study's memory budget: the surface proposes no point estimated above it.
     """
 
@@ -231,7 +231,13 @@ class Refine:
         if surface is None:
             return None
         untried = [k for k in self.space.variants(incumbent) if k not in tried]
-        for estimate in ranked(surface, untried, known_peak=self.known_peak, budget_bytes=self.budget_bytes):
+        # One source of peaks for every candidate: the memory model's where it predicts them all,
+        # else the fit's. Mixing them favours the points it cannot predict (on unet-tiny, per-block
+        # recompute across skips): the fit takes recompute to lower the peak there, and it does not.
+        known = {k: self.known_peak(k) for k in untried} if self.known_peak is not None else {}
+        exact = bool(known) and all(v is not None for v in known.values())
+        peaks = known.get if exact else None
+        for estimate in ranked(surface, untried, known_peak=peaks, budget_bytes=self.budget_bytes):
             if estimate.per_gib <= incumbent_per_gib:
                 return None
             if self._admitted(estimate.knobs):

@@ -16,8 +16,9 @@ with L blocks, ``low`` of them in reduced precision and ``recomputed`` checkpoin
 moves by a factor per doubling of the micro-batch and per share of blocks in bf16 or recomputed;
 the peak is a fixed part (parameters, gradients, optimizer state) plus activations that grow with
 the micro-batch and shrink with recompute and reduced precision. Where the memory model has a
-verified prediction for a point, it replaces the fitted peak. The surface only proposes: the
-trial measures, and the finalists' re-timing decides.
+verified prediction for every candidate, its peaks replace the fitted ones (the refinement never
+mixes the two: see :meth:`autotune.search.refine.Refine`). The surface only proposes: the trial
+measures, and the finalists' re-timing decides.
 
 A knob that did not vary among the measured points has no coefficient; points that would move it
 get no estimate. Fewer points than :data:`MIN_POINTS` give no surface.

@@ -84,7 +84,9 @@ def _study(*points: tuple[Knobs, float, float]) -> optuna.Study:
 POINTS = ((_knobs(16, 0, 0), 80.0, 120.0), (_knobs(8, 4, 4), 100.0, 50.0), (_knobs(4, 4, 4), 90.0, 50.0))
 
 
-def _refine(study: optuna.Study, *, trials: int = 12, fits: object = None) -> tuple[Refine, list[str]]:
+def _refine(
+    study: optuna.Study, *, trials: int = 12, fits: object = None, known_peak: object = None
+) -> tuple[Refine, list[str]]:
     notes: list[str] = []
     refine = Refine(
         space=SPACE,
@@ -92,6 +94,7 @@ def _refine(study: optuna.Study, *, trials: int = 12, fits: object = None) -> tu
         fits=fits,  # type: ignore[arg-type]
         counted=lambda s: len(s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))),
         note=notes.append,
+        known_peak=known_peak,  # type: ignore[arg-type]
     )
     return refine, notes
 
@@ -222,3 +225,24 @@ def test_a_surface_that_estimates_nothing_above_the_incumbent_leaves_the_neighbo
         ({"micro_batch_size": 8, "low_precision_blocks": 4, "checkpoint_blocks": 0}, {REFINED_FROM: 6})
     ]
     assert notes == ["refining: next 8x2 bf16:4, a neighbour of trial 6 (the best so far)"]
+
+
+def test_the_memory_model_s_peaks_rank_the_candidates_only_where_it_predicts_every_one() -> None:
+    from tests.search.test_surface import MEASURED, peak, rate
+
+    def study() -> optuna.Study:
+        return _study(*((k, rate(k), peak(k) / MIB) for k in MEASURED))
+
+    corner = _knobs(1, 4, 0)  # the surface's best; the memory model below says it needs 1 GiB
+    # Every point predicted: its peaks rank, and the corner falls behind the next best.
+    everywhere, notes = _refine(s := study(), known_peak=lambda k: 2**30 if k == corner else peak(k))
+    everywhere(s, s.trials[-1])
+    assert [p for p, _ in _waiting(s)] == [{"micro_batch_size": 1, "low_precision_blocks": 4, "checkpoint_blocks": 1}]
+    assert notes == [
+        "refining: next 1x16 bf16:4 ckpt:1, estimated 12530.4 per GiB by a surface through 9 trials, "
+        "above trial 8 (the best so far)"
+    ]
+    # Only the corner predicted: the fitted peaks rank every point (admission is `fits`' job).
+    partly, _ = _refine(s := study(), known_peak=lambda k: 2**30 if k == corner else None)
+    partly(s, s.trials[-1])
+    assert [p for p, _ in _waiting(s)] == [{"micro_batch_size": 1, "low_precision_blocks": 4, "checkpoint_blocks": 0}]

@@ -1,0 +1,114 @@
+"""``autotune tune`` as one function: a policy's episode on a workload's real training loop.
+
+:func:`tune` is the whole flow the command runs, and the one the picks benchmark measures: the
+training environment at the budget, the policy fine-tuned on the workload's calibrated simulator,
+one episode (its last steps a climb from the best, :mod:`autotune.policies.climb`), and the best
+steps re-timed side by side before the best is named.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import ConfigError
+from autotune.units import MemoryBudget
+
+if TYPE_CHECKING:
+    from autotune.policies.episode import Episode
+    from autotune.policies.ppo import Policy
+
+    from autotune.knobs import Knobs
+    from autotune.workload import Workload
+
+__all__ = ["Tuned", "tune"]
+
+#: ``status(message)``: a context shown while a long part runs (a console spinner in the CLI).
+Status = Callable[[str], AbstractContextManager[Any]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tuned:
+    """What :func:`tune` did: the episode (its best steps re-timed) and the knobs the environment
+    ended on, in the study's terms (:class:`~autotune.Knobs`)."""
+
+    episode: Episode
+    final_knobs: Knobs
+
+
+def tune(
+    workload: Workload,
+    policy: Policy,
+    *,
+    memory_budget: MemoryBudget | str | int | float = "75%",
+    steps: int = 8,
+    steps_per_action: int = 4,
+    fine_tune_seconds: float = 30.0,
+    ranks: int = 1,
+    adapt_batch: bool = False,
+    seed: int = 0,
+    refine: bool = True,
+    retime: bool = True,
+    status: Status | None = None,
+) -> Tuned:
+    """Run ``policy`` for one episode of ``steps`` on ``workload``'s real training loop.
+
+    Args:
+        memory_budget: Peak allowed (:meth:`MemoryBudget.parse`; a fraction is of the default
+            configuration's peak measured on the running loop).
+        steps: Environment steps; each trains ``steps_per_action`` real optimizer steps.
+        fine_tune_seconds: Profile the model and fine-tune the policy on its calibrated simulator
+            this long first (0: the policy as is).
+        refine: The last quarter of the steps, and every step after the policy first proposes to
+            stay, climb from the best step (:func:`autotune.search.refine.refine_trials`).
+        retime: Re-time the best steps side by side before naming the best (skipped when a loss
+            was not finite: the episode ended there).
+        status: Shows what runs during the long parts (profiling, fine-tuning, re-timing).
+
+    Raises:
+        ConfigError: ``fine_tune_seconds`` not a finite number >= 0, a budget that does not parse,
+            or a policy whose action space is not the environment's, before anything trains.
+    """
+    import torch
+    from autotune.envs.training import TrainingEnv
+    from autotune.policies.episode import retime_best, run_episode
+
+    from autotune.search.refine import refine_trials
+
+    finite = isinstance(fine_tune_seconds, (int, float)) and math.isfinite(fine_tune_seconds)
+    if not (finite and fine_tune_seconds >= 0):
+        raise ConfigError(f"fine_tune_seconds must be a finite number >= 0, but got {fine_tune_seconds!r}.")
+    budget = MemoryBudget.parse(memory_budget, fractions=True)
+    show = status or (lambda _message: nullcontext())
+    env = TrainingEnv(
+        workloads=[workload],
+        memory_budget=budget,
+        steps_per_action=steps_per_action,
+        horizon=steps,
+        ranks=ranks,
+        adapt_batch=adapt_batch,
+    )
+    try:
+        policy.check_action_space(env.action_space)  # before profiling and fine-tuning (seconds)
+        if fine_tune_seconds > 0:
+            from autotune.policies.transfer import fine_tune, profile_for_tuning
+
+            with show(f"profiling {workload.name} for the simulator"):
+                profile = profile_for_tuning(workload)
+            with show(f"fine-tuning the policy on {workload.name}'s simulator ({fine_tune_seconds:g} s)"):
+                policy = fine_tune(
+                    policy, profile, memory_budget=budget, seconds=fine_tune_seconds, seed=seed, adapt_batch=adapt_batch
+                )
+        episode = run_episode(
+            env, policy, workload=workload.name, seed=seed, steps=steps, refine=refine_trials(steps) if refine else 0
+        )
+        final_knobs = env.knobs
+    finally:
+        env.close()
+    if retime and all(math.isfinite(s.loss) for s in episode.steps):
+        with show("re-timing the best steps side by side"):
+            episode = retime_best(episode, workload, threads=torch.get_num_threads())
+    return Tuned(episode=episode, final_knobs=final_knobs)

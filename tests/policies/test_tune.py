@@ -1,0 +1,52 @@
+"""``autotune.policies.tune.tune``: the ``tune`` command's flow as one function (the command and
+the picks benchmark both call it), on a real training loop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from autotune.policies.ppo import PRETRAINED_DIR, load_policy
+from autotune.policies.tune import tune
+
+from autotune.errors import ConfigError
+from autotune.resolve import load_workload
+from tests.paths import TINY_WORKLOAD
+
+
+def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
+    workload = load_workload(f"{TINY_WORKLOAD}:build")
+    shown: list[str] = []
+
+    @contextmanager
+    def status(message: str) -> Iterator[None]:
+        shown.append(message)
+        yield
+
+    tuned = tune(workload, load_policy(PRETRAINED_DIR), steps=2, steps_per_action=2, fine_tune_seconds=0, status=status)
+    episode = tuned.episode
+    assert [s.step for s in episode.steps] == [0, 1, 2]
+    assert [s.source for s in episode.steps] in ([None, "policy", "climb"], [None, "policy", "policy"])
+    assert episode.workload == workload.name
+    # The default budget: 75% of the starting configuration's peak, measured on the loop.
+    assert episode.budget_bytes == int(0.75 * episode.steps[0].peak_bytes)
+    assert tuned.final_knobs.describe() == episode.steps[-1].knobs
+    assert shown == ["re-timing the best steps side by side"]  # no fine-tuning asked for
+
+
+@pytest.mark.parametrize("seconds", [-1.0, float("nan")])
+def test_a_bad_fine_tuning_time_is_refused_before_anything_trains(
+    seconds: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.envs.training import TrainingEnv
+
+    def built(*_: Any, **__: Any) -> None:
+        raise AssertionError("the environment was built")
+
+    monkeypatch.setattr(TrainingEnv, "__init__", built)
+    workload = load_workload(f"{TINY_WORKLOAD}:build")
+    with pytest.raises(ConfigError) as info:
+        tune(workload, load_policy(PRETRAINED_DIR), fine_tune_seconds=seconds)
+    assert str(info.value) == f"fine_tune_seconds must be a finite number >= 0, but got {seconds!r}."
