@@ -373,17 +373,17 @@ def admits(prepared: Prepared, predictor: MemoryPredictor | None) -> Callable[[K
     """The memory model's admission of a point of the study's space under its budget (the budget
     gate's rule and headroom), or None without a model or a budget: every point is measured."""
     budget = prepared.memory_budget
-    if predictor is None or budget is None:
+    peak = known_peak(prepared, predictor)
+    if peak is None or budget is None:
         return None
 
     def fits(knobs: Knobs) -> bool:
         from autotune.memory.gate import admission, headroom_for
 
-        config = prepared.space.config(knobs)
-        try:
-            predicted = predictor(prepared.workload, config)
-        except Exception:  # an optional model's failure: fall back to measuring
+        predicted = peak(knobs)
+        if predicted is None:  # no verified prediction (or the optional model failed): measure it
             return True
+        config = prepared.space.config(knobs)
         return admission(budget=budget, headroom=headroom_for(config), predicted=predicted, verified=True).admitted
 
     return fits
