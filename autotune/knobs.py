@@ -62,6 +62,7 @@ __all__ = [
     "knobs_to_config",
     "level_blocks",
     "levels_of",
+    "smallest_micro_batch",
 ]
 
 
@@ -235,6 +236,22 @@ class KnobLevels:
         )
 
 
+def smallest_micro_batch(per_rank_batch: int, floor: int | None) -> int:
+    """The smallest micro-batch a rank's ``per_rank_batch`` samples may be split into: ``floor``
+    (None: the whole per-rank batch, no accumulation), never above the per-rank batch.
+
+    Accumulating gradients over micro-batches computes the same update as one pass over the batch
+    only when samples do not interact in the forward: BatchNorm in training normalises each
+    micro-batch by its own statistics (and updates its running ones from them), so a smaller
+    micro-batch trains a different model (:attr:`autotune.Workload.micro_batch_floor`).
+
+    Example:
+        >>> smallest_micro_batch(16, None), smallest_micro_batch(16, 4), smallest_micro_batch(2, 4)
+        (16, 4, 2)
+    """
+    return per_rank_batch if floor is None else max(1, min(floor, per_rank_batch))
+
+
 def blocks_at_level(level: int, ranking: tuple[int, ...]) -> frozenset[int]:
     """The ``round(level/4 * L)`` hungriest blocks."""
     return frozenset(ranking[: level_blocks(level, len(ranking))])
@@ -311,12 +328,14 @@ def apply_action(
     max_zero_stage: int,
     adapt_batch: bool = False,
     min_batch: int = 1,
+    min_micro: int = 1,
 ) -> KnobLevels:
     """Apply a MultiDiscrete action ``(split, batch, precision, checkpoint, zero)``.
 
     ``split`` (0: fewer, larger micro-batches; 1: keep; 2: more, smaller ones) doubles one of
     micro-batch and accumulation and halves the other, so the effective batch never changes; a
-    split the tables cannot take (micro-batch 1, or accumulation at its end) keeps the knobs.
+    split the tables cannot take (micro-batch 1, or accumulation at its end), or that would take
+    the micro-batch below ``min_micro`` (:func:`smallest_micro_batch`), keeps the knobs.
     ``batch`` (0: halve, 1: keep, 2: double) acts only with ``adapt_batch`` and never takes the
     effective batch (one rank's: the caller divides by the ranks) below ``min_batch``; it moves
     the accumulation first, so the micro-batch, and with it the activation memory, stays.
@@ -332,7 +351,11 @@ def apply_action(
     micro, accum = knobs.micro, knobs.accum
     if a_split != 1:
         up = 1 if a_split == 0 else -1  # micro-batch level up by `up`, accumulation down by it
-        if 0 <= micro + up < len(MICRO_LEVELS) and 0 <= accum - up < len(ACCUM_LEVELS):
+        if (
+            0 <= micro + up < len(MICRO_LEVELS)
+            and 0 <= accum - up < len(ACCUM_LEVELS)
+            and MICRO_LEVELS[micro + up] >= min(min_micro, MICRO_LEVELS[micro])
+        ):
             micro, accum = micro + up, accum - up
     if adapt_batch and a_batch == 2:
         if accum + 1 < len(ACCUM_LEVELS):
@@ -342,7 +365,7 @@ def apply_action(
     elif adapt_batch and a_batch == 0 and ACCUM_LEVELS[accum] * MICRO_LEVELS[micro] >= 2 * min_batch:
         if accum > 0:
             accum -= 1
-        else:
+        elif MICRO_LEVELS[micro - 1] >= min_micro:
             micro -= 1
     return KnobLevels(
         accum=accum,

@@ -65,6 +65,14 @@ class Workload:
             (:mod:`autotune.memory.worst_case`). ``None``: found by scanning a map-style dataset.
         scan_batches: Batches of a map-style dataset scanned for the longest one when no worst
             case is declared (collated, never run); 0: the first batch only.
+        min_micro_batch: The smallest micro-batch that keeps the training what the user wrote.
+            Gradient accumulation sums the same gradients as one pass over the batch only when the
+            samples of a batch do not interact in the forward; BatchNorm in training normalises
+            each micro-batch by its own statistics, an in-batch contrastive loss draws its
+            negatives from it. ``None`` (default): 1, unless the model has BatchNorm layers that
+            normalise over the batch (:attr:`batch_norm_layers`), then no accumulation at all
+            (the whole per-rank batch in each micro-batch). An int: the smallest micro-batch the
+            user accepts (declare it for a loss that couples samples: it cannot be detected).
         source: The reference this workload was loaded from (set by :func:`load_workload`), so
             other processes (DeepSpeed ranks, study workers) can rebuild it. None if built directly.
 
@@ -96,6 +104,7 @@ class Workload:
     collate_fn: CollateFn | None = None
     worst_case_batch: Any = field(default=None, compare=False)  # tensors: == would be elementwise
     scan_batches: int = SCAN_BATCHES
+    min_micro_batch: int | None = None
     source: str | None = None
 
     def __post_init__(self) -> None:
@@ -119,6 +128,9 @@ class Workload:
             raise WorkloadError(f"Workload.batch_size must be an int >= 1, but got {self.batch_size!r}.")
         if not isinstance(self.scan_batches, int) or isinstance(self.scan_batches, bool) or self.scan_batches < 0:
             raise WorkloadError(f"Workload.scan_batches must be an int >= 0, but got {self.scan_batches!r}.")
+        floor = self.min_micro_batch
+        if floor is not None and (not isinstance(floor, int) or isinstance(floor, bool) or floor < 1):
+            raise WorkloadError(f"Workload.min_micro_batch must be an int >= 1 or None, but got {floor!r}.")
         if self.worst_case_batch is not None:
             from autotune.train.batches import batch_size
 
@@ -152,6 +164,57 @@ class Workload:
         """The dataset's first ``batch_size`` samples (fewer if it has fewer), collated: what the
         memory model and the probes run on."""
         return next(iter(self.loader(batch_size)))
+
+    @cached_property
+    def batch_norm_layers(self) -> tuple[str, ...]:
+        """The qualified names of the model's layers that normalise by the statistics of the batch
+        they are given: every BatchNorm (``torch.nn.modules.batchnorm._BatchNorm``: BatchNorm1d/2d/3d,
+        SyncBatchNorm, the lazy ones) in training mode, or without running statistics (which
+        normalises by the batch's in eval mode too). A frozen BatchNorm (eval mode, or
+        torchvision's ``FrozenBatchNorm2d``, not a ``_BatchNorm``) uses fixed statistics and is
+        not one of them."""
+        from torch.nn.modules.batchnorm import _BatchNorm
+
+        return tuple(
+            name
+            for name, m in self.model.named_modules()
+            if isinstance(m, _BatchNorm) and (m.training or m.running_mean is None)
+        )
+
+    @property
+    def micro_batch_floor(self) -> int | None:
+        """The smallest micro-batch a study, a policy or an adaptive run may split a rank's batch
+        into (:func:`autotune.knobs.smallest_micro_batch`): :attr:`min_micro_batch` if given, else
+        None (no accumulation) for a model with :attr:`batch_norm_layers`, else 1."""
+        if self.min_micro_batch is not None:
+            return self.min_micro_batch
+        return None if self.batch_norm_layers else 1
+
+    @property
+    def micro_batch_reason(self) -> str:
+        """Why the micro-batch has the floor it has, in a few words (for messages)."""
+        if self.min_micro_batch is not None:
+            return f"min_micro_batch {self.min_micro_batch}"
+        layers = self.batch_norm_layers
+        if not layers:
+            return "any micro-batch keeps the training"
+        more = f" and {len(layers) - 1} more" if len(layers) > 1 else ""
+        return f"BatchNorm normalises over the micro-batch ({layers[0]}{more})"
+
+    def micro_batch_note(self, per_rank_batch: int) -> str | None:
+        """One line saying why the micro-batch may not go below what it does, or None where every
+        split of ``per_rank_batch`` is open."""
+        from autotune.knobs import smallest_micro_batch
+
+        smallest = smallest_micro_batch(per_rank_batch, self.micro_batch_floor)
+        if smallest <= 1:
+            return None
+        if self.min_micro_batch is not None:
+            return f"micro-batches of at least {smallest} ({self.micro_batch_reason})"
+        return (
+            f"{self.micro_batch_reason}: it stays {smallest}, no accumulation (the training you wrote; "
+            "min_micro_batch, --min-micro-batch in the CLI, allows smaller ones)"
+        )
 
     @cached_property
     def worst_case(self) -> WorstCase:

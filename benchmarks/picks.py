@@ -383,9 +383,19 @@ def _compare(workload: Workload, picks: dict[str, dict[str, Any]]) -> tuple[dict
     return record, {label: 0.0 for label in LABELS[1:]} | ratios(retimed, index, scales)
 
 
-def grid_key(p: Plan, model: str, budget: int) -> dict[str, Any]:
-    """What a kept grid result must match to be reused: the model, its sizes, the grid, the budget."""
-    return {"model": model, "sizes": p.sizes[model], "coarse_grid": p.coarse_grid, "budget_bytes": budget}
+def grid_key(p: Plan, model: str, budget: int, *, min_micro_batch: int | None = 1) -> dict[str, Any]:
+    """What a kept grid result must match to be reused: the model, its sizes, the grid, the budget
+    and, where it is not 1, the smallest micro-batch (a BatchNorm model's: None, the whole batch;
+    not stored at 1, so a grid kept before the floor existed keeps its key)."""
+    key: dict[str, Any] = {
+        "model": model,
+        "sizes": p.sizes[model],
+        "coarse_grid": p.coarse_grid,
+        "budget_bytes": budget,
+    }
+    if min_micro_batch != 1:
+        key["min_micro_batch"] = min_micro_batch
+    return key
 
 
 def kept_grid(grids: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
@@ -420,7 +430,7 @@ def run(
         reference = _source(workdir, model, p.sizes[model])
         workload = load_workload(reference)
         budget = _budget(workload)
-        key = grid_key(p, model, budget)
+        key = grid_key(p, model, budget, min_micro_batch=workload.micro_batch_floor)
         grid = kept_grid(grids, key)
         if grid is None:
             print(f"picks: {model}: budget {budget / 2**20:.1f} MiB; the grid", file=sys.stderr)

@@ -25,6 +25,7 @@ from autotune.knobs import (
     KnobLevels,
     Knobs,
     apply_action,
+    smallest_micro_batch,
 )
 from autotune.measurement.objective import score
 from autotune.measurement.trend import loss_slope
@@ -193,6 +194,9 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         self._last: Interval | None = None
         self._batch0 = 1  # global (all ranks)
         self._levels_batch0 = 1  # one rank's: micro-batch x accumulation
+        #: The episode's smallest micro-batch (:func:`autotune.knobs.smallest_micro_batch`; None:
+        #: no accumulation, a BatchNorm model's); a subclass sets it per episode.
+        self.micro_floor: int | None = 1
         self._losses: list[float] = []
         self._model: ModelDescriptor | None = None
         self._machine: MachineDescriptor | None = None
@@ -273,6 +277,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
             max_zero_stage=self.max_zero_stage,
             adapt_batch=self.adapt_batch,
             min_batch=self._levels_batch0,
+            min_micro=smallest_micro_batch(self._levels_batch0, self.micro_floor),
         )
 
     def admits(self, knobs: KnobLevels) -> bool:

@@ -149,6 +149,7 @@ class TrainingEnv(TuningEnv):
             ref = self.workload_refs[i]
             self._workloads[i] = ref if isinstance(ref, Workload) else load_workload(ref)
         wl = self.workload = self._workloads[i]
+        self.micro_floor = wl.micro_batch_floor  # a BatchNorm model's micro-batch stays its batch
         profile = profile_blocks(wl, micro_batch_size=TUNING.profile_micro_batch)
         self._ranking = profile.ranked()
         # Data parallelism splits the workload's batch over the ranks (so its LR applies as is).

@@ -165,7 +165,8 @@ def propose(
     an int; None: the default's peak),
     as shared :class:`~autotune.Knobs`. ``autotune study`` enqueues it next to its baselines (one
     more measured trial). Raises :class:`ProposalError` and :class:`NonFiniteLossError` as
-    :func:`quick_profile` does.
+    :func:`quick_profile` does, and :class:`ProposalError` when the episode reaches nothing within
+    the budget (an over-budget proposal would only be a trial pruned on its prediction).
     """
     from autotune.envs.simulated import SimulatedEnv
     from autotune.policies.ppo import EPISODE_STEPS, load_policy
@@ -173,7 +174,13 @@ def propose(
     budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
     profile = quick_profile(workload)
     tuned = fine_tune(policy or load_policy(), profile, memory_budget=budget, seconds=seconds, seed=seed)
-    env = SimulatedEnv(profiles=[profile], memory_budget=budget, noise=0.0, horizon=EPISODE_STEPS)
+    env = SimulatedEnv(
+        profiles=[profile],
+        memory_budget=budget,
+        noise=0.0,
+        horizon=EPISODE_STEPS,
+        min_micro_batch=workload.micro_batch_floor,
+    )
     obs, info = env.reset(seed=seed)
 
     def value(info: dict[str, Any]) -> float:  # the shared objective at the fixed batch, within budget
@@ -187,4 +194,9 @@ def propose(
             best = (value(info), env.knobs)
         if terminated:
             break
+    if best[0] == -math.inf:  # the start is over the budget and the episode never got under it
+        raise ProposalError(
+            f"the policy reached no configuration within the budget ({budget}) in {EPISODE_STEPS} steps of "
+            f"{workload.name}'s simulator"
+        )
     return best[1]

@@ -137,6 +137,9 @@ def test_a_kept_grid_is_reused_only_for_the_same_model_sizes_grid_and_budget(
     other = picks.grid_key(p, "lstm-lm", 999)  # the budget measured differently: measure again
     assert picks.kept_grid(tmp_path, other) is None
     assert "is another grid" in capsys.readouterr().err
+    # A BatchNorm model's grid is over its whole batch in each micro-batch: another grid too.
+    assert picks.grid_key(p, "lstm-lm", 1000, min_micro_batch=1) == key
+    assert picks.kept_grid(tmp_path, picks.grid_key(p, "lstm-lm", 1000, min_micro_batch=None)) is None
 
 
 def test_a_search_that_found_nothing_within_the_budget_scores_zero(

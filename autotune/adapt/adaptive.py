@@ -163,6 +163,9 @@ class Adaptive:
             predicts at it (``Workload.worst_case_batch``); None scans a map-style dataset. A
             :meth:`step` batch larger still is predicted at its shape before it runs, and the
             step split if it would not fit (:mod:`autotune.adapt.shape_guard`).
+        min_micro_batch: The smallest micro-batch the run may split the batch into
+            (``Workload.min_micro_batch``); None: any, except for a model with BatchNorm layers
+            in training, whose micro-batch stays the batch (their statistics are the micro-batch's).
 
     Raises:
         ConfigError: an argument out of range, or no configuration (smaller micro-batches, then
@@ -215,6 +218,7 @@ class Adaptive:
         name: str = "user",
         collate_fn: Callable[[list[Any]], Any] | None = None,
         worst_case_batch: Any = None,
+        min_micro_batch: int | None = None,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -229,6 +233,7 @@ class Adaptive:
             batch_size=batch_size,
             collate_fn=collate_fn,
             worst_case_batch=worst_case_batch,
+            min_micro_batch=min_micro_batch,
         )
         size = workload.dataset_size or batch_size
         default = TrainConfig(
@@ -417,6 +422,8 @@ class Adaptive:
             adapt_batch=adapt_batch,
             min_efficiency=min_efficiency,
             max_batch_size=self.max_batch_size,
+            min_micro_batch=workload.micro_batch_floor,
+            micro_why=workload.micro_batch_reason,
         )
         self.decider = self.controller.decider
         start = self.controller.begin(workload, device_type=device_type)  # raises if nothing fits

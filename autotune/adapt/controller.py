@@ -36,6 +36,7 @@ from autotune.adapt.records import Change, OverBudgetStep
 from autotune.adapt.sources import Observation, RunContext
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning
+from autotune.knobs import smallest_micro_batch
 from autotune.measurement.cuda_memory import reserved_with_headroom
 from autotune.settings import TUNING
 
@@ -98,6 +99,10 @@ class Controller:
         min_efficiency: As for :class:`autotune.Adaptive` (default 1.0: the batch never grows
             at a cost).
         max_batch_size: As for :class:`autotune.Adaptive`.
+        min_micro_batch: The smallest micro-batch of a rank's batch (the workload's
+            :attr:`~autotune.Workload.micro_batch_floor`; None: no accumulation): neither the
+            start search nor a proposal goes below it.
+        micro_why: Why, in a few words (:attr:`~autotune.Workload.micro_batch_reason`).
 
     Example:
         The loops drive it in this order (the callbacks' hooks do the same; see
@@ -122,8 +127,11 @@ class Controller:
         adapt_batch: bool = False,
         min_efficiency: float = 1.0,
         max_batch_size: int | None = None,
+        min_micro_batch: int | None = 1,
+        micro_why: str = "",
     ) -> None:
         self.frontend, self.source, self.gate = frontend, source, gate
+        self.min_micro_batch, self.micro_why = min_micro_batch, micro_why
         self.default, self.fraction, self.decide_every = default, fraction, decide_every
         self.adapt_batch = adapt_batch
         self.decider = Decider(
@@ -135,6 +143,8 @@ class Controller:
             max_batch_size=max_batch_size,
             takes=frontend.takes,
             paired=frontend.paired,
+            min_micro_batch=min_micro_batch,
+            micro_why=micro_why,
         )
         self.config = default  # the configuration the loop runs
         self.pending: Change | None = None  # a change that waits for the loop (see FrontEnd.apply)
@@ -231,9 +241,10 @@ class Controller:
             return default, "", None
         batch, tried = default.micro_batch_size, []
         stages = range(4) if default.ranks > 1 else range(1)
+        floor = min(batch, smallest_micro_batch(batch * default.grad_accum_steps, self.min_micro_batch))
         for ckpt in (False, True):
             micro = batch
-            while micro >= 1:
+            while micro >= floor:
                 for stage in stages if batch % micro == 0 else ():
                     config = _split(default, micro, ckpt, stage)
                     if config != self.frontend.takes(default, config) or (
@@ -247,6 +258,8 @@ class Controller:
                 micro //= 2
         per_rank = " per rank" if default.ranks > 1 else ""
         split = "" if self.frontend.splits_now else f" at the loop's split {batch} x {default.grad_accum_steps}"
+        if floor > 1 and self.frontend.splits_now:
+            split = f" with micro-batches of at least {floor} ({self.micro_why})"
         fitting = [
             v for v in tried if v.predicted is not None and v.predicted * (1 + self.gate.headroom) <= self.gate.budget
         ]

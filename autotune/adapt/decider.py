@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.adapt.batch import grow_batch
 from autotune.adapt.records import Change, ConfigRecord
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
+from autotune.knobs import smallest_micro_batch
 from autotune.measurement.objective import score
 from autotune.measurement.sidebyside import Timing, separated
 from autotune.settings import TUNING
@@ -95,6 +96,10 @@ class Decider:
         paired: The loop can switch configuration every step cheaply (the local loop: block
             wrappers and the micro-batch drawn): a proposal is then measured side by side with the
             configuration it replaced (:class:`SideBySide`); otherwise one stint after the other.
+        min_micro_batch: The smallest micro-batch a proposal may split a rank's batch into
+            (:attr:`autotune.Workload.micro_batch_floor`; None: no accumulation); a smaller one
+            keeps the current split, the rest of the proposal stands.
+        micro_why: Why (:attr:`autotune.Workload.micro_batch_reason`), for the history.
     """
 
     def __init__(
@@ -108,8 +113,11 @@ class Decider:
         max_batch_size: int | None = None,
         takes: Callable[[TrainConfig, TrainConfig], TrainConfig] | None = None,
         paired: bool = False,
+        min_micro_batch: int | None = 1,
+        micro_why: str = "",
     ) -> None:
         self.source = source
+        self.min_micro_batch, self.micro_why = min_micro_batch, micro_why
         self.gate = gate
         self.base_batch_size = base_batch_size
         self.adapt_batch, self.min_efficiency = adapt_batch, min_efficiency
@@ -487,7 +495,8 @@ class Decider:
 
     def _admit(self, step: int, current: TrainConfig, proposal: Proposal, source: str) -> Change | None:
         """``proposal`` as a change from ``current`` the loop can make, or None (refusals logged once)."""
-        target = proposal.config if self._takes is None else self._takes(current, proposal.config)
+        floored = self._floored(current, proposal.config)
+        target = floored if self._takes is None else self._takes(current, floored)
         if target == current:
             return None
         known, here = self._trusted(target), self._trusted(current)
@@ -515,12 +524,28 @@ class Decider:
             # What the loop forbids is in the history: a framework's loop keeps its own split.
             kept = f"{target.micro_batch_size}x{target.grad_accum_steps}"
             asked = f"{wanted.micro_batch_size}x{wanted.grad_accum_steps}"
-            reason = f"{change.reason}; split {asked} not taken: the loop keeps {kept}"
+            if floored != wanted:
+                reason = f"{change.reason}; split {asked} not taken, {kept} kept: {self.micro_why}"
+            else:
+                reason = f"{change.reason}; split {asked} not taken: the loop keeps {kept}"
             change = dataclasses.replace(change, reason=reason)
         if not verdict.admitted:
             self._refuse_once(change)
             return None
         return change
+
+    def _floored(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
+        """``proposed`` with its micro-batch raised to the floor (:func:`smallest_micro_batch`):
+        the current split where the batch is the same, else the smallest split at the floor."""
+        per_rank = proposed.micro_batch_size * proposed.grad_accum_steps
+        smallest = smallest_micro_batch(per_rank, self.min_micro_batch)
+        if proposed.micro_batch_size >= smallest:
+            return proposed
+        if current.micro_batch_size * current.grad_accum_steps == per_rank and current.micro_batch_size >= smallest:
+            micro = current.micro_batch_size
+        else:
+            micro = min(m for m in range(smallest, per_rank + 1) if per_rank % m == 0)
+        return dataclasses.replace(proposed, micro_batch_size=micro, grad_accum_steps=per_rank // micro)
 
     def _refuse_once(self, change: Change) -> None:
         if change.after not in self._refused:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.adapt.records import Change
 from autotune.config import TrainConfig
+from autotune.knobs import smallest_micro_batch
 from autotune.memory.worst_case import sample_bytes
 from autotune.train.batches import map_tensors
 
@@ -83,7 +84,7 @@ class ShapeGuard:
         verdict = self.gate.check(config)
         if verdict.admitted:
             return None
-        for candidate in splits(config):
+        for candidate in splits(config, min_micro_batch=self.workload.micro_batch_floor):
             fits = self.gate.check(candidate)
             if fits.admitted:
                 reason = f"{what}: {config.describe()} at its shape: {verdict.reason}; split: {fits.reason}"
@@ -129,13 +130,15 @@ class ShapeGuard:
         self.largest = state.get("largest")
 
 
-def splits(config: TrainConfig) -> Iterator[TrainConfig]:
+def splits(config: TrainConfig, *, min_micro_batch: int | None = 1) -> Iterator[TrainConfig]:
     """Configurations of ``config``'s effective batch with less activation memory, in the order
-    tried: each smaller micro-batch that divides the batch (more accumulation), then the same
-    with every block recomputed."""
+    tried: each smaller micro-batch that divides the batch (more accumulation) down to
+    ``min_micro_batch`` (:func:`autotune.knobs.smallest_micro_batch`), then the same with every
+    block recomputed."""
     total = config.micro_batch_size * config.grad_accum_steps
+    floor = min(config.micro_batch_size, smallest_micro_batch(total, min_micro_batch))
     for checkpoint in dict.fromkeys((config.checkpoint, True)):
-        for micro in range(config.micro_batch_size, 0, -1):
+        for micro in range(config.micro_batch_size, floor - 1, -1):
             if total % micro == 0 and (micro, checkpoint) != (config.micro_batch_size, config.checkpoint):
                 yield dataclasses.replace(
                     config, micro_batch_size=micro, grad_accum_steps=total // micro, checkpoint=checkpoint

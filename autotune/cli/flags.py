@@ -13,9 +13,11 @@ __all__ = [
     "BUDGET_HELP",
     "THREADS_HELP",
     "add_config_flags",
+    "add_min_micro_batch_flag",
     "add_ranks_flag",
     "add_threads_flag",
     "config_from_args",
+    "min_micro_batch_of",
     "set_threads",
     "warn_if_busy",
 ]
@@ -69,6 +71,26 @@ def warn_if_busy(threads: int | None) -> None:
 
         threads = int(torch.get_num_threads())
     busy.warn_if_busy(threads, lambda line: print(line, file=sys.stderr))
+
+
+#: Help of every ``--min-micro-batch`` (``Workload.min_micro_batch``).
+MIN_MICRO_BATCH_HELP = (
+    "smallest micro-batch a split of the batch may take (default: 1, except for a model with BatchNorm layers "
+    "in training, whose statistics are the micro-batch's: then no accumulation)"
+)
+
+
+def add_min_micro_batch_flag(p: argparse.ArgumentParser) -> None:
+    """``--min-micro-batch N`` of the commands that split the batch (``study``, ``tune``, ``train``)."""
+    p.add_argument("--min-micro-batch", type=int, help=MIN_MICRO_BATCH_HELP)
+
+
+def min_micro_batch_of(args: argparse.Namespace) -> int | None:
+    """``--min-micro-batch``, checked (None: not given)."""
+    value: int | None = args.min_micro_batch
+    if value is not None and value < 1:
+        raise ConfigError(f"--min-micro-batch must be >= 1, but got {value}.")
+    return value
 
 
 def add_ranks_flag(p: argparse.ArgumentParser) -> None:

@@ -6,10 +6,11 @@ Only argparse at import time; gymnasium, SB3 and torch load inside the handlers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from autotune.cli.flags import BUDGET_HELP, add_ranks_flag, add_threads_flag
+from autotune.cli.flags import BUDGET_HELP, add_min_micro_batch_flag, add_ranks_flag, add_threads_flag
 
 __all__ = ["register"]
 
@@ -84,6 +85,7 @@ def register(sub: Any) -> None:
     )
     add_ranks_flag(p)
     add_threads_flag(p)
+    add_min_micro_batch_flag(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the episode's reset (default 0)")
     p.add_argument(
         "--json", action="store_true", help="print the episode as JSON: each step's action, config, measures, reward"
@@ -208,7 +210,7 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     import math
 
-    from autotune.cli.flags import set_threads, warn_if_busy
+    from autotune.cli.flags import min_micro_batch_of, set_threads, warn_if_busy
     from autotune.console import make_console
     from autotune.errors import ConfigError, NonFiniteLossError
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
@@ -220,9 +222,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.fine_tune_seconds) and args.fine_tune_seconds >= 0):
         raise ConfigError(f"--fine-tune-seconds must be a finite number >= 0, but got {args.fine_tune_seconds!r}.")
     budget = parse_memory_budget(args.memory_budget)
+    min_micro = min_micro_batch_of(args)
     threads = set_threads(args.threads, ranks=args.ranks)
     policy = load_policy(args.policy or PRETRAINED_DIR)
     workload = load_workload(args.workload)
+    if min_micro is not None:
+        workload = dataclasses.replace(workload, min_micro_batch=min_micro)
     warn_if_busy(threads)
     tuned = tune(
         workload,

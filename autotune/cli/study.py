@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.cli.flags import BUDGET_HELP, THREADS_HELP, warn_if_busy
+from autotune.cli.flags import BUDGET_HELP, THREADS_HELP, add_min_micro_batch_flag, min_micro_batch_of, warn_if_busy
 
 if TYPE_CHECKING:
     import optuna
@@ -46,6 +46,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-sizes", help="comma list: the effective batch becomes a knob, compared as goodput")
     p.add_argument("--precisions", help="comma list of precisions to try (default fp32,bf16)")
     p.add_argument("--ranks", help="comma list of data-parallel rank counts (> 1 needs the DeepSpeed runner, #3)")
+    add_min_micro_batch_flag(p)
     p.add_argument("--steps", type=int, help="timed steps per trial (default 4)")
     p.add_argument("--warmup", type=int, help="warmup steps per trial (default 1)")
     p.add_argument("--trial-timeout", help="time limit of one trial, e.g. 90s (default 5m)")
@@ -149,6 +150,8 @@ def _spec_from_args(args: argparse.Namespace) -> StudySpec:
         space["precisions"] = tuple(s.strip() for s in args.precisions.split(","))
     if args.ranks is not None:
         space["ranks"] = _ints(args.ranks, "--ranks")
+    if min_micro_batch_of(args) is not None:
+        space["min_micro_batch"] = args.min_micro_batch
     measure: dict[str, Any] = {
         k: getattr(args, k) for k in ("steps", "warmup", "threads") if getattr(args, k) is not None
     }

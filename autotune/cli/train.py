@@ -14,10 +14,11 @@ happens and listed after the run) unless ``--allow-over-budget``; 130 Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from autotune.cli.flags import BUDGET_HELP, add_ranks_flag, add_threads_flag
+from autotune.cli.flags import BUDGET_HELP, add_min_micro_batch_flag, add_ranks_flag, add_threads_flag
 
 __all__ = ["EPILOG", "register"]
 
@@ -50,6 +51,7 @@ def register(sub: Any) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: where the model is)")
     add_ranks_flag(p)
     add_threads_flag(p)
+    add_min_micro_batch_flag(p)
     p.add_argument("--json", action="store_true", help="print the run as JSON: every step and every decision")
     p.set_defaults(func=_cmd_train)
 
@@ -81,12 +83,15 @@ def _train_command(args: argparse.Namespace) -> int:
         if given and not args.adapt:
             raise ConfigError(f"{flag} needs --adapt (without it the run keeps the default configuration).")
     decide_every = 10 if args.decide_every is None else args.decide_every
-    from autotune.cli.flags import set_threads, warn_if_busy
+    from autotune.cli.flags import min_micro_batch_of, set_threads, warn_if_busy
     from autotune.console import make_console
 
+    min_micro = min_micro_batch_of(args)
     threads = set_threads(args.threads, ranks=args.ranks)
 
     wl = load_workload(args.workload)
+    if min_micro is not None:
+        wl = dataclasses.replace(wl, min_micro_batch=min_micro)
     warn_if_busy(threads)
     policy = (args.policy or "pretrained") if args.adapt else None
     # Before the first step: the memory profile, and with the policy the machine probe and its
@@ -116,6 +121,7 @@ def _train_command(args: argparse.Namespace) -> int:
                 device=args.device,
                 name=wl.name,
                 collate_fn=wl.collate_fn,
+                min_micro_batch=wl.min_micro_batch,
                 track_memory="all",
             )  # the summary reports measured peaks
     try:

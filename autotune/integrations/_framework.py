@@ -88,6 +88,7 @@ class FrameworkLoop:
         memory_budget: MemoryBudget | str | int | None,
         decide_every: int,
         blocks: list[str] | None,
+        min_micro_batch: int | None = None,
     ) -> None:
         if not isinstance(decide_every, int) or isinstance(decide_every, bool) or decide_every < 2:
             raise ConfigError(f"decide_every must be an int >= 2, but got {decide_every!r}.")
@@ -95,6 +96,11 @@ class FrameworkLoop:
         self.budget = as_budget(memory_budget)
         self.decide_every = decide_every
         self.blocks = blocks
+        if min_micro_batch is not None and (
+            not isinstance(min_micro_batch, int) or isinstance(min_micro_batch, bool) or min_micro_batch < 1
+        ):
+            raise ConfigError(f"min_micro_batch must be an int >= 1 or None, but got {min_micro_batch!r}.")
+        self.min_micro_batch = min_micro_batch
         self.controller: Controller | None = None
         self._model: torch.nn.Module | None = None
         self._wrappers: BlockWrappers | None = None
@@ -174,6 +180,7 @@ class FrameworkLoop:
             blocks=self.blocks,
             batch_size=micro_batch_size * accum,
             collate_fn=collate_fn,
+            min_micro_batch=self.min_micro_batch,
         )
         default = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
         first = next(model.parameters(), None)
@@ -191,6 +198,8 @@ class FrameworkLoop:
             default=default,
             fraction=self.budget.fraction,
             decide_every=self.decide_every,
+            min_micro_batch=workload.micro_batch_floor,
+            micro_why=workload.micro_batch_reason,
         )
         self.controller.begin(workload, device_type=device)
         if self._resume is not None:

@@ -82,6 +82,9 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         decide_every: Optimizer steps between decisions (>= 2).
         blocks: Block module names (default: auto-detected, see
             :func:`autotune.workload.find_blocks`).
+        min_micro_batch: The smallest micro-batch a split may take (``Workload.min_micro_batch``);
+            None: any, except for a model with BatchNorm layers in training (their statistics
+            are the micro-batch's): then the loop's own.
 
     Raises:
         ConfigError: ``decide_every`` out of range; from ``on_train_begin``, nothing at the
@@ -109,6 +112,7 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         memory_budget: MemoryBudget | str | int | None = None,
         decide_every: int = 50,
         blocks: list[str] | None = None,
+        min_micro_batch: int | None = None,
     ) -> None:
         if isinstance(policy, Mapping):
             if "source" in policy:  # what state() writes for a DecisionSource object
@@ -117,12 +121,19 @@ class AutotuneCallback(TrainerCallback, ExportableState):
                     f"the DecisionSource {policy['source']!r}: give a policy name, directory or TrainConfig to resume."
                 )
             policy = TrainConfig.from_dict(policy)
-        self.loop = FrameworkLoop(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
+        self.loop = FrameworkLoop(
+            policy=policy,
+            memory_budget=memory_budget,
+            decide_every=decide_every,
+            blocks=blocks,
+            min_micro_batch=min_micro_batch,
+        )
         self._args = {
             "policy": _json_policy(policy),
             "memory_budget": _json_budget(memory_budget),
             "decide_every": decide_every,
             "blocks": blocks,
+            "min_micro_batch": min_micro_batch,
         }
         self._logged = 0
 

@@ -87,6 +87,9 @@ class AutotuneCallback(Callback):
         decide_every: Optimizer steps between decisions (>= 2).
         blocks: Block module names (default: auto-detected, see
             :func:`autotune.workload.find_blocks`).
+        min_micro_batch: The smallest micro-batch a split may take (``Workload.min_micro_batch``);
+            None: any, except for a model with BatchNorm layers in training (their statistics
+            are the micro-batch's): then the loop's own.
 
     Raises:
         ConfigError: ``decide_every`` out of range; at the start of the fit, nothing this loop
@@ -113,8 +116,15 @@ class AutotuneCallback(Callback):
         memory_budget: MemoryBudget | str | int | None = None,
         decide_every: int = 50,
         blocks: list[str] | None = None,
+        min_micro_batch: int | None = None,
     ) -> None:
-        self.loop = FrameworkLoop(policy=policy, memory_budget=memory_budget, decide_every=decide_every, blocks=blocks)
+        self.loop = FrameworkLoop(
+            policy=policy,
+            memory_budget=memory_budget,
+            decide_every=decide_every,
+            blocks=blocks,
+            min_micro_batch=min_micro_batch,
+        )
         self._step = 0
         self._reload: int | None = None  # the user's reload_dataloaders_every_n_epochs while a reload is asked
         self._batch_size: Any = None  # the module's batch_size before a pending change set it

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import PRECISIONS, Precision, TrainConfig
 from autotune.errors import SpecError
-from autotune.knobs import Knobs
+from autotune.knobs import Knobs, smallest_micro_batch
 from autotune.search.spec import BlockOverride
 
 if TYPE_CHECKING:
@@ -50,6 +50,9 @@ class SearchSpace:
         ranking: Block indices from most to least activation bytes.
         overrides: Per-block pins, applied after the levels.
         max_micro_batch: Largest micro-batch the data allows (the dataset size).
+        min_micro_batch: The smallest micro-batch that keeps the user's training
+            (:attr:`autotune.Workload.micro_batch_floor`; None: the whole per-rank batch, no
+            accumulation, for a model with BatchNorm).
         base: Config whose other fields (LR schedule, clipping, seed) every trial keeps.
     """
 
@@ -60,9 +63,13 @@ class SearchSpace:
     ranking: tuple[int, ...]
     overrides: Mapping[int, BlockOverride] = field(default_factory=dict)
     max_micro_batch: int
+    min_micro_batch: int | None = 1
     base: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        floor = self.min_micro_batch
+        if floor is not None and (not isinstance(floor, int) or floor < 1):
+            raise SpecError(f"SearchSpace.min_micro_batch must be an int >= 1 or None, but got {floor!r}.")
         if not self.batch_sizes or not self.ranks or not self.zero_stages or not self.ranking:
             raise SpecError(
                 "SearchSpace.batch_sizes, ranks, zero_stages and ranking must be non-empty, but got "
@@ -90,8 +97,12 @@ class SearchSpace:
         return len(self.batch_sizes) > 1
 
     def micro_batch_choices(self, batch_size: int, ranks: int) -> tuple[int, ...]:
-        """Micro-batches m with m x accumulation x ranks == batch_size that the data can feed."""
-        return tuple(m for m in divisors(batch_size // ranks) if m <= self.max_micro_batch)
+        """Micro-batches m with m x accumulation x ranks == batch_size that the data can feed, from
+        the smallest that keeps the user's training up (:func:`autotune.knobs.smallest_micro_batch`;
+        where the data cannot feed that one, the largest it can)."""
+        fed = [m for m in divisors(batch_size // ranks) if m <= self.max_micro_batch]
+        smallest = smallest_micro_batch(batch_size // ranks, self.min_micro_batch)
+        return tuple(m for m in fed if m >= smallest) or tuple(fed[-1:])
 
     def micro_param(self, batch_size: int, ranks: int) -> str:
         # One parameter per (batch, ranks) pair: a categorical's choices must not change within a

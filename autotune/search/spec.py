@@ -129,6 +129,9 @@ class SpaceSpec:
             it needs DeepSpeed (``pip install autotune[zero]``): without it those trials fail cleanly.
         zero_stages: ZeRO stages to try when ranks > 1.
         blocks: Per-block overrides by block index (forward order).
+        min_micro_batch: The smallest micro-batch the study may split a rank's batch into; None:
+            the workload's (:attr:`autotune.Workload.micro_batch_floor`: 1, or no accumulation for
+            a model with BatchNorm, whose statistics are the micro-batch's).
         expandable_segments: Measure on CUDA with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``:
             the caching allocator grows segments in place instead of caching blocks of fixed
             sizes, which cut torchtune's reserved memory from 16.4 to 10.8 GiB
@@ -145,9 +148,12 @@ class SpaceSpec:
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     blocks: Mapping[int, BlockOverride] = field(default_factory=dict)
     expandable_segments: bool = False
+    min_micro_batch: int | None = None
 
     def __post_init__(self) -> None:
         _tupled(self, "batch_sizes", "precisions", "ranks", "zero_stages")
+        if self.min_micro_batch is not None:
+            _check_int("space.min_micro_batch", self.min_micro_batch, low=1)
         if not isinstance(self.expandable_segments, bool):
             raise SpecError(f"space.expandable_segments must be true or false, but got {self.expandable_segments!r}.")
         if self.batch_size is not None:
@@ -253,6 +259,8 @@ def spec_to_dict(spec: StudySpec) -> dict[str, Any]:
     if not spec.space.expandable_segments:
         # Off is the default: a study stored before the option existed has the same identity.
         del data["space"]["expandable_segments"]
+    if spec.space.min_micro_batch is None:
+        del data["space"]["min_micro_batch"]  # the same: the workload's rule, as before the option
     return {k: v for k, v in data.items() if v is not None}
 
 

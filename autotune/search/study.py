@@ -143,6 +143,8 @@ def prepare(spec: StudySpec) -> Prepared:
     from autotune.resolve import load_workload
 
     workload = load_workload(spec.workload)
+    if spec.space.min_micro_batch is not None:
+        workload = dataclasses.replace(workload, min_micro_batch=spec.space.min_micro_batch)
     batches = spec.space.effective_batch_sizes or (workload.batch_size,)
     reference = spec.space.batch_size or workload.batch_size
     budget = _budget(spec, workload)
@@ -155,6 +157,7 @@ def prepare(spec: StudySpec) -> Prepared:
         ranking=profile_blocks(workload).ranked(),
         overrides=spec.space.blocks,
         max_micro_batch=n_data,
+        min_micro_batch=workload.micro_batch_floor,
         base=TrainConfig(seed=spec.seed),
     )
     return Prepared(
@@ -440,6 +443,10 @@ def run_study(
     recover_interrupted(study)
     predictor = None if options.memory_model is None else load_memory_predictor(options.memory_model)
     if not options.worker:
+        space = prepared.space
+        floor = prepared.workload.micro_batch_note(max(space.batch_sizes) // min(space.ranks))
+        if floor is not None:
+            observer.note(floor)
         enqueue_baselines(study, prepared, predictor, policy_proposal=spec.policy_proposal, note=observer.note)
     remaining = spec.trials - count_done(study)
     if remaining <= 0 or options.create_only:

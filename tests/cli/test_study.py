@@ -69,7 +69,7 @@ def test_help_lists_the_search_commands(tmp_path: Path) -> None:
         (
             ("study", "BAD_KEY"),
             "autotune study: error: BAD_KEY: unknown key 'space.rank' (known keys: batch_size, batch_sizes, blocks, "
-            "expandable_segments, precisions, ranks, zero_stages).",
+            "expandable_segments, min_micro_batch, precisions, ranks, zero_stages).",
         ),
         (
             ("study", "BAD_TYPE"),
@@ -101,6 +101,10 @@ def test_help_lists_the_search_commands(tmp_path: Path) -> None:
         (
             ("study", "SPEC", "--trials", "-1"),
             "autotune study: error: trials must be >= 1, but got -1.",
+        ),
+        (
+            ("study", "SPEC", "--min-micro-batch", "0"),
+            "autotune study: error: --min-micro-batch must be >= 1, but got 0.",
         ),
         (
             ("study", "SPEC", "--memory-budget", "5"),

@@ -148,6 +148,7 @@ def test_a_trainer_resumed_from_a_checkpoint_rebuilds_the_callback_with_its_stat
         "memory_budget": "80%",
         "decide_every": 2,
         "blocks": None,
+        "min_micro_batch": None,
     }
     trainer = train(8, AutotuneCallback(policy=None), resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
     [rebuilt] = [c for c in trainer.callback_handler.callbacks if isinstance(c, AutotuneCallback)]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from autotune.policies.transfer import propose
 
 from autotune import Knobs
+from autotune.errors import ProposalError
 from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.record import ATTR
 from autotune.search.spec import MeasureSpec, StudySpec
@@ -24,6 +26,13 @@ def test_the_proposal_keeps_the_batch_and_fits_the_budget_in_the_simulator() -> 
     knobs = propose(workload, memory_budget=None)
     assert isinstance(knobs, Knobs)
     assert knobs.batch_size == workload.batch_size  # the user's batch
+
+
+def test_an_episode_that_never_gets_under_the_budget_proposes_nothing() -> None:
+    workload = make_resmlp(n=256)
+    message = "the policy reached no configuration within the budget (1024B) in 8 steps of resmlp's simulator"
+    with pytest.raises(ProposalError, match=f"^{re.escape(message)}$"):
+        propose(workload, memory_budget=1024)
 
 
 def test_a_study_with_the_policy_proposal_measures_it_as_one_more_baseline(tmp_path: Path) -> None:

@@ -96,7 +96,7 @@ def test_the_shipped_specs_are_valid(name: str) -> None:
         (
             'workload = "x"\n[space]\nrank = [2]',
             "unknown key 'space.rank' (known keys: batch_size, batch_sizes, "
-            "blocks, expandable_segments, precisions, ranks, zero_stages).",
+            "blocks, expandable_segments, min_micro_batch, precisions, ranks, zero_stages).",
         ),
         (
             'workload = "x"\n[measure]\nstep = 2',
@@ -200,6 +200,17 @@ def test_expandable_segments_is_a_space_option_stored_only_when_on(tmp_path: Pat
     assert "expandable_segments" not in spec_to_dict(StudySpec(workload="gpt-tiny"))["space"]
     with pytest.raises(SpecError, match=re.escape("space.expandable_segments must be true or false, but got 1.")):
         SpaceSpec(expandable_segments=1)  # type: ignore[arg-type]
+
+
+def test_min_micro_batch_is_a_space_option_stored_only_when_given(tmp_path: Path) -> None:
+    spec = load_spec(_write(tmp_path, 'workload = "unet-tiny"\n[space]\nmin_micro_batch = 4\n'))
+    assert spec.space == SpaceSpec(min_micro_batch=4)
+    assert spec_to_dict(spec)["space"]["min_micro_batch"] == 4
+    assert spec_from_dict(spec_to_dict(spec)) == spec
+    # None (the workload's own rule) is not stored: a study created before the option keeps its identity.
+    assert "min_micro_batch" not in spec_to_dict(StudySpec(workload="unet-tiny"))["space"]
+    with pytest.raises(SpecError, match=re.escape("space.min_micro_batch must be >= 1, but got 0.")):
+        SpaceSpec(min_micro_batch=0)
 
 
 def test_a_studies_spec_outside_the_repository_reads_the_one_the_package_ships(

@@ -75,6 +75,14 @@ def _run(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, int]:
     return study, run_study(prepared, study, options)
 
 
+def test_a_batchnorm_model_s_study_keeps_its_micro_batch_unless_the_spec_lowers_it() -> None:
+    prepared = prepare(StudySpec(workload="unet-tiny"))  # BatchNorm in every block
+    assert prepared.space.micro_batch_choices(16, 1) == (16,)
+    lowered = prepare(StudySpec(workload="unet-tiny", space=SpaceSpec(min_micro_batch=4)))
+    assert lowered.space.micro_batch_choices(16, 1) == (4, 8, 16)
+    assert prepare(StudySpec(workload="gpt-tiny")).space.micro_batch_choices(16, 1) == (1, 2, 4, 8, 16)
+
+
 def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path, tiny_budget: int) -> None:
     budget = tiny_budget
     study, ran = _run(_spec(memory_budget=MemoryBudget(bytes=budget), policy_proposal=True), _options(tmp_path))
