@@ -7,6 +7,7 @@ interval of training under some knobs goes (really, or simulated) via three hook
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -169,9 +170,18 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     run (on a GPU it would run out of memory): r = -1 and the knobs stay (the training
     environment judges on the memory model's verified prediction, and measures one tracked step of
     a configuration it has no verified prediction for, as an adaptive run does), so staying on an
-    over-budget configuration keeps costing. (The episode's starting configuration is always run
-    once, as the reference G_0, even if it is over budget.) A non-finite loss ends the episode
-    with r = -2.
+    over-budget configuration keeps costing. A non-finite loss ends the episode with r = -2.
+
+    ## Starting State
+    The PyTorch default (the batch in one fp32 micro-batch per rank, nothing recomputed). With
+    ``start_within_budget`` (the training environment's), an episode whose default is over the
+    budget starts where an adaptive run does (:meth:`autotune.adapt.Controller.start`): the first
+    of smaller micro-batches (down to the workload's floor,
+    :attr:`autotune.Workload.micro_batch_floor`), then the same with every block recomputed,
+    within the budget; without it, or if none is, at the default. Where the split is closed (a
+    model with BatchNorm keeps its batch) no single action reaches a tight budget from the
+    default, and an episode that starts over it only collects refusals. The starting
+    configuration is always run once, as the reference G_0, even if it is over budget.
 
     ## Episode End
     Terminated on divergence; truncated by the registration's ``max_episode_steps``.
@@ -197,6 +207,9 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         #: The episode's smallest micro-batch (:func:`autotune.knobs.smallest_micro_batch`; None:
         #: no accumulation, a BatchNorm model's); a subclass sets it per episode.
         self.micro_floor: int | None = 1
+        #: Start an episode whose default is over the budget where an adaptive run would
+        #: (see Starting State); a subclass sets it.
+        self.start_within_budget = False
         self._losses: list[float] = []
         self._model: ModelDescriptor | None = None
         self._machine: MachineDescriptor | None = None
@@ -223,6 +236,8 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         self.levels, self._model, self._machine, self._budget = self._begin_episode()
+        if self.start_within_budget:
+            self.levels = self._start(self.levels)
         self._t = 0
         self._losses = []
         self._batch0 = self._global_batch(self.levels)
@@ -266,6 +281,21 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         reward = score - score0 - reconfig
         terms = {"score": score, "score0": score0, "reconfig": reconfig}
         return self._observation(result), float(reward), False, False, self._info(result, reward_terms=terms)
+
+    def _start(self, default: KnobLevels) -> KnobLevels:
+        """Where an episode whose ``default`` is over the budget starts (see Starting State)."""
+        if self._peak_bytes(default) <= self._budget:
+            return default
+        floor = smallest_micro_batch(default.effective_batch_size, self.micro_floor)
+        for checkpoint in dict.fromkeys((default.checkpoint, FRACTION_LEVELS - 1)):
+            for down in range(default.micro + 1):
+                micro, accum = default.micro - down, default.accum + down
+                if MICRO_LEVELS[micro] < min(floor, default.micro_batch_size) or accum >= len(ACCUM_LEVELS):
+                    break
+                candidate = dataclasses.replace(default, micro=micro, accum=accum, checkpoint=checkpoint)
+                if candidate != default and self._peak_bytes(candidate) <= self._budget:
+                    return candidate
+        return default
 
     # ---- what a driver may ask (a policy's episode, its climb) --------------------------------------
 

@@ -50,6 +50,9 @@ class SimulatedEnv(TuningEnv):
       goodput in the reward (:class:`TuningEnv`); off by default: the batch is the user's.
     - ``min_micro_batch``: the smallest micro-batch a split may reach (None: no accumulation, as
       for a model with BatchNorm: :attr:`autotune.Workload.micro_batch_floor`).
+    - ``start_within_budget``: start an episode whose default is over the budget where the
+      training environment does (:class:`TuningEnv`'s Starting State); off by default, so
+      pretraining episodes teach the policy to reach the budget from the default.
     - ``steps_per_action``: optimizer steps per env step (as in the real env).
     - ``noise``: relative standard deviation of simulated throughput measurements.
     - ``horizon``: episode length used to encode the fraction of training budget used.
@@ -78,11 +81,13 @@ class SimulatedEnv(TuningEnv):
         zero_overhead: float | None = None,
         adapt_batch: bool = False,
         min_micro_batch: int | None = 1,
+        start_within_budget: bool = False,
     ) -> None:
         super().__init__(horizon=horizon, max_zero_stage=0, adapt_batch=adapt_batch)
         if min_micro_batch is not None and (not isinstance(min_micro_batch, int) or min_micro_batch < 1):
             raise ConfigError(f"min_micro_batch must be an int >= 1 or None, but got {min_micro_batch!r}.")
         self.micro_floor = min_micro_batch
+        self.start_within_budget = start_within_budget
         self.rank_choices = (ranks,) if isinstance(ranks, int) else tuple(ranks)
         if not self.rank_choices or any(not isinstance(r, int) or r < 1 for r in self.rank_choices):
             raise ConfigError(f"ranks must be an int >= 1 or a non-empty sequence of them, but got {ranks!r}.")

@@ -107,6 +107,7 @@ class TrainingEnv(TuningEnv):
         if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
             raise ConfigError(f"ranks must be an int >= 1, but got {ranks!r}.")
         super().__init__(horizon=horizon, max_zero_stage=_MAX_ZERO_STAGE if ranks > 1 else 0, adapt_batch=adapt_batch)
+        self.start_within_budget = True  # as an adaptive run starts (TuningEnv's Starting State)
         if not workloads:
             raise ConfigError("TrainingEnv needs at least one workload reference, but got none.")
         if steps_per_action < 2:

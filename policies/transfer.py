@@ -180,6 +180,7 @@ def propose(
         noise=0.0,
         horizon=EPISODE_STEPS,
         min_micro_batch=workload.micro_batch_floor,
+        start_within_budget=True,  # where the real environment starts, for the real run's proposal
     )
     obs, info = env.reset(seed=seed)
 
@@ -196,7 +197,7 @@ def propose(
             break
     if best[0] == -math.inf:  # the start is over the budget and the episode never got under it
         raise ProposalError(
-            f"the policy reached no configuration within the budget ({budget}) in {EPISODE_STEPS} steps of "
-            f"{workload.name}'s simulator"
+            f"the policy reached no configuration within the budget ({info['budget_bytes']} B) in {EPISODE_STEPS} "
+            f"steps of {workload.name}'s simulator"
         )
     return best[1]

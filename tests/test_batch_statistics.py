@@ -205,3 +205,18 @@ def test_the_training_env_keeps_the_split_of_a_batchnorm_model() -> None:
         assert free.next_levels(Move.SMALLER_MICRO_BATCH.action).micro_batch_size == BATCH // 2
     finally:
         free.close()
+
+
+@pytest.mark.filterwarnings("ignore::autotune.errors.PredictionWarning")  # the bf16 check, as above
+def test_an_episode_over_the_budget_starts_recomputed_where_the_split_is_closed() -> None:
+    from autotune.envs.training import TrainingEnv
+
+    env = TrainingEnv(workloads=[_bn_workload()], memory_budget=0.9, steps_per_action=2, horizon=2)
+    try:
+        _, info = env.reset(seed=0)
+        (default, default_peak), (start, start_peak) = env.measured_peaks[:2]
+        assert default_peak > info["budget_bytes"] >= start_peak == info["peak_bytes"]
+        assert (start.micro_batch_size, start.checkpoint) == (BATCH, 4)  # every block recomputed
+        assert default == KnobLevels.default_for(BATCH)
+    finally:
+        env.close()

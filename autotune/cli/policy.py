@@ -311,7 +311,7 @@ def _print_episode(episode: Any, final_knobs: Any) -> None:
             reward,
         )
     console.print(table)
-    console.print(f"return {episode.total_reward:+.3f}; default config: {episode.start_config.to_dict()}")
+    console.print(f"return {episode.total_reward:+.3f}; start config: {episode.start_config.to_dict()}")
     console.print(f"final config:   {episode.final_config.to_dict()}")
     best = episode.best
     if best is None:

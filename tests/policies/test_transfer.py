@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 from autotune.policies.transfer import propose
 
 from autotune import Knobs
 from autotune.errors import ProposalError
+from autotune.knobs import Move
 from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.record import ATTR
 from autotune.search.spec import MeasureSpec, StudySpec
@@ -29,10 +31,18 @@ def test_the_proposal_keeps_the_batch_and_fits_the_budget_in_the_simulator() -> 
 
 
 def test_an_episode_that_never_gets_under_the_budget_proposes_nothing() -> None:
-    workload = make_resmlp(n=256)
-    message = "the policy reached no configuration within the budget (1024B) in 8 steps of resmlp's simulator"
-    with pytest.raises(ProposalError, match=f"^{re.escape(message)}$"):
-        propose(workload, memory_budget=1024)
+    class Stays:
+        """A policy that always keeps the knobs."""
+
+        def act(self, observation: object) -> np.ndarray:
+            return np.array(Move.KEEP.action)
+
+    # The simulator raises a budget to the least memory any knobs reach (micro-batch 1, every block
+    # recomputed); with the split closed the start within the budget (recompute) stays above it.
+    workload = dataclasses.replace(make_resmlp(n=256), min_micro_batch=32)
+    message = r"the policy reached no configuration within the budget \(\d+ B\) in 8 steps of resmlp's simulator"
+    with pytest.raises(ProposalError, match=f"^{message}$"):
+        propose(workload, memory_budget=1024, policy=Stays())  # type: ignore[arg-type]
 
 
 def test_a_study_with_the_policy_proposal_measures_it_as_one_more_baseline(tmp_path: Path) -> None:
