@@ -223,6 +223,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError(f"--fine-tune-seconds must be a finite number >= 0, but got {args.fine_tune_seconds!r}.")
     budget = parse_memory_budget(args.memory_budget)
     min_micro = min_micro_batch_of(args)
+    if args.storage:
+        from autotune.search.storage import check_storage
+
+        check_storage(args.storage)  # it records the episode after minutes of training
     threads = set_threads(args.threads, ranks=args.ranks)
     policy = load_policy(args.policy or PRETRAINED_DIR)
     workload = load_workload(args.workload)

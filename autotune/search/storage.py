@@ -89,6 +89,19 @@ def open_storage(storage: str | None, *, create: bool = True) -> optuna.storages
         raise StudyError(f"cannot open storage {redact(url)!r}: {detail}") from None
 
 
+def check_storage(storage: str) -> None:
+    """Fail now, in one line, where :func:`open_storage` would fail at the end of a long command
+    (``tune --storage`` records its episode after minutes of training): a SQLite file whose folder
+    does not exist; any other URL is opened once (a server that refuses the connection)."""
+    url = storage_url(storage)
+    if url.startswith("sqlite:///"):
+        folder = Path(url.removeprefix("sqlite:///")).parent
+        if not folder.is_dir():
+            raise StudyError(f"cannot open storage {redact(url)!r}: no folder {str(folder)!r}")
+        return
+    open_storage(storage)
+
+
 #: The first 16 bytes of every SQLite 3 database file (https://www.sqlite.org/fileformat.html).
 SQLITE_HEADER = b"SQLite format 3\x00"
 

@@ -56,6 +56,17 @@ def test_overwrite_replaces_a_policy(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert (out / "policy.json").read_text() != "{}"
 
 
+def test_tune_refuses_a_storage_it_could_not_record_in_before_it_trains(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", TINY, "--storage", "sqlite:////nonexistent-dir/x.db"]) == 2
+    line = "autotune tune: error: cannot open storage 'sqlite:////nonexistent-dir/x.db': no folder '/nonexistent-dir'\n"
+    assert capsys.readouterr() == ("", line)
+
+
+def test_tune_refuses_a_min_micro_batch_below_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", TINY, "--min-micro-batch", "0"]) == 2
+    assert capsys.readouterr() == ("", "autotune tune: error: --min-micro-batch must be >= 1, but got 0.\n")
+
+
 @pytest.mark.parametrize("seconds", ["-1", "nan", "inf"])
 def test_tune_refuses_fine_tune_seconds_that_are_not_a_finite_number_at_least_0(
     seconds: str, capsys: pytest.CaptureFixture[str]
