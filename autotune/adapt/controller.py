@@ -131,7 +131,6 @@ class Controller:
         micro_why: str = "",
     ) -> None:
         self.frontend, self.source, self.gate = frontend, source, gate
-        self.min_micro_batch, self.micro_why = min_micro_batch, micro_why
         self.default, self.fraction, self.decide_every = default, fraction, decide_every
         self.adapt_batch = adapt_batch
         self.decider = Decider(
@@ -241,7 +240,7 @@ class Controller:
             return default, "", None
         batch, tried = default.micro_batch_size, []
         stages = range(4) if default.ranks > 1 else range(1)
-        floor = min(batch, smallest_micro_batch(batch * default.grad_accum_steps, self.min_micro_batch))
+        floor = min(batch, smallest_micro_batch(batch * default.grad_accum_steps, self.decider.min_micro_batch))
         for ckpt in (False, True):
             micro = batch
             while micro >= floor:
@@ -259,7 +258,7 @@ class Controller:
         per_rank = " per rank" if default.ranks > 1 else ""
         split = "" if self.frontend.splits_now else f" at the loop's split {batch} x {default.grad_accum_steps}"
         if floor > 1 and self.frontend.splits_now:
-            split = f" with micro-batches of at least {floor} ({self.micro_why})"
+            split = f" with micro-batches of at least {floor} ({self.decider.micro_why})"
         fitting = [
             v for v in tried if v.predicted is not None and v.predicted * (1 + self.gate.headroom) <= self.gate.budget
         ]
