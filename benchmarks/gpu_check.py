@@ -1,6 +1,6 @@
 """One prepared check of autotune on a CUDA GPU: six parts, each timed, guarded and reported.
 
-Run on one H100/H200 (about 7 minutes, at most the parts' limits, 9 min 20 s, inside a 10-minute
+Run on one H100/H200 (about 7 minutes, at most the parts' limits, 9 min 30 s, inside a 10-minute
 call; nothing downloaded: every model is built from its config):
 
     python benchmarks/gpu_check.py --out build/gpu-check      (make gpu-check)
@@ -418,14 +418,14 @@ PLAN = (
     Part(
         name="study",
         title="12-trial study under a budget",
-        limit_s=160,
+        limit_s=200,
         run=part_study,
         imports=("autotune.search", "autotune.search.study", "autotune.search.baselines"),
     ),
     Part(
         name="adapt",
         title="tune 4 steps, train --adapt 60 steps",
-        limit_s=110,
+        limit_s=100,
         run=lambda out: part_adapt(),
         imports=(
             "autotune.adapt.adaptive",
@@ -437,14 +437,14 @@ PLAN = (
     Part(
         name="deepspeed",
         title="DeepSpeed, one rank, ZeRO 0-3",
-        limit_s=80,
+        limit_s=70,
         run=lambda out: part_deepspeed(),
         imports=("autotune.procs.multirank", "deepspeed"),
     ),
     Part(
         name="hf",
         title="Hugging Face Trainer callback, 20 steps",
-        limit_s=60,
+        limit_s=50,
         run=part_hf,
         imports=("autotune.integrations.hf", "transformers"),
     ),

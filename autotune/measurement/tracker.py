@@ -9,8 +9,9 @@ track one dedicated step and time the others untracked.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,33 @@ def tracker_class() -> type[Any]:
                 return func(*args, **(kwargs or {}))
             return super().__torch_dispatch__(func, types, args, kwargs)
 
+        # ModTracker puts multi-grad hooks on every module's inputs and outputs; those whose
+        # gradient is never computed (an output off the loss path, a recomputed block's) keep a
+        # cycle through C++ (autograd node -> hook -> closure -> node) the cyclic collector cannot
+        # see, and with it the node's AccumulateGrad edges, i.e. the parameters (pytorch PR
+        # #139214). Measured on an H200: the model copy of every configuration measured earlier in
+        # the process stayed allocated (+240 MB per configuration of a 60M-parameter decoder) and
+        # failed a study's trials on the budget. The handles are collected while the tracker is
+        # entered and removed when it exits, after the step's backward.
+        def __enter__(self) -> Any:
+            self._grad_hooks: list[Any] = []
+            self._hook_patch = _collect_grad_hooks(self._grad_hooks)
+            self._hook_patch.__enter__()
+            try:
+                return super().__enter__()
+            except BaseException:
+                self._hook_patch.__exit__(None, None, None)
+                raise
+
+        def __exit__(self, *args: Any) -> Any:
+            try:
+                return super().__exit__(*args)
+            finally:
+                self._hook_patch.__exit__(None, None, None)
+                for handle in self._grad_hooks:
+                    handle.remove()
+                self._grad_hooks.clear()
+
         def _update_peak_stats(self, peak_state: Any) -> None:
             super()._update_peak_stats(peak_state)
             for device, dev_snap in self._curr_mem_snap.items():
@@ -107,6 +135,35 @@ def tracker_class() -> type[Any]:
                         self.category_peaks[name] = nbytes
 
     return _CategoryPeakTracker
+
+
+_REGISTER = "register_multi_grad_hook"
+
+
+@contextlib.contextmanager
+def _collect_grad_hooks(handles: list[Any]) -> Iterator[None]:
+    """While entered, every multi-grad hook ModTracker registers also lands in ``handles``.
+
+    ModTracker keeps no handles of its own; it calls the ``register_multi_grad_hook`` its module
+    imported, so that name is wrapped there and restored on exit (a nested tracker restores the
+    outer one's wrapper). A torch without that name is left as it is."""
+    from torch.distributed._tools import mod_tracker
+
+    register = getattr(mod_tracker, _REGISTER, None)
+    if register is None:
+        yield
+        return
+
+    def collecting(*args: Any, **kwargs: Any) -> Any:
+        handle = register(*args, **kwargs)
+        handles.append(handle)
+        return handle
+
+    setattr(mod_tracker, _REGISTER, collecting)
+    try:
+        yield
+    finally:
+        setattr(mod_tracker, _REGISTER, register)
 
 
 @dataclass(frozen=True, kw_only=True)
