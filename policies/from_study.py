@@ -113,7 +113,15 @@ def fine_tune_from_study(
     budget = found.user_attrs["autotune"].get("memory_budget")
     default_peak = step_cost(fitted, KnobLevels.default_for(fitted.batch_size)).peak_bytes
     fraction = 1.0 if budget is None else budget / default_peak
-    tuned = fine_tune(base, fitted, memory_budget=fraction, seconds=seconds, seed=seed)
+    tuned = fine_tune(
+        base,
+        fitted,
+        memory_budget=fraction,
+        seconds=seconds,
+        seed=seed,
+        min_micro_batch=loaded.micro_batch_floor,
+        start_within_budget=True,  # where the real environment the policy is for starts
+    )
     before, after = throughput_error(profile, measured), throughput_error(fitted, measured)
     meta = dict(tuned.metadata)
     meta["fine_tuned"] = {

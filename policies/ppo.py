@@ -79,8 +79,11 @@ def simulated_venv(
     n_envs: int,
     seed: int,
     adapt_batch: bool = False,
+    min_micro_batch: int | None = 1,
+    start_within_budget: bool = False,
 ) -> Any:
-    """Vectorized ``autotune/Simulated-v0`` with episodes of :data:`EPISODE_STEPS` steps."""
+    """Vectorized ``autotune/Simulated-v0`` with episodes of :data:`EPISODE_STEPS` steps
+    (``min_micro_batch`` and ``start_within_budget`` as :class:`~autotune.envs.SimulatedEnv` takes them)."""
     from stable_baselines3.common.env_util import make_vec_env
 
     # Randomized training also draws the rank count, so the ZeRO action has something to teach.
@@ -93,6 +96,8 @@ def simulated_venv(
         "ranks": RANK_CHOICES if randomize else 1,
         "horizon": EPISODE_STEPS,
         "adapt_batch": adapt_batch,
+        "min_micro_batch": min_micro_batch,
+        "start_within_budget": start_within_budget,
     }
     return make_vec_env(
         lambda: gym.make("autotune/Simulated-v0", max_episode_steps=EPISODE_STEPS, **env_kwargs),

@@ -46,11 +46,17 @@ def fine_tune(
     seed: int = 0,
     n_envs: int = 4,
     adapt_batch: bool = False,
+    min_micro_batch: int | None = 1,
+    start_within_budget: bool = False,
 ) -> Policy:
     """PPO from ``policy``'s weights on ``profile``'s simulator at ``memory_budget`` (as the
     environments read it, :meth:`MemoryBudget.parse`: a float is a fraction of the default's peak),
     for about ``seconds`` of wall time (checked after each rollout of ``256 x n_envs`` steps, then
-    updated on: ~2-4 s here, at least one). ``seconds <= 0`` returns ``policy`` unchanged."""
+    updated on: ~2-4 s here, at least one). ``seconds <= 0`` returns ``policy`` unchanged.
+
+    ``min_micro_batch`` (:attr:`Workload.micro_batch_floor`) and ``start_within_budget`` make the
+    simulator's episodes those of the run the policy is tuned for: a BatchNorm model's split stays
+    closed, and the real environment starts an over-budget default within the budget."""
     if not np.isfinite(seconds):
         raise ConfigError(f"seconds must be a finite number, but got {seconds!r}.")
     if seconds <= 0:
@@ -79,6 +85,8 @@ def fine_tune(
         n_envs=n_envs,
         seed=seed,
         adapt_batch=adapt_batch,
+        min_micro_batch=min_micro_batch,
+        start_within_budget=start_within_budget,
     )
     model: Any = new_ppo(venv, seed=seed, learning_rate=1e-4)
     model.policy.load_state_dict(policy.network.state_dict())
@@ -173,7 +181,15 @@ def propose(
 
     budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
     profile = quick_profile(workload)
-    tuned = fine_tune(policy or load_policy(), profile, memory_budget=budget, seconds=seconds, seed=seed)
+    tuned = fine_tune(
+        policy or load_policy(),
+        profile,
+        memory_budget=budget,
+        seconds=seconds,
+        seed=seed,
+        min_micro_batch=workload.micro_batch_floor,
+        start_within_budget=True,
+    )
     env = SimulatedEnv(
         profiles=[profile],
         memory_budget=budget,

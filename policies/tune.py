@@ -100,7 +100,14 @@ def tune(
                 profile = profile_for_tuning(workload)
             with show(f"fine-tuning the policy on {workload.name}'s simulator ({fine_tune_seconds:g} s)"):
                 policy = fine_tune(
-                    policy, profile, memory_budget=budget, seconds=fine_tune_seconds, seed=seed, adapt_batch=adapt_batch
+                    policy,
+                    profile,
+                    memory_budget=budget,
+                    seconds=fine_tune_seconds,
+                    seed=seed,
+                    adapt_batch=adapt_batch,
+                    min_micro_batch=workload.micro_batch_floor,
+                    start_within_budget=env.start_within_budget,  # the real environment's start
                 )
         episode = run_episode(
             env, policy, workload=workload.name, seed=seed, steps=steps, refine=refine_trials(steps) if refine else 0

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -8,7 +9,8 @@ import pytest
 import torch
 from autotune.envs import SimulatedEnv, shipped_profiles
 from autotune.envs.core import OBSERVATION_SIZE
-from autotune.policies.ppo import EPISODE_STEPS, evaluate, load_policy, save_policy, train_policy
+from autotune.policies import transfer
+from autotune.policies.ppo import EPISODE_STEPS, evaluate, load_policy, save_policy, simulated_venv, train_policy
 from autotune.policies.transfer import fine_tune
 
 
@@ -62,3 +64,23 @@ def test_fine_tuning_on_one_profile_is_bounded_and_keeps_the_spaces() -> None:
     assert tuned.metadata["fine_tuned"]["on"] == "mlp-digits" and tuned.metadata["fine_tuned"]["steps"] >= 256
     assert tuned.act(np.zeros(OBSERVATION_SIZE, dtype=np.float32)).shape == (5,)
     assert fine_tune(policy, profile, memory_budget=0.75, seconds=0) is policy
+
+
+@pytest.mark.parametrize(("floor", "start"), [(None, True), (4, False)])
+def test_fine_tuning_trains_where_the_run_is_floored_and_starts(
+    floor: int | None, start: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BatchNorm model's closed split (None) and the real environment's start within the budget
+    reach every simulated environment that fine-tuning trains on."""
+    made: list[Any] = []
+
+    def recording(**kwargs: Any) -> Any:
+        made.append(simulated_venv(**kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(transfer, "simulated_venv", recording)
+    profile = next(p for p in shipped_profiles() if p.workload == "mlp-digits")
+    kwargs: dict[str, Any] = {"min_micro_batch": floor, "start_within_budget": start}
+    fine_tune(load_policy(), profile, memory_budget=0.75, seconds=0.1, n_envs=2, **kwargs)
+    envs = [env.unwrapped for env in made[0].envs]
+    assert [(e.micro_floor, e.start_within_budget) for e in envs] == [(floor, start)] * 2
