@@ -62,8 +62,9 @@ def register(subparsers: Any) -> None:
         "--retime",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="re-time the best three configurations side by side at the end and recommend the winner "
-        "(default: on, or the spec's retime; seconds to a minute)",
+        help="re-time the best three configurations side by side at the end and recommend the winner, "
+        "and time each refinement trial beside its incumbent (default: on, or the spec's retime; "
+        "seconds to a minute)",
     )
     _run_flags(p)
     p.add_argument("--worker", action="store_true", help="join the existing study (created with --create-only)")

@@ -44,6 +44,7 @@ __all__ = [
     "finalists",
     "read_retimed",
     "retime_finalists",
+    "set_finished_trial_attrs",
     "to_retime",
 ]
 
@@ -134,7 +135,7 @@ def retime_finalists(
     result = retimer(configs, scales)
     rank = {i: k for k, i in enumerate(result.ranking)}
     for i, (r, t) in enumerate(zip(chosen, result.timings, strict=True)):
-        _set_finished_trial_attrs(
+        set_finished_trial_attrs(
             study,
             r.number,
             {
@@ -157,10 +158,11 @@ def retime_finalists(
     return record
 
 
-def _set_finished_trial_attrs(study: optuna.Study, number: int, attrs: dict[str, Any]) -> None:
+def set_finished_trial_attrs(study: optuna.Study, number: int, attrs: dict[str, Any]) -> None:
     """Set user attributes on a finished trial. Optuna refuses any write to a finished trial, but
     the re-timing can only happen after the finalists' trials finished and its figures belong on
-    them (the dashboard shows a trial's user attributes): Optuna's own write path is used, with
+    them (the dashboard shows a trial's user attributes), as the refinement's side-by-side verdicts
+    belong on the trials they compared: Optuna's own write path is used, with
     its finished-trial check lifted on this storage object for these writes only."""
     storage = study._storage
     trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)

@@ -19,6 +19,15 @@ marked ``refined_from``), so the sampler,
 the dashboard, ``autotune best``, resumed studies and other workers see ordinary trials, and the
 finalists' re-timing compares them with the rest.
 
+Under load a single stint can flatter the incumbent (measured: a study on a machine with a busy
+core kept refining around a trial that two of its neighbours beat when timed beside it, and never
+reached the best configuration one more move away). So a refinement trial that ran within the
+budget is timed again *beside* the incumbent it was refined from (``duel``: the finalists'
+side-by-side re-timing, for two), and the one it shows worse is marked ``beaten_by`` the other:
+the incumbent is the best first measurement among trials no side-by-side timing beat. Cost: the
+two configurations' warm-up and up to 6 rounds of 2 steps each, for each refinement trial but the
+study's last (whose finalists are re-timed anyway): 2 of a 12-trial study.
+
 Moves that usually raise throughput come first: a larger micro-batch (more work per kernel launch
 and optimizer step), fewer recomputed blocks, more low-precision blocks; then their reverses,
 which lower the peak. The measurement decides; the order only decides which neighbour a short
@@ -39,12 +48,21 @@ from autotune.search.surface import Estimate, fit_surface, ranked
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["REFINED_FROM", "Refine", "neighbours", "pattern_first", "refine_trials"]
+    from autotune.config import TrainConfig
+    from autotune.measurement.sidebyside import Retimed
+
+__all__ = ["BEATEN_BY", "REFINED_FROM", "Refine", "neighbours", "pattern_first", "refine_trials"]
 
 _P = TypeVar("_P")
 
 #: The user attribute of a refinement trial: the incumbent trial it is a neighbour of.
 REFINED_FROM = "refined_from"
+
+#: The user attribute of a trial a side-by-side timing showed worse: the trial that beat it.
+BEATEN_BY = "beaten_by"
+
+#: Compares configurations side by side: (configs, value scales) -> their re-timing.
+Duel = Callable[[list["TrainConfig"], list[float]], "Retimed"]
 
 #: The share of a study's trials spent refining at its end (a quarter: 3 of 12, 5 of 20).
 REFINE_SHARE = 0.25
@@ -125,6 +143,8 @@ class Refine:
         known_peak: The memory model's verified peak of a point, or None where it has none; the
             surface ranks by these peaks where every candidate has one, else by its fitted peaks.
         budget_bytes: The study's memory budget: the surface proposes no point estimated above it.
+        duel: Times a refinement trial beside the incumbent it was refined from (None: first
+            measurements alone decide); a failure is noted and the first measurements stand.
     """
 
     def __init__(
@@ -137,6 +157,7 @@ class Refine:
         note: Callable[[str], None] | None = None,
         known_peak: Callable[[Knobs], int | None] | None = None,
         budget_bytes: int | None = None,
+        duel: Duel | None = None,
     ) -> None:
         self.space = space
         self.trials = trials
@@ -145,6 +166,7 @@ class Refine:
         self.note = note
         self.known_peak = known_peak
         self.budget_bytes = budget_bytes
+        self.duel = duel
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         from optuna.trial import TrialState
@@ -152,6 +174,7 @@ class Refine:
         done = self.counted(study)
         if done >= self.trials:
             return
+        self._side_by_side(study, trial)
         everything = study.get_trials(deepcopy=False)
         if any(t.state == TrialState.WAITING for t in everything):
             return  # baselines, a retried trial or a refinement come first
@@ -197,6 +220,38 @@ class Refine:
             if self.note is not None:
                 self.note(f"{why}: next {candidate.describe()}, a neighbour of trial {number} (the best so far)")
             return
+
+    def _side_by_side(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """A refinement trial within the budget against the incumbent it was refined from, timed
+        side by side: the one shown worse is marked :data:`BEATEN_BY` the other."""
+        from autotune.errors import MeasurementFailed
+        from autotune.search.finalists import set_finished_trial_attrs
+
+        came_from = trial.user_attrs.get(REFINED_FROM)
+        if self.duel is None or not isinstance(came_from, int):
+            return
+        incumbent = next((t for t in study.get_trials(deepcopy=False) if t.number == came_from), None)
+        if incumbent is None:
+            return
+        pair = [trial_record(incumbent), trial_record(trial)]
+        if not all(r.feasible and r.per_gib and r.throughput and r.config is not None for r in pair):
+            return
+        configs = [r.config for r in pair if r.config is not None]
+        scales = [(r.per_gib or 0.0) / (r.throughput or 1.0) for r in pair]  # as the finalists' re-timing
+        try:
+            result = self.duel(configs, scales)
+        except MeasurementFailed as e:
+            if self.note is not None:
+                why = f"timing trial {trial.number} beside trial {came_from} failed ({e})"
+                self.note(f"{why}: first measurements stand")
+            return
+        winner, loser = (pair[0], pair[1]) if result.winner == 0 else (pair[1], pair[0])
+        set_finished_trial_attrs(study, loser.number, {BEATEN_BY: winner.number})
+        if self.note is not None:
+            verdict = "decided" if result.decided else "too close to call: within each other's spread"
+            self.note(
+                f"side by side: trial {winner.number} beats trial {loser.number} ({verdict}, {result.rounds} rounds)"
+            )
 
     def _admitted(self, knobs: Knobs) -> bool:
         return self.fits is None or self.fits(knobs)
@@ -261,13 +316,16 @@ class Refine:
     def _incumbent(
         self, trials: list[optuna.trial.FrozenTrial], points: dict[int, Knobs]
     ) -> tuple[optuna.trial.FrozenTrial, Knobs] | None:
-        """The feasible trial with the best objective per GiB (the finalists' order), and its point."""
+        """The feasible trial with the best objective per GiB (the finalists' order) that no
+        side-by-side timing beat, and its point."""
         best: tuple[float, optuna.trial.FrozenTrial, Knobs] | None = None
         for t in trials:
             record = trial_record(t)
             value = record.per_gib
             knobs = points.get(t.number)
             if not record.feasible or value is None or knobs is None or ATTR.CONFIG not in t.user_attrs:
+                continue
+            if BEATEN_BY in t.user_attrs:
                 continue
             if best is None or value > best[0]:
                 best = (value, t, knobs)

@@ -208,7 +208,8 @@ class StudySpec:
     (:func:`autotune.policies.transfer.propose`: a quick profile, seconds to tens of seconds,
     then one simulated episode) as a third baseline trial, named ``policy``.
     ``retime``: at the end, re-time the best few configurations side by side and recommend the
-    winner (:mod:`autotune.search.finalists`; seconds to a minute).
+    winner (:mod:`autotune.search.finalists`; seconds to a minute); during the refinement, time
+    each refinement trial beside the incumbent it was refined from (:mod:`autotune.search.refine`).
     """
 
     workload: str

@@ -461,20 +461,25 @@ def run_study(
         if count_done(study) >= spec.trials:
             study.stop()  # other workers may have finished the rest
 
-    refine = Refine(
-        space=prepared.space,
-        trials=spec.trials,
-        fits=admits(prepared, predictor),
-        counted=count_done,
-        note=observer.note,
-        known_peak=known_peak(prepared, predictor),
-        budget_bytes=prepared.memory_budget,
-    )
     alloc_conf = study_alloc_conf(spec, options.device)
     with MeasurementProcess(
         prepared.workload.source, threads=spec.measure.threads, device=options.device, alloc_conf=alloc_conf
     ) as measurer:
         measurer.start()
+
+        def duel(configs: list[TrainConfig], scales: list[float]) -> Any:
+            return measurer.retime(configs, scales=scales, timeout=len(configs) * spec.measure.trial_timeout)
+
+        refine = Refine(
+            space=prepared.space,
+            trials=spec.trials,
+            fits=admits(prepared, predictor),
+            counted=count_done,
+            note=observer.note,
+            known_peak=known_peak(prepared, predictor),
+            budget_bytes=prepared.memory_budget,
+            duel=duel if spec.retime else None,  # no re-timing asked: first measurements decide
+        )
         objective = Objective(
             space=prepared.space,
             measurer=measurer,

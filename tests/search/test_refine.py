@@ -6,9 +6,12 @@ from __future__ import annotations
 import optuna
 import pytest
 
+from autotune.config import TrainConfig
+from autotune.errors import MeasurementFailed
 from autotune.knobs import KnobLevels, Knobs
+from autotune.measurement.sidebyside import Retimed, Timing
 from autotune.search.record import ATTR
-from autotune.search.refine import REFINED_FROM, Refine, neighbours, pattern_first, refine_trials
+from autotune.search.refine import BEATEN_BY, REFINED_FROM, Refine, neighbours, pattern_first, refine_trials
 from autotune.search.space import SearchSpace
 
 MIB = 2**20
@@ -59,7 +62,12 @@ def _add(
         "low_precision_blocks": optuna.distributions.IntDistribution(0, 4),
         "checkpoint_blocks": optuna.distributions.IntDistribution(0, 4),
     }
-    attrs = {ATTR.CONFIG: SPACE.config(knobs).to_dict(), ATTR.STATUS: "ok", ATTR.PEAK: int(peak_mib * MIB)}
+    attrs = {
+        ATTR.CONFIG: SPACE.config(knobs).to_dict(),
+        ATTR.STATUS: "ok",
+        ATTR.PEAK: int(peak_mib * MIB),
+        ATTR.THROUGHPUT: rate,
+    }
     if refined_from is not None:
         attrs[REFINED_FROM] = refined_from
     study.add_trial(
@@ -246,3 +254,73 @@ def test_the_memory_model_s_peaks_rank_the_candidates_only_where_it_predicts_eve
     partly, _ = _refine(s := study(), known_peak=lambda k: 2**30 if k == corner else None)
     partly(s, s.trials[-1])
     assert [p for p, _ in _waiting(s)] == [{"micro_batch_size": 1, "low_precision_blocks": 4, "checkpoint_blocks": 0}]
+
+
+class _Duel:
+    """Scripted side-by-side timings: the winner's index, and the configurations each call got."""
+
+    def __init__(self, *winners: int, fail: bool = False) -> None:
+        self.winners, self.fail = list(winners), fail
+        self.calls: list[list[str]] = []
+
+    def __call__(self, configs: list[TrainConfig], scales: list[float]) -> Retimed:
+        self.calls.append([c.describe() for c in configs])
+        if self.fail:
+            raise MeasurementFailed("the measurement process died (exit code -9)")
+        winner = self.winners.pop(0)
+        timings = (Timing(rates=(10.0, 10.0)), Timing(rates=(10.0, 10.0)))
+        return Retimed(
+            timings=timings, ranking=(winner, 1 - winner), decided=True, rounds=3, warmup=(2, 2), other_cores=None
+        )
+
+
+def _lucky_incumbent() -> optuna.Study:
+    """Trial 2 (8x2, every block in bf16) leads by its first stint; trial 3, its refinement (16x1),
+    measured below it. 4 of 6 trials done: the last two refine."""
+    study = _study((_knobs(4, 0, 0), 10.0, 40.0), (_knobs(2, 2, 2), 20.0, 45.0), (_knobs(8, 4, 0), 80.0, 60.0))
+    _add(study, _knobs(16, 4, 0), rate=70.0, peak_mib=60.0, refined_from=2)
+    return study
+
+
+def _duel_refine(study: optuna.Study, duel: _Duel) -> list[str]:
+    refine, notes = _refine(study, trials=6)
+    refine.duel = duel
+    refine(study, study.trials[-1])
+    return notes
+
+
+def test_a_refinement_that_beats_its_incumbent_side_by_side_is_the_next_incumbent() -> None:
+    study, duel = _lucky_incumbent(), _Duel(1)
+    notes = _duel_refine(study, duel)
+    assert duel.calls == [[c.describe() for c in (SPACE.config(_knobs(8, 4, 0)), SPACE.config(_knobs(16, 4, 0)))]]
+    assert duel.calls[0][0] == "micro x acc x ranks 8x2x1 | bf16 | ckpt none | ZeRO 0"
+    assert study.trials[2].user_attrs[BEATEN_BY] == 3 and BEATEN_BY not in study.trials[3].user_attrs
+    # Trial 3 leads now: its first untried neighbour (no larger micro-batch, nothing recomputed to
+    # drop, every block in bf16; 8x2 is trial 2) recomputes one block.
+    assert _waiting(study) == [
+        ({"micro_batch_size": 16, "low_precision_blocks": 4, "checkpoint_blocks": 1}, {REFINED_FROM: 3})
+    ]
+    assert notes[0] == "side by side: trial 3 beats trial 2 (decided, 3 rounds)"
+
+
+def test_a_refinement_its_incumbent_beats_side_by_side_is_marked_and_the_incumbent_stays() -> None:
+    study, duel = _lucky_incumbent(), _Duel(0)
+    notes = _duel_refine(study, duel)
+    assert study.trials[3].user_attrs[BEATEN_BY] == 2 and BEATEN_BY not in study.trials[2].user_attrs
+    assert [u for _, u in _waiting(study)] == [{REFINED_FROM: 2}]
+    assert notes[0] == "side by side: trial 2 beats trial 3 (decided, 3 rounds)"
+
+
+def test_without_a_side_by_side_timing_first_measurements_decide() -> None:
+    failing = _lucky_incumbent()
+    notes = _duel_refine(failing, _Duel(fail=True))
+    assert notes[0] == (
+        "timing trial 3 beside trial 2 failed (the measurement process died (exit code -9)): first measurements stand"
+    )
+    unasked, duel = _lucky_incumbent(), _Duel(1)
+    refine, _ = _refine(unasked, trials=6)  # no duel: --no-retime
+    refine(unasked, unasked.trials[-1])
+    for study in (failing, unasked):
+        assert all(BEATEN_BY not in t.user_attrs for t in study.trials)
+        assert [u for _, u in _waiting(study)] == [{REFINED_FROM: 2}]
+    assert duel.calls == []
