@@ -46,6 +46,7 @@ __all__ = [
     "retime_finalists",
     "set_finished_trial_attrs",
     "to_retime",
+    "value_scale",
 ]
 
 FINALISTS = TUNING.finalists
@@ -127,8 +128,7 @@ def retime_finalists(
         previous = study.user_attrs.get(RETIMED)
         return dict(previous) if previous else None
     numbers = [r.number for r in chosen]
-    # value = samples/s x (objective per sample/s) / GiB: each trial's efficiency and exact peak
-    scales = [(r.per_gib or 0.0) / (r.throughput or 1.0) for r in chosen]
+    scales = [value_scale(r) for r in chosen]
     configs = [r.config for r in chosen if r.config is not None]
     if note is not None:
         note(f"re-timing the {len(chosen)} best configurations side by side (trials {numbers})")
@@ -156,6 +156,12 @@ def retime_finalists(
     }
     study.set_user_attr(RETIMED, record)
     return record
+
+
+def value_scale(record: TrialRecord) -> float:
+    """What turns a re-timed samples/s of ``record``'s configuration into the study's value:
+    samples/s x (objective per sample/s) / GiB, the trial's efficiency and exact measured peak."""
+    return (record.per_gib or 0.0) / (record.throughput or 1.0)
 
 
 def set_finished_trial_attrs(study: optuna.Study, number: int, attrs: dict[str, Any]) -> None:

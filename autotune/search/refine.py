@@ -225,7 +225,7 @@ class Refine:
         """A refinement trial within the budget against the incumbent it was refined from, timed
         side by side: the one shown worse is marked :data:`BEATEN_BY` the other."""
         from autotune.errors import MeasurementFailed
-        from autotune.search.finalists import set_finished_trial_attrs
+        from autotune.search.finalists import set_finished_trial_attrs, value_scale
 
         came_from = trial.user_attrs.get(REFINED_FROM)
         if self.duel is None or not isinstance(came_from, int):
@@ -237,7 +237,7 @@ class Refine:
         if not all(r.feasible and r.per_gib and r.throughput and r.config is not None for r in pair):
             return
         configs = [r.config for r in pair if r.config is not None]
-        scales = [(r.per_gib or 0.0) / (r.throughput or 1.0) for r in pair]  # as the finalists' re-timing
+        scales = [value_scale(r) for r in pair]
         try:
             result = self.duel(configs, scales)
         except MeasurementFailed as e:
