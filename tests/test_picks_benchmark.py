@@ -125,21 +125,47 @@ def test_the_background_load_is_started_and_stopped(picks: ModuleType) -> None:
     assert spinner.returncode is not None  # stopped with the block
 
 
-def test_a_kept_grid_is_reused_only_for_the_same_model_sizes_grid_and_budget(
+def test_a_kept_grid_is_reused_only_for_the_same_model_sizes_grid_budget_and_cpu(
     picks: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     p = picks.plan(["lstm-lm"], quick=True)
-    key = picks.grid_key(p, "lstm-lm", 1000)
+    machine = {"capability": "AVX512", "threads": 2}
+    key = picks.grid_key(p, "lstm-lm", 1000, **machine)
     assert picks.kept_grid(None, key) is None and picks.kept_grid(tmp_path, key) is None  # nothing kept
     grid = {"describe": "16x1x1 | bf16 | ckpt all | ZeRO 0", "seconds": 3.0}
-    (tmp_path / "lstm-lm.json").write_text(json.dumps({"key": key, "grid": grid}))
+    assert picks.grid_path(tmp_path, key) == tmp_path / "AVX512" / "lstm-lm.json"
+    (tmp_path / "AVX512").mkdir()
+    (tmp_path / "AVX512" / "lstm-lm.json").write_text(json.dumps({"key": key, "grid": grid}))
     assert picks.kept_grid(tmp_path, key) == grid
-    other = picks.grid_key(p, "lstm-lm", 999)  # the budget measured differently: measure again
+    other = picks.grid_key(p, "lstm-lm", 999, **machine)  # the budget measured differently: measure again
     assert picks.kept_grid(tmp_path, other) is None
     assert "is another grid" in capsys.readouterr().err
+    # Another thread count is another grid; another CPU capability is another file (kept beside).
+    assert picks.kept_grid(tmp_path, picks.grid_key(p, "lstm-lm", 1000, capability="AVX512", threads=1)) is None
+    avx2 = picks.grid_key(p, "lstm-lm", 1000, capability="AVX2", threads=2)
+    assert picks.kept_grid(tmp_path, avx2) is None
+    assert picks.grid_path(tmp_path, avx2) == tmp_path / "AVX2" / "lstm-lm.json"
     # A BatchNorm model's grid is over its whole batch in each micro-batch: another grid too.
-    assert picks.grid_key(p, "lstm-lm", 1000, min_micro_batch=1) == key
-    assert picks.kept_grid(tmp_path, picks.grid_key(p, "lstm-lm", 1000, min_micro_batch=None)) is None
+    assert picks.grid_key(p, "lstm-lm", 1000, min_micro_batch=1, **machine) == key
+    assert picks.kept_grid(tmp_path, picks.grid_key(p, "lstm-lm", 1000, min_micro_batch=None, **machine)) is None
+    # A grid over fp32 points only (a CPU without fast bf16) is kept in its own file.
+    fp32 = picks.plan(["lstm-lm"], quick=True, grid_precisions=["fp32"])
+    only = picks.grid_key(fp32, "lstm-lm", 1000, **machine)
+    assert only == key | {"grid_precisions": ["fp32"]}
+    assert picks.grid_path(tmp_path, only) == tmp_path / "AVX512" / "lstm-lm-fp32.json"
+    assert picks.plan(["lstm-lm"], quick=True, grid_precisions=["bf16", "fp32"]) == p
+    with pytest.raises(SystemExit) as refused:
+        picks.plan(["lstm-lm"], quick=True, grid_precisions=["bf16"])
+    assert str(refused.value) == "picks: --grid-precisions must be fp32 or fp32,bf16, but got 'bf16'"
+    assert fp32.grid_levels == "the smallest micro-batch or the whole batch x fp32 x no or all recomputed"
+
+
+def test_the_kept_grids_name_the_machine_that_measured_them() -> None:
+    kept = sorted((ROOT / "benchmarks" / "grids").glob("*/*.json"))
+    assert kept, "benchmarks/grids holds the five models' grids"
+    for path in kept:
+        key = json.loads(path.read_text())["key"]
+        assert path.parent.name == key["capability"] and path.stem.startswith(key["model"])
 
 
 def test_a_search_that_found_nothing_within_the_budget_scores_zero(
@@ -150,8 +176,11 @@ def test_a_search_that_found_nothing_within_the_budget_scores_zero(
     a, b = TrainConfig(micro_batch_size=8), TrainConfig(micro_batch_size=4, grad_accum_steps=2)
     timed: list[list[TrainConfig]] = []
 
-    def retime_configs(workload: object, configs: list[TrainConfig], *, scales: list[float]) -> Retimed:
+    def retime_configs(
+        workload: object, configs: list[TrainConfig], *, scales: list[float], rounds: int, max_rounds: int
+    ) -> Retimed:
         timed.append(configs)
+        assert (rounds, max_rounds) == picks.JUDGE_ROUNDS == (6, 12)
         return _retimed(100.0, 150.0, ranking=(1, 0))
 
     monkeypatch.setattr(sidebyside, "retime_configs", retime_configs)
