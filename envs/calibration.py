@@ -10,6 +10,9 @@
   step times under six configurations, interleaved, from which the fixed and per-sample costs,
   the reduced-precision speed and the recompute cost are solved (``calibrate``);
 - loss and gradient-noise-scale curves of a real run of the default configuration;
+- whether the model runs in reduced precision here at all (``reduced_failure``: oneDNN has no
+  bf16 LSTM primitive on an AVX2 CPU, and the step raises): a model that cannot gets an fp32-only
+  profile, and the simulator refuses its reduced-precision settings as the real environment does;
 - the peak memory of every knob setting the environment can reach (``peak_table``), predicted by
   the memory model (:func:`autotune.predict_memory`, exact fake-tensor profile plus the runner's
   rules): a few hundred predictions from one profile, about a second. Profiles of synthetic
@@ -36,8 +39,9 @@ import numpy as np
 import torch
 
 from autotune.config import Precision, TrainConfig
-from autotune.errors import ConfigError, NonFiniteLossError, TrainingError
+from autotune.errors import ConfigError, NonFiniteLossError, TrainingError, one_line
 from autotune.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs_to_config
+from autotune.measurement.oom import is_out_of_memory
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.predict import predict_memory, profile_memory
 from autotune.procs.measure import measure
@@ -46,6 +50,7 @@ from autotune.train import Trainer
 from autotune.workload import Workload
 
 __all__ = [
+    "INFEASIBLE_PEAK",
     "BlockCost",
     "WorkloadProfile",
     "calibrate",
@@ -58,6 +63,8 @@ __all__ = [
 ]
 
 PROFILE_VERSION = 2
+#: A setting the model cannot run here (``WorkloadProfile.reduced_failure``): over any budget.
+INFEASIBLE_PEAK = 2**62
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +111,9 @@ class WorkloadProfile:
     #: Measured (MemTracker) peak bytes of the default configuration, which checks the table's
     #: prediction of it; None in profiles written before it was recorded.
     default_peak_bytes: int | None = None
+    #: Why the model cannot run in ``reduced`` precision on this machine (None: it can). Then the
+    #: reduced figures are fp32's and every setting with a reduced block is infeasible.
+    reduced_failure: str | None = None
 
     @property
     def model_state_bytes(self) -> int:
@@ -161,24 +171,25 @@ def calibrate(
         raise TrainingError(f"{workload.name}: the default configuration failed: {default.reason}")
     assert default.memory is not None and default.category_peaks is not None
     say("per-block activation bytes")
-    blocks = _block_bytes(workload, reduced, b_small, b0)
+    blocks, failure = _block_bytes(workload, reduced, b_small, b0)
+    if failure is not None:
+        say(f"{reduced} cannot run here ({failure}): an fp32-only profile")
     block_acts = sum(b.fp32_fixed + b0 * b.fp32_per_sample for b in blocks)
     say("per-block forward time")
     shares, block_fraction = _block_forward_shares(workload, b0)
     say("step times under six configurations")
     tiny_accum = min(4, b_small)  # several micro-batches of one sample: their cost dominates the step
-    times = interleaved_step_seconds(
-        workload,
-        {
-            "small": TrainConfig(micro_batch_size=b_small),
-            "default": TrainConfig(micro_batch_size=b0),
-            "reduced": TrainConfig(micro_batch_size=b0, precision=reduced),
-            "checkpoint": TrainConfig(micro_batch_size=b0, checkpoint=True),
-            "accum": TrainConfig(micro_batch_size=b_small, grad_accum_steps=2),
-            "tiny": TrainConfig(micro_batch_size=1, grad_accum_steps=tiny_accum),
-        },
-        rounds=timing_rounds,
-    )
+    configs = {
+        "small": TrainConfig(micro_batch_size=b_small),
+        "default": TrainConfig(micro_batch_size=b0),
+        "reduced": TrainConfig(micro_batch_size=b0, precision=reduced),
+        "checkpoint": TrainConfig(micro_batch_size=b0, checkpoint=True),
+        "accum": TrainConfig(micro_batch_size=b_small, grad_accum_steps=2),
+        "tiny": TrainConfig(micro_batch_size=1, grad_accum_steps=tiny_accum),
+    }
+    if failure is not None:
+        del configs["reduced"]
+    times = interleaved_step_seconds(workload, configs, rounds=timing_rounds)
     _check_finite(workload, "step time", {f"the {key!r} configuration": v for key, v in times.items()})
     # Solve the linear time terms t = t_fixed + k * (t_mf + b * t_ps) from the four fp32 step
     # times (one more micro-batch of b_small, ``accum``, separates the per-step fixed cost) by
@@ -194,13 +205,14 @@ def calibrate(
     micro_default = max(micro_fixed + b0 * per_sample, 1e-9)
     # Precision and recompute change only block time, a fraction of the micro-batch time.
     block_time = max(block_fraction * micro_default, 1e-9)
-    slowdown = 1.0 + (times["reduced"] - times["default"]) / block_time
+    # Unused where reduced precision cannot run: every such setting is infeasible.
+    slowdown = 1.0 + (times["reduced"] - times["default"]) / block_time if failure is None else 1.0
     recompute = (times["checkpoint"] - times["default"]) / block_time
     say("loss and gradient-noise curves")
     samples, losses, noise = _curves(workload, b0, curve_steps)
     _check_finite(workload, "loss", {f"step {i} of the loss curve": v for i, v in enumerate(losses)})
     say("peak memory of every knob setting (memory model)")
-    table = memory_table(workload, reduced=reduced)
+    table = memory_table(workload, reduced=reduced, reduced_runs=failure is None)
     return WorkloadProfile(
         version=PROFILE_VERSION,
         workload=workload.source or workload.name,
@@ -225,6 +237,7 @@ def calibrate(
         curve_b_noise=noise,
         peak_table=table,
         default_peak_bytes=default.memory.total,
+        reduced_failure=failure,
     )
 
 
@@ -237,27 +250,40 @@ def peak_table_index(levels: KnobLevels) -> int:
     )
 
 
-def memory_table(workload: Workload, *, reduced: Precision = "bf16") -> tuple[int, ...]:
+def memory_table(workload: Workload, *, reduced: Precision = "bf16", reduced_runs: bool = True) -> tuple[int, ...]:
     """Predicted peak bytes of every knob setting the environments reach, in ``peak_table_index``
-    order, with blocks ranked as ``TrainingEnv`` ranks them."""
+    order, with blocks ranked as ``TrainingEnv`` ranks them. ``reduced_runs=False`` (the model
+    cannot run in ``reduced`` here): settings with a reduced block get :data:`INFEASIBLE_PEAK`."""
     ranking = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch).ranked()
     # No check step: calibrate() measures the default configuration for real anyway.
-    profile = profile_memory(workload, modes=("fp32", reduced), verify=False)
+    profile = profile_memory(workload, modes=("fp32", reduced) if reduced_runs else ("fp32",), verify=False)
     table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)
     for micro, precision, checkpoint, accum in itertools.product(
         range(len(MICRO_LEVELS)), range(FRACTION_LEVELS), range(FRACTION_LEVELS), (0, 1)
     ):
         levels = KnobLevels(micro=micro, precision=precision, checkpoint=checkpoint, accum=accum)
+        if precision > 0 and not reduced_runs:
+            table[peak_table_index(levels)] = INFEASIBLE_PEAK
+            continue
         config = knobs_to_config(levels, ranking, reduced=reduced)
         table[peak_table_index(levels)] = predict_memory(workload, config, profile=profile).total
     return tuple(table)
 
 
-def _block_bytes(workload: Workload, reduced: Precision, b1: int, b2: int) -> list[BlockCost]:
+def _block_bytes(workload: Workload, reduced: Precision, b1: int, b2: int) -> tuple[list[BlockCost], str | None]:
+    """Each block's bytes, and why the model cannot run in ``reduced`` here (None: it can; then
+    the reduced bytes are fp32's). A reduced forward that raises (not out of memory: that is the
+    machine's size, not a missing kernel) is such a failure; the fp32 forward raising is the user's."""
     fp32 = _linear_fit(workload, "fp32", b1, b2)
-    low = _linear_fit(workload, reduced, b1, b2)
+    failure = None
+    try:
+        low = _linear_fit(workload, reduced, b1, b2)
+    except Exception as e:
+        if is_out_of_memory(e):
+            raise
+        failure, low = one_line(e), fp32
     inputs = _block_input_bytes(workload, b2)
-    return [
+    blocks = [
         BlockCost(
             name=name,
             fp32_fixed=fp32[i][0],
@@ -269,6 +295,7 @@ def _block_bytes(workload: Workload, reduced: Precision, b1: int, b2: int) -> li
         )
         for i, name in enumerate(workload.block_names())
     ]
+    return blocks, failure
 
 
 def _linear_fit(workload: Workload, precision: Precision, b1: int, b2: int) -> list[tuple[float, float]]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from autotune.envs.calibration import WorkloadProfile, load_profile
+from autotune.envs.calibration import INFEASIBLE_PEAK, WorkloadProfile, load_profile
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
 from autotune.envs.costmodel import CPU_ZERO_OVERHEAD, StepCost, randomized_machine, randomized_profile, step_cost
 
@@ -156,7 +156,8 @@ class SimulatedEnv(TuningEnv):
         ckpt = dataclasses.replace(plain, checkpoint=FRACTION_LEVELS - 1)
         t = _local_seconds(self.profile, plain)
         return MachineDescriptor(
-            reduced_speed=t / _local_seconds(self.profile, full),
+            # 0 where the model cannot run in reduced precision: what TrainingEnv's probe reads
+            reduced_speed=0.0 if self.profile.reduced_failure else t / _local_seconds(self.profile, full),
             budget_ratio=budget / self.profile.model_state_bytes,
             recompute_cost=_local_seconds(self.profile, ckpt) / t - 1.0,
         )
@@ -167,6 +168,8 @@ class SimulatedEnv(TuningEnv):
         )
 
     def _peak_bytes(self, knobs: KnobLevels) -> int:
+        if self.profile.reduced_failure and knobs.precision > 0:
+            return INFEASIBLE_PEAK  # refused like an over-budget setting, as TrainingEnv refuses it
         return self._cost(knobs).peak_bytes
 
     def _train(self, knobs: KnobLevels) -> Interval:

@@ -42,3 +42,39 @@ def test_a_nan_loss_is_refused_before_anything_is_calibrated() -> None:
     message = "nan-net: the default configuration's loss is nan at step 1: nothing to calibrate"
     with pytest.raises(NonFiniteLossError, match=f"^{re.escape(message)}$"):
         calibrate(load_workload(f"{NAN_WORKLOAD}:build"), curve_steps=2, timing_rounds=1)
+
+
+def test_a_model_that_cannot_run_in_reduced_precision_gets_an_fp32_profile_and_the_simulator_refuses_it() -> None:
+    # bf16 autocast around nn.LSTM raises on an AVX2 CPU (oneDNN has no primitive); this model raises
+    # under autocast on every CPU. Calibration used to raise there, so `autotune tune` crashed.
+    import dataclasses
+
+    from autotune.envs.calibration import INFEASIBLE_PEAK, calibrate, peak_table_index
+    from autotune.envs.simulated import SimulatedEnv
+
+    from autotune.knobs import KnobLevels
+    from autotune.resolve import load_workload
+    from tests.paths import DATA
+
+    profile = calibrate(load_workload(f"{DATA / 'no_low_precision.py'}:build"), curve_steps=2, timing_rounds=1)
+    assert profile.reduced_failure == (
+        "RuntimeError: could not create a primitive descriptor for this op in reduced precision"
+    )
+    assert [(b.reduced_fixed, b.reduced_per_sample) for b in profile.blocks] == [
+        (b.fp32_fixed, b.fp32_per_sample) for b in profile.blocks
+    ]
+    assert profile.peak_table is not None
+    plain = KnobLevels.default_for(profile.batch_size)
+    low = dataclasses.replace(plain, precision=1)
+    assert profile.peak_table[peak_table_index(low)] == INFEASIBLE_PEAK
+    assert profile.peak_table[peak_table_index(plain)] == pytest.approx(profile.default_peak_bytes, rel=0.05)
+
+    env = SimulatedEnv(profiles=[profile], memory_budget=1.0)
+    env.reset(seed=0)
+    assert env._machine_descriptor(10**9).reduced_speed == 0.0  # what TrainingEnv's probe reads
+    assert env._peak_bytes(low) == INFEASIBLE_PEAK and env._peak_bytes(plain) < INFEASIBLE_PEAK
+    # A synthetic model drawn around it (no memory table) keeps the refusal.
+    env = SimulatedEnv(profiles=[profile], memory_budget=1.0, randomize=True)
+    for seed in range(4):
+        env.reset(seed=seed)
+        assert env._peak_bytes(low) == INFEASIBLE_PEAK

@@ -13,7 +13,7 @@ from autotune.policies.tune import tune
 
 from autotune.errors import ConfigError
 from autotune.resolve import load_workload
-from tests.paths import TINY_WORKLOAD
+from tests.paths import DATA, TINY_WORKLOAD
 
 
 def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
@@ -35,6 +35,35 @@ def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
     assert episode.steps[0].knobs == "8x2" and episode.steps[0].peak_bytes <= episode.budget_bytes
     assert tuned.final_knobs.describe() == episode.steps[-1].knobs
     assert shown == ["re-timing the best steps side by side"]  # no fine-tuning asked for
+
+
+def test_tune_fine_tunes_on_a_model_that_cannot_run_in_reduced_precision() -> None:
+    # bf16 autocast around nn.LSTM raises on an AVX2 CPU: the run's calibration crashed `tune`
+    # (found by benchmarks/picks.py on lstm-lm). Now the profile is fp32-only, and no step is bf16.
+    workload = load_workload(f"{DATA / 'no_low_precision.py'}:build")
+    shown: list[str] = []
+
+    @contextmanager
+    def status(message: str) -> Iterator[None]:
+        shown.append(message)
+        yield
+
+    tuned = tune(
+        workload,
+        load_policy(PRETRAINED_DIR),
+        memory_budget=1 << 40,  # every fp32 setting fits: the refusals are reduced precision's alone
+        steps=3,
+        steps_per_action=2,
+        fine_tune_seconds=1.0,
+        status=status,
+    )
+    assert shown[:2] == [
+        "profiling no-low-precision for the simulator",
+        "fine-tuning the policy on no-low-precision's simulator (1 s)",
+    ]
+    best = tuned.episode.best
+    assert best is not None and best.config.precision == "fp32"
+    assert {s.config.precision for s in tuned.episode.steps} == {"fp32"}  # every step trained in fp32
 
 
 @pytest.mark.parametrize("seconds", [-1.0, float("nan")])
