@@ -442,14 +442,10 @@ def run_study(
     spec = prepared.spec
     recover_interrupted(study)
     predictor = None if options.memory_model is None else load_memory_predictor(options.memory_model)
-    if not options.worker:
-        space = prepared.space
-        floor = prepared.workload.micro_batch_note(max(space.batch_sizes) // min(space.ranks))
-        if floor is not None:
-            observer.note(floor)
-        enqueue_baselines(study, prepared, predictor, policy_proposal=spec.policy_proposal, note=observer.note)
     remaining = spec.trials - count_done(study)
     if remaining <= 0 or options.create_only:
+        if not options.worker:
+            _enqueue(study, prepared, predictor, observer)
         return 0
     assert prepared.workload.source is not None  # load_workload always sets it
     ran = 0
@@ -466,6 +462,9 @@ def run_study(
         prepared.workload.source, threads=spec.measure.threads, device=options.device, alloc_conf=alloc_conf
     ) as measurer:
         measurer.start()
+        prepared = runnable(prepared, measurer, note=observer.note)
+        if not options.worker:
+            _enqueue(study, prepared, predictor, observer)
 
         def duel(configs: list[TrainConfig], scales: list[float]) -> Any:
             return measurer.retime(configs, scales=scales, timeout=len(configs) * spec.measure.trial_timeout)
@@ -509,6 +508,55 @@ def run_study(
         if count_done(study) >= spec.trials and spec.retime:
             _retime(study, measurer, spec, observer)
     return ran
+
+
+def _enqueue(
+    study: optuna.Study, prepared: Prepared, predictor: MemoryPredictor | None, observer: StudyObserver
+) -> None:
+    space = prepared.space
+    floor = prepared.workload.micro_batch_note(max(space.batch_sizes) // min(space.ranks))
+    if floor is not None:
+        observer.note(floor)
+    enqueue_baselines(study, prepared, predictor, policy_proposal=prepared.spec.policy_proposal, note=observer.note)
+
+
+def runnable(prepared: Prepared, measurer: Any, *, note: Callable[[str], None]) -> Prepared:
+    """``prepared`` without the reduced precisions the model cannot run on this machine.
+
+    bf16 autocast around ``nn.LSTM`` raises on an AVX2 CPU (oneDNN has no primitive for it): left
+    in the space, most of a study's trials fail there (7 of 12 on lstm-lm), and Optuna's samplers
+    learn nothing from a failed trial. So each reduced precision runs one short measurement first
+    (every block in it, the smallest micro-batch, one rank: about three steps of a micro-batch), in
+    the measuring child as trials run; one that fails where the same configuration in fp32 runs is
+    left out of the search, with a note. Any other outcome (both fail, out of memory, a non-finite
+    loss) keeps the space as it was: the trials report it."""
+    from autotune.errors import MeasurementFailed
+
+    space = prepared.space
+    if not space.low_precisions or 1 not in space.ranks:
+        return prepared
+    batch = prepared.reference_batch if prepared.reference_batch in space.batch_sizes else space.batch_sizes[0]
+    micro = space.micro_batch_choices(batch, 1)[0]
+    timeout = prepared.spec.measure.trial_timeout
+
+    def fails(precision: Precision) -> str | None:
+        config = dataclasses.replace(space.base, micro_batch_size=micro, grad_accum_steps=1, precision=precision)
+        try:
+            measurer.measure(config, steps=1, warmup=1, memory_budget=None, timeout=timeout)
+        except MeasurementFailed as e:
+            return e.reason
+        return None
+
+    kept: list[Precision] = []
+    for precision in space.low_precisions:
+        failure = fails(precision)
+        if failure is None or fails("fp32") is not None:
+            kept.append(precision)
+            continue
+        note(f"{precision} left out of the search: {prepared.workload.name} cannot run in {precision} here ({failure})")
+    if len(kept) == len(space.low_precisions):
+        return prepared
+    return dataclasses.replace(prepared, space=dataclasses.replace(space, low_precisions=tuple(kept)))
 
 
 def retime_study(study: optuna.Study, *, device: str | None = None) -> dict[str, Any] | None:
