@@ -83,11 +83,18 @@ class Finalist:
 def finalists(records: tuple[TrialRecord, ...]) -> list[TrialRecord]:
     """The best :data:`FINALISTS` distinct local-runner configurations by objective per GiB among
     feasible completed trials (ZeRO configurations run on ranks: they keep their first
-    measurement)."""
+    measurement) that no side-by-side timing showed worse than another (the refinement's duels,
+    :data:`autotune.search.refine.BEATEN_BY`): a lucky first stint must not take the place of the
+    trial that beat it on the same machine moments later."""
     ok = [
         r
         for r in records
-        if r.feasible and r.config is not None and r.per_gib and r.throughput and not r.config.on_deepspeed
+        if r.feasible
+        and r.config is not None
+        and r.per_gib
+        and r.throughput
+        and not r.config.on_deepspeed
+        and r.beaten_by is None
     ]
     ok.sort(key=lambda r: (-(r.per_gib or 0.0), r.number))
     out: list[TrialRecord] = []

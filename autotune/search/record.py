@@ -45,6 +45,7 @@ class ATTR:
     PID = "autotune:pid"
     INTERRUPTED = "interrupted"
     RETRY_OF = "retry_of"
+    BEATEN_BY = "beaten_by"  # a side-by-side timing showed this trial worse than that one (search/refine.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +69,8 @@ class TrialRecord:
     noise_scale: float | None
     efficiency: float | None
     feasible: bool
+    #: The trial a side-by-side timing showed better than this one (None: none did).
+    beaten_by: int | None = None
 
     @property
     def per_gib(self) -> float | None:
@@ -99,4 +102,5 @@ def trial_record(trial: optuna.trial.FrozenTrial) -> TrialRecord:
         noise_scale=a.get(ATTR.NOISE_SCALE),
         efficiency=a.get(ATTR.EFFICIENCY),
         feasible=feasible,
+        beaten_by=a.get(ATTR.BEATEN_BY),
     )

@@ -59,7 +59,7 @@ _P = TypeVar("_P")
 REFINED_FROM = "refined_from"
 
 #: The user attribute of a trial a side-by-side timing showed worse: the trial that beat it.
-BEATEN_BY = "beaten_by"
+BEATEN_BY = ATTR.BEATEN_BY
 
 #: Compares configurations side by side: (configs, value scales) -> their re-timing.
 Duel = Callable[[list["TrainConfig"], list[float]], "Retimed"]

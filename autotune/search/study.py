@@ -59,6 +59,7 @@ __all__ = [
     "prepare",
     "recover_interrupted",
     "run_study",
+    "runnable",
     "stored_spec",
     "study_alloc_conf",
 ]

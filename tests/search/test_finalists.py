@@ -15,7 +15,7 @@ from autotune.cli.main import main
 from autotune.config import TrainConfig
 from autotune.measurement.sidebyside import Retimed, Timing
 from autotune.search.display import summary_view
-from autotune.search.finalists import RETIMED, TRIAL_ATTRS, retime_finalists, to_retime
+from autotune.search.finalists import RETIMED, TRIAL_ATTRS, retime_finalists, set_finished_trial_attrs, to_retime
 from autotune.search.record import ATTR
 from autotune.search.results import summarize
 
@@ -110,3 +110,29 @@ def test_best_json_carries_the_re_timed_figures_and_stays_a_config(
             "decided": True,
         },
     }
+
+
+def test_a_trial_beaten_side_by_side_is_no_finalist_ahead_of_the_one_that_beat_it() -> None:
+    # Seen on unet-tiny (AVX2): the refinement's duels showed trials 9 and 10 worse than trial 2,
+    # yet their lucky first stints made them finalists and trial 2 was never re-timed.
+    study = _study(None)
+    for number in (0, 2):  # 100 and 96 per GiB first, both beaten by trial 3 (50 first)
+        set_finished_trial_attrs(study, number, {ATTR.BEATEN_BY: 3})
+    assert [r.number for r in to_retime(study)] == [1, 3]
+    configs_seen: list[list[int]] = []
+
+    def retimer(configs: list[TrainConfig], scales: list[float]) -> Retimed:
+        configs_seen.append([c.micro_batch_size for c in configs])
+        return Retimed(
+            timings=(Timing(rates=(90.0,) * 3), Timing(rates=(120.0,) * 3)),
+            ranking=(1, 0),
+            decided=True,
+            rounds=3,
+            warmup=(2, 2),
+            other_cores=0.0,
+        )
+
+    record = retime_finalists(study, retimer, threads=1)
+    assert configs_seen == [[4, 1]] and record is not None and record["winner"] == 3
+    summary = summarize(study)
+    assert summary.recommended is not None and summary.recommended.number == 3
