@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from autotune.envs.calibration import INFEASIBLE_PEAK
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv, model_state_bytes
 
 from autotune.config import TrainConfig
@@ -44,7 +45,6 @@ from autotune.workload import Workload
 __all__ = ["TrainingEnv"]
 
 _MAX_ZERO_STAGE = 3  # DeepSpeed's stages: 0 (data parallel), 1 (+ optimizer state), 2 (+ gradients), 3 (+ parameters)
-_OVER = 2**62  # certainly over any budget
 
 
 class TrainingEnv(TuningEnv):
@@ -285,7 +285,7 @@ class TrainingEnv(TuningEnv):
             return self._measured_peak(knobs)
         if self._reduced_failure is not None and knobs.precision > 0:
             self.infeasible[knobs] = self._reduced_failure
-            return _OVER
+            return INFEASIBLE_PEAK
         if not self._admitted(knobs):
             predicted = self._prediction(knobs)
             if predicted is not None and (predicted[1] or predicted[0] > self._budget):
@@ -305,22 +305,22 @@ class TrainingEnv(TuningEnv):
                 self._peaks[knobs] = self._tracked_step()
                 self.measured_peaks.append((knobs, self._peaks[knobs]))
             except Exception as e:
-                # 2**62 bytes: certainly over any budget, so the env refuses the setting with the
+                # INFEASIBLE_PEAK bytes: certainly over any budget, so the env refuses the setting with the
                 # over-budget penalty. A rank's out-of-memory ends its session with a SessionError
                 # (raised here). The starting configuration already trained one step, so another
                 # setting failing on one rank is a knob the model cannot take (a kernel this CPU
                 # lacks), not a bug in the user's code.
                 if is_out_of_memory(e):
-                    self._peaks[knobs] = 2**62
+                    self._peaks[knobs] = INFEASIBLE_PEAK
                 elif self.session is None and knobs != self.levels:
                     self._discard_failed_step()
                     self.infeasible[knobs] = one_line(e)
-                    self._peaks[knobs] = 2**62
+                    self._peaks[knobs] = INFEASIBLE_PEAK
                 else:
                     raise
             finally:
                 loop.reconfigure(self.config_of(self.levels))
-            if self._gate is not None:  # a failed step's 2**62 too: the gate leaves it from now on
+            if self._gate is not None:  # a failed step's INFEASIBLE_PEAK too: the gate leaves it from now on
                 self._gate.record(self.config_of(knobs), self._peaks[knobs])
         return self._peaks[knobs]
 

@@ -120,7 +120,7 @@ def verify_profile(
             continue
         predicted = compose_memory(workload, config, profile).total
         # The real step runs on worst-case samples, as the profile did (memory.worst_case).
-        measured, failure = _measure_one_step(at_worst_case(workload, config.micro_batch_size), config)
+        measured, failure, out_of_memory = _measure_one_step(at_worst_case(workload, config.micro_batch_size), config)
         error = None if measured is None else (predicted - measured) / measured
         reason = failure
         if error is not None and abs(error) > tolerance:
@@ -138,7 +138,7 @@ def verify_profile(
         # no primitive) is not a prediction that missed: the configurations cannot run here at
         # all. The check stays unverified (so they are measured, and refused where they fail),
         # without a warning about the memory model on every run of such a model on such a CPU.
-        cannot_run = kind in ("bf16", "fp16") and measured is None and not _out_of_memory(failure)
+        cannot_run = kind in ("bf16", "fp16") and measured is None and not out_of_memory
         if not result.verified and not cannot_run:
             warnings.warn(PredictionWarning(unverified_message(workload.name, result)), stacklevel=3)
         new.append(result)
@@ -225,14 +225,10 @@ def unverified_message(workload: str, v: Verification) -> str:
     )
 
 
-def _out_of_memory(failure: str | None) -> bool:
-    """Whether a check step's failure line is an out-of-memory error (the machine's size, not a
-    missing kernel)."""
-    return failure is not None and ("out of memory" in failure.lower() or "OutOfMemoryError" in failure)
-
-
-def _measure_one_step(workload: Workload, config: TrainConfig) -> tuple[int | None, str | None]:
-    """(peak tensor bytes of one tracked step after one warmup step, None) or (None, why it failed)."""
+def _measure_one_step(workload: Workload, config: TrainConfig) -> tuple[int | None, str | None, bool]:
+    """(peak tensor bytes of one tracked step after one warmup step, None, False) or (None, why it
+    failed, whether it ran out of memory: the machine's size, not a kernel it lacks)."""
+    from autotune.measurement.oom import is_out_of_memory
     from autotune.measurement.tracker import tracked_step
     from autotune.train.local import Trainer
 
@@ -246,5 +242,5 @@ def _measure_one_step(workload: Workload, config: TrainConfig) -> tuple[int | No
     # A check of user code: whatever it raises (a kernel this CPU lacks, out of memory) leaves
     # the prediction unverified, with the reason, rather than crashing the caller.
     except Exception as e:
-        return None, f"the real check step failed: {one_line(e)}"
-    return at_peak.total, None
+        return None, f"the real check step failed: {one_line(e)}", is_out_of_memory(e)
+    return at_peak.total, None, False

@@ -159,9 +159,9 @@ def test_a_kind_whose_check_disagreed_is_unverified_and_the_others_stay_verified
 
     real = check._measure_one_step
 
-    def off_when_recomputed(workload: Workload, config: TrainConfig) -> tuple[int | None, str | None]:
-        measured, failure = real(workload, config)
-        return (round(measured * 1.25), failure) if config.checkpoint and measured else (measured, failure)
+    def off_when_recomputed(workload: Workload, config: TrainConfig) -> tuple[int | None, str | None, bool]:
+        measured, failure, oom = real(workload, config)
+        return (round(measured * 1.25), failure, oom) if config.checkpoint and measured else (measured, failure, oom)
 
     monkeypatch.setattr(check, "_measure_one_step", off_when_recomputed)
     workload = make_resmlp(depth=4)
