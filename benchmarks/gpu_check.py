@@ -400,9 +400,9 @@ class Part:
     imports: tuple[str, ...]
 
 
-# Limits (570 s together) from the H200 run of 2026-11-27 with the study's precision probe and the
-# adaptive run's cache release: device 18 s, measure 83, study 177, adapt 99, DeepSpeed 53, Hugging
-# Face 31; each limit leaves 9-38 s above its part's time.
+# Limits (570 s together) from the H200 runs of 2026-11-27 (the later one with an experimental
+# precision probe, since taken back): device 18 s, measure 83, study 145-177, adapt 70-99,
+# DeepSpeed 53, Hugging Face 31; each limit leaves 9-38 s above its part's time.
 PLAN = (
     Part(
         name="device",

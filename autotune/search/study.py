@@ -45,11 +45,9 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.knobs import Knobs
-    from autotune.measurement.sidebyside import Retimed
     from autotune.workload import Workload
 
 __all__ = [
-    "DOMINATED_SLOWDOWN",
     "Prepared",
     "RunOptions",
     "StudyObserver",
@@ -138,15 +136,6 @@ class StudyObserver:
 
     def trial_finished(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         pass
-
-
-#: A reduced precision whose step takes this many times the fp32 step or more is left out of a
-#: study's space (:func:`runnable`): no point in it can win on throughput per GiB. Autocast keeps
-#: fp32 weights, gradients and optimizer states, and halves at most the activations a block saves,
-#: so it cuts the peak by at most 2x; a 2x slower step then loses at least as much throughput as
-#: it gains per GiB, and recomputing the block (which frees all its saved activations for about
-#: one more forward, a third of its step) reaches the memory for less time.
-DOMINATED_SLOWDOWN = 2.0
 
 
 def prepare(spec: StudySpec) -> Prepared:
@@ -533,22 +522,15 @@ def _enqueue(
 
 
 def runnable(prepared: Prepared, measurer: Any, *, note: Callable[[str], None]) -> Prepared:
-    """``prepared`` without the reduced precisions the search should not spend trials on here:
-    those the model cannot run on this machine, and those that slow its step by half or more.
+    """``prepared`` without the reduced precisions the model cannot run on this machine.
 
     bf16 autocast around ``nn.LSTM`` raises on an AVX2 CPU (oneDNN has no primitive for it): left
-    in the space, most of a study's trials fail there (7 of lstm-lm's 12), and Optuna's samplers
-    learn nothing from a failed trial. And where it runs, a CPU without bf16 units makes a bf16
-    step 10-20x slower than fp32: the study's random trials land on those points and are lost too.
-    So each reduced precision runs one short measurement first (every block in it, the smallest
-    micro-batch, one rank: about three steps of a micro-batch), in the measuring child as trials
-    run; one that fails where the same configuration in fp32 runs is left out of the search, with a
-    note. One that runs is then timed side by side with fp32 at that configuration (its warm-up,
-    then one to three rounds of two steps each) and left out when its step takes
-    :data:`DOMINATED_SLOWDOWN` times the fp32 step or more, decided beyond the noise (no point of
-    the space in it can then win). Small micro-batches narrow the gap (fixed per-step costs), so the
-    probe errs towards keeping. Any other outcome (both fail, out of memory, a non-finite
-    loss, a timing that does not decide) keeps the space as it was: the trials report it."""
+    in the space, most of a study's trials fail there (7 of 12 on lstm-lm), and Optuna's samplers
+    learn nothing from a failed trial. So each reduced precision runs one short measurement first
+    (every block in it, the smallest micro-batch, one rank: about three steps of a micro-batch), in
+    the measuring child as trials run; one that fails where the same configuration in fp32 runs is
+    left out of the search, with a note. Any other outcome (both fail, out of memory, a non-finite
+    loss) keeps the space as it was: the trials report it."""
     from autotune.errors import MeasurementFailed
 
     space = prepared.space
@@ -558,50 +540,21 @@ def runnable(prepared: Prepared, measurer: Any, *, note: Callable[[str], None]) 
     micro = space.micro_batch_choices(batch, 1)[0]
     timeout = prepared.spec.measure.trial_timeout
 
-    def at(precision: Precision) -> TrainConfig:
-        return dataclasses.replace(space.base, micro_batch_size=micro, grad_accum_steps=1, precision=precision)
-
     def fails(precision: Precision) -> str | None:
+        config = dataclasses.replace(space.base, micro_batch_size=micro, grad_accum_steps=1, precision=precision)
         try:
-            measurer.measure(at(precision), steps=1, warmup=1, memory_budget=None, timeout=timeout)
+            measurer.measure(config, steps=1, warmup=1, memory_budget=None, timeout=timeout)
         except MeasurementFailed as e:
             return e.reason
         return None
 
-    def slowdown(precision: Precision) -> float | None:
-        """fp32's samples/s over ``precision``'s, timed side by side; None unless decided."""
-        try:
-            # One round decides a 10x gap; up to three settle a closer one (each round: two steps
-            # of each, after its warm-up).
-            timed: Retimed = measurer.retime(
-                [at("fp32"), at(precision)], scales=[1.0, 1.0], timeout=2 * timeout, rounds=1, max_rounds=3
-            )
-        except MeasurementFailed:
-            return None
-        fp32, reduced = (t.median for t in timed.timings)
-        if not timed.decided or reduced <= 0:
-            return None
-        return fp32 / reduced
-
     kept: list[Precision] = []
     for precision in space.low_precisions:
         failure = fails(precision)
-        if failure is not None:
-            if fails("fp32") is not None:
-                kept.append(precision)
-                continue
-            name = prepared.workload.name
-            note(f"{precision} left out of the search: {name} cannot run in {precision} here ({failure})")
-            continue
-        slower = slowdown(precision)
-        if slower is None or slower < DOMINATED_SLOWDOWN:
+        if failure is None or fails("fp32") is not None:
             kept.append(precision)
             continue
-        note(
-            f"{precision} left out of the search: a step of {prepared.workload.name} in {precision} takes "
-            f"{slower:.1f}x the fp32 step here (side by side at micro-batch {micro}): recomputing "
-            "activations saves more memory for less time"
-        )
+        note(f"{precision} left out of the search: {prepared.workload.name} cannot run in {precision} here ({failure})")
     if len(kept) == len(space.low_precisions):
         return prepared
     return dataclasses.replace(prepared, space=dataclasses.replace(space, low_precisions=tuple(kept)))

@@ -7,7 +7,6 @@ import dataclasses
 import os
 import re
 import socket
-import statistics
 import subprocess
 from pathlib import Path
 
@@ -16,10 +15,9 @@ import optuna_dashboard
 import pytest
 
 from autotune import Measurement, TrainConfig, Workload, measure
-from autotune.errors import MeasurementFailed, StudyError
+from autotune.errors import StudyError
 from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.measurement.goodput import statistical_efficiency
-from autotune.measurement.sidebyside import Retimed, Timing
 from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.cache import MeasurementCache
 from autotune.search.objective import Objective
@@ -33,7 +31,6 @@ from autotune.search.study import (
     prepare,
     recover_interrupted,
     run_study,
-    runnable,
     study_alloc_conf,
 )
 from autotune.units import MemoryBudget
@@ -339,61 +336,3 @@ def test_a_precision_the_model_cannot_run_here_is_left_out_of_the_search(
         "'no-low-precision' failed under micro x acc x ranks 1x1x1 | bf16 | ckpt none | ZeRO 0: RuntimeError: "
         "could not create a primitive descriptor for this op in reduced precision)\n"
     ) in err
-
-
-class _ScriptedChild:
-    """A measuring child whose steps all run and whose side-by-side timing of fp32 against the
-    reduced precision gives ``rates`` (samples/s of each), or fails when ``rates`` is None."""
-
-    def __init__(self, rates: tuple[tuple[float, ...], tuple[float, ...]] | None, *, decided: bool) -> None:
-        self.rates, self.decided = rates, decided
-        self.timed: list[tuple[object, ...]] = []
-
-    def measure(self, config: TrainConfig, **_: object) -> None:
-        return None
-
-    def retime(self, configs: list[TrainConfig], *, scales: list[float], timeout: float, **rounds: int) -> Retimed:
-        self.timed.append((*((c.micro_batch_size, c.precision) for c in configs), rounds))
-        if self.rates is None:
-            raise MeasurementFailed("RuntimeError: the child crashed")
-        return Retimed(
-            timings=tuple(Timing(rates=r) for r in self.rates),
-            ranking=(0, 1),
-            decided=self.decided,
-            rounds=1,
-            warmup=(2, 2),
-            other_cores=0.0,
-        )
-
-
-@pytest.mark.parametrize(
-    ("rates", "decided", "kept"),
-    [
-        (((100.0, 101.0, 99.0, 100.0), (10.0, 10.5, 9.5, 10.0)), True, ()),  # 10x slower: left out
-        (((100.0, 101.0, 99.0, 100.0), (50.0, 50.5, 49.5, 50.0)), True, ()),  # 2x: dominated, left out
-        (((100.0, 101.0, 99.0, 100.0), (60.0, 61.0, 59.0, 60.0)), True, ("bf16",)),  # 1.7x: kept
-        (((100.0, 101.0, 99.0, 100.0), (10.0, 10.5, 9.5, 10.0)), False, ("bf16",)),  # not decided: kept
-        (None, True, ("bf16",)),  # the timing failed: kept, the trials will say
-    ],
-)
-def test_a_precision_whose_step_is_half_as_fast_or_worse_here_is_left_out_of_the_search(
-    rates: tuple[tuple[float, ...], tuple[float, ...]] | None, decided: bool, kept: tuple[str, ...]
-) -> None:
-    # On an AVX2 CPU a bf16 step of shared-encoder takes 10x the fp32 step (unet-tiny's 20x): the
-    # study's random trials there were lost. Autocast halves at most the activations, so a step
-    # twice as slow cannot win per GiB.
-    prepared = prepare(_spec())
-    child = _ScriptedChild(rates, decided=decided)
-    notes: list[str] = []
-    after = runnable(prepared, child, note=notes.append)
-    assert after.space.low_precisions == kept
-    assert child.timed == [((1, "fp32"), (1, "bf16"), {"rounds": 1, "max_rounds": 3})]
-    if kept:
-        assert after is prepared and notes == []
-    else:
-        slower = statistics.median(rates[0]) / statistics.median(rates[1])  # type: ignore[index]
-        assert notes == [
-            f"bf16 left out of the search: a step of tiny in bf16 takes {slower:.1f}x the fp32 step here (side by "
-            "side at micro-batch 1): recomputing activations saves more memory for less time"
-        ]
-        assert after.space == dataclasses.replace(prepared.space, low_precisions=())
