@@ -31,8 +31,8 @@ def test_the_plan_fits_in_a_ten_minute_call(gpu_check: ModuleType) -> None:
     assert [p.name for p in gpu_check.PLAN] == NAMES
     # Each part is killed at its own limit; 30 s are left of 600 for installing and copying back.
     # The limits are the H200 runs' seconds (docs/benchmarks.md) with room: device 17-18 s,
-    # measure 70-87 s, study 145-177 s (the precision probe, every trial within the budget, then
-    # the finalists re-timed), adapt 70-99 s, DeepSpeed 49-53 s, HF 31-32 s.
+    # measure 70-87 s, study 145-177 s (the later run with an experimental precision probe, every
+    # trial within the budget, then the finalists re-timed), adapt 70-99 s, DeepSpeed 49-53 s, HF 31-32 s.
     assert [p.limit_s for p in gpu_check.PLAN] == [30, 100, 215, 120, 65, 40]
     assert sum(p.limit_s for p in gpu_check.PLAN) == 570
 
