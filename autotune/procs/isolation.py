@@ -112,15 +112,27 @@ class MeasurementProcess:
             raise MeasurementFailed(f"{error['type']}: {error['message']}")
         return Measurement.from_dict(reply["ok"])
 
-    def retime(self, configs: list[TrainConfig], *, scales: list[float], timeout: float) -> Retimed:
+    def retime(
+        self,
+        configs: list[TrainConfig],
+        *,
+        scales: list[float],
+        timeout: float,
+        rounds: int = 3,
+        max_rounds: int = 6,
+    ) -> Retimed:
         """Re-time ``configs`` side by side in the child
-        (:func:`autotune.measurement.sidebyside.retime_configs`); raise :class:`MeasurementFailed`
-        if it errs, crashes or takes longer than ``timeout`` seconds."""
+        (:func:`autotune.measurement.sidebyside.retime_configs`, ``rounds`` to ``max_rounds``
+        rounds); raise :class:`MeasurementFailed` if it errs, crashes or takes longer than
+        ``timeout`` seconds."""
         from autotune.measurement.sidebyside import Retimed
 
         self.start()
         assert self._conn is not None
-        self._conn.send_bytes(encode(command("retime", configs=[c.to_dict() for c in configs], scales=scales)))
+        message = command(
+            "retime", configs=[c.to_dict() for c in configs], scales=scales, rounds=rounds, max_rounds=max_rounds
+        )
+        self._conn.send_bytes(encode(message))
         reply = self._receive(timeout, what="the re-timing")
         if "error" in reply:
             raise MeasurementFailed(f"{reply['error']['type']}: {reply['error']['message']}")
@@ -225,7 +237,15 @@ def _retime(workload: Any, args: dict[str, Any], device: str | None) -> dict[str
 
     try:
         configs = [TrainConfig.from_dict(c) for c in args["configs"]]
-        return {"ok": retime_configs(workload, configs, scales=args["scales"], device=device).to_dict()}
+        timed = retime_configs(
+            workload,
+            configs,
+            scales=args["scales"],
+            device=device,
+            rounds=args["rounds"],
+            max_rounds=args["max_rounds"],
+        )
+        return {"ok": timed.to_dict()}
     except AutotuneError as e:
         return error_reply(e)
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.measurement.record import Measurement
@@ -38,7 +38,14 @@ if TYPE_CHECKING:
 
     from autotune.workload import Workload
 
-__all__ = ["MeasurementCache", "cache_key", "code_fingerprint", "machine_fingerprint", "workload_fingerprint"]
+__all__ = [
+    "MeasurementCache",
+    "cache_key",
+    "code_fingerprint",
+    "machine_fingerprint",
+    "verdict_key",
+    "workload_fingerprint",
+]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS measurements (
@@ -47,6 +54,15 @@ CREATE TABLE IF NOT EXISTS measurements (
     machine TEXT NOT NULL,
     config TEXT NOT NULL,
     measurement TEXT NOT NULL,
+    created REAL NOT NULL
+)
+"""
+# What a machine decided about a workload once, beyond one configuration's numbers (which reduced
+# precisions a study searches there: :mod:`autotune.search.precisions`), keyed like a measurement.
+_VERDICTS = """
+CREATE TABLE IF NOT EXISTS verdicts (
+    key TEXT PRIMARY KEY,
+    verdict TEXT NOT NULL,
     created REAL NOT NULL
 )
 """
@@ -149,6 +165,14 @@ def cache_key(*, workload: str, machine: str, config: TrainConfig, steps: int, w
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def verdict_key(*, workload: str, machine: str, subject: str) -> str:
+    """The key of a verdict about ``subject`` (e.g. ``"precision bf16 at micro-batch 1"``)."""
+    payload = json.dumps(
+        {"workload": workload, "machine": machine, "code": code_fingerprint(), "subject": subject}, sort_keys=True
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
 class MeasurementCache:
     """An SQLite table of measurements by key. ``path=None`` keeps nothing (a no-op cache)."""
 
@@ -158,6 +182,7 @@ class MeasurementCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._connect() as db:
                 db.execute(_SCHEMA)
+                db.execute(_VERDICTS)
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -198,6 +223,24 @@ class MeasurementCache:
                 "INSERT OR REPLACE INTO measurements VALUES (?, ?, ?, ?, ?, ?)",
                 (key, workload, machine, measurement.config.to_json(), measurement.to_json(), time.time()),
             )
+
+    def get_verdict(self, key: str) -> dict[str, Any] | None:
+        """A verdict :meth:`put_verdict` stored under ``key``, or None."""
+        if self.path is None:
+            return None
+        with self._connect() as db:
+            row = db.execute("SELECT verdict FROM verdicts WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        verdict: dict[str, Any] = json.loads(row[0])
+        return verdict
+
+    def put_verdict(self, key: str, verdict: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        with self._connect() as db:
+            row = (key, json.dumps(verdict, sort_keys=True), time.time())
+            db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)", row)
 
     def __len__(self) -> int:
         if self.path is None:

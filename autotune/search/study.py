@@ -31,6 +31,7 @@ from autotune.errors import ConfigError, NonFiniteLossError, ProposalError, Spec
 from autotune.measurement.cuda_memory import ALLOC_CONF_VAR, alloc_conf_with
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
+from autotune.search.precisions import screen_precisions
 from autotune.search.predictor import MemoryPredictor, load_memory_predictor
 from autotune.search.record import ATTR, GOODPUT_METRIC_NAMES, METRIC_NAMES, MIB
 from autotune.search.refine import Refine
@@ -59,7 +60,6 @@ __all__ = [
     "prepare",
     "recover_interrupted",
     "run_study",
-    "runnable",
     "stored_spec",
     "study_alloc_conf",
 ]
@@ -459,11 +459,13 @@ def run_study(
             study.stop()  # other workers may have finished the rest
 
     alloc_conf = study_alloc_conf(spec, options.device)
+    machine = machine_fingerprint(threads=spec.measure.threads, device=options.device or "auto", alloc_conf=alloc_conf)
+    cache = MeasurementCache(options.cache)
     with MeasurementProcess(
         prepared.workload.source, threads=spec.measure.threads, device=options.device, alloc_conf=alloc_conf
     ) as measurer:
         measurer.start()
-        prepared = runnable(prepared, measurer, note=observer.note)
+        prepared = screen_precisions(prepared, measurer, study=study, cache=cache, machine=machine, note=observer.note)
         if not options.worker:
             _enqueue(study, prepared, predictor, observer)
 
@@ -485,10 +487,8 @@ def run_study(
             measurer=measurer,
             workload=prepared.workload,
             workload_id=prepared.fingerprint,
-            machine=machine_fingerprint(
-                threads=spec.measure.threads, device=options.device or "auto", alloc_conf=alloc_conf
-            ),
-            cache=MeasurementCache(options.cache),
+            machine=machine,
+            cache=cache,
             memory_budget=prepared.memory_budget,
             steps=spec.measure.steps,
             warmup=spec.measure.warmup,
@@ -519,45 +519,6 @@ def _enqueue(
     if floor is not None:
         observer.note(floor)
     enqueue_baselines(study, prepared, predictor, policy_proposal=prepared.spec.policy_proposal, note=observer.note)
-
-
-def runnable(prepared: Prepared, measurer: Any, *, note: Callable[[str], None]) -> Prepared:
-    """``prepared`` without the reduced precisions the model cannot run on this machine.
-
-    bf16 autocast around ``nn.LSTM`` raises on an AVX2 CPU (oneDNN has no primitive for it): left
-    in the space, most of a study's trials fail there (7 of 12 on lstm-lm), and Optuna's samplers
-    learn nothing from a failed trial. So each reduced precision runs one short measurement first
-    (every block in it, the smallest micro-batch, one rank: about three steps of a micro-batch), in
-    the measuring child as trials run; one that fails where the same configuration in fp32 runs is
-    left out of the search, with a note. Any other outcome (both fail, out of memory, a non-finite
-    loss) keeps the space as it was: the trials report it."""
-    from autotune.errors import MeasurementFailed
-
-    space = prepared.space
-    if not space.low_precisions or 1 not in space.ranks:
-        return prepared
-    batch = prepared.reference_batch if prepared.reference_batch in space.batch_sizes else space.batch_sizes[0]
-    micro = space.micro_batch_choices(batch, 1)[0]
-    timeout = prepared.spec.measure.trial_timeout
-
-    def fails(precision: Precision) -> str | None:
-        config = dataclasses.replace(space.base, micro_batch_size=micro, grad_accum_steps=1, precision=precision)
-        try:
-            measurer.measure(config, steps=1, warmup=1, memory_budget=None, timeout=timeout)
-        except MeasurementFailed as e:
-            return e.reason
-        return None
-
-    kept: list[Precision] = []
-    for precision in space.low_precisions:
-        failure = fails(precision)
-        if failure is None or fails("fp32") is not None:
-            kept.append(precision)
-            continue
-        note(f"{precision} left out of the search: {prepared.workload.name} cannot run in {precision} here ({failure})")
-    if len(kept) == len(space.low_precisions):
-        return prepared
-    return dataclasses.replace(prepared, space=dataclasses.replace(space, low_precisions=tuple(kept)))
 
 
 def retime_study(study: optuna.Study, *, device: str | None = None) -> dict[str, Any] | None:
