@@ -1,9 +1,10 @@
 """Optuna search over the knobs: ``autotune study``.
 
 One concept per module: the spec (:mod:`.spec`), the space (:mod:`.space`), the baselines
-(:mod:`.baselines`), the reduced precisions searched on this machine (:mod:`.precisions`), the objective (:mod:`.objective`) measuring in a time-limited child process
-(:mod:`.isolation`) through a cache (:mod:`.cache`), goodput (:mod:`autotune.measurement.goodput`), the memory-model
-hook (:mod:`.predictor`), storage (:mod:`.storage`), running and resuming (:mod:`.study`), results
+(:mod:`.baselines`), the reduced precisions searched here (:mod:`.precisions`), the objective
+(:mod:`.objective`) measuring in a time-limited child process (:mod:`.isolation`) through a cache
+(:mod:`.cache`), goodput (:mod:`autotune.measurement.goodput`), the memory-model hook
+(:mod:`.predictor`), storage (:mod:`.storage`), running and resuming (:mod:`.study`), results
 (:mod:`.results`), exports (:mod:`.export`), dashboard notes/plots/artifacts (:mod:`.notes`,
 :mod:`.dashboard`) and the CLI (:mod:`.commands`).
 
