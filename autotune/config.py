@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from autotune.errors import ConfigError
 
-__all__ = ["MEASURED_KEY", "TrainConfig", "Precision", "PRECISIONS"]
+__all__ = ["MEASURED_KEY", "PRECISIONS", "REDUCED_PRECISIONS", "Precision", "TrainConfig"]
 
 #: The key of ``autotune best --format json`` holding what the study measured for the
 #: configuration (its trial's figures, re-timed side by side too); :meth:`TrainConfig.from_json`
@@ -25,6 +25,8 @@ MEASURED_KEY = "measured"
 
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+#: The autocast precisions (every precision but fp32).
+REDUCED_PRECISIONS: tuple[Precision, ...] = ("bf16", "fp16")
 LrScaling = Literal["linear", "sqrt", "none"]
 LrSchedule = Literal["constant", "cosine"]
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-from autotune.config import Precision, TrainConfig
+from autotune.config import REDUCED_PRECISIONS, Precision, TrainConfig
 from autotune.errors import one_line
 from autotune.measurement.oom import is_out_of_memory
 
@@ -111,7 +111,7 @@ def reduced_precisions(device_type: str) -> tuple[Precision, ...]:
     fp16 block). On the CPU only bf16: DeepSpeed refuses fp16 there and without fp16 units (AVX2)
     autocast fp16 is emulated, ~50x slower than fp32.
     """
-    return ("bf16", "fp16") if device_type == "cuda" else ("bf16",)
+    return REDUCED_PRECISIONS if device_type == "cuda" else ("bf16",)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import TrainConfig
+from autotune.config import REDUCED_PRECISIONS, TrainConfig
 from autotune.errors import ConfigError, PredictionWarning, one_line
 from autotune.memory.model import compose_memory
 
@@ -91,7 +91,7 @@ def check_configs(profile: MemoryProfile) -> dict[str, TrainConfig]:
     out = {"default": TrainConfig(micro_batch_size=large)}
     if profile.modes["fp32"].checkpointed is not None:
         out["recompute"] = TrainConfig(micro_batch_size=small, checkpoint=some)
-    for mode in ("bf16", "fp16"):
+    for mode in REDUCED_PRECISIONS:
         if mode in profile.modes:
             precision = tuple(mode if x else "fp32" for x in some)
             out[mode] = TrainConfig(micro_batch_size=small, precision=precision)  # type: ignore[arg-type]
@@ -138,7 +138,7 @@ def verify_profile(
         # no primitive) is not a prediction that missed: the configurations cannot run here at
         # all. The check stays unverified (so they are measured, and refused where they fail),
         # without a warning about the memory model on every run of such a model on such a CPU.
-        cannot_run = kind in ("bf16", "fp16") and measured is None and not out_of_memory
+        cannot_run = kind in REDUCED_PRECISIONS and measured is None and not out_of_memory
         if not result.verified and not cannot_run:
             warnings.warn(PredictionWarning(unverified_message(workload.name, result)), stacklevel=3)
         new.append(result)
@@ -173,7 +173,7 @@ def covering(profile: MemoryProfile, config: TrainConfig, plan: Plan, predicted:
     if not profile.checks:
         return None
     kinds = ["default", *(["recompute"] if any(plan.checkpoints) else [])]
-    kinds += sorted({m for m in plan.block_modes if m in ("bf16", "fp16")})
+    kinds += sorted({m for m in plan.block_modes if m in REDUCED_PRECISIONS})
     checks = {v.kind: v for v in profile.checks}
     missing = [k for k in kinds if k not in checks]
     if missing:
@@ -199,7 +199,7 @@ def describe_check(v: Verification) -> str:
     c = v.config
     if v.kind == "recompute" and isinstance(c.checkpoint, tuple):
         what = f"blocks {_which(c.checkpoint)} recomputed"
-    elif v.kind in ("bf16", "fp16") and isinstance(c.precision, tuple):
+    elif v.kind in REDUCED_PRECISIONS and isinstance(c.precision, tuple):
         what = f"{v.kind} on blocks {_which(tuple(p != 'fp32' for p in c.precision))}"
     else:
         what = "fp32"
