@@ -94,7 +94,7 @@ def check_configs(profile: MemoryProfile) -> dict[str, TrainConfig]:
     for mode in REDUCED_PRECISIONS:
         if mode in profile.modes:
             precision = tuple(mode if x else "fp32" for x in some)
-            out[mode] = TrainConfig(micro_batch_size=small, precision=precision)  # type: ignore[arg-type]
+            out[mode] = TrainConfig(micro_batch_size=small, precision=precision)
     return out
 
 
