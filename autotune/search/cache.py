@@ -151,25 +151,17 @@ def code_fingerprint() -> str:
 
 
 def cache_key(*, workload: str, machine: str, config: TrainConfig, steps: int, warmup: int) -> str:
-    payload = json.dumps(
-        {
-            "workload": workload,
-            "machine": machine,
-            "code": code_fingerprint(),
-            "config": config.to_dict(),
-            "steps": steps,
-            "warmup": warmup,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()
+    return _key(workload=workload, machine=machine, config=config.to_dict(), steps=steps, warmup=warmup)
 
 
 def verdict_key(*, workload: str, machine: str, subject: str) -> str:
     """The key of a verdict about ``subject`` (e.g. ``"precision bf16 at micro-batch 1"``)."""
-    payload = json.dumps(
-        {"workload": workload, "machine": machine, "code": code_fingerprint(), "subject": subject}, sort_keys=True
-    )
+    return _key(workload=workload, machine=machine, subject=subject)
+
+
+def _key(**parts: Any) -> str:
+    """SHA-256 of ``parts`` and autotune's code, as sorted JSON (one key shape for every table)."""
+    payload = json.dumps({**parts, "code": code_fingerprint()}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
