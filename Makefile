@@ -50,15 +50,18 @@ docs: install
 
 # The CPU varies between machines: an AVX2 CPU has no bf16 units (bf16 matmul ~40x slower than
 # fp32), an AVX512-bf16/AMX one makes bf16 faster. The tests whose paths depend on it (the
-# machine probes, the environments, adaptive training, the corpus matrix, where oneDNN has no bf16
-# LSTM on AVX2) run again on AVX2 kernels, emulated on any x86 CPU by capping ATen's dispatch and
-# oneDNN's ISA. On an AVX2 machine that is what `make test` just ran: skipped (five minutes).
+# machine probes, the environments, adaptive training, and the corpus matrix on one model per
+# kind of kernel: oneDNN's LSTM, which has no bf16 on AVX2, ATen's GRU, convolutions with
+# BatchNorm, attention) run again on AVX2 kernels, emulated on any x86 CPU by capping ATen's
+# dispatch and oneDNN's ISA. On an AVX2 machine that is what `make test` just ran: skipped.
+AVX2_CORPUS = lstm-lm gru-lm unet-tiny hf-gpt2
 test-avx2: install
 	@if [ "$$($(BIN)/python -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')" = AVX2 ]; then \
 		echo "test-avx2: skipped: this CPU runs AVX2 kernels, and make test ran these tests on them"; \
 	else \
 		ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/pytest -q -n $(WORKERS) tests/measurement tests/envs \
-			tests/adapt/test_adaptive.py tests/zoo/test_conformance.py; \
+			tests/adapt/test_adaptive.py \
+			$(foreach m,$(AVX2_CORPUS),"tests/zoo/test_conformance.py::test_study_exports_and_tune[$(m)]"); \
 	fi
 
 # Every command README.md shows, run as written in a copy of the repository (minutes).

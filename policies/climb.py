@@ -8,7 +8,8 @@ ends the same way for the same reason (:mod:`autotune.search.refine`): a short s
 last measurements next to its best one.
 
 So an episode's last :func:`~autotune.search.refine.refine_trials` steps, and every step after the
-policy proposes to stay, are the climb's: it moves toward one *neighbour* of the incumbent (the
+policy proposes to stay or a move the environment refuses (the run stays, and so does the
+observation the policy acts on), are the climb's: it moves toward one *neighbour* of the incumbent (the
 step with the best objective per GiB so far), one knob one level away in the environment's own
 tables (:func:`neighbours`), the first that no step has visited or been refused and that the
 environment admits within the budget. A neighbour that measures better is the next incumbent, and

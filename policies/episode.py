@@ -153,9 +153,9 @@ def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, s
     episode terminates). Each step trains the real model ``env.steps_per_action`` optimizer steps.
 
     The last ``refine`` steps, and with ``refine`` > 0 every step after the policy first proposes
-    to stay where it is, are a greedy climb from the best step so far instead
-    (:class:`~autotune.policies.climb.Climb`; ``tune`` passes a quarter of its steps); a step the
-    climb has no move for is the policy's. ``refine=0`` is the policy alone."""
+    to stay where it is or a move the environment refuses, are a greedy climb from the best step
+    so far instead (:class:`~autotune.policies.climb.Climb`; ``tune`` passes a quarter of its
+    steps); a step the climb has no move for is the policy's. ``refine=0`` is the policy alone."""
     from autotune.policies.climb import Climb, settled
 
     obs, info = env.reset(seed=seed)
@@ -188,6 +188,11 @@ def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, s
         obs, reward, terminated, _, info = env.step(np.asarray(action))
         if climb is not None:
             climb.stepped(info["levels"])
+            # A move the environment refused (over the budget, a precision this machine cannot
+            # run) leaves the run where it was, as staying does, and the policy, seeing nearly
+            # the same observation, proposes it again: on lstm-lm on an AVX2 CPU it asked for
+            # bf16 blocks six steps running (the picks benchmark, docs/benchmarks.md).
+            climbing = climbing or (source == "policy" and info["levels"] == levels[-1])
         records.append(_record(env, t, action, info, float(reward), source))
         levels.append(info["levels"])
         if terminated:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
+from autotune.envs.core import OVER_BUDGET_PENALTY, Interval, MachineDescriptor, ModelDescriptor, TuningEnv
 from autotune.policies.climb import Climb, neighbours
 from autotune.policies.episode import run_episode
 
@@ -114,6 +114,19 @@ def test_a_moving_policy_keeps_all_but_the_last_quarter() -> None:
     # best, to its next untried neighbour (one recompute level less), then once more the same way.
     assert [_knobs(k) for k in env.trained[-2:]] == [(4, 0, 3), (4, 0, 2)]
     assert policy.calls == 8  # the policy is still asked: its action decides when it has settled
+
+
+def test_a_policy_move_the_environment_refuses_hands_over_at_once() -> None:
+    less_recompute = KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)
+    env = _Terrain(_less_recompute_is_faster, over=frozenset({less_recompute}))
+    policy: Any = _Policy(lambda _: (1, 1, 1, 0, 0))  # one recompute level less: over the budget
+    episode = run_episode(env, policy, workload="w", seed=0, steps=4, refine=1)
+    # Step 1 is refused (nothing trains) and the run stays on 4x4 with the same observation:
+    # from step 2 on, the climb's; without the hand-over the policy would ask for the same move
+    # until the last quarter. The climb never targets the refused setting.
+    assert [s.source for s in episode.steps] == [None, "policy", "climb", "climb", "climb"]
+    assert [_knobs(k) for k in env.trained] == [(4, 0, 4), (8, 0, 4), (4, 1, 4), (2, 0, 4)]
+    assert episode.steps[1].reward == -OVER_BUDGET_PENALTY
 
 
 def test_the_climb_skips_a_neighbour_over_the_budget() -> None:
