@@ -320,8 +320,11 @@ class TrainingEnv(TuningEnv):
                     raise
             finally:
                 loop.reconfigure(self.config_of(self.levels))
-            if self._gate is not None:  # a failed step's INFEASIBLE_PEAK too: the gate leaves it from now on
-                self._gate.record(self.config_of(knobs), self._peaks[knobs])
+            if self._gate is not None:
+                if self._peaks[knobs] == INFEASIBLE_PEAK:  # failed: no peak, nothing to learn of its kinds
+                    self._gate.record_failure(self.config_of(knobs), self.infeasible.get(knobs, "out of memory"))
+                else:
+                    self._gate.record(self.config_of(knobs), self._peaks[knobs])
         return self._peaks[knobs]
 
     def _tracked_step(self) -> int:

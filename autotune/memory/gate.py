@@ -170,6 +170,7 @@ class BudgetGate:
         # ~20% more on the H100 run: docs/benchmarks.md). Predictions of that kind are scaled by
         # it from then on, and no longer trusted without a measured first step.
         self.device_error: dict[str, float] = {}
+        self.failed: dict[TrainConfig, str] = {}  # real steps that failed -> why (never admitted)
         self._predicted: dict[TrainConfig, MemoryEstimate] = {}
 
     @classmethod
@@ -249,6 +250,20 @@ class BudgetGate:
         if allocator is not None:
             self.reserved[config] = allocator.reserved_peak
             self.observe(allocator)
+
+    def record_failure(self, config: TrainConfig, why: str) -> None:
+        """Record that a real step of ``config`` failed (out of memory, a kernel this machine
+        lacks): it is refused from now on.
+
+        No peak was measured, so nothing is learnt about the predictions of its kinds: recorded
+        as a peak, a failed bf16 step with one block recomputed scaled every recompute prediction
+        of an LSTM by 10^10, and the environment then refused every recompute setting.
+
+        Args:
+            config: The configuration.
+            why: The failure, in one line.
+        """
+        self.failed[config] = why
 
     def observe(self, allocator: AllocatorStats) -> None:
         """Record the caching allocator's peaks over real steps (of no config in particular).
@@ -374,6 +389,9 @@ class BudgetGate:
         Returns:
             The verdict, with the figures and rule in ``reason``.
         """
+        if config in self.failed:
+            why = f"a real step failed: {self.failed[config]}"
+            return Verdict(admitted=False, reason=why, predicted=None, measured=None)
         measured = self.measured.get(config)
         reserved = self.reserved.get(config)
         if measured is not None and reserved is not None:

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from autotune import ConfigError, MemoryEstimate, TrainConfig, Workload, load_workload
-from autotune.adapt.gate import BudgetGate
+from autotune.adapt.gate import BudgetGate, Verdict
 from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.memory.predict import profile_memory
 from autotune.memory.profile import MemoryProfile
@@ -150,3 +150,20 @@ def test_a_step_within_the_headroom_above_its_prediction_teaches_nothing(
     gate = _gate(tiny, two_modes, 10**9, device_type="cpu")
     gate.record(B, 62_407)  # 61_184 x 1.02 = 62_407.68: within the 2% headroom
     assert gate.device_error == {} and gate.trusts(B)
+
+
+def test_a_failed_step_is_refused_and_teaches_nothing_of_its_kinds(tiny: Workload, two_modes: MemoryProfile) -> None:
+    """A bf16 step with a block recomputed that failed (an LSTM on a CPU without bf16 kernels)
+    says nothing of the memory of other recompute configurations."""
+    gate = _gate(tiny, two_modes, 10**9, device_type="cpu")
+    failed = TrainConfig(micro_batch_size=8, precision="bf16", checkpoint=True)
+    recompute = TrainConfig(micro_batch_size=8, checkpoint=True)
+    before = gate.check(recompute)
+    gate.record_failure(failed, "RuntimeError: could not create a primitive descriptor")
+    assert gate.check(failed) == Verdict(
+        admitted=False,
+        reason="a real step failed: RuntimeError: could not create a primitive descriptor",
+        predicted=None,
+        measured=None,
+    )
+    assert gate.device_error == {} and gate.check(recompute) == before and before.admitted

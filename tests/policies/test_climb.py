@@ -142,7 +142,7 @@ def test_with_every_neighbour_tried_the_step_is_the_policy_s() -> None:
     env = _Terrain(lambda k: 100.0)
     env.reset(seed=0)
     climb = Climb(env)
-    tried = [(n, 90.0) for n in neighbours(START, max_zero_stage=0)]
+    tried = [(n, None) for n in neighbours(START, max_zero_stage=0)]  # tried, none counted
     assert climb.action([(START, 100.0), *tried]) is None
     assert climb.action([(START, None)]) is None  # nothing counted yet: no incumbent
 
@@ -174,3 +174,18 @@ def test_the_episode_s_json_says_who_chose_each_step(refine: int) -> None:
     episode = run_episode(env, policy, workload="w", seed=0, steps=2, refine=refine)
     sources = [s["source"] for s in episode.to_dict()["steps"]]
     assert sources == ([None, "policy", "climb"] if refine else [None, "policy", "policy"])
+
+
+def test_with_every_neighbour_of_the_best_tried_the_climb_goes_on_from_the_runner_up() -> None:
+    env = _Terrain(lambda k: 100.0)
+    env.reset(seed=0)
+    climb = Climb(env)
+    around = neighbours(START, max_zero_stage=0)
+    runner_up = around[1]  # one recompute level less than START
+    measured = [(START, 100.0)] + [(n, 95.0 if n == runner_up else None) for n in around]
+    action = climb.action(measured)
+    # Every neighbour of START was tried: the runner-up's first untried one, its larger
+    # micro-batch, reached from START in one action (split and recompute at once).
+    assert runner_up == KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)
+    target = KnobLevels(micro=3, accum=1, precision=0, checkpoint=3)
+    assert action is not None and env.next_levels(action) == climb.target == target
