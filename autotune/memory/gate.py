@@ -256,8 +256,9 @@ class BudgetGate:
         lacks): it is refused from now on.
 
         No peak was measured, so nothing is learnt about the predictions of its kinds: recorded
-        as a peak, a failed bf16 step with one block recomputed scaled every recompute prediction
-        of an LSTM by 10^10, and the environment then refused every recompute setting.
+        as a peak (2^62 bytes), a failed bf16 step with one block recomputed scaled every
+        recompute prediction of an LSTM by about 6.6 x 10^10, and the environment then refused
+        every recompute setting.
 
         Args:
             config: The configuration.
