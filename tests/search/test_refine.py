@@ -3,6 +3,9 @@ after a repeated one, enqueued through Optuna (scripted trials: no measurement).
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import optuna
 import pytest
 
@@ -11,7 +14,16 @@ from autotune.errors import MeasurementFailed
 from autotune.knobs import KnobLevels, Knobs
 from autotune.measurement.sidebyside import Retimed, Timing
 from autotune.search.record import ATTR
-from autotune.search.refine import BEATEN_BY, REFINED_FROM, Refine, neighbours, pattern_first, refine_trials
+from autotune.search.refine import (
+    BEATEN_BY,
+    REFINED_FROM,
+    Refine,
+    neighbours,
+    pattern_first,
+    recompute_margin,
+    refine_trials,
+    undominated,
+)
 from autotune.search.space import SearchSpace
 
 MIB = 2**20
@@ -254,6 +266,60 @@ def test_the_memory_model_s_peaks_rank_the_candidates_only_where_it_predicts_eve
     partly, _ = _refine(s := study(), known_peak=lambda k: 2**30 if k == corner else None)
     partly(s, s.trials[-1])
     assert [p for p, _ in _waiting(s)] == [{"micro_batch_size": 1, "low_precision_blocks": 4, "checkpoint_blocks": 0}]
+
+
+def _last_block_saves_nothing(k: Knobs) -> int:
+    """The surface tests' peaks, except that recomputing the fourth block saves nothing (its
+    recompute runs first in backward, while the activations it dropped would still be alive)."""
+    from tests.search.test_surface import peak
+
+    return peak(dataclasses.replace(k, checkpoint_blocks=min(k.checkpoint_blocks, 3)))
+
+
+def test_a_point_recomputing_a_block_for_next_to_no_memory_gives_way_to_the_one_recomputing_less() -> None:
+    def fold(ckpt: int, peak: object) -> int:
+        return undominated(_knobs(8, 0, ckpt), peak, 4).checkpoint_blocks  # type: ignore[arg-type]
+
+    assert fold(4, _last_block_saves_nothing) == 3
+    assert fold(3, _last_block_saves_nothing) == 3  # the third block saves 4 MiB of 26
+    assert fold(4, lambda k: 7 * MIB) == 0  # recompute never lowers the peak
+    assert fold(4, lambda k: None) == 4  # no verified peak: as it is
+    assert fold(4, {_knobs(8, 0, 4): 7 * MIB, _knobs(8, 0, 3): 7 * MIB}.get) == 3  # ckpt:2 unknown
+    # Recomputing one of 4 blocks adds about 1/12 of a step; a saving under half that (1/24 of the
+    # peak) cannot pay per GiB, one above it may.
+    assert recompute_margin(4) == 1 / 24
+    assert fold(4, lambda k: [9000, 8000, 5000, 2499, 2400][k.checkpoint_blocks]) == 3
+    assert fold(4, lambda k: [9000, 8000, 5000, 2501, 2400][k.checkpoint_blocks]) == 4
+
+
+def test_the_refinement_never_proposes_a_recompute_that_does_not_lower_the_verified_peak() -> None:
+    from tests.search.test_surface import MEASURED
+
+    def cheap_recompute(k: Knobs) -> float:  # the surface tests' rate, recompute costing 4%, not 26%
+        micro, low, ckpt = k.micro_batch_size, k.low_precision_blocks, k.checkpoint_blocks
+        return 100.0 * 2 ** (0.2 * math.log2(micro)) * math.exp(0.5 * low / 4 - 0.04 * ckpt / 4)
+
+    # One recomputed block unverified (as blocks sharing a module are): the fitted peaks rank, and
+    # their straight line takes the fourth recomputed block to lower the peak as the others do.
+    def known(k: Knobs) -> int | None:
+        return None if k.checkpoint_blocks == 1 else _last_block_saves_nothing(k)
+
+    study = _study(*((k, cheap_recompute(k), _last_block_saves_nothing(k) / MIB) for k in MEASURED))
+    refine, notes = _refine(study, trials=12, known_peak=known)
+    refine(study, study.trials[-1])
+    # Without the rule: 2x8 bf16:4 ckpt:4, estimated 14543.5, the same verified peak as ckpt:3.
+    assert notes == [
+        "refining: next 1x16 bf16:4 ckpt:3, estimated 13921.0 per GiB by a surface through 9 trials, "
+        "above trial 2 (the best so far)"
+    ]
+    # A neighbour recomputing one block more that lowers nothing is skipped: of 4x4 bf16:4 ckpt:3's
+    # neighbours, 8x2, ckpt:2 and 2x8 are tried and ckpt:4 folds back to ckpt:3 (the incumbent):
+    # one bf16 block fewer is next.
+    lone = _study((_knobs(4, 4, 3), 100.0, 10.0), (_knobs(8, 4, 3), 1.0, 90.0), (_knobs(4, 4, 2), 1.0, 90.0))
+    _add(lone, _knobs(2, 4, 3), rate=1.0, peak_mib=90.0)
+    refine, notes = _refine(lone, trials=5, known_peak=_last_block_saves_nothing)
+    refine(lone, lone.trials[-1])
+    assert notes == ["refining: next 4x4 bf16:3 ckpt:3, a neighbour of trial 0 (the best so far)"]
 
 
 class _Duel:
