@@ -39,7 +39,7 @@ lint: install typecheck
 # then the few tests that race a subprocess against a deadline, alone (marked serial).
 WORKERS ?= 2
 test: lint docs
-	$(BIN)/pytest -n $(WORKERS) -m "not slow and not readme and not examples and not serial"
+	$(BIN)/pytest -n $(WORKERS) --durations=20 -m "not slow and not readme and not examples and not serial"
 	$(BIN)/pytest -m serial
 
 # The docs site (mkdocs.yml) into site/, warnings as errors: a broken link, an unresolvable API

@@ -192,13 +192,14 @@ class TrainingEnv(TuningEnv):
         if self.ranks > 1:
             return
         try:
-            self._memory = profile_memory(wl, modes=("fp32", "bf16"), checkpointed=True, verify=True)
-        except PredictionError as e:
-            self._reduced_failure = one_line(e).rpartition("under fake tensors: ")[2]
+            self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True)
+        except PredictionError:  # no memory model for this model
+            pass
+        else:  # grown by bf16: its passes and its check only
             try:
-                self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True, verify=True)
-            except PredictionError:  # not a precision problem: no memory model for this model
-                self._reduced_failure = None
+                self._memory = profile_memory(wl, modes=("fp32", "bf16"), checkpointed=True, reuse=self._memory)
+            except PredictionError as e:
+                self._reduced_failure = one_line(e).rpartition("under fake tensors: ")[2]
         config = self.config_of(start)
         self._gate = BudgetGate(wl, self._budget, profile=self._memory, headroom=headroom_for(config))
         for levels, peak in self._peaks.items():

@@ -34,11 +34,14 @@ def profile_memory(
     micro_batch_sizes: tuple[int, int] = (2, 4),
     checkpointed: bool = True,
     verify: bool = True,
+    reuse: MemoryProfile | None = None,
 ) -> MemoryProfile:
     """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute).
 
     ``checkpointed=False`` skips the runs with every block checkpointed (half the time); the
-    profile then serves configs without checkpointing only.
+    profile then serves configs without checkpointing only. ``reuse``: an earlier profile of the
+    same workload; the modes it holds are not profiled again, and its checks stand (only the
+    kinds it lacks run real steps).
 
     Fake tensors go through the same kernels' shape logic, and MemTracker counts them as real
     ones (the same bytes on the built-in workloads, to a few hundred bytes with bf16 blocks), so
@@ -57,10 +60,13 @@ def profile_memory(
         raise ValueError(f"profile_memory: modes must be among {MODES}, but got {unknown[0]!r}.")
     if verify and "fp32" not in modes:
         modes = ("fp32", *modes)
-    profile = fake_profile(workload, modes=modes, micro_batch_sizes=micro_batch_sizes, checkpointed=checkpointed)
+    profile = fake_profile(
+        workload, modes=modes, micro_batch_sizes=micro_batch_sizes, checkpointed=checkpointed, reuse=reuse
+    )
     if not verify:
         return profile
-    return dataclasses.replace(profile, checks=verify_profile(workload, profile))
+    done = () if reuse is None else reuse.checks
+    return dataclasses.replace(profile, checks=verify_profile(workload, profile, done=done))
 
 
 def predict_memory(

@@ -169,13 +169,16 @@ def fake_profile(
     modes: Sequence[str] = ("fp32",),
     micro_batch_sizes: tuple[int, int] = (2, 4),
     checkpointed: bool = True,
+    reuse: MemoryProfile | None = None,
 ) -> MemoryProfile:
     """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute),
     unchecked (``checks`` empty): :func:`autotune.memory.predict.profile_memory` also checks it
     against real steps.
 
     ``checkpointed=False`` skips the runs with every block checkpointed (half the time); the
-    profile then serves configs without checkpointing only.
+    profile then serves configs without checkpointing only. ``reuse``: an earlier profile of the
+    same workload, whose modes (at the same sizes, with the checkpointed runs if asked for) are
+    taken as they are, so growing a profile by a mode runs only that mode's passes.
 
     Fake tensors go through the same kernels' shape logic, and MemTracker counts them as real
     ones (the same bytes on the built-in workloads, to a few hundred bytes with bf16 blocks), so
@@ -188,7 +191,7 @@ def fake_profile(
     if unknown:
         raise ValueError(f"fake_profile: modes must be among {MODES}, but got {unknown[0]!r}.")
     try:
-        profile = _profile(workload, modes, micro_batch_sizes, checkpointed)
+        profile = _profile(workload, modes, micro_batch_sizes, checkpointed, reuse)
     except AutotuneError:
         raise
     # The fake run executes the user's model code: whatever it raises there (FakeTensorMode's
@@ -202,9 +205,19 @@ def fake_profile(
 
 
 def _profile(
-    workload: Workload, modes: Sequence[str], micro_batch_sizes: tuple[int, int], checkpointed: bool
+    workload: Workload,
+    modes: Sequence[str],
+    micro_batch_sizes: tuple[int, int],
+    checkpointed: bool,
+    reuse: MemoryProfile | None,
 ) -> MemoryProfile:
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def reused(mode: str) -> ModeProfile | None:
+        if reuse is None or reuse.micro_batch_sizes != micro_batch_sizes or mode not in reuse.modes:
+            return None
+        found = reuse.modes[mode]
+        return found if found.checkpointed is not None or not checkpointed else None
 
     params = list(workload.model.parameters())
     fake = FakeTensorMode(allow_non_fake_inputs=False)
@@ -219,7 +232,7 @@ def _profile(
         optimizer_step_bytes=step,
         flat_state_ratio=flat_state,
         flat_step_ratio=flat_step,
-        modes={m: _profile_mode(workload, fake, m, micro_batch_sizes, checkpointed) for m in modes},
+        modes={m: reused(m) or _profile_mode(workload, fake, m, micro_batch_sizes, checkpointed) for m in modes},
     )
 
 

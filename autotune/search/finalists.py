@@ -83,22 +83,42 @@ class Finalist:
 def finalists(records: tuple[TrialRecord, ...]) -> list[TrialRecord]:
     """The best :data:`FINALISTS` distinct local-runner configurations by objective per GiB among
     feasible completed trials (ZeRO configurations run on ranks: they keep their first
-    measurement) that no side-by-side timing showed worse than another (the refinement's duels,
-    :data:`autotune.search.refine.BEATEN_BY`): a lucky first stint must not take the place of the
-    trial that beat it on the same machine moments later."""
-    ok = [
-        r
+    measurement), after the refinement's duels (:data:`autotune.search.refine.BEATEN_BY`):
+
+    * a trial a duel showed worse beyond both spreads is no finalist;
+    * a duel's winner ranks at least as high as the trial it beat: a lucky first stint must not
+      take the place of the trial that beat it on the same machine moments later;
+    * a trial that lost a duel too close to call stays eligible, ranked behind its winner: the two
+      were within each other's noise, and the final re-timing, with more rounds, is the fair look
+      (docs/benchmarks.md, shared-encoder: such a loser was the best first measurement).
+    """
+    ok = {
+        r.number: r
         for r in records
-        if r.feasible
-        and r.config is not None
-        and r.per_gib
-        and r.throughput
-        and not r.config.on_deepspeed
-        and r.beaten_by is None
-    ]
-    ok.sort(key=lambda r: (-(r.per_gib or 0.0), r.number))
+        if r.feasible and r.config is not None and r.per_gib and r.throughput and not r.config.on_deepspeed
+    }
+    rank = {n: r.per_gib or 0.0 for n, r in ok.items()}
+    for _ in ok:  # to a fixed point: a winner beaten in turn passes it on (at most one pass per trial)
+        changed = False
+        for n, r in ok.items():
+            w = r.beaten_by
+            if w is not None and w in rank and rank[w] < rank[n]:
+                rank[w], changed = rank[n], True
+        if not changed:
+            break
+
+    def behind(r: TrialRecord) -> int:
+        """How many duels separate ``r`` from a trial no duel beat (a cycle of duels ends it)."""
+        depth, seen, winner = 0, {r.number}, r.beaten_by
+        while winner is not None and winner in ok and winner not in seen:
+            depth, seen, winner = depth + 1, seen | {winner}, ok[winner].beaten_by
+        return depth
+
+    eligible = [r for r in ok.values() if r.beaten_by is None or not r.beaten_decided]
+    # A loser ties its winner at most: on a tie the winner first.
+    eligible.sort(key=lambda r: (-rank[r.number], behind(r), r.number))
     out: list[TrialRecord] = []
-    for r in ok:
+    for r in eligible:
         if all(o.config != r.config for o in out):
             out.append(r)
         if len(out) == FINALISTS:

@@ -22,7 +22,6 @@ study and reused, grown only when a config needs a mode it lacks; predictions ar
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import inspect
 import warnings
@@ -77,7 +76,6 @@ class _Predictor:
         return self.memo[key]
 
     def _profile(self, workload: Workload, config: TrainConfig) -> Any:
-        from autotune.memory.check import verify_profile
         from autotune.memory.predict import profile_memory
 
         assert self.plan_of is not None
@@ -89,13 +87,9 @@ class _Predictor:
         if not needed <= have:
             modes = tuple(sorted(needed | have))
             try:
-                # Checked once per workload and kind of configuration: a profile grown later for
-                # a new mode keeps its checks and runs only the new kinds' (a reduced precision).
-                if current is None:
-                    current = profile_memory(workload, modes=modes)
-                else:
-                    grown = profile_memory(workload, modes=modes, verify=False)
-                    current = dataclasses.replace(grown, checks=verify_profile(workload, grown, done=current.checks))
+                # Profiled and checked once per workload, mode and kind of configuration: a
+                # profile grown later for a new mode runs only that mode's passes and checks.
+                current = profile_memory(workload, modes=modes, reuse=current)
             except PredictionError as e:
                 warnings.warn(PredictionWarning(f"{e}; configurations will be measured, not pruned."), stacklevel=3)
                 self.failures[id(workload)] = e

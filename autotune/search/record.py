@@ -46,6 +46,7 @@ class ATTR:
     INTERRUPTED = "interrupted"
     RETRY_OF = "retry_of"
     BEATEN_BY = "beaten_by"  # a side-by-side timing showed this trial worse than that one (search/refine.py)
+    BEATEN_DECIDED = "beaten_decided"  # False: that timing was within both spreads (too close to call)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +72,9 @@ class TrialRecord:
     feasible: bool
     #: The trial a side-by-side timing showed better than this one (None: none did).
     beaten_by: int | None = None
+    #: Whether that timing separated the two beyond their spreads (a trial of a study from before
+    #: this was recorded: True).
+    beaten_decided: bool = True
 
     @property
     def per_gib(self) -> float | None:
@@ -103,4 +107,5 @@ def trial_record(trial: optuna.trial.FrozenTrial) -> TrialRecord:
         efficiency=a.get(ATTR.EFFICIENCY),
         feasible=feasible,
         beaten_by=a.get(ATTR.BEATEN_BY),
+        beaten_decided=bool(a.get(ATTR.BEATEN_DECIDED, True)),
     )

@@ -23,8 +23,9 @@ Under load a single stint can flatter the incumbent (measured: a study on a mach
 core kept refining around a trial that two of its neighbours beat when timed beside it, and never
 reached the best configuration one more move away). So a refinement trial that ran within the
 budget is timed again *beside* the incumbent it was refined from (``duel``: the finalists'
-side-by-side re-timing, for two), and the one it shows worse is marked ``beaten_by`` the other:
-the incumbent is the best first measurement among trials no side-by-side timing beat. Cost: the
+side-by-side re-timing, for two), and the one it shows worse is marked ``beaten_by`` the other
+(and ``beaten_decided`` False when the two were within each other's spread): the incumbent is the
+best first measurement among trials no side-by-side timing beat. Cost: the
 two configurations' warm-up and up to 6 rounds of 2 steps each, for each refinement trial but the
 study's last (whose finalists are re-timed anyway): 2 of a 12-trial study.
 
@@ -288,7 +289,7 @@ class Refine:
                 self.note(f"{why}: first measurements stand")
             return
         winner, loser = (pair[0], pair[1]) if result.winner == 0 else (pair[1], pair[0])
-        set_finished_trial_attrs(study, loser.number, {BEATEN_BY: winner.number})
+        set_finished_trial_attrs(study, loser.number, {BEATEN_BY: winner.number, ATTR.BEATEN_DECIDED: result.decided})
         if self.note is not None:
             verdict = "decided" if result.decided else "too close to call: within each other's spread"
             self.note(

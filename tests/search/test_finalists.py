@@ -118,14 +118,15 @@ def test_a_trial_beaten_side_by_side_is_no_finalist_ahead_of_the_one_that_beat_i
     study = _study(None)
     for number in (0, 2):  # 100 and 96 per GiB first, both beaten by trial 3 (50 first)
         set_finished_trial_attrs(study, number, {ATTR.BEATEN_BY: 3})
-    assert [r.number for r in to_retime(study)] == [1, 3]
+    # Trial 3 ranks as the best trial it beat (100 per GiB), trial 1 next.
+    assert [r.number for r in to_retime(study)] == [3, 1]
     configs_seen: list[list[int]] = []
 
     def retimer(configs: list[TrainConfig], scales: list[float]) -> Retimed:
         configs_seen.append([c.micro_batch_size for c in configs])
         return Retimed(
-            timings=(Timing(rates=(90.0,) * 3), Timing(rates=(120.0,) * 3)),
-            ranking=(1, 0),
+            timings=(Timing(rates=(120.0,) * 3), Timing(rates=(90.0,) * 3)),
+            ranking=(0, 1),
             decided=True,
             rounds=3,
             warmup=(2, 2),
@@ -133,6 +134,18 @@ def test_a_trial_beaten_side_by_side_is_no_finalist_ahead_of_the_one_that_beat_i
         )
 
     record = retime_finalists(study, retimer, threads=1)
-    assert configs_seen == [[4, 1]] and record is not None and record["winner"] == 3
+    assert configs_seen == [[1, 4]] and record is not None and record["winner"] == 3
     summary = summarize(study)
     assert summary.recommended is not None and summary.recommended.number == 3
+
+
+def test_a_duel_too_close_to_call_leaves_the_loser_a_finalist_behind_its_winner() -> None:
+    study = _study(None)  # per GiB first: 100, 98, 96, 50
+    # Trial 3 (50 first) beat trial 0 (100) within their spreads, and trial 1 (98) beyond them.
+    set_finished_trial_attrs(study, 0, {ATTR.BEATEN_BY: 3, ATTR.BEATEN_DECIDED: False})
+    set_finished_trial_attrs(study, 1, {ATTR.BEATEN_BY: 3, ATTR.BEATEN_DECIDED: True})
+    # Trial 3 ranks as the trial it beat (100), ahead of it; trial 1 is out; trial 2 is third.
+    assert [r.number for r in to_retime(study)] == [3, 0, 2]
+    # A winner beaten in turn passes its rank on: trial 2 beat trial 3 (too close to call).
+    set_finished_trial_attrs(study, 3, {ATTR.BEATEN_BY: 2, ATTR.BEATEN_DECIDED: False})
+    assert [r.number for r in to_retime(study)] == [2, 3, 0]
