@@ -322,6 +322,11 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         return levels.effective_batch_size * self.ranks
 
     @property
+    def machine(self) -> MachineDescriptor | None:
+        """What this episode measured of the machine at reset (None before the first reset)."""
+        return self._machine
+
+    @property
     def knobs(self) -> Knobs:
         """The current configuration in the encoding the Optuna study shares (:mod:`autotune.knobs`):
         ``SearchSpace.params(env.knobs)`` enqueues it in a study."""

@@ -17,6 +17,12 @@ the move that reached it is tried again first from there (a pattern move: recomp
 less, then one less again). With every neighbour of the incumbent tried, the climb goes on from
 the next best step's. The climb acts through the environment's action space, as the policy
 does, so the episode's rewards, records and re-timing are the same for its steps.
+
+A move to more reduced-precision blocks is not the climb's where the environment measured a
+reduced-precision step at :data:`~autotune.search.precisions.DOMINATED_SLOWDOWN` times the fp32
+step or more at reset (the study's rule for leaving a precision out of its space): such a move
+loses at least the throughput it saves per GiB, and on a CPU without bf16 units it cost the climb
+one or two of its few steps (shared-encoder, docs/benchmarks.md). The policy may still move there.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.knobs import KnobLevels, apply_action
+from autotune.search.precisions import DOMINATED_SLOWDOWN
 from autotune.search.refine import pattern_first
 
 if TYPE_CHECKING:
@@ -105,10 +112,12 @@ class Climb:
         for _, _, levels in sorted(counted, reverse=True):
             if levels not in ranked:
                 ranked.append(levels)
+        machine = self.env.machine
+        slow_reduced = machine is not None and machine.reduced_speed * DOMINATED_SLOWDOWN <= 1.0
         for incumbent in ranked:
             candidates = neighbours(incumbent, max_zero_stage=self.env.max_zero_stage)
             for candidate in pattern_first(candidates, self._came_from.get(incumbent), incumbent):
-                if candidate in self.tried:
+                if candidate in self.tried or (slow_reduced and candidate.precision > incumbent.precision):
                     continue
                 self.tried.add(candidate)
                 if self.env.admits(candidate):

@@ -296,6 +296,13 @@ class Refine:
                 f"side by side: trial {winner.number} beats trial {loser.number} ({verdict}, {result.rounds} rounds)"
             )
 
+    def _peak_bounds(self, knobs: Knobs) -> tuple[int | None, int | None]:
+        """The verified peaks of ``knobs`` with every block and with no block recomputed: where the
+        fitted peak of a point between them may lie."""
+        assert self.known_peak is not None
+        every = dataclasses.replace(knobs, checkpoint_blocks=self.space.num_blocks)
+        return self.known_peak(every), self.known_peak(dataclasses.replace(knobs, checkpoint_blocks=0))
+
     def _undominated(self, knobs: Knobs) -> Knobs:
         return knobs if self.known_peak is None else undominated(knobs, self.known_peak, self.space.num_blocks)
 
@@ -336,10 +343,12 @@ class Refine:
         # One source of peaks for every candidate: the memory model's where it predicts them all,
         # else the fit's. Mixing them favours the points it cannot predict (on unet-tiny, per-block
         # recompute across skips): the fit takes recompute to lower the peak there, and it does not.
+        # The verified peaks the model has still bound the fit's (surface module docstring).
         known = {k: self.known_peak(k) for k in untried} if self.known_peak is not None else {}
         exact = bool(known) and all(v is not None for v in known.values())
         peaks = known.get if exact else None
-        for estimate in ranked(surface, untried, known_peak=peaks, budget_bytes=self.budget_bytes):
+        bounds = None if exact or self.known_peak is None else self._peak_bounds
+        for estimate in ranked(surface, untried, known_peak=peaks, peak_bounds=bounds, budget_bytes=self.budget_bytes):
             if estimate.per_gib <= incumbent_per_gib:
                 return None
             if self._admitted(estimate.knobs):

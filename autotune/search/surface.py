@@ -17,7 +17,12 @@ moves by a factor per doubling of the micro-batch and per share of blocks in bf1
 the peak is a fixed part (parameters, gradients, optimizer state) plus activations that grow with
 the micro-batch and shrink with recompute and reduced precision. Where the memory model has a
 verified prediction for every candidate, its peaks replace the fitted ones (the refinement never
-mixes the two: see :meth:`autotune.search.refine.Refine`). The surface only proposes: the trial
+mixes the two: see :meth:`autotune.search.refine.Refine`); where it has some, they bound the
+fitted peaks: a point's peak lies between its verified peaks with every block recomputed and with
+none (recompute lowers the peak, never below recomputing all). A straight line through the
+measured points otherwise puts the far corner below what the model knows it holds (shared-encoder:
+8x2 with every block recomputed estimated at 2.5-4.4x the best per GiB any trial had measured).
+The surface only proposes: the trial
 measures, and the finalists' re-timing decides.
 
 A knob that did not vary among the measured points has no coefficient; points that would move it
@@ -77,9 +82,12 @@ class Surface:
         f = _features(knobs, self.num_blocks)
         return all(v or math.isclose(x, c) for x, c, v in zip(f, self.fixed, self.varied, strict=True))
 
-    def estimate(self, knobs: Knobs, *, peak_bytes: int | None = None) -> Estimate | None:
-        """``knobs``' estimate (``peak_bytes``: a known peak instead of the fitted one); None when
-        the surface does not cover the point or its fitted peak is not positive."""
+    def estimate(
+        self, knobs: Knobs, *, peak_bytes: int | None = None, bounds: tuple[int | None, int | None] = (None, None)
+    ) -> Estimate | None:
+        """``knobs``' estimate (``peak_bytes``: a known peak instead of the fitted one; ``bounds``:
+        the least and the most the fitted peak may be); None when the surface does not cover the
+        point or its peak is not positive."""
         if not self.covers(knobs):
             return None
         f = _features(knobs, self.num_blocks)
@@ -89,6 +97,9 @@ class Surface:
             micro = float(knobs.micro_batch_size)
             shares = [v for v, keep in zip(f[1:], self.varied[1:], strict=True) if keep]
             peak = float(np.dot(self.peak_coef, [1.0, micro, *(micro * s for s in shares)]))
+            low, high = bounds
+            peak = peak if high is None else min(peak, float(high))
+            peak = peak if low is None else max(peak, float(low))
         else:
             peak = float(peak_bytes)
         if peak <= 0:
@@ -130,14 +141,20 @@ def ranked(
     candidates: Iterable[Knobs],
     *,
     known_peak: Callable[[Knobs], int | None] | None = None,
+    peak_bounds: Callable[[Knobs], tuple[int | None, int | None]] | None = None,
     budget_bytes: int | None = None,
 ) -> list[Estimate]:
     """The candidates the surface covers whose estimated peak is within ``budget_bytes``, highest
     estimated objective per GiB first (candidates' order on a tie). ``known_peak`` gives the memory
-    model's verified prediction of a point (None: use the fitted peak)."""
+    model's verified prediction of a point (None: use the fitted peak); ``peak_bounds`` the least
+    and the most a point's fitted peak may be (None for either: unbounded)."""
     out = []
     for knobs in candidates:
-        estimate = surface.estimate(knobs, peak_bytes=None if known_peak is None else known_peak(knobs))
+        estimate = surface.estimate(
+            knobs,
+            peak_bytes=None if known_peak is None else known_peak(knobs),
+            bounds=(None, None) if peak_bounds is None else peak_bounds(knobs),
+        )
         if estimate is not None and (budget_bytes is None or estimate.peak_bytes <= budget_bytes):
             out.append(estimate)
     out.sort(key=lambda e: -e.per_gib)

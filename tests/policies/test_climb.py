@@ -23,10 +23,16 @@ class _Terrain(TuningEnv):
     """Each knob setting trains at ``throughput(levels)`` samples/s with a peak of 1 GiB, except
     where ``over`` says it is over the 2 GiB budget: the objective per GiB is the throughput."""
 
-    def __init__(self, throughput: Callable[[KnobLevels], float], over: frozenset[KnobLevels] = frozenset()) -> None:
+    def __init__(
+        self,
+        throughput: Callable[[KnobLevels], float],
+        over: frozenset[KnobLevels] = frozenset(),
+        reduced_speed: float = 1.0,
+    ) -> None:
         super().__init__(horizon=8)
         self.throughput = throughput
         self.over = over
+        self.reduced_speed = reduced_speed
         self.trained: list[KnobLevels] = []
 
     def config_of(self, knobs: KnobLevels) -> TrainConfig:
@@ -34,7 +40,7 @@ class _Terrain(TuningEnv):
 
     def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
         model = ModelDescriptor(num_parameters=1, activation_bytes_per_sample=1.0, num_blocks=4, top_quarter_share=0.5)
-        return START, model, MachineDescriptor(reduced_speed=1.0, budget_ratio=2.0), 2 * GIB
+        return START, model, MachineDescriptor(reduced_speed=self.reduced_speed, budget_ratio=2.0), 2 * GIB
 
     def _peak_bytes(self, knobs: KnobLevels) -> int:
         return 3 * GIB if knobs in self.over else GIB
@@ -136,6 +142,20 @@ def test_the_climb_skips_a_neighbour_over_the_budget() -> None:
     run_episode(env, policy, workload="w", seed=0, steps=3, refine=1)
     # 8x2 (worse), then not one recompute level less (over the budget): one bf16 level more.
     assert [_knobs(k) for k in env.trained] == [(4, 0, 4), (8, 0, 4), (4, 1, 4), (2, 0, 4)]
+
+
+@pytest.mark.parametrize("reduced_speed", [0.5, 0.51])
+def test_where_a_reduced_step_measured_twice_the_fp32_step_the_climb_adds_no_reduced_block(
+    reduced_speed: float,
+) -> None:
+    over = frozenset({KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)})
+    env = _Terrain(_less_recompute_is_faster, over=over, reduced_speed=reduced_speed)
+    policy: Any = _Policy(lambda _: STAY)
+    run_episode(env, policy, workload="w", seed=0, steps=3, refine=1)
+    if reduced_speed == 0.5:  # bf16 at 2x the fp32 step: 8x2, then 2x8 (an action moves the split one level)
+        assert [_knobs(k) for k in env.trained] == [(4, 0, 4), (8, 0, 4), (4, 0, 4), (2, 0, 4)]
+    else:  # a little faster than that: one bf16 level more is the third move, as above
+        assert [_knobs(k) for k in env.trained] == [(4, 0, 4), (8, 0, 4), (4, 1, 4), (2, 0, 4)]
 
 
 def test_with_every_neighbour_tried_the_step_is_the_policy_s() -> None:

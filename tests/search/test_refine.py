@@ -322,6 +322,31 @@ def test_the_refinement_never_proposes_a_recompute_that_does_not_lower_the_verif
     assert notes == ["refining: next 4x4 bf16:3 ckpt:3, a neighbour of trial 0 (the best so far)"]
 
 
+def test_the_verified_peaks_of_no_and_every_block_recomputed_bound_the_fitted_ones() -> None:
+    from tests.search.test_surface import MEASURED, peak
+
+    def cheap_recompute(k: Knobs) -> float:
+        micro, low, ckpt = k.micro_batch_size, k.low_precision_blocks, k.checkpoint_blocks
+        return 100.0 * 2 ** (0.2 * math.log2(micro)) * math.exp(0.5 * low / 4 - 0.04 * ckpt / 4)
+
+    def two_save(k: Knobs) -> int:  # recomputing a third or fourth block saves nothing
+        return peak(dataclasses.replace(k, checkpoint_blocks=min(k.checkpoint_blocks, 2)))
+
+    # Verified only where every block is treated alike (blocks that are not a chain), so the
+    # fitted peaks rank; the straight line puts every block recomputed below what it holds.
+    def uniform(k: Knobs) -> int | None:
+        return two_save(k) if k.checkpoint_blocks in (0, 4) else None
+
+    study = _study(*((k, cheap_recompute(k), two_save(k) / MIB) for k in MEASURED))
+    refine, notes = _refine(study, trials=12, known_peak=uniform)
+    refine(study, study.trials[-1])
+    # Unbounded: 1x16 bf16:4 ckpt:4, estimated 13798.9 on a fitted peak below its verified one.
+    assert notes == [
+        "refining: next 1x16 bf16:4 ckpt:3, estimated 13609.8 per GiB by a surface through 9 trials, "
+        "above trial 8 (the best so far)"
+    ]
+
+
 class _Duel:
     """Scripted side-by-side timings: the winner's index, and the configurations each call got."""
 

@@ -74,6 +74,31 @@ def test_the_budget_and_a_known_peak_decide_what_fits() -> None:
     assert len(best) == sum(1 for k in space if peak(k) <= 64 * MIB) - 1
 
 
+def test_verified_peaks_bound_a_fitted_peak_and_never_a_known_one() -> None:
+    surface = fit_surface([(k, rate(k), peak(k)) for k in MEASURED], num_blocks=4)
+    assert surface is not None
+    k = _knobs(8, 0, 4)
+    free = surface.estimate(k)
+    assert free is not None and free.peak_bytes == pytest.approx(peak(k), rel=1e-9)
+    floored = surface.estimate(k, bounds=(peak(k) + MIB, None))
+    capped = surface.estimate(k, bounds=(None, peak(k) - MIB))
+    assert floored is not None and floored.peak_bytes == peak(k) + MIB
+    assert floored.per_gib == pytest.approx(free.per_gib * peak(k) / (peak(k) + MIB))
+    assert capped is not None and capped.peak_bytes == peak(k) - MIB
+    known = surface.estimate(k, peak_bytes=5 * MIB, bounds=(6 * MIB, None))
+    assert known is not None and known.peak_bytes == 5 * MIB
+    # ranked() asks for each candidate's bounds only where it has no known peak.
+    asked: list[Knobs] = []
+
+    def bounds(knobs: Knobs) -> tuple[int | None, int | None]:
+        asked.append(knobs)
+        return (peak(knobs) + MIB, None)
+
+    best = ranked(surface, [k, _knobs(8, 0, 3)], known_peak={k: peak(k)}.get, peak_bounds=bounds)
+    assert asked == [k, _knobs(8, 0, 3)]  # bounds are asked for; a known peak ignores them
+    assert {e.knobs: e.peak_bytes for e in best} == {k: peak(k), _knobs(8, 0, 3): peak(_knobs(8, 0, 3)) + MIB}
+
+
 def test_a_knob_that_never_varied_has_no_coefficient_and_too_few_points_no_surface() -> None:
     all_fp32 = [_knobs(m, 0, c) for m, c in ((16, 0), (8, 4), (4, 4), (2, 0), (8, 2), (4, 0))]
     surface = fit_surface([(k, rate(k), peak(k)) for k in all_fp32], num_blocks=4)
