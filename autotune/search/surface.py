@@ -21,7 +21,7 @@ mixes the two: see :meth:`autotune.search.refine.Refine`); where it has some, th
 fitted peaks: a point's peak lies between its verified peaks with every block recomputed and with
 none (recompute lowers the peak, never below recomputing all). A straight line through the
 measured points otherwise puts the far corner below what the model knows it holds (shared-encoder:
-8x2 with every block recomputed estimated at 2.5-4.4x the best per GiB any trial had measured).
+8x2 with every block recomputed estimated at 2-4x the per GiB its grid's best measures).
 The surface only proposes: the trial
 measures, and the finalists' re-timing decides.
 
