@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import optuna
 import pytest
@@ -298,17 +299,24 @@ def _cheap_recompute(k: Knobs) -> float:
     return 100.0 * 2 ** (0.2 * math.log2(micro)) * math.exp(0.5 * low / 4 - 0.04 * ckpt / 4)
 
 
-def test_the_refinement_never_proposes_a_recompute_that_does_not_lower_the_verified_peak() -> None:
+def _refined_with_cheap_recompute(peak_of: Callable[[Knobs], int], known: Callable[[Knobs], int | None]) -> list[str]:
+    """The notes of the refinement after the surface tests' nine trials (12 in all), measured at
+    :func:`_cheap_recompute`'s rates and ``peak_of``'s peaks, with ``known`` the verified peaks."""
     from tests.search.test_surface import MEASURED
 
+    study = _study(*((k, _cheap_recompute(k), peak_of(k) / MIB) for k in MEASURED))
+    refine, notes = _refine(study, trials=12, known_peak=known)
+    refine(study, study.trials[-1])
+    return notes
+
+
+def test_the_refinement_never_proposes_a_recompute_that_does_not_lower_the_verified_peak() -> None:
     # One recomputed block unverified (as blocks sharing a module are): the fitted peaks rank, and
     # their straight line takes the fourth recomputed block to lower the peak as the others do.
     def known(k: Knobs) -> int | None:
         return None if k.checkpoint_blocks == 1 else _last_block_saves_nothing(k)
 
-    study = _study(*((k, _cheap_recompute(k), _last_block_saves_nothing(k) / MIB) for k in MEASURED))
-    refine, notes = _refine(study, trials=12, known_peak=known)
-    refine(study, study.trials[-1])
+    notes = _refined_with_cheap_recompute(_last_block_saves_nothing, known)
     # Without the rule: 2x8 bf16:4 ckpt:4, estimated 14333.0, the same verified peak as ckpt:3.
     assert notes == [
         "refining: next 1x16 bf16:4 ckpt:3, estimated 13921.0 per GiB by a surface through 9 trials, "
@@ -325,7 +333,7 @@ def test_the_refinement_never_proposes_a_recompute_that_does_not_lower_the_verif
 
 
 def test_the_verified_peaks_of_no_and_every_block_recomputed_bound_the_fitted_ones() -> None:
-    from tests.search.test_surface import MEASURED, peak
+    from tests.search.test_surface import peak
 
     def two_save(k: Knobs) -> int:  # recomputing a third or fourth block saves nothing
         return peak(dataclasses.replace(k, checkpoint_blocks=min(k.checkpoint_blocks, 2)))
@@ -335,9 +343,7 @@ def test_the_verified_peaks_of_no_and_every_block_recomputed_bound_the_fitted_on
     def uniform(k: Knobs) -> int | None:
         return two_save(k) if k.checkpoint_blocks in (0, 4) else None
 
-    study = _study(*((k, _cheap_recompute(k), two_save(k) / MIB) for k in MEASURED))
-    refine, notes = _refine(study, trials=12, known_peak=uniform)
-    refine(study, study.trials[-1])
+    notes = _refined_with_cheap_recompute(two_save, uniform)
     # Unbounded: 1x16 bf16:4 ckpt:4, estimated 13798.9 on a fitted peak below its verified one.
     assert notes == [
         "refining: next 1x16 bf16:4 ckpt:3, estimated 13609.8 per GiB by a surface through 9 trials, "
