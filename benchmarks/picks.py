@@ -22,7 +22,8 @@ measured peak, ``tune``'s default, in bytes so that all three searches share it)
    the ratios ``study / grid best`` and ``tune / grid best`` (1.0 where a pick *is* the grid's best).
 
 Steps 2-4 run twice: quiet, and ``loaded`` with a background process spinning on one core for the
-whole of them (a bounded busy loop this script starts and stops). Targets (issue 22): study >= 0.95
+whole of them (a bounded busy loop this script starts and stops; ``--conditions`` runs one of
+them). Targets (issue 22): study >= 0.95
 of the grid's best (median over models) and >= 0.90 (min), ``tune`` >= 0.90 (median), both
 conditions. Recorded with the figures: ``torch.backends.cpu.get_cpu_capability()``, the CPU, the
 cores, torch threads and the date.
@@ -35,8 +36,8 @@ searches keep fp32 and bf16): on a CPU without native bf16 (capability AVX2, whe
 runs 10-20x slower) every bf16 point is far off the best and measuring each takes hours.
 
 Run: python benchmarks/picks.py [--models lstm-lm,shared-encoder,unet-tiny,hf-gpt2,hf-bert] [--quick]
-     [--coarse-grid] [--grid-precisions fp32[,bf16]] [--threads N] [--grids DIR [--grids-only]]
-     [--out picks] -> picks.json and picks.md
+     [--coarse-grid] [--grid-precisions fp32[,bf16]] [--conditions quiet[,loaded]] [--threads N]
+     [--grids DIR [--grids-only]] [--out picks] -> picks.json and picks.md
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class Plan:
     steps: int  # timed steps per trial
     threads: int | None
     grid_precisions: tuple[str, ...] = GRID_PRECISIONS  # ("fp32",): the grid's points are all fp32
+    conditions: tuple[str, ...] = CONDITIONS  # ("loaded",): only the searches next to the busy loop
 
     @property
     def grid_levels(self) -> str:
@@ -120,9 +122,10 @@ def plan(
     coarse_grid: bool = False,
     threads: int | None = None,
     grid_precisions: Sequence[str] = GRID_PRECISIONS,
+    conditions: Sequence[str] = CONDITIONS,
 ) -> Plan:
-    """The run ``--models`` / ``--quick`` / ``--coarse-grid`` / ``--grid-precisions`` ask for
-    (unknown models or precisions refused in one line)."""
+    """The run ``--models`` / ``--quick`` / ``--coarse-grid`` / ``--grid-precisions`` /
+    ``--conditions`` ask for (unknown models, precisions or conditions refused in one line)."""
     from autotune.zoo import CORPUS
 
     chosen = tuple(models) if models else (QUICK_MODELS if quick else DEFAULT_MODELS)
@@ -132,6 +135,9 @@ def plan(
     precisions = tuple(x for x in GRID_PRECISIONS if x in grid_precisions)
     if "fp32" not in precisions or not set(grid_precisions) <= set(GRID_PRECISIONS):
         raise SystemExit(f"picks: --grid-precisions must be fp32 or fp32,bf16, but got {','.join(grid_precisions)!r}")
+    chosen_conditions = tuple(c for c in CONDITIONS if c in conditions)
+    if not chosen_conditions or not set(conditions) <= set(CONDITIONS):
+        raise SystemExit(f"picks: --conditions must be quiet, loaded or both, but got {','.join(conditions)!r}")
     return Plan(
         models=chosen,
         sizes={m: dict(CORPUS[m].tiny if quick else CORPUS[m].sizes) for m in chosen},
@@ -143,6 +149,7 @@ def plan(
         steps=2 if quick else 4,
         threads=threads,
         grid_precisions=precisions,
+        conditions=chosen_conditions,
     )
 
 
@@ -464,10 +471,10 @@ def run(
     *,
     grids: Path | None = None,
     grids_only: bool = False,
-    on_model: Callable[[list[dict[str, Any]]], object] | None = None,
+    on_row: Callable[[list[dict[str, Any]]], object] | None = None,
 ) -> list[dict[str, Any]]:
-    """Each model's grid (kept or measured), then its rows; ``on_model`` gets the rows so far
-    after each model."""
+    """Each model's grid (kept or measured), then its rows; ``on_row`` gets the rows so far
+    after each row (a run stopped part way keeps every condition it finished)."""
     import torch
 
     from autotune.resolve import load_workload
@@ -494,7 +501,7 @@ def run(
         if grids_only:
             print(f"picks: {model}: grid best {grid['describe']} ({grid['seconds']:.0f} s)", file=sys.stderr)
             continue
-        for condition in CONDITIONS:
+        for condition in p.conditions:
             print(f"picks: {model}: {condition}: study, tune, side by side", file=sys.stderr)
             with one_core_loaded(condition == "loaded"):
                 study = _run_study(reference, f"picks-{model}-{condition}", p, budget, workdir, grid=False)
@@ -516,8 +523,8 @@ def run(
                 f"picks: {model}: {condition}: study {r['study']:.2f}, tune {r['tune']:.2f} of the grid's best",
                 file=sys.stderr,
             )
-        if on_model is not None:
-            on_model(rows)
+            if on_row is not None:
+                on_row(rows)
     return rows
 
 
@@ -533,6 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grid-precisions", default=",".join(GRID_PRECISIONS), help=grid_precisions)
     keep = "keep each model's grid result in GRIDS/<capability>/<model>.json and reuse it"
     parser.add_argument("--grids", type=Path, help=keep)
+    conditions = "quiet, loaded or both (default): the searches' conditions (loaded: add those rows to a quiet run)"
+    parser.add_argument("--conditions", default=",".join(CONDITIONS), help=conditions)
     parser.add_argument("--grids-only", action="store_true", help="measure (or find) the grids, then stop")
     parser.add_argument("--out", type=Path, default=Path("picks"), help="writes OUT.json and OUT.md (default picks)")
     args = parser.parse_args(argv)
@@ -550,11 +559,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         coarse_grid=args.coarse_grid,
         threads=args.threads,
         grid_precisions=args.grid_precisions.split(","),
+        conditions=args.conditions.split(","),
     )
     command = "python benchmarks/picks.py " + " ".join(argv if argv is not None else sys.argv[1:])
 
     def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
-        # Rewritten after each model's rows: a run stopped part way keeps the models it finished.
+        # Rewritten after each row: a run stopped part way keeps the conditions it finished.
         result = {
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": command,
@@ -569,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return result
 
     with tempfile.TemporaryDirectory(prefix="picks-") as tmp:
-        rows = run(p, Path(tmp), grids=args.grids, grids_only=args.grids_only, on_model=report)
+        rows = run(p, Path(tmp), grids=args.grids, grids_only=args.grids_only, on_row=report)
     if not args.grids_only:
         print(markdown(report(rows)))
     return 0

@@ -51,6 +51,15 @@ def test_the_plan_is_five_models_at_their_built_in_sizes_or_a_quick_one(picks: M
     assert (coarse.study_trials, coarse.tune_steps) == (12, 8)  # the real run's searches, a smaller reference
 
 
+def test_the_conditions_run_in_their_order_and_an_unknown_one_is_refused(picks: ModuleType) -> None:
+    assert picks.plan(None, quick=True).conditions == ("quiet", "loaded")
+    assert picks.plan(None, quick=True, conditions=["loaded", "quiet"]).conditions == ("quiet", "loaded")
+    assert picks.plan(None, quick=True, conditions=["loaded"]).conditions == ("loaded",)
+    with pytest.raises(SystemExit) as refused:
+        picks.plan(None, quick=True, conditions=["busy"])
+    assert str(refused.value) == "picks: --conditions must be quiet, loaded or both, but got 'busy'"
+
+
 def _retimed(*rates: float, ranking: tuple[int, ...]) -> Retimed:
     return Retimed(
         timings=tuple(Timing(rates=(r, r, r)) for r in rates),
