@@ -2,9 +2,11 @@
 
 Counted with ``torch.autograd.graph.saved_tensors_hooks`` around each block's forward: every
 tensor autograd saves inside the block is seen once, and its storage bytes are summed (storages,
-not tensors, so views of one buffer count once). This is exact and cheap (one forward pass),
-and it is what checkpointing a block removes and autocast shrinks. The search ranks blocks by
-it ("checkpoint the N hungriest blocks").
+not tensors, so views of one buffer count once). This is exact and cheap (one forward pass of a
+fake-tensor copy: shapes only, so nothing is computed or allocated on the host whatever the
+model's size; a real forward where the fake one cannot run), and it is what checkpointing a
+block removes and autocast shrinks. The search ranks blocks by it ("checkpoint the N hungriest
+blocks").
 
 The memory model's profile (every category, stretch by stretch, under ``FakeTensorMode``) is
 :func:`autotune.memory.profile.fake_profile`.
@@ -20,6 +22,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from autotune.config import Precision
+from autotune.errors import WorkloadError
 from autotune.train.base import check_loss
 from autotune.train.wrappers import apply_block_knobs
 from autotune.workload import Workload
@@ -47,8 +50,35 @@ class BlockProfile:
 
 
 def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: Precision = "fp32") -> BlockProfile:
-    """Run one forward pass of a copy of the model on CPU and count each block's saved bytes."""
-    model = workload.model_copy()
+    """Count each block's saved bytes in one forward pass of a copy of the model, on the host.
+
+    The pass runs on fake tensors (no compute, no activation memory); a model the fake pass
+    cannot go through (a data-dependent operation, an operator without a meta kernel) is run for
+    real instead, at ``micro_batch_size``.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotune.memory.fake_branches import RealBranches
+
+    batch = _first_batch(workload, micro_batch_size)
+    fake = FakeTensorMode(allow_non_fake_inputs=False)
+    try:
+        model = workload.model_copy(fake=fake)
+        with fake, RealBranches(batch):
+            fake_batch = tree_map_only(torch.Tensor, fake.from_tensor, batch)
+            counts = _count(workload, model, fake_batch, precision)
+    except WorkloadError:
+        raise
+    # The fake pass executes the user's model code: whatever it raises there means "run it for
+    # real", which a broken model then raises again with its own error.
+    except Exception:
+        counts = _count(workload, workload.model_copy(), batch, precision)
+    return BlockProfile(
+        names=workload.block_names(), precision=precision, micro_batch_size=micro_batch_size, saved_bytes=counts
+    )
+
+
+def _count(workload: Workload, model: torch.nn.Module, batch: Any, precision: Precision) -> tuple[int, ...]:
     names = workload.block_names()
     wrappers = apply_block_knobs(model, names, [precision] * len(names), [False] * len(names), device_type="cpu")
     counts = [0] * len(names)
@@ -66,14 +96,13 @@ def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: 
         m.register_forward_pre_hook(_enter(counts, positions[key], params), with_kwargs=True)
         for key, m in modules.items()
     ] + [m.register_forward_hook(_exit, with_kwargs=True) for m in modules.values()]
-    batch = _first_batch(workload, micro_batch_size)
     try:
         check_loss(workload.loss_fn(model, batch), workload.name)  # a broken loss_fn: one line, before any run
     finally:
         for h in handles:
             h.remove()
         wrappers.remove()
-    return BlockProfile(names=names, precision=precision, micro_batch_size=micro_batch_size, saved_bytes=tuple(counts))
+    return tuple(counts)
 
 
 def _first_batch(workload: Workload, micro_batch_size: int) -> Any:

@@ -14,18 +14,24 @@ the profile can predict is checked on one real step before a prediction of that 
   reduced precision the profile holds.
 
 A configuration is verified only if every kind it uses was checked and agreed within
-:data:`TOLERANCE` (:func:`covering`); on a model whose blocks are not a chain, a configuration that
-treats blocks differently is unverified whatever the checks said, because the composition does
-not hold there. An unverified prediction is never acted on: a study measures the configuration
-instead of pruning it, the budget gate refuses it until measured, ``predict`` prints UNVERIFIED.
+:data:`TOLERANCE` (:func:`covering`) **on the device type it will run on**: the fake profile runs
+the host's meta kernels, and a GPU's kernels keep other buffers (a GPT-2 decoder's PyTorch default
+held 1.6x the host-checked prediction on an H200), so a check on the CPU says nothing about CUDA.
+The check steps therefore run where the training will (:data:`CheckStep`: a study's measuring
+child on its device; on a GPU they take milliseconds), never on the host for a GPU-bound run. On a
+model whose blocks are not a chain, a configuration that treats blocks differently is unverified
+whatever the checks said, because the composition does not hold there. An unverified prediction
+is never acted on: a study measures the configuration instead of pruning it, the budget gate
+refuses it until measured, ``predict`` prints UNVERIFIED.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autotune.config import REDUCED_PRECISIONS, TrainConfig
 from autotune.errors import ConfigError, PredictionWarning, one_line
@@ -36,7 +42,17 @@ if TYPE_CHECKING:
     from autotune.memory.profile import MemoryProfile
     from autotune.workload import Workload
 
-__all__ = ["TOLERANCE", "Verification", "check_configs", "covering", "unverified_message", "verify_profile"]
+__all__ = [
+    "TOLERANCE",
+    "CheckStep",
+    "StepPeak",
+    "Verification",
+    "check_configs",
+    "check_step",
+    "covering",
+    "unverified_message",
+    "verify_profile",
+]
 
 #: The memory model's target: predictions within 5% of the measured peak.
 TOLERANCE = 0.05
@@ -50,7 +66,9 @@ class Verification:
     ``"composition"`` / ``"unchecked"`` for a configuration no check can stand for (``measured``
     None). ``predicted``/``measured``: peak tensor bytes (``measured`` is None if the real step
     failed or none ran). ``relative_error``: (predicted - measured) / measured. ``verified``: both
-    known and within :data:`TOLERANCE`; otherwise ``reason`` says what went wrong.
+    known and within :data:`TOLERANCE`; otherwise ``reason`` says what went wrong. ``device``:
+    the device type the real step ran on (``"cpu"``, ``"cuda"``): the check stands for that device
+    type only. ``seconds``: what the check step cost (0 where none ran).
     """
 
     config: TrainConfig
@@ -60,6 +78,8 @@ class Verification:
     verified: bool
     reason: str | None
     kind: str = "default"
+    device: str = "cpu"
+    seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.verified == (self.reason is not None):
@@ -77,7 +97,23 @@ class Verification:
             "relative_error": self.relative_error,
             "verified": self.verified,
             "reason": self.reason,
+            "device": self.device,
         }
+
+
+class StepPeak(NamedTuple):
+    """What one check step found: ``measured`` peak tensor bytes, or None with ``failure`` (why)
+    and ``out_of_memory`` (whether the device ran out: its size, not a kernel it lacks)."""
+
+    measured: int | None
+    failure: str | None
+    out_of_memory: bool
+
+
+#: How a check step is run: ``step(config) -> StepPeak``, one warm-up and one tracked optimizer
+#: step of ``config`` at the profile's worst-case batch, wherever the training will run
+#: (:func:`check_step` in this process, or a study's measuring child on its device).
+CheckStep = Callable[[TrainConfig], StepPeak]
 
 
 def check_configs(profile: MemoryProfile) -> dict[str, TrainConfig]:
@@ -99,28 +135,52 @@ def check_configs(profile: MemoryProfile) -> dict[str, TrainConfig]:
 
 
 def verify_profile(
-    workload: Workload, profile: MemoryProfile, *, tolerance: float = TOLERANCE, done: Sequence[Verification] = ()
+    workload: Workload,
+    profile: MemoryProfile,
+    *,
+    tolerance: float = TOLERANCE,
+    done: Sequence[Verification] = (),
+    step: CheckStep | None = None,
+    device: str = "cpu",
+    note: Callable[[str], None] | None = None,
 ) -> tuple[Verification, ...]:
     """Check each kind of :func:`check_configs` not already in ``done`` on one real step; warn
     (:class:`PredictionWarning`) for each that disagrees or fails, and once if the blocks are not
     a chain. Returns ``done`` and the new checks.
 
-    Cost: per kind, two real optimizer steps of the workload on the CPU (the first creates the
-    optimizer state the prediction counts; the second runs under MemTracker, ~2x a plain step):
-    up to four kinds, the default at the profile's larger micro-batch size, the rest at the
-    smaller one. Callers that measure every config anyway pass ``verify=False`` to
-    :func:`autotune.memory.predict.profile_memory` and skip it.
-    """
-    from autotune.memory.worst_case import at_worst_case
+    Args:
+        workload: The workload the profile is of.
+        profile: The fake-tensor profile to check.
+        tolerance: The largest relative error a verified check may have.
+        done: Checks already made (of this profile's kinds on ``device``): not run again.
+        step: Runs one check step of a configuration where the training will run (default:
+            :func:`check_step` in this process on ``device``).
+        device: The device type the steps run on; the checks stand for it only.
+        note: Gets one line per check (its kind, figures and seconds), for a progress display.
 
-    checked = {v.kind for v in done}
+    Returns:
+        ``done`` followed by the new checks.
+
+    Cost: per kind, two real optimizer steps (the first creates the optimizer state the
+    prediction counts; the second runs under MemTracker, ~2x a plain step): up to four kinds, the
+    default at the profile's larger micro-batch size, the rest at the smaller one. On a CPU that is
+    seconds to minutes for a 100M-parameter model; on a GPU, milliseconds.
+    """
+    if step is None:
+        target = device
+
+        def step(config: TrainConfig) -> StepPeak:
+            return check_step(workload, config, device=target)
+
+    checked = {v.kind for v in done if v.device == device}
     new: list[Verification] = []
     for kind, config in check_configs(profile).items():
         if kind in checked:
             continue
-        predicted = compose_memory(workload, config, profile).total
-        # The real step runs on worst-case samples, as the profile did (memory.worst_case).
-        measured, failure, out_of_memory = _measure_one_step(at_worst_case(workload, config.micro_batch_size), config)
+        predicted = compose_memory(workload, config, profile, device_type=device).total
+        start = time.perf_counter()
+        measured, failure, out_of_memory = step(config)
+        seconds = time.perf_counter() - start
         error = None if measured is None else (predicted - measured) / measured
         reason = failure
         if error is not None and abs(error) > tolerance:
@@ -133,7 +193,11 @@ def verify_profile(
             relative_error=error,
             verified=reason is None,
             reason=reason,
+            device=device,
+            seconds=seconds,
         )
+        if note is not None:
+            note(check_line(result))
         # A reduced precision whose step raises (bf16 around nn.LSTM on an AVX2 CPU: oneDNN has
         # no primitive) is not a prediction that missed: the configurations cannot run here at
         # all. The check stays unverified (so they are measured, and refused where they fail),
@@ -154,30 +218,53 @@ def verify_profile(
     return (*done, *new)
 
 
-def covering(profile: MemoryProfile, config: TrainConfig, plan: Plan, predicted: int) -> Verification | None:
-    """The check that decides whether ``config``'s prediction (``predicted`` bytes) is verified.
+def check_line(v: Verification) -> str:
+    """One line for a progress display, e.g. ``memory check fp32 on cuda (micro-batch 4, fp32):
+    predicted 1.2 GiB, measured 1.2 GiB (+0.4%), verified (0.3 s)``."""
+    from autotune.units import format_bytes
+
+    head = f"memory check {_KINDS.get(v.kind, v.kind)} on {v.device} ({describe_check(v)})"
+    if v.measured is None:
+        return f"{head}: {v.reason} ({v.seconds:.1f} s)"
+    assert v.relative_error is not None  # set whenever measured is
+    verdict = "verified" if v.verified else "UNVERIFIED"
+    return (
+        f"{head}: predicted {format_bytes(v.predicted)}, measured {format_bytes(v.measured)} "
+        f"({v.relative_error:+.1%}), {verdict} ({v.seconds:.1f} s)"
+    )
+
+
+def covering(
+    profile: MemoryProfile, config: TrainConfig, plan: Plan, predicted: int, *, device_type: str = "cpu"
+) -> Verification | None:
+    """The check that decides whether ``config``'s prediction (``predicted`` bytes) on
+    ``device_type`` is verified.
 
     A configuration that treats blocks differently on blocks that are not a chain is unverified
     (``kind="composition"``), whether the profile was checked or not. Otherwise None if the
-    profile was not checked at all; a configuration using
-    a kind no check covered is unverified (``kind="unchecked"``); else the first of its kinds'
-    checks that failed, or, when all agreed, the one furthest off (what a caller's headroom must
-    cover). DeepSpeed's 16-bit engines are covered by the default check, as their model states
-    follow ZeRO's formulas and their activations the same fake runs.
+    profile was not checked at all; a configuration using a kind no check on ``device_type``
+    covered is unverified (``kind="unchecked"``: checks on another device type stand for that
+    device only); else the first of its kinds' checks that failed, or, when all agreed, the one
+    furthest off (what a caller's headroom must cover). DeepSpeed's 16-bit engines are covered by
+    the default check, as their model states follow ZeRO's formulas and their activations the
+    same fake runs.
     """
     structure = profile.structure
     mixed = len(set(zip(plan.block_modes, plan.checkpoints, strict=True))) > 1
     if structure is not None and not structure.chain and mixed:  # checked or not: no check can stand for it
         reason = f"{structure.describe()}: per-block configurations are composed for chain-shaped blocks only"
-        return _unverified("composition", config, predicted, reason)
+        return _unverified("composition", config, predicted, reason, device_type)
     if not profile.checks:
         return None
     kinds = ["default", *(["recompute"] if any(plan.checkpoints) else [])]
     kinds += sorted({m for m in plan.block_modes if m in REDUCED_PRECISIONS})
-    checks = {v.kind: v for v in profile.checks}
+    checks = {v.kind: v for v in profile.checks if v.device == device_type}
     missing = [k for k in kinds if k not in checks]
     if missing:
-        return _unverified("unchecked", config, predicted, f"no real step checked {_KINDS[missing[0]]} configurations")
+        elsewhere = sorted({v.device for v in profile.checks if v.kind == missing[0]})
+        where = f" (checked on {', '.join(elsewhere)} only)" if elsewhere else ""
+        reason = f"no real step on {device_type} checked {_KINDS[missing[0]]} configurations{where}"
+        return _unverified("unchecked", config, predicted, reason, device_type)
     relevant = [checks[k] for k in kinds]
     failed = [v for v in relevant if not v.verified]
     if failed:
@@ -188,9 +275,16 @@ def covering(profile: MemoryProfile, config: TrainConfig, plan: Plan, predicted:
 _KINDS = {"default": "fp32", "recompute": "recomputed", "bf16": "bf16", "fp16": "fp16"}
 
 
-def _unverified(kind: str, config: TrainConfig, predicted: int, reason: str) -> Verification:
+def _unverified(kind: str, config: TrainConfig, predicted: int, reason: str, device: str) -> Verification:
     return Verification(
-        kind=kind, config=config, predicted=predicted, measured=None, relative_error=None, verified=False, reason=reason
+        kind=kind,
+        config=config,
+        predicted=predicted,
+        measured=None,
+        relative_error=None,
+        verified=False,
+        reason=reason,
+        device=device,
     )
 
 
@@ -203,7 +297,7 @@ def describe_check(v: Verification) -> str:
         what = f"{v.kind} on blocks {_which(tuple(p != 'fp32' for p in c.precision))}"
     else:
         what = "fp32"
-    return f"micro-batch {c.micro_batch_size}, {what}, local"
+    return f"micro-batch {c.micro_batch_size}, {what}, local on {v.device}"
 
 
 def _which(flags: tuple[bool, ...]) -> str:
@@ -225,22 +319,34 @@ def unverified_message(workload: str, v: Verification) -> str:
     )
 
 
-def _measure_one_step(workload: Workload, config: TrainConfig) -> tuple[int | None, str | None, bool]:
-    """(peak tensor bytes of one tracked step after one warmup step, None, False) or (None, why it
-    failed, whether it ran out of memory: the machine's size, not a kernel it lacks)."""
+def check_step(workload: Workload, config: TrainConfig, *, device: str | None = "cpu") -> StepPeak:
+    """One check step of ``config`` in this process on ``device``: the peak tensor bytes of one
+    tracked optimizer step after one warm-up step, on the workload's worst-case samples (as the
+    profile ran: :mod:`autotune.memory.worst_case`), or why it failed.
+
+    Args:
+        workload: The workload (a copy of its model trains; the user's stays untouched).
+        config: The configuration (one process).
+        device: Where to run it: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or None (CUDA when available).
+
+    Returns:
+        The measured peak, or the failure.
+    """
     from autotune.measurement.oom import is_out_of_memory
     from autotune.measurement.tracker import tracked_step
+    from autotune.memory.worst_case import at_worst_case
     from autotune.train.local import Trainer
 
+    worst = at_worst_case(workload, config.micro_batch_size)  # the user's data at fault: raised
     try:
-        trainer = Trainer(workload, config, device="cpu")
+        trainer = Trainer(worst, config, device=device)
         try:
             trainer.step()  # creates the optimizer state, as measure()'s warmup does
             at_peak = tracked_step(trainer).at_peak
         finally:
             trainer.close()
-    # A check of user code: whatever it raises (a kernel this CPU lacks, out of memory) leaves
+    # A check of user code: whatever it raises (a kernel this device lacks, out of memory) leaves
     # the prediction unverified, with the reason, rather than crashing the caller.
     except Exception as e:
-        return None, f"the real check step failed: {one_line(e)}", is_out_of_memory(e)
-    return at_peak.total, None, False
+        return StepPeak(None, f"the real check step failed: {one_line(e)}", is_out_of_memory(e))
+    return StepPeak(at_peak.total, None, False)

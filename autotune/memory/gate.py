@@ -171,6 +171,10 @@ class BudgetGate:
         # it from then on, and no longer trusted without a measured first step.
         self.device_error: dict[str, float] = {}
         self.failed: dict[TrainConfig, str] = {}  # real steps that failed -> why (never admitted)
+        # Kinds with a real step measured on this device (CUDA): the profile's checks ran on the
+        # host, whose kernels are not the GPU's, so a prediction of a kind is trusted on CUDA only
+        # once a step of it was measured here (and came within the headroom, or scaled it).
+        self.device_kinds: set[str] = set()
         self._predicted: dict[TrainConfig, MemoryEstimate] = {}
 
     @classmethod
@@ -242,6 +246,7 @@ class BudgetGate:
             allocator: On CUDA, the caching allocator's peaks over that step.
         """
         self.measured[config] = peak_bytes
+        self.device_kinds.update(self.kinds_of(config))
         estimate = self.estimate(config)
         if estimate is not None and peak_bytes > estimate.total * (1.0 + self.headroom):
             ratio = peak_bytes / estimate.total
@@ -335,8 +340,9 @@ class BudgetGate:
         if config not in self._predicted:
             from autotune.memory.predict import predict_memory
 
+            checked_on = next((v.device for v in self.profile.checks), self.device_type)
             self._predicted[config] = predict_memory(
-                self.workload, config, profile=self.profile, device_type=self.device_type
+                self.workload, config, profile=self.profile, device_type=self.device_type, checked_on=checked_on
             )
         return self._predicted[config]
 
@@ -344,7 +350,9 @@ class BudgetGate:
         """Whether ``config``'s prediction may stand in for a measurement.
 
         It may when it is verified and its profile's check against a real step came within the
-        headroom, and no real step on this device came above a prediction of its kind.
+        headroom, and no real step on this device came above a prediction of its kind; on CUDA,
+        only once a step of each of its kinds was measured on the device (the checks ran on the
+        host).
         "Verified" alone allows 5% (:data:`autotune.memory.check.TOLERANCE`), more than the
         headroom covers, and the error can grow with the micro-batch (docs/benchmarks.md, "The
         budget gate's headroom"). The check is the one covering ``config``'s kind
@@ -360,6 +368,8 @@ class BudgetGate:
         estimate = self.estimate(config)
         check = estimate.verification if estimate is not None else None
         if estimate is None or not estimate.verified or check is None or check.relative_error is None:
+            return False
+        if check.device != self.device_type and not set(self.kinds_of(config)) <= self.device_kinds:
             return False
         return abs(check.relative_error) <= self.headroom and self.device_scale(config) == 1.0
 

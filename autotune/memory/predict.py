@@ -10,11 +10,12 @@ and its check against real steps (:mod:`autotune.memory.check`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from autotune.config import TrainConfig
-from autotune.memory.check import covering, verify_profile
+from autotune.memory.check import CheckStep, Verification, covering, verify_profile
 
 # plan_of is also part of the contract a study loads from this module (search/predictor.py).
 from autotune.memory.model import MemoryEstimate, compose_memory, plan_of
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from autotune.units import MemoryBudget
     from autotune.workload import Workload
 
-__all__ = ["budget_bytes", "predict_memory", "profile_memory"]
+__all__ = ["budget_bytes", "device_available", "predict_memory", "profile_memory"]
 
 
 def profile_memory(
@@ -35,6 +36,9 @@ def profile_memory(
     checkpointed: bool = True,
     verify: bool = True,
     reuse: MemoryProfile | None = None,
+    device: str = "cpu",
+    step: CheckStep | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> MemoryProfile:
     """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute).
 
@@ -51,7 +55,9 @@ def profile_memory(
     ``verify=True`` (the default) then checks the profile against real steps, one per kind of
     configuration it can predict (:func:`autotune.memory.check.verify_profile`: two real steps
     each, the fp32 mode profiled too if not asked for) and records them in ``checks``, warning
-    (:class:`PredictionWarning`) where they disagree. A model
+    (:class:`PredictionWarning`) where they disagree. The steps run on ``device`` (a device type
+    the checks then stand for), in this process, or through ``step`` (a study's measuring child);
+    ``note`` gets one line per phase with its seconds. A model
     the fake run cannot go through (a data-dependent operation, an operator without a meta
     kernel) raises :class:`PredictionError` with the reason.
     """
@@ -60,13 +66,19 @@ def profile_memory(
         raise ValueError(f"profile_memory: modes must be among {MODES}, but got {unknown[0]!r}.")
     if verify and "fp32" not in modes:
         modes = ("fp32", *modes)
+    start = time.perf_counter()
     profile = fake_profile(
         workload, modes=modes, micro_batch_sizes=micro_batch_sizes, checkpointed=checkpointed, reuse=reuse
     )
+    new = sorted(set(profile.modes) - set(reuse.modes if reuse is not None else ()))
+    if note is not None and new:
+        seconds = time.perf_counter() - start
+        note(f"memory model: fake-tensor profile of {', '.join(new)} ({seconds:.1f} s, no real compute)")
     if not verify:
         return profile
     done = () if reuse is None else reuse.checks
-    return dataclasses.replace(profile, checks=verify_profile(workload, profile, done=done))
+    checks = verify_profile(workload, profile, done=done, step=step, device=device, note=note)
+    return dataclasses.replace(profile, checks=checks)
 
 
 def predict_memory(
@@ -77,6 +89,7 @@ def predict_memory(
     profile: MemoryProfile | None = None,
     device_type: str = "cpu",
     verify: bool = True,
+    checked_on: str | None = None,
 ) -> MemoryEstimate:
     """Predict the peak tensor bytes per rank of ``config``, by category, before running it.
 
@@ -94,10 +107,16 @@ def predict_memory(
             ``plan_of(...).modes``; taken when not given.
         device_type: ``"cpu"`` or ``"cuda"``: where the run would be (a DeepSpeed engine's
             precision depends on it). On CUDA the prediction is of allocated bytes (see
-            :class:`~autotune.memory.model.MemoryEstimate`).
+            :class:`~autotune.memory.model.MemoryEstimate`). The estimate is verified only by
+            checks on this device type: on a machine without it none run, and the estimate says
+            it is unverified there.
         verify: With a profile taken here, check it against real steps of a copy of the model
-            (two steps at a small micro-batch per kind of configuration); ``False`` skips them
-            and leaves the estimate unverified.
+            on ``device_type`` (two steps at a small micro-batch per kind of configuration);
+            ``False`` skips them and leaves the estimate unverified.
+        checked_on: The device type whose checks may verify the estimate (default:
+            ``device_type``). The budget gate of a GPU run passes ``"cpu"``: its profile was
+            checked on the host, and it measures the first step of each kind on the device
+            before it trusts a prediction (:meth:`~autotune.memory.gate.BudgetGate.trusts`).
 
     Returns:
         The predicted peak by category (:class:`~autotune.memory.model.MemoryEstimate`;
@@ -120,9 +139,24 @@ def predict_memory(
         config = dataclasses.replace(config, ranks=ranks)
     plan = plan_of(config, num_blocks=len(workload.block_names()), device_type=device_type)
     if profile is None:
-        profile = profile_memory(workload, modes=plan.modes, checkpointed=any(plan.checkpoints), verify=verify)
+        # A check on the host says nothing about a GPU's kernels: without the device, none runs.
+        verify = verify and device_available(device_type)
+        profile = profile_memory(
+            workload, modes=plan.modes, checkpointed=any(plan.checkpoints), verify=verify, device=device_type
+        )
     estimate = compose_memory(workload, config, profile, device_type=device_type)
-    check = covering(profile, config, plan, estimate.total)
+    check = covering(profile, config, plan, estimate.total, device_type=checked_on or device_type)
+    if check is None and not profile.checks and device_type != "cpu" and not device_available(device_type):
+        check = Verification(
+            kind="unchecked",
+            config=config,
+            predicted=estimate.total,
+            measured=None,
+            relative_error=None,
+            verified=False,
+            reason=f"no real step on {device_type} checked it: this machine has no {device_type} device",
+            device=device_type,
+        )
     return dataclasses.replace(estimate, verified=check is not None and check.verified, verification=check)
 
 
@@ -141,4 +175,14 @@ def budget_bytes(
         return None
     per_rank = max(1, min(workload.batch_size // ranks, workload.dataset_size or workload.batch_size))
     default = TrainConfig(micro_batch_size=per_rank, ranks=ranks)
-    return budget.resolve(lambda: predict_memory(workload, default, device_type=device_type).total)
+    # The total does not depend on the check: no real step for a figure the check cannot change.
+    return budget.resolve(lambda: predict_memory(workload, default, device_type=device_type, verify=False).total)
+
+
+def device_available(device_type: str) -> bool:
+    """Whether this process can run a step on ``device_type`` (``"cpu"``, ``"cuda"``)."""
+    if device_type == "cpu":
+        return True
+    import torch
+
+    return device_type == "cuda" and torch.cuda.is_available()

@@ -36,6 +36,7 @@ from autotune.procs.watchdog import watch_parent
 
 if TYPE_CHECKING:
     from autotune.measurement.sidebyside import Retimed
+    from autotune.memory.check import StepPeak
 
 __all__ = ["MeasurementFailed", "MeasurementProcess"]
 
@@ -111,6 +112,21 @@ class MeasurementProcess:
                 raise WorkloadError(error["message"])
             raise MeasurementFailed(f"{error['type']}: {error['message']}")
         return Measurement.from_dict(reply["ok"])
+
+    def check(self, config: TrainConfig, *, timeout: float) -> StepPeak:
+        """One check step of the memory model in the child, on its device
+        (:func:`autotune.memory.check.check_step`): the peak, or why the step failed. Raises
+        :class:`MeasurementFailed` only if the child crashes or takes longer than ``timeout``."""
+        from autotune.memory.check import StepPeak
+
+        self.start()
+        assert self._conn is not None
+        self._conn.send_bytes(encode(command("check", config=config.to_dict())))
+        reply = self._receive(timeout, what="the memory check step")
+        if "error" in reply:
+            raise MeasurementFailed(f"{reply['error']['type']}: {reply['error']['message']}")
+        ok = reply["ok"]
+        return StepPeak(ok["measured"], ok["failure"], ok["out_of_memory"])
 
     def retime(
         self,
@@ -216,6 +232,9 @@ def _serve(
         if message["op"] == "retime":
             conn.send_bytes(encode(_retime(workload, args, device)))
             continue
+        if message["op"] == "check":
+            conn.send_bytes(encode(_check(workload, args, device)))
+            continue
         try:
             config = TrainConfig.from_dict(args["config"])
             m = measure(
@@ -248,6 +267,16 @@ def _retime(workload: Any, args: dict[str, Any], device: str | None) -> dict[str
         return {"ok": timed.to_dict()}
     except AutotuneError as e:
         return error_reply(e)
+
+
+def _check(workload: Any, args: dict[str, Any], device: str | None) -> dict[str, Any]:
+    from autotune.memory.check import check_step
+
+    try:
+        peak = check_step(workload, TrainConfig.from_dict(args["config"]), device=device)
+    except AutotuneError as e:  # the user's data at fault (its worst case): the study says so
+        return error_reply(e)
+    return {"ok": peak._asdict()}
 
 
 def _build(source: str, device: str | None) -> Any:

@@ -18,6 +18,8 @@ Cost: a prediction profiles the model under fake tensors, seconds per call, whic
 measuring a small model. When the memory model offers the pieces (``plan_of`` naming the
 profile modes a config needs, and ``predict_memory(..., profile=)``), one profile is made per
 study and reused, grown only when a config needs a mode it lacks; predictions are memoized.
+Its checks against real steps run where the study measures (``step``: the measuring child, on
+the study's device), never on the host for a GPU study, and stand for that device type only.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import PredictionError, PredictionWarning
+from autotune.memory.check import CheckStep
 from autotune.workload import Workload
 
 __all__ = ["MemoryPredictor", "load_memory_predictor", "predicted_bytes"]
@@ -38,8 +41,23 @@ __all__ = ["MemoryPredictor", "load_memory_predictor", "predicted_bytes"]
 MemoryPredictor = Callable[[Workload, TrainConfig], int]
 
 
-def load_memory_predictor(module: str = "autotune.memory.predict") -> MemoryPredictor | None:
-    """``predict_memory`` from ``module`` as a memoized bytes-returning function, or None if absent."""
+def load_memory_predictor(
+    module: str = "autotune.memory.predict",
+    *,
+    device: str = "cpu",
+    step: CheckStep | None = None,
+    note: Callable[[str], None] | None = None,
+) -> MemoryPredictor | None:
+    """``predict_memory`` from ``module`` as a memoized bytes-returning function, or None if absent.
+
+    Args:
+        module: The memory model's module.
+        device: The device type the study measures on: predictions are of it, and verified only
+            by checks on it.
+        step: Runs a check step where the study measures (its measuring child); None: in this
+            process, on ``device``.
+        note: Gets one line per profiling phase and check, with its seconds.
+    """
     try:
         mod = importlib.import_module(module)
     except ImportError:
@@ -47,12 +65,23 @@ def load_memory_predictor(module: str = "autotune.memory.predict") -> MemoryPred
     fn = getattr(mod, "predict_memory", None)
     if not callable(fn):
         return None
-    return _Predictor(fn, getattr(mod, "plan_of", None))
+    return _Predictor(fn, getattr(mod, "plan_of", None), device=device, step=step, note=note)
 
 
 class _Predictor:
-    def __init__(self, fn: Callable[..., Any], plan_of: Callable[..., Any] | None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        plan_of: Callable[..., Any] | None,
+        *,
+        device: str,
+        step: CheckStep | None,
+        note: Callable[[str], None] | None,
+    ) -> None:
         self.fn = fn
+        self.device = device
+        self.step = step
+        self.note = note
         self.plan_of = plan_of if plan_of is not None and "profile" in inspect.signature(fn).parameters else None
         self.memo: dict[tuple[int, str], int] = {}
         self.profiles: dict[int, Any] = {}  # id(workload) -> the study's reusable profile
@@ -65,7 +94,7 @@ class _Predictor:
                 prediction = self.fn(workload, config)
             else:
                 profile = self._profile(workload, config)
-                prediction = self.fn(workload, config, profile=profile)
+                prediction = self.fn(workload, config, profile=profile, device_type=self.device)
             if getattr(prediction, "verified", True) is False:
                 # The profile already warned, once, with the figures; every trial says why it
                 # was measured instead of judged by the prediction.
@@ -89,7 +118,9 @@ class _Predictor:
             try:
                 # Profiled and checked once per workload, mode and kind of configuration: a
                 # profile grown later for a new mode runs only that mode's passes and checks.
-                current = profile_memory(workload, modes=modes, reuse=current)
+                current = profile_memory(
+                    workload, modes=modes, reuse=current, device=self.device, step=self.step, note=self.note
+                )
             except PredictionError as e:
                 warnings.warn(PredictionWarning(f"{e}; configurations will be measured, not pruned."), stacklevel=3)
                 self.failures[id(workload)] = e

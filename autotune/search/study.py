@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.knobs import Knobs
+    from autotune.memory.check import CheckStep, StepPeak
     from autotune.workload import Workload
 
 __all__ = [
@@ -106,6 +107,7 @@ class Prepared:
     study_name: str
     reference_batch: int
     memory_budget: int | None  # spec.memory_budget in bytes per rank (a percentage resolved)
+    notes: tuple[str, ...] = ()  # one line per setup phase, with its seconds (said by run_study)
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -139,23 +141,38 @@ class StudyObserver:
 
 
 def prepare(spec: StudySpec) -> Prepared:
-    """Load the workload and check the spec against it; writes nothing anywhere."""
+    """Load the workload and check the spec against it; writes nothing anywhere. What each phase
+    cost is in ``Prepared.notes``, which :func:`run_study` says first."""
     from autotune.memory.blocks import profile_blocks
     from autotune.resolve import load_workload
 
+    # Said when the study runs, once the spec and the storage are known to be good: a user mistake
+    # stays one line.
+    lines: list[str] = []
+    say = lines.append
+    start = time.perf_counter()
     workload = load_workload(spec.workload)
+    params = sum(p.numel() for p in workload.model.parameters())
+    blocks = len(workload.block_names())
+    say(f"workload {workload.name} loaded: {params:,} parameters, {blocks} blocks ({_since(start)})")
     if spec.space.min_micro_batch is not None:
         workload = dataclasses.replace(workload, min_micro_batch=spec.space.min_micro_batch)
     batches = spec.space.effective_batch_sizes or (workload.batch_size,)
     reference = spec.space.batch_size or workload.batch_size
+    start = time.perf_counter()
     budget = _budget(spec, workload)
+    if budget is not None:
+        say(f"memory budget {format_bytes(budget)} per rank ({_since(start)})")
     n_data = workload.dataset_size or max(batches)  # an iterable dataset's size is unknown
+    start = time.perf_counter()
+    ranking = profile_blocks(workload).ranked()
+    say(f"blocks ranked by the activation bytes they save (one fake-tensor forward, {_since(start)})")
     space = SearchSpace(
         batch_sizes=batches,
         ranks=spec.space.ranks,
         zero_stages=spec.space.zero_stages,
         low_precisions=tuple(cast("Precision", p) for p in spec.space.precisions if p != "fp32"),  # validated
-        ranking=profile_blocks(workload).ranked(),
+        ranking=ranking,
         overrides=spec.space.blocks,
         max_micro_batch=n_data,
         min_micro_batch=workload.micro_batch_floor,
@@ -169,7 +186,12 @@ def prepare(spec: StudySpec) -> Prepared:
         study_name=spec.study_name(workload.name),
         reference_batch=reference,
         memory_budget=budget,
+        notes=tuple(lines),
     )
+
+
+def _since(start: float) -> str:
+    return f"{time.perf_counter() - start:.1f} s"
 
 
 def _budget(spec: StudySpec, workload: Workload) -> int | None:
@@ -358,6 +380,7 @@ def enqueue_baselines(
         for t in study.get_trials(deepcopy=False)
         if not (t.state == TrialState.FAIL and t.user_attrs.get(ATTR.INTERRUPTED))
     }
+    start = time.perf_counter()
     fits = admits(prepared, predictor)
     reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
     added = []
@@ -365,6 +388,9 @@ def enqueue_baselines(
         if b.name not in present:
             study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
             added.append(b.name)
+    if added:
+        line = f"baselines enqueued: {', '.join(added)} ({_since(start)})"
+        (note or StudyObserver().note)(line)
     if policy_proposal and POLICY_PROPOSAL not in present:
         enqueued, message = _enqueue_proposal(study, prepared)
         if enqueued:
@@ -438,15 +464,18 @@ def run_study(
     from autotune.procs.isolation import MeasurementProcess
     from autotune.search.dashboard import note_saver
     from autotune.search.objective import Objective, TrialFailed
+    from autotune.train.local import resolve_device
 
     observer = observer or StudyObserver()
     spec = prepared.spec
+    for line in prepared.notes:
+        observer.note(line)
     recover_interrupted(study)
-    predictor = None if options.memory_model is None else load_memory_predictor(options.memory_model)
+    device_type = resolve_device(options.device).type
     remaining = spec.trials - count_done(study)
     if remaining <= 0 or options.create_only:
-        if not options.worker:
-            _enqueue(study, prepared, predictor, observer)
+        if not options.worker:  # no measuring child: the memory checks run here, on the device
+            _enqueue(study, prepared, _predictor(options, device_type, None, observer), observer)
         return 0
     assert prepared.workload.source is not None  # load_workload always sets it
     ran = 0
@@ -464,7 +493,15 @@ def run_study(
     with MeasurementProcess(
         prepared.workload.source, threads=spec.measure.threads, device=options.device, alloc_conf=alloc_conf
     ) as measurer:
+        start = time.perf_counter()
         measurer.start()
+        observer.note(f"measuring process ready on {device_type}: workload built, one warm-up step ({_since(start)})")
+
+        def check(config: TrainConfig) -> StepPeak:
+            return measurer.check(config, timeout=spec.measure.trial_timeout)
+
+        # The memory model's checks run in the measuring child, on the study's device.
+        predictor = _predictor(options, device_type, check, observer)
         prepared = screen_precisions(prepared, measurer, study=study, cache=cache, machine=machine, note=observer.note)
         if not options.worker:
             _enqueue(study, prepared, predictor, observer)
@@ -509,6 +546,14 @@ def run_study(
         if count_done(study) >= spec.trials and spec.retime:
             _retime(study, measurer, spec, observer)
     return ran
+
+
+def _predictor(
+    options: RunOptions, device_type: str, step: CheckStep | None, observer: StudyObserver
+) -> MemoryPredictor | None:
+    if options.memory_model is None:
+        return None
+    return load_memory_predictor(options.memory_model, device=device_type, step=step, note=observer.note)
 
 
 def _enqueue(

@@ -295,7 +295,15 @@ def test_ctrl_c_mid_trial_is_one_line_exit_130_and_keeps_the_completed_trials(tm
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     hold.unlink()
-    assert (proc.returncode, err, out) == (130, "autotune study: interrupted\n", "")
+    # The setup's lines (one per phase, each with its seconds), then the one line Ctrl-C gets.
+    *setup, last = err.splitlines()
+    assert (proc.returncode, last, out) == (130, "autotune study: interrupted", "")
+    assert [re.sub(r"\d+\.\d s\)$", "s)", line) for line in setup] == [
+        "workload tiny loaded: 34,340 parameters, 4 blocks (s)",
+        "blocks ranked by the activation bytes they save (one fake-tensor forward, s)",
+        "measuring process ready on cpu: workload built, one warm-up step (s)",
+        "baselines enqueued: pytorch-default, seed-recipe (s)",
+    ]
     _wait_gone(int(Path(f"{hold}.held").read_text()))
     study = _study(db)
     counted = _counted(study)
@@ -308,7 +316,10 @@ def test_no_policy_proposal_enqueues_only_the_two_baselines(tmp_path: Path, caps
     db = tmp_path / "s.db"
     args = ["study", f"{TINY}:build", "--storage", str(db), "--create-only", "--no-policy-proposal"]
     assert main(args) == 0
-    assert capsys.readouterr().err == "study 'tiny' ready: 2 trials enqueued; start the workers now\n"
+    assert [re.sub(r"\d+\.\d s\)$", "s)", line) for line in capsys.readouterr().err.splitlines()[-2:]] == [
+        "baselines enqueued: pytorch-default, seed-recipe (s)",
+        "study 'tiny' ready: 2 trials enqueued; start the workers now",
+    ]
     assert [t.user_attrs["baseline"] for t in _study(db).trials] == ["pytorch-default", "seed-recipe"]
 
 

@@ -157,13 +157,15 @@ def test_a_kind_whose_check_disagreed_is_unverified_and_the_others_stay_verified
     20% off leaves recomputed configurations unverified, fp32 and bf16 ones verified."""
     from autotune.memory import check
 
-    real = check._measure_one_step
+    real = check.check_step
 
-    def off_when_recomputed(workload: Workload, config: TrainConfig) -> tuple[int | None, str | None, bool]:
-        measured, failure, oom = real(workload, config)
-        return (round(measured * 1.25), failure, oom) if config.checkpoint and measured else (measured, failure, oom)
+    def off_when_recomputed(workload: Workload, config: TrainConfig, *, device: str | None) -> check.StepPeak:
+        measured, failure, oom = real(workload, config, device=device)
+        if config.checkpoint and measured:
+            return check.StepPeak(round(measured * 1.25), failure, oom)
+        return check.StepPeak(measured, failure, oom)
 
-    monkeypatch.setattr(check, "_measure_one_step", off_when_recomputed)
+    monkeypatch.setattr(check, "check_step", off_when_recomputed)
     workload = make_resmlp(depth=4)
     with pytest.warns(PredictionWarning) as caught:
         profile = profile_memory(workload, modes=("fp32", "bf16"))
@@ -173,7 +175,7 @@ def test_a_kind_whose_check_disagreed_is_unverified_and_the_others_stay_verified
     assert [str(w.message) for w in caught] == [unverified_message("resmlp", bad)]
     assert str(caught[0].message).startswith(
         f"memory prediction for workload 'resmlp' is unverified: predicted {bad.predicted} bytes, "
-        f"measured {bad.measured} bytes (micro-batch 2, blocks 0, 2 recomputed, local): "
+        f"measured {bad.measured} bytes (micro-batch 2, blocks 0, 2 recomputed, local on cpu): "
     )
     verdicts = {
         name: predict_memory(workload, config, profile=profile).verified
@@ -210,13 +212,13 @@ def test_a_grown_study_profile_checks_only_the_new_kind(monkeypatch: pytest.Monk
     from autotune.search.predictor import load_memory_predictor
 
     ran: list[TrainConfig] = []
-    real = check._measure_one_step
+    real = check.check_step
 
-    def counted(workload: Workload, config: TrainConfig) -> tuple[int | None, str | None]:
+    def counted(workload: Workload, config: TrainConfig, *, device: str | None) -> check.StepPeak:
         ran.append(config)
-        return real(workload, config)
+        return real(workload, config, device=device)
 
-    monkeypatch.setattr(check, "_measure_one_step", counted)
+    monkeypatch.setattr(check, "check_step", counted)
     predictor = load_memory_predictor()
     assert predictor is not None
     workload = make_resmlp(depth=2)

@@ -88,7 +88,7 @@ def test_a_profile_that_misses_memory_is_flagged_with_both_figures(lstm: Workloa
     assert check.reason == f"the prediction is {-check.relative_error:.1%} below the measured peak"
     assert [str(w.message) for w in caught] == [
         f"memory prediction for workload 'lstm-test' is unverified: predicted {check.predicted} bytes, "
-        f"measured {check.measured} bytes (micro-batch 4, fp32, local): {check.reason}; "
+        f"measured {check.measured} bytes (micro-batch 4, fp32, local on cpu): {check.reason}; "
         "configurations will be measured, not pruned on the prediction."
     ]
     estimate = predict_memory(lstm, TrainConfig(micro_batch_size=8), profile=profile)
@@ -150,7 +150,7 @@ def test_predict_cli_says_unverified_and_does_not_just_say_fits(
     assert "fits (UNVERIFIED prediction)" in captured.out and "NO (UNVERIFIED)" in captured.out
     assert re.fullmatch(
         r"autotune predict: UNVERIFIED: memory prediction for workload 'lstm-test' is unverified: predicted \d+ "
-        r"bytes, measured \d+ bytes \(micro-batch 4, fp32, local\): the prediction is \d+\.\d% below the measured "
+        r"bytes, measured \d+ bytes \(micro-batch 4, fp32, local on cpu\): the prediction is \d+\.\d% below the measured "
         r"peak; configurations will be measured, not pruned on the prediction.\n",
         captured.err,
     )
