@@ -23,6 +23,15 @@ fi
 rm -rf build/lib build/bdist.* # setuptools' staging folders (build/ also holds make typecheck's copy)
 wheel=$(ls "$work"/dist/*.whl)
 sdist=$(ls "$work"/dist/*.tar.gz)
+# The distribution is torch-autotune (`autotune` on PyPI is an unrelated project); its files name it
+# with the dash normalized to an underscore. The import name and the command stay `autotune`.
+pkg_version=$("$python" -c 'import autotune; print(autotune.__version__)')
+for built in "$wheel" "$sdist"; do
+    case "$(basename "$built")" in
+        "torch_autotune-$pkg_version-py3-none-any.whl" | "torch_autotune-$pkg_version.tar.gz") ;;
+        *) echo "wheel-check: built $(basename "$built"), expected torch_autotune-$pkg_version-py3-none-any.whl and .tar.gz" >&2; exit 1 ;;
+    esac
+done
 
 # What the CLI and the library read at run time must be in both.
 "$python" - "$wheel" "$sdist" <<'PY'

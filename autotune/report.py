@@ -150,5 +150,5 @@ def workloads_table(rows: Sequence[tuple[str, str, str, str, str, str]]) -> Tabl
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for row in rows:
-        table.add_row(*(escape(cell) for cell in row))  # "autotune[hf]" is not rich markup
+        table.add_row(*(escape(cell) for cell in row))  # "torch-autotune[hf]" is not rich markup
     return table

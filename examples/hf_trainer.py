@@ -7,7 +7,7 @@ and gradient accumulation stay the ``TrainingArguments``'). Every change it made
 
 Run: ``python examples/hf_trainer.py`` (a tiny GPT-2 built from its config class with random
 weights and generated token data: nothing is downloaded; seconds to a minute on a CPU).
-Needs ``pip install "autotune[hf]"``.
+Needs ``pip install "torch-autotune[hf]"``.
 """
 
 from __future__ import annotations

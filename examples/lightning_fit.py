@@ -6,7 +6,7 @@ for that, ``train_dataloader()`` reads ``self.batch_size`` (the attribute Lightn
 ``BatchSizeFinder`` scales). The effective batch (micro-batch x accumulation) stays yours.
 
 Run: ``python examples/lightning_fit.py`` (a small residual MLP on generated data: seconds on a CPU).
-Needs ``pip install "autotune[lightning]"``.
+Needs ``pip install "torch-autotune[lightning]"``.
 """
 
 from __future__ import annotations

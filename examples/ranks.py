@@ -8,7 +8,7 @@ run starts at the lowest stage that fits, and a later change of stage builds new
 with the training state carried over.
 
 Run: ``python examples/ranks.py`` (tens of seconds on 2 CPU cores: the ranks start in ~10 s).
-Needs ``pip install "autotune[zero]"`` (DeepSpeed).
+Needs ``pip install "torch-autotune[zero]"`` (DeepSpeed).
 """
 
 from __future__ import annotations

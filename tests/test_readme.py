@@ -7,6 +7,8 @@ Every ``autotune`` line in a ``bash`` block of README.md must parse with the rea
 with ``...`` placeholders. A Python block whose first line is a file name comment (``# my_model.py``)
 is saved as that file first, as the reader is told to, so the commands after it can name it.
 The docs pages' ``autotune`` commands (docs/*.md) must parse too: they are not run (minutes each).
+A README block marked ``sh`` instead of ``bash`` is shown and parsed, never run: it needs what CI
+has not (a GPU, a package index).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 SAVED_AS = re.compile(r"# ([\w./-]+\.py)\n")
 # A template's ``...`` placeholder; ``x[..., :4]`` (Ellipsis indexing) is code, and its block runs.
 PLACEHOLDER = re.compile(r"\.\.\.(?!,)")
+SHELL = ("bash", "sh")  # the blocks whose commands are parsed; only ``bash`` ones run
 
 
 class Block(NamedTuple):
@@ -49,10 +52,10 @@ def readme_blocks(text: str) -> list[Block]:
 
 
 def readme_commands(path: Path = README) -> list[tuple[int, str]]:
-    """(line, command) of each autotune command in the bash blocks of ``path``, comments stripped."""
+    """(line, command) of each autotune command in the shell blocks of ``path``, comments stripped."""
     commands: list[tuple[int, str]] = []
     for block in readme_blocks(path.read_text()):
-        if block.lang != "bash":
+        if block.lang not in SHELL:
             continue
         for i, line in enumerate(block.body.splitlines()):
             command = line.split("#", 1)[0].strip()
@@ -70,6 +73,15 @@ def test_readme_shows_commands() -> None:
     # (the rest of the manual is in docs/, whose commands test_docs_command_parses checks).
     assert len(COMMANDS) >= 8
     assert len(DOC_COMMANDS) >= 20
+
+
+def test_the_gpu_quick_start_is_parsed_and_not_run() -> None:
+    # Run on CI's CPU, `--device cuda` would stop at once: its block is ``sh``, whose commands parse here.
+    gpu = [b for b in readme_blocks(README.read_text()) if "--device cuda" in b.body]
+    assert [b.lang for b in gpu] == ["sh"]
+    assert [c for _, c in COMMANDS if "--device cuda" in c] == [
+        "autotune study my_model.py:build --memory-budget 20GiB --device cuda"
+    ]
 
 
 @pytest.mark.parametrize(("line", "command"), COMMANDS, ids=[f"L{n}" for n, _ in COMMANDS])

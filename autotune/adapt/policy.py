@@ -57,7 +57,7 @@ def _load(directory: Path | None) -> Any:
         from autotune.policies.ppo import PRETRAINED_DIR, load_policy
     except ImportError as e:
         raise MissingDependencyError(
-            f"a policy decision source needs stable-baselines3 and gymnasium: pip install 'autotune[rl]' ({e})."
+            f"a policy decision source needs stable-baselines3 and gymnasium: pip install 'torch-autotune[rl]' ({e})."
         ) from None
     return load_policy(directory or PRETRAINED_DIR)
 

@@ -39,11 +39,16 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+# The name autotune is installed under (pyproject.toml's [project] name): `autotune` on the public
+# index is an unrelated project, so the distribution's name differs from the import name.
+DISTRIBUTION = "torch-autotune"
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("autotune")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown"
 

@@ -54,7 +54,7 @@ try:
     from transformers.trainer_callback import ExportableState
 except ImportError as e:  # optional dependency: name it
     raise MissingDependencyError(
-        f"autotune.integrations.hf needs transformers: pip install 'autotune[hf]' ({e})."
+        f"autotune.integrations.hf needs transformers: pip install 'torch-autotune[hf]' ({e})."
     ) from None
 
 from autotune.zoo.hf import hf_loss  # after the check above: it imports transformers

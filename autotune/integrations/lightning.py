@@ -55,7 +55,7 @@ try:
     from lightning.pytorch.utilities.types import STEP_OUTPUT
 except ImportError as e:  # optional dependency: name it
     raise MissingDependencyError(
-        f"autotune.integrations.lightning needs lightning: pip install 'autotune[lightning]' ({e})."
+        f"autotune.integrations.lightning needs lightning: pip install 'torch-autotune[lightning]' ({e})."
     ) from None
 
 __all__ = ["AutotuneCallback"]

@@ -27,7 +27,7 @@ __all__ = ["PARETO_PLOT_ID", "note_saver", "pareto_figure", "save_study_artifact
 
 PARETO_PLOT_ID = "autotune-pareto-front"
 _ARTIFACTS_OF = "artifacts_of_trial"  # study user attribute: the trial whose config files are attached
-_INSTALL = "pip install 'autotune[search]'"
+_INSTALL = "pip install 'torch-autotune[search]'"
 
 
 def _require(module: str, package: str) -> Any:

@@ -126,7 +126,7 @@ class SpaceSpec:
             is compared as goodput (Pollux, OSDI'21).
         precisions: Precisions the low-precision level may use (``fp32`` is always allowed).
         ranks: Data-parallel rank counts to try. Any value > 1 adds the ZeRO stage to the space;
-            it needs DeepSpeed (``pip install autotune[zero]``): without it those trials fail cleanly.
+            it needs DeepSpeed (``pip install torch-autotune[zero]``): without it those trials fail cleanly.
         zero_stages: ZeRO stages to try when ranks > 1.
         blocks: Per-block overrides by block index (forward order).
         min_micro_batch: The smallest micro-batch the study may split a rank's batch into; None:

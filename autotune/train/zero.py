@@ -45,7 +45,7 @@ def import_deepspeed() -> Any:
     except ImportError as e:
         raise UnsupportedError(
             f"zero_stage > 0 or ranks > 1 runs on DeepSpeed, which cannot be imported ({e}); "
-            "install it with `pip install deepspeed` (or `pip install autotune[zero]`)."
+            "install it with `pip install deepspeed` (or `pip install torch-autotune[zero]`)."
         ) from None
     # init_distributed JIT-compiles the shm_comm op (~3 min on this project's 2-core CPU machines), used only for
     # inference all-reduce. Go through sys.modules: `import deepspeed.comm.torch as m` binds torch.

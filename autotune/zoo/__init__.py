@@ -28,7 +28,7 @@ The ``hf-*``, ``lstm-lm``, ``gru-lm``, ``shared-encoder``, ``unet-tiny``, ``varl
 with random initialisation (nothing is downloaded), and torch's own layers in the structures users
 write (:mod:`autotune.zoo.structured`: a shared layer and a tied head, a UNet's skips), at any
 size: ``CORPUS[name].build(**overrides)``, ``CORPUS[name].tiny`` for tests. The ``hf-*`` ones
-need transformers (``pip install 'autotune[hf]'``). Vision models come from transformers because
+need transformers (``pip install 'torch-autotune[hf]'``). Vision models come from transformers because
 torchvision (and timm, which needs it) does not import beside the local CPU torch wheel this
 project is developed on (``operator torchvision::nms does not exist``).
 

@@ -39,7 +39,7 @@ class Requirement:
 
     @property
     def hint(self) -> str:
-        return f"pip install 'autotune[{self.extra}]'"
+        return f"pip install 'torch-autotune[{self.extra}]'"
 
     def available(self) -> bool:
         """Whether ``module`` imports (this imports it: the builder would anyway)."""

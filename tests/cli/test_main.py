@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
-from autotune.cli.main import _parser, main
+from autotune.cli.main import DISTRIBUTION, _parser, main
 from tests.paths import ROOT, TINY_WORKLOAD, USER_WORKLOAD
 
 USER = USER_WORKLOAD
@@ -312,6 +313,16 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert (exit_info.value.code, capsys.readouterr().out) == (0, "autotune 0.1.0\n")
 
 
+def test_version_reads_the_distribution_pyproject_names() -> None:
+    # `autotune` on the public index is an unrelated project: the distribution has its own name, which
+    # --version reads the metadata of and the `all` extra refers back to.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = [e for e in project["optional-dependencies"] if e not in ("all", "dev")]
+    assert (DISTRIBUTION, project["name"]) == ("torch-autotune", "torch-autotune")
+    assert project["optional-dependencies"]["all"] == [f"torch-autotune[{','.join(extras)}]"]
+    assert project["scripts"] == {"autotune": "autotune.cli:main"}
+
+
 def test_workloads_without_transformers_lists_what_to_install(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -325,7 +336,7 @@ def test_workloads_without_transformers_lists_what_to_install(
     rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("│")}
     assert list(rows) == ["gpt-tiny", "hf-gpt2", "lstm-lm"]
     assert "autotune" in rows["gpt-tiny"] and "1,263,616" in rows["gpt-tiny"]
-    assert "GPT2LMHeadModel" in rows["hf-gpt2"] and "pip install 'autotune[hf]'" in rows["hf-gpt2"]
+    assert "GPT2LMHeadModel" in rows["hf-gpt2"] and "pip install 'torch-autotune[hf]'" in rows["hf-gpt2"]
     assert f"torch {installed_version('torch')} nn.LSTM" in rows["lstm-lm"] and "2,238,976" in rows["lstm-lm"]
 
 

@@ -254,8 +254,8 @@ def test_corpus_entry_validates_its_presets() -> None:
 
 def test_without_transformers_hf_workloads_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now raises ImportError
-    with _raises("workload 'hf-gpt2' needs transformers: pip install 'autotune[hf]'"):
+    with _raises("workload 'hf-gpt2' needs transformers: pip install 'torch-autotune[hf]'"):
         CORPUS["hf-gpt2"].build(**CORPUS["hf-gpt2"].tiny)
-    with _raises("workload 'hf-t5' needs transformers: pip install 'autotune[hf]'"):
+    with _raises("workload 'hf-t5' needs transformers: pip install 'torch-autotune[hf]'"):
         load_workload("hf-t5")
     assert CORPUS["lstm-lm"].build(**CORPUS["lstm-lm"].tiny).block_names() == EXPECTED_BLOCKS["lstm-lm"]
