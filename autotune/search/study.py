@@ -443,7 +443,7 @@ def _enqueue_proposal(study: optuna.Study, prepared: Prepared) -> tuple[bool, st
         knobs = propose(prepared.workload, memory_budget=prepared.memory_budget)
         params = prepared.space.params(knobs)
     except ImportError as e:  # stable-baselines3 / gymnasium are the ``rl`` extra
-        return False, f"no policy proposal: the policy needs pip install 'autotune[rl]' ({e})"
+        return False, f"no policy proposal: the policy needs pip install 'torch-autotune[rl]' ({e})"
     # ConfigError: the proposal lies outside this study's space; NonFiniteLossError: the model's
     # loss is NaN (its trials prune on it).
     except (ProposalError, ConfigError, NonFiniteLossError) as e:
