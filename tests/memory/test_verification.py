@@ -150,8 +150,8 @@ def test_predict_cli_says_unverified_and_does_not_just_say_fits(
     assert "fits (UNVERIFIED prediction)" in captured.out and "NO (UNVERIFIED)" in captured.out
     assert re.fullmatch(
         r"autotune predict: UNVERIFIED: memory prediction for workload 'lstm-test' is unverified: predicted \d+ "
-        r"bytes, measured \d+ bytes \(micro-batch 4, fp32, local on cpu\): the prediction is \d+\.\d% below the measured "
-        r"peak; configurations will be measured, not pruned on the prediction.\n",
+        r"bytes, measured \d+ bytes \(micro-batch 4, fp32, local on cpu\): the prediction is \d+\.\d% below the "
+        r"measured peak; configurations will be measured, not pruned on the prediction.\n",
         captured.err,
     )
 
