@@ -1,7 +1,7 @@
 """One prepared check of autotune on a CUDA GPU: six parts, each timed, guarded and reported.
 
-Run on one H100/H200 (about 7 minutes, at most the parts' limits, 9 min 30 s, inside a 10-minute
-call; nothing downloaded: every model is built from its config):
+Run on one H100/H200 (at most the parts' limits, 9 min 30 s, inside a 10-minute call; nothing
+downloaded: every model is built from its config):
 
     python benchmarks/gpu_check.py --out build/gpu-check      (make gpu-check)
 
@@ -10,11 +10,18 @@ reported, exception text included, and the others still run):
 
 1. ``device``: name, capability, bf16/fp16/fp32 matmul TFLOP/s, and the machine probe
    (``probe_precisions``: whole training steps of the decoder in each precision against fp32).
-2. ``measure``: ``autotune.measure`` of a decoder LM, a vision model and an LSTM at sizes that
+2. ``realsize``: a transformers GPT-2 at GPT-2-small width, sequence 1024, batch 32, under a 20 GiB
+   budget: a 12-trial study with each objective (``per-gib``, ``throughput``; each cut at 85 s),
+   its setup lines with their seconds and its seconds to the first trial; then the check's own
+   plain PyTorch loop judges side by side the PyTorch default, the Hugging Face recipes
+   (``bf16=True``, with ``gradient_checkpointing=True``, at smaller per-device batches with
+   accumulation) and both picks, each applied by its exported snippet as a user would. Targets
+   (issue #40): the per-GiB pick >= 1.0x ``bf16`` + checkpointing per GiB; the throughput pick
+   >= 1.0x the fastest Hugging Face recipe within the budget.
+3. ``measure``: ``autotune.measure`` of a decoder LM, a vision model and an LSTM at sizes that
    fill a few GiB, under 4 configurations each: tracked peak, the allocator's peak allocated and
    reserved, its retries, and the memory model's prediction against both (and scaled by the
    reserved/allocated ratio of the model's first configuration).
-3. ``study``: a 12-trial study of the decoder under a budget; its pick against the PyTorch default.
 4. ``adapt``: ``tune`` (the pretrained policy on the real loop) for 4 env steps and
    ``train --adapt`` for 60 steps of the decoder, through the functions those commands call.
 5. ``deepspeed``: the decoder on one DeepSpeed rank (NCCL), ZeRO 0-3, predicted vs measured.
@@ -59,6 +66,18 @@ VISION = {
     "batch_size": 64,
 }
 LSTM = {"layers": 4, "width": 1024, "seq_len": 256, "vocab": 8192, "num_samples": 2048, "batch_size": 32}
+# Real size (issue #40): a transformers GPT-2 at GPT-2-small width (124M parameters, the 50257-token
+# vocabulary), sequence 1024, effective batch 32, under the budget of a 24 GB card.
+GPT2_SMALL = {
+    "layers": 12,
+    "width": 768,
+    "heads": 12,
+    "seq_len": 1024,
+    "vocab": 50256,
+    "num_samples": 256,
+    "batch_size": 32,
+}
+REAL_BUDGET = 20 * 2**30
 
 
 def decoder_lm() -> Any:
@@ -78,6 +97,13 @@ def lstm_lm() -> Any:
     from autotune.zoo import CORPUS
 
     return CORPUS["lstm-lm"].build(**LSTM)
+
+
+def gpt2_small() -> Any:
+    """The real-size decoder (a workload reference: ``benchmarks/gpu_check.py:gpt2_small``)."""
+    from autotune.zoo import CORPUS
+
+    return CORPUS["hf-gpt2"].build(**GPT2_SMALL)
 
 
 def _ref(builder: Callable[[], Any]) -> str:
@@ -208,23 +234,148 @@ def _ratio(predicted: int | None, measured: int | None) -> float | None:
     return None if predicted is None or not measured else round(predicted / measured, 4)
 
 
-def part_study(out: Path) -> dict[str, Any]:
+# ---- real size: studies judged by the check's own loop against the Hugging Face recipes ---------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """A configuration as the check's own loop runs it: ``hf`` names what ``TrainingArguments`` would
+    set (``bf16``, ``gradient_checkpointing``); ``config`` an autotune pick, applied by the exported
+    snippet's ``apply()`` (what a user runs)."""
+
+    name: str
+    micro_batch: int
+    accumulation: int
+    bf16: bool = False
+    checkpointing: bool = False
+    config: Any = None  # a TrainConfig: the pick, applied by its exported snippet
+
+
+def hf_recipes(batch: int) -> list[Recipe]:
+    """What a Hugging Face user sets without autotune: the PyTorch default, ``bf16=True``, ``bf16=True``
+    with ``gradient_checkpointing=True``, and ``bf16=True`` at smaller per-device batches with
+    accumulation (the user's own way to fit a budget)."""
+    return [
+        Recipe(name="pytorch-default", micro_batch=batch, accumulation=1),
+        Recipe(name="hf bf16", micro_batch=batch, accumulation=1, bf16=True),
+        Recipe(name="hf bf16+gc", micro_batch=batch, accumulation=1, bf16=True, checkpointing=True),
+        Recipe(name=f"hf bf16 {batch // 2}x2", micro_batch=batch // 2, accumulation=2, bf16=True),
+        Recipe(name=f"hf bf16 {batch // 4}x4", micro_batch=batch // 4, accumulation=4, bf16=True),
+    ]
+
+
+def pick_recipe(name: str, config: Any) -> Recipe:
+    return Recipe(name=name, micro_batch=config.micro_batch_size, accumulation=config.grad_accum_steps, config=config)
+
+
+def judge(
+    build: Callable[[], Any], recipes: list[Recipe], *, device: str, steps: int = 8, warmup: int = 2
+) -> list[dict[str, Any]]:
+    """Each recipe on a fresh model in a plain PyTorch loop (not autotune's): its samples/s (median of
+    ``steps`` steps after ``warmup``) and its peak (the allocator's most allocated above what was
+    allocated before the model was built, over one step; tracked bytes on the CPU)."""
+    import statistics
+
+    import torch
+
+    from autotune.search.export import export_config
+
+    rows = []
+    for recipe in recipes:
+        workload = build()
+        names = workload.block_names()
+        baseline = torch.cuda.memory_allocated() if device == "cuda" else 0
+        model = workload.model.to(device).train()
+        handle = None
+        if recipe.config is not None:
+            namespace: dict[str, Any] = {}
+            snippet = export_config(
+                recipe.config, "python", block_names=names, workload=workload.name, largest_parameter=0
+            )
+            exec(compile(snippet, f"<{recipe.name} snippet>", "exec"), namespace)  # what a user runs
+            handle = namespace["apply"](model, device_type=device)
+        if recipe.checkpointing:  # transformers 5.2x renamed it; the GPU machine may have either
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable({"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        vocab = model.config.vocab_size
+        seq = model.config.n_positions
+        generator = torch.Generator().manual_seed(0)
+
+        def step() -> float:
+            start = time.perf_counter()
+            for _ in range(recipe.accumulation):
+                ids = torch.randint(0, vocab, (recipe.micro_batch, seq), generator=generator).to(device)
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=recipe.bf16):
+                    loss = model(input_ids=ids, labels=ids).loss / recipe.accumulation
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+        for _ in range(warmup):
+            step()
+        peak: int | None = None  # the CPU stand-in (the check's test) times only
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            peak = torch.cuda.max_memory_allocated() - baseline
+        seconds = statistics.median(step() for _ in range(steps))
+        samples = recipe.micro_batch * recipe.accumulation / seconds
+        rows.append(
+            {
+                "recipe": recipe.name,
+                "config": None if recipe.config is None else recipe.config.describe(),
+                "split": f"{recipe.micro_batch}x{recipe.accumulation}",
+                "samples/s": round(samples, 2),
+                "peak": peak,
+                "per GiB": round(samples / (peak / 2**30), 3) if peak else None,
+            }
+        )
+        if handle is not None:
+            handle.remove()
+        del model, optimizer, workload
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _study_pick(out: Path, objective: str, timeout: float) -> dict[str, Any]:
+    """A 12-trial study of the real-size decoder under the budget, with ``objective``; its setup lines
+    with the seconds since the study began, and its pick."""
     from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, summarize
-    from autotune.search.baselines import PYTORCH_DEFAULT
-    from autotune.search.study import open_study, prepare, run_study
+    from autotune.search.study import StudyObserver, open_study, prepare, run_study
     from autotune.units import MemoryBudget
 
+    start = time.perf_counter()
+    lines: list[str] = []
+    first_trial: list[float] = []
+
+    class Observer(StudyObserver):
+        def note(self, message: str) -> None:
+            lines.append(f"{time.perf_counter() - start:6.1f} s  {message}")
+
+        def trial_finished(self, study: Any, trial: Any) -> None:
+            if not first_trial:
+                first_trial.append(round(time.perf_counter() - start, 1))
+
     spec = StudySpec(
-        workload=_ref(decoder_lm),
-        name="gpu-check",
+        workload=_ref(gpt2_small),
+        name=f"realsize-{objective}",
         trials=12,
-        memory_budget=MemoryBudget(fraction=0.75),
-        policy_proposal=False,
-        space=SpaceSpec(precisions=("fp32", "bf16", "fp16")),
-        measure=MeasureSpec(steps=3, warmup=1, trial_timeout=60.0),
+        timeout=timeout,
+        memory_budget=MemoryBudget(bytes=REAL_BUDGET),
+        objective=objective,
+        space=SpaceSpec(precisions=("fp32", "bf16")),
+        measure=MeasureSpec(steps=3, warmup=1, trial_timeout=30.0),
     )
     options = RunOptions(
-        storage=f"sqlite:///{out / 'study.db'}",
+        storage=f"sqlite:///{out / f'realsize-{objective}.db'}",
         cache=None,
         artifact_dir=out / "artifacts",
         device=DEVICE,
@@ -232,30 +383,45 @@ def part_study(out: Path) -> dict[str, Any]:
     )
     prepared = prepare(spec)
     study = open_study(prepared, options)
-    run_study(prepared, study, options)
+    run_study(prepared, study, options, Observer())
     summary = summarize(study)
-    best, vs_default = summary.recommended, summary.improvement(PYTORCH_DEFAULT)
-    rows = [
-        {
-            "trial": r.number,
-            "config": None if r.config is None else r.config.describe(),
-            "status": r.status,
-            "peak": r.peak_bytes,
-            "samples/s": r.throughput,
-            "per GiB": r.per_gib,
-        }
-        for r in summary.trials
-    ]
-    line = "no feasible pick" if best is None or best.config is None else f"pick {best.config.describe()}"
-    if vs_default is not None:
-        line += f": {vs_default.per_gib:.2f}x the PyTorch default per GiB"
+    best = summary.recommended
     return {
-        "summary": line,
-        "budget_bytes": prepared.memory_budget,
+        "objective": objective,
+        "seconds": round(time.perf_counter() - start, 1),
+        "seconds_to_first_trial": first_trial[0] if first_trial else None,
         "states": summary.states,
-        "per_gib_vs_default": None if vs_default is None else vs_default.per_gib,
-        "rows": rows,
+        "setup": lines,
+        "pick": None if best is None or best.config is None else best.config,
     }
+
+
+def part_realsize(out: Path) -> dict[str, Any]:
+    studies = [_study_pick(out, objective, timeout=85.0) for objective in ("per-gib", "throughput")]
+    recipes = hf_recipes(GPT2_SMALL["batch_size"])
+    recipes += [pick_recipe(f"study pick ({s['objective']})", s["pick"]) for s in studies if s["pick"] is not None]
+    rows = judge(gpt2_small, recipes, device=DEVICE)
+    by_name = {r["recipe"]: r for r in rows}
+    fits = [r for r in rows if r["config"] is None and r["peak"] <= REAL_BUDGET]
+    fastest_hf = max(fits, key=lambda r: r["samples/s"], default=None)
+    gc = by_name["hf bf16+gc"]
+    per_gib = by_name.get("study pick (per-gib)")
+    throughput = by_name.get("study pick (throughput)")
+    result: dict[str, Any] = {
+        "studies": [{**s, "pick": None if s["pick"] is None else s["pick"].describe()} for s in studies],
+        "judged": rows,
+        "per_gib_pick_vs_hf_gc": None if per_gib is None else round(per_gib["per GiB"] / gc["per GiB"], 3),
+        "fastest_hf_within_budget": None if fastest_hf is None else fastest_hf["recipe"],
+        "throughput_pick_vs_fastest_hf": None
+        if throughput is None or fastest_hf is None or throughput["peak"] > REAL_BUDGET
+        else round(throughput["samples/s"] / fastest_hf["samples/s"], 3),
+    }
+    result["summary"] = (
+        f"per-GiB pick {result['per_gib_pick_vs_hf_gc']}x HF bf16+gc per GiB; throughput pick "
+        f"{result['throughput_pick_vs_fastest_hf']}x {result['fastest_hf_within_budget']}; studies "
+        + ", ".join(f"{s['objective']} {s['seconds']} s (first trial {s['seconds_to_first_trial']} s)" for s in studies)
+    )
+    return result
 
 
 def part_adapt() -> dict[str, Any]:
@@ -400,35 +566,35 @@ class Part:
     imports: tuple[str, ...]
 
 
-# Limits (570 s together) from the H200 runs of 2026-11-27 (the later one with an experimental
-# precision probe, since taken back): device 18 s, measure 83, study 145-177, adapt 70-99,
-# DeepSpeed 53, Hugging Face 31; each limit leaves 9-38 s above its part's time.
+# Limits (570 s together) from the H200 runs of 2026-11-27: device 17-18 s, measure 70-87, adapt
+# 70-99, DeepSpeed 49-53, Hugging Face 31-32; the real-size part (two 12-trial studies, each cut at
+# 85 s, then seven recipes judged) has not run yet: its limit is what is left.
 PLAN = (
     Part(
         name="device",
         title="device and machine probe",
-        limit_s=30,
+        limit_s=25,
         run=lambda out: part_device(),
         imports=("autotune.measurement.probe", "autotune.train.local"),
     ),
     Part(
+        name="realsize",
+        title="GPT-2 small, seq 1024: two 12-trial studies vs the HF recipes",
+        limit_s=240,
+        run=part_realsize,
+        imports=("autotune.search", "autotune.search.study", "autotune.search.export", "transformers"),
+    ),
+    Part(
         name="measure",
         title="measure vs the memory model",
-        limit_s=100,
+        limit_s=95,
         run=lambda out: part_measure(),
         imports=("autotune.measurement", "autotune.memory.predict"),
     ),
     Part(
-        name="study",
-        title="12-trial study under a budget",
-        limit_s=215,
-        run=part_study,
-        imports=("autotune.search", "autotune.search.study", "autotune.search.baselines"),
-    ),
-    Part(
         name="adapt",
         title="tune 4 steps, train --adapt 60 steps",
-        limit_s=120,
+        limit_s=110,
         run=lambda out: part_adapt(),
         imports=(
             "autotune.adapt.adaptive",
@@ -440,7 +606,7 @@ PLAN = (
     Part(
         name="deepspeed",
         title="DeepSpeed, one rank, ZeRO 0-3",
-        limit_s=65,
+        limit_s=60,
         run=lambda out: part_deepspeed(),
         imports=("autotune.procs.multirank", "deepspeed"),
     ),
@@ -601,7 +767,7 @@ def _check_sizes() -> None:
     """The sizes above name only sizes their corpus entries have (building them is the real run's)."""
     from autotune.zoo import CORPUS
 
-    for name, sizes in (("hf-llama", DECODER), ("hf-vit", VISION), ("lstm-lm", LSTM)):
+    for name, sizes in (("hf-llama", DECODER), ("hf-vit", VISION), ("lstm-lm", LSTM), ("hf-gpt2", GPT2_SMALL)):
         unknown = sorted(set(sizes) - set(CORPUS[name].sizes))
         if unknown:
             raise ValueError(f"{name} has no size {unknown[0]!r} (sizes: {sorted(CORPUS[name].sizes)})")

@@ -14,7 +14,7 @@ import torch
 
 from tests.paths import ROOT
 
-NAMES = ["device", "measure", "study", "adapt", "deepspeed", "hf"]
+NAMES = ["device", "realsize", "measure", "adapt", "deepspeed", "hf"]
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +31,8 @@ def test_the_plan_fits_in_a_ten_minute_call(gpu_check: ModuleType) -> None:
     assert [p.name for p in gpu_check.PLAN] == NAMES
     # Each part is killed at its own limit; 30 s are left of 600 for installing and copying back.
     # The limits are the H200 runs' seconds (docs/benchmarks.md) with room: device 17-18 s,
-    # measure 70-87 s, study 145-177 s (the later run with an experimental precision probe, every
-    # trial within the budget, then the finalists re-timed), adapt 70-99 s, DeepSpeed 49-53 s, HF 31-32 s.
-    assert [p.limit_s for p in gpu_check.PLAN] == [30, 100, 215, 120, 65, 40]
+    # measure 70-87 s, adapt 70-99 s, DeepSpeed 49-53 s, HF 31-32 s; the real-size part gets the rest.
+    assert [p.limit_s for p in gpu_check.PLAN] == [25, 240, 95, 110, 60, 40]
     assert sum(p.limit_s for p in gpu_check.PLAN) == 570
 
 
@@ -49,7 +48,7 @@ def test_some_parts_run_alone_and_an_unknown_one_is_refused(
     assert (
         capsys.readouterr()
         .err.splitlines()[-1]
-        .endswith("error: unknown part 'gpu' (parts: device, measure, study, adapt, deepspeed, hf)")
+        .endswith("error: unknown part 'gpu' (parts: device, realsize, measure, adapt, deepspeed, hf)")
     )
 
 
@@ -79,7 +78,7 @@ def test_a_failing_part_is_reported_with_its_exception_and_the_report_still_writ
     def boom(out: Path) -> dict[str, object]:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    part = gpu_check.PLAN[1]
+    part = gpu_check.PLAN[2]
     entry = gpu_check.guarded(part, tmp_path, boom)
     assert (entry["name"], entry["ok"], entry["result"]) == ("measure", False, None)
     assert entry["error"].startswith(
@@ -90,7 +89,7 @@ def test_a_failing_part_is_reported_with_its_exception_and_the_report_still_writ
     table = (tmp_path / "report.md").read_text().splitlines()
     assert table[5].startswith("| measure vs the memory model | FAILED | ")
     assert table[5].endswith(
-        " (100) | RuntimeError: CUDA error: an illegal memory access was encountered "
+        " (95) | RuntimeError: CUDA error: an illegal memory access was encountered "
         f"(at test_gpu_check.py:{entry['error'].rsplit(':', 1)[1]} |"
     )
 
@@ -109,3 +108,27 @@ def test_without_cuda_it_says_so_in_one_line(
     assert gpu_check.main(["--out", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out == "gpu_check: no CUDA device on this machine: nothing to check.\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_the_real_size_judge_runs_every_recipe_and_a_pick_through_its_snippet_on_the_cpu(
+    gpu_check: ModuleType,
+) -> None:
+    """The check's own loop, at the corpus' tiny GPT-2 on the CPU: the Hugging Face recipes as a
+    user sets them and an autotune pick applied by its exported snippet all train (the GPU run
+    adds the allocator's peaks, which the CPU has not)."""
+    from autotune import TrainConfig
+    from autotune.zoo import CORPUS
+
+    entry = CORPUS["hf-gpt2"]
+    pick = TrainConfig(micro_batch_size=4, grad_accum_steps=2, precision="bf16", checkpoint=(True, False))
+    recipes = [*gpu_check.hf_recipes(8), gpu_check.pick_recipe("study pick (per-gib)", pick)]
+    rows = gpu_check.judge(lambda: entry.build(**entry.tiny), recipes, device="cpu", steps=2, warmup=1)
+    assert [(r["recipe"], r["split"], r["config"], r["peak"]) for r in rows] == [
+        ("pytorch-default", "8x1", None, None),
+        ("hf bf16", "8x1", None, None),
+        ("hf bf16+gc", "8x1", None, None),
+        ("hf bf16 4x2", "4x2", None, None),
+        ("hf bf16 2x4", "2x4", None, None),
+        ("study pick (per-gib)", "4x2", pick.describe(), None),
+    ]
+    assert all(r["samples/s"] > 0 for r in rows)
