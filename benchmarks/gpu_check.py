@@ -37,6 +37,7 @@ which also runs one part's child process dry).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -301,23 +302,9 @@ def judge(
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        vocab = model.config.vocab_size
-        seq = model.config.n_positions
         generator = torch.Generator().manual_seed(0)
 
-        def step() -> float:
-            start = time.perf_counter()
-            for _ in range(recipe.accumulation):
-                ids = torch.randint(0, vocab, (recipe.micro_batch, seq), generator=generator).to(device)
-                with torch.autocast(device, dtype=torch.bfloat16, enabled=recipe.bf16):
-                    loss = model(input_ids=ids, labels=ids).loss / recipe.accumulation
-                loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            return time.perf_counter() - start
-
+        step = functools.partial(_train_step, model, optimizer, recipe, device=device, generator=generator)
         for _ in range(warmup):
             step()
         peak: int | None = None  # the CPU stand-in (the check's test) times only
@@ -339,10 +326,28 @@ def judge(
         )
         if handle is not None:
             handle.remove()
-        del model, optimizer, workload
+        del step, model, optimizer, workload
         if device == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+def _train_step(model: Any, optimizer: Any, recipe: Recipe, *, device: str, generator: Any) -> float:
+    """One optimizer step of a causal LM on random tokens, as a plain loop runs it; its seconds."""
+    import torch
+
+    vocab, seq = model.config.vocab_size, model.config.n_positions
+    start = time.perf_counter()
+    for _ in range(recipe.accumulation):
+        ids = torch.randint(0, vocab, (recipe.micro_batch, seq), generator=generator).to(device)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=recipe.bf16):
+            loss = model(input_ids=ids, labels=ids).loss / recipe.accumulation
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.synchronize()  # a sync point: the step's kernels are done when the clock stops
+    return time.perf_counter() - start
 
 
 def _study_pick(out: Path, objective: str, timeout: float) -> dict[str, Any]:
