@@ -124,6 +124,7 @@ def quick_profile(workload: Workload) -> WorkloadProfile:
 
     from autotune.knobs import KnobLevels
 
+    _check_room(workload)
     try:
         profile = profile_for_tuning(workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS)
     except NonFiniteLossError:
@@ -138,6 +139,43 @@ def quick_profile(workload: Workload) -> WorkloadProfile:
             f"which measured {measured} B (more than {TOLERANCE:.0%} off)"
         )
     return profile
+
+
+#: The share of the free memory the simulator's calibration may take where it runs.
+CALIBRATION_SHARE = 0.8
+
+
+def _check_room(workload: Workload) -> None:
+    """Raise :class:`ProposalError` when the calibration would not fit where it runs.
+
+    It measures the PyTorch default at the whole batch and times six configurations side by side
+    (six copies of the model and its optimizer state at once), on the device a measurement
+    defaults to. At real size that is more than a host has (a 10M-parameter GPT-2 at sequence
+    1024 and batch 32 needs ~20 GiB in fp32): the fake-tensor profile says so first, in seconds.
+    """
+    from autotune.config import TrainConfig
+    from autotune.measurement.cuda_memory import free_bytes
+    from autotune.memory.predict import predict_memory
+    from autotune.train.local import resolve_device
+    from autotune.units import format_bytes
+
+    device = resolve_device(None)
+    free = free_bytes(device)
+    if free is None:
+        return
+    try:
+        e = predict_memory(
+            workload, TrainConfig(micro_batch_size=workload.batch_size), verify=False, device_type=device.type
+        )
+    except AutotuneError:
+        return  # no prediction: the calibration finds out itself
+    needed = e.total + 5 * (e.parameters + e.gradients + e.optimizer_state)
+    if needed > CALIBRATION_SHARE * free:
+        raise ProposalError(
+            f"calibrating the simulator runs the PyTorch default ({workload.batch_size} x 1, fp32) and five "
+            f"more copies of the model on {device.type}: about {format_bytes(needed)}, and "
+            f"{format_bytes(free)} is free there"
+        )
 
 
 def simulated_best(

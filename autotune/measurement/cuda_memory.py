@@ -33,6 +33,7 @@ __all__ = [
     "TorchCudaStats",
     "alloc_conf_with",
     "allocator_source",
+    "free_bytes",
     "reserved_with_headroom",
 ]
 
@@ -168,3 +169,22 @@ def reserved_with_headroom(reserved: int, headroom: float = RESERVED_HEADROOM) -
         raise ConfigError(f"headroom must be in [0, 1), but got {headroom!r}.")
     # Exact rational arithmetic: 1000 * 1.05 is 1050.0000000000002 in floats, whose ceiling is 1051.
     return math.ceil(reserved * (1 + Fraction(headroom).limit_denominator(10**6)))
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation on ``device`` can still get: the CUDA driver's free bytes
+    (``torch.cuda.mem_get_info``), or the host's ``MemAvailable`` (``/proc/meminfo``); None where
+    it cannot be read."""
+    if device.type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    from pathlib import Path
+
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    found = next((line for line in lines if line.startswith("MemAvailable:")), None)
+    return None if found is None else int(found.split()[1]) * 1024  # in kB

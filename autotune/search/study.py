@@ -447,7 +447,7 @@ def _enqueue_proposal(study: optuna.Study, prepared: Prepared) -> tuple[bool, st
     # ConfigError: the proposal lies outside this study's space; NonFiniteLossError: the model's
     # loss is NaN (its trials prune on it).
     except (ProposalError, ConfigError, NonFiniteLossError) as e:
-        return False, f"no policy proposal: {e}"
+        return False, f"no policy proposal: {e} ({_since(start)})"
     study.enqueue_trial(params, user_attrs={ATTR.BASELINE: POLICY_PROPOSAL})
     seconds = time.perf_counter() - start
     return True, f"policy proposal enqueued: {knobs.describe()} ({seconds:.0f} s to profile the model and simulate)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_REC
 from autotune.search.record import ATTR
 from autotune.search.spec import MeasureSpec, StudySpec
 from autotune.search.study import RunOptions, open_study, prepare, run_study
+from autotune.units import format_bytes
 from tests.conftest import make_resmlp
 from tests.paths import DATA, TINY_WORKLOAD
 
@@ -80,7 +82,11 @@ def test_without_a_proposal_the_study_goes_on_and_says_why_in_one_line(
     study = open_study(prepared, options)
     capsys.readouterr()
     run_study(prepared, study, options)
-    (line,) = capsys.readouterr().err.splitlines()
+    *setup, line = capsys.readouterr().err.splitlines()  # one line per setup phase, then the proposal's
+    assert [re.sub(r"\(.*\)$", "(...)", s) for s in setup[1:]] == [
+        "blocks ranked by the activation bytes they save (...)",
+        "baselines enqueued: pytorch-default, seed-recipe (...)",
+    ]
     # FakeTensorMode cannot run a forward that branches on a value: no memory table, no proposal.
     assert line.startswith("no policy proposal: data-dependent cannot be profiled for the simulator: PredictionError: ")
     assert [t.user_attrs.get(ATTR.BASELINE) for t in study.trials] == [PYTORCH_DEFAULT, SEED_RECIPE]
@@ -117,3 +123,30 @@ def test_the_simulated_best_is_the_best_setting_the_gate_admits() -> None:
     fp32 = simulated_best(profile, batch_size=32, admits=lambda k: True, reduced=False)
     assert fp32 is not None and fp32[0].low_precision_blocks == 0
     assert simulated_best(profile, batch_size=32, admits=lambda k: False) is None
+
+
+def test_a_calibration_that_would_not_fit_where_it_runs_is_refused_before_any_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simulator's calibration runs the default at the whole batch and six models side by side:
+    at real size more than the host has. The fake-tensor profile says so before a real step runs."""
+    from autotune.policies.transfer import quick_profile
+
+    from autotune import TrainConfig, predict_memory
+    from autotune.memory.check import StepPeak
+    from autotune.resolve import load_workload
+
+    def no_step(*args: object, **kwargs: object) -> StepPeak:
+        raise AssertionError("a real step ran")
+
+    workload = load_workload(f"{TINY}:build")
+    e = predict_memory(workload, TrainConfig(micro_batch_size=workload.batch_size), verify=False)
+    needed = e.total + 5 * (e.parameters + e.gradients + e.optimizer_state)
+    monkeypatch.setattr("autotune.measurement.cuda_memory.free_bytes", lambda device: needed)
+    monkeypatch.setattr("autotune.envs.calibration.measure", no_step)
+    message = (
+        f"calibrating the simulator runs the PyTorch default ({workload.batch_size} x 1, fp32) and five more "
+        f"copies of the model on cpu: about {format_bytes(needed)}, and {format_bytes(needed)} is free there"
+    )
+    with pytest.raises(ProposalError, match=f"^{re.escape(message)}$"):
+        quick_profile(workload)
