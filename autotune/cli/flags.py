@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from autotune.measurement.objective import ObjectiveName
 
 __all__ = [
     "BUDGET_HELP",
@@ -109,11 +112,11 @@ def add_objective_flag(p: argparse.ArgumentParser, *, default: str = "per-gib") 
     p.add_argument("--objective", metavar="per-gib|throughput", help=f"{OBJECTIVE_HELP} (default {default})")
 
 
-def objective_arg(args: argparse.Namespace) -> Any:
-    """``--objective``, checked (None: not given)."""
-    from autotune.measurement.objective import check_objective
+def objective_arg(args: argparse.Namespace) -> ObjectiveName:
+    """``--objective``, checked (not given: the default, per GiB)."""
+    from autotune.measurement.objective import DEFAULT_OBJECTIVE, check_objective
 
-    return None if args.objective is None else check_objective(args.objective)
+    return DEFAULT_OBJECTIVE if args.objective is None else check_objective(args.objective)
 
 
 def add_ranks_flag(p: argparse.ArgumentParser) -> None:

@@ -230,7 +230,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError(f"--fine-tune-seconds must be a finite number >= 0, but got {args.fine_tune_seconds!r}.")
     budget = parse_memory_budget(args.memory_budget)
     min_micro = min_micro_batch_of(args)
-    objective = objective_arg(args) or "per-gib"
+    objective = objective_arg(args)
     if args.storage:
         from autotune.search.storage import check_storage
 

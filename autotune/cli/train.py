@@ -98,7 +98,7 @@ def _train_command(args: argparse.Namespace) -> int:
     from autotune.cli.flags import min_micro_batch_of, objective_arg, set_threads, warn_if_busy
     from autotune.console import make_console
 
-    objective = objective_arg(args) or "per-gib"
+    objective = objective_arg(args)
     min_micro = min_micro_batch_of(args)
     threads = set_threads(args.threads, ranks=args.ranks)
 
