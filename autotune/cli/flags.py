@@ -105,11 +105,12 @@ OBJECTIVE_HELP = (
 )
 
 
-def add_objective_flag(p: argparse.ArgumentParser, *, default: str = "per-gib") -> None:
+def add_objective_flag(p: argparse.ArgumentParser, *, default: str = "per-gib", prefix: str = "") -> None:
     """``--objective per-gib|throughput`` of the commands that pick a configuration (``study``,
     ``tune``, ``train --adapt``); checked by :func:`objective_arg` (one line, exit 2), not by
     argparse's choices (a usage block)."""
-    p.add_argument("--objective", metavar="per-gib|throughput", help=f"{OBJECTIVE_HELP} (default {default})")
+    help_text = f"{prefix}{OBJECTIVE_HELP} (default {default})"
+    p.add_argument("--objective", metavar="per-gib|throughput", help=help_text)
 
 
 def objective_arg(args: argparse.Namespace) -> ObjectiveName:

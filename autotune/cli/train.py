@@ -58,7 +58,7 @@ def register(sub: Any) -> None:
     add_ranks_flag(p)
     add_threads_flag(p)
     add_min_micro_batch_flag(p)
-    add_objective_flag(p)
+    add_objective_flag(p, prefix="with --adapt: ")
     p.add_argument("--json", action="store_true", help="print the run as JSON: every step and every decision")
     p.set_defaults(func=_cmd_train)
 
