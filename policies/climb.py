@@ -10,13 +10,14 @@ last measurements next to its best one.
 So an episode's last :func:`~autotune.search.refine.refine_trials` steps, and every step after the
 policy proposes to stay or a move the environment refuses (the run stays, and so does the
 observation the policy acts on), are the climb's: it moves toward one *neighbour* of the incumbent (the
-step with the best objective per GiB so far), one knob one level away in the environment's own
-tables (:func:`neighbours`), the first that no step has visited or been refused and that the
-environment admits within the budget. A neighbour that measures better is the next incumbent, and
-the move that reached it is tried again first from there (a pattern move: recompute one level
-less, then one less again). With every neighbour of the incumbent tried, the climb goes on from
-the next best step's. The climb acts through the environment's action space, as the policy
-does, so the episode's rewards, records and re-timing are the same for its steps.
+step best by the episode's objective so far: per GiB, or samples/s within the budget), one knob one
+level away in the environment's own tables (:func:`neighbours`), the first that no step has
+visited or been refused and that the environment admits within the budget. A neighbour that
+measures better is the next incumbent, and the move that reached it is tried again first from
+there (a pattern move: recompute one level less, then one less again). With every neighbour of
+the incumbent tried, the climb goes on from the next best step's. The climb acts through the
+environment's action space, as the policy does, so the episode's rewards, records and re-timing
+are the same for its steps.
 
 A move to more reduced-precision blocks is not the climb's where the environment measured a
 reduced-precision step at :data:`~autotune.search.precisions.DOMINATED_SLOWDOWN` times the fp32
@@ -67,8 +68,9 @@ def _distance(a: KnobLevels, b: KnobLevels) -> int:
 class Climb:
     """Chooses the climb's actions on ``env`` (:class:`~autotune.envs.core.TuningEnv`).
 
-    Call :meth:`action` before each climb step with every step's knobs and objective per GiB so
-    far (None where the step did not count: over the budget or a non-finite loss), and
+    Call :meth:`action` before each climb step with every step's knobs and value by the episode's
+    objective so far (:meth:`autotune.policies.episode.Episode.value`; None where the step did not
+    count: over the budget or a non-finite loss), and
     :meth:`stepped` after it with the knobs the environment is on.
     """
 
@@ -104,7 +106,7 @@ class Climb:
 
     def _next_target(self, measured: Sequence[tuple[KnobLevels, float | None]]) -> KnobLevels | None:
         counted = [(value, -i, levels) for i, (levels, value) in enumerate(measured) if value is not None]
-        # The best per GiB first (the earliest step on a tie); when every neighbour of the best
+        # The best value first (the earliest step on a tie); when every neighbour of the best
         # is tried, the next best's: one noisy step can make a setting the best whose neighbours
         # are all worse (lstm-lm: 2x8 over 4x4, whose recompute neighbours were the grid's best),
         # and the episode's remaining steps are better spent next to the runner-up than refused.

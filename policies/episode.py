@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autotune.config import TrainConfig
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.settings import TUNING
 
 if TYPE_CHECKING:
     from autotune.envs.training import TrainingEnv
     from autotune.policies.ppo import Policy
 
+    from autotune.measurement.objective import Score
     from autotune.workload import Workload
 
 __all__ = ["FINALISTS", "Episode", "EpisodeStep", "retime_best", "run_episode"]
@@ -60,6 +62,9 @@ class Episode:
     budget_bytes: int
     steps: tuple[EpisodeStep, ...]
     adapt_batch: bool = False  # the batch was a knob: steps are judged by goodput
+    #: Which step within the budget is best: the most value per GiB of peak, or the most value
+    #: (:data:`autotune.measurement.objective.OBJECTIVES`).
+    objective: ObjectiveName = DEFAULT_OBJECTIVE
     #: The best steps re-timed side by side (:func:`retime_best`): their step numbers, re-timed
     #: samples/s and spread, the winner and whether it was separated from the runner-up.
     retimed: dict[str, Any] | None = None
@@ -70,8 +75,9 @@ class Episode:
 
     @property
     def best(self) -> EpisodeStep | None:
-        """The measured step with the most throughput (goodput with batch adaptation) per GiB of
-        peak within the budget, by the objective the study and the environments use
+        """The measured step within the budget with the most throughput (goodput with batch
+        adaptation) per GiB of peak, or the most throughput under the ``throughput``
+        :attr:`objective`, by the objective the study and the environments use
         (:func:`autotune.measurement.objective.score`); None if no step with a finite loss fitted
         the budget (:attr:`nothing_fits` says by how much)."""
         if self.retimed is not None:  # the winner of the best steps re-timed side by side
@@ -82,6 +88,13 @@ class Episode:
 
     def per_gib(self, s: EpisodeStep) -> float:
         """``s``'s objective per GiB of its peak (:func:`autotune.measurement.objective.score`)."""
+        return self._score(s).per_gib
+
+    def value(self, s: EpisodeStep) -> float:
+        """What :attr:`objective` ranks ``s`` by (:meth:`autotune.measurement.objective.Score.under`)."""
+        return self._score(s).under(self.objective)
+
+    def _score(self, s: EpisodeStep) -> Score:
         from autotune.measurement.objective import score
 
         return score(
@@ -91,13 +104,13 @@ class Episode:
             base_batch_size=self.steps[0].batch,
             noise_scale=s.b_noise,
             batch_is_knob=self.adapt_batch,
-        ).per_gib
+        )
 
     def ranked(self, *, distinct: bool = True) -> list[EpisodeStep]:
-        """Steps with a finite loss within the budget, best first, one per configuration
-        (``distinct=False``: every such step)."""
+        """Steps with a finite loss within the budget, best first by :attr:`objective`, one per
+        configuration (``distinct=False``: every such step)."""
         fits = [s for s in self.steps if s.peak_bytes <= self.budget_bytes and math.isfinite(s.loss)]
-        fits.sort(key=lambda s: (-self.per_gib(s), s.step))
+        fits.sort(key=lambda s: (-self.value(s), s.step))
         if not distinct:
             return fits
         out: list[EpisodeStep] = []
@@ -130,10 +143,13 @@ class Episode:
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best
+        # The objective only when it is not the default (per GiB: what an episode without the key means).
+        objective = {} if self.objective == DEFAULT_OBJECTIVE else {"objective": self.objective}
         return {
             "workload": self.workload,
             "budget_bytes": self.budget_bytes,
             "adapt_batch": self.adapt_batch,
+            **objective,
             "return": self.total_reward,
             "start_config": self.start_config.to_dict(),
             "final_config": self.final_config.to_dict(),
@@ -148,14 +164,25 @@ class Episode:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, steps: int, refine: int = 0) -> Episode:
+def run_episode(
+    env: TrainingEnv,
+    policy: Policy,
+    *,
+    workload: str,
+    seed: int,
+    steps: int,
+    refine: int = 0,
+    objective: ObjectiveName = DEFAULT_OBJECTIVE,
+) -> Episode:
     """Reset ``env`` with ``seed`` and let ``policy`` act for at most ``steps`` steps (fewer if the
     episode terminates). Each step trains the real model ``env.steps_per_action`` optimizer steps.
 
     The last ``refine`` steps, and with ``refine`` > 0 every step after the policy first proposes
     to stay where it is or a move the environment refuses, are a greedy climb from the best step
-    so far instead (:class:`~autotune.policies.climb.Climb`; ``tune`` passes a quarter of its
-    steps); a step the climb has no move for is the policy's. ``refine=0`` is the policy alone."""
+    so far by ``objective`` instead (:class:`~autotune.policies.climb.Climb`; ``tune`` passes a
+    quarter of its steps); a step the climb has no move for is the policy's. ``refine=0`` is the
+    policy alone. The policy acts on its observation and reward either way (the environment's
+    reward is per GiB); ``objective`` decides the climb's incumbent and the episode's best."""
     from autotune.policies.climb import Climb, settled
 
     obs, info = env.reset(seed=seed)
@@ -175,11 +202,11 @@ def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, s
                     budget_bytes=int(info["budget_bytes"]),
                     steps=tuple(records),
                     adapt_batch=env.adapt_batch,
+                    objective=objective,
                 )
                 counted = {s.step for s in partial.ranked(distinct=False)}
                 measured = [
-                    (lv, partial.per_gib(s) if s.step in counted else None)
-                    for lv, s in zip(levels, records, strict=True)
+                    (lv, partial.value(s) if s.step in counted else None) for lv, s in zip(levels, records, strict=True)
                 ]
                 chosen = climb.action(measured)
                 if chosen is not None:
@@ -198,7 +225,11 @@ def run_episode(env: TrainingEnv, policy: Policy, *, workload: str, seed: int, s
         if terminated:
             break
     return Episode(
-        workload=workload, budget_bytes=int(info["budget_bytes"]), steps=tuple(records), adapt_batch=env.adapt_batch
+        workload=workload,
+        budget_bytes=int(info["budget_bytes"]),
+        steps=tuple(records),
+        adapt_batch=env.adapt_batch,
+        objective=objective,
     )
 
 
@@ -227,8 +258,9 @@ def _record(
 
 def retime_best(episode: Episode, workload: Workload, *, device: str | None = None, threads: int = 1) -> Episode:
     """``episode`` with its best :data:`FINALISTS` distinct configurations re-timed side by side
-    (:func:`autotune.measurement.sidebyside.retime_configs`, valued per GiB of each step's measured
-    peak): one step of an episode is one stint, and on a busy machine one configuration measured
+    (:func:`autotune.measurement.sidebyside.retime_configs`, valued by the episode's objective:
+    per GiB of each step's measured peak, or samples/s; the re-timed value per GiB is recorded
+    either way): one step of an episode is one stint, and on a busy machine one configuration measured
     10.2 and 126.6 samples/s in two steps of one episode. Unchanged with fewer than two (or a
     ZeRO configuration among them: those run on ranks). Cost: each finalist's warm-up and 6-12
     steps on one training loop."""
@@ -237,13 +269,14 @@ def retime_best(episode: Episode, workload: Workload, *, device: str | None = No
     chosen = episode.ranked()[:FINALISTS]
     if len(chosen) < 2 or any(s.config.on_deepspeed for s in chosen):
         return episode
-    scales = [episode.per_gib(s) / s.throughput for s in chosen]
+    scales = [episode.value(s) / s.throughput for s in chosen]
+    per_gib = [episode.per_gib(s) / s.throughput for s in chosen]
     result = retime_configs(workload, [s.config for s in chosen], scales=scales, device=device)
     record = {
         "steps": [s.step for s in chosen],
         "retimed_throughput": [t.median for t in result.timings],
         "retimed_spread": [t.relative_spread for t in result.timings],
-        "retimed_per_gib": [t.median * k for t, k in zip(result.timings, scales, strict=True)],
+        "retimed_per_gib": [t.median * k for t, k in zip(result.timings, per_gib, strict=True)],
         "winner": chosen[result.winner].step,
         "decided": result.decided,
         "rounds": result.rounds,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.units import MemoryBudget
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ def tune(
     refine: bool = True,
     retime: bool = True,
     status: Status | None = None,
+    objective: ObjectiveName = DEFAULT_OBJECTIVE,
 ) -> Tuned:
     """Run ``policy`` for one episode of ``steps`` on ``workload``'s real training loop.
 
@@ -67,10 +69,16 @@ def tune(
         retime: Re-time the best steps side by side before naming the best (skipped when a loss
             was not finite: the episode ended there).
         status: Shows what runs during the long parts (profiling, fine-tuning, re-timing).
+        objective: Which measured configuration within the budget is the episode's best, the
+            climb's incumbent and what the re-timing ranks by: ``"per-gib"`` (the most samples/s
+            per GiB of peak) or ``"throughput"`` (the most samples/s). The policy acts as it was
+            trained either way (on a per-GiB reward, as is its fine-tuning): under ``throughput``
+            it proposes where to look, and the pick follows the objective.
 
     Raises:
         ConfigError: ``fine_tune_seconds`` not a finite number >= 0, a budget that does not parse,
-            or a policy whose action space is not the environment's, before anything trains.
+            an unknown ``objective``, or a policy whose action space is not the environment's,
+            before anything trains.
     """
     import torch
     from autotune.envs.training import TrainingEnv
@@ -82,6 +90,7 @@ def tune(
     if not (finite and fine_tune_seconds >= 0):
         raise ConfigError(f"fine_tune_seconds must be a finite number >= 0, but got {fine_tune_seconds!r}.")
     budget = MemoryBudget.parse(memory_budget, fractions=True)
+    objective = check_objective(objective)
     show = status or (lambda _message: nullcontext())
     env = TrainingEnv(
         workloads=[workload],
@@ -110,7 +119,13 @@ def tune(
                     start_within_budget=env.start_within_budget,  # the real environment's start
                 )
         episode = run_episode(
-            env, policy, workload=workload.name, seed=seed, steps=steps, refine=refine_trials(steps) if refine else 0
+            env,
+            policy,
+            workload=workload.name,
+            seed=seed,
+            steps=steps,
+            refine=refine_trials(steps) if refine else 0,
+            objective=objective,
         )
         final_knobs = env.knobs
     finally:

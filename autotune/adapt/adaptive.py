@@ -33,6 +33,7 @@ from autotune.adapt.shape_guard import ShapeGuard
 from autotune.adapt.sources import DecisionSource, FixedConfig
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.settings import TUNING
 from autotune.train.batches import batch_size
 from autotune.units import MemoryBudget
@@ -166,6 +167,11 @@ class Adaptive:
         min_micro_batch: The smallest micro-batch the run may split the batch into
             (``Workload.min_micro_batch``); None: any, except for a model with BatchNorm layers
             in training, whose micro-batch stays the batch (their statistics are the micro-batch's).
+        objective: Which measured configuration within the budget the run keeps (a trial is
+            kept only if it measures better by it, else the run goes back to the best by it; and
+            :attr:`best`): ``"per-gib"`` (default), the most samples/s per GiB of peak, or
+            ``"throughput"``, the most samples/s (one dedicated GPU: its memory up to the budget
+            is free to use). The pretrained policy proposes as it was trained (per GiB) either way.
 
     Raises:
         ConfigError: an argument out of range, or no configuration (smaller micro-batches, then
@@ -219,6 +225,7 @@ class Adaptive:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         worst_case_batch: Any = None,
         min_micro_batch: int | None = None,
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -260,6 +267,7 @@ class Adaptive:
             track_memory=track_memory,
             device_type=device_type,
             paired=True,
+            objective=objective,
         )
 
     @classmethod
@@ -278,6 +286,7 @@ class Adaptive:
         track_memory: bool | str = True,
         timeout: float = 600.0,
         session: RankSession | None = None,
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> Adaptive:
         """Train a workload on ``ranks`` DeepSpeed ranks, adapting its configuration, ZeRO stage included.
 
@@ -315,6 +324,7 @@ class Adaptive:
                 :meth:`close` leaves it open for its owner.
             track_memory: As for :class:`Adaptive`, but every configuration by default: the
                 memory model's error on ranks was up to 4.8% on held-out configurations.
+            objective: As for :class:`Adaptive`.
 
         Returns:
             The run, its ranks started.
@@ -375,6 +385,7 @@ class Adaptive:
             max_batch_size=None,
             track_memory=track_memory,
             device_type=device_type,
+            objective=objective,
         )
         return self
 
@@ -393,10 +404,12 @@ class Adaptive:
         track_memory: bool | str,
         device_type: str,
         paired: bool = False,
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> None:
         """What both loops share: the source, the gate, the starting config, then ``loop(start, noise)``."""
         batch_size = workload.batch_size
         _check_int("decide_every", decide_every, 2)
+        objective = check_objective(objective)
         if not 0.0 < min_efficiency <= 1.0:
             raise ConfigError(f"min_efficiency must be in (0, 1], but got {min_efficiency!r}.")
         self.max_batch_size = 8 * batch_size if max_batch_size is None else max_batch_size
@@ -424,6 +437,7 @@ class Adaptive:
             max_batch_size=self.max_batch_size,
             min_micro_batch=workload.micro_batch_floor,
             micro_why=workload.micro_batch_reason,
+            objective=objective,
         )
         self.decider = self.controller.decider
         start = self.controller.begin(workload, device_type=device_type)  # raises if nothing fits
@@ -460,7 +474,8 @@ class Adaptive:
 
     @property
     def best(self) -> ConfigRecord | None:
-        """The judged configuration with the most throughput per GiB of peak within the budget.
+        """The judged configuration within the budget with the most throughput per GiB of peak
+        (the ``throughput`` objective: the most throughput).
 
         Goodput with ``adapt_batch``: what a study would recommend among them. None before any
         configuration is judged.

@@ -38,6 +38,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning
 from autotune.knobs import smallest_micro_batch
 from autotune.measurement.cuda_memory import reserved_with_headroom
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.settings import TUNING
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class Controller:
             :attr:`~autotune.Workload.micro_batch_floor`; None: no accumulation): neither the
             start search nor a proposal goes below it.
         micro_why: Why, in a few words (:attr:`~autotune.Workload.micro_batch_reason`).
+        objective: As for :class:`autotune.Adaptive`.
 
     Example:
         The loops drive it in this order (the callbacks' hooks do the same; see
@@ -129,6 +131,7 @@ class Controller:
         max_batch_size: int | None = None,
         min_micro_batch: int | None = 1,
         micro_why: str = "",
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> None:
         self.frontend, self.source, self.gate = frontend, source, gate
         self.default, self.fraction, self.decide_every = default, fraction, decide_every
@@ -144,6 +147,7 @@ class Controller:
             paired=frontend.paired,
             min_micro_batch=min_micro_batch,
             micro_why=micro_why,
+            objective=objective,
         )
         self.config = default  # the configuration the loop runs
         self.pending: Change | None = None  # a change that waits for the loop (see FrontEnd.apply)

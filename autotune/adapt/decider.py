@@ -15,7 +15,8 @@ alone, in this order (the protocol, as code: the controller's ``begin``, ``befor
 else, at a decision, judges and decides (:meth:`Decider.decide`):
 
 1. judges the configuration the run is on (objective per GiB of its known peak,
-   :func:`autotune.measurement.objective.score`, over the median of every timed step it ran);
+   :func:`autotune.measurement.objective.score`, over the median of every timed step it ran; under
+   the ``throughput`` objective the objective itself, within the budget: :meth:`Score.under`);
 2. decides a trial once: kept only if it measures more than the margin above the configuration
    it replaced, measured side by side (:class:`SideBySide`, steps alternating) where the loop can
    switch every step, else above the best configuration measured so far, when its median is
@@ -38,7 +39,7 @@ from autotune.adapt.batch import grow_batch
 from autotune.adapt.records import Change, ConfigRecord
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
 from autotune.knobs import smallest_micro_batch
-from autotune.measurement.objective import score
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value, score
 from autotune.measurement.sidebyside import Timing, separated
 from autotune.settings import TUNING
 
@@ -100,6 +101,8 @@ class Decider:
             (:attr:`autotune.Workload.micro_batch_floor`; None: no accumulation); a smaller one
             keeps the current split, the rest of the proposal stands.
         micro_why: Why (:attr:`autotune.Workload.micro_batch_reason`), for the history.
+        objective: Which measured configuration within the budget is better: the most samples/s
+            per GiB of peak (``"per-gib"``) or the most samples/s (``"throughput"``).
     """
 
     def __init__(
@@ -115,8 +118,10 @@ class Decider:
         paired: bool = False,
         min_micro_batch: int | None = 1,
         micro_why: str = "",
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> None:
         self.source = source
+        self.objective = objective
         self.min_micro_batch, self.micro_why = min_micro_batch, micro_why
         self.gate = gate
         self.base_batch_size = base_batch_size
@@ -221,9 +226,10 @@ class Decider:
         """A side-by-side trial's verdict, once it has one (called after each step).
 
         Once both sides have ``TUNING.paired_steps`` timed steps and the last ran the candidate,
-        the candidate is kept if its median objective per GiB is more than the margin above the
-        incumbent's and the gap is larger than their spreads; more steps run while it is above
-        the margin but within the spreads (up to ``TUNING.max_paired_steps`` each).
+        the candidate is kept if its median value by the objective (per GiB, or samples/s) is
+        more than the margin above the incumbent's and the gap is larger than their spreads; more
+        steps run while it is above the margin but within the spreads (up to
+        ``TUNING.max_paired_steps`` each).
 
         Args:
             step: Optimizer steps done.
@@ -239,7 +245,7 @@ class Decider:
         fewest = min(len(v) for v in trial.samples.values())
         if fewest < TUNING.paired_steps:
             return None
-        per_gib, timing = {}, {}
+        value, timing = {}, {}
         for config, samples in trial.samples.items():
             record = self._record(config, step, samples=self._timed[config], b_noise=None)
             peak = record.score.peak_bytes if record is not None else self.gate.budget
@@ -251,8 +257,8 @@ class Decider:
                 noise_scale=None,
                 batch_is_knob=False,
             )
-            per_gib[config], timing[config] = side.per_gib, Timing(rates=tuple(samples))
-        here, there = per_gib[trial.candidate], per_gib[trial.incumbent]
+            value[config], timing[config] = side.under(self.objective), Timing(rates=tuple(samples))
+        here, there = value[trial.candidate], value[trial.incumbent]
         a, b = timing[trial.candidate], timing[trial.incumbent]
         scale_a, scale_b = here / max(a.median, 1e-12), there / max(b.median, 1e-12)
         if separated(a, b, scale_a=scale_a, scale_b=scale_b, margin=TUNING.margin):
@@ -264,7 +270,8 @@ class Decider:
         self.trial = None
         counts = f"{len(trial.samples[trial.candidate])} steps against {len(trial.samples[trial.incumbent])}"
         reason = (
-            f"side by side ({counts}): measured {here:.1f} per GiB, not {TUNING.margin:.0%} above the {there:.1f} "
+            f"side by side ({counts}): measured {format_value(here, self.objective)}, not {TUNING.margin:.0%} "
+            f"above the {there:.1f} "
             "of the configuration it replaced beyond their spread: back to it"
         )
         return Change(
@@ -487,9 +494,10 @@ class Decider:
 
     @property
     def best(self) -> ConfigRecord | None:
-        """The judged configuration with the most objective per GiB of peak within the budget."""
+        """The judged configuration within the budget with the most objective per GiB of peak, or
+        the most objective under the ``throughput`` objective."""
         fits = [r for r in self.judged.values() if r.score.peak_bytes <= self.gate.budget]
-        return max(fits, key=lambda r: r.score.per_gib, default=None)
+        return max(fits, key=lambda r: r.score.under(self.objective), default=None)
 
     # ---- the rules -----------------------------------------------------------------------------------
 
@@ -500,11 +508,16 @@ class Decider:
         if target == current:
             return None
         known, here = self._trusted(target), self._trusted(current)
-        if known is not None and here is not None and known.score.per_gib < (1 + TUNING.margin) * here.score.per_gib:
+        objective = self.objective
+        if (
+            known is not None
+            and here is not None
+            and known.score.under(objective) < (1 + TUNING.margin) * here.score.under(objective)
+        ):
             # Measured before, and not clearly better: going there again would only pay the move.
             why = (
-                f"measured at step {known.step}: {known.score.per_gib:.1f} per GiB, not {TUNING.margin:.0%} above "
-                f"this configuration's {here.score.per_gib:.1f}"
+                f"measured at step {known.step}: {format_value(known.score.under(objective), objective)}, not "
+                f"{TUNING.margin:.0%} above this configuration's {here.score.under(objective):.1f}"
             )
             refused = Change(
                 step=step,
@@ -576,13 +589,14 @@ class Decider:
             for c, r in self.judged.items()
             if c != obs.config and r.score.peak_bytes <= self.gate.budget and self._trusted(c) is not None
         ]
-        best = max(others, key=lambda r: r.score.per_gib, default=None)
-        if best is None or here.score.per_gib > (1 + TUNING.margin) * best.score.per_gib:
+        objective = self.objective
+        best = max(others, key=lambda r: r.score.under(objective), default=None)
+        if best is None or here.score.under(objective) > (1 + TUNING.margin) * best.score.under(objective):
             return None
         which = "the configuration it replaced" if best.config == self.previous else "the best measured configuration"
         reason = (
-            f"measured {here.score.per_gib:.1f} per GiB, not {TUNING.margin:.0%} above the "
-            f"{best.score.per_gib:.1f} of {which}: back to it"
+            f"measured {format_value(here.score.under(objective), objective)}, not {TUNING.margin:.0%} above the "
+            f"{best.score.under(objective):.1f} of {which}: back to it"
         )
         return Change(
             step=obs.step,

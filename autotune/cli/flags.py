@@ -5,19 +5,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from autotune.measurement.objective import ObjectiveName
 
 __all__ = [
     "BUDGET_HELP",
     "THREADS_HELP",
     "add_config_flags",
     "add_min_micro_batch_flag",
+    "add_objective_flag",
     "add_ranks_flag",
     "add_threads_flag",
     "config_from_args",
     "min_micro_batch_of",
+    "objective_arg",
     "set_threads",
     "warn_if_busy",
 ]
@@ -91,6 +96,28 @@ def min_micro_batch_of(args: argparse.Namespace) -> int | None:
     if value is not None and value < 1:
         raise ConfigError(f"--min-micro-batch must be >= 1, but got {value}.")
     return value
+
+
+#: Help of every ``--objective`` (:data:`autotune.measurement.objective.OBJECTIVES`).
+OBJECTIVE_HELP = (
+    "which configuration within the memory budget is best: per-gib, the most samples/s per GiB of peak (fits more "
+    "jobs or longer sequences on a GPU), or throughput, the most samples/s (one dedicated GPU)"
+)
+
+
+def add_objective_flag(p: argparse.ArgumentParser, *, default: str = "per-gib", prefix: str = "") -> None:
+    """``--objective per-gib|throughput`` of the commands that pick a configuration (``study``,
+    ``tune``, ``train --adapt``); checked by :func:`objective_arg` (one line, exit 2), not by
+    argparse's choices (a usage block)."""
+    help_text = f"{prefix}{OBJECTIVE_HELP} (default {default})"
+    p.add_argument("--objective", metavar="per-gib|throughput", help=help_text)
+
+
+def objective_arg(args: argparse.Namespace) -> ObjectiveName:
+    """``--objective``, checked (not given: the default, per GiB)."""
+    from autotune.measurement.objective import DEFAULT_OBJECTIVE, check_objective
+
+    return DEFAULT_OBJECTIVE if args.objective is None else check_objective(args.objective)
 
 
 def add_ranks_flag(p: argparse.ArgumentParser) -> None:

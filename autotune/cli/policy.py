@@ -10,7 +10,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from autotune.cli.flags import BUDGET_HELP, add_min_micro_batch_flag, add_ranks_flag, add_threads_flag
+from autotune.cli.flags import (
+    BUDGET_HELP,
+    add_min_micro_batch_flag,
+    add_objective_flag,
+    add_ranks_flag,
+    add_threads_flag,
+)
 
 __all__ = ["register"]
 
@@ -86,6 +92,7 @@ def register(sub: Any) -> None:
     add_ranks_flag(p)
     add_threads_flag(p)
     add_min_micro_batch_flag(p)
+    add_objective_flag(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the episode's reset (default 0)")
     p.add_argument(
         "--json", action="store_true", help="print the episode as JSON: each step's action, config, measures, reward"
@@ -210,7 +217,7 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     import math
 
-    from autotune.cli.flags import min_micro_batch_of, set_threads, warn_if_busy
+    from autotune.cli.flags import min_micro_batch_of, objective_arg, set_threads, warn_if_busy
     from autotune.console import make_console
     from autotune.errors import ConfigError, NonFiniteLossError
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
@@ -223,6 +230,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError(f"--fine-tune-seconds must be a finite number >= 0, but got {args.fine_tune_seconds!r}.")
     budget = parse_memory_budget(args.memory_budget)
     min_micro = min_micro_batch_of(args)
+    objective = objective_arg(args)
     if args.storage:
         from autotune.search.storage import check_storage
 
@@ -246,6 +254,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         refine=args.refine,
         retime=args.retime,
         status=make_console(stderr=True).status,
+        objective=objective,
     )
     episode = tuned.episode
     if args.storage:
@@ -282,7 +291,8 @@ def _record(args: argparse.Namespace, budget: Any, episode: Any, workload: Any) 
         low_precision_blocks=sum(p != "fp32" for p in c.block_precisions(n)),
         checkpoint_blocks=sum(c.block_checkpoints(n)),
     )
-    prepared = prepare(StudySpec(workload=args.workload, memory_budget=budget))
+    # The study of the same objective: one of the other is refused (its recommendation means another thing).
+    prepared = prepare(StudySpec(workload=args.workload, memory_budget=budget, objective=episode.objective))
     study = open_study(prepared, RunOptions(storage=args.storage))
     number = record_trial(
         study, prepared, knobs, throughput=best.throughput, peak_bytes=best.peak_bytes, source="policy"
@@ -321,13 +331,19 @@ def _print_episode(episode: Any, final_knobs: Any) -> None:
     if best is None:
         console.print(episode.nothing_fits)
     else:
-        console.print(f"best measured within budget (step {best.step}, {best.knobs}): {best.config.to_dict()}")
+        fastest = "" if episode.objective == "per-gib" else ", the most samples/s"
+        console.print(f"best measured within budget{fastest} (step {best.step}, {best.knobs}): {best.config.to_dict()}")
         r = episode.retimed
         if r is not None:
             i = r["steps"].index(r["winner"])
             verdict = "decided" if r["decided"] else "too close to call: within each other's spread"
+            retimed = (
+                f"{r['retimed_per_gib'][i]:.1f} per GiB"
+                if episode.objective == "per-gib"
+                else f"{r['retimed_throughput'][i]:.1f} samples/s"
+            )
             console.print(
-                f"  re-timed side by side with steps {r['steps']}: {r['retimed_per_gib'][i]:.1f} per GiB "
+                f"  re-timed side by side with steps {r['steps']}: {retimed} "
                 f"(spread {r['retimed_spread'][i]:.1%}; {verdict}, {r['rounds']} rounds)"
             )
             if r["note"]:

@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.cli.flags import BUDGET_HELP, THREADS_HELP, add_min_micro_batch_flag, min_micro_batch_of, warn_if_busy
+from autotune.cli.flags import (
+    BUDGET_HELP,
+    THREADS_HELP,
+    add_min_micro_batch_flag,
+    add_objective_flag,
+    min_micro_batch_of,
+    warn_if_busy,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -40,6 +47,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--storage", help="Optuna storage URL or SQLite path (default studies/autotune.db)")
     p.add_argument("--study-name", help="default: the workload's name")
     p.add_argument("--sampler", choices=_SAMPLERS, help="default tpe")
+    add_objective_flag(p, default="per-gib, or the spec's objective")
     p.add_argument("--timeout", help="stop starting trials after this long, e.g. 30m")
     p.add_argument("--seed", type=int, help="sampler and data-order seed (default 0)")
     p.add_argument("--batch-size", type=int, help="effective batch (default: the workload's)")
@@ -135,6 +143,7 @@ def _spec_from_args(args: argparse.Namespace) -> StudySpec:
         ("seed", "seed"),
         ("policy_proposal", "policy_proposal"),
         ("retime", "retime"),
+        ("objective", "objective"),  # checked by StudySpec: one line, as a spec's
     ):
         if getattr(args, flag) is not None:
             top[key] = getattr(args, flag)
@@ -244,7 +253,7 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
     if total > done:  # before the first timed step: the one line a busy machine gets
         warn_if_busy(prepared.spec.measure.threads)
     if progress and total > done:
-        with ProgressDisplay(total=total, done=done, console=err) as display:
+        with ProgressDisplay(total=total, done=done, console=err, objective=prepared.spec.objective) as display:
             run_study(prepared, study, options, display)
     else:
         run_study(prepared, study, options, StudyObserver())
@@ -271,7 +280,7 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
 def _cmd_best(args: argparse.Namespace) -> int:
 
     from autotune.errors import StudyError
-    from autotune.search.export import allocator_note, export_config
+    from autotune.search.export import allocator_note, export_config, objective_note
     from autotune.search.results import require_recommended, summarize
     from autotune.search.storage import load_existing_study
 
@@ -301,10 +310,14 @@ def _cmd_best(args: argparse.Namespace) -> int:
         largest_parameter=largest,
         expandable_segments=expandable,
         measured=_measured(summary, best) if args.format == "json" else None,
+        objective=summary.objective,
     )
     sys.stdout.write(text)
     if args.format == "deepspeed":  # JSON has no comments: the allocator setting goes to stderr
         print(f"autotune best: {allocator_note(expandable)}", file=sys.stderr)
+        note = objective_note(summary.objective)
+        if note is not None:  # and what the recommendation is for, unless per GiB (the default)
+            print(f"autotune best: {note}", file=sys.stderr)
     return 0
 
 
@@ -320,6 +333,8 @@ def _measured(summary: Any, best: Any) -> dict[str, Any]:
         "peak_bytes": best.peak_bytes,
         "per_gib": best.per_gib,
     }
+    if summary.objective != "per-gib":  # per GiB (the default) is what a record without the key means
+        measured["recommended_for"] = summary.objective
     f = summary.retimed.get(best.number)
     if f is not None:
         measured["retimed"] = {

@@ -18,7 +18,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from autotune.cli.flags import BUDGET_HELP, add_min_micro_batch_flag, add_ranks_flag, add_threads_flag
+from autotune.cli.flags import (
+    BUDGET_HELP,
+    add_min_micro_batch_flag,
+    add_objective_flag,
+    add_ranks_flag,
+    add_threads_flag,
+)
 
 __all__ = ["EPILOG", "register"]
 
@@ -52,6 +58,7 @@ def register(sub: Any) -> None:
     add_ranks_flag(p)
     add_threads_flag(p)
     add_min_micro_batch_flag(p)
+    add_objective_flag(p, prefix="with --adapt: ")
     p.add_argument("--json", action="store_true", help="print the run as JSON: every step and every decision")
     p.set_defaults(func=_cmd_train)
 
@@ -79,13 +86,19 @@ def _train_command(args: argparse.Namespace) -> int:
             "--adapt-batch needs one process (--ranks 1): the batch follows the gradient noise "
             "scale, which ZeRO's engines do not expose."
         )
-    for flag, given in (("--decide-every", args.decide_every is not None), ("--adapt-batch", args.adapt_batch)):
+    given_flags = (
+        ("--decide-every", args.decide_every is not None),
+        ("--adapt-batch", args.adapt_batch),
+        ("--objective", args.objective is not None),
+    )
+    for flag, given in given_flags:
         if given and not args.adapt:
             raise ConfigError(f"{flag} needs --adapt (without it the run keeps the default configuration).")
     decide_every = 10 if args.decide_every is None else args.decide_every
-    from autotune.cli.flags import min_micro_batch_of, set_threads, warn_if_busy
+    from autotune.cli.flags import min_micro_batch_of, objective_arg, set_threads, warn_if_busy
     from autotune.console import make_console
 
+    objective = objective_arg(args)
     min_micro = min_micro_batch_of(args)
     threads = set_threads(args.threads, ranks=args.ranks)
 
@@ -105,6 +118,7 @@ def _train_command(args: argparse.Namespace) -> int:
                 policy=policy,
                 decide_every=decide_every,
                 device=args.device,
+                objective=objective,
             )
         else:
             tuner = Adaptive(
@@ -123,6 +137,7 @@ def _train_command(args: argparse.Namespace) -> int:
                 collate_fn=wl.collate_fn,
                 min_micro_batch=wl.min_micro_batch,
                 track_memory="all",
+                objective=objective,
             )  # the summary reports measured peaks
     try:
         _train(tuner, args.steps, wl.name, quiet=args.json)
@@ -208,8 +223,9 @@ def _summary(tuner: Any) -> None:
         console.print(f"OVER BUDGET: {over.describe()}", markup=False, highlight=False)
     best = tuner.best  # judged as a study judges its trials (autotune.measurement.objective)
     if best is not None:
+        head = "best measured" if tuner.decider.objective == "per-gib" else "fastest measured within the budget"
         console.print(
-            f"best measured: {best.config.describe()}: {best.score.throughput:.1f} samples/s, peak "
+            f"{head}: {best.config.describe()}: {best.score.throughput:.1f} samples/s, peak "
             f"{format_bytes(best.score.peak_bytes)}, {best.score.per_gib:.1f} samples/s per GiB"
         )
     if not tuner.history:

@@ -63,6 +63,7 @@ from autotune.measurement.cuda_memory import (
     allocator_source,
     reserved_with_headroom,
 )
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.measurement.tracker import breakdown, tracker_class
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
 from autotune.units import MemoryBudget
@@ -89,9 +90,11 @@ class FrameworkLoop:
         decide_every: int,
         blocks: list[str] | None,
         min_micro_batch: int | None = None,
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> None:
         if not isinstance(decide_every, int) or isinstance(decide_every, bool) or decide_every < 2:
             raise ConfigError(f"decide_every must be an int >= 2, but got {decide_every!r}.")
+        self.objective = check_objective(objective)
         self.source = decision_source(policy)
         self.budget = as_budget(memory_budget)
         self.decide_every = decide_every
@@ -200,6 +203,7 @@ class FrameworkLoop:
             decide_every=self.decide_every,
             min_micro_batch=workload.micro_batch_floor,
             micro_why=workload.micro_batch_reason,
+            objective=self.objective,
         )
         self.controller.begin(workload, device_type=device)
         if self._resume is not None:

@@ -47,6 +47,7 @@ from autotune.adapt.adaptive import PolicyArg
 from autotune.config import TrainConfig
 from autotune.errors import MissingDependencyError, UnsupportedError
 from autotune.integrations._framework import FrameworkLoop
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.units import MemoryBudget
 
 try:
@@ -85,6 +86,9 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         min_micro_batch: The smallest micro-batch a split may take (``Workload.min_micro_batch``);
             None: any, except for a model with BatchNorm layers in training (their statistics
             are the micro-batch's): then the loop's own.
+        objective: Which measured configuration within the budget the run keeps: ``"per-gib"``
+            (default), the most samples/s per GiB of peak, or ``"throughput"``, the most samples/s
+            (as for :class:`autotune.Adaptive`).
 
     Raises:
         ConfigError: ``decide_every`` out of range; from ``on_train_begin``, nothing at the
@@ -113,6 +117,7 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         decide_every: int = 50,
         blocks: list[str] | None = None,
         min_micro_batch: int | None = None,
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> None:
         if isinstance(policy, Mapping):
             if "source" in policy:  # what state() writes for a DecisionSource object
@@ -127,6 +132,7 @@ class AutotuneCallback(TrainerCallback, ExportableState):
             decide_every=decide_every,
             blocks=blocks,
             min_micro_batch=min_micro_batch,
+            objective=objective,
         )
         self._args = {
             "policy": _json_policy(policy),
@@ -135,6 +141,8 @@ class AutotuneCallback(TrainerCallback, ExportableState):
             "blocks": blocks,
             "min_micro_batch": min_micro_batch,
         }
+        if objective != DEFAULT_OBJECTIVE:  # a checkpoint of a per-GiB run keeps the arguments it had
+            self._args["objective"] = objective
         self._logged = 0
 
     @override

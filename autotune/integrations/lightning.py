@@ -46,6 +46,7 @@ from typing_extensions import override  # typing.override from Python 3.12 (typi
 from autotune.adapt.adaptive import PolicyArg
 from autotune.errors import AutotuneWarning, MissingDependencyError
 from autotune.integrations._framework import FrameworkLoop
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.units import MemoryBudget
 
 try:
@@ -90,6 +91,9 @@ class AutotuneCallback(Callback):
         min_micro_batch: The smallest micro-batch a split may take (``Workload.min_micro_batch``);
             None: any, except for a model with BatchNorm layers in training (their statistics
             are the micro-batch's): then the loop's own.
+        objective: Which measured configuration within the budget the run keeps: ``"per-gib"``
+            (default), the most samples/s per GiB of peak, or ``"throughput"``, the most samples/s
+            (as for :class:`autotune.Adaptive`).
 
     Raises:
         ConfigError: ``decide_every`` out of range; at the start of the fit, nothing this loop
@@ -117,6 +121,7 @@ class AutotuneCallback(Callback):
         decide_every: int = 50,
         blocks: list[str] | None = None,
         min_micro_batch: int | None = None,
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> None:
         self.loop = FrameworkLoop(
             policy=policy,
@@ -124,6 +129,7 @@ class AutotuneCallback(Callback):
             decide_every=decide_every,
             blocks=blocks,
             min_micro_batch=min_micro_batch,
+            objective=objective,
         )
         self._step = 0
         self._reload: int | None = None  # the user's reload_dataloaders_every_n_epochs while a reload is asked

@@ -5,7 +5,7 @@ exact memory by category, loss trend, goodput, the :class:`Measurement` record a
 """
 
 from autotune.measurement.goodput import statistical_efficiency
-from autotune.measurement.objective import Score, per_gib, score
+from autotune.measurement.objective import OBJECTIVES, ObjectiveName, Score, objective_value, per_gib, score
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.progress import ProgressFn
 from autotune.measurement.record import GIB, Measurement, MemoryBreakdown, RankResult, Status
@@ -16,6 +16,8 @@ from autotune.train.gns import NoiseEstimate
 __all__ = [
     "GIB",
     "Measurement",
+    "OBJECTIVES",
+    "ObjectiveName",
     "MemoryBreakdown",
     "NoiseEstimate",
     "ProgressFn",
@@ -26,6 +28,7 @@ __all__ = [
     "is_out_of_memory",
     "loss_slope",
     "measure_local",
+    "objective_value",
     "per_gib",
     "score",
     "statistical_efficiency",

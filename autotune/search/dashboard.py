@@ -78,7 +78,8 @@ def pareto_figure(summary: StudySummary) -> Any:
         if r.feasible:
             points([r], f"baseline: {name}", {"symbol": "x", "size": 14})
     if summary.recommended is not None:
-        points([summary.recommended], "recommended (max per GiB)", {"symbol": "star", "size": 18, "color": "gold"})
+        label = "recommended (max per GiB)" if summary.objective == "per-gib" else "recommended (max samples/s)"
+        points([summary.recommended], label, {"symbol": "star", "size": 18, "color": "gold"})
     fig.update_layout(
         title=f"{summary.name}: {summary.metric} vs peak memory (feasible trials)",
         xaxis_title="peak memory (MiB)",
@@ -116,7 +117,12 @@ def save_study_artifacts(
             path = Path(tmp) / f"{summary.name}-best-trial{best.number}.{suffix}"
             path.write_text(
                 export_config(
-                    best.config, fmt, block_names=block_names, workload=workload, largest_parameter=largest_parameter
+                    best.config,
+                    fmt,
+                    block_names=block_names,
+                    workload=workload,
+                    largest_parameter=largest_parameter,
+                    objective=summary.objective,
                 )
             )
             ids.append(

@@ -1,6 +1,7 @@
 """What the user sees: a live progress display while a study runs, and the final tables.
 
-Progress (stderr, on a terminal only): trials done / total, best throughput per GiB so far, the
+Progress (stderr, on a terminal only): trials done / total, best throughput per GiB so far (or
+best throughput, under the ``throughput`` objective), the
 config being measured, elapsed and remaining time. Tables (stdout): the Pareto front, the
 recommended configuration, and its improvement over each baseline, one line per row wherever they
 are printed (see :mod:`autotune.console`).
@@ -18,6 +19,7 @@ from rich.text import Text
 
 from autotune.config import TrainConfig
 from autotune.console import make_console
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value
 from autotune.search.record import TrialRecord, trial_record
 from autotune.search.results import StudySummary
 from autotune.search.study import StudyObserver, count_done
@@ -41,14 +43,23 @@ class ProgressDisplay(StudyObserver):
     and rich would print its last frame there. Notes (:meth:`note`) are printed either way.
     """
 
-    def __init__(self, *, total: int, done: int, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        total: int,
+        done: int,
+        console: Console | None = None,
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
+    ) -> None:
         self.console = console or make_console(stderr=True)
         self.best: float | None = None
+        self.objective = objective
+        unit = "samples/s per GiB" if objective == "per-gib" else "samples/s"
         self.progress = Progress(
             TextColumn("[bold]trials"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("best {task.fields[best]} samples/s per GiB"),
+            TextColumn(f"best {{task.fields[best]}} {unit}"),
             TimeElapsedColumn(),
             TextColumn("elapsed,"),
             TimeRemainingColumn(),
@@ -81,9 +92,10 @@ class ProgressDisplay(StudyObserver):
 
     def trial_finished(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         r = trial_record(trial)
-        if r.feasible and r.per_gib is not None and (self.best is None or r.per_gib > self.best):
-            self.best = r.per_gib
-        outcome = f"{r.per_gib:.1f} per GiB" if r.feasible and r.per_gib else (r.reason or r.state.lower())
+        value = r.under(self.objective)
+        if r.feasible and value is not None and (self.best is None or value > self.best):
+            self.best = value
+        outcome = format_value(value, self.objective) if r.feasible and value else (r.reason or r.state.lower())
         self.progress.update(
             self.task, completed=count_done(study), best="-" if self.best is None else f"{self.best:.1f}"
         )
@@ -155,16 +167,25 @@ def _improvement_table(s: StudySummary) -> Table:
 def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
     if r is None or r.config is None:
         return "no feasible trial yet: nothing to recommend"
+    head = "recommended" if s.objective == DEFAULT_OBJECTIVE else "recommended for the most samples/s within the budget"
     line = (
-        f"recommended: trial {r.number}: {config_summary(r.config)}: {_num(r.objective)} samples/s, "
+        f"{head}: trial {r.number}: {config_summary(r.config)}: {_num(r.objective)} samples/s, "
         f"peak {format_bytes(r.peak_bytes)}, {_num(r.per_gib)} samples/s per GiB"
     )
     default = s.improvement("pytorch-default")
     if default is not None:
-        line += f" ({default.per_gib:.2f}x the PyTorch default per GiB)"
+        if s.objective == "per-gib":
+            line += f" ({default.per_gib:.2f}x the PyTorch default per GiB)"
+        else:
+            line += f" ({default.throughput:.2f}x the PyTorch default's samples/s)"
     f = s.retimed.get(r.number)
     if f is not None:
-        line += f"; re-timed side by side: {_num(f.retimed_per_gib)} per GiB (spread {f.retimed_spread:.1%})"
+        retimed = (
+            f"{_num(f.retimed_per_gib)} per GiB"
+            if s.objective == "per-gib"
+            else f"{_num(f.retimed_throughput)} samples/s"
+        )
+        line += f"; re-timed side by side: {retimed} (spread {f.retimed_spread:.1%})"
     return line
 
 

@@ -15,8 +15,9 @@ from typing import Any, Literal, get_args
 
 from autotune.config import MEASURED_KEY, TrainConfig
 from autotune.errors import ConfigError
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 
-__all__ = ["ExportFormat", "EXPORT_FORMATS", "allocator_note", "export_config", "python_snippet"]
+__all__ = ["ExportFormat", "EXPORT_FORMATS", "allocator_note", "export_config", "objective_note", "python_snippet"]
 
 ExportFormat = Literal["json", "deepspeed", "python"]
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
@@ -32,14 +33,29 @@ def allocator_note(expandable_segments: bool) -> str:
     return "measured without PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the CUDA allocator's default)"
 
 
+def objective_note(objective: ObjectiveName) -> str | None:
+    """One line saying what the recommendation is for, or None for the default (the most samples/s
+    per GiB of peak: what every export meant before the objective was a choice)."""
+    if objective == DEFAULT_OBJECTIVE:
+        return None
+    return "recommended for the most samples/s within the memory budget (objective throughput), not per GiB"
+
+
 def python_snippet(
-    config: TrainConfig, *, block_names: tuple[str, ...], workload: str, expandable_segments: bool = False
+    config: TrainConfig,
+    *,
+    block_names: tuple[str, ...],
+    workload: str,
+    expandable_segments: bool = False,
+    objective: ObjectiveName = DEFAULT_OBJECTIVE,
 ) -> str:
     """A Python snippet that applies ``config``'s per-block knobs to a model with these blocks."""
     alloc = "expandable_segments:True" if expandable_segments else None
+    note = objective_note(objective)
+    why = "" if note is None else f"Objective: {note}.\n"
     return f'''"""Apply the configuration autotune found for {workload!r}.
 
-CUDA allocator: {allocator_note(expandable_segments)}.
+{why}CUDA allocator: {allocator_note(expandable_segments)}.
 """
 from autotune import TrainConfig
 from autotune.train.wrappers import apply_block_knobs
@@ -72,6 +88,7 @@ def export_config(
     largest_parameter: int,
     expandable_segments: bool = False,
     measured: dict[str, Any] | None = None,
+    objective: ObjectiveName = DEFAULT_OBJECTIVE,
 ) -> str:
     """The text of ``config`` in format ``fmt`` (``json``, ``deepspeed`` or ``python``).
 
@@ -81,6 +98,8 @@ def export_config(
     on stderr, :func:`allocator_note`).
     ``measured``: what the study measured for it (JSON only, under the key
     :data:`~autotune.config.MEASURED_KEY`, which :meth:`TrainConfig.from_json` reads past).
+    ``objective``: what the recommendation is for; the Python snippet says so unless it is the
+    default (:func:`objective_note`: ``autotune best`` puts it in ``measured`` and on stderr).
     """
     if fmt == "json":
         if measured is None:
@@ -97,6 +116,10 @@ def export_config(
         return json.dumps(ds, indent=2) + "\n"
     if fmt == "python":
         return python_snippet(
-            config, block_names=block_names, workload=workload, expandable_segments=expandable_segments
+            config,
+            block_names=block_names,
+            workload=workload,
+            expandable_segments=expandable_segments,
+            objective=objective,
         )
     raise ConfigError(f"--format must be one of {EXPORT_FORMATS}, but got {fmt!r}.")

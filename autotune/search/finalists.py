@@ -3,7 +3,8 @@
 Each trial times its configuration in one stint of steps, and on a shared machine a stint can
 time 10-20% off the next (with another process spinning on a core, far more): the trial that
 looks best may only have been lucky. So at the end of a study the best :data:`FINALISTS`
-distinct configurations by the study's objective per GiB (feasible, within the budget) are timed
+distinct configurations by the study's objective (feasible, within the budget: the most value per
+GiB, or the most value, :func:`autotune.search.spec.objective_of`) are timed
 again in one process, round by round (:func:`autotune.measurement.sidebyside.retime_configs`), and
 the recommendation is the winner of that re-timing, valued with each trial's exact measured peak.
 
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.measurement.sidebyside import Retimed, busy_note
 from autotune.settings import TUNING
 
@@ -58,7 +60,7 @@ class TRIAL_ATTRS:
 
     THROUGHPUT = "retimed_throughput"  # median samples/s over the interleaved rounds
     SPREAD = "retimed_spread"  # median absolute deviation / median
-    PER_GIB = "retimed_per_gib"  # the re-timed value per GiB of the trial's measured peak
+    PER_GIB = "retimed_per_gib"  # the re-timed value per GiB of the trial's measured peak (either objective)
     RANK = "retimed_rank"  # 1: the winner
     ROUNDS = "retimed_rounds"
     WITH = "retimed_with"  # the finalists' trial numbers, this one's included
@@ -80,8 +82,8 @@ class Finalist:
     rounds: int
 
 
-def finalists(records: tuple[TrialRecord, ...]) -> list[TrialRecord]:
-    """The best :data:`FINALISTS` distinct local-runner configurations by objective per GiB among
+def finalists(records: tuple[TrialRecord, ...], objective: ObjectiveName = DEFAULT_OBJECTIVE) -> list[TrialRecord]:
+    """The best :data:`FINALISTS` distinct local-runner configurations by ``objective`` among
     feasible completed trials (ZeRO configurations run on ranks: they keep their first
     measurement), after the refinement's duels (:data:`autotune.search.refine.BEATEN_BY`):
 
@@ -97,7 +99,7 @@ def finalists(records: tuple[TrialRecord, ...]) -> list[TrialRecord]:
         for r in records
         if r.feasible and r.config is not None and r.per_gib and r.throughput and not r.config.on_deepspeed
     }
-    rank = {n: r.per_gib or 0.0 for n, r in ok.items()}
+    rank = {n: r.under(objective) or 0.0 for n, r in ok.items()}
     for _ in ok:  # to a fixed point: a winner beaten in turn passes it on (at most one pass per trial)
         changed = False
         for n, r in ok.items():
@@ -130,9 +132,10 @@ def to_retime(study: optuna.Study) -> list[TrialRecord]:
     """The finalists still to re-time: none with fewer than two, or if these very trials were
     re-timed already (the study's ``retimed`` record names them)."""
     from autotune.search.record import trial_record
+    from autotune.search.spec import objective_of
 
     # The summary's records (results.summarize reads them the same way, and reads this module).
-    chosen = finalists(tuple(trial_record(t) for t in study.get_trials(deepcopy=False)))
+    chosen = finalists(tuple(trial_record(t) for t in study.get_trials(deepcopy=False)), objective_of(study))
     if len(chosen) < 2 or _retimed_trials(study) == [r.number for r in chosen]:
         return []
     return chosen
@@ -149,13 +152,16 @@ def retime_finalists(
 ) -> dict[str, Any] | None:
     """Re-time the study's finalists with ``retimer`` (configs, value scales) unless
     :func:`to_retime` finds none to do; store and return the record (the stored one if these
-    finalists were re-timed already, None with fewer than two)."""
+    finalists were re-timed already, None with fewer than two). The winner is the most re-timed
+    value under the study's objective; each finalist's re-timed value per GiB is stored either way."""
+    from autotune.search.spec import objective_of
+
     chosen = to_retime(study)
     if not chosen:
         previous = study.user_attrs.get(RETIMED)
         return dict(previous) if previous else None
     numbers = [r.number for r in chosen]
-    scales = [value_scale(r) for r in chosen]
+    scales = [value_scale(r, objective_of(study)) for r in chosen]
     configs = [r.config for r in chosen if r.config is not None]
     if note is not None:
         note(f"re-timing the {len(chosen)} best configurations side by side (trials {numbers})")
@@ -168,7 +174,7 @@ def retime_finalists(
             {
                 TRIAL_ATTRS.THROUGHPUT: t.median,
                 TRIAL_ATTRS.SPREAD: t.relative_spread,
-                TRIAL_ATTRS.PER_GIB: t.median * scales[i],
+                TRIAL_ATTRS.PER_GIB: t.median * value_scale(r),
                 TRIAL_ATTRS.RANK: rank[i] + 1,
                 TRIAL_ATTRS.ROUNDS: result.rounds,
                 TRIAL_ATTRS.WITH: numbers,
@@ -185,10 +191,11 @@ def retime_finalists(
     return record
 
 
-def value_scale(record: TrialRecord) -> float:
-    """What turns a re-timed samples/s of ``record``'s configuration into the study's value:
-    samples/s x (objective per sample/s) / GiB, the trial's efficiency and exact measured peak."""
-    return (record.per_gib or 0.0) / (record.throughput or 1.0)
+def value_scale(record: TrialRecord, objective: ObjectiveName = DEFAULT_OBJECTIVE) -> float:
+    """What turns a re-timed samples/s of ``record``'s configuration into what ``objective`` ranks
+    it by: samples/s x (value per sample/s), the trial's efficiency, per GiB of its exact measured
+    peak under ``"per-gib"``."""
+    return (record.under(objective) or 0.0) / (record.throughput or 1.0)
 
 
 def set_finished_trial_attrs(study: optuna.Study, number: int, attrs: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
-from autotune.measurement.objective import per_gib
+from autotune.measurement.objective import ObjectiveName, objective_value, per_gib
 
 if TYPE_CHECKING:
     import optuna
@@ -81,6 +81,13 @@ class TrialRecord:
         if self.objective is None or not self.peak_bytes:
             return None
         return per_gib(self.objective, self.peak_bytes)
+
+    def under(self, objective: ObjectiveName) -> float | None:
+        """What ``objective`` ranks this trial by (:func:`~autotune.measurement.objective.objective_value`):
+        ``objective`` per GiB, or ``objective`` itself; None without a value or a peak."""
+        if self.objective is None or not self.peak_bytes:
+            return None
+        return objective_value(self.objective, self.peak_bytes, objective)
 
     @property
     def peak_mib(self) -> float | None:

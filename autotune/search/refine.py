@@ -10,7 +10,8 @@ measured, and that trial teaches the study nothing.
 
 So the study ends with a greedy hill-climb: its last :func:`refine_trials` trials, and the trial
 after any that repeated a configuration, measure one *neighbour* of the incumbent (the feasible
-trial with the best objective per GiB so far): one knob one step away (:func:`neighbours`), the
+trial best by the study's objective so far: per GiB, or samples/s within the budget,
+:func:`autotune.search.spec.objective_of`): one knob one step away (:func:`neighbours`), the
 first not yet tried (waiting or running included) that the memory model admits. A neighbour that
 measures better becomes the incumbent of the next step, and the move that reached it is tried
 again first from there (:func:`pattern_first`: one recomputed block fewer, then one fewer again).
@@ -50,8 +51,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.knobs import Knobs
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value
 from autotune.search.record import ATTR, trial_record
 from autotune.search.space import SearchSpace
+from autotune.search.spec import objective_of
 from autotune.search.surface import Estimate, fit_surface, ranked
 
 if TYPE_CHECKING:
@@ -216,7 +219,8 @@ class Refine:
         done = self.counted(study)
         if done >= self.trials:
             return
-        self._side_by_side(study, trial)
+        objective = objective_of(study)
+        self._side_by_side(study, trial, objective)
         everything = study.get_trials(deepcopy=False)
         if any(t.state == TrialState.WAITING for t in everything):
             return  # baselines, a retried trial or a refinement come first
@@ -236,7 +240,7 @@ class Refine:
             tried.setdefault(knobs, t.number)
         if repeat_of is None and done < self.trials - refine_trials(self.trials):
             return
-        best = self._incumbent(everything, points)
+        best = self._incumbent(everything, points, objective)
         if best is None:
             return
         leader, incumbent = best
@@ -244,13 +248,14 @@ class Refine:
         came_from = leader.user_attrs.get(REFINED_FROM)  # a refinement that paid: its move goes first
         previous = points.get(came_from) if isinstance(came_from, int) else None
         why = "refining" if repeat_of is None else f"trial {trial.number} repeated trial {repeat_of}"
-        jump = self._jump(everything, points, incumbent, trial_record(leader).per_gib, tried)
+        jump = self._jump(everything, points, incumbent, trial_record(leader).under(objective), tried, objective)
         if jump is not None:
             estimate, fitted = jump
             study.enqueue_trial(self.space.params(estimate.knobs), user_attrs={REFINED_FROM: number})
             if self.note is not None:
+                estimated = format_value(estimate.under(objective), objective)
                 self.note(
-                    f"{why}: next {estimate.knobs.describe()}, estimated {estimate.per_gib:.1f} per GiB by a surface "
+                    f"{why}: next {estimate.knobs.describe()}, estimated {estimated} by a surface "
                     f"through {fitted} trials, above trial {number} (the best so far)"
                 )
             return
@@ -264,7 +269,9 @@ class Refine:
                 self.note(f"{why}: next {candidate.describe()}, a neighbour of trial {number} (the best so far)")
             return
 
-    def _side_by_side(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    def _side_by_side(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, objective: ObjectiveName = DEFAULT_OBJECTIVE
+    ) -> None:
         """A refinement trial within the budget against the incumbent it was refined from, timed
         side by side: the one shown worse is marked :data:`BEATEN_BY` the other."""
         from autotune.errors import MeasurementFailed
@@ -280,7 +287,7 @@ class Refine:
         if not all(r.feasible and r.per_gib and r.throughput and r.config is not None for r in pair):
             return
         configs = [r.config for r in pair if r.config is not None]
-        scales = [value_scale(r) for r in pair]
+        scales = [value_scale(r, objective) for r in pair]
         try:
             result = self.duel(configs, scales)
         except MeasurementFailed as e:
@@ -314,13 +321,14 @@ class Refine:
         trials: list[optuna.trial.FrozenTrial],
         points: dict[int, Knobs],
         incumbent: Knobs,
-        incumbent_per_gib: float | None,
+        incumbent_value: float | None,
         tried: dict[Knobs, int],
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> tuple[Estimate, int] | None:
         """The untried admitted point a surface through the measured trials at the incumbent's
-        batch, ranks, ZeRO stage and reduced precision estimates best per GiB, if that beats the
-        incumbent's measurement (:mod:`autotune.search.surface`), and how many trials it fitted."""
-        if incumbent_per_gib is None:
+        batch, ranks, ZeRO stage and reduced precision estimates best by ``objective``, if that
+        beats the incumbent's measurement (:mod:`autotune.search.surface`), and how many trials it fitted."""
+        if incumbent_value is None:
             return None
         measured = []
         for t in trials:
@@ -348,8 +356,11 @@ class Refine:
         exact = bool(known) and all(v is not None for v in known.values())
         peaks = known.get if exact else None
         bounds = None if exact or self.known_peak is None else self._peak_bounds
-        for estimate in ranked(surface, untried, known_peak=peaks, peak_bounds=bounds, budget_bytes=self.budget_bytes):
-            if estimate.per_gib <= incumbent_per_gib:
+        estimates = ranked(
+            surface, untried, known_peak=peaks, peak_bounds=bounds, budget_bytes=self.budget_bytes, objective=objective
+        )
+        for estimate in estimates:
+            if estimate.under(objective) <= incumbent_value:
                 return None
             if self._admitted(estimate.knobs):
                 return estimate, surface.points
@@ -370,14 +381,17 @@ class Refine:
             return None
 
     def _incumbent(
-        self, trials: list[optuna.trial.FrozenTrial], points: dict[int, Knobs]
+        self,
+        trials: list[optuna.trial.FrozenTrial],
+        points: dict[int, Knobs],
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> tuple[optuna.trial.FrozenTrial, Knobs] | None:
-        """The feasible trial with the best objective per GiB (the finalists' order) that no
-        side-by-side timing beat, and its point."""
+        """The feasible trial best by ``objective`` (the finalists' order) that no side-by-side
+        timing beat, and its point."""
         best: tuple[float, optuna.trial.FrozenTrial, Knobs] | None = None
         for t in trials:
             record = trial_record(t)
-            value = record.per_gib
+            value = record.under(objective)
             knobs = points.get(t.number)
             if not record.feasible or value is None or knobs is None or ATTR.CONFIG not in t.user_attrs:
                 continue

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.errors import StudyError
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.finalists import Finalist, read_retimed
 from autotune.search.record import TrialRecord, trial_record
+from autotune.search.spec import objective_of
 
 if TYPE_CHECKING:
     import optuna
@@ -45,6 +47,8 @@ class StudySummary:
     retimed: dict[int, Finalist] = dataclasses.field(default_factory=dict)
     #: Whether the re-timing's winner was separated from the runner-up beyond their spreads.
     retimed_decided: bool | None = None
+    #: What the recommendation is for (:func:`autotune.search.spec.objective_of`).
+    objective: ObjectiveName = DEFAULT_OBJECTIVE
 
     def improvement(self, baseline: str) -> Improvement | None:
         return next((i for i in self.improvements if i.baseline == baseline), None)
@@ -70,10 +74,12 @@ def summarize(study: optuna.Study) -> StudySummary:
     """Summarize a study's trials (any state; only feasible completed trials can be recommended)."""
     records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
     front = pareto_front(records)
-    # The headline: highest objective per GiB of peak memory among feasible trials (all of them
-    # lie on or behind the front; the maximum of a ratio is always on the front). The objective
-    # and its value per GiB are autotune.measurement.objective's, as for the envs and Adaptive.
-    recommended = max(front, key=lambda r: (r.per_gib or 0.0, -r.number), default=None)
+    objective = objective_of(study)
+    # The headline: the highest objective per GiB of peak memory among feasible trials, or the
+    # highest objective (within the budget: feasible) under "throughput". Either maximum lies on
+    # the front (the maximum of a ratio, or of the value, is not dominated). The value and its
+    # ranking are autotune.measurement.objective's, as for the envs and Adaptive.
+    recommended = max(front, key=lambda r: (r.under(objective) or 0.0, -r.number), default=None)
     # Unless the best few were re-timed side by side: then the winner of that (finalists.py).
     winner, retimed, decided = read_retimed(study)
     recommended = next((r for r in records if r.number == winner and r.feasible), recommended)
@@ -98,6 +104,7 @@ def summarize(study: optuna.Study) -> StudySummary:
         metric=metric,
         retimed=retimed,
         retimed_decided=decided,
+        objective=objective,
     )
 
 

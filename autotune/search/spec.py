@@ -10,6 +10,7 @@ A TOML spec looks like::
     sampler = "tpe"
     policy_proposal = true     # enqueue the pretrained policy's proposal next to the two baselines
     retime = true              # re-time the best three side by side before recommending one
+    objective = "per-gib"      # or "throughput": the most samples/s within the budget
 
     [space]
     batch_size = 32
@@ -31,12 +32,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import tomllib
 
 from autotune.errors import ConfigError, SpecError
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.units import MemoryBudget
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "BlockOverride",
@@ -46,6 +51,7 @@ __all__ = [
     "SpaceSpec",
     "StudySpec",
     "load_spec",
+    "objective_of",
     "parse_duration",
     "shipped_spec",
     "spec_from_dict",
@@ -210,6 +216,10 @@ class StudySpec:
     ``retime``: at the end, re-time the best few configurations side by side and recommend the
     winner (:mod:`autotune.search.finalists`; seconds to a minute); during the refinement, time
     each refinement trial beside the incumbent it was refined from (:mod:`autotune.search.refine`).
+    ``objective``: which feasible trial is recommended, and what the refinement and the finalists'
+    re-timing look for (:data:`autotune.measurement.objective.OBJECTIVES`): the most samples/s
+    per GiB of peak (``"per-gib"``), or the most samples/s within the budget (``"throughput"``).
+    The trials' values are the same either way (samples/s or goodput, and the peak).
     """
 
     workload: str
@@ -221,6 +231,7 @@ class StudySpec:
     timeout: float | None = None
     policy_proposal: bool = True
     retime: bool = True
+    objective: ObjectiveName = DEFAULT_OBJECTIVE
     space: SpaceSpec = field(default_factory=SpaceSpec)
     measure: MeasureSpec = field(default_factory=MeasureSpec)
 
@@ -241,6 +252,7 @@ class StudySpec:
             raise SpecError(f"policy_proposal must be true or false, but got {self.policy_proposal!r}.")
         if not isinstance(self.retime, bool):
             raise SpecError(f"retime must be true or false, but got {self.retime!r}.")
+        check_objective(self.objective, error=SpecError)
         if not isinstance(self.space, SpaceSpec):
             raise SpecError(f"space must be a table, but got {self.space!r}.")
         if not isinstance(self.measure, MeasureSpec):
@@ -262,7 +274,17 @@ def spec_to_dict(spec: StudySpec) -> dict[str, Any]:
         del data["space"]["expandable_segments"]
     if spec.space.min_micro_batch is None:
         del data["space"]["min_micro_batch"]  # the same: the workload's rule, as before the option
+    if spec.objective == DEFAULT_OBJECTIVE:
+        del data["objective"]  # the same: a study stored before the option was per GiB
     return {k: v for k, v in data.items() if v is not None}
+
+
+def objective_of(study: optuna.Study) -> ObjectiveName:
+    """The objective a study recommends by: its stored spec's (a study stored without one, or
+    without a spec: the default, per GiB, all there was before the option)."""
+    spec = study.user_attrs.get("spec")
+    stored = spec.get("objective", DEFAULT_OBJECTIVE) if isinstance(spec, Mapping) else DEFAULT_OBJECTIVE
+    return check_objective(stored, error=SpecError)
 
 
 # ---- TOML ------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, ProposalError, SpecError, StudyError
 from autotune.measurement.cuda_memory import ALLOC_CONF_VAR, alloc_conf_with
+from autotune.measurement.objective import DEFAULT_OBJECTIVE
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
 from autotune.search.precisions import screen_precisions
@@ -112,7 +113,7 @@ class Prepared:
     @property
     def identity(self) -> dict[str, Any]:
         """What must match for a run to resume or join this study."""
-        return {
+        identity = {
             "objectives": list(self.metric_names),
             "workload": self.spec.workload,
             "workload_fingerprint": self.fingerprint,
@@ -120,6 +121,9 @@ class Prepared:
             "space": json.loads(json.dumps(spec_to_dict(self.spec)["space"])),
             "reference_batch": self.reference_batch,
         }
+        if self.spec.objective != DEFAULT_OBJECTIVE:  # the default is not stored (_check_same reads it so)
+            identity["objective"] = self.spec.objective
+        return identity
 
     @property
     def metric_names(self) -> tuple[str, str]:
@@ -275,7 +279,9 @@ def _check_same(existing: optuna.study.StudySummary, prepared: Prepared, where: 
             f"({', '.join(objectives or directions)}); pass --study-name to start another study"
         )
     assert isinstance(stored, dict)
-    for key, value in prepared.identity.items():
+    # A study stored without an objective recommends per GiB (the default, and all there was before).
+    stored = {"objective": DEFAULT_OBJECTIVE, **stored}
+    for key, value in {"objective": DEFAULT_OBJECTIVE, **prepared.identity}.items():
         if stored.get(key) != value:
             # The fingerprint hashes the weights: a build() that draws them unseeded gives another
             # one on every run, and the user's rerun of the same study is refused.

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autotune.knobs import Knobs
-from autotune.measurement.objective import per_gib
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, objective_value, per_gib
 
 __all__ = ["MIN_POINTS", "Estimate", "Surface", "fit_surface", "ranked"]
 
@@ -63,6 +63,10 @@ class Estimate:
     objective: float
     peak_bytes: float
     per_gib: float
+
+    def under(self, objective: ObjectiveName) -> float:
+        """What ``objective`` ranks the point by (:func:`~autotune.measurement.objective.objective_value`)."""
+        return objective_value(self.objective, round(self.peak_bytes), objective)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,11 +147,13 @@ def ranked(
     known_peak: Callable[[Knobs], int | None] | None = None,
     peak_bounds: Callable[[Knobs], tuple[int | None, int | None]] | None = None,
     budget_bytes: int | None = None,
+    objective: ObjectiveName = DEFAULT_OBJECTIVE,
 ) -> list[Estimate]:
     """The candidates the surface covers whose estimated peak is within ``budget_bytes``, highest
-    estimated objective per GiB first (candidates' order on a tie). ``known_peak`` gives the memory
-    model's verified prediction of a point (None: use the fitted peak); ``peak_bounds`` the least
-    and the most a point's fitted peak may be (None for either: unbounded)."""
+    estimated ``objective`` first: per GiB, or the value itself (candidates' order on a tie).
+    ``known_peak`` gives the memory model's verified prediction of a point (None: use the fitted
+    peak); ``peak_bounds`` the least and the most a point's fitted peak may be (None for either:
+    unbounded)."""
     out = []
     for knobs in candidates:
         estimate = surface.estimate(
@@ -157,5 +163,5 @@ def ranked(
         )
         if estimate is not None and (budget_bytes is None or estimate.peak_bytes <= budget_bytes):
             out.append(estimate)
-    out.sort(key=lambda e: -e.per_gib)
+    out.sort(key=lambda e: -e.under(objective))
     return out

@@ -204,6 +204,7 @@ def test_batch_grows_only_when_the_noise_scale_supports_it() -> None:
         ({"memory_budget": 1.5}, BAD_BUDGET),
         ({"policy": 3}, BAD_POLICY),
         ({"min_efficiency": 0.0}, "min_efficiency must be in (0, 1], but got 0.0."),
+        ({"objective": "fast"}, "objective must be one of ('per-gib', 'throughput'), but got 'fast'."),
     ],
 )
 def test_user_mistakes_are_one_line_config_errors(kwargs: dict[str, object], message: str) -> None:
@@ -211,6 +212,16 @@ def test_user_mistakes_are_one_line_config_errors(kwargs: dict[str, object], mes
     args = {"batch_size": BATCH, "policy": None} | kwargs
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, **args)  # type: ignore[arg-type]
+
+
+def test_the_objective_reaches_the_decisions() -> None:
+    for objective in ("per-gib", "throughput"):
+        tuner = _tuner(policy=None, objective=objective)
+        tuner.close()
+        assert tuner.decider.objective == objective
+    tuner = _tuner(policy=None)
+    tuner.close()
+    assert tuner.decider.objective == "per-gib"
 
 
 def test_a_fixed_config_of_another_effective_batch_is_refused() -> None:

@@ -230,3 +230,64 @@ def test_no_source_or_nothing_proposed_keeps_the_run_where_it_is(source: Decisio
     assert decider.decide(_obs(9, A)) is None and decider.history == []
     [record] = decider.judged.values()
     assert (record.config, record.timed_steps, record.score.per_gib) == (A, 3, 100.0)
+
+
+@pytest.mark.parametrize("objective", ["per-gib", "throughput"])
+def test_the_configuration_kept_is_the_best_by_the_objective(objective: str) -> None:
+    # A: 100 samples/s at 1 GiB (100 per GiB); C: 150 samples/s at 2 GiB (75 per GiB), within the 4 GiB budget.
+    decider = _decider(Scripted([C, A]), _gate({A: GIB, C: 2 * GIB}), objective=objective)
+    _time(decider, A, 100.0, 100.0, 100.0)
+    change = decider.decide(_obs(9, A))
+    assert change is not None and change.after == C
+    decider.moved(change)
+    _time(decider, C, 150.0, 150.0, 150.0)
+    verdict = decider.decide(_obs(19, C))
+    best = decider.best
+    assert best is not None
+    if objective == "per-gib":
+        assert verdict is not None and (verdict.source, verdict.after) == ("measured", A)
+        assert verdict.reason == (
+            "measured 75.0 per GiB, not 3% above the 100.0 of the configuration it replaced: back to it"
+        )
+        assert (best.config, best.score.under("per-gib")) == (A, 100.0)
+    else:  # the faster configuration stays, and the source's proposal to go back is refused
+        assert verdict is None
+        refused = decider.history[-1]
+        assert (refused.after, refused.applied) == (A, False)
+        assert (
+            refused.reason == "scripted; measured at step 9: 100.0 samples/s, not 3% above this configuration's 150.0"
+        )
+        assert (best.config, best.score.under("throughput")) == (C, 150.0)
+
+
+def _side_by_side(objective: str, candidate_rate: float) -> tuple[Decider, Change | None]:
+    """A run at A (100 samples/s, 1 GiB) trying C (2 GiB) side by side at ``candidate_rate``."""
+    decider = _decider(Scripted([C]), _gate({A: GIB, C: 2 * GIB}), paired=True, objective=objective)
+    _time(decider, A, 100.0, 100.0, 100.0)
+    change = decider.decide(_obs(9, A))
+    assert change is not None and change.after == C
+    decider.moved(change)
+    current, back = C, None
+    for step in range(10, 40):
+        want = decider.trial_config(current)
+        current = current if want is None else want
+        decider.timed(current, candidate_rate if current == C else 100.0)
+        back = decider.trial_over(step, current)
+        if back is not None or decider.trial is None:
+            break
+    return decider, back
+
+
+def test_side_by_side_under_throughput_a_faster_trial_within_the_budget_is_kept() -> None:
+    # 150 samples/s at 2 GiB: 75 per GiB. Per GiB it goes back; by throughput it stays.
+    _, back = _side_by_side("per-gib", 150.0)
+    assert back is not None and back.after == A
+    decider, back = _side_by_side("throughput", 150.0)
+    assert back is None and decider.trial is None and decider.best is not None and decider.best.config == C
+    # 101 samples/s is not 3% above 100: back to A, in samples/s.
+    _, back = _side_by_side("throughput", 101.0)
+    assert back is not None and back.after == A
+    assert back.reason == (
+        "side by side (5 steps against 4): measured 101.0 samples/s, not 3% above the 100.0 of the configuration "
+        "it replaced beyond their spread: back to it"
+    )

@@ -52,6 +52,14 @@ from tests.processes import alive
             "expose.\n",
         ),
         (
+            ("--objective", "throughput"),
+            "autotune train: error: --objective needs --adapt (without it the run keeps the default configuration).\n",
+        ),
+        (
+            ("--adapt", "--objective", "bogus"),
+            "autotune train: error: objective must be one of ('per-gib', 'throughput'), but got 'bogus'.\n",
+        ),
+        (
             ("--ranks", "3"),
             "autotune train: error: the batch of workload 'mlp-digits' (32) must divide evenly by ranks=3.\n",
         ),

@@ -75,3 +75,9 @@ def test_tune_refuses_fine_tune_seconds_that_are_not_a_finite_number_at_least_0(
     value = float(seconds)
     line = f"autotune tune: error: --fine-tune-seconds must be a finite number >= 0, but got {value!r}.\n"
     assert capsys.readouterr() == ("", line)
+
+
+def test_tune_refuses_an_unknown_objective_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", TINY, "--objective", "bogus"]) == 2
+    line = "autotune tune: error: objective must be one of ('per-gib', 'throughput'), but got 'bogus'.\n"
+    assert capsys.readouterr() == ("", line)

@@ -95,6 +95,10 @@ def test_help_lists_the_search_commands(tmp_path: Path) -> None:
             "or pass --storage",
         ),
         (
+            ("study", "SPEC", "--objective", "bogus"),
+            "autotune study: error: objective must be one of ('per-gib', 'throughput'), but got 'bogus'.",
+        ),
+        (
             ("study", "SPEC", "--trials", "0"),
             "autotune study: error: trials must be >= 1, but got 0.",
         ),

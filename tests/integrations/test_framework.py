@@ -9,6 +9,7 @@ import re
 import pytest
 
 from autotune import TrainConfig
+from autotune.errors import ConfigError
 from autotune.integrations import _framework
 from autotune.integrations._framework import FrameworkLoop
 from tests.adapt.scripted import Scripted
@@ -65,3 +66,38 @@ def test_on_cuda_the_runs_allocator_ratio_reaches_the_gate_at_each_decision() ->
     assert live.gate.reserved_ratio is None and fake.devices == []  # read at decisions only
     live.step_end(5, loss=1.0)
     assert live.gate.reserved_ratio == 1.25 and fake.resets == 0  # the user's peak statistics are left alone
+
+
+@pytest.mark.parametrize("objective", ["per-gib", "throughput"])
+def test_the_configuration_kept_follows_the_objective(monkeypatch: pytest.MonkeyPatch, objective: str) -> None:
+    wl = make_resmlp(n=64)
+    live = FrameworkLoop(policy=Scripted([B]), memory_budget=None, decide_every=5, blocks=None, objective=objective)  # type: ignore[arg-type]
+    live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=2, name="resmlp")
+    # B (every block recomputed) steps in 0.12 s against A's 0.1 s: 133 samples/s against 160, at
+    # a predicted peak a third lower than A's: more per GiB, fewer samples/s.
+    assert live.gate is not None and live.gate.predict(A)[0] > 1.5 * live.gate.predict(B)[0]  # type: ignore[index]
+    clock = [0.0]
+    monkeypatch.setattr(_framework.time, "perf_counter", lambda: clock[0])
+    ran = []
+    for step in range(1, 16):
+        ran.append(live.config)
+        live.step_begin()
+        clock[0] += 0.1 if live.config == A else 0.12
+        live.step_end(step, loss=1.0)
+    if objective == "per-gib":
+        assert ran == [A] * 5 + [B] * 10 and len(live.history) == 1
+    else:
+        assert ran == [A] * 5 + [B] * 5 + [A] * 5
+        back = live.history[-1]
+        assert (back.source, back.after) == ("measured", A)
+        assert (
+            back.reason
+            == "measured 133.3 samples/s, not 3% above the 160.0 of the configuration it replaced: back to it"
+        )
+    live.remove()
+
+
+def test_an_unknown_objective_is_one_line() -> None:
+    message = "objective must be one of ('per-gib', 'throughput'), but got 'speed'."
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        FrameworkLoop(policy=None, memory_budget=None, decide_every=5, blocks=None, objective="speed")  # type: ignore[arg-type]

@@ -158,6 +158,13 @@ def test_a_trainer_resumed_from_a_checkpoint_rebuilds_the_callback_with_its_stat
     assert [(r.config, r.timed_steps) for r in rebuilt.loop.decider.judged.values()] == [(judged, 6)]  # type: ignore[union-attr]
 
 
+def test_the_objective_is_in_the_checkpoint_s_arguments_when_not_the_default() -> None:
+    assert "objective" not in AutotuneCallback(policy=None).state()["args"]
+    args = AutotuneCallback(policy=None, objective="throughput").state()["args"]
+    assert args["objective"] == "throughput"
+    assert AutotuneCallback(**args).loop.objective == "throughput"
+
+
 def test_a_decision_source_object_is_refused_when_the_trainer_rebuilds_the_callback() -> None:
     state = AutotuneCallback(policy=Scripted([])).state()
     assert state["args"]["policy"] == {"source": "scripted"}

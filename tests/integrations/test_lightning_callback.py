@@ -208,3 +208,8 @@ def test_a_fit_resumed_from_a_checkpoint_resumes_the_callback_s_configuration_an
     # the plan, and the refused split (LitLM has no batch_size), logged once across the resume
     assert resumed.history == callback.history and len(resumed.history) == 2
     assert spy.wrapped == [len(spy.blocks)] * 4  # every resumed step recomputed every block
+
+
+def test_the_objective_reaches_the_loop() -> None:
+    assert AutotuneCallback(policy=None).loop.objective == "per-gib"
+    assert AutotuneCallback(policy=None, objective="throughput").loop.objective == "throughput"

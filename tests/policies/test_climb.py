@@ -20,18 +20,21 @@ START = KnobLevels(micro=2, accum=2, precision=0, checkpoint=4)  # 4 x 4, every 
 
 
 class _Terrain(TuningEnv):
-    """Each knob setting trains at ``throughput(levels)`` samples/s with a peak of 1 GiB, except
-    where ``over`` says it is over the 2 GiB budget: the objective per GiB is the throughput."""
+    """Each knob setting trains at ``throughput(levels)`` samples/s with a peak of 1 GiB (or
+    ``peak(levels)``), except where ``over`` says it is over the 2 GiB budget: with the peak of
+    1 GiB the objective per GiB is the throughput."""
 
     def __init__(
         self,
         throughput: Callable[[KnobLevels], float],
         over: frozenset[KnobLevels] = frozenset(),
         reduced_speed: float = 1.0,
+        peak: Callable[[KnobLevels], int] = lambda _: GIB,
     ) -> None:
         super().__init__(horizon=8)
         self.throughput = throughput
         self.over = over
+        self.peak = peak
         self.reduced_speed = reduced_speed
         self.trained: list[KnobLevels] = []
 
@@ -43,14 +46,14 @@ class _Terrain(TuningEnv):
         return START, model, MachineDescriptor(reduced_speed=self.reduced_speed, budget_ratio=2.0), 2 * GIB
 
     def _peak_bytes(self, knobs: KnobLevels) -> int:
-        return 3 * GIB if knobs in self.over else GIB
+        return 3 * GIB if knobs in self.over else self.peak(knobs)
 
     def _train(self, knobs: KnobLevels) -> Interval:
         self.trained.append(knobs)
         return Interval(
             batch=knobs.effective_batch_size,
             throughput=self.throughput(knobs),
-            peak_bytes=GIB,
+            peak_bytes=self.peak(knobs),
             b_noise=None,
             loss=1.0,
             train_seconds=1.0,
@@ -209,3 +212,26 @@ def test_with_every_neighbour_of_the_best_tried_the_climb_goes_on_from_the_runne
     assert runner_up == KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)
     target = KnobLevels(micro=3, accum=1, precision=0, checkpoint=3)
     assert action is not None and env.next_levels(action) == climb.target == target
+
+
+def _recompute_saves_half_a_gib(k: KnobLevels) -> int:
+    """1 GiB with every block recomputed (level 4), half a GiB more for each level less: level 1
+    (2.5 GiB) is over the 2 GiB budget."""
+    return GIB + (4 - k.checkpoint) * GIB // 2
+
+
+@pytest.mark.parametrize("objective", ["per-gib", "throughput"])
+def test_the_climb_and_the_best_step_follow_the_objective(objective: str) -> None:
+    env = _Terrain(_less_recompute_is_faster, peak=_recompute_saves_half_a_gib)
+    policy: Any = _Policy(lambda _: STAY)
+    episode = run_episode(env, policy, workload="w", seed=0, steps=8, refine=2, objective=objective)  # type: ignore[arg-type]
+    best = episode.best
+    assert best is not None
+    if objective == "per-gib":  # every move from 4x4 all recomputed (100 per GiB) is worse per GiB
+        assert [_knobs(k) for k in env.trained[:5]] == [(4, 0, 4), (8, 0, 4), (4, 0, 3), (4, 1, 4), (2, 0, 4)]
+        assert (best.step, best.throughput, best.peak_bytes) == (0, 100.0, GIB)
+    else:  # one recompute level less each time: +10 samples/s, down to level 2 (level 1 is over the budget)
+        assert [_knobs(k) for k in env.trained[:4]] == [(4, 0, 4), (8, 0, 4), (4, 0, 3), (4, 0, 2)]
+        assert (best.step, best.throughput, best.peak_bytes) == (3, 120.0, 2 * GIB)
+    assert (4, 0, 1) not in [_knobs(k) for k in env.trained]
+    assert episode.to_dict().get("objective") == (None if objective == "per-gib" else "throughput")

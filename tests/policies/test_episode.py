@@ -213,3 +213,31 @@ def test_tune_stops_with_exit_3_at_a_step_whose_loss_is_not_finite(
     assert code == 3 and last["step"] == 1 and math.isnan(last["loss"])
     assert episode["best_step"] == 0  # the diverged step is not the best, whatever its throughput
     assert err == f"autotune tune: the loss was nan at step 1 ({last['knobs']}): the episode ended there\n"
+
+
+def test_the_best_step_is_the_most_per_gib_or_the_fastest_within_the_budget() -> None:
+    from autotune.policies.episode import Episode, EpisodeStep
+
+    def step(i: int, throughput: float, gib: int) -> EpisodeStep:
+        return EpisodeStep(
+            step=i,
+            action=None,
+            knobs="",
+            batch=16,
+            config=TrainConfig(micro_batch_size=2**i),
+            throughput=throughput,
+            peak_bytes=gib * 2**30,
+            b_noise=None,
+            loss=1.0,
+            reward=None,
+        )
+
+    # 100 per GiB, 75 per GiB (150 samples/s), and 300 samples/s over the 3 GiB budget.
+    steps = (step(0, 100.0, 1), step(1, 150.0, 2), step(2, 300.0, 4))
+    per_gib = Episode(workload="w", budget_bytes=3 * 2**30, steps=steps)
+    fastest = Episode(workload="w", budget_bytes=3 * 2**30, steps=steps, objective="throughput")
+    assert [s.step for s in per_gib.ranked()] == [0, 1] and [s.step for s in fastest.ranked()] == [1, 0]
+    assert (per_gib.value(steps[1]), fastest.value(steps[1]), fastest.per_gib(steps[1])) == (75.0, 150.0, 75.0)
+    assert per_gib.best is not None and fastest.best is not None
+    assert (per_gib.best.step, fastest.best.step) == (0, 1)
+    assert "objective" not in per_gib.to_dict() and fastest.to_dict()["objective"] == "throughput"

@@ -80,3 +80,16 @@ def test_a_bad_fine_tuning_time_is_refused_before_anything_trains(
     with pytest.raises(ConfigError) as info:
         tune(workload, load_policy(PRETRAINED_DIR), fine_tune_seconds=seconds)
     assert str(info.value) == f"fine_tune_seconds must be a finite number >= 0, but got {seconds!r}."
+
+
+def test_an_unknown_objective_is_refused_before_anything_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.envs.training import TrainingEnv
+
+    def built(*_: Any, **__: Any) -> None:
+        raise AssertionError("the environment was built")
+
+    monkeypatch.setattr(TrainingEnv, "__init__", built)
+    workload = load_workload(f"{TINY_WORKLOAD}:build")
+    with pytest.raises(ConfigError) as info:
+        tune(workload, load_policy(PRETRAINED_DIR), objective="fastest")  # type: ignore[arg-type]
+    assert str(info.value) == "objective must be one of ('per-gib', 'throughput'), but got 'fastest'."

@@ -18,6 +18,7 @@ from autotune.search.display import summary_view
 from autotune.search.finalists import RETIMED, TRIAL_ATTRS, retime_finalists, set_finished_trial_attrs, to_retime
 from autotune.search.record import ATTR
 from autotune.search.results import summarize
+from autotune.search.spec import StudySpec, spec_to_dict
 
 GIB = 1024**3
 
@@ -149,3 +150,53 @@ def test_a_duel_too_close_to_call_leaves_the_loser_a_finalist_behind_its_winner(
     # A winner beaten in turn passes its rank on: trial 2 beat trial 3 (too close to call).
     set_finished_trial_attrs(study, 3, {ATTR.BEATEN_BY: 2, ATTR.BEATEN_DECIDED: False})
     assert [r.number for r in to_retime(study)] == [2, 3, 0]
+
+
+def test_under_throughput_the_finalists_are_the_fastest_and_the_winner_the_fastest_re_timed() -> None:
+    study = _study(None)  # per GiB and samples/s: 100, 98, 96, 50 (all at 1 GiB)
+    config = TrainConfig(micro_batch_size=16)
+    attrs = {ATTR.CONFIG: config.to_dict(), ATTR.STATUS: "ok", ATTR.THROUGHPUT: 200.0, ATTR.PEAK: 4 * GIB}
+    study.add_trial(optuna.trial.create_trial(values=[200.0, 4096.0], user_attrs=attrs))  # 50 per GiB
+    assert [r.number for r in to_retime(study)] == [0, 1, 2]  # per GiB: trial 4 is no finalist
+    study.set_user_attr("spec", spec_to_dict(StudySpec(workload="tiny", objective="throughput")))
+    assert [r.number for r in to_retime(study)] == [4, 0, 1]  # the fastest three
+    seen: list[list[float]] = []
+
+    def retimer(configs: list[TrainConfig], scales: list[float]) -> Retimed:
+        seen.append(scales)  # samples/s ranked as they are: no division by the peak
+        return Retimed(
+            timings=(Timing(rates=(180.0,) * 3), Timing(rates=(120.0,) * 3), Timing(rates=(90.0,) * 3)),
+            ranking=(0, 1, 2),
+            decided=True,
+            rounds=3,
+            warmup=(2, 2, 2),
+            other_cores=0.0,
+        )
+
+    record = retime_finalists(study, retimer, threads=1)
+    assert seen == [[1.0, 1.0, 1.0]] and record is not None and record["winner"] == 4
+    # The re-timed value per GiB is stored either way: 180 samples/s at 4 GiB.
+    assert study.trials[4].user_attrs[TRIAL_ATTRS.PER_GIB] == 45.0
+    summary = summarize(study)
+    assert summary.recommended is not None and (summary.objective, summary.recommended.number) == ("throughput", 4)
+    console = Console(record=True, width=300)
+    console.print(summary_view(summary))
+    line = next(x for x in console.export_text().splitlines() if x.startswith("recommended for"))
+    assert line.endswith("re-timed side by side: 180.0 samples/s (spread 0.0%)")
+
+
+def test_best_says_a_recommendation_is_for_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "s.db"
+    study = _study(f"sqlite:///{db}")
+    study.set_user_attr("blocks", ["blocks.0", "blocks.1"])
+    study.set_user_attr("largest_parameter", 64)
+    study.set_user_attr("spec", spec_to_dict(StudySpec(workload="tiny", objective="throughput")))
+    out, err = {}, {}
+    for fmt in ("json", "deepspeed", "python"):
+        assert main(["best", "s", "--storage", str(db), "--format", fmt, "--no-retime"]) == 0
+        out[fmt], err[fmt] = capsys.readouterr()
+    assert json.loads(out["json"])["measured"]["recommended_for"] == "throughput"
+    note = "recommended for the most samples/s within the memory budget (objective throughput), not per GiB"
+    assert err["deepspeed"].splitlines()[1] == f"autotune best: {note}"
+    assert f"Objective: {note}.\n" in out["python"]
+    assert err["json"] == err["python"] == ""

@@ -26,6 +26,7 @@ from autotune.search.refine import (
     undominated,
 )
 from autotune.search.space import SearchSpace
+from autotune.search.spec import StudySpec, spec_to_dict
 
 MIB = 2**20
 SPACE = SearchSpace(batch_sizes=(16,), ranking=(0, 1, 2, 3), max_micro_batch=16)
@@ -419,3 +420,17 @@ def test_without_a_side_by_side_timing_first_measurements_decide() -> None:
         assert all(BEATEN_BY not in t.user_attrs for t in study.trials)
         assert [u for _, u in _waiting(study)] == [{REFINED_FROM: 2}]
     assert duel.calls == []
+
+
+def test_under_throughput_the_incumbent_is_the_fastest_trial_within_the_budget() -> None:
+    # Trial 0 is the fastest (150 samples/s at 120 MiB: 1280 per GiB); trial 1 the best per GiB (2048).
+    points = ((_knobs(16, 0, 0), 150.0, 120.0), POINTS[1], POINTS[2])
+    refined = {}
+    for objective in ("per-gib", "throughput"):
+        study = _study(*points)
+        study.set_user_attr("spec", spec_to_dict(StudySpec(workload="tiny", objective=objective)))  # type: ignore[arg-type]
+        refine, notes = _refine(study, trials=4)
+        refine(study, study.trials[-1])
+        refined[objective] = (_waiting(study)[0][1][REFINED_FROM], notes)
+    assert refined["per-gib"] == (1, ["refining: next 16x1 bf16:4 ckpt:4, a neighbour of trial 1 (the best so far)"])
+    assert refined["throughput"] == (0, ["refining: next 16x1 bf16:1, a neighbour of trial 0 (the best so far)"])

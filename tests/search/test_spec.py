@@ -89,7 +89,7 @@ def test_the_shipped_specs_are_valid(name: str) -> None:
     [
         (
             'workload = "x"\ntrial = 3',
-            "unknown key 'trial' (known keys: measure, memory_budget, name, "
+            "unknown key 'trial' (known keys: measure, memory_budget, name, objective, "
             "policy_proposal, retime, sampler, seed, space, timeout, trials, workload).",
         ),
         ('workload = "x"\npolicy_proposal = "no"', "policy_proposal must be true or false, but got 'no'."),
@@ -211,6 +211,20 @@ def test_min_micro_batch_is_a_space_option_stored_only_when_given(tmp_path: Path
     assert "min_micro_batch" not in spec_to_dict(StudySpec(workload="unet-tiny"))["space"]
     with pytest.raises(SpecError, match=re.escape("space.min_micro_batch must be >= 1, but got 0.")):
         SpaceSpec(min_micro_batch=0)
+
+
+def test_the_objective_is_read_stored_only_when_not_the_default_and_checked(tmp_path: Path) -> None:
+    spec = load_spec(_write(tmp_path, 'workload = "gpt-tiny"\nobjective = "throughput"\n'))
+    assert spec == StudySpec(workload="gpt-tiny", objective="throughput")
+    assert spec_to_dict(spec)["objective"] == "throughput"
+    assert spec_from_dict(spec_to_dict(spec)) == spec
+    # per-gib (the default) is not stored: a study created before the option keeps its identity.
+    default = StudySpec(workload="gpt-tiny")
+    assert (default.objective, "objective" in spec_to_dict(default)) == ("per-gib", False)
+    assert spec_from_dict(spec_to_dict(default)) == default
+    message = f"{tmp_path / 's.toml'}: objective must be one of ('per-gib', 'throughput'), but got 'speed'."
+    with pytest.raises(SpecError, match=f"^{re.escape(message)}$"):
+        load_spec(_write(tmp_path, 'workload = "gpt-tiny"\nobjective = "speed"\n'))
 
 
 def test_a_studies_spec_outside_the_repository_reads_the_one_the_package_ships(

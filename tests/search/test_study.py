@@ -186,6 +186,33 @@ def test_an_existing_study_with_another_budget_is_refused(tmp_path: Path) -> Non
         open_study(prepare(_spec(memory_budget=MemoryBudget(bytes=2**22))), options)
 
 
+def test_an_existing_study_with_another_objective_is_refused_either_way(tmp_path: Path) -> None:
+    options = _options(tmp_path, create_only=True)
+    prepared = prepare(_spec(objective="throughput"))
+    run_study(prepared, open_study(prepared, options), options)
+    where = f"sqlite:///{tmp_path / 's.db'}"
+    message = (
+        f"study 'tiny' already exists in '{where}' with another objective "
+        "('throughput', this run: 'per-gib'); pass --study-name to start another study"
+    )
+    with pytest.raises(StudyError, match=f"^{re.escape(message)}$"):
+        open_study(prepare(_spec()), options)
+    assert (
+        open_study(prepare(_spec(objective="throughput")), options).user_attrs["autotune"]["objective"] == "throughput"
+    )
+    # A per-GiB study (the default, stored without an objective, as before the option) refuses throughput.
+    (tmp_path / "other").mkdir()
+    other = _options(tmp_path / "other", create_only=True)
+    prepared = prepare(_spec())
+    assert "objective" not in open_study(prepared, other).user_attrs["autotune"]
+    message = (
+        f"study 'tiny' already exists in 'sqlite:///{tmp_path / 'other' / 's.db'}' with another objective "
+        "('per-gib', this run: 'throughput'); pass --study-name to start another study"
+    )
+    with pytest.raises(StudyError, match=f"^{re.escape(message)}$"):
+        open_study(prepare(_spec(objective="throughput")), other)
+
+
 def test_a_worker_cannot_create_a_study(tmp_path: Path) -> None:
     message = (
         f"study 'tiny' does not exist in 'sqlite:///{tmp_path / 's.db'}': create it first "

@@ -110,3 +110,16 @@ def test_a_knob_that_never_varied_has_no_coefficient_and_too_few_points_no_surfa
     # Six points that all share a micro-batch and vary the rest together determine nothing.
     collinear = [_knobs(8, n, n) for n in range(4)] + [_knobs(8, 4, 4), _knobs(8, 0, 0)]
     assert fit_surface([(k, rate(k), peak(k)) for k in collinear], num_blocks=4) is None
+
+
+def test_under_throughput_the_fastest_point_within_the_budget_ranks_first() -> None:
+    surface = fit_surface([(k, rate(k), peak(k)) for k in MEASURED], num_blocks=4)
+    assert surface is not None
+    space = SPACE.variants(_knobs(16, 0, 0))
+    # The fastest point of the space is 16x1 with every block in bf16, none recomputed: 10 + 16 x 3 MiB.
+    best = ranked(surface, space, objective="throughput")
+    assert best[0].knobs == _knobs(16, 4, 0) and best[0].under("throughput") == pytest.approx(rate(_knobs(16, 4, 0)))
+    # Under a 40 MiB budget it does not fit (58 MiB): 8x2 bf16:4 does (34 MiB), the fastest that fits.
+    within = ranked(surface, space, budget_bytes=40 * MIB, objective="throughput")
+    truth = max((k for k in space if peak(k) <= 40 * MIB), key=rate)
+    assert within[0].knobs == truth == _knobs(8, 4, 0)
