@@ -49,7 +49,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.measurement.objective import ObjectiveName
 
 SCRIPT = Path(__file__).resolve()
 DEVICE = "cuda"
@@ -350,7 +353,7 @@ def _train_step(model: Any, optimizer: Any, recipe: Recipe, *, device: str, gene
     return time.perf_counter() - start
 
 
-def _study_pick(out: Path, objective: str, timeout: float) -> dict[str, Any]:
+def _study_pick(out: Path, objective: ObjectiveName, timeout: float) -> dict[str, Any]:
     """A 12-trial study of the real-size decoder under the budget, with ``objective``; its setup lines
     with the seconds since the study began, and its pick."""
     from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, summarize
@@ -402,7 +405,8 @@ def _study_pick(out: Path, objective: str, timeout: float) -> dict[str, Any]:
 
 
 def part_realsize(out: Path) -> dict[str, Any]:
-    studies = [_study_pick(out, objective, timeout=85.0) for objective in ("per-gib", "throughput")]
+    objectives: tuple[ObjectiveName, ...] = ("per-gib", "throughput")
+    studies = [_study_pick(out, objective, timeout=85.0) for objective in objectives]
     recipes = hf_recipes(GPT2_SMALL["batch_size"])
     recipes += [pick_recipe(f"study pick ({s['objective']})", s["pick"]) for s in studies if s["pick"] is not None]
     rows = judge(gpt2_small, recipes, device=DEVICE)

@@ -81,7 +81,12 @@ def test_two_workers_share_one_study(postgres_url: str, tmp_path: Path) -> None:
     )
     assert create.returncode == 0, create.stderr
     # The two baselines and the policy's proposal (its line says what it proposes and what it cost).
-    proposal, ready = create.stderr.splitlines()
+    *setup, proposal, ready = create.stderr.splitlines()  # one line per setup phase first
+    assert [re.sub(r" \(.*\)$", "", line) for line in setup] == [
+        "workload tiny loaded: 34,340 parameters, 4 blocks",
+        "blocks ranked by the activation bytes they save",
+        "baselines enqueued: pytorch-default, seed-recipe",  # no budget: no memory model to consult
+    ]
     assert re.fullmatch(r"policy proposal enqueued: .+ \(\d+ s to profile the model and simulate\)", proposal), proposal
     assert ready == "study 'tiny' ready: 3 trials enqueued; start the workers now"
     workers = [
