@@ -1,0 +1,144 @@
+"""What the outer precision gives on the corpus' language models: the blocks in bf16 with the rest
+of the model (embeddings, final norm, head, loss) in fp32, against the whole model in bf16, each
+with and without every block recomputed, beside the PyTorch default; speed side by side, memory
+exact.
+
+For each model the configurations are re-timed side by side on one training loop
+(``autotune.measurement.sidebyside.retime_configs``: interleaved rounds, median samples/s and its
+spread) and their peaks measured exactly (``autotune.measure``'s tracked step). The ratios that
+matter are within one run: outer bf16 / outer fp32 at the same blocks.
+
+Run (nothing else on the machine):
+
+    python benchmarks/outer_precision.py --out build/outer [--models hf-gpt2,hf-llama,lstm-lm,gru-lm]
+
+Writes ``outer_precision.json`` and ``outer_precision.md`` to ``--out``, rewritten after each model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MODELS = ("hf-gpt2", "hf-llama", "lstm-lm", "gru-lm")
+
+
+def configurations(batch: int) -> dict[str, Any]:
+    """The PyTorch default, and the blocks in bf16 with the rest in fp32 or bf16, plain or recomputed."""
+    from autotune import TrainConfig
+
+    return {
+        "fp32 (PyTorch default)": TrainConfig(micro_batch_size=batch),
+        "blocks bf16, outer fp32": TrainConfig(micro_batch_size=batch, precision="bf16"),
+        "blocks bf16, outer bf16": TrainConfig(micro_batch_size=batch, precision="bf16", outer_precision="bf16"),
+        "blocks bf16 recomputed, outer fp32": TrainConfig(micro_batch_size=batch, precision="bf16", checkpoint=True),
+        "blocks bf16 recomputed, outer bf16": TrainConfig(
+            micro_batch_size=batch, precision="bf16", checkpoint=True, outer_precision="bf16"
+        ),
+    }
+
+
+def run_model(name: str, *, rounds: int) -> dict[str, Any]:
+    from autotune import measure
+    from autotune.measurement.sidebyside import retime_configs
+    from autotune.resolve import load_workload
+
+    workload = load_workload(name)
+    configs = configurations(workload.batch_size)
+    peaks = {}
+    for label, config in configs.items():
+        m = measure(workload, config, steps=1, warmup=1)
+        peaks[label] = m.peak_bytes if m.ok else None
+    timed = retime_configs(workload, list(configs.values()), rounds=rounds, max_rounds=rounds)
+    rows = []
+    for (label, config), timing in zip(configs.items(), timed.timings, strict=True):
+        peak = peaks[label]
+        rows.append(
+            {
+                "config": label,
+                "describe": config.describe(),
+                "samples/s": round(timing.median, 2),
+                "spread": round(timing.relative_spread, 4),
+                "peak_bytes": peak,
+                "per GiB": None if not peak else round(timing.median / (peak / 2**30), 2),
+            }
+        )
+    by = {r["config"]: r for r in rows}
+
+    def ratio(a: str, b: str, key: str) -> float | None:
+        x, y = by[a][key], by[b][key]
+        return None if not x or not y else round(x / y, 3)
+
+    return {
+        "model": name,
+        "batch_size": workload.batch_size,
+        "rows": rows,
+        "outer_bf16_speed": ratio("blocks bf16, outer bf16", "blocks bf16, outer fp32", "samples/s"),
+        "outer_bf16_speed_recomputed": ratio(
+            "blocks bf16 recomputed, outer bf16", "blocks bf16 recomputed, outer fp32", "samples/s"
+        ),
+        "outer_bf16_memory": ratio("blocks bf16, outer bf16", "blocks bf16, outer fp32", "peak_bytes"),
+        "outer_bf16_memory_recomputed": ratio(
+            "blocks bf16 recomputed, outer bf16", "blocks bf16 recomputed, outer fp32", "peak_bytes"
+        ),
+    }
+
+
+def write(out: Path, machine: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    (out / "outer_precision.json").write_text(json.dumps({"machine": machine, "models": results}, indent=2) + "\n")
+    lines = [
+        f"# Outer precision ({machine['date']}, CPU capability {machine['capability']}, {machine['threads']} threads)",
+        "",
+        "| model | configuration | samples/s (spread) | peak MiB | samples/s per GiB |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        for row in r["rows"]:
+            peak = "-" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:.1f}"
+            lines.append(
+                f"| {r['model']} | {row['config']} | {row['samples/s']} ({row['spread']:.1%}) | {peak} | "
+                f"{row['per GiB']} |"
+            )
+    lines += [
+        "",
+        "| model | outer bf16 / outer fp32: speed | recomputed: speed | peak | recomputed: peak |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['model']} | {r['outer_bf16_speed']} | {r['outer_bf16_speed_recomputed']} | "
+            f"{r['outer_bf16_memory']} | {r['outer_bf16_memory_recomputed']} |"
+        )
+    (out / "outer_precision.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    machine = {
+        "date": time.strftime("%Y-%m-%d"),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "cores": os.cpu_count(),
+    }
+    results = []
+    for name in args.models.split(","):
+        results.append(run_model(name, rounds=args.rounds))
+        print(f"{name}: speed x{results[-1]['outer_bf16_speed']}, peak x{results[-1]['outer_bf16_memory']}", flush=True)
+        write(args.out, machine, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
