@@ -38,7 +38,7 @@ from autotune.procs.session import RankSession, SessionStep
 from autotune.resolve import load_workload
 from autotune.settings import TUNING
 from autotune.train.base import StepResult
-from autotune.train.local import Trainer
+from autotune.train.local import Trainer, resolve_device
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -191,17 +191,23 @@ class TrainingEnv(TuningEnv):
         self._memory, self._gate, self.prediction_verified, self._reduced_failure = None, None, False, None
         if self.ranks > 1:
             return
+        # The checks run where the episode trains (on a GPU: milliseconds, never host steps).
+        device = resolve_device(self.device).type
         try:
-            self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True)
+            self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True, device=device)
         except PredictionError:  # no memory model for this model
             pass
         else:  # grown by bf16: its passes and its check only
             try:
-                self._memory = profile_memory(wl, modes=("fp32", "bf16"), checkpointed=True, reuse=self._memory)
+                self._memory = profile_memory(
+                    wl, modes=("fp32", "bf16"), checkpointed=True, reuse=self._memory, device=device
+                )
             except PredictionError as e:
                 self._reduced_failure = one_line(e).rpartition("under fake tensors: ")[2]
         config = self.config_of(start)
-        self._gate = BudgetGate(wl, self._budget, profile=self._memory, headroom=headroom_for(config))
+        self._gate = BudgetGate(
+            wl, self._budget, profile=self._memory, headroom=headroom_for(config), device_type=device
+        )
         for levels, peak in self._peaks.items():
             self._gate.record(self.config_of(levels), peak)
         predicted = self._predicted_peak(start)
