@@ -33,7 +33,9 @@ __all__ = ["profile_for_tuning", "fine_tune", "propose", "quick_profile", "simul
 def profile_for_tuning(workload: Workload, *, curve_steps: int = 12, timing_rounds: int = 8) -> WorkloadProfile:
     """The calibrated simulator's profile of ``workload`` on this machine. The loss and noise
     curves only matter with batch adaptation: a short one keeps this to the cost of the timed
-    configurations and the memory table."""
+    configurations and the memory table. Raises :class:`ProposalError` before any real step where
+    the calibration would not fit where it runs."""
+    _check_room(workload)
     return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds)
 
 
@@ -124,10 +126,9 @@ def quick_profile(workload: Workload) -> WorkloadProfile:
 
     from autotune.knobs import KnobLevels
 
-    _check_room(workload)
     try:
         profile = profile_for_tuning(workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS)
-    except NonFiniteLossError:
+    except (NonFiniteLossError, ProposalError):  # the model's loss, or no room: said as they are
         raise
     except (AutotuneError, RuntimeError) as e:  # the user's model failed a profiling step
         raise ProposalError(f"{workload.name} cannot be profiled for the simulator: {one_line(e)}") from None

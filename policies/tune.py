@@ -9,12 +9,13 @@ steps re-timed side by side before the best is named.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, ProposalError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.units import MemoryBudget
 
@@ -55,6 +56,7 @@ def tune(
     retime: bool = True,
     status: Status | None = None,
     objective: ObjectiveName = DEFAULT_OBJECTIVE,
+    note: Callable[[str], None] | None = None,
 ) -> Tuned:
     """Run ``policy`` for one episode of ``steps`` on ``workload``'s real training loop.
 
@@ -69,6 +71,7 @@ def tune(
         retime: Re-time the best steps side by side before naming the best (skipped when a loss
             was not finite: the episode ended there).
         status: Shows what runs during the long parts (profiling, fine-tuning, re-timing).
+        note: Gets a line about the run (why the policy was not fine-tuned); default: stderr.
         objective: Which measured configuration within the budget is the episode's best, the
             climb's incumbent and what the re-timing ranks by: ``"per-gib"`` (the most samples/s
             per GiB of peak) or ``"throughput"`` (the most samples/s). The policy acts as it was
@@ -105,19 +108,23 @@ def tune(
         if fine_tune_seconds > 0:
             from autotune.policies.transfer import fine_tune, profile_for_tuning
 
-            with show(f"profiling {workload.name} for the simulator"):
-                profile = profile_for_tuning(workload)
-            with show(f"fine-tuning the policy on {workload.name}'s simulator ({fine_tune_seconds:g} s)"):
-                policy = fine_tune(
-                    policy,
-                    profile,
-                    memory_budget=budget,
-                    seconds=fine_tune_seconds,
-                    seed=seed,
-                    adapt_batch=adapt_batch,
-                    min_micro_batch=workload.micro_batch_floor,
-                    start_within_budget=env.start_within_budget,  # the real environment's start
-                )
+            try:
+                with show(f"profiling {workload.name} for the simulator"):
+                    profile = profile_for_tuning(workload)
+            except ProposalError as e:  # at real size: the policy as shipped, and one line says why
+                (note or _stderr)(f"no fine-tuning: {e}")
+            else:
+                with show(f"fine-tuning the policy on {workload.name}'s simulator ({fine_tune_seconds:g} s)"):
+                    policy = fine_tune(
+                        policy,
+                        profile,
+                        memory_budget=budget,
+                        seconds=fine_tune_seconds,
+                        seed=seed,
+                        adapt_batch=adapt_batch,
+                        min_micro_batch=workload.micro_batch_floor,
+                        start_within_budget=env.start_within_budget,  # the real environment's start
+                    )
         episode = run_episode(
             env,
             policy,
@@ -134,3 +141,7 @@ def tune(
         with show("re-timing the best steps side by side"):
             episode = retime_best(episode, workload, threads=torch.get_num_threads())
     return Tuned(episode=episode, final_knobs=final_knobs)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
