@@ -181,8 +181,14 @@ def _wrapped_forward(
     dtype = AUTOCAST_DTYPES.get(precision)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        if precision == outer:  # wrapped for checkpointing only: it runs in the region around it
+        if precision == outer and dtype is None:  # fp32 throughout, wrapped for checkpointing only
             return inner(*args, **kwargs)
+        if precision == outer:
+            # Recomputed in the outer precision's region, without its cast cache: the region's
+            # cache would keep this block's 16-bit weight copies to the end of the forward, which
+            # a recomputed block, meant to keep only its input, must not hold.
+            with torch.autocast(device_type, dtype=dtype, cache_enabled=False):
+                return inner(*args, **kwargs)
         if dtype is None:
             # An fp32 exception under a reduced outer precision: autocast off, and its inputs in
             # fp32 (a reduced block before it may hand it 16-bit activations).
