@@ -18,6 +18,7 @@ from rich.text import Text
 
 from autotune.config import TrainConfig
 from autotune.console import make_console
+from autotune.search.baselines import HF_RECIPE, PYTORCH_DEFAULT
 from autotune.search.record import TrialRecord, trial_record
 from autotune.search.results import StudySummary
 from autotune.search.study import StudyObserver, count_done
@@ -159,9 +160,15 @@ def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
         f"recommended: trial {r.number}: {config_summary(r.config)}: {_num(r.objective)} samples/s, "
         f"peak {format_bytes(r.peak_bytes)}, {_num(r.per_gib)} samples/s per GiB"
     )
-    default = s.improvement("pytorch-default")
-    if default is not None:
-        line += f" ({default.per_gib:.2f}x the PyTorch default per GiB)"
+    versus = [
+        f"{i.per_gib:.2f}x the {what}"
+        for name, what in ((PYTORCH_DEFAULT, "PyTorch default"), (HF_RECIPE, "HF recipe"))
+        if (i := s.improvement(name)) is not None
+    ]
+    if versus:
+        line += f" ({' and '.join(versus)} per GiB)"
+    if HF_RECIPE in s.baselines and s.improvement(HF_RECIPE) is None:
+        line += "; the HF recipe (bf16 + checkpointing) was infeasible"
     f = s.retimed.get(r.number)
     if f is not None:
         line += f"; re-timed side by side: {_num(f.retimed_per_gib)} per GiB (spread {f.retimed_spread:.1%})"
