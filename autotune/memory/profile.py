@@ -290,7 +290,8 @@ def _profile_mode(workload: Workload, fake: Any, mode: str, sizes: tuple[int, in
     weights = _WEIGHT_DTYPES.get(mode)
     bucket = (2 if weights is not None else 4) * _largest(workload)
     n = len(workload.block_names())
-    island, outer = ("fp32", "fp32") if weights is not None else mode_precisions(mode)
+    fp32: Precision = "fp32"
+    island, outer = mode_precisions(mode) if weights is None else (fp32, fp32)
     runs = [_profile_run(workload, fake, m, weights=weights, precisions=[island] * n, outer=outer) for m in sizes]
     checkpointed = None
     if recompute:  # islands too: a checkpointed bf16 block recomputes in bf16
