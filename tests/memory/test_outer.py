@@ -151,3 +151,13 @@ def test_blocks_handing_on_different_dtypes_are_unverified_when_mixed() -> None:
     assert check_configs(profile)["outer-bf16"] == TrainConfig(
         micro_batch_size=2, precision=B, outer_precision=B, checkpoint=ALTERNATE
     )
+
+
+def test_the_budget_gate_does_not_predict_a_mode_its_profile_lacks() -> None:
+    from autotune.memory.gate import BudgetGate
+
+    wl = load_workload("gpt-tiny")
+    gate = BudgetGate(wl, 10**9, profile=profile_memory(wl, modes=("fp32",), verify=False))
+    assert gate.estimate(TrainConfig(micro_batch_size=2)) is not None
+    # A reduced outer precision (no policy moves it) is measured before it counts, not refused.
+    assert gate.estimate(TrainConfig(micro_batch_size=2, outer_precision="bf16")) is None
