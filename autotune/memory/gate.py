@@ -335,7 +335,8 @@ class BudgetGate:
         if self.profile is None:
             return None
         if config not in self._predicted:
-            from autotune.memory.predict import plan_of, predict_memory
+            from autotune.memory.model import plan_of
+            from autotune.memory.predict import predict_memory
 
             plan = plan_of(config, num_blocks=len(self.profile.names), device_type=self.device_type)
             if not set(plan.modes) <= set(self.profile.modes):
