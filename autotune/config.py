@@ -40,8 +40,16 @@ class TrainConfig:
         grad_accum_steps: Micro-batches accumulated per optimizer step.
         ranks: Data-parallel ranks. Effective batch = micro_batch_size x grad_accum_steps x ranks.
         precision: Autocast dtype of each block: one value for every block, or a tuple with one
-            entry per block (in the workload's block order). Non-block modules (embeddings, heads)
-            stay fp32. Any fp16 block turns on dynamic loss scaling.
+            entry per block (in the workload's block order). Under an fp32 ``outer_precision`` each
+            reduced block is an island (its outputs cast back to fp32); under a reduced one the
+            blocks are its exceptions. Any fp16 block turns on dynamic loss scaling.
+        outer_precision: Autocast dtype of everything outside the blocks: the model's forward
+            and the loss run under ``torch.autocast`` in it (as Hugging Face's ``bf16=True``
+            does for the whole model); ``fp32`` (the default) runs them without autocast. Under a
+            reduced outer precision an fp32 block runs with autocast disabled, and every block
+            must be fp32 or this same precision: one autocast dtype per step (fp16 and bf16 hold
+            the same bytes, and a DeepSpeed engine has one precision). fp16 turns on dynamic loss
+            scaling.
         checkpoint: Activation checkpointing (recompute in backward) of each block: one bool for
             every block, or a tuple with one entry per block.
         zero_stage: DeepSpeed ZeRO stage 0-3 (0 = plain data parallel / single process).
@@ -77,6 +85,7 @@ class TrainConfig:
     grad_accum_steps: int = 1
     ranks: int = 1
     precision: Precision | tuple[Precision, ...] = "fp32"
+    outer_precision: Precision = "fp32"
     checkpoint: bool | tuple[bool, ...] = False
     zero_stage: int = 0
     lr_scaling: LrScaling = "linear"
@@ -101,6 +110,17 @@ class TrainConfig:
         for p in _as_tuple(self.precision):
             if p not in PRECISIONS:
                 raise ConfigError(f"TrainConfig.precision must be one of {PRECISIONS}, but got {p!r}.")
+        if self.outer_precision not in PRECISIONS:
+            raise ConfigError(
+                f"TrainConfig.outer_precision must be one of {PRECISIONS}, but got {self.outer_precision!r}."
+            )
+        if self.outer_precision != "fp32":
+            other = next((p for p in _as_tuple(self.precision) if p not in ("fp32", self.outer_precision)), None)
+            if other is not None:
+                raise ConfigError(
+                    f"TrainConfig.precision must be fp32 or the outer precision {self.outer_precision!r} on every "
+                    f"block when outer_precision is reduced, but got {other!r}."
+                )
         if isinstance(self.checkpoint, (list, tuple)):
             object.__setattr__(self, "checkpoint", tuple(self.checkpoint))
             if len(self.checkpoint) == 0:
@@ -149,8 +169,8 @@ class TrainConfig:
 
     @property
     def uses_fp16(self) -> bool:
-        """Whether any block runs in fp16 (the loop then scales the loss dynamically)."""
-        return "fp16" in _as_tuple(self.precision)
+        """Whether any block, or the outer part, runs in fp16 (the loop then scales the loss dynamically)."""
+        return "fp16" in _as_tuple(self.precision) or self.outer_precision == "fp16"
 
     def lr_multiplier(self, base_batch_size: int) -> float:
         """Factor on the base learning rate from the effective batch (see ``lr_scaling``)."""
@@ -174,7 +194,8 @@ class TrainConfig:
     # ---- serialization ----------------------------------------------------------------------------
 
     def knob_cells(self) -> tuple[str, str, str, str]:
-        """(micro x accum x ranks, precision, checkpointed blocks, ZeRO stage), short, for tables."""
+        """(micro x accum x ranks, precision, checkpointed blocks, ZeRO stage), short, for tables; the
+        precision cell names a reduced outer precision (``bf16, outer bf16``)."""
         precisions = self.precision if isinstance(self.precision, tuple) else None
         checkpoints = self.checkpoint if isinstance(self.checkpoint, tuple) else None
         if precisions is None:
@@ -182,6 +203,8 @@ class TrainConfig:
         else:
             low = [p for p in precisions if p != "fp32"]
             prec = f"{low[0] if low else 'fp32'} {len(low)}/{len(precisions)}"
+        if self.outer_precision != "fp32":
+            prec += f", outer {self.outer_precision}"
         if checkpoints is None:
             ckpt = "all" if self.checkpoint else "none"
         else:
@@ -194,8 +217,11 @@ class TrainConfig:
         return f"micro x acc x ranks {batch} | {prec} | ckpt {ckpt} | ZeRO {zero}"
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field as plain JSON values (per-block tuples as lists)."""
+        """Every field as plain JSON values (per-block tuples as lists); ``outer_precision`` only when
+        reduced, so an fp32 configuration's JSON is what it was before the knob existed."""
         d = asdict(self)
+        if d["outer_precision"] == "fp32":
+            del d["outer_precision"]
         for key in ("precision", "checkpoint"):
             if isinstance(d[key], tuple):
                 d[key] = list(d[key])

@@ -79,6 +79,9 @@ class Knobs:
         low_precision: The precision of the low-precision blocks.
         low_precision_blocks: How many blocks, hungriest first, run in ``low_precision``.
         checkpoint_blocks: How many blocks, hungriest first, are recomputed in backward.
+        outer_low_precision: Whether everything outside the blocks (embeddings, head, loss) runs
+            in ``low_precision`` too (``TrainConfig.outer_precision``); with every block low
+            precision, the whole model is (Hugging Face's ``bf16=True``).
 
     Raises:
         ConfigError: a knob out of its range, or ``micro_batch_size x ranks`` not dividing
@@ -101,6 +104,7 @@ class Knobs:
     low_precision: Precision = "bf16"
     low_precision_blocks: int = 0
     checkpoint_blocks: int = 0
+    outer_low_precision: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (
@@ -117,6 +121,8 @@ class Knobs:
             raise ConfigError(f"Knobs.zero_stage must be one of 0, 1, 2, 3, but got {self.zero_stage!r}.")
         if self.low_precision not in PRECISIONS:
             raise ConfigError(f"Knobs.low_precision must be one of {PRECISIONS}, but got {self.low_precision!r}.")
+        if not isinstance(self.outer_low_precision, bool):
+            raise ConfigError(f"Knobs.outer_low_precision must be a bool, but got {self.outer_low_precision!r}.")
         if self.batch_size % (self.micro_batch_size * self.ranks):
             raise ConfigError(
                 "Knobs.micro_batch_size x ranks must divide batch_size, but got "
@@ -157,14 +163,23 @@ class Knobs:
             ranks=self.ranks,
             zero_stage=self.zero_stage,
             precision=precisions[0] if len(set(precisions)) == 1 else precisions,
+            outer_precision=self.outer_precision,
             checkpoint=checkpoints[0] if len(set(checkpoints)) == 1 else checkpoints,
         )
 
+    @property
+    def outer_precision(self) -> Precision:
+        """The precision of everything outside the blocks: ``low_precision`` or fp32."""
+        return self.low_precision if self.outer_low_precision else "fp32"
+
     def describe(self) -> str:
-        """Short human form, e.g. ``8x4 bf16:3 ckpt:2 zero2x2``."""
+        """Short human form, e.g. ``8x4 bf16:3 ckpt:2 zero2x2``; ``+outer`` when the outer parts run
+        in the low precision too (``8x4 bf16:6+outer``)."""
         text = f"{self.micro_batch_size}x{self.grad_accum_steps}"
-        if self.low_precision_blocks:
+        if self.low_precision_blocks or self.outer_low_precision:
             text += f" {self.low_precision}:{self.low_precision_blocks}"
+        if self.outer_low_precision:
+            text += "+outer"
         if self.checkpoint_blocks:
             text += f" ckpt:{self.checkpoint_blocks}"
         if self.ranks > 1:
@@ -275,10 +290,14 @@ def knobs_to_config(
 
 
 def levels_of(config: TrainConfig, num_blocks: int) -> KnobLevels | None:
-    """``config`` as knob levels on a model of ``num_blocks`` blocks, or None when its split is
-    not in the tables (a micro-batch or accumulation that is not a power of two up to 128).
-    Per-block settings count as the nearest quarter of the blocks they cover."""
+    """``config`` as knob levels on a model of ``num_blocks`` blocks, or None when the tables
+    cannot express it: a split that is not in them (a micro-batch or accumulation that is not a
+    power of two up to 128), or a reduced outer precision (the levels, what the environments and
+    the policy step through, keep the outer parts fp32). Per-block settings count as the nearest
+    quarter of the blocks they cover."""
     if config.micro_batch_size not in MICRO_LEVELS or config.grad_accum_steps not in ACCUM_LEVELS:
+        return None
+    if config.outer_precision != "fp32":
         return None
     quarters = FRACTION_LEVELS - 1
     low = sum(p != "fp32" for p in config.block_precisions(num_blocks))

@@ -28,6 +28,20 @@ def _raises(msg: str) -> pytest.RaisesContext[ConfigError]:
             "TrainConfig.precision must be one of ('fp32', 'bf16', 'fp16'), but got 'int8'.",
         ),
         ({"precision": ()}, "TrainConfig.precision must have at least one entry, but got ()."),
+        (
+            {"outer_precision": "fp8"},
+            "TrainConfig.outer_precision must be one of ('fp32', 'bf16', 'fp16'), but got 'fp8'.",
+        ),
+        (
+            {"outer_precision": "fp16", "precision": ("fp32", "bf16")},
+            "TrainConfig.precision must be fp32 or the outer precision 'fp16' on every block when "
+            "outer_precision is reduced, but got 'bf16'.",
+        ),
+        (
+            {"outer_precision": "bf16", "precision": "fp16"},
+            "TrainConfig.precision must be fp32 or the outer precision 'bf16' on every block when "
+            "outer_precision is reduced, but got 'fp16'.",
+        ),
         ({"checkpoint": (True, 1)}, "TrainConfig.checkpoint entries must be bool, but got 1."),
         ({"lr_scaling": "cubic"}, "TrainConfig.lr_scaling must be one of ('linear', 'sqrt', 'none'), but got 'cubic'."),
         ({"lr_schedule": "cosine"}, "TrainConfig.lr_decay_steps is required when lr_schedule='cosine', but got None."),
@@ -74,7 +88,7 @@ def test_from_dict_rejects_unknown_field() -> None:
     with _raises(
         "TrainConfig has no field 'microbatch' (known fields: checkpoint, grad_accum_steps, grad_clip, "
         "lr_decay_steps, lr_min_ratio, lr_scaling, lr_schedule, lr_warmup_steps, micro_batch_size, "
-        "precision, ranks, seed, zero_stage)."
+        "outer_precision, precision, ranks, seed, zero_stage)."
     ):
         TrainConfig.from_dict({"microbatch": 4})
 
@@ -106,3 +120,31 @@ def test_warmup_then_cosine_schedule() -> None:
     assert c.lr_factor(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert c.lr_factor(14) == pytest.approx(0.1)
     assert c.lr_factor(1000) == pytest.approx(0.1)
+
+
+# ---- the outer precision (issue 40) ----------------------------------------------------------------
+
+
+def test_outer_precision_allows_fp32_or_its_own_precision_on_the_blocks() -> None:
+    mixed = TrainConfig(precision=("bf16", "fp32"), outer_precision="bf16")
+    assert mixed.block_precisions(2) == ("bf16", "fp32")
+    assert not mixed.uses_fp16
+    assert TrainConfig(outer_precision="fp16").uses_fp16  # fp16 anywhere scales the loss
+    assert TrainConfig(precision="fp16").uses_fp16  # an fp32 outer part still allows any block
+
+
+def test_outer_precision_shows_only_when_reduced() -> None:
+    fp32 = TrainConfig(precision=("bf16", "fp32", "bf16", "fp32"), checkpoint=True)
+    assert fp32.describe() == "micro x acc x ranks 8x1x1 | bf16 2/4 | ckpt all | ZeRO 0"
+    assert "outer_precision" not in fp32.to_dict()  # an fp32 config's JSON is as it was
+    whole = dataclasses.replace(fp32, precision="bf16", outer_precision="bf16")
+    assert whole.describe() == "micro x acc x ranks 8x1x1 | bf16, outer bf16 | ckpt all | ZeRO 0"
+    assert whole.knob_cells()[1] == "bf16, outer bf16"
+    assert dataclasses.replace(fp32, outer_precision="bf16").knob_cells()[1] == "bf16 2/4, outer bf16"
+
+
+def test_outer_precision_round_trips_through_json() -> None:
+    c = TrainConfig(precision=("bf16", "fp32"), outer_precision="bf16")
+    assert c.to_dict()["outer_precision"] == "bf16"
+    assert TrainConfig.from_json(c.to_json()) == c
+    assert TrainConfig.from_dict({"micro_batch_size": 4}).outer_precision == "fp32"

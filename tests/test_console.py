@@ -111,3 +111,43 @@ def test_off_a_terminal_the_progress_display_draws_nothing_but_its_notes() -> No
         display.trial_started(0, TrainConfig(micro_batch_size=32), "pytorch-default")
         display.note("cache: 1 trial measured before")
     assert out.getvalue() == "cache: 1 trial measured before\n"
+
+
+def _recommended_line(summary: StudySummary) -> str:
+    out = io.StringIO()
+    make_console(file=out).print(summary_view(summary))
+    return next(line for line in out.getvalue().splitlines() if line.startswith("recommended:"))
+
+
+def test_the_recommendation_says_how_it_compares_with_the_pytorch_default_and_the_hf_recipe() -> None:
+    import dataclasses
+
+    summary = _summary()
+    recipe = _trial(
+        1,
+        TrainConfig(micro_batch_size=32, precision="bf16", outer_precision="bf16", checkpoint=True),
+        1400.0,
+        30 * MIB,
+        "hf-recipe",
+    )
+    versus = Improvement(baseline="hf-recipe", trial=1, throughput=0.99, peak_memory=0.75, per_gib=1.31)
+    both = dataclasses.replace(
+        summary,
+        baselines={**summary.baselines, "hf-recipe": recipe},
+        improvements=(*summary.improvements, versus),
+        retimed={},
+    )
+    assert _recommended_line(both) == (
+        "recommended: trial 5: micro x acc x ranks 8x4x1 | bf16 2/3 | ckpt all | ZeRO 0: 1380.5 samples/s, "
+        "peak 22.48 MiB, 62884.0 samples/s per GiB (5.27x the PyTorch default and 1.31x the HF recipe per GiB)"
+    )
+    infeasible = dataclasses.replace(
+        both,
+        baselines={**summary.baselines, "hf-recipe": dataclasses.replace(recipe, feasible=False)},
+        improvements=summary.improvements,
+    )
+    assert _recommended_line(infeasible) == (
+        "recommended: trial 5: micro x acc x ranks 8x4x1 | bf16 2/3 | ckpt all | ZeRO 0: 1380.5 samples/s, "
+        "peak 22.48 MiB, 62884.0 samples/s per GiB (5.27x the PyTorch default per GiB); "
+        "the HF recipe (bf16 + checkpointing) was infeasible"
+    )

@@ -19,6 +19,8 @@ MODULES = (
     "autotune.workload",
     "autotune.adapt.adaptive",
     "autotune.adapt.sources",
+    "autotune.search.export",
+    "autotune.train.wrappers",
 )
 
 

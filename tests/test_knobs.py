@@ -53,6 +53,7 @@ _ONE = {"batch_size": 8, "micro_batch_size": 8}
             "Knobs.low_precision must be one of ('fp32', 'bf16', 'fp16'), but got 'int8'.",
         ),
         ({**_ONE, "checkpoint_blocks": -1}, "Knobs.checkpoint_blocks must be an int >= 0, but got -1."),
+        ({**_ONE, "outer_low_precision": 1}, "Knobs.outer_low_precision must be a bool, but got 1."),
     ],
 )
 def test_invalid_knobs_say_the_rule_and_the_value(kwargs: dict[str, object], message: str) -> None:
@@ -94,3 +95,29 @@ def test_levels_on_ranks_scale_the_effective_batch() -> None:
     knobs = KnobLevels(accum=1, micro=3, zero_stage=2).knobs(4, ranks=2)
     assert (knobs.batch_size, knobs.grad_accum_steps, knobs.zero_stage) == (32, 2, 2)
     assert KnobLevels(zero_stage=2).knobs(4).zero_stage == 0  # one rank: no ZeRO (it only adds a master copy)
+
+
+# ---- the outer precision (issue 40) ----------------------------------------------------------------
+
+
+def test_the_outer_low_precision_reaches_the_config_and_round_trips() -> None:
+    recipe = Knobs(
+        batch_size=8, micro_batch_size=8, low_precision_blocks=4, checkpoint_blocks=4, outer_low_precision=True
+    )
+    config = recipe.to_config(RANKING)
+    assert (config.precision, config.outer_precision, config.checkpoint) == ("bf16", "bf16", True)
+    assert recipe.describe() == "8x1 bf16:4+outer ckpt:4"
+    head_only = Knobs(batch_size=8, micro_batch_size=8, low_precision="fp16", outer_low_precision=True)
+    assert head_only.to_config(RANKING).outer_precision == "fp16"
+    assert head_only.describe() == "8x1 fp16:0+outer"
+    space = SearchSpace(batch_sizes=(8,), ranking=RANKING, max_micro_batch=64, low_precisions=("bf16",))
+    assert space.suggest(optuna.trial.FixedTrial(space.params(recipe))) == recipe
+
+
+def test_the_levels_cannot_express_a_reduced_outer_precision() -> None:
+    from autotune.knobs import levels_of
+
+    config = TrainConfig(micro_batch_size=8, precision="bf16")
+    assert levels_of(config, 4) == KnobLevels(micro=3, precision=4)
+    assert levels_of(TrainConfig(micro_batch_size=8, precision="bf16", outer_precision="bf16"), 4) is None
+    assert KnobLevels(micro=3, precision=4).knobs(4).outer_low_precision is False  # the policy keeps it fp32

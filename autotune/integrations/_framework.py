@@ -65,7 +65,7 @@ from autotune.measurement.cuda_memory import (
 )
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.measurement.tracker import breakdown, tracker_class
-from autotune.train.wrappers import BlockWrappers, apply_block_knobs
+from autotune.train.wrappers import BlockWrappers, apply_config
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -247,20 +247,28 @@ class FrameworkLoop:
                 f"{saved.effective_batch_size}."
             )
         self.controller.load_state_dict(state)
-        target = dataclasses.replace(here, precision=saved.precision, checkpoint=saved.checkpoint)
+        target = dataclasses.replace(
+            here, precision=saved.precision, outer_precision=saved.outer_precision, checkpoint=saved.checkpoint
+        )
         self.controller.restore(target, step=0, run="fit")
 
     # ---- the front-end's hooks ------------------------------------------------------------------------
 
     def takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
-        """What of ``proposed`` this loop can run from ``current``: the per-block knobs, the split
-        where the loop can change it (same effective batch); no fp16 block (the loop's scaler)."""
-        target = dataclasses.replace(current, precision=proposed.precision, checkpoint=proposed.checkpoint)
+        """What of ``proposed`` this loop can run from ``current``: the per-block knobs and the outer
+        precision, the split where the loop can change it (same effective batch); no fp16 anywhere
+        (the loop's scaler)."""
+        target = dataclasses.replace(
+            current,
+            precision=proposed.precision,
+            outer_precision=proposed.outer_precision,
+            checkpoint=proposed.checkpoint,
+        )
         if self.split and proposed.effective_batch_size == current.effective_batch_size:
             target = dataclasses.replace(
                 target, micro_batch_size=proposed.micro_batch_size, grad_accum_steps=proposed.grad_accum_steps
             )
-        return current if "fp16" in target.block_precisions(len(self._names)) else target
+        return current if target.uses_fp16 else target
 
     def apply(self, change: Change) -> Change | None:
         """The knobs on the model now; a change of split waits for :meth:`take_split` (None)."""
@@ -389,14 +397,12 @@ class FrameworkLoop:
         self.controller.made(step, taken=True)
 
     def put(self, config: TrainConfig) -> None:
-        """Put ``config``'s per-block precision and checkpointing on the model (replacing the last)."""
+        """Put ``config``'s outer precision, per-block precision and checkpointing on the model
+        (replacing the last)."""
         assert self._model is not None, "begin() first"
         self.remove()
-        n = len(self._names)
         device = next((p.device.type for p in self._model.parameters()), "cpu")
-        self._wrappers = apply_block_knobs(
-            self._model, self._names, config.block_precisions(n), config.block_checkpoints(n), device_type=device
-        )
+        self._wrappers = apply_config(self._model, self._names, config, device_type=device)
         self._warm = False
 
     def remove(self) -> None:

@@ -11,7 +11,11 @@ the profile can predict is checked on one real step before a prediction of that 
   the smaller micro-batch size: a block recomputed next to one that is not is where composing
   per-block savings goes wrong;
 * ``bf16`` / ``fp16``: every other block an autocast island (every block, likewise), for each
-  reduced precision the profile holds.
+  reduced precision the profile holds;
+* ``outer-bf16`` / ``outer-fp16``: a reduced outer precision (the forward and the loss under
+  autocast), for each one the profile holds: every other block in it and the rest fp32
+  exceptions, those recomputed where the profile has recomputed runs (every block alike when
+  the blocks are not a chain, or when the profile holds only one of the two block modes).
 
 A configuration is verified only if every kind it uses was checked and agreed within
 :data:`TOLERANCE` (:func:`covering`) **on the device type it will run on**: the fake profile runs
@@ -33,9 +37,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from autotune.config import REDUCED_PRECISIONS, TrainConfig
+from autotune.config import REDUCED_PRECISIONS, Precision, TrainConfig
 from autotune.errors import ConfigError, PredictionWarning, one_line
 from autotune.memory.model import compose_memory
+from autotune.memory.profile import mode_precisions, outer_mode
 
 if TYPE_CHECKING:
     from autotune.memory.model import Plan
@@ -131,7 +136,33 @@ def check_configs(profile: MemoryProfile) -> dict[str, TrainConfig]:
         if mode in profile.modes:
             precision = tuple(mode if x else "fp32" for x in some)
             out[mode] = TrainConfig(micro_batch_size=small, precision=precision)
+    for outer in REDUCED_PRECISIONS:
+        config = _outer_check(profile, outer, some)
+        if config is not None:
+            out[f"outer-{outer}"] = config
     return out
+
+
+def _outer_check(profile: MemoryProfile, outer: Precision, some: tuple[bool, ...]) -> TrainConfig | None:
+    """The ``outer-*`` kind's configuration under ``outer``, at the smaller micro-batch: blocks
+    alternating between ``outer`` and fp32 where both modes are profiled and compose (see
+    :func:`_handover`), else every block in one of them (``outer`` first); a recomputed block next
+    to one that is not where the modes have recomputed runs. None if no mode under ``outer``."""
+    have = [p for p in (outer, "fp32") if outer_mode(p, outer) in profile.modes]
+    if not have:
+        return None
+    inputs = {profile.modes[outer_mode(p, outer)].blocks[1].inputs for p in have}
+    alternate = len(have) == 2 and len(inputs) == 1 and not all(some)
+    precision: Precision | tuple[Precision, ...] = tuple(outer if x else "fp32" for x in some) if alternate else have[0]
+    used = have if alternate else have[:1]
+    checkpoint: bool | tuple[bool, ...] = False
+    if all(profile.modes[outer_mode(p, outer)].checkpointed is not None for p in used):
+        # The fp32 blocks where they alternate with reduced ones, else every other block (every
+        # block, when the blocks are not a chain).
+        checkpoint = tuple(not x for x in some) if alternate else some
+    return TrainConfig(
+        micro_batch_size=profile.micro_batch_sizes[0], precision=precision, outer_precision=outer, checkpoint=checkpoint
+    )
 
 
 def verify_profile(
@@ -202,7 +233,7 @@ def verify_profile(
         # no primitive) is not a prediction that missed: the configurations cannot run here at
         # all. The check stays unverified (so they are measured, and refused where they fail),
         # without a warning about the memory model on every run of such a model on such a CPU.
-        cannot_run = kind in REDUCED_PRECISIONS and measured is None and not out_of_memory
+        cannot_run = kind != "default" and kind != "recompute" and measured is None and not out_of_memory
         if not result.verified and not cannot_run:
             warnings.warn(PredictionWarning(unverified_message(workload.name, result)), stacklevel=3)
         new.append(result)
@@ -254,10 +285,14 @@ def covering(
     if structure is not None and not structure.chain and mixed:  # checked or not: no check can stand for it
         reason = f"{structure.describe()}: per-block configurations are composed for chain-shaped blocks only"
         return _unverified("composition", config, predicted, reason, device_type)
+    handover = _handover(profile, plan)
+    if handover is not None:  # checked or not, likewise
+        return _unverified("composition", config, predicted, handover, device_type)
     if not profile.checks:
         return None
     kinds = ["default", *(["recompute"] if any(plan.checkpoints) else [])]
     kinds += sorted({m for m in plan.block_modes if m in REDUCED_PRECISIONS})
+    kinds += sorted({f"outer-{mode_precisions(m)[1]}" for m in plan.block_modes if "@" in m})
     checks = {v.kind: v for v in profile.checks if v.device == device_type}
     missing = [k for k in kinds if k not in checks]
     if missing:
@@ -272,7 +307,35 @@ def covering(
     return max(relevant, key=lambda v: abs(v.relative_error or 0.0))
 
 
-_KINDS = {"default": "fp32", "recompute": "recomputed", "bf16": "bf16", "fp16": "fp16"}
+def _handover(profile: MemoryProfile, plan: Plan) -> str | None:
+    """Why a configuration mixing fp32 and reduced blocks under a reduced outer precision cannot
+    be composed on this model, or None. Nothing is cast back there: a block's input is what the
+    block before it hands on, in its own mode's dtype. Where that dtype differs between the two
+    modes (a block ending in a bare convolution hands bf16 on), the profile's uniform runs do not
+    hold the mixed run's block inputs; where it does not (a residual stream kept in fp32, as in a
+    pre-LN transformer), they do."""
+    modes = set(plan.block_modes)
+    if len(modes) < 2 or not all("@" in m for m in modes):
+        return None
+    inputs = {m: profile.modes[m].blocks[1].inputs for m in modes if m in profile.modes}
+    if len(set(inputs.values())) <= 1:
+        return None
+    first, second = sorted(inputs)
+    return (
+        f"its blocks hand each other activations in different dtypes under outer precision "
+        f"{mode_precisions(first)[1]} (block inputs of {sum(inputs[first])} bytes in mode {first!r}, "
+        f"{sum(inputs[second])} in {second!r}): fp32 and reduced blocks are composed there only where they agree"
+    )
+
+
+_KINDS = {
+    "default": "fp32",
+    "recompute": "recomputed",
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "outer-bf16": "outer bf16",
+    "outer-fp16": "outer fp16",
+}
 
 
 def _unverified(kind: str, config: TrainConfig, predicted: int, reason: str, device: str) -> Verification:
@@ -291,13 +354,25 @@ def _unverified(kind: str, config: TrainConfig, predicted: int, reason: str, dev
 def describe_check(v: Verification) -> str:
     """What the check ran, e.g. ``"micro-batch 2, blocks 0, 2 recomputed, local"``."""
     c = v.config
-    if v.kind == "recompute" and isinstance(c.checkpoint, tuple):
+    if v.kind.startswith("outer-"):
+        what = f"outer {c.outer_precision}, {_blocks_in(c.precision, c.outer_precision)}"
+        if c.checkpoint is True:
+            what += ", every block recomputed"
+        elif isinstance(c.checkpoint, tuple):
+            what += f", blocks {_which(c.checkpoint)} recomputed"
+    elif v.kind == "recompute" and isinstance(c.checkpoint, tuple):
         what = f"blocks {_which(c.checkpoint)} recomputed"
     elif v.kind in REDUCED_PRECISIONS and isinstance(c.precision, tuple):
         what = f"{v.kind} on blocks {_which(tuple(p != 'fp32' for p in c.precision))}"
     else:
         what = "fp32"
     return f"micro-batch {c.micro_batch_size}, {what}, local on {v.device}"
+
+
+def _blocks_in(precision: Precision | tuple[Precision, ...], outer: Precision) -> str:
+    if isinstance(precision, tuple):
+        return f"{outer} on blocks {_which(tuple(p != 'fp32' for p in precision))}"
+    return f"every block {precision}"
 
 
 def _which(flags: tuple[bool, ...]) -> str:

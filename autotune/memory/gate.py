@@ -294,11 +294,13 @@ class BudgetGate:
             config: The configuration.
 
         Returns:
-            Its reduced precisions and ``"recompute"``, else (all blocks plain fp32) ``("default",)``.
+            Its reduced precisions, ``"recompute"`` and its reduced outer precision (``"outer-bf16"``),
+            else (all plain fp32) ``("default",)``.
         """
         n = len(self.workload.block_names())
         kinds: list[str] = sorted({p for p in config.block_precisions(n) if p != "fp32"})
         kinds += ["recompute"] if any(config.block_checkpoints(n)) else []
+        kinds += [f"outer-{config.outer_precision}"] if config.outer_precision != "fp32" else []
         return tuple(kinds) or ("default",)
 
     def device_scale(self, config: TrainConfig) -> float:
@@ -333,13 +335,19 @@ class BudgetGate:
             config: The configuration.
 
         Returns:
-            The estimate, or None without a profile.
+            The estimate, or None without a profile or where it lacks a mode ``config`` needs.
         """
         if self.profile is None:
             return None
         if config not in self._predicted:
+            from autotune.memory.model import plan_of
             from autotune.memory.predict import predict_memory
 
+            plan = plan_of(config, num_blocks=len(self.profile.names), device_type=self.device_type)
+            if not set(plan.modes) <= set(self.profile.modes):
+                # A mode the gate's profile does not hold (a reduced outer precision, which no
+                # policy moves): no prediction, so the configuration is measured before it counts.
+                return None
             checked_on = next((v.device for v in self.profile.checks), self.device_type)
             self._predicted[config] = predict_memory(
                 self.workload, config, profile=self.profile, device_type=self.device_type, checked_on=checked_on

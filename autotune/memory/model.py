@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.measurement.record import MEMORY_CATEGORIES, MemoryBreakdown
+from autotune.memory.profile import outer_mode
 from autotune.train.deepspeed_config import DEFAULT_BUCKET, bucket_elements, engine_precision
 
 if TYPE_CHECKING:
@@ -164,7 +165,10 @@ class Plan(NamedTuple):
     stage: int
     ranks: int
     weights: Literal["fp32", "bf16", "fp16"]
-    base_mode: str  # the profile mode of an uncheckpointed fp32 (or 16-bit engine) block
+    # The profile mode whose runs give the batch and the gradients: an fp32 block's (under the
+    # outer precision), or the blocks' own where none is fp32 (fp32 weights either way), or a
+    # 16-bit engine's.
+    base_mode: str
     block_modes: tuple[str, ...]
     checkpoints: tuple[bool, ...]
 
@@ -177,12 +181,16 @@ class Plan(NamedTuple):
 def plan_of(config: TrainConfig, *, num_blocks: int, device_type: str = "cpu") -> Plan:
     """The runner ``autotune.measure`` would use for ``config``, and each block's profile mode."""
     checkpoints = config.block_checkpoints(num_blocks)
+    # fp32 weights (the local runner, a DeepSpeed fp32 engine): each block in its autocast mode, an
+    # island under an fp32 outer precision, an exception under a reduced one.
+    outer, precisions = config.outer_precision, config.block_precisions(num_blocks)
+    modes = tuple(outer_mode(p, outer) for p in precisions)
+    base = outer_mode("fp32" if "fp32" in precisions or outer == "fp32" else outer, outer)
     if not config.on_deepspeed:  # the local runner: fp32 weights, autocast islands
-        return Plan("local", 0, 1, "fp32", "fp32", config.block_precisions(num_blocks), checkpoints)
+        return Plan("local", 0, 1, "fp32", base, modes, checkpoints)
     weights = engine_precision(config, num_blocks=num_blocks, device_type=device_type)
     if weights == "fp32":
-        modes = config.block_precisions(num_blocks)
-        return Plan("deepspeed", config.zero_stage, config.ranks, "fp32", "fp32", modes, checkpoints)
+        return Plan("deepspeed", config.zero_stage, config.ranks, "fp32", base, modes, checkpoints)
     mode = f"{weights}-weights"
     return Plan("deepspeed", config.zero_stage, config.ranks, weights, mode, (mode,) * num_blocks, checkpoints)
 

@@ -2,14 +2,19 @@
 
 :func:`fake_profile` runs forward/backward passes of a fake copy of the model under
 ``FakeTensorMode`` (shapes only, no compute) while ``MemTracker`` counts every storage: per
-*mode* (every block fp32, every block an autocast island, or 16-bit weights throughout), plain
+*mode* (every block fp32, every block an autocast island, 16-bit weights throughout, or every block
+alike under a reduced outer precision), plain
 and with every block checkpointed, at two micro-batch sizes. A config that mixes modes is never
 run; it is composed from these uniform runs, so the profile records what composing needs:
 
 * per block, what it keeps for backward, split at its boundaries (:class:`BlockSaves`): a
   block's input is one storage that the block before it, the block itself, both or neither may
   save, depending on *their* modes. A bf16 island casts its output back to fp32, so the input of
-  every block is fp32 whatever the modes: only who keeps it changes;
+  every block is fp32 whatever the modes: only who keeps it changes. Under a reduced outer
+  precision nothing is cast back, so a block's input is in whatever dtype the block before it
+  hands on (fp32 after a residual sum with an fp32 stream, 16 bits after a bare matmul): the
+  composition of mixed blocks there holds where the dtypes agree, which the ``outer-*`` check
+  (:mod:`autotune.memory.check`) verifies on one real step;
 * the (activations, temporaries, gradients) series, cut into windows of forward and backward
   (:class:`Window`) at the blocks' boundaries, as lines in the micro-batch size: an operation's
   bytes at the two sizes, matched by position in the series (the two runs execute the same
@@ -36,19 +41,53 @@ from autotune.errors import AutotuneError, PredictionError, one_line
 from autotune.memory.blocks import _first_batch
 from autotune.memory.fake_branches import RealBranches
 from autotune.memory.fake_workspaces import RealWorkspaces
-from autotune.train.wrappers import apply_block_knobs
+from autotune.train.wrappers import apply_block_knobs, outer_autocast
 from autotune.workload import Workload, swap_tensors
 
 if TYPE_CHECKING:
     from autotune.memory.check import Verification
     from autotune.memory.structure import BlockStructure
 
-__all__ = ["BlockSaves", "MODES", "MemoryProfile", "ModeProfile", "Moment", "Window", "fake_profile"]
+__all__ = [
+    "BlockSaves",
+    "MODES",
+    "MemoryProfile",
+    "ModeProfile",
+    "Moment",
+    "Window",
+    "fake_profile",
+    "mode_precisions",
+    "outer_mode",
+]
 
 #: How the blocks of a model can run: fp32 weights with each block fp32 or autocast (an island,
-#: as apply.py makes it), or 16-bit weights throughout (a DeepSpeed bf16/fp16 engine).
-MODES: tuple[str, ...] = ("fp32", "bf16", "fp16", "bf16-weights", "fp16-weights")
+#: as apply.py makes it), 16-bit weights throughout (a DeepSpeed bf16/fp16 engine), or fp32
+#: weights under a reduced outer precision (``BLOCK@OUTER``: the forward and the loss under
+#: autocast in OUTER, each block fp32 with autocast disabled or in OUTER itself: ``bf16@bf16``
+#: everywhere is Hugging Face's ``bf16=True``).
+MODES: tuple[str, ...] = (
+    "fp32",
+    "bf16",
+    "fp16",
+    "bf16-weights",
+    "fp16-weights",
+    "fp32@bf16",
+    "bf16@bf16",
+    "fp32@fp16",
+    "fp16@fp16",
+)
 _WEIGHT_DTYPES = {"bf16-weights": torch.bfloat16, "fp16-weights": torch.float16}
+
+
+def outer_mode(block: Precision, outer: Precision) -> str:
+    """The profile mode of a block in ``block`` precision under the ``outer`` precision."""
+    return block if outer == "fp32" else f"{block}@{outer}"
+
+
+def mode_precisions(mode: str) -> tuple[Precision, Precision]:
+    """(block precision, outer precision) of an autocast mode (not a weights mode)."""
+    block, _, outer = mode.partition("@")
+    return block, outer or "fp32"  # type: ignore[return-value]
 
 
 class Moment(NamedTuple):
@@ -251,12 +290,15 @@ def _profile_mode(workload: Workload, fake: Any, mode: str, sizes: tuple[int, in
     weights = _WEIGHT_DTYPES.get(mode)
     bucket = (2 if weights is not None else 4) * _largest(workload)
     n = len(workload.block_names())
-    island: Precision = "fp32" if weights is not None else mode  # type: ignore[assignment]
-    runs = [_profile_run(workload, fake, m, weights=weights, precisions=[island] * n) for m in sizes]
+    fp32: Precision = "fp32"
+    island, outer = mode_precisions(mode) if weights is None else (fp32, fp32)
+    runs = [_profile_run(workload, fake, m, weights=weights, precisions=[island] * n, outer=outer) for m in sizes]
     checkpointed = None
     if recompute:  # islands too: a checkpointed bf16 block recomputes in bf16
         again = [
-            _profile_run(workload, fake, m, weights=weights, precisions=[island] * n, checkpoints=[True] * n)
+            _profile_run(
+                workload, fake, m, weights=weights, precisions=[island] * n, checkpoints=[True] * n, outer=outer
+            )
             for m in sizes
         ]
         checkpointed = _paired_windows(again[0], again[1], sizes, bucket)
@@ -285,9 +327,11 @@ def _profile_run(
     weights: torch.dtype | None,
     precisions: Sequence[Precision],
     checkpoints: Sequence[bool] | None = None,
+    outer: Precision = "fp32",
 ) -> _Run:
     """One forward/backward of a fake copy, its weights in ``weights`` (None: fp32), each block
-    in its precision and checkpointed or not (default: none).
+    in its precision and checkpointed or not (default: none), the forward and the loss in the
+    ``outer`` precision's region (:func:`autotune.train.wrappers.outer_autocast`), as the trainers run them.
 
     The profile runs every block alike; a mixed config run this way is the exact reference the
     memory model's composition is tested against.
@@ -298,7 +342,7 @@ def _profile_run(
         with fake:
             _cast_floats(model, weights)
     checkpoints = [False] * n if checkpoints is None else checkpoints
-    wrappers = apply_block_knobs(model, names, precisions, checkpoints, device_type="cpu")
+    wrappers = apply_block_knobs(model, names, precisions, checkpoints, device_type="cpu", outer=outer)
     # Parameters and buffers (BatchNorm's running statistics) saved for backward are model state.
     params = {_storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
     ledger, tracker = _SavedLedger(n, params), _series_tracker_class()()
@@ -321,7 +365,7 @@ def _profile_run(
             # RealWorkspaces below the tracker: it must see the real sizes (LSTM workspaces).
             # RealBranches: transformers' mask checks answered from the real batch.
             with RealBranches(real_batch), RealWorkspaces(), tracker:
-                with saving:
+                with saving, outer_autocast(outer, "cpu"):
                     loss = workload.loss_fn(model, batch)
                 loss.backward()
                 # The last gradients become gradients in hooks, after the last operation: one

@@ -1,4 +1,4 @@
-"""The two baselines every study enqueues first, so it shows how far the search beat them.
+"""The baselines every study enqueues first, so it shows how far the search beat them.
 
 * ``pytorch-default``: what a plain PyTorch loop does: fp32, no accumulation, no checkpointing,
   the largest micro-batch that fits. Without a memory model we cannot know what fits before
@@ -10,6 +10,11 @@
   Sublinear Memory Cost"), ZeRO-2 where ranks > 1. The space expresses checkpointing as a count
   over blocks ranked by activation bytes, so "every sqrt(L)-th block" becomes "ceil(L / sqrt(L))
   blocks": the same number of recomputed blocks, the same memory for models of identical blocks.
+* ``hf-recipe``: what users of Hugging Face's Trainer do, ``TrainingArguments(bf16=True,
+  gradient_checkpointing=True)`` at their batch: the whole model in bf16 autocast (every block and
+  the outer parts: embeddings, head, loss), every block recomputed, the whole per-rank batch in one
+  micro-batch, or the largest micro-batch that fits as for the PyTorch default (the memory model
+  up front, else the objective's retry). Only where the space offers bf16: the recipe is bf16.
 
 A third trial, ``policy``, is the pretrained policy's proposal for the model (enqueued by the
 study unless its spec turns ``policy_proposal`` off; ``autotune tune --storage`` records its best
@@ -25,10 +30,23 @@ from dataclasses import dataclass, replace
 from autotune.knobs import Knobs
 from autotune.search.space import SearchSpace
 
-__all__ = ["Baseline", "POLICY_PROPOSAL", "PYTORCH_DEFAULT", "SEED_RECIPE", "baselines", "smaller_micro_batch"]
+__all__ = [
+    "Baseline",
+    "HF_RECIPE",
+    "POLICY_PROPOSAL",
+    "PYTORCH_DEFAULT",
+    "RETRIED",
+    "SEED_RECIPE",
+    "baselines",
+    "smaller_micro_batch",
+]
 
 PYTORCH_DEFAULT = "pytorch-default"
 SEED_RECIPE = "seed-recipe"
+HF_RECIPE = "hf-recipe"
+#: The baselines that take the largest micro-batch that fits: retried with a smaller one when
+#: theirs did not (the objective's retry, ``accelerate.find_executable_batch_size``'s loop).
+RETRIED: tuple[str, ...] = (PYTORCH_DEFAULT, HF_RECIPE)
 POLICY_PROPOSAL = "policy"
 
 
@@ -40,15 +58,21 @@ class Baseline:
 
 def baselines(
     space: SearchSpace, *, batch_size: int, fits: Callable[[Knobs], bool] | None = None
-) -> tuple[Baseline, Baseline]:
-    """Both baselines at effective batch ``batch_size``. ``fits`` (a memory prediction) picks the
-    largest fitting micro-batch for the PyTorch default up front, when a memory model exists."""
-    return _pytorch_default(space, batch_size, fits), _seed_recipe(space, batch_size)
+) -> tuple[Baseline, ...]:
+    """The baselines at effective batch ``batch_size``: the PyTorch default, the seed recipe and,
+    where the space offers bf16, the HF recipe. ``fits`` (a memory prediction) picks the largest
+    fitting micro-batch for the PyTorch default and the HF recipe up front, when a memory model exists."""
+    out = [_pytorch_default(space, batch_size, fits), _seed_recipe(space, batch_size)]
+    if "bf16" in space.low_precisions:
+        out.append(_hf_recipe(space, batch_size, fits))
+    return tuple(out)
 
 
-def _pytorch_default(space: SearchSpace, batch: int, fits: Callable[[Knobs], bool] | None) -> Baseline:
+def _whole_batch(space: SearchSpace, batch: int) -> Knobs:
+    """One rank where the space allows (else its fewest) and its whole batch in one micro-batch,
+    nothing in low precision or recomputed: a plain loop's point, which the baselines start from."""
     ranks = 1 if 1 in space.ranks else min(space.ranks)
-    knobs = Knobs(
+    return Knobs(
         batch_size=batch,
         ranks=ranks,
         micro_batch_size=max(space.micro_batch_choices(batch, ranks)),
@@ -57,12 +81,31 @@ def _pytorch_default(space: SearchSpace, batch: int, fits: Callable[[Knobs], boo
         low_precision_blocks=0,
         checkpoint_blocks=0,
     )
-    if fits is not None:
-        smaller: Knobs | None = knobs
-        while smaller is not None and not fits(smaller):
-            smaller = smaller_micro_batch(space, smaller)
-        knobs = smaller or knobs  # nothing fits: measure the default anyway and let it fail
-    return Baseline(name=PYTORCH_DEFAULT, knobs=knobs)
+
+
+def _largest_fitting(space: SearchSpace, knobs: Knobs, fits: Callable[[Knobs], bool] | None) -> Knobs:
+    if fits is None:
+        return knobs
+    smaller: Knobs | None = knobs
+    while smaller is not None and not fits(smaller):
+        smaller = smaller_micro_batch(space, smaller)
+    return smaller or knobs  # nothing fits: measure it anyway and let it fail
+
+
+def _pytorch_default(space: SearchSpace, batch: int, fits: Callable[[Knobs], bool] | None) -> Baseline:
+    return Baseline(name=PYTORCH_DEFAULT, knobs=_largest_fitting(space, _whole_batch(space, batch), fits))
+
+
+def _hf_recipe(space: SearchSpace, batch: int, fits: Callable[[Knobs], bool] | None) -> Baseline:
+    n = space.num_blocks
+    whole = replace(
+        _whole_batch(space, batch),
+        low_precision="bf16",
+        low_precision_blocks=n,
+        checkpoint_blocks=n,
+        outer_low_precision=True,
+    )
+    return Baseline(name=HF_RECIPE, knobs=_largest_fitting(space, whole, fits))
 
 
 def _seed_recipe(space: SearchSpace, batch: int) -> Baseline:

@@ -20,6 +20,7 @@ from rich.text import Text
 from autotune.config import TrainConfig
 from autotune.console import make_console
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value
+from autotune.search.baselines import HF_RECIPE, PYTORCH_DEFAULT
 from autotune.search.record import TrialRecord, trial_record
 from autotune.search.results import StudySummary
 from autotune.search.study import StudyObserver, count_done
@@ -172,12 +173,15 @@ def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
         f"{head}: trial {r.number}: {config_summary(r.config)}: {_num(r.objective)} samples/s, "
         f"peak {format_bytes(r.peak_bytes)}, {_num(r.per_gib)} samples/s per GiB"
     )
-    default = s.improvement("pytorch-default")
-    if default is not None:
-        if s.objective == "per-gib":
-            line += f" ({default.per_gib:.2f}x the PyTorch default per GiB)"
-        else:
-            line += f" ({default.throughput:.2f}x the PyTorch default's samples/s)"
+    versus = [
+        f"{i.per_gib:.2f}x the {what}" if s.objective == "per-gib" else f"{i.throughput:.2f}x the {what}'s"
+        for name, what in ((PYTORCH_DEFAULT, "PyTorch default"), (HF_RECIPE, "HF recipe"))
+        if (i := s.improvement(name)) is not None
+    ]
+    if versus:
+        line += f" ({' and '.join(versus)} {'per GiB' if s.objective == 'per-gib' else 'samples/s'})"
+    if HF_RECIPE in s.baselines and s.improvement(HF_RECIPE) is None:
+        line += "; the HF recipe (bf16 + checkpointing) was infeasible"
     f = s.retimed.get(r.number)
     if f is not None:
         retimed = (

@@ -5,7 +5,9 @@ The DeepSpeed file comes from the one generator the DeepSpeed runner itself uses
 byte for byte what was measured (bucket sizes included: DeepSpeed's defaults allocate a 2 GB
 bucket at stage 3). DeepSpeed's config has one precision for the whole model and no notion of
 *which* blocks to recompute (that is model code), so the per-block knobs go into the Python
-snippet.
+snippet, whose ``apply()`` also puts the outer precision around the model's forward. For a model
+trained by Hugging Face's Trainer the snippet also holds the equivalent ``TrainingArguments``
+(:func:`hf_training_arguments`), where the configuration has one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from autotune.config import MEASURED_KEY, TrainConfig
 from autotune.errors import ConfigError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 
-__all__ = ["ExportFormat", "EXPORT_FORMATS", "allocator_note", "export_config", "objective_note", "python_snippet"]
+__all__ = [
+    "ExportFormat",
+    "EXPORT_FORMATS",
+    "allocator_note",
+    "export_config",
+    "hf_training_arguments",
+    "objective_note",
+    "python_snippet",
+]
 
 ExportFormat = Literal["json", "deepspeed", "python"]
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
@@ -41,6 +51,38 @@ def objective_note(objective: ObjectiveName) -> str | None:
     return "recommended for the most samples/s within the memory budget (objective throughput), not per GiB"
 
 
+def hf_training_arguments(config: TrainConfig, *, num_blocks: int) -> dict[str, Any] | None:
+    """The keyword arguments of Hugging Face's ``TrainingArguments`` that train as ``config`` does,
+    or None where it has no equivalent there: blocks treated differently (per-block precision or
+    recompute), or blocks in another precision than the outer parts (``bf16=True`` is the whole
+    model, ``gradient_checkpointing=True`` every block), or DeepSpeed ranks (the DeepSpeed export
+    is that file).
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> recipe = TrainConfig(micro_batch_size=8, precision="bf16", outer_precision="bf16", checkpoint=True)
+        >>> args = hf_training_arguments(recipe, num_blocks=12)
+        >>> args["per_device_train_batch_size"], args["bf16"], args["gradient_checkpointing"]
+        (8, True, True)
+        >>> hf_training_arguments(TrainConfig(precision="bf16"), num_blocks=12) is None  # blocks only
+        True
+    """
+    precisions, checkpoints = set(config.block_precisions(num_blocks)), set(config.block_checkpoints(num_blocks))
+    if config.on_deepspeed or len(precisions) > 1 or len(checkpoints) > 1:
+        return None
+    if precisions != {config.outer_precision}:
+        return None
+    args: dict[str, Any] = {
+        "per_device_train_batch_size": config.micro_batch_size,
+        "gradient_accumulation_steps": config.grad_accum_steps,
+    }
+    if config.outer_precision != "fp32":
+        args[config.outer_precision] = True
+    if checkpoints == {True}:
+        args["gradient_checkpointing"] = True
+    return args
+
+
 def python_snippet(
     config: TrainConfig,
     *,
@@ -49,33 +91,36 @@ def python_snippet(
     expandable_segments: bool = False,
     objective: ObjectiveName = DEFAULT_OBJECTIVE,
 ) -> str:
-    """A Python snippet that applies ``config``'s per-block knobs to a model with these blocks."""
+    """A Python snippet that applies ``config`` to a model with these blocks (its outer precision
+    and per-block knobs), with the equivalent ``TrainingArguments`` where there is one."""
     alloc = "expandable_segments:True" if expandable_segments else None
     note = objective_note(objective)
     why = "" if note is None else f"Objective: {note}.\n"
+    hf_args = hf_training_arguments(config, num_blocks=len(block_names))
     return f'''"""Apply the configuration autotune found for {workload!r}.
 
 {why}CUDA allocator: {allocator_note(expandable_segments)}.
 """
 from autotune import TrainConfig
-from autotune.train.wrappers import apply_block_knobs
+from autotune.train.wrappers import apply_config
 
 CONFIG = TrainConfig.from_json("""{config.to_json()}""")
 BLOCKS = {list(block_names)!r}
 # PYTORCH_CUDA_ALLOC_CONF the peaks were measured under (None: the allocator's default).
 ALLOC_CONF = {alloc!r}
+# Under Hugging Face's Trainer, the same configuration as TrainingArguments(**HF_TRAINING_ARGUMENTS),
+# in place of apply(); None where they cannot say it (per-block knobs): call apply(model) then.
+HF_TRAINING_ARGUMENTS = {hf_args!r}
 
 
 def apply(model, device_type="cpu"):
-    """Wrap the blocks of `model` with the config's per-block precision and checkpointing.
+    """Put the config on `model`: the outer precision around its forward (the loss too where the
+    model computes it), each block's precision and checkpointing.
 
     Train with micro-batch CONFIG.micro_batch_size and CONFIG.grad_accum_steps accumulation steps
     (effective batch {config.effective_batch_size}). Returns a handle: `handle.remove()` undoes it.
     """
-    n = len(BLOCKS)
-    return apply_block_knobs(
-        model, BLOCKS, CONFIG.block_precisions(n), CONFIG.block_checkpoints(n), device_type=device_type
-    )
+    return apply_config(model, BLOCKS, CONFIG, device_type=device_type)
 '''
 
 

@@ -29,7 +29,7 @@ from autotune.knobs import Knobs
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.measurement.objective import score
 from autotune.measurement.record import Measurement
-from autotune.search.baselines import PYTORCH_DEFAULT, smaller_micro_batch
+from autotune.search.baselines import RETRIED, smaller_micro_batch
 from autotune.search.cache import MeasurementCache, cache_key
 from autotune.search.predictor import MemoryPredictor
 from autotune.search.record import ATTR, MIB
@@ -184,8 +184,8 @@ class Objective:
             trial.set_user_attr(ATTR.ALLOCATOR, dataclasses.asdict(m.allocator))
         if m.status != "ok" or m.throughput is None or not peak:
             reason = m.reason or m.status
-            if baseline == PYTORCH_DEFAULT and m.status in ("over_budget", "oom"):
-                reason += self._retry_default(trial, knobs)
+            if baseline in RETRIED and m.status in ("over_budget", "oom"):
+                reason += self._retry_smaller(trial, knobs, baseline)
             self._finish(trial, config, status=m.status, reason=reason, m=m)
             raise optuna.TrialPruned(reason)
         # The one objective (goodput only when the batch is a knob): the trial's first value,
@@ -202,13 +202,15 @@ class Objective:
         self._finish(trial, config, status="ok", reason=None, m=m)
         return s.value, peak / MIB
 
-    def _retry_default(self, trial: optuna.Trial, knobs: Knobs) -> str:
-        """The PyTorch default did not fit: enqueue it again with the next smaller micro-batch."""
+    def _retry_smaller(self, trial: optuna.Trial, knobs: Knobs, baseline: str) -> str:
+        """The PyTorch default (or the HF recipe) did not fit: enqueue it again with the next
+        smaller micro-batch."""
+        name = {"pytorch-default": "PyTorch-default", "hf-recipe": "HF-recipe"}.get(baseline, baseline)
         smaller = smaller_micro_batch(self.space, knobs)
         if smaller is None:
-            return "; no smaller micro-batch left for the PyTorch-default baseline"
-        trial.study.enqueue_trial(self.space.params(smaller), user_attrs={ATTR.BASELINE: PYTORCH_DEFAULT})
-        return f"; the PyTorch-default baseline is retried with micro-batch {smaller.micro_batch_size}"
+            return f"; no smaller micro-batch left for the {name} baseline"
+        trial.study.enqueue_trial(self.space.params(smaller), user_attrs={ATTR.BASELINE: baseline})
+        return f"; the {name} baseline is retried with micro-batch {smaller.micro_batch_size}"
 
     def _finish(
         self, trial: optuna.Trial, config: TrainConfig, *, status: str, reason: str | None, m: Measurement | None = None

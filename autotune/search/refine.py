@@ -121,8 +121,8 @@ def _direction(a: Any, b: Any) -> tuple[int, ...]:
 
 def neighbours(space: SearchSpace, knobs: Knobs) -> list[Knobs]:
     """The points one knob one step away from ``knobs`` in ``space``, throughput-raising moves
-    first: next larger micro-batch, one recomputed block fewer, one low-precision block more, one
-    ZeRO stage lower; then the reverses. The effective batch and the ranks stay."""
+    first: next larger micro-batch, one recomputed block fewer, one low-precision block more, the
+    outer parts in low precision, one ZeRO stage lower; then the reverses. The effective batch and the ranks stay."""
     micro = space.micro_batch_choices(knobs.batch_size, knobs.ranks)
     i = micro.index(knobs.micro_batch_size) if knobs.micro_batch_size in micro else -1
     n = space.num_blocks
@@ -143,6 +143,10 @@ def neighbours(space: SearchSpace, knobs: Knobs) -> list[Knobs]:
         up.append({"low_precision_blocks": knobs.low_precision_blocks + 1})
     if low and knobs.low_precision_blocks > 0:
         down.append({"low_precision_blocks": knobs.low_precision_blocks - 1})
+    if low and not knobs.outer_low_precision:  # the head and the loss in low precision: faster
+        up.append({"outer_low_precision": True})
+    if low and knobs.outer_low_precision:
+        down.append({"outer_low_precision": False})
     if z > 0:
         up.append({"zero_stage": stages[z - 1]})
     if 0 <= z < len(stages) - 1:
@@ -326,8 +330,9 @@ class Refine:
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> tuple[Estimate, int] | None:
         """The untried admitted point a surface through the measured trials at the incumbent's
-        batch, ranks, ZeRO stage and reduced precision estimates best by ``objective``, if that
-        beats the incumbent's measurement (:mod:`autotune.search.surface`), and how many trials it fitted."""
+        batch, ranks, ZeRO stage, reduced precision and outer precision estimates best by
+        ``objective``, if that beats the incumbent's measurement (:mod:`autotune.search.surface`),
+        and how many trials it fitted."""
         if incumbent_value is None:
             return None
         measured = []
@@ -336,11 +341,14 @@ class Refine:
             knobs = points.get(t.number)
             if knobs is None or record.objective is None or record.peak_bytes is None:
                 continue
-            if (knobs.batch_size, knobs.ranks, knobs.zero_stage, knobs.low_precision) == (
+            # The outer precision moves the head's and the loss's cost, which no share of the
+            # blocks stands for: one surface per setting of it, as per reduced precision.
+            if (knobs.batch_size, knobs.ranks, knobs.zero_stage, knobs.low_precision, knobs.outer_low_precision) == (
                 incumbent.batch_size,
                 incumbent.ranks,
                 incumbent.zero_stage,
                 incumbent.low_precision,
+                incumbent.outer_low_precision,
             ):
                 measured.append((knobs, record.objective, record.peak_bytes))
         surface = fit_surface(measured, num_blocks=self.space.num_blocks)
@@ -368,15 +376,13 @@ class Refine:
 
     def _knobs(self, trial: optuna.trial.FrozenTrial) -> Knobs | None:
         """The point a trial measures (a waiting trial's enqueued params), or None if it has none."""
-        import optuna
-
         # Optuna keeps an enqueued trial's params in the system attribute "fixed_params" until it
         # runs (Study.enqueue_trial, since Optuna 2.0); a waiting refinement is a tried point.
         params = trial.params or trial.system_attrs.get("fixed_params")
         if not params:
             return None
         try:
-            return self.space.suggest(optuna.trial.FixedTrial(params))
+            return self.space.knobs_of(params)
         except (ValueError, KeyError):  # params of another space (a resumed study's older trials)
             return None
 

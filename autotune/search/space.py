@@ -9,6 +9,11 @@ hungriest are recomputed". That is 2 integers instead of 2L flags, and it orders
 first unit of each level buys the most memory. Per-block overrides from the spec pin single blocks.
 The environments use the same Knobs, so :meth:`SearchSpace.params` turns a configuration an agent
 reached into a trial to enqueue.
+
+Where the space has a low precision, ``outer_low_precision`` (a categorical, False or True) says
+whether the parts outside the blocks run in it too. A study started before that parameter existed
+has trials without it: :meth:`SearchSpace.knobs_of` reads them back as its default (False: the
+outer parts in fp32, which is what they ran).
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ from autotune.search.spec import BlockOverride
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["SearchSpace", "divisors"]
+__all__ = ["OUTER_PARAM", "SearchSpace", "divisors"]
+
+#: The trial parameter of :attr:`autotune.knobs.Knobs.outer_low_precision`.
+OUTER_PARAM = "outer_low_precision"
 
 
 def _precision(p: str) -> Precision:
@@ -112,7 +120,8 @@ class SearchSpace:
         return f"micro_batch_size[B={batch_size},R={ranks}]"
 
     def variants(self, knobs: Knobs) -> list[Knobs]:
-        """Every point at ``knobs``' effective batch, ranks, ZeRO stage and reduced precision: each
+        """Every point at ``knobs``' effective batch, ranks, ZeRO stage, reduced precision and outer
+        precision: each
         micro-batch, count of reduced-precision blocks and count of recomputed blocks."""
         lows = range(self.num_blocks + 1) if self.low_precisions else range(1)
         return [
@@ -136,7 +145,7 @@ class SearchSpace:
                 if len(self.zero_stages) > 1
                 else self.zero_stages[0]
             )
-        low, n_low = "fp32", 0
+        low, n_low, outer = "fp32", 0, False
         if self.low_precisions:
             low = (
                 trial.suggest_categorical("low_precision", self.low_precisions)
@@ -144,6 +153,7 @@ class SearchSpace:
                 else self.low_precisions[0]
             )
             n_low = trial.suggest_int("low_precision_blocks", 0, self.num_blocks)
+            outer = trial.suggest_categorical(OUTER_PARAM, (False, True))
         n_ckpt = trial.suggest_int("checkpoint_blocks", 0, self.num_blocks)
         return Knobs(
             batch_size=b,
@@ -153,7 +163,22 @@ class SearchSpace:
             low_precision=_precision(low),
             low_precision_blocks=n_low,
             checkpoint_blocks=n_ckpt,
+            outer_low_precision=bool(outer),
         )
+
+    def knobs_of(self, params: Mapping[str, Any]) -> Knobs:
+        """The point a trial's ``params`` stand for (what :meth:`suggest` read back), a parameter
+        this space added since the trial ran taking its default (``outer_low_precision``: False).
+
+        Raises:
+            ValueError: ``params`` lack a parameter of this space that has no default (another space's).
+        """
+        import optuna
+
+        filled = dict(params)
+        if self.low_precisions:
+            filled.setdefault(OUTER_PARAM, False)
+        return self.suggest(optuna.trial.FixedTrial(filled))
 
     def params(self, knobs: Knobs) -> dict[str, Any]:
         """The trial params that :meth:`suggest` reads back as ``knobs`` (for ``enqueue_trial``)."""
@@ -169,6 +194,7 @@ class SearchSpace:
             if len(self.low_precisions) > 1:
                 p["low_precision"] = knobs.low_precision
             p["low_precision_blocks"] = knobs.low_precision_blocks
+            p[OUTER_PARAM] = knobs.outer_low_precision
         p["checkpoint_blocks"] = knobs.checkpoint_blocks
         return p
 

@@ -27,9 +27,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from autotune.config import TrainConfig
+from autotune.config import Precision, TrainConfig
 from autotune.errors import BatchError, ConfigError, UnsupportedError, WorkloadError
 from autotune.train.batches import batch_size, map_tensors, split_batch
+from autotune.train.wrappers import outer_autocast
 from autotune.workload import Workload
 
 __all__ = ["BaseTrainer", "StepResult", "check_loss", "check_micro_batch"]
@@ -210,6 +211,21 @@ class BaseTrainer(ABC):
             return tree_map_only(torch.Tensor, lambda t: t[i * chunk : (i + 1) * chunk], batch)
 
         return [part(i) for i in range(split)]
+
+    @property
+    def outer_precision(self) -> Precision:
+        """The autocast precision the forward and the loss run in (``TrainConfig.outer_precision``)."""
+        return self.config.outer_precision
+
+    def _loss(self, model: Any, batch: Any) -> torch.Tensor:
+        """The workload's loss on ``batch``, in the one outer autocast region of a step: the
+        model's forward and the loss run in :attr:`outer_precision` (the blocks' wrappers make
+        their own precision the exception)."""
+        with outer_autocast(self.outer_precision, self.device.type):
+            loss = self.workload.loss_fn(model, batch)
+        check_loss(loss, self.workload.name)
+        assert isinstance(loss, torch.Tensor)
+        return loss
 
     @abstractmethod
     def _next_batch(self) -> Any:

@@ -14,6 +14,12 @@ fp32 and bf16 mixed    fp32 engine, each bf16 block autocast by :mod:`autotune.t
 fp16 and others mixed  unsupported: loss scaling is engine-wide in DeepSpeed
 =====================  ===========================================================================
 
+The outer precision (``TrainConfig.outer_precision``: embeddings, head, loss) follows: a 16-bit
+engine is the whole model in 16 bits whatever it says (outer fp32 or the blocks' own precision);
+on an fp32 engine a bf16 outer precision is the training loop's autocast around the forward and
+the loss, the blocks its exceptions, as in the local runner. An fp16 outer precision needs every
+block fp16 (an fp16 engine): DeepSpeed has no loss scaling for an fp32 engine under fp16 autocast.
+
 So "all bf16" means bf16 *weights* here but bf16 *autocast* in the local runner (``zero_stage=0``,
 ``ranks=1``): the two runners measure different things for that config, on purpose.
 
@@ -42,9 +48,16 @@ def engine_precision(config: TrainConfig, *, num_blocks: int, device_type: str) 
     """The DeepSpeed engine precision a config runs with (see the module docstring).
 
     Raises:
-        UnsupportedError: for fp16 on a CPU engine, or fp16 blocks mixed with other precisions.
+        UnsupportedError: for fp16 on a CPU engine, fp16 blocks mixed with other precisions, or an
+            fp16 outer precision over blocks that are not all fp16.
     """
     blocks: tuple[Precision, ...] = config.block_precisions(num_blocks)
+    if config.outer_precision == "fp16" and set(blocks) != {"fp16"}:
+        raise UnsupportedError(
+            "TrainConfig.outer_precision fp16 runs on a DeepSpeed engine only with every block fp16 (an fp16 "
+            "engine): DeepSpeed scales the loss only on its own fp16 engine, not under autocast on an fp32 one; "
+            f"got precision={config.precision!r}."
+        )
     if "fp16" in blocks and device_type == "cpu":
         raise UnsupportedError(
             "TrainConfig.precision fp16 cannot run on a CPU DeepSpeed engine (DeepSpeed refuses it: "

@@ -11,7 +11,7 @@ from torch.utils.data import RandomSampler
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError, WorkloadError
-from autotune.train.base import BaseTrainer, check_loss
+from autotune.train.base import BaseTrainer
 from autotune.train.gns import GradientNoiseMonitor
 from autotune.train.stream import IterableStream, ShardStream
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
@@ -109,7 +109,12 @@ class Trainer(BaseTrainer):
         if self._wrappers is not None:
             self._wrappers.remove()
         self._wrappers = apply_block_knobs(
-            self.model, self.block_names, precisions, checkpoints, device_type=self.device.type
+            self.model,
+            self.block_names,
+            precisions,
+            checkpoints,
+            device_type=self.device.type,
+            outer=config.outer_precision,
         )
         if config.uses_fp16 and not self.scaler.is_enabled():
             self.scaler = torch.amp.GradScaler(self.device.type)
@@ -160,8 +165,7 @@ class Trainer(BaseTrainer):
         self._losses = []
 
     def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
-        loss = self.workload.loss_fn(self.model, batch)
-        check_loss(loss, self.workload.name)
+        loss = self._loss(self.model, batch)
         self.scaler.scale(loss / count if share is None else loss * share).backward()
         if self._noisy:
             self.gns.end_micro_batch()

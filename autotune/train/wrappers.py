@@ -8,10 +8,20 @@ reconfigure a model mid-training without touching its weights or optimizer state
 
 A module that sits at two block positions (shared weights, ALBERT-style: ``layers[3] is
 layers[0]``) is wrapped once, with the knobs :func:`effective_block_knobs` gives it.
+
+The outer precision (``TrainConfig.outer_precision``) is the autocast region around everything
+else: :func:`outer_autocast` is that region, which the trainers open around the workload's
+``loss_fn`` (the model's forward and the loss) and :func:`apply_outer_precision` installs around
+a model's own forward for a loop autotune does not own (an exported ``apply()``, the framework
+callbacks). Under a reduced outer precision the blocks are its exceptions: an fp32 block runs
+with autocast disabled on fp32 inputs, a reduced one under its autocast, and no block's output is
+cast back (autocast itself casts each operation's inputs, as under Hugging Face's ``bf16=True``).
+Under an fp32 outer precision a reduced block is an island whose outputs go back to fp32.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +30,18 @@ import torch
 from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import checkpoint
 
-from autotune.config import Precision
+from autotune.config import Precision, TrainConfig
 from autotune.train.recompute import RecomputeKeepsState, has_running_state
 
-__all__ = ["BlockWrappers", "apply_block_knobs", "effective_block_knobs", "AUTOCAST_DTYPES"]
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "BlockWrappers",
+    "apply_block_knobs",
+    "apply_config",
+    "apply_outer_precision",
+    "effective_block_knobs",
+    "outer_autocast",
+]
 
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -75,6 +93,56 @@ def effective_block_knobs(
     )
 
 
+def outer_autocast(precision: Precision, device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """The outer precision's region: ``torch.autocast`` in ``precision``, or nothing for fp32.
+
+    Example:
+        >>> import torch
+        >>> with outer_autocast("bf16", "cpu"):
+        ...     torch.ones(2, 2) @ torch.ones(2, 2)
+        tensor([[2., 2.],
+                [2., 2.]], dtype=torch.bfloat16)
+    """
+    dtype = AUTOCAST_DTYPES.get(precision)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
+
+
+def apply_outer_precision(model: torch.nn.Module, precision: Precision, *, device_type: str) -> BlockWrappers:
+    """Run ``model``'s own forward under :func:`outer_autocast` (nothing for fp32), for a training
+    loop that calls the model but is not autotune's (a loss computed inside the forward, as a
+    Hugging Face model's with ``labels``, runs in it too). ``remove()`` on the handle undoes it."""
+    if precision == "fp32":
+        return BlockWrappers([])
+    previous = model.__dict__.get("forward", _SENTINEL)
+    inner = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with outer_autocast(precision, device_type):
+            return inner(*args, **kwargs)
+
+    model.forward = forward
+    return BlockWrappers([(model, previous)])
+
+
+def apply_config(
+    model: torch.nn.Module, block_names: Sequence[str], config: TrainConfig, *, device_type: str
+) -> BlockWrappers:
+    """Everything ``config`` does to a model, for a training loop that is not autotune's: its outer
+    precision around the model's forward (:func:`apply_outer_precision`) and its per-block knobs
+    (:func:`apply_block_knobs`). ``remove()`` on the one handle undoes both."""
+    n = len(block_names)
+    outer = apply_outer_precision(model, config.outer_precision, device_type=device_type)
+    blocks = apply_block_knobs(
+        model,
+        block_names,
+        config.block_precisions(n),
+        config.block_checkpoints(n),
+        device_type=device_type,
+        outer=config.outer_precision,
+    )
+    return BlockWrappers([*outer._blocks, *blocks._blocks])  # removed last installed first
+
+
 def apply_block_knobs(
     model: torch.nn.Module,
     block_names: Sequence[str],
@@ -82,11 +150,14 @@ def apply_block_knobs(
     checkpoints: Sequence[bool],
     *,
     device_type: str,
+    outer: Precision = "fp32",
 ) -> BlockWrappers:
     """Wrap each named block of ``model`` with its precision and checkpointing.
 
     Blocks that name the same module object are wrapped once, with their
-    :func:`effective_block_knobs`.
+    :func:`effective_block_knobs`. ``outer``: the precision the code around the blocks runs in
+    (:func:`outer_autocast`, opened by the caller): under a reduced one an fp32 block is wrapped
+    too (autocast disabled), and no block's output is cast back to fp32.
     """
     assert len(block_names) == len(precisions) == len(checkpoints)
     blocks = [model.get_submodule(name) for name in block_names]
@@ -94,29 +165,42 @@ def apply_block_knobs(
     installed: list[tuple[torch.nn.Module, Any]] = []
     wrapped: set[int] = set()
     for block, precision, ckpt in zip(blocks, precisions, checkpoints, strict=True):
-        if (precision == "fp32" and not ckpt) or id(block) in wrapped:
+        if (precision == outer and not ckpt) or id(block) in wrapped:
             continue
         wrapped.add(id(block))
         previous = block.__dict__.get("forward", _SENTINEL)
-        dtype = AUTOCAST_DTYPES.get(precision)
-        block.forward = _wrapped_forward(block, dtype, ckpt, device_type)
+        block.forward = _wrapped_forward(block, precision, ckpt, device_type, outer)
         installed.append((block, previous))
     return BlockWrappers(installed)
 
 
 def _wrapped_forward(
-    block: torch.nn.Module, dtype: torch.dtype | None, ckpt: bool, device_type: str
+    block: torch.nn.Module, precision: Precision, ckpt: bool, device_type: str, outer: Precision
 ) -> Callable[..., Any]:
     inner = block.forward
+    dtype = AUTOCAST_DTYPES.get(precision)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        if dtype is None:
+        if precision == outer and dtype is None:  # fp32 throughout, wrapped for checkpointing only
             return inner(*args, **kwargs)
+        if precision == outer:
+            # Recomputed in the outer precision's region, without its cast cache: the region's
+            # cache would keep this block's 16-bit weight copies to the end of the forward, which
+            # a recomputed block, meant to keep only its input, must not hold.
+            with torch.autocast(device_type, dtype=dtype, cache_enabled=False):
+                return inner(*args, **kwargs)
+        if dtype is None:
+            # An fp32 exception under a reduced outer precision: autocast off, and its inputs in
+            # fp32 (a reduced block before it may hand it 16-bit activations).
+            args, kwargs = tree_map_only(torch.Tensor, _to_fp32, (args, kwargs))
+            with torch.autocast(device_type, enabled=False):
+                return inner(*args, **kwargs)
         with torch.autocast(device_type, dtype=dtype):
             out = inner(*args, **kwargs)
-        # A block is a precision island: its outputs go back to fp32 so the next block (maybe
-        # fp32, outside autocast) and the fp32 head accept them. Activations saved *inside* the
-        # block stay in low precision, which is where the memory saving comes from.
+        # Under an fp32 outer precision a block is a precision island: its outputs go back to
+        # fp32 so the next block (maybe fp32, outside autocast) and the fp32 head accept them.
+        # Activations saved *inside* the block stay in low precision, which is where the memory
+        # saving comes from.
         return tree_map_only(torch.Tensor, _to_fp32, out)
 
     def forward(*args: Any, **kwargs: Any) -> Any:

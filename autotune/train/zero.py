@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from autotune.config import TrainConfig
+from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
-from autotune.train.base import BaseTrainer, check_loss
+from autotune.train.base import BaseTrainer
 from autotune.train.deepspeed_config import deepspeed_config, engine_precision
 from autotune.train.stream import workload_stream
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
@@ -102,13 +102,26 @@ class ZeroTrainer(BaseTrainer):
         if state is not None:
             restore_state(self.engine, self.optimizer, state)
 
+    @property
+    def outer_precision(self) -> Precision:
+        """The config's outer precision on an fp32 engine; none on a 16-bit engine, whose weights
+        are low precision throughout already (DeepSpeed's ``bf16``/``fp16``: the whole model)."""
+        return self.config.outer_precision if self.precision == "fp32" else "fp32"
+
     def _wrap(self, model: torch.nn.Module, config: TrainConfig) -> BlockWrappers:
         n = len(self.block_names)
-        # An fp32 engine autocasts bf16 blocks (islands); a bf16/fp16 engine is low precision throughout.
-        fp32 = dataclasses.replace(config, precision="fp32")
-        precisions = (config if self.precision == "fp32" else fp32).block_precisions(n)
-        checkpoints = config.block_checkpoints(n)
-        return apply_block_knobs(model, self.block_names, precisions, checkpoints, device_type=self.device.type)
+        # An fp32 engine autocasts bf16 blocks (islands, or exceptions to a bf16 outer region); a
+        # bf16/fp16 engine is low precision throughout.
+        fp32 = dataclasses.replace(config, precision="fp32", outer_precision="fp32")
+        run = config if self.precision == "fp32" else fp32
+        return apply_block_knobs(
+            model,
+            self.block_names,
+            run.block_precisions(n),
+            config.block_checkpoints(n),
+            device_type=self.device.type,
+            outer=run.outer_precision,
+        )
 
     # ---- reconfiguration ------------------------------------------------------------------------
 
@@ -170,8 +183,7 @@ class ZeroTrainer(BaseTrainer):
         # The boundary said explicitly: DeepSpeed's own count ((micro_steps + 1) % k) would be
         # out of phase after an accumulation change on a live engine.
         self.engine.set_gradient_accumulation_boundary(index == count - 1)
-        loss = self.workload.loss_fn(self.engine, batch)
-        check_loss(loss, self.workload.name)
+        loss = self._loss(self.engine, batch)
         self.engine.backward(loss)  # scales by 1/grad_accum_steps itself
         self.engine.step()  # steps the optimizer only at the accumulation boundary
         assert self._total is not None

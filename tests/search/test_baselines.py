@@ -1,11 +1,11 @@
-"""The two baselines: the PyTorch default and the seed recipe, as points of the space."""
+"""The baselines: the PyTorch default, the seed recipe and the HF recipe, as points of the space."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from autotune import Knobs
-from autotune.search.baselines import PYTORCH_DEFAULT, SEED_RECIPE, baselines, smaller_micro_batch
+from autotune.search.baselines import HF_RECIPE, PYTORCH_DEFAULT, SEED_RECIPE, baselines, smaller_micro_batch
 from autotune.search.space import SearchSpace
 
 
@@ -16,7 +16,7 @@ def _space(n_blocks: int = 6, **kw: object) -> SearchSpace:
 
 
 def test_pytorch_default_is_fp32_whole_batch_no_checkpointing() -> None:
-    default, _ = baselines(_space(), batch_size=32)
+    default, *_ = baselines(_space(), batch_size=32)
     assert default.name == PYTORCH_DEFAULT
     config = _space().config(default.knobs)
     assert (config.micro_batch_size, config.grad_accum_steps, config.precision, config.checkpoint) == (
@@ -28,30 +28,30 @@ def test_pytorch_default_is_fp32_whole_batch_no_checkpointing() -> None:
 
 
 def test_seed_recipe_is_accum_4_bf16_everywhere_checkpoints_every_sqrt_l() -> None:
-    _, seed = baselines(_space(n_blocks=6), batch_size=32)
+    _, seed, *_ = baselines(_space(n_blocks=6), batch_size=32)
     assert seed.name == SEED_RECIPE
     config = _space(n_blocks=6).config(seed.knobs)
     # sqrt(6) ~ 2.45 -> every 2nd block -> 3 of 6 blocks recomputed
     assert (config.micro_batch_size, config.grad_accum_steps, config.precision) == (8, 4, "bf16")
     assert config.checkpoint == (True, True, True, False, False, False)
     # 16 blocks: every 4th -> 4 blocks
-    _, seed16 = baselines(_space(n_blocks=16), batch_size=32)
+    _, seed16, *_ = baselines(_space(n_blocks=16), batch_size=32)
     assert seed16.knobs.checkpoint_blocks == 4
 
 
 def test_seed_recipe_uses_zero_2_with_ranks() -> None:
     space = _space(ranks=(1, 2), zero_stages=(0, 1, 2, 3))
-    _, seed = baselines(space, batch_size=32)
+    _, seed, *_ = baselines(space, batch_size=32)
     assert (seed.knobs.ranks, seed.knobs.zero_stage, seed.knobs.micro_batch_size) == (2, 2, 4)
 
 
 def test_seed_recipe_accumulation_closest_to_4_when_4_does_not_divide() -> None:
-    _, seed = baselines(_space(batch_sizes=(6,)), batch_size=6)
+    _, seed, *_ = baselines(_space(batch_sizes=(6,)), batch_size=6)
     assert seed.knobs.micro_batch_size == 2  # accum 3 (|3-4| = 1) beats accum 6 (2) and 2 (2)
 
 
 def test_a_memory_prediction_picks_the_largest_micro_batch_that_fits() -> None:
-    default, _ = baselines(_space(), batch_size=32, fits=lambda k: k.micro_batch_size <= 10)
+    default, *_ = baselines(_space(), batch_size=32, fits=lambda k: k.micro_batch_size <= 10)
     assert default.knobs.micro_batch_size == 8
 
 
@@ -73,3 +73,47 @@ def test_smaller_micro_batch_steps_down_the_divisors() -> None:
         k = smaller_micro_batch(space, k)
     assert steps == [24, 12, 8, 6, 4, 3, 2, 1]
     assert smaller_micro_batch(space, replace(knobs, micro_batch_size=1)) is None
+
+
+# ---- the HF recipe (issue 40) ----------------------------------------------------------------------
+
+
+def test_the_hf_recipe_is_the_whole_model_in_bf16_every_block_recomputed_the_whole_batch() -> None:
+    space = _space(n_blocks=4, ranks=(1, 2), zero_stages=(0, 2))
+    *_, recipe = baselines(space, batch_size=32)
+    assert recipe.name == HF_RECIPE
+    assert recipe.knobs == Knobs(
+        batch_size=32,
+        micro_batch_size=32,
+        ranks=1,
+        zero_stage=0,
+        low_precision="bf16",
+        low_precision_blocks=4,
+        checkpoint_blocks=4,
+        outer_low_precision=True,
+    )
+    config = space.config(recipe.knobs)
+    assert (config.precision, config.outer_precision, config.checkpoint, config.grad_accum_steps) == (
+        "bf16",
+        "bf16",
+        True,
+        1,
+    )
+    assert config.describe() == "micro x acc x ranks 32x1x1 | bf16, outer bf16 | ckpt all | ZeRO 0"
+
+
+def test_the_hf_recipe_takes_the_largest_micro_batch_that_fits() -> None:
+    *_, recipe = baselines(_space(), batch_size=32, fits=lambda k: k.micro_batch_size <= 10 or k.outer_low_precision)
+    assert recipe.knobs.micro_batch_size == 32  # the predicate fits it whole: the whole batch
+    default, _, recipe = baselines(_space(), batch_size=32, fits=lambda k: k.micro_batch_size <= 4)
+    assert (default.knobs.micro_batch_size, recipe.knobs.micro_batch_size) == (4, 4)
+    assert recipe.knobs.outer_low_precision and recipe.knobs.checkpoint_blocks == 6
+
+
+def test_the_hf_recipe_needs_bf16_in_the_space() -> None:
+    assert [b.name for b in baselines(_space(low_precisions=("fp16",)), batch_size=32)] == [
+        PYTORCH_DEFAULT,
+        SEED_RECIPE,
+    ]
+    assert [b.name for b in baselines(_space(low_precisions=()), batch_size=32)] == [PYTORCH_DEFAULT, SEED_RECIPE]
+    assert [b.name for b in baselines(_space(), batch_size=32)] == [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE]

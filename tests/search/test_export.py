@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -80,3 +81,73 @@ def test_the_allocator_note() -> None:
     assert allocator_note(False) == (
         "measured without PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the CUDA allocator's default)"
     )
+
+
+# ---- the outer precision (issue 40) ----------------------------------------------------------------
+
+RECIPE = TrainConfig(micro_batch_size=8, grad_accum_steps=2, precision="bf16", outer_precision="bf16", checkpoint=True)
+
+
+def test_the_exported_apply_sets_the_outer_precision() -> None:
+    import torch
+
+    mixed = TrainConfig(micro_batch_size=8, precision=("bf16", "fp32", "fp32", "bf16"), outer_precision="bf16")
+    code = export_config(mixed, "python", block_names=BLOCKS, workload="resmlp", largest_parameter=1)
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "snippet.py", "exec"), namespace)
+    assert namespace["CONFIG"] == mixed and namespace["HF_TRAINING_ARGUMENTS"] is None  # per-block: apply()
+    model = make_resmlp().model
+    x = torch.randn(2, 32, 16)
+    reference = model(x)
+    handle = namespace["apply"](model)
+    assert "forward" in model.__dict__  # the outer region around the model's own forward
+    assert [("forward" in model.get_submodule(b).__dict__) for b in BLOCKS] == [False, True, True, False]
+    assert model(x).dtype == torch.bfloat16  # the head ran in bf16
+    handle.remove()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert torch.equal(model(x), reference)
+
+
+def test_the_hf_training_arguments_say_bf16_where_the_whole_model_is_bf16() -> None:
+    from autotune.search.export import hf_training_arguments
+
+    assert hf_training_arguments(RECIPE, num_blocks=4) == {
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+        "bf16": True,
+        "gradient_checkpointing": True,
+    }
+    assert hf_training_arguments(TrainConfig(micro_batch_size=4), num_blocks=4) == {
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+    }
+    whole_fp16 = TrainConfig(micro_batch_size=4, precision="fp16", outer_precision="fp16")
+    assert hf_training_arguments(whole_fp16, num_blocks=4) == {
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "fp16": True,
+    }
+    # No equivalent: the blocks alone in bf16 (bf16=True is the whole model), per-block knobs, ranks.
+    assert hf_training_arguments(CONFIG, num_blocks=4) is None
+    assert hf_training_arguments(TrainConfig(precision="bf16", checkpoint=True), num_blocks=4) is None
+    assert hf_training_arguments(TrainConfig(precision="fp32", outer_precision="bf16"), num_blocks=4) is None
+    assert hf_training_arguments(dataclasses.replace(RECIPE, ranks=2, zero_stage=2), num_blocks=4) is None
+    code = export_config(RECIPE, "python", block_names=BLOCKS, workload="w", largest_parameter=1)
+    assert (
+        "HF_TRAINING_ARGUMENTS = {'per_device_train_batch_size': 8, 'gradient_accumulation_steps': 2, "
+        "'bf16': True, 'gradient_checkpointing': True}\n" in code
+    )
+
+
+def test_the_deepspeed_export_of_the_whole_model_in_bf16_is_the_bf16_engine() -> None:
+    text = export_config(
+        dataclasses.replace(RECIPE, ranks=2, zero_stage=2),
+        "deepspeed",
+        block_names=BLOCKS,
+        workload="w",
+        largest_parameter=10,
+    )
+    blocks_only = deepspeed_config(
+        dataclasses.replace(RECIPE, ranks=2, zero_stage=2, outer_precision="fp32"), num_blocks=4, largest_parameter=10
+    )
+    assert json.loads(text) == blocks_only and json.loads(text)["bf16"] == {"enabled": True}

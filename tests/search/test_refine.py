@@ -37,23 +37,39 @@ def _knobs(micro: int, low: int, ckpt: int) -> Knobs:
 
 
 def test_neighbours_are_one_knob_one_step_away_throughput_raising_moves_first() -> None:
+    outer = dataclasses.replace(_knobs(8, 4, 4), outer_low_precision=True)
     assert neighbours(SPACE, _knobs(8, 4, 4)) == [
         _knobs(16, 4, 4),  # a larger micro-batch
         _knobs(8, 4, 3),  # one recomputed block fewer
-        _knobs(4, 4, 4),  # (no fifth block to put in bf16) a smaller micro-batch
+        outer,  # (no fifth block to put in bf16) the head and the loss in bf16 too
+        _knobs(4, 4, 4),  # a smaller micro-batch
         _knobs(8, 3, 4),  # (every block recomputed already) one bf16 block fewer
     ]
-    assert neighbours(SPACE, _knobs(1, 0, 0)) == [_knobs(2, 0, 0), _knobs(1, 1, 0), _knobs(1, 0, 1)]
+    assert neighbours(SPACE, outer)[-1] == _knobs(8, 4, 4)  # the outer parts back in fp32: a down move
+    assert neighbours(SPACE, _knobs(1, 0, 0)) == [
+        _knobs(2, 0, 0),
+        _knobs(1, 1, 0),
+        dataclasses.replace(_knobs(1, 0, 0), outer_low_precision=True),
+        _knobs(1, 0, 1),
+    ]
     fp32_only = SearchSpace(batch_sizes=(16,), ranking=(0, 1), max_micro_batch=4, low_precisions=())
     assert neighbours(fp32_only, _knobs(4, 0, 1)) == [_knobs(4, 0, 0), _knobs(2, 0, 1), _knobs(4, 0, 2)]
     ranks = SearchSpace(batch_sizes=(16,), ranks=(2,), zero_stages=(0, 1, 2, 3), ranking=(0,), max_micro_batch=16)
     on_ranks = Knobs(batch_size=16, ranks=2, micro_batch_size=8, zero_stage=2)
     moved = [
-        (k.micro_batch_size, k.low_precision_blocks, k.checkpoint_blocks, k.zero_stage)
+        (k.micro_batch_size, k.low_precision_blocks, k.checkpoint_blocks, k.zero_stage, k.outer_low_precision)
         for k in neighbours(ranks, on_ranks)
     ]
-    # 8 per rank is the whole batch: up are bf16 +1 and ZeRO one stage down; down, the reverses
-    assert moved == [(8, 1, 0, 2), (8, 0, 0, 1), (4, 0, 0, 2), (8, 0, 1, 2), (8, 0, 0, 3)]
+    # 8 per rank is the whole batch: up are bf16 +1, the outer parts in bf16 and ZeRO one stage
+    # down; down, the reverses
+    assert moved == [
+        (8, 1, 0, 2, False),
+        (8, 0, 0, 2, True),
+        (8, 0, 0, 1, False),
+        (4, 0, 0, 2, False),
+        (8, 0, 1, 2, False),
+        (8, 0, 0, 3, False),
+    ]
 
 
 @pytest.mark.parametrize(("trials", "refined"), [(1, 0), (2, 1), (3, 1), (4, 1), (12, 3), (20, 5), (100, 25)])
@@ -74,6 +90,7 @@ def _add(
     distributions = {
         "micro_batch_size": optuna.distributions.CategoricalDistribution(SPACE.micro_batch_choices(16, 1)),
         "low_precision_blocks": optuna.distributions.IntDistribution(0, 4),
+        "outer_low_precision": optuna.distributions.CategoricalDistribution((False, True)),
         "checkpoint_blocks": optuna.distributions.IntDistribution(0, 4),
     }
     attrs = {
@@ -139,7 +156,10 @@ def test_in_its_last_trials_the_first_untried_admitted_neighbour_of_the_best_is_
     refine, notes = _refine(study, trials=4, fits=lambda k: k.micro_batch_size < 16)
     refine(study, study.trials[-1])
     assert _waiting(study) == [
-        ({"micro_batch_size": 8, "low_precision_blocks": 4, "checkpoint_blocks": 3}, {REFINED_FROM: 1})
+        (
+            {"micro_batch_size": 8, "low_precision_blocks": 4, "outer_low_precision": False, "checkpoint_blocks": 3},
+            {REFINED_FROM: 1},
+        )
     ]
     assert notes == ["refining: next 8x2 bf16:4 ckpt:3, a neighbour of trial 1 (the best so far)"]
     refine(study, study.trials[-1])  # a trial waits: nothing more until it has run
@@ -152,7 +172,10 @@ def test_a_repeated_configuration_is_followed_by_a_refinement_at_any_point() -> 
     refine(study, study.trials[-1])
     # 16x1 of trial 1's point (the largest micro-batch) first: nothing predicts it, it is tried
     assert _waiting(study) == [
-        ({"micro_batch_size": 16, "low_precision_blocks": 4, "checkpoint_blocks": 4}, {REFINED_FROM: 1})
+        (
+            {"micro_batch_size": 16, "low_precision_blocks": 4, "outer_low_precision": False, "checkpoint_blocks": 4},
+            {REFINED_FROM: 1},
+        )
     ]
     assert notes == ["trial 3 repeated trial 2: next 16x1 bf16:4 ckpt:4, a neighbour of trial 1 (the best so far)"]
 
@@ -162,7 +185,10 @@ def test_the_climb_moves_on_from_a_better_neighbour_and_stops_when_every_neighbo
     refine, _ = _refine(study, trials=6)
     refine(study, study.trials[-1])
     assert _waiting(study) == [
-        ({"micro_batch_size": 16, "low_precision_blocks": 4, "checkpoint_blocks": 3}, {REFINED_FROM: 3})
+        (
+            {"micro_batch_size": 16, "low_precision_blocks": 4, "outer_low_precision": False, "checkpoint_blocks": 3},
+            {REFINED_FROM: 3},
+        )
     ]
     done = _study(*POINTS)
     for k in neighbours(SPACE, _knobs(8, 4, 4)):
@@ -184,7 +210,10 @@ def test_a_refinement_that_paid_is_repeated_first() -> None:
     refine, notes = _refine(study, trials=5)
     refine(study, study.trials[-1])
     assert _waiting(study) == [
-        ({"micro_batch_size": 8, "low_precision_blocks": 4, "checkpoint_blocks": 2}, {REFINED_FROM: 3})
+        (
+            {"micro_batch_size": 8, "low_precision_blocks": 4, "outer_low_precision": False, "checkpoint_blocks": 2},
+            {REFINED_FROM: 3},
+        )
     ]
     assert notes == ["refining: next 8x2 bf16:4 ckpt:2, a neighbour of trial 3 (the best so far)"]
 
@@ -225,7 +254,10 @@ def test_a_surface_through_the_trials_jumps_past_the_neighbours_to_its_best_esti
     # The incumbent is trial 8 (2x8 bf16:4 ckpt:1, 11994.7 per GiB); the best point of the space,
     # 1x16 bf16:4, is two moves away and the surface estimates it at its true value.
     assert _waiting(study) == [
-        ({"micro_batch_size": 1, "low_precision_blocks": 4, "checkpoint_blocks": 0}, {REFINED_FROM: 8})
+        (
+            {"micro_batch_size": 1, "low_precision_blocks": 4, "outer_low_precision": False, "checkpoint_blocks": 0},
+            {REFINED_FROM: 8},
+        )
     ]
     assert notes == [
         "refining: next 1x16 bf16:4, estimated 12986.9 per GiB by a surface through 9 trials, "
@@ -242,11 +274,15 @@ def test_a_surface_that_estimates_nothing_above_the_incumbent_leaves_the_neighbo
     study = _study(*lucky)
     refine, notes = _refine(study, trials=12)
     refine(study, study.trials[-1])
-    # Its neighbours: no larger micro-batch, nothing recomputed, every block in bf16: a smaller micro-batch.
+    # Its neighbours: no larger micro-batch, nothing recomputed, every block in bf16: the outer
+    # parts in bf16 too (before a smaller micro-batch).
     assert _waiting(study) == [
-        ({"micro_batch_size": 8, "low_precision_blocks": 4, "checkpoint_blocks": 0}, {REFINED_FROM: 6})
+        (
+            {"micro_batch_size": 16, "low_precision_blocks": 4, "outer_low_precision": True, "checkpoint_blocks": 0},
+            {REFINED_FROM: 6},
+        )
     ]
-    assert notes == ["refining: next 8x2 bf16:4, a neighbour of trial 6 (the best so far)"]
+    assert notes == ["refining: next 16x1 bf16:4+outer, a neighbour of trial 6 (the best so far)"]
 
 
 def test_the_memory_model_s_peaks_rank_the_candidates_only_where_it_predicts_every_one() -> None:
@@ -259,7 +295,9 @@ def test_the_memory_model_s_peaks_rank_the_candidates_only_where_it_predicts_eve
     # Every point predicted: its peaks rank, and the corner falls behind the next best.
     everywhere, notes = _refine(s := study(), known_peak=lambda k: 2**30 if k == corner else peak(k))
     everywhere(s, s.trials[-1])
-    assert [p for p, _ in _waiting(s)] == [{"micro_batch_size": 1, "low_precision_blocks": 4, "checkpoint_blocks": 1}]
+    assert [p for p, _ in _waiting(s)] == [
+        {"micro_batch_size": 1, "low_precision_blocks": 4, "outer_low_precision": False, "checkpoint_blocks": 1}
+    ]
     assert notes == [
         "refining: next 1x16 bf16:4 ckpt:1, estimated 12530.4 per GiB by a surface through 9 trials, "
         "above trial 8 (the best so far)"
@@ -267,7 +305,9 @@ def test_the_memory_model_s_peaks_rank_the_candidates_only_where_it_predicts_eve
     # Only the corner predicted: the fitted peaks rank every point (admission is `fits`' job).
     partly, _ = _refine(s := study(), known_peak=lambda k: 2**30 if k == corner else None)
     partly(s, s.trials[-1])
-    assert [p for p, _ in _waiting(s)] == [{"micro_batch_size": 1, "low_precision_blocks": 4, "checkpoint_blocks": 0}]
+    assert [p for p, _ in _waiting(s)] == [
+        {"micro_batch_size": 1, "low_precision_blocks": 4, "outer_low_precision": False, "checkpoint_blocks": 0}
+    ]
 
 
 def _last_block_saves_nothing(k: Knobs) -> int:
@@ -324,11 +364,12 @@ def test_the_refinement_never_proposes_a_recompute_that_does_not_lower_the_verif
         "above trial 2 (the best so far)"
     ]
     # A neighbour recomputing one block more that lowers nothing is skipped: of 4x4 bf16:4 ckpt:3's
-    # neighbours, 8x2, ckpt:2 and 2x8 are tried and ckpt:4 folds back to ckpt:3 (the incumbent):
-    # one bf16 block fewer is next.
+    # neighbours, 8x2, ckpt:2, the outer parts in bf16 and 2x8 are tried and ckpt:4 folds back to
+    # ckpt:3 (the incumbent): one bf16 block fewer is next.
     lone = _study((_knobs(4, 4, 3), 100.0, 10.0), (_knobs(8, 4, 3), 1.0, 90.0), (_knobs(4, 4, 2), 1.0, 90.0))
     _add(lone, _knobs(2, 4, 3), rate=1.0, peak_mib=90.0)
-    refine, notes = _refine(lone, trials=5, known_peak=_last_block_saves_nothing)
+    _add(lone, dataclasses.replace(_knobs(4, 4, 3), outer_low_precision=True), rate=1.0, peak_mib=90.0)
+    refine, notes = _refine(lone, trials=6, known_peak=_last_block_saves_nothing)
     refine(lone, lone.trials[-1])
     assert notes == ["refining: next 4x4 bf16:3 ckpt:3, a neighbour of trial 0 (the best so far)"]
 
@@ -392,9 +433,12 @@ def test_a_refinement_that_beats_its_incumbent_side_by_side_is_the_next_incumben
     assert duel.calls[0][0] == "micro x acc x ranks 8x2x1 | bf16 | ckpt none | ZeRO 0"
     assert study.trials[2].user_attrs[BEATEN_BY] == 3 and BEATEN_BY not in study.trials[3].user_attrs
     # Trial 3 leads now: its first untried neighbour (no larger micro-batch, nothing recomputed to
-    # drop, every block in bf16; 8x2 is trial 2) recomputes one block.
+    # drop, every block in bf16) puts the outer parts in bf16 too.
     assert _waiting(study) == [
-        ({"micro_batch_size": 16, "low_precision_blocks": 4, "checkpoint_blocks": 1}, {REFINED_FROM: 3})
+        (
+            {"micro_batch_size": 16, "low_precision_blocks": 4, "outer_low_precision": True, "checkpoint_blocks": 0},
+            {REFINED_FROM: 3},
+        )
     ]
     assert notes[0] == "side by side: trial 3 beats trial 2 (decided, 3 rounds)"
 

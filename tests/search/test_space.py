@@ -85,6 +85,7 @@ def test_params_read_back_as_the_same_knobs() -> None:
         "zero_stage": 2,
         "low_precision": "fp16",
         "low_precision_blocks": 0,
+        "outer_low_precision": False,
         "checkpoint_blocks": 3,
     }
     assert space.suggest(optuna.trial.FixedTrial(params)) == knobs
@@ -117,3 +118,34 @@ def test_an_override_index_must_be_a_block() -> None:
     message = "space.blocks index must be in [0, 3], but got 4."
     with pytest.raises(SpecError, match=f"^{re.escape(message)}$"):
         _space(overrides={4: BlockOverride(checkpoint=True)})
+
+
+# ---- the outer precision (issue 40) ----------------------------------------------------------------
+
+
+def test_the_outer_precision_is_a_categorical_only_with_a_low_precision() -> None:
+    space = _space()
+    knobs = _knobs(low_precision_blocks=2, outer_low_precision=True)
+    params = space.params(knobs)
+    assert params == {
+        "micro_batch_size": 8,
+        "low_precision_blocks": 2,
+        "outer_low_precision": True,
+        "checkpoint_blocks": 0,
+    }
+    assert space.suggest(optuna.trial.FixedTrial(params)) == knobs
+    config = space.config(knobs)
+    assert (config.precision, config.outer_precision) == (("bf16", "fp32", "bf16", "fp32"), "bf16")
+    study = optuna.create_study()
+    trial = study.ask()
+    space.suggest(trial)
+    assert trial.distributions["outer_low_precision"] == optuna.distributions.CategoricalDistribution((False, True))
+    assert "outer_low_precision" not in _space(low_precisions=()).params(_knobs(low_precision="fp32"))
+
+
+def test_a_trial_from_before_the_outer_precision_reads_back_with_it_off() -> None:
+    space = _space()
+    older = {"micro_batch_size": 8, "low_precision_blocks": 2, "checkpoint_blocks": 1}  # a resumed study's
+    assert space.knobs_of(older) == _knobs(low_precision_blocks=2, checkpoint_blocks=1)
+    with pytest.raises(ValueError, match="checkpoint_blocks"):
+        space.knobs_of({"micro_batch_size": 8, "low_precision_blocks": 2})  # another space's: no default

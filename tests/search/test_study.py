@@ -18,7 +18,7 @@ from autotune import Measurement, TrainConfig, Workload, measure
 from autotune.errors import StudyError
 from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.measurement.goodput import statistical_efficiency
-from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.cache import MeasurementCache
 from autotune.search.objective import Objective
 from autotune.search.record import ATTR
@@ -103,16 +103,21 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
     assert t[0].system_attrs["constraints"] == [peak - budget]
     assert (t[1].user_attrs[ATTR.BASELINE], t[1].params) == (
         SEED_RECIPE,
-        {"micro_batch_size": 4, "low_precision_blocks": 4, "checkpoint_blocks": 2},
+        {"micro_batch_size": 4, "low_precision_blocks": 4, "outer_low_precision": False, "checkpoint_blocks": 2},
     )
-    assert t[2].user_attrs[ATTR.BASELINE] == POLICY_PROPOSAL
-    assert (t[3].user_attrs[ATTR.BASELINE], t[3].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 8)
+    # the HF recipe: the whole model in bf16, every block recomputed, the whole batch (it fits)
+    assert (t[2].user_attrs[ATTR.BASELINE], t[2].params) == (
+        HF_RECIPE,
+        {"micro_batch_size": 16, "low_precision_blocks": 4, "outer_low_precision": True, "checkpoint_blocks": 4},
+    )
+    assert t[3].user_attrs[ATTR.BASELINE] == POLICY_PROPOSAL
+    assert (t[4].user_attrs[ATTR.BASELINE], t[4].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 8)
     assert [trial.user_attrs.get(ATTR.BASELINE) for trial in t] == [
         PYTORCH_DEFAULT,
         SEED_RECIPE,
+        HF_RECIPE,
         POLICY_PROPOSAL,
         PYTORCH_DEFAULT,
-        None,
     ]
     for trial in t[1:]:
         if trial.state.name == "COMPLETE":
@@ -126,7 +131,7 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
     assert summary.recommended is not None and summary.recommended.feasible
     # Every feasible baseline, the policy's proposal included, is compared with the recommendation.
     feasible = {name for name, b in summary.baselines.items() if b.feasible}
-    assert set(summary.baselines) == {PYTORCH_DEFAULT, SEED_RECIPE, POLICY_PROPOSAL}
+    assert set(summary.baselines) == {PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE, POLICY_PROPOSAL}
     assert {i.baseline for i in summary.improvements} == feasible >= {PYTORCH_DEFAULT}
 
 

@@ -77,3 +77,34 @@ def test_bucket_elements_bounds() -> None:
     assert bucket_elements(DEFAULT_BUCKET + 1) == DEFAULT_BUCKET
     with pytest.raises(ConfigError, match=f"^{re.escape('largest_parameter must be an int >= 1, but got 0.')}$"):
         bucket_elements(0)
+
+
+# ---- the outer precision (issue 40) ----------------------------------------------------------------
+
+
+def test_outer_bf16_is_the_whole_model_bf16_engine_or_autocast_on_an_fp32_one() -> None:
+    whole = TrainConfig(ranks=2, precision="bf16", outer_precision="bf16")
+    assert engine_precision(whole, num_blocks=2, device_type="cpu") == "bf16"
+    # The generator is the one for both: outer bf16 over bf16 blocks writes what all-bf16 blocks wrote.
+    same = deepspeed_config(TrainConfig(ranks=2, precision="bf16"), num_blocks=2, largest_parameter=10)
+    assert deepspeed_config(whole, num_blocks=2, largest_parameter=10) == same
+    mixed = TrainConfig(ranks=2, precision=("bf16", "fp32"), outer_precision="bf16")
+    assert engine_precision(mixed, num_blocks=2, device_type="cpu") == "fp32"  # the loop autocasts
+    assert "bf16" not in deepspeed_config(mixed, num_blocks=2, largest_parameter=10)
+
+
+def test_outer_fp16_needs_an_fp16_engine() -> None:
+    assert (
+        engine_precision(
+            TrainConfig(ranks=2, precision="fp16", outer_precision="fp16"), num_blocks=2, device_type="cuda"
+        )
+        == "fp16"
+    )
+    msg = (
+        "TrainConfig.outer_precision fp16 runs on a DeepSpeed engine only with every block fp16 (an fp16 engine): "
+        "DeepSpeed scales the loss only on its own fp16 engine, not under autocast on an fp32 one; "
+        "got precision=('fp16', 'fp32')."
+    )
+    config = TrainConfig(ranks=2, precision=("fp16", "fp32"), outer_precision="fp16")
+    with pytest.raises(UnsupportedError, match=f"^{re.escape(msg)}$"):
+        engine_precision(config, num_blocks=2, device_type="cuda")

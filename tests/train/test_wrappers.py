@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -9,7 +11,7 @@ from torch.utils.data import TensorDataset
 
 from autotune import TrainConfig, Workload
 from autotune.search.export import python_snippet
-from autotune.train.wrappers import apply_block_knobs, effective_block_knobs
+from autotune.train.wrappers import apply_block_knobs, apply_outer_precision, effective_block_knobs, outer_autocast
 from tests.conftest import make_resmlp, trained_step
 
 
@@ -219,3 +221,106 @@ def test_a_shared_module_recomputed_at_one_position_keeps_its_state_exact() -> N
     assert all(torch.equal(a, b) for a, b in zip(losses, expected, strict=True))
     assert _same_state(plain, recomputed)
     assert int(recomputed.state_dict()["0.1.num_batches_tracked"]) == 4  # two positions, two micro-batches
+
+
+# ---- the outer precision (issue 40) ------------------------------------------------------------------
+
+
+def _dtypes(model: nn.Module, names: list[str]) -> tuple[dict[str, torch.dtype], list[Any]]:
+    """The output dtype of each named module's last forward, by forward hooks."""
+    seen: dict[str, torch.dtype] = {}
+
+    def hook(name: str) -> Any:
+        return lambda module, args, output: seen.__setitem__(name, output.dtype)
+
+    return seen, [model.get_submodule(n).register_forward_hook(hook(n)) for n in names]
+
+
+def test_under_outer_bf16_the_head_runs_in_bf16_and_an_fp32_block_in_fp32() -> None:
+    from autotune import load_workload
+    from autotune.train import Trainer
+
+    wl = load_workload("gpt-tiny")
+    probes = ["lm_head", "blocks.0.mlp.fc", "blocks.1.mlp.fc", "blocks.1.ln1"]
+    for outer, head in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        config = TrainConfig(micro_batch_size=2, precision=("fp32", "bf16", "fp32", "fp32", "fp32", "fp32"))
+        trainer = Trainer(wl, dataclasses.replace(config, outer_precision=outer), device="cpu")
+        seen, handles = _dtypes(trainer.model, probes)
+        result = trainer.step()
+        for h in handles:
+            h.remove()
+        trainer.close()
+        assert math.isfinite(result.loss)
+        assert seen == {
+            "lm_head": head,  # the head's matmul: in the outer precision
+            "blocks.0.mlp.fc": torch.float32,  # an fp32 block computes in fp32 under either
+            "blocks.1.mlp.fc": torch.bfloat16,  # a bf16 block in bf16 under either
+            "blocks.1.ln1": torch.float32,  # autocast's fp32 ops stay fp32 inside it
+        }
+
+
+def test_an_fp32_block_under_outer_bf16_takes_fp32_inputs_and_nothing_is_cast_back() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(8, 8)) for _ in range(3)))
+    names = ["0", "1", "2"]
+    seen: dict[str, torch.dtype] = {}
+    handles = [
+        model.get_submodule(f"{n}.0").register_forward_pre_hook(
+            lambda module, args, n=n: seen.__setitem__(f"{n} in", args[0].dtype)
+        )
+        for n in names
+    ]
+    wrappers = apply_block_knobs(
+        model, names, ["bf16", "fp32", "bf16"], [False, True, False], device_type="cpu", outer="bf16"
+    )
+    assert [("forward" in model.get_submodule(n).__dict__) for n in names] == [False, True, False]
+    with outer_autocast("bf16", "cpu"):
+        out = model(torch.randn(2, 8, requires_grad=True))
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16  # the last block's output is not cast back
+    assert seen == {"0 in": torch.float32, "1 in": torch.float32, "2 in": torch.float32}
+    wrappers.remove()
+    for h in handles:
+        h.remove()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_apply_then_remove_with_an_outer_precision_restores_the_model_exactly() -> None:
+    model = make_resmlp().model
+    names = [f"blocks.{i}" for i in range(4)]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    hooks = _hooks(model)
+    x = torch.randn(2, 32, 16)
+    reference = model(x)
+    outer = apply_outer_precision(model, "bf16", device_type="cpu")
+    blocks = apply_block_knobs(
+        model, names, ["bf16", "fp32", "fp32", "bf16"], [True, False, True, False], device_type="cpu", outer="bf16"
+    )
+    wrapped = model(x)  # no outer_autocast here: the model's own forward opens it
+    assert wrapped.dtype == torch.bfloat16  # the head ran in bf16
+    blocks.remove()
+    outer.remove()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert _hooks(model) == hooks
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(model(x), reference)
+    assert apply_outer_precision(model, "fp32", device_type="cpu").modules == ()  # fp32: nothing to install
+
+
+def test_outer_bf16_over_bf16_blocks_trains_as_whole_model_autocast() -> None:
+    """Every block bf16 under a bf16 outer precision is HF's ``bf16=True``: no wrapper installed,
+    and the loss of one autocast region around the whole loss."""
+    from autotune.train import Trainer
+
+    wl = make_resmlp()
+    batch = next(iter(torch.utils.data.DataLoader(wl.dataset, batch_size=8)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        direct = wl.loss_fn(wl.model, batch).item()
+    plain = wl.loss_fn(wl.model, batch).item()
+    config = TrainConfig(micro_batch_size=8, precision="bf16", outer_precision="bf16")
+    trainer = Trainer(wl, config, device="cpu")
+    assert trainer._wrappers is not None and trainer._wrappers.modules == ()
+    trainer.feed(batch)
+    loss = trainer.step().loss
+    trainer.close()
+    assert loss == pytest.approx(direct, rel=1e-6) and loss != pytest.approx(plain, rel=1e-6)

@@ -152,3 +152,22 @@ def test_a_workload_without_source_cannot_go_to_ranks() -> None:
     )
     with pytest.raises(UnsupportedError, match=f"^{re.escape(msg)}$"):
         measure(make_resmlp(), TrainConfig(ranks=2))
+
+
+def test_an_outer_bf16_precision_trains_on_ranks_as_the_loop_s_autocast_or_the_bf16_engine() -> None:
+    """Issue 40: over blocks that are not all bf16 the outer precision is the loop's autocast on an
+    fp32 engine; over bf16 blocks it is the bf16 engine (the whole model, as before)."""
+    mixed = TrainConfig(
+        micro_batch_size=8, ranks=2, zero_stage=1, precision=("bf16", "fp32", "fp32"), outer_precision="bf16"
+    )
+    whole = TrainConfig(micro_batch_size=8, ranks=2, zero_stage=1, precision="bf16", outer_precision="bf16")
+    wl = load_workload(TINY)
+    measured = measure_ranks(wl, [mixed, whole], steps=1, warmup=1, timeout=600)
+    profile = profile_memory(wl, modes=("fp32", "fp32@bf16", "bf16@bf16", "bf16-weights"))
+    for m in measured:
+        assert m.ok, m.reason
+        assert all(math.isfinite(x) for x in m.losses)
+        predicted = predict_memory(wl, m.config, profile=profile).total
+        assert m.peak_bytes is not None
+        assert abs(predicted - m.peak_bytes) <= DS_TOLERANCE * m.peak_bytes, (m.config, predicted, m.peak_bytes)
+    assert [m.deepspeed_config is not None and "bf16" in m.deepspeed_config for m in measured] == [False, True]
