@@ -85,10 +85,10 @@ def test_two_workers_share_one_study(postgres_url: str, tmp_path: Path) -> None:
     assert [re.sub(r" \(.*\)$", "", line) for line in setup] == [
         "workload tiny loaded: 34,340 parameters, 4 blocks",
         "blocks ranked by the activation bytes they save",
-        "baselines enqueued: pytorch-default, seed-recipe",  # no budget: no memory model to consult
+        "baselines enqueued: pytorch-default, seed-recipe, hf-recipe",  # no budget: no memory model consulted
     ]
     assert re.fullmatch(r"policy proposal enqueued: .+ \(\d+ s to profile the model and simulate\)", proposal), proposal
-    assert ready == "study 'tiny' ready: 3 trials enqueued; start the workers now"
+    assert ready == "study 'tiny' ready: 4 trials enqueued; start the workers now"
     workers = [
         subprocess.Popen(
             [
