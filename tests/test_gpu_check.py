@@ -132,3 +132,18 @@ def test_the_real_size_judge_runs_every_recipe_and_a_pick_through_its_snippet_on
         ("study pick (per-gib)", "4x2", pick.describe(), None),
     ]
     assert all(r["samples/s"] > 0 for r in rows)
+
+
+def test_the_real_size_predictions_are_verified_where_they_were_checked(gpu_check: ModuleType) -> None:
+    """Each judged recipe as a TrainConfig (HF's bf16 is the whole model, its checkpointing every
+    block), predicted from one profile checked on the device the check runs on."""
+    from autotune import TrainConfig
+    from autotune.zoo import CORPUS
+
+    entry = CORPUS["hf-gpt2"]
+    recipes = gpu_check.hf_recipes(8)
+    gc = recipes[2].as_config()
+    assert gc == TrainConfig(micro_batch_size=8, precision="bf16", outer_precision="bf16", checkpoint=True)
+    predicted = gpu_check.predicted_peaks(lambda: entry.build(**entry.tiny), recipes, device="cpu")
+    assert list(predicted) == [r.name for r in recipes]
+    assert all(p["verified"] and p["predicted"] > 0 for p in predicted.values())

@@ -306,7 +306,7 @@ def test_ctrl_c_mid_trial_is_one_line_exit_130_and_keeps_the_completed_trials(tm
         "workload tiny loaded: 34,340 parameters, 4 blocks (s)",
         "blocks ranked by the activation bytes they save (one fake-tensor forward, s)",
         "measuring process ready on cpu: workload built, one warm-up step (s)",
-        "baselines enqueued: pytorch-default, seed-recipe (s)",
+        "baselines enqueued: pytorch-default, seed-recipe, hf-recipe (s)",
     ]
     _wait_gone(int(Path(f"{hold}.held").read_text()))
     study = _study(db)
@@ -316,15 +316,15 @@ def test_ctrl_c_mid_trial_is_one_line_exit_130_and_keeps_the_completed_trials(tm
     assert [t.state.name for t in interrupted] == ["FAIL"]  # not counted: a rerun measures it again
 
 
-def test_no_policy_proposal_enqueues_only_the_two_baselines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_policy_proposal_enqueues_only_the_baselines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "s.db"
     args = ["study", f"{TINY}:build", "--storage", str(db), "--create-only", "--no-policy-proposal"]
     assert main(args) == 0
     assert [re.sub(r"\d+\.\d s\)$", "s)", line) for line in capsys.readouterr().err.splitlines()[-2:]] == [
-        "baselines enqueued: pytorch-default, seed-recipe (s)",
-        "study 'tiny' ready: 2 trials enqueued; start the workers now",
+        "baselines enqueued: pytorch-default, seed-recipe, hf-recipe (s)",
+        "study 'tiny' ready: 3 trials enqueued; start the workers now",
     ]
-    assert [t.user_attrs["baseline"] for t in _study(db).trials] == ["pytorch-default", "seed-recipe"]
+    assert [t.user_attrs["baseline"] for t in _study(db).trials] == ["pytorch-default", "seed-recipe", "hf-recipe"]
 
 
 def test_a_rerun_of_an_unseeded_workload_says_why_its_fingerprint_changed(

@@ -63,7 +63,8 @@ def test_the_outer_check_alternates_the_blocks_and_agrees_with_its_real_step(gpt
     ]
     check = gpt_profile.checks[2]
     assert (
-        describe_check(check) == "micro-batch 2, outer bf16, bf16 on blocks 0, 2, 4, blocks 1, 3, 5 recomputed, local"
+        describe_check(check)
+        == "micro-batch 2, outer bf16, bf16 on blocks 0, 2, 4, blocks 1, 3, 5 recomputed, local on cpu"
     )
     assert check.relative_error is not None and abs(check.relative_error) < 1e-4
 
@@ -125,7 +126,7 @@ def test_an_unchecked_outer_precision_is_unverified(gpt: Workload, gpt_profile: 
     assert not estimate.verified and estimate.verification is not None
     assert (estimate.verification.kind, estimate.verification.reason) == (
         "unchecked",
-        "no real step checked outer bf16 configurations",
+        "no real step on cpu checked outer bf16 configurations",
     )
 
 

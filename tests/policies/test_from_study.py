@@ -84,6 +84,7 @@ def test_the_fitted_simulator_is_closer_and_the_saved_policy_runs(
 
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     storage = _study(tmp_path, name="empty", trials=4, create_only=True)  # baselines enqueued, none measured
+    capsys.readouterr()  # the study's setup lines
     out = tmp_path / "policy"
     cases = {
         ("nope", TINY): f"study 'nope' does not exist in '{storage}'",

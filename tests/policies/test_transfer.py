@@ -13,7 +13,7 @@ from autotune.policies.transfer import propose
 from autotune import Knobs
 from autotune.errors import ProposalError
 from autotune.knobs import Move
-from autotune.search.baselines import POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.record import ATTR
 from autotune.search.spec import MeasureSpec, StudySpec
 from autotune.search.study import RunOptions, open_study, prepare, run_study
@@ -58,7 +58,7 @@ def test_a_study_with_the_policy_proposal_measures_it_as_one_more_baseline(tmp_p
     study = open_study(prepared, options)
     run_study(prepared, study, options)
     baselines = [t.user_attrs.get(ATTR.BASELINE) for t in study.trials]
-    assert baselines == [PYTORCH_DEFAULT, SEED_RECIPE, POLICY_PROPOSAL]
+    assert baselines == [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE, POLICY_PROPOSAL]
     assert study.trials[2].state.name == "COMPLETE"
     assert "micro_batch_size" in study.trials[2].params  # a point of the study's space
 
@@ -85,11 +85,11 @@ def test_without_a_proposal_the_study_goes_on_and_says_why_in_one_line(
     *setup, line = capsys.readouterr().err.splitlines()  # one line per setup phase, then the proposal's
     assert [re.sub(r"\(.*\)$", "(...)", s) for s in setup[1:]] == [
         "blocks ranked by the activation bytes they save (...)",
-        "baselines enqueued: pytorch-default, seed-recipe (...)",
+        "baselines enqueued: pytorch-default, seed-recipe, hf-recipe (...)",
     ]
     # FakeTensorMode cannot run a forward that branches on a value: no memory table, no proposal.
     assert line.startswith("no policy proposal: data-dependent cannot be profiled for the simulator: PredictionError: ")
-    assert [t.user_attrs.get(ATTR.BASELINE) for t in study.trials] == [PYTORCH_DEFAULT, SEED_RECIPE]
+    assert [t.user_attrs.get(ATTR.BASELINE) for t in study.trials] == [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE]
 
 
 def test_a_spec_can_turn_the_proposal_off(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_a_spec_can_turn_the_proposal_off(tmp_path: Path) -> None:
     prepared = prepare(spec)
     study = open_study(prepared, options)
     run_study(prepared, study, options)
-    assert [t.user_attrs.get(ATTR.BASELINE) for t in study.trials] == [PYTORCH_DEFAULT, SEED_RECIPE]
+    assert [t.user_attrs.get(ATTR.BASELINE) for t in study.trials] == [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE]
 
 
 def test_the_simulated_best_is_the_best_setting_the_gate_admits() -> None:
