@@ -113,7 +113,7 @@ class MeasurementProcess:
             raise MeasurementFailed(f"{error['type']}: {error['message']}")
         return Measurement.from_dict(reply["ok"])
 
-    def check(self, config: TrainConfig, *, timeout: float) -> StepPeak:
+    def check(self, config: TrainConfig, *, predicted: int | None = None, timeout: float) -> StepPeak:
         """One check step of the memory model in the child, on its device
         (:func:`autotune.memory.check.check_step`): the peak, or why the step failed. Raises
         :class:`MeasurementFailed` only if the child crashes or takes longer than ``timeout``."""
@@ -121,7 +121,7 @@ class MeasurementProcess:
 
         self.start()
         assert self._conn is not None
-        self._conn.send_bytes(encode(command("check", config=config.to_dict())))
+        self._conn.send_bytes(encode(command("check", config=config.to_dict(), predicted=predicted)))
         reply = self._receive(timeout, what="the memory check step")
         if "error" in reply:
             raise MeasurementFailed(f"{reply['error']['type']}: {reply['error']['message']}")
@@ -273,7 +273,8 @@ def _check(workload: Any, args: dict[str, Any], device: str | None) -> dict[str,
     from autotune.memory.check import check_step
 
     try:
-        peak = check_step(workload, TrainConfig.from_dict(args["config"]), device=device)
+        config = TrainConfig.from_dict(args["config"])
+        peak = check_step(workload, config, device=device, predicted=args.get("predicted"))
     except AutotuneError as e:  # the user's data at fault (its worst case): the study says so
         return error_reply(e)
     return {"ok": peak._asdict()}

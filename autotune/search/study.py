@@ -503,8 +503,8 @@ def run_study(
         measurer.start()
         observer.note(f"measuring process ready on {device_type}: workload built, one warm-up step ({_since(start)})")
 
-        def check(config: TrainConfig) -> StepPeak:
-            return measurer.check(config, timeout=spec.measure.trial_timeout)
+        def check(config: TrainConfig, predicted: int) -> StepPeak:
+            return measurer.check(config, predicted=predicted, timeout=spec.measure.trial_timeout)
 
         # The memory model's checks run in the measuring child, on the study's device.
         predictor = _predictor(options, device_type, check, observer)

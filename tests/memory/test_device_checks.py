@@ -72,9 +72,9 @@ def test_a_study_predictor_checks_through_its_step_on_its_device(tiny) -> None: 
     ran: list[TrainConfig] = []
     lines: list[str] = []
 
-    def step(config: TrainConfig) -> StepPeak:
+    def step(config: TrainConfig, predicted: int) -> StepPeak:
         ran.append(config)
-        return check_step(tiny, config, device="cpu")  # stands in for the child on a GPU
+        return check_step(tiny, config, device="cpu", predicted=predicted)  # stands in for the child on a GPU
 
     predictor = load_memory_predictor(device="cuda", step=step, note=lines.append)
     assert predictor is not None
@@ -108,3 +108,18 @@ def test_on_cuda_the_gate_admits_on_a_host_check_but_trusts_a_kind_once_measured
     assert gate.trusts(plain) and not gate.trusts(recomputed)
     on_cpu = BudgetGate(tiny, 10**9, profile=profile, device_type="cpu")
     assert on_cpu.trusts(plain) and on_cpu.trusts(recomputed)
+
+
+def test_a_check_step_that_would_not_fit_is_not_run_and_says_so(
+    tiny,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """A check step the host cannot hold would be ended by the kernel's OOM killer with the whole
+    process: where its prediction (with the margin) is more than is free, it does not run."""
+    monkeypatch.setattr("autotune.measurement.cuda_memory.free_bytes", lambda device: 5 * 2**20)
+    config = TrainConfig(micro_batch_size=4)
+    assert check_step(tiny, config, device="cpu", predicted=4 * 2**20 + 1) == StepPeak(
+        None, "the check step would not fit on cpu: predicted 4 MiB, 5 MiB free", True
+    )
+    ran = check_step(tiny, config, device="cpu", predicted=4 * 2**20)  # 5 MiB / 1.25: just fits
+    assert ran.measured is not None and ran.failure is None

@@ -159,8 +159,10 @@ def test_a_kind_whose_check_disagreed_is_unverified_and_the_others_stay_verified
 
     real = check.check_step
 
-    def off_when_recomputed(workload: Workload, config: TrainConfig, *, device: str | None) -> check.StepPeak:
-        measured, failure, oom = real(workload, config, device=device)
+    def off_when_recomputed(
+        workload: Workload, config: TrainConfig, *, device: str | None, predicted: int | None
+    ) -> check.StepPeak:
+        measured, failure, oom = real(workload, config, device=device, predicted=predicted)
         if config.checkpoint and measured:
             return check.StepPeak(round(measured * 1.25), failure, oom)
         return check.StepPeak(measured, failure, oom)
@@ -214,9 +216,11 @@ def test_a_grown_study_profile_checks_only_the_new_kind(monkeypatch: pytest.Monk
     ran: list[TrainConfig] = []
     real = check.check_step
 
-    def counted(workload: Workload, config: TrainConfig, *, device: str | None) -> check.StepPeak:
+    def counted(
+        workload: Workload, config: TrainConfig, *, device: str | None, predicted: int | None
+    ) -> check.StepPeak:
         ran.append(config)
-        return real(workload, config, device=device)
+        return real(workload, config, device=device, predicted=predicted)
 
     monkeypatch.setattr(check, "check_step", counted)
     predictor = load_memory_predictor()
