@@ -73,7 +73,7 @@ def profile_memory(
     new = sorted(set(profile.modes) - set(reuse.modes if reuse is not None else ()))
     if note is not None and new:
         seconds = time.perf_counter() - start
-        note(f"memory model: fake-tensor profile of {', '.join(new)} ({seconds:.1f} s, no real compute)")
+        note(f"memory model: fake-tensor profile of {', '.join(new)} (no real compute, {seconds:.1f} s)")
     if not verify:
         return profile
     done = () if reuse is None else reuse.checks

@@ -81,7 +81,7 @@ def test_a_study_predictor_checks_through_its_step_on_its_device(tiny) -> None: 
     predictor(tiny, TrainConfig(micro_batch_size=8))  # verified on "cuda": no PredictionError
     assert [c.checkpoint for c in ran] == [False, (True, False, True, False)]
     assert [re.sub(r"[\d.]+ (KiB|MiB|B)|[+-]\d+\.\d%|\d+\.\d s", "#", line) for line in lines] == [
-        "memory model: fake-tensor profile of fp32 (#, no real compute)",
+        "memory model: fake-tensor profile of fp32 (no real compute, #)",
         "memory check fp32 on cuda (micro-batch 4, fp32, local on cuda): predicted #, measured # (#), verified (#)",
         "memory check recomputed on cuda (micro-batch 2, blocks 0, 2 recomputed, local on cuda): predicted #, "
         "measured # (#), verified (#)",
