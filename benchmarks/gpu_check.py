@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from autotune.config import Precision
     from autotune.measurement.objective import ObjectiveName
 
 SCRIPT = Path(__file__).resolve()
@@ -262,7 +263,7 @@ class Recipe:
 
         if self.config is not None:
             return self.config
-        precision = "bf16" if self.bf16 else "fp32"
+        precision: Precision = "bf16" if self.bf16 else "fp32"
         return TrainConfig(
             micro_batch_size=self.micro_batch,
             grad_accum_steps=self.accumulation,
