@@ -131,6 +131,11 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, help="micro-batch size (default 8)")
     p.add_argument("--accum", type=int, help="gradient-accumulation steps (default 1)")
     p.add_argument("--precision", help="fp32|bf16|fp16 for every block, or a comma list, one per block")
+    p.add_argument(
+        "--outer-precision",
+        help="fp32|bf16|fp16 for the rest of the model (embeddings, head, loss): bf16 with --precision bf16 "
+        "is Hugging Face's bf16=True",
+    )
     p.add_argument("--checkpoint", help="none|all, or comma-separated block indices to recompute")
     p.add_argument("--zero-stage", type=int, help="DeepSpeed ZeRO stage 0-3")
     p.add_argument("--ranks", type=int, help="data-parallel ranks")
@@ -158,6 +163,8 @@ def config_from_args(args: argparse.Namespace, *, num_blocks: int) -> Any:
     if args.precision is not None:
         parts = [s.strip() for s in args.precision.split(",")]
         overrides["precision"] = parts[0] if len(parts) == 1 else tuple(parts)
+    if args.outer_precision is not None:
+        overrides["outer_precision"] = args.outer_precision  # TrainConfig validates it
     if args.checkpoint is not None:
         overrides["checkpoint"] = _parse_checkpoint(args.checkpoint, num_blocks)
     return dataclasses.replace(config, **overrides)

@@ -83,6 +83,16 @@ def test_measure_prints_a_table() -> None:
             "TiB) such as 2GiB, or a percentage of the default configuration's peak such as 75%, but got 'lots'.",
         ),
         (("tune", f"{USER}:build", "--ranks", "0"), "autotune tune: error: ranks must be an int >= 1, but got 0."),
+        (
+            ("predict", "-w", f"{USER}:build", "--outer-precision", "int8"),
+            "autotune predict: error: TrainConfig.outer_precision must be one of ('fp32', 'bf16', 'fp16'), "
+            "but got 'int8'.",
+        ),
+        (
+            ("predict", "-w", f"{USER}:build", "--precision", "fp16", "--outer-precision", "bf16"),
+            "autotune predict: error: TrainConfig.precision must be fp32 or the outer precision 'bf16' on every "
+            "block when outer_precision is reduced, but got 'fp16'.",
+        ),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(args: tuple[str, ...], line: str) -> None:
@@ -354,3 +364,28 @@ def test_the_commands_that_train_as_they_tune_share_one_ranks_flag() -> None:
         "data-parallel DeepSpeed ranks (> 1: the ZeRO stage is a live knob; needs deepspeed; default 1)",
     )
     assert parser.parse_args(["train", "gpt-tiny", "--ranks", "2"]).ranks == 2
+
+
+def test_predict_the_whole_model_in_bf16_from_the_flags() -> None:
+    """``--precision bf16 --outer-precision bf16``: what ``bf16=True`` trains, predicted and checked
+    by real steps of its kinds; the outer precision reaches the prediction (gpt-tiny's embeddings,
+    head and loss in bf16 keep fewer bytes at the forward/backward peak)."""
+    totals = {}
+    for outer in ("fp32", "bf16"):
+        proc = _run(
+            "predict",
+            "-w",
+            "gpt-tiny",
+            "--micro-batch",
+            "16",
+            "--precision",
+            "bf16",
+            "--outer-precision",
+            outer,
+            "--json",
+        )
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(proc.stdout)
+        assert (data["verified"], data["verification"]["device"], data["phase"]) == (True, "cpu", "forward/backward")
+        totals[outer] = data["total"]
+    assert totals["bf16"] < totals["fp32"]
