@@ -315,9 +315,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
     sys.stdout.write(text)
     if args.format == "deepspeed":  # JSON has no comments: the allocator setting goes to stderr
         print(f"autotune best: {allocator_note(expandable)}", file=sys.stderr)
-        note = objective_note(summary.objective)
-        if note is not None:  # and what the recommendation is for, unless per GiB (the default)
-            print(f"autotune best: {note}", file=sys.stderr)
+        print(f"autotune best: {objective_note(summary.objective)}", file=sys.stderr)  # and what it is for
     return 0
 
 
@@ -333,8 +331,7 @@ def _measured(summary: Any, best: Any) -> dict[str, Any]:
         "peak_bytes": best.peak_bytes,
         "per_gib": best.per_gib,
     }
-    if summary.objective != "per-gib":  # per GiB (the default) is what a record without the key means
-        measured["recommended_for"] = summary.objective
+    measured["recommended_for"] = summary.objective
     f = summary.retimed.get(best.number)
     if f is not None:
         measured["retimed"] = {

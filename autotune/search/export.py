@@ -43,11 +43,11 @@ def allocator_note(expandable_segments: bool) -> str:
     return "measured without PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the CUDA allocator's default)"
 
 
-def objective_note(objective: ObjectiveName) -> str | None:
-    """One line saying what the recommendation is for, or None for the default (the most samples/s
-    per GiB of peak: what every export meant before the objective was a choice)."""
+def objective_note(objective: ObjectiveName) -> str:
+    """One line saying what the recommendation is for: every export says it, so a file read later
+    cannot be taken for the other objective's pick."""
     if objective == DEFAULT_OBJECTIVE:
-        return None
+        return "recommended for the most samples/s per GiB of peak within the memory budget (objective per-gib)"
     return "recommended for the most samples/s within the memory budget (objective throughput), not per GiB"
 
 
@@ -94,8 +94,7 @@ def python_snippet(
     """A Python snippet that applies ``config`` to a model with these blocks (its outer precision
     and per-block knobs), with the equivalent ``TrainingArguments`` where there is one."""
     alloc = "expandable_segments:True" if expandable_segments else None
-    note = objective_note(objective)
-    why = "" if note is None else f"Objective: {note}.\n"
+    why = f"Objective: {objective_note(objective)}.\n"
     hf_args = hf_training_arguments(config, num_blocks=len(block_names))
     return f'''"""Apply the configuration autotune found for {workload!r}.
 
@@ -143,8 +142,8 @@ def export_config(
     on stderr, :func:`allocator_note`).
     ``measured``: what the study measured for it (JSON only, under the key
     :data:`~autotune.config.MEASURED_KEY`, which :meth:`TrainConfig.from_json` reads past).
-    ``objective``: what the recommendation is for; the Python snippet says so unless it is the
-    default (:func:`objective_note`: ``autotune best`` puts it in ``measured`` and on stderr).
+    ``objective``: what the recommendation is for; the Python snippet says so
+    (:func:`objective_note`; ``autotune best`` puts it in ``measured`` and on stderr).
     """
     if fmt == "json":
         if measured is None:

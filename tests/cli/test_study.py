@@ -256,7 +256,11 @@ def test_best_exports_json_deepspeed_and_python(tmp_path: Path, capsys: pytest.C
         assert main(["best", "tiny", "--storage", str(db), "--format", fmt]) == 0
         out[fmt], err[fmt] = capsys.readouterr()
     # JSON has no comments: which allocator setting the DeepSpeed config assumes goes to stderr.
-    assert err["deepspeed"] == f"autotune best: {allocator_note(False)}\n"
+    assert err["deepspeed"] == (
+        f"autotune best: {allocator_note(False)}\n"
+        "autotune best: recommended for the most samples/s per GiB of peak within the memory budget "
+        "(objective per-gib)\n"
+    )
     assert "ALLOC_CONF = None" in out["python"]
     config = TrainConfig.from_json(out["json"])
     assert config.effective_batch_size == 16

@@ -101,6 +101,7 @@ def test_best_json_carries_the_re_timed_figures_and_stays_a_config(
         "objective": 98.0,
         "peak_bytes": GIB,
         "per_gib": 98.0,
+        "recommended_for": "per-gib",
         "retimed": {
             "throughput": 110.0,
             "spread": 1.0 / 110.0,
