@@ -104,7 +104,7 @@ def _phase(line: str) -> dict[str, Any]:
 
 
 def _params(size: str) -> int:
-    return sum(p.numel() for p in _build(size).model.parameters())
+    return _build(size).num_parameters
 
 
 def write(out: Path, machine: dict[str, Any], rows: list[dict[str, Any]]) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "check_configs",
     "check_step",
     "covering",
+    "unverified_check",
     "unverified_message",
     "verify_profile",
 ]
@@ -289,10 +290,10 @@ def covering(
     mixed = len(set(zip(plan.block_modes, plan.checkpoints, strict=True))) > 1
     if structure is not None and not structure.chain and mixed:  # checked or not: no check can stand for it
         reason = f"{structure.describe()}: per-block configurations are composed for chain-shaped blocks only"
-        return _unverified("composition", config, predicted, reason, device_type)
+        return unverified_check("composition", config, predicted, reason, device_type)
     handover = _handover(profile, plan)
     if handover is not None:  # checked or not, likewise
-        return _unverified("composition", config, predicted, handover, device_type)
+        return unverified_check("composition", config, predicted, handover, device_type)
     if not profile.checks:
         return None
     kinds = ["default", *(["recompute"] if any(plan.checkpoints) else [])]
@@ -304,7 +305,7 @@ def covering(
         elsewhere = sorted({v.device for v in profile.checks if v.kind == missing[0]})
         where = f" (checked on {', '.join(elsewhere)} only)" if elsewhere else ""
         reason = f"no real step on {device_type} checked {_KINDS[missing[0]]} configurations{where}"
-        return _unverified("unchecked", config, predicted, reason, device_type)
+        return unverified_check("unchecked", config, predicted, reason, device_type)
     relevant = [checks[k] for k in kinds]
     failed = [v for v in relevant if not v.verified]
     if failed:
@@ -343,7 +344,8 @@ _KINDS = {
 }
 
 
-def _unverified(kind: str, config: TrainConfig, predicted: int, reason: str, device: str) -> Verification:
+def unverified_check(kind: str, config: TrainConfig, predicted: int, reason: str, device: str) -> Verification:
+    """A verification no real step stands for (``"composition"``, ``"unchecked"``): ``reason`` says why."""
     return Verification(
         kind=kind,
         config=config,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from autotune.config import TrainConfig
-from autotune.memory.check import CheckStep, Verification, covering, verify_profile
+from autotune.memory.check import CheckStep, covering, unverified_check, verify_profile
 
 # plan_of is also part of the contract a study loads from this module (search/predictor.py).
 from autotune.memory.model import MemoryEstimate, compose_memory, plan_of
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from autotune.units import MemoryBudget
     from autotune.workload import Workload
 
-__all__ = ["budget_bytes", "device_available", "predict_memory", "profile_memory"]
+__all__ = ["budget_bytes", "predict_memory", "profile_memory"]
 
 
 def profile_memory(
@@ -140,23 +140,15 @@ def predict_memory(
     plan = plan_of(config, num_blocks=len(workload.block_names()), device_type=device_type)
     if profile is None:
         # A check on the host says nothing about a GPU's kernels: without the device, none runs.
-        verify = verify and device_available(device_type)
+        verify = verify and _device_available(device_type)
         profile = profile_memory(
             workload, modes=plan.modes, checkpointed=any(plan.checkpoints), verify=verify, device=device_type
         )
     estimate = compose_memory(workload, config, profile, device_type=device_type)
     check = covering(profile, config, plan, estimate.total, device_type=checked_on or device_type)
-    if check is None and not profile.checks and device_type != "cpu" and not device_available(device_type):
-        check = Verification(
-            kind="unchecked",
-            config=config,
-            predicted=estimate.total,
-            measured=None,
-            relative_error=None,
-            verified=False,
-            reason=f"no real step on {device_type} checked it: this machine has no {device_type} device",
-            device=device_type,
-        )
+    if check is None and not profile.checks and not _device_available(device_type):
+        reason = f"no real step on {device_type} checked it: this machine has no {device_type} device"
+        check = unverified_check("unchecked", config, estimate.total, reason, device_type)
     return dataclasses.replace(estimate, verified=check is not None and check.verified, verification=check)
 
 
@@ -179,7 +171,7 @@ def budget_bytes(
     return budget.resolve(lambda: predict_memory(workload, default, device_type=device_type, verify=False).total)
 
 
-def device_available(device_type: str) -> bool:
+def _device_available(device_type: str) -> bool:
     """Whether this process can run a step on ``device_type`` (``"cpu"``, ``"cuda"``)."""
     if device_type == "cpu":
         return True

@@ -156,9 +156,8 @@ def prepare(spec: StudySpec) -> Prepared:
     say = lines.append
     start = time.perf_counter()
     workload = load_workload(spec.workload)
-    params = sum(p.numel() for p in workload.model.parameters())
     blocks = len(workload.block_names())
-    say(f"workload {workload.name} loaded: {params:,} parameters, {blocks} blocks ({_since(start)})")
+    say(f"workload {workload.name} loaded: {workload.num_parameters:,} parameters, {blocks} blocks ({_since(start)})")
     if spec.space.min_micro_batch is not None:
         workload = dataclasses.replace(workload, min_micro_batch=spec.space.min_micro_batch)
     batches = spec.space.effective_batch_sizes or (workload.batch_size,)
