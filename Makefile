@@ -74,7 +74,8 @@ examples: install
 
 # The wheel and sdist as a user gets them: built, the wheel installed into a fresh venv outside
 # the repository and run from outside it (--version, workloads, a 2-trial study, Adaptive with the
-# pretrained policy). The fresh venv borrows .venv's dependencies; see .ci/wheel-check.sh.
+# pretrained policy), with only the base dependencies installed (a real `pip install` of the wheel,
+# torch pinned): a command needing a missing extra is one line and exit 2. See .ci/wheel-check.sh.
 wheel-check: install
 	VENV=$(VENV) bash .ci/wheel-check.sh
 

@@ -2,11 +2,10 @@
 # The package as a user gets it: build the sdist and wheel, install the wheel into a fresh venv
 # outside the repository and run it from a directory outside the repository (`make wheel-check`).
 #
-# Fast (no second torch install): the fresh venv sees the dependencies already installed in the
-# repository's venv through a .pth file listing that venv's site-packages. A .pth line is only
-# appended to sys.path: the .pth files in that folder (the editable install's finder among them)
-# are never executed, so the only autotune the fresh venv can import is the wheel's, which
-# `pip install --no-deps` puts in its own site-packages (checked below).
+# The fresh venv gets the wheel and its base dependencies only, as `pip install torch-autotune`
+# gives them (torch pinned to the CPU wheel, the rest to requirements/constraints.txt): no
+# DeepSpeed, transformers, Lightning or dashboard. The study, the policy and Adaptive must run;
+# a command that needs a missing extra must say which in one line, exit 2, without a traceback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -48,10 +47,17 @@ if missing:
 print(f"wheel-check: {len(in_wheel)} files in the wheel, {len(in_sdist)} in the sdist, the policy and specs in both")
 PY
 
+echo "wheel-check: installing the wheel and its base dependencies into a fresh venv"
 "$python" -m venv --without-pip "$work/venv"
-site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-"$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$site/repo-venv-deps.pth"
-"$python" -m pip --python "$work/venv/bin/python" install -q --no-deps "$wheel"
+# pip's own warnings about the machine's local package folders are not the package's business.
+"$python" -m pip --python "$work/venv/bin/python" install -q -c requirements/constraints.txt \
+    torch==2.13.0 "$wheel" 2> >(grep -v "^WARNING: Location" >&2)
+for extra in deepspeed transformers lightning optuna_dashboard; do
+    if "$work/venv/bin/python" -c "import $extra" 2>/dev/null; then
+        echo "wheel-check: the base install brought $extra, an extra" >&2
+        exit 1
+    fi
+done
 
 mkdir "$work/run"
 cd "$work/run" # outside the repository: nothing may depend on its working directory
@@ -89,4 +95,21 @@ with Adaptive(model, opt, loss_fn, data, batch_size=16, policy="pretrained", dec
 print(f"wheel-check: Adaptive(policy='pretrained'): 6 steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
       f"{len(tuner.history)} decisions, last config {tuner.config.describe()}")
 PY
+# A command that needs a missing extra: one line naming the extra, exit 2, no traceback.
+expect_missing() { # expect_missing EXTRA COMMAND...
+    local extra=$1 status=0
+    shift
+    "$@" >/dev/null 2>"$work/err" || status=$?
+    if [ "$status" != 2 ] || [ "$(wc -l <"$work/err")" != 1 ] || ! grep -qF "pip install 'torch-autotune[$extra]'" "$work/err"; then
+        echo "wheel-check: '$*' without the $extra extra: exit $status, stderr:" >&2
+        cat "$work/err" >&2
+        exit 1
+    fi
+    echo "wheel-check: $* -> exit 2, $(cat "$work/err")"
+}
+expect_missing hf autotune measure -w hf-gpt2
+expect_missing hf autotune study hf-llama --trials 1
+expect_missing zero autotune study mlp-digits --trials 1 --ranks 2
+expect_missing zero autotune measure -w mlp-digits --ranks 2
+expect_missing dashboard autotune dashboard --storage sqlite:///studies/autotune.db
 echo "wheel-check: ok"

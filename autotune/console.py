@@ -26,7 +26,9 @@ def make_console(*, stderr: bool = False, file: IO[str] | None = None) -> Consol
     On a terminal: rich's own (the terminal's width, colour). Anywhere else: ``OFF_TERMINAL_WIDTH``
     columns, so each table row stays on one line.
     """
-    out = Console(stderr=stderr, file=file)
+    # markup=False: autotune's lines are plain text, and rich would take the extra in
+    # "pip install 'torch-autotune[hf]'" for a style tag and print it without "[hf]".
+    out = Console(stderr=stderr, file=file, markup=False)
     if out.is_terminal:
         return out
-    return Console(stderr=stderr, file=file, width=OFF_TERMINAL_WIDTH)
+    return Console(stderr=stderr, file=file, width=OFF_TERMINAL_WIDTH, markup=False)

@@ -5,7 +5,7 @@
 - ``autotune/Simulated-v0`` (:class:`SimulatedEnv`): the same spaces and reward over a cost model
   calibrated from a measured profile (``autotune profile``); cheap enough for PPO.
 
-Importing this package registers both with Gymnasium; it needs ``gymnasium`` (``torch-autotune[rl]``).
+Importing this package registers both with Gymnasium; ``gymnasium`` is in the base install.
 """
 
 from __future__ import annotations

@@ -151,3 +151,10 @@ def test_the_recommendation_says_how_it_compares_with_the_pytorch_default_and_th
         "peak 22.48 MiB, 62884.0 samples/s per GiB (5.27x the PyTorch default per GiB); "
         "the HF recipe (bf16 + checkpointing) was infeasible"
     )
+
+
+def test_brackets_in_a_line_are_printed_not_taken_for_markup() -> None:
+    # rich would read "[dashboard]" as a style tag and drop it from the install command.
+    out = io.StringIO()
+    make_console(file=out).print("note: pip install 'torch-autotune[dashboard]' (blocks [0, 4])")
+    assert out.getvalue() == "note: pip install 'torch-autotune[dashboard]' (blocks [0, 4])\n"

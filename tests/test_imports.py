@@ -205,7 +205,19 @@ def test_measurement_never_imports_the_processes() -> None:
 #: its own layer or below, never above. ``procs`` sits above ``measurement``: a rank runs the
 #: measurement schedule; ``measure()`` reaches the launcher through a lazy import only.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "settings", "units", "_lazy", "console", "config", "knobs", "workload", "zoo", "resolve"),
+    (
+        "errors",
+        "dependencies",
+        "settings",
+        "units",
+        "_lazy",
+        "console",
+        "config",
+        "knobs",
+        "workload",
+        "zoo",
+        "resolve",
+    ),
     ("train",),
     ("measurement",),
     ("memory", "procs"),

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
+from autotune.dependencies import install_command
 from autotune.errors import MissingDependencyError
 from autotune.knobs import ZERO_STAGES, Move, apply_action, knobs_to_config, levels_of
 from autotune.settings import TUNING
@@ -57,7 +58,8 @@ def _load(directory: Path | None) -> Any:
         from autotune.policies.ppo import PRETRAINED_DIR, load_policy
     except ImportError as e:
         raise MissingDependencyError(
-            f"a policy decision source needs stable-baselines3 and gymnasium: pip install 'torch-autotune[rl]' ({e})."
+            f"a policy decision source needs stable-baselines3 and gymnasium, which cannot be imported ({e}): "
+            f"{install_command()} installs them."
         ) from None
     return load_policy(directory or PRETRAINED_DIR)
 

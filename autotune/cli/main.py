@@ -4,7 +4,8 @@ Exit codes, each with one line on stderr and no traceback:
 
 - 0: done;
 - 1: a configuration failed to train;
-- 2: a user mistake (bad workload reference, bad config value, a file where a directory goes): nothing written;
+- 2: a user mistake (bad workload reference, bad config value, a file where a directory goes), or an
+  optional dependency the command needs is not installed (the line names the extra): nothing written;
 - 3: the loss became NaN or infinite where a result would be meaningless (``tune``, ``train --adapt``);
 - 4: ``train --adapt`` measured a step over its memory budget (unless ``--allow-over-budget``);
 - 130: Ctrl-C.
@@ -19,6 +20,7 @@ import sys
 import warnings
 from collections.abc import Iterator, Sequence
 
+from autotune.dependencies import DISTRIBUTION
 from autotune.errors import AutotuneError, NonFiniteLossError, TrainingError
 
 __all__ = ["EXIT_NON_FINITE_LOSS", "EXIT_OVER_BUDGET", "main", "warnings_as_lines"]
@@ -37,11 +39,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "autotune.cli.policy",
     "autotune.cli.train",
 )
-
-
-# The name autotune is installed under (pyproject.toml's [project] name): `autotune` on the public
-# index is an unrelated project, so the distribution's name differs from the import name.
-DISTRIBUTION = "torch-autotune"
 
 
 def _version() -> str:
@@ -71,6 +68,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except AutotuneError as e:
         print(f"autotune {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        from autotune.dependencies import missing_dependency
+
+        missing = missing_dependency(e)
+        if missing is None:  # not one of autotune's dependencies: a bug, or the user's own import
+            raise
+        print(f"autotune {args.command}: error: {missing}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"autotune {args.command}: interrupted", file=sys.stderr)

@@ -361,6 +361,9 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in [1, 65535], but got {args.port}.")
     open_storage(args.storage, create=False)  # one clear line if it cannot be opened, before the server starts
     artifact_dir = Path(args.artifact_dir) if args.artifact_dir else DEFAULT_ARTIFACTS
-    print(f"optuna-dashboard on http://{args.host}:{args.port} (Ctrl-C stops it)", file=sys.stderr)
-    serve(storage_url(args.storage), artifact_dir=artifact_dir, host=args.host, port=args.port)
+
+    def announce(url: str) -> None:
+        print(f"optuna-dashboard on {url} (Ctrl-C stops it)", file=sys.stderr)
+
+    serve(storage_url(args.storage), artifact_dir=artifact_dir, host=args.host, port=args.port, announce=announce)
     return 0

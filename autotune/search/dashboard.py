@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.dependencies import install_command
 from autotune.errors import MissingDependencyError
 from autotune.search.export import export_config
 from autotune.search.record import TrialRecord
@@ -27,7 +28,7 @@ __all__ = ["PARETO_PLOT_ID", "note_saver", "pareto_figure", "save_study_artifact
 
 PARETO_PLOT_ID = "autotune-pareto-front"
 _ARTIFACTS_OF = "artifacts_of_trial"  # study user attribute: the trial whose config files are attached
-_INSTALL = "pip install 'torch-autotune[search]'"
+_INSTALL = install_command("dashboard")
 
 
 def _require(module: str, package: str) -> Any:
@@ -132,10 +133,31 @@ def save_study_artifacts(
     return ids
 
 
-def serve(storage: str, *, artifact_dir: str | Path, host: str, port: int) -> None:
-    """Run optuna-dashboard on ``storage`` (blocking) with the artifact store attached."""
+def serve(
+    storage: str,
+    *,
+    artifact_dir: str | Path,
+    host: str,
+    port: int,
+    announce: Callable[[str], None] | None = None,
+) -> None:
+    """Run optuna-dashboard on ``storage`` (blocking) with the artifact store attached.
+
+    Args:
+        storage: The study storage's URL.
+        artifact_dir: The artifact store's folder (attached when it exists).
+        host: The address the server listens on.
+        port: Its port.
+        announce: Called with the dashboard's URL once optuna-dashboard imported, just before the
+            server starts (so nothing is announced for a server that cannot start).
+
+    Raises:
+        MissingDependencyError: optuna-dashboard is not installed.
+    """
     import optuna.artifacts
 
     dashboard = _require("optuna_dashboard", "optuna-dashboard")
     store = optuna.artifacts.FileSystemArtifactStore(str(artifact_dir)) if Path(artifact_dir).is_dir() else None
+    if announce is not None:
+        announce(f"http://{host}:{port}")
     dashboard.run_server(storage, host=host, port=port, artifact_store=store)

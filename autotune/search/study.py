@@ -16,6 +16,7 @@ once the study has its number of trials; each may overshoot by the one trial it 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import socket
@@ -27,7 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from autotune.config import Precision, TrainConfig
-from autotune.errors import ConfigError, NonFiniteLossError, ProposalError, SpecError, StudyError
+from autotune.dependencies import install_command
+from autotune.errors import (
+    ConfigError,
+    MissingDependencyError,
+    NonFiniteLossError,
+    ProposalError,
+    SpecError,
+    StudyError,
+)
 from autotune.measurement.cuda_memory import ALLOC_CONF_VAR, alloc_conf_with
 from autotune.measurement.objective import DEFAULT_OBJECTIVE
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
@@ -154,6 +163,12 @@ def prepare(spec: StudySpec) -> Prepared:
     # stays one line.
     lines: list[str] = []
     say = lines.append
+    if max(spec.space.ranks) > 1 and importlib.util.find_spec("deepspeed") is None:
+        # Refused before anything runs: every trial on ranks would fail on the import.
+        raise MissingDependencyError(
+            f"ranks {max(spec.space.ranks)}: several ranks run on DeepSpeed, which is not installed: "
+            f"{install_command('zero')}"
+        )
     start = time.perf_counter()
     workload = load_workload(spec.workload)
     blocks = len(workload.block_names())
@@ -447,8 +462,8 @@ def _enqueue_proposal(study: optuna.Study, prepared: Prepared) -> tuple[bool, st
 
         knobs = propose(prepared.workload, memory_budget=prepared.memory_budget)
         params = prepared.space.params(knobs)
-    except ImportError as e:  # stable-baselines3 / gymnasium are the ``rl`` extra
-        return False, f"no policy proposal: the policy needs pip install 'torch-autotune[rl]' ({e})"
+    except ImportError as e:  # stable-baselines3 / gymnasium: in the base install, unless it is broken
+        return False, f"no policy proposal: the policy cannot be imported ({e}): {install_command()} installs it"
     # ConfigError: the proposal lies outside this study's space; NonFiniteLossError: the model's
     # loss is NaN (its trials prune on it).
     except (ProposalError, ConfigError, NonFiniteLossError) as e:

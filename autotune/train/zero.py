@@ -24,6 +24,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from autotune.config import Precision, TrainConfig
+from autotune.dependencies import install_command
 from autotune.errors import ConfigError, UnsupportedError
 from autotune.train.base import BaseTrainer
 from autotune.train.deepspeed_config import deepspeed_config, engine_precision
@@ -45,7 +46,7 @@ def import_deepspeed() -> Any:
     except ImportError as e:
         raise UnsupportedError(
             f"zero_stage > 0 or ranks > 1 runs on DeepSpeed, which cannot be imported ({e}); "
-            "install it with `pip install deepspeed` (or `pip install torch-autotune[zero]`)."
+            f"install it with {install_command('zero')}."
         ) from None
     # init_distributed JIT-compiles the shm_comm op (~3 min on this project's 2-core CPU machines), used only for
     # inference all-reduce. Go through sys.modules: `import deepspeed.comm.torch as m` binds torch.

@@ -21,6 +21,7 @@ from functools import cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from autotune.dependencies import install_command
 from autotune.errors import WorkloadError
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ class Requirement:
 
     @property
     def hint(self) -> str:
-        return f"pip install 'torch-autotune[{self.extra}]'"
+        return install_command(self.extra)
 
     def available(self) -> bool:
         """Whether ``module`` imports (this imports it: the builder would anyway)."""
