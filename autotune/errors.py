@@ -7,6 +7,12 @@ configuration from a bug. ``assert`` is reserved for internal invariants.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: errors.py sits below every module, these among them
+    from autotune.config import TrainConfig
+    from autotune.workload import Workload
+
 __all__ = [
     "AutotuneError",
     "ConfigError",
@@ -145,6 +151,19 @@ class SessionError(TrainingError):
     """A rank failed, stopped answering or exited, or the session is closed; the session is over."""
 
 
+class RankFailed(SessionError):
+    """A rank's command raised (not a user mistake): which rank, its exception, whether it ran out of memory."""
+
+    def __init__(self, *, rank: int, op: str, type: str, message: str, out_of_memory: bool) -> None:
+        super().__init__(f"rank {rank} failed in {op!r}: {type}: {message}")
+        self.rank, self.type, self.message, self.out_of_memory = rank, type, message, out_of_memory
+
+    def training_error(self, workload: Workload, config: TrainConfig) -> TrainingError:
+        """This failure as what it is to the caller: ``workload`` could not train under ``config``."""
+        where = f"training {workload.name!r} failed under {config.describe()} on rank {self.rank}"
+        return TrainingError(f"{where}: {self.type}: {self.message}")
+
+
 class RankTraceback(Exception):
     """A rank's own traceback (its exception lives in another process), chained as the cause.
 
@@ -175,7 +194,7 @@ class TrialFailed(Exception):
     """
 
 
-__all__ += ["SessionError", "RankTraceback", "MeasurementFailed", "TrialFailed"]
+__all__ += ["SessionError", "RankFailed", "RankTraceback", "MeasurementFailed", "TrialFailed"]
 
 
 class BatchError(AutotuneError, ValueError):

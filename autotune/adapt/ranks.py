@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from autotune.config import TrainConfig
-from autotune.errors import UnsupportedError
+from autotune.errors import RankFailed, UnsupportedError
 from autotune.measurement.cuda_memory import AllocatorStats
-from autotune.procs.session import RankFailed, RankSession, SessionStep
+from autotune.procs.session import RankSession, SessionStep
 from autotune.train.base import StepResult
 from autotune.workload import Workload
 

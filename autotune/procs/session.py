@@ -42,9 +42,9 @@ from autotune.config import TrainConfig
 from autotune.errors import (
     AutotuneError,
     ConfigError,
+    RankFailed,
     RankTraceback,
     SessionError,
-    TrainingError,
     UnsupportedError,
     WorkloadError,
 )
@@ -60,7 +60,6 @@ from autotune.train.zero_state import TrainingState, load_state
 from autotune.workload import Workload
 
 __all__ = [
-    "RankFailed",
     "RankMemory",
     "RankSession",
     "RankTraceback",
@@ -472,19 +471,6 @@ def _aggregate(results: list[StepResult]) -> SessionStep:
         overflow=any(r.overflow for r in results),
         per_rank=tuple(results),
     )
-
-
-class RankFailed(SessionError):
-    """A rank's command raised (not a user mistake): which rank, its exception, whether it ran out of memory."""
-
-    def __init__(self, *, rank: int, op: str, type: str, message: str, out_of_memory: bool) -> None:
-        super().__init__(f"rank {rank} failed in {op!r}: {type}: {message}")
-        self.rank, self.type, self.message, self.out_of_memory = rank, type, message, out_of_memory
-
-    def training_error(self, workload: Workload, config: TrainConfig) -> TrainingError:
-        """This failure as what it is to the caller: ``workload`` could not train under ``config``."""
-        where = f"training {workload.name!r} failed under {config.describe()} on rank {self.rank}"
-        return TrainingError(f"{where}: {self.type}: {self.message}")
 
 
 def _rank_error(rank: int, op: str, error: dict[str, Any]) -> Exception:

@@ -17,9 +17,9 @@ import pytest
 from autotune import TrainConfig, load_workload
 from autotune.adapt import Adaptive
 from autotune.adapt.ranks import RankLoop
-from autotune.errors import ConfigError, TrainingError, UnsupportedError
+from autotune.errors import ConfigError, RankFailed, TrainingError, UnsupportedError
 from autotune.memory.predict import predict_memory
-from autotune.procs.session import RankFailed, RankSession
+from autotune.procs.session import RankSession
 from tests.adapt.scripted import Scripted
 from tests.paths import ZERO_WORKLOADS
 
