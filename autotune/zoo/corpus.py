@@ -299,8 +299,8 @@ CORPUS: dict[str, CorpusEntry] = {
         ),
         CorpusEntry(
             name="frozen-backbone",
-            description="GPT backbone, 4.8M params, 6 layers x 256, embeddings and every block frozen, "
-            "a trainable head over 8 Markov languages",
+            description="GPT backbone, 4.9M params, 6 layers x 256, embeddings and every block frozen, "
+            "a trainable head (2.6K params) over 8 Markov languages",
             library="torch",
             model_class="requires_grad_(False)",
             requires=None,
@@ -312,15 +312,15 @@ CORPUS: dict[str, CorpusEntry] = {
         ),
         CorpusEntry(
             name="lora-lm",
-            description="GPT LM, 4.9M frozen params, 6 layers x 256, rank-8 LoRA adapters on every projection "
-            "(0.1M trainable), context 128",
+            description="GPT LM, 5.1M params, 6 layers x 256, all frozen but rank-8 LoRA adapters on every "
+            "projection (0.2M), context 128",
             library="torch",
             model_class="LoRA (plain torch)",
             requires=None,
             builder=lazy_builder("autotune.zoo.adapters", "build_lora_lm"),
             sizes={"layers": 6, "width": 256, "heads": 4, "seq_len": 128, "vocab": 512, "rank": 8, "alpha": 16}
             | {"num_samples": 4096, "batch_size": 16},
-            tiny={"layers": 2, "width": 32, "heads": 2, "seq_len": 16, "vocab": 64, "rank": 2, "alpha": 4}
+            tiny={"layers": 2, "width": 32, "heads": 2, "seq_len": 16, "vocab": 64, "rank": 4, "alpha": 32}
             | {"num_samples": 64, "batch_size": 8},
         ),
     )
