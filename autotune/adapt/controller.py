@@ -272,6 +272,13 @@ class Controller:
                 f"{self.gate.budget} B{per_rank}: {fitting[0].reason}"
             )
         smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
+        if smallest is None:  # nothing predicted: the budget is not what is wrong
+            why = tried[0].reason if tried else verdict.reason
+            raise ConfigError(
+                f"no fp32 configuration of batch {default.effective_batch_size}{split} can be admitted under "
+                f"memory_budget {self.gate.budget} B{per_rank}: {why} (the memory model could not predict "
+                "them; its PredictionWarning says why)."
+            )
         raise ConfigError(
             f"memory_budget {self.gate.budget} B{per_rank} is below every fp32 configuration of batch "
             f"{default.effective_batch_size}{split} (smallest predicted peak {smallest} B, "

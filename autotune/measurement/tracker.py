@@ -89,6 +89,30 @@ def tracker_class() -> type[Any]:
             if module is not None:
                 super()._post_bw_hook(module, args)
 
+        # MemTracker registers a gradient hook on every parameter of every module it meets, and
+        # ``register_hook`` raises on a frozen one (``requires_grad=False``: frozen embeddings, a
+        # frozen backbone, the base weights under LoRA adapters). A frozen parameter never gets a
+        # gradient, so only the others are hooked, with MemTracker's own two hooks.
+        def _track_module_params_and_buffers(
+            self, module: torch.nn.Module, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            from torch.distributed._tools.mem_tracker import _MemRefType
+
+            memory: tuple[int, int] = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+            if not install_grad_hooks:
+                return memory
+
+            def grad_hook(grad: torch.Tensor) -> None:
+                self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+            for param in module.parameters():
+                if param.requires_grad and self._param_to_grad_hook_handles.get(param, None) is None:
+                    self._param_to_grad_hook_handles[param] = (
+                        param.register_hook(grad_hook),
+                        param.register_post_accumulate_grad_hook(lambda p: grad_hook(p.grad)),
+                    )
+            return memory
+
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if getattr(func, "is_view", False):
                 # A view allocates nothing: its storage is its base's. MemTracker would count a

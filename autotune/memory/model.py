@@ -225,7 +225,11 @@ class _Predictor:
     def __init__(self, workload: Workload, config: TrainConfig, plan: Plan, profile: MemoryProfile) -> None:
         self.config, self.plan, self.profile = config, plan, profile
         self.psi = profile.num_parameters
-        self.q = math.ceil(self.psi / plan.ranks)  # elements of one rank's ZeRO partition
+        # Frozen parameters (requires_grad=False) get no gradient and no optimizer state, and
+        # DeepSpeed leaves them out of its flat groups (it flattens the trainable ones only).
+        self.trainable = profile.trainable_parameters
+        self.frozen = self.psi - self.trainable
+        self.q = math.ceil(self.trainable / plan.ranks)  # elements of one rank's ZeRO partition
         self.s = _WEIGHT_BYTES[plan.weights]  # bytes per parameter (and gradient) in the model
         self.bucket = bucket_elements(profile.largest_parameter)
         self.base = profile.modes[plan.base_mode]
@@ -239,11 +243,11 @@ class _Predictor:
         master = 4 * q + round(p.flat_state_ratio * q)  # fp32 master partition + optimizer state on it
         if self.plan.runner == "local" or (self.plan.stage == 0 and s == 4):
             return {"parameters": 4 * psi, "gradients": 0, "optimizer_state": p.optimizer_state_bytes, "other": 0}
-        if self.plan.stage == 0:  # 16-bit engine, no ZeRO: fp32 master copy of every parameter
+        if self.plan.stage == 0:  # 16-bit engine, no ZeRO: fp32 master copy of every trainable parameter
             return {
                 "parameters": s * psi,
                 "gradients": 0,
-                "optimizer_state": 4 * psi + p.optimizer_state_bytes,
+                "optimizer_state": 4 * self.trainable + p.optimizer_state_bytes,
                 "other": 0,
             }
         if self.plan.stage < 3:
@@ -251,15 +255,18 @@ class _Predictor:
             # (DeepSpeed's nccl_start_alignment_factor); each rank's partition is 1/N of that.
             q12 = self._padded_partition()
             master = 4 * q12 + round(p.flat_state_ratio * q12)
-            return {"parameters": s * q12 * self.plan.ranks, "gradients": 0, "optimizer_state": master, "other": 0}
-        # ZeRO-3 also keeps its gradient partition and one reduce bucket between steps.
-        return {"parameters": s * q, "gradients": s * q, "optimizer_state": master, "other": s * self.bucket}
+            parameters = s * (q12 * self.plan.ranks + self.frozen)  # frozen ones stay whole in the module
+            return {"parameters": parameters, "gradients": 0, "optimizer_state": master, "other": 0}
+        # ZeRO-3 partitions every parameter, frozen ones too, and also keeps its gradient
+        # partition and one reduce bucket between steps.
+        parameters = s * math.ceil(psi / self.plan.ranks)
+        return {"parameters": parameters, "gradients": s * q, "optimizer_state": master, "other": s * self.bucket}
 
     def _padded_partition(self) -> int:
-        """ZeRO 1-2's partition: the flat group padded to a multiple of 2 x ranks elements
-        (DeepSpeed's nccl_start_alignment_factor), split in N."""
+        """ZeRO 1-2's partition: the flat group of trainable parameters padded to a multiple of
+        2 x ranks elements (DeepSpeed's nccl_start_alignment_factor), split in N."""
         align = 2 * self.plan.ranks
-        return math.ceil(self.psi / align) * align // self.plan.ranks
+        return math.ceil(self.trainable / align) * align // self.plan.ranks
 
     # ---- the two phases ----------------------------------------------------------------------------
 
@@ -277,17 +284,17 @@ class _Predictor:
     def optimizer_step(self) -> MemoryEstimate:
         p, plan = self.profile, self.plan
         if plan.runner == "local":
-            # Full gradients, plus what the optimizer allocates (torch's for-loop AdamW: per
-            # tensor); the training loop still holds the last micro-batch.
+            # Full gradients (of the trainable parameters), plus what the optimizer allocates
+            # (torch's for-loop AdamW: per tensor); the training loop still holds the last micro-batch.
             batch = _lin(self.base.batch, p.micro_batch_sizes, self.config.micro_batch_size)
             return self._estimate(
-                "optimizer step", gradients=4 * self.psi, temporaries=p.optimizer_step_bytes, activations=batch
+                "optimizer step", gradients=4 * self.trainable, temporaries=p.optimizer_step_bytes, activations=batch
             )
         if plan.stage == 0 and self.s == 4:
-            return self._estimate("optimizer step", gradients=4 * self.psi, temporaries=p.optimizer_step_bytes)
+            return self._estimate("optimizer step", gradients=4 * self.trainable, temporaries=p.optimizer_step_bytes)
         if plan.stage == 0:
             # DeepSpeed's 16-bit optimizer wrapper makes an fp32 copy of every gradient for the master.
-            gradients = self.s * self.psi + 4 * self.psi
+            gradients = (self.s + 4) * self.trainable
             return self._estimate("optimizer step", gradients=gradients, temporaries=p.optimizer_step_bytes)
         # Stages 1-3: the fp32 gradient partition of the master weights, and the optimizer's
         # temporaries on the flat partition (for-loop AdamW: ~2 partition-sized tensors).
@@ -346,7 +353,7 @@ class _Predictor:
         if plan.runner == "local":
             return 0, 0
         if plan.stage == 0:  # all gradients flattened into one all-reduce buffer (up to 5e8 elements)
-            return s * min(self.psi, DEFAULT_BUCKET), 0
+            return s * min(self.trainable, DEFAULT_BUCKET), 0
         # stage 1: the reduction into the fp32 gradient partition, bucket by bucket
         return s * self.bucket, 4 * self.q
 

@@ -167,6 +167,8 @@ class MemoryProfile:
             and beyond (a constant part, e.g. autocast's weight copies, plus a per-sample part).
         num_parameters, largest_parameter, parameter_tensors: Parameter count, the largest
             parameter's element count (DeepSpeed's bucket size), number of parameter tensors.
+        trainable_parameters: Elements of the parameters that require gradients: frozen ones
+            (``requires_grad=False``) have no gradient and no optimizer state.
         optimizer_state_bytes: The workload optimizer's state after one step, fp32 parameters.
         optimizer_step_bytes: The most a local optimizer step allocates on top of parameters,
             gradients and state (torch's for-loop AdamW: a few parameter-sized temporaries).
@@ -187,6 +189,7 @@ class MemoryProfile:
     num_parameters: int
     largest_parameter: int
     parameter_tensors: int
+    trainable_parameters: int
     optimizer_state_bytes: int
     optimizer_step_bytes: int
     flat_state_ratio: float
@@ -267,6 +270,7 @@ def _profile(
         num_parameters=sum(p.numel() for p in params),
         largest_parameter=max(p.numel() for p in params),
         parameter_tensors=len(params),
+        trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
         optimizer_state_bytes=state,
         optimizer_step_bytes=step,
         flat_state_ratio=flat_state,
@@ -440,6 +444,10 @@ class _SavedLedger:
     def exit_hook(self, index: int) -> Callable[[torch.nn.Module, Any, Any, Any], None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             self.running = -1
+            if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten(output)[0]):
+                # Outside autograd (frozen, and its input needs no gradient: a frozen backbone):
+                # the block saves nothing, and checkpointed it keeps nothing either, not its input.
+                self.inputs[index] = {}
 
         return hook
 
@@ -523,16 +531,22 @@ class _Timeline:
             first.register_hook(lambda grad: note())
 
     def cuts(self) -> list[int] | None:
-        """Window starts in time order, or None if a backward was not seen (no gradient reached
-        a block)."""
+        """Window starts in time order, or None if they are out of order (a block whose forward
+        hooks did not run, a block called out of its declared order)."""
         n = len(self.starts)
+        # Frozen parameters: where block 0's input needs no gradient (frozen embeddings) none
+        # reaches it, and the backward ends at the last moment (the one recorded after it). Where
+        # no gradient reaches a block's output (it and every block before it frozen, a frozen
+        # backbone), the blocks' backward windows are empty: autograd never runs them.
+        done = self.done if self.done >= 0 else len(self.tracker.series) - 1
+        backward = [done if b < 0 else b for b in self.backward]
         order = [*self.starts[1:], self.head]
         for i in reversed(range(n)):
-            start, end = self.backward[i], self.backward[i - 1] if i > 0 else self.done
+            start, end = backward[i], backward[i - 1] if i > 0 else done
             # Freed before its backward (no one kept it) or not before the next: an empty half.
             released = end if self.released[i] < 0 else min(max(self.released[i], start), end)
             order += [start, released]
-        order.append(self.done)
+        order.append(done)
         return order if min(order) >= 0 and order == sorted(order) else None
 
 
@@ -641,12 +655,14 @@ def _step_transient(params: list[torch.nn.Parameter], workload: Workload) -> tup
     """(state bytes, bytes allocated on top during the second step) of the workload's optimizer."""
     from autotune.measurement.tracker import tracker_class
 
+    # A frozen parameter gets no gradient, so the optimizer keeps no state for it (torch's
+    # optimizers skip a parameter whose .grad is None, weight decay included).
     for p in params:
-        p.grad = torch.zeros_like(p)
+        p.grad = torch.zeros_like(p) if p.requires_grad else None
     opt = workload.make_optimizer(params)
     opt.step()  # creates the state
     tracker = tracker_class()()
-    tracker.track_external(opt, *params, *(p.grad for p in params))
+    tracker.track_external(opt, *params, *(p.grad for p in params if p.grad is not None))
     start = _total(tracker.get_tracker_snapshot("current"))
     with tracker:
         opt.step()

@@ -18,15 +18,17 @@ shared-encoder   nn.TransformerEncoder classifier, ~1.0M, layer 3 is layer 0, ti
 unet-tiny        two-level UNet, ~0.6M, BatchNorm, skip concatenations, 64x64 images
 varlen-lm        GPT LM, ~0.9M, 16-128 token sequences padded per batch, the longest batch last
 stream-lm        GPT LM, ~0.9M, context 64, Markov text from an IterableDataset
+frozen-backbone  GPT backbone, ~4.9M, embeddings and blocks frozen, a trainable classifier head
+lora-lm          GPT LM, ~5.1M frozen, rank-8 LoRA adapters (~0.2M) on every projection
 random:SEED      a generated architecture (mlp / attention / conv blocks), 0.05M-3M parameters
 random2:SEED     the same with shared blocks, tied heads, skips, running state, dict batches
 ================ ==========================================================================
 
-The ``hf-*``, ``lstm-lm``, ``gru-lm``, ``shared-encoder``, ``unet-tiny``, ``varlen-lm`` and
-``stream-lm`` workloads are the
+The ``hf-*``, ``lstm-lm``, ``gru-lm``, ``shared-encoder``, ``unet-tiny``, ``varlen-lm``,
+``stream-lm``, ``frozen-backbone`` and ``lora-lm`` workloads are the
 *corpus* (:mod:`autotune.zoo.corpus`): third-party model classes built from their config classes
 with random initialisation (nothing is downloaded), and torch's own layers in the structures users
-write (:mod:`autotune.zoo.structured`: a shared layer and a tied head, a UNet's skips), at any
+write (:mod:`autotune.zoo.structured`: a shared layer and a tied head, a UNet's skips; :mod:`autotune.zoo.adapters`: frozen parameters and LoRA adapters), at any
 size: ``CORPUS[name].build(**overrides)``, ``CORPUS[name].tiny`` for tests. The ``hf-*`` ones
 need transformers (``pip install 'torch-autotune[hf]'``). Vision models come from transformers because
 torchvision (and timm, which needs it) does not import beside the local CPU torch wheel this

@@ -298,6 +298,32 @@ CORPUS: dict[str, CorpusEntry] = {
             | {"num_samples": 2048, "batch_size": 16},
             tiny={"layers": 2, "width": 32, "heads": 2, "seq_len": 16, "vocab": 64, "num_samples": 64, "batch_size": 8},
         ),
+        CorpusEntry(
+            name="frozen-backbone",
+            description="GPT backbone, 4.9M params, 6 layers x 256, embeddings and every block frozen, "
+            "a trainable head (2.6K params) over 8 Markov languages",
+            library="torch",
+            model_class="requires_grad_(False)",
+            requires=None,
+            builder=lazy_builder("autotune.zoo.adapters", "build_frozen_backbone"),
+            sizes={"layers": 6, "frozen": 6, "width": 256, "heads": 4, "seq_len": 128, "vocab": 512}
+            | {"classes": 8, "num_samples": 4096, "batch_size": 16},
+            tiny={"layers": 3, "frozen": 3, "width": 32, "heads": 2, "seq_len": 16, "vocab": 64}
+            | {"classes": 4, "num_samples": 64, "batch_size": 8},
+        ),
+        CorpusEntry(
+            name="lora-lm",
+            description="GPT LM, 5.1M params, 6 layers x 256, all frozen but rank-8 LoRA adapters on every "
+            "projection (0.2M), context 128",
+            library="torch",
+            model_class="LoRA (plain torch)",
+            requires=None,
+            builder=lazy_builder("autotune.zoo.adapters", "build_lora_lm"),
+            sizes={"layers": 6, "width": 256, "heads": 4, "seq_len": 128, "vocab": 512, "rank": 8, "alpha": 16}
+            | {"num_samples": 4096, "batch_size": 16},
+            tiny={"layers": 2, "width": 32, "heads": 2, "seq_len": 16, "vocab": 64, "rank": 4, "alpha": 32}
+            | {"num_samples": 64, "batch_size": 8},
+        ),
     )
 }
 

@@ -61,6 +61,28 @@ def test_a_start_small_enough_but_unverified_says_so_not_that_the_budget_is_too_
     )
 
 
+class _Unpredicted(_Gate):
+    """No profile (the memory model could not run on the model): nothing predicted, nothing measured."""
+
+    def check(self, config: TrainConfig) -> Verdict:
+        return Verdict(admitted=False, reason="no memory prediction and not measured", predicted=None, measured=None)
+
+
+def test_a_start_with_no_prediction_says_why_not_that_the_budget_is_too_small() -> None:
+    default = TrainConfig(micro_batch_size=8)
+    controller = Controller(
+        frontend=_Loop(), source=None, gate=_Unpredicted(), default=default, fraction=None, decide_every=2
+    )  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as caught:
+        controller.start()
+    assert str(caught.value) == (
+        "no fp32 configuration of batch 8 at the loop's split 8 x 1 can be admitted under memory_budget 1000 B: "
+        "no memory prediction and not measured (the memory model could not predict them; its PredictionWarning "
+        "says why)."
+    )
+    assert "None B" not in str(caught.value)
+
+
 class _Recording(DecisionSource):
     """Keeps the context it started with; proposes nothing."""
 

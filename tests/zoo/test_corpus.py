@@ -42,6 +42,8 @@ EXPECTED_BLOCKS = {
     "unet-tiny": ("enc1", "enc2", "mid", "dec2", "dec1"),
     "varlen-lm": ("blocks.0", "blocks.1"),
     "stream-lm": ("blocks.0", "blocks.1"),
+    "frozen-backbone": ("blocks.0", "blocks.1", "blocks.2"),
+    "lora-lm": ("blocks.0", "blocks.1"),
 }
 #: The models that declare their blocks: auto-detection cannot find them.
 DECLARED = {"shared-encoder", "unet-tiny"}
@@ -61,6 +63,8 @@ BLOCK_CLASSES = {
     "unet-tiny": {"ConvBNBlock", "UpBlock"},
     "varlen-lm": {"Block"},
     "stream-lm": {"Block"},
+    "frozen-backbone": {"Block"},
+    "lora-lm": {"Block"},
 }
 
 
@@ -137,7 +141,15 @@ def test_checkpointing_every_block_runs_and_saves_activation_memory(name: str) -
     assert ckpt.status == "ok"
     assert all(math.isfinite(x) for x in ckpt.losses)
     assert plain.memory is not None and ckpt.memory is not None
-    assert ckpt.memory.activations < plain.memory.activations
+    if name in OUTSIDE_AUTOGRAD:
+        # Every block frozen and fed by frozen embeddings: nothing is saved, so nothing to drop.
+        assert ckpt.memory == plain.memory
+    else:
+        assert ckpt.memory.activations < plain.memory.activations
+
+
+#: Models whose blocks are all outside autograd (frozen, their input needs no gradient).
+OUTSIDE_AUTOGRAD = {"frozen-backbone"}
 
 
 NOT_CHAIN = {"shared-encoder", "unet-tiny"}
@@ -201,7 +213,13 @@ def test_the_data_is_learnable(name: str) -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-    assert losses[-1] < 0.9 * losses[0]
+    assert losses[-1] < LEARNS_BY.get(name, 0.9) * losses[0]
+
+
+#: What 8 steps lower the loss to, where less than by 10%: lora-lm's only trainable parameters are
+#: its adapters, and its frozen head is tied to a frozen random embedding (std 0.02), which bounds
+#: its logits (measured: 0.956 of the first loss).
+LEARNS_BY = {"lora-lm": 0.97}
 
 
 @pytest.mark.parametrize("name", list(CORPUS))
