@@ -1,8 +1,8 @@
 """A busy machine, said once before anything is timed.
 
 With as many torch threads as cores, OpenMP threads spin-wait at every barrier for the one the
-scheduler took off its core; when another process competes for the cores a step can take 10x
-longer (measured on 2 cores: gpt-tiny 0.1 s -> 3.2 s per step), and timings that decide between
+scheduler took off its core; when another process competes for the cores a step can take an order
+of magnitude longer, and timings that decide between
 configurations become noise. The 1-minute load average, read before the command's own steps run,
 counts the other processes' runnable threads; with the threads torch will use it says whether
 the cores are oversubscribed. ``study``, ``tune`` and ``train`` print :func:`busy_warning`'s line

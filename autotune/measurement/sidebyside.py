@@ -236,8 +236,8 @@ def busy_note(other_cores: float | None, *, threads: int, cores: int | None = No
     """One line when other processes competed for the cores while timing, else None.
 
     Half a core used by others is enough to matter: with as many threads as cores, OpenMP
-    threads spin-wait at every barrier for the one that was descheduled, and a step can take
-    10x longer (measured on 2 cores: gpt-tiny 0.1 s -> 3.2 s per step).
+    threads spin-wait at every barrier for the one that was descheduled, and a step can take an
+    order of magnitude longer.
     """
     cores = cores or os.cpu_count() or 1
     if other_cores is None or other_cores < 0.5:

@@ -4,10 +4,9 @@ A meta kernel computes an operation's output shapes without running it, and for 
 those are the real shapes. A few fused kernels return a buffer whose size only the backend library
 knows: on CPU, ``nn.LSTM`` runs ``aten.mkldnn_rnn_layer`` (oneDNN), whose fourth output is the
 *workspace*, every time step's gates and states, saved for backward. Its meta kernel (torch
-2.13, ``torch/_meta_registrations.py``) returns an empty workspace, where oneDNN's is ~8x the
-layer's output (measured: 520,192 bytes for batch 4 x 32 steps x 64 units, rounded up to 4 KiB
-pages, not linear in any one dimension). A fake-tensor profile of an LSTM therefore missed most
-of its activations (47% of the step's peak, median, on a 4-block LSTM language model).
+2.13, ``torch/_meta_registrations.py``) returns an empty workspace, where oneDNN's is several times
+the layer's output, rounded up to 4 KiB pages and not linear in any one dimension. A fake-tensor
+profile of an LSTM therefore misses most of its activations.
 
 :class:`RealWorkspaces` is a dispatch mode to enter *inside* ``FakeTensorMode``: for the listed
 operations it asks the real kernel, once per distinct argument shapes, how large the buffer is,

@@ -1,22 +1,22 @@
 """Which reduced precisions a study searches on this machine.
 
-Some machines cannot run, or cannot run fast, what a study's space offers. bf16 autocast around
-``nn.LSTM`` raises on an AVX2 CPU (oneDNN has no primitive for it): left in the space, 7 of
-lstm-lm's 12 trials failed there, and Optuna's samplers learn nothing from a failed trial. Where
-it runs, a CPU without bf16 units makes a bf16 step 10-20x slower than fp32 (shared-encoder,
-unet-tiny), and the study's random trials landing there are lost too (a unet-tiny bf16 step takes
-16 s against 0.7 s in fp32). So before its baselines a study screens each reduced precision at
-one configuration (every block in it, the smallest micro-batch, one rank), in its measuring child:
+Some machines cannot run, or cannot run fast, what a study's space offers: bf16 autocast around
+``nn.LSTM`` raises on an AVX2 CPU (oneDNN has no primitive for it), and a CPU without bf16 units
+makes a bf16 step many times slower than fp32. Trials landing there are lost (Optuna's samplers
+learn nothing from a failed trial, and a slow one costs the study's time). So before its baselines
+a study screens each reduced precision at one configuration (every block in it, the smallest
+micro-batch, one rank), in its measuring child:
 
 * one that fails where the same configuration in fp32 runs is left out;
 * one that runs is timed side by side with fp32 there (:meth:`retime`: its warm-up, then one to
   three rounds of two steps each) and left out when its step takes :data:`DOMINATED_SLOWDOWN`
   times the fp32 step or more, beyond the noise;
-* while other processes compete for the cores the ratio is not the machine's, and it moves
-  either way (on the test model bf16 measured 1.2x fp32 alone and 2.9x beside another process;
-  on shared-encoder 3.6x and 2.1x), so a busy machine cannot tell near the threshold: the
-  precision is kept, with a line saying so, unless its step takes :data:`BUSY_MARGIN` times
-  the threshold or more (unet-tiny's bf16: 24.5x quiet, 17.1x loaded).
+* while other processes compete for the cores the ratio is not the machine's and moves either
+  way, so a busy machine cannot tell near the threshold: the precision is kept, with a line
+  saying so, unless its step takes :data:`BUSY_MARGIN` times the threshold or more.
+
+The ratios measured on the corpus, quiet and beside another process, are on the benchmarks page
+(docs/benchmarks.md).
 
 The verdict is stored with the study (user attribute :data:`PRECISIONS_ATTR`): a resumed study and
 its workers search the space it started with, whatever the machine's load when they start. A

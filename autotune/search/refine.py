@@ -20,9 +20,8 @@ marked ``refined_from``), so the sampler,
 the dashboard, ``autotune best``, resumed studies and other workers see ordinary trials, and the
 finalists' re-timing compares them with the rest.
 
-Under load a single stint can flatter the incumbent (measured: a study on a machine with a busy
-core kept refining around a trial that two of its neighbours beat when timed beside it, and never
-reached the best configuration one more move away). So a refinement trial that ran within the
+Under load a single stint can flatter the incumbent, and a study then refines around a trial its
+neighbours would beat when timed beside it. So a refinement trial that ran within the
 budget is timed again *beside* the incumbent it was refined from (``duel``: the finalists'
 side-by-side re-timing, for two), and the one it shows worse is marked ``beaten_by`` the other
 (and ``beaten_decided`` False when the two were within each other's spread): the incumbent is the
@@ -34,9 +33,8 @@ A point that recomputes a block without lowering the memory model's verified pea
 that block's recompute costs is never proposed: the point recomputing one block fewer takes its
 place (:func:`undominated`). Recomputing the block whose backward runs first (the last one) saves
 next to nothing, since its recompute runs at once, while what it dropped would still be alive
-(why ``torch.utils.checkpoint.checkpoint_sequential`` leaves its last segment alone): the verified
-peaks of hf-gpt2 at 4x4 with five and six of its six blocks recomputed differ by 5 KB of 105 MB.
-The surface's straight-line peak cannot see this.
+(why ``torch.utils.checkpoint.checkpoint_sequential`` leaves its last segment alone). The
+surface's straight-line peak cannot see this.
 
 Moves that usually raise throughput come first: a larger micro-batch (more work per kernel launch
 and optimizer step), fewer recomputed blocks, more low-precision blocks; then their reverses,

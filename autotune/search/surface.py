@@ -1,13 +1,11 @@
 """A response surface over a study's measured trials: where a refinement trial may jump to.
 
 A short study's refinement climbs one knob one step at a time from its incumbent
-(:mod:`autotune.search.refine`), and the best configuration can be several steps away: on
-unet-tiny the study's incumbent after nine trials was 2x8 with three bf16 blocks and two
-recomputed, the exhaustive grid's best 1x16 with every block in bf16 and none recomputed, four
-moves for three refinement trials. The knobs act on throughput and on the peak in directions known
-in advance, so a model with four coefficients per quantity, fitted by least squares on the
-trials a study has measured, already points at the far corner (response surface methodology: Box
-and Wilson, "On the experimental attainment of optimum conditions", JRSS B 13(1), 1951)::
+(:mod:`autotune.search.refine`), and the best configuration can be more moves away than the study
+has refinement trials left. The knobs act on throughput and on the peak in directions known in
+advance, so a model with four coefficients per quantity, fitted by least squares on the trials a
+study has measured, already points at the far corner (response surface methodology: Box and
+Wilson, "On the experimental attainment of optimum conditions", JRSS B 13(1), 1951)::
 
     log objective = b0 + b1 log2(micro) + b2 low/L + b3 recomputed/L
     peak          = c0 + micro (c1 + c2 low/L + c3 recomputed/L)
@@ -19,11 +17,9 @@ the micro-batch and shrink with recompute and reduced precision. Where the memor
 verified prediction for every candidate, its peaks replace the fitted ones (the refinement never
 mixes the two: see :meth:`autotune.search.refine.Refine`); where it has some, they bound the
 fitted peaks: a point's peak lies between its verified peaks with every block recomputed and with
-none (recompute lowers the peak, never below recomputing all). A straight line through the
-measured points otherwise puts the far corner below what the model knows it holds (shared-encoder:
-8x2 with every block recomputed estimated at 2-4x the per GiB its grid's best measures).
-The surface only proposes: the trial
-measures, and the finalists' re-timing decides.
+none (recompute lowers the peak, never below recomputing all), because a straight line through
+the measured points can put the far corner below what the memory model knows it holds. The
+surface only proposes: the trial measures, and the finalists' re-timing decides.
 
 A knob that did not vary among the measured points has no coefficient; points that would move it
 get no estimate. Fewer points than :data:`MIN_POINTS` give no surface.

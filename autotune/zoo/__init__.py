@@ -25,12 +25,13 @@ random2:SEED     the same with shared blocks, tied heads, skips, running state, 
 ================ ==========================================================================
 
 The ``hf-*``, ``lstm-lm``, ``gru-lm``, ``shared-encoder``, ``unet-tiny``, ``varlen-lm``,
-``stream-lm``, ``frozen-backbone`` and ``lora-lm`` workloads are the
-*corpus* (:mod:`autotune.zoo.corpus`): third-party model classes built from their config classes
-with random initialisation (nothing is downloaded), and torch's own layers in the structures users
-write (:mod:`autotune.zoo.structured`: a shared layer and a tied head, a UNet's skips; :mod:`autotune.zoo.adapters`: frozen parameters and LoRA adapters), at any
-size: ``CORPUS[name].build(**overrides)``, ``CORPUS[name].tiny`` for tests. The ``hf-*`` ones
-need transformers (``pip install 'torch-autotune[hf]'``). Vision models come from transformers because
+``stream-lm``, ``frozen-backbone`` and ``lora-lm`` workloads are the *corpus*
+(:mod:`autotune.zoo.corpus`): third-party model classes built from their config classes with
+random initialisation (nothing is downloaded), and torch's own layers in the structures users
+write (:mod:`autotune.zoo.structured`: a shared layer and a tied head, a UNet's skips;
+:mod:`autotune.zoo.adapters`: frozen parameters and LoRA adapters), at any size:
+``CORPUS[name].build(**overrides)``, ``CORPUS[name].tiny`` for tests. The ``hf-*`` ones need
+transformers (``pip install 'torch-autotune[hf]'``). Vision models come from transformers because
 torchvision (and timm, which needs it) does not import beside the local CPU torch wheel this
 project is developed on (``operator torchvision::nms does not exist``).
 
