@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from autotune import TrainConfig, load_workload, predict_memory
-from autotune.errors import PredictionError
 from autotune.cli.main import main
+from autotune.errors import PredictionError
 from autotune.memory.fake_logs import quiet_fake_logs
 from tests.paths import PLAIN_MLP
 
