@@ -398,6 +398,14 @@ class BlockChoice(NamedTuple):
 def detect_blocks(model: torch.nn.Module, *, workload: str = "?") -> BlockChoice:
     """:func:`find_blocks`'s blocks, with the rule that found them in words.
 
+    Args:
+        model: The model.
+        workload: Its workload's name, for the error message.
+
+    Returns:
+        The block names and why they are the blocks, e.g. ``"4 repeated Sequential(Linear,
+        GELU, Linear)"`` or ``"12 repeated GPT2Block(...), declared in _no_split_modules"``.
+
     Raises:
         WorkloadError: if no rule finds blocks (pass ``blocks=`` explicitly then).
     """
