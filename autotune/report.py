@@ -97,8 +97,12 @@ def _states(b: MemoryBreakdown) -> str:
     return ", ".join(parts)
 
 
-def estimate_table(workload: str, config: TrainConfig, e: MemoryEstimate, budget: int | None) -> Table:
-    """A memory prediction as a table: the peak per rank and its categories."""
+def estimate_table(
+    workload: str, config: TrainConfig, e: MemoryEstimate, budget: int | None, *, blocks: str | None = None
+) -> Table:
+    """A memory prediction as a table: the peak per rank and its categories; ``blocks``: which
+    modules are the blocks and why (:meth:`autotune.workload.BlockChoice.describe` without its
+    ``blocks:``)."""
     c = config
     table = Table(title=f"{workload}: predicted peak per rank at {e.ranks} ranks (not measured)", header_style="bold")
     table.add_column("quantity")
@@ -109,6 +113,8 @@ def estimate_table(workload: str, config: TrainConfig, e: MemoryEstimate, budget
         f"micro {c.micro_batch_size} x accum {c.grad_accum_steps} x ranks {e.ranks}",
         f"ZeRO {c.zero_stage}, precision {c.precision if isinstance(c.precision, str) else ','.join(c.precision)}",
     )
+    if blocks is not None:
+        table.add_row("blocks", "", blocks)
     table.add_row("peak", format_bytes(e.total), f"during the {e.phase}")
     for f in ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "buffers", "other"):
         value = getattr(e, f)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autotune.errors import BatchError, WorkloadError
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from autotune.memory.worst_case import WorstCase
 
-__all__ = ["Workload", "find_blocks", "swap_tensors", "DEFAULT_LR", "SCAN_BATCHES"]
+__all__ = ["BlockChoice", "Workload", "detect_blocks", "find_blocks", "swap_tensors", "DEFAULT_LR", "SCAN_BATCHES"]
 
 #: Learning rate of the default optimizer (AdamW) at the workload's reference batch size.
 DEFAULT_LR = 1e-3
@@ -77,8 +77,9 @@ class Workload:
             other processes (DeepSpeed ranks, study workers) can rebuild it. None if built directly.
 
     Raises:
-        WorkloadError: a field of the wrong type or out of range, or a block name the model does
-            not have; the message names the field and the value received.
+        WorkloadError: a field of the wrong type or out of range, a block name the model does
+            not have, a map-style dataset with no sample or fewer samples than ``batch_size``;
+            the message names the field and the value received.
 
     Example:
         >>> import torch
@@ -126,6 +127,18 @@ class Workload:
             raise WorkloadError(f"Workload.collate_fn must be callable or None, but got {self.collate_fn!r}.")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise WorkloadError(f"Workload.batch_size must be an int >= 1, but got {self.batch_size!r}.")
+        if not self.iterable:  # an IterableDataset has no len(): its first batch says (first_batch)
+            samples = len(self.dataset)  # type: ignore[arg-type]
+            if samples == 0:
+                raise WorkloadError(
+                    f"Workload.dataset must hold at least one sample, but got an empty {type(self.dataset).__name__}."
+                )
+            if self.batch_size > samples:
+                # The loader would yield a smaller batch than the one every prediction and
+                # learning-rate scaling assume.
+                raise WorkloadError(
+                    f"Workload.batch_size must be at most the dataset's {samples} samples, but got {self.batch_size}."
+                )
         if not isinstance(self.scan_batches, int) or isinstance(self.scan_batches, bool) or self.scan_batches < 0:
             raise WorkloadError(f"Workload.scan_batches must be an int >= 0, but got {self.scan_batches!r}.")
         floor = self.min_micro_batch
@@ -162,8 +175,14 @@ class Workload:
 
     def first_batch(self, batch_size: int) -> Any:
         """The dataset's first ``batch_size`` samples (fewer if it has fewer), collated: what the
-        memory model and the probes run on."""
-        return next(iter(self.loader(batch_size)))
+        memory model and the probes run on.
+
+        Raises:
+            WorkloadError: the dataset yields no batch (an empty ``IterableDataset``).
+        """
+        for batch in self.loader(batch_size):
+            return batch
+        raise WorkloadError(f"Workload {self.name!r}: the dataset yielded no sample; it must yield at least one.")
 
     @cached_property
     def batch_norm_layers(self) -> tuple[str, ...]:
@@ -278,6 +297,13 @@ class Workload:
             return tuple(self.blocks)
         return find_blocks(self.model, workload=self.name)
 
+    def block_choice(self) -> BlockChoice:
+        """The blocks and why they are the blocks: declared in ``blocks``, else the rule of
+        :func:`find_blocks` that found them (``choice.describe()`` is the line the CLI says)."""
+        if self.blocks is not None:
+            return BlockChoice(tuple(self.blocks), f"{len(self.blocks)} declared in Workload.blocks")
+        return detect_blocks(self.model, workload=self.name)
+
     def make_optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         """The workload's optimizer over ``params`` (AdamW at ``DEFAULT_LR`` when none is given).
 
@@ -335,7 +361,11 @@ def find_blocks(model: torch.nn.Module, *, workload: str = "?") -> tuple[str, ..
        which have no forward), grouped by class; the blocks are the group of two or more that
        holds the most parameters (ties: the coarser group, with fewer members). Pooling across
        containers gives a ResNet whose bottlenecks sit in four ``nn.Sequential`` stages all its
-       bottlenecks, not one stage.
+       bottlenecks, not one stage. Where a coarser group of *repeats* (members with one module
+       tree and the same parameter shapes) holds members of that group, the repeats are the
+       blocks: in ``nn.Sequential(*(nn.Sequential(Linear, GELU, Linear) for _ in range(4)),
+       Linear)`` the nine Linear layers hold the most parameters only by the head, and the four
+       units hold every parameter of the eight inside them.
 
     Either way, blocks must run one after another, each taking what the one before it made:
     per-block checkpointing recomputes stretches of them, and the memory model composes a config
@@ -351,16 +381,54 @@ def find_blocks(model: torch.nn.Module, *, workload: str = "?") -> tuple[str, ..
     Raises:
         WorkloadError: if neither rule finds blocks (pass ``blocks=`` explicitly then).
     """
+    return detect_blocks(model, workload=workload).names
+
+
+class BlockChoice(NamedTuple):
+    """The blocks of a model and why they are the blocks (:meth:`Workload.block_choice`)."""
+
+    names: tuple[str, ...]
+    reason: str  # e.g. "4 repeated Sequential(Linear, GELU, Linear)"
+
+    def describe(self) -> str:
+        """One line: ``blocks: 0..3 (4 repeated Sequential(Linear, GELU, Linear))``."""
+        return f"blocks: {_span(self.names)} ({self.reason})"
+
+
+def detect_blocks(model: torch.nn.Module, *, workload: str = "?") -> BlockChoice:
+    """:func:`find_blocks`'s blocks, with the rule that found them in words.
+
+    Args:
+        model: The model.
+        workload: Its workload's name, for the error message.
+
+    Returns:
+        The block names and why they are the blocks, e.g. ``"4 repeated Sequential(Linear,
+        GELU, Linear)"`` or ``"12 repeated GPT2Block(...), declared in _no_split_modules"``.
+
+    Raises:
+        WorkloadError: if no rule finds blocks (pass ``blocks=`` explicitly then).
+    """
     modules = list(model.named_modules())
-    chosen = _declared_blocks(model, modules) or _repeated_in_containers(modules)
-    chosen = _without_parallel_branches(chosen, modules)
-    if not chosen:
+    declared = _declared_blocks(model, modules)
+    chosen = declared or _repeated_in_containers(modules)
+    unchained = _without_parallel_branches(chosen, modules)
+    if not unchained:
         raise WorkloadError(
             f"Workload {workload!r}: cannot auto-detect blocks (no class of model._no_split_modules is "
             "present, and no two or more same-class modules with parameters sit in an nn.ModuleList, "
             "nn.Sequential or nn.ModuleDict); pass blocks=[...] to Workload."
         )
-    return _outermost(chosen)
+    names = _outermost(unchained)
+    found = [model.get_submodule(name) for name in names]
+    what = _kind(found)
+    if unchained != chosen:
+        reason = f"{what}, holding units in parallel branches"
+    elif declared:
+        reason = f"{what}, declared in _no_split_modules"
+    else:
+        reason = what
+    return BlockChoice(names, reason)
 
 
 def _declared_blocks(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]) -> list[str]:
@@ -391,17 +459,71 @@ def _repeated_in_containers(modules: list[tuple[str, torch.nn.Module]]) -> list[
             # ModuleList/ModuleDict have no forward: never a block. A Sequential is a common one.
             if not isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
                 groups.setdefault(type(child), {})[f"{name}.{child_name}" if name else child_name] = child
-    best: tuple[int, int, int] | None = None
-    chosen: list[str] = []
-    for members in groups.values():
-        # Count each parameter once: tied weights are shared between members.
-        params = {id(p): p.numel() for m in members.values() for p in m.parameters()}
+
+    def key(members: dict[str, torch.nn.Module]) -> tuple[int, int, int]:
         # Ties (blocks whose only parameters are their sub-layers') go to the coarser group: fewer
         # members, then the one met first (an outer module comes before its submodules).
-        key = (sum(params.values()), -len(members), -min(order[n] for n in members))
-        if len(members) >= 2 and key[0] > 0 and (best is None or key > best):
-            best, chosen = key, list(members)
-    return sorted(chosen, key=order.__getitem__)
+        return (_parameters(members.values()), -len(members), -min(order[n] for n in members))
+
+    candidates = [m for m in groups.values() if len(m) >= 2 and _parameters(m.values()) > 0]
+    if not candidates:
+        return []
+    chosen = max(candidates, key=key)
+    # A coarser group of repeats holds every parameter of the chosen units inside it (the tie
+    # above, where the chosen group's lead is only units outside them): the repeats are the
+    # blocks. nn.Sequential(*(nn.Sequential(Linear, GELU, Linear) for _ in range(4)), Linear):
+    # the nine Linear layers hold the most parameters only because the head is one of them, and
+    # as blocks they leave each GELU between two blocks and make the head a block.
+    seen = {id(chosen)}
+    while True:
+        coarser = [
+            g
+            for g in candidates
+            if id(g) not in seen and _alike(g.values()) and any(_contains(c, f) for c in g for f in chosen)
+        ]
+        if not coarser:
+            return sorted(chosen, key=order.__getitem__)
+        chosen = max(coarser, key=key)
+        seen.add(id(chosen))
+
+
+def _parameters(modules: Iterable[torch.nn.Module]) -> int:
+    """Elements of the modules' parameters, each counted once (tied weights are shared between members)."""
+    return sum({id(p): p.numel() for m in modules for p in m.parameters()}.values())
+
+
+def _structure(module: torch.nn.Module) -> tuple[Any, ...]:
+    """What makes two modules repeats of one unit: their module tree and parameter shapes."""
+    tree = tuple((name, type(m).__name__) for name, m in module.named_modules())
+    return tree + tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
+
+
+def _alike(modules: Iterable[torch.nn.Module]) -> bool:
+    return len({_structure(m) for m in modules}) == 1
+
+
+def _kind(modules: Sequence[torch.nn.Module]) -> str:
+    """``4 repeated Sequential(Linear, GELU, Linear)``, or ``16 Bottleneck`` where they differ."""
+    first = modules[0]
+    if not _alike(modules):
+        return f"{len(modules)} {type(first).__name__}"
+    children = [type(c).__name__ for c in first.children()]
+    inside = f"({', '.join(children[:6])}{', ...' if len(children) > 6 else ''})" if children else ""
+    return f"{len(modules)} repeated {type(first).__name__}{inside}"
+
+
+def _span(names: Sequence[str]) -> str:
+    """``0..3`` or ``layers.0..layers.11`` for a numbered run, else the names (the first three,
+    ``...`` and the last where there are more than four)."""
+    heads = {name.rpartition(".")[0] for name in names}
+    tails = [name.rpartition(".")[2] for name in names]
+    if len(names) > 1 and len(heads) == 1 and all(t.isdigit() for t in tails):
+        numbers = [int(t) for t in tails]
+        if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+            return f"{names[0]}..{names[-1]}"
+    if len(names) > 4:
+        return f"{', '.join(names[:3])}, ..., {names[-1]}"
+    return ", ".join(names)
 
 
 def _without_parallel_branches(chosen: list[str], modules: list[tuple[str, torch.nn.Module]]) -> list[str]:

@@ -15,3 +15,7 @@ NAN_WORKLOAD = DATA / "nan_workload.py"
 #: Variable-length token sequences with a padding collate (``build``: an IterableDataset;
 #: ``build_map_style``: a list).
 PADDED_WORKLOAD = DATA / "padded_workload.py"
+#: A user's plain MLP: four repeated ``nn.Sequential(Linear, GELU, Linear)`` and a head in one
+#: ``nn.Sequential``, batch 512 (``build``; user mistakes: ``build_empty``, ``build_small``,
+#: ``build_float_targets``).
+PLAIN_MLP = DATA / "plain_mlp.py"

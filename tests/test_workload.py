@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from autotune import Workload, WorkloadError, load_workload
-from autotune.workload import find_blocks
+from autotune.workload import BlockChoice, detect_blocks, find_blocks
 
 DATA = Path(__file__).parent / "data"
 USER = DATA / "my_workload.py"
@@ -121,6 +122,29 @@ def test_find_blocks_finds_every_bottleneck_of_a_torchvision_style_resnet_in_ord
     assert find_blocks(TorchvisionStyleResNet()) == expected  # 16 blocks over four stages, not one stage
 
 
+def _plain_mlp() -> nn.Sequential:
+    units = (nn.Sequential(nn.Linear(64, 2048), nn.GELU(), nn.Linear(2048, 64)) for _ in range(4))
+    return nn.Sequential(*units, nn.Linear(64, 10))
+
+
+def test_find_blocks_takes_repeated_units_over_the_layers_inside_them_and_the_head() -> None:
+    # The nine Linear layers (the head among them) hold the most parameters; the four units hold
+    # every parameter of the eight inside them, and are repeats of one unit.
+    choice = detect_blocks(_plain_mlp())
+    assert choice == BlockChoice(("0", "1", "2", "3"), "4 repeated Sequential(Linear, GELU, Linear)")
+    assert choice.describe() == "blocks: 0..3 (4 repeated Sequential(Linear, GELU, Linear))"
+    assert find_blocks(_plain_mlp()) == choice.names
+
+
+def test_the_block_choice_says_which_rule_found_the_blocks() -> None:
+    resnet = detect_blocks(TorchvisionStyleResNet())  # pooled over four stages, not alike
+    assert resnet.describe() == "blocks: layer1.0, layer1.1, layer1.2, ..., layer4.2 (16 Bottleneck)"
+    assert detect_blocks(Declared()).reason == "3 repeated Layer(Linear), declared in _no_split_modules"
+    ds = torch.utils.data.TensorDataset(torch.zeros(4, 64))
+    wl = Workload(name="w", model=_plain_mlp(), dataset=ds, loss_fn=lambda m, b: b, blocks=["0", "2"], batch_size=4)
+    assert wl.block_choice().describe() == "blocks: 0, 2 (2 declared in Workload.blocks)"
+
+
 def test_find_blocks_ties_go_to_the_coarser_class() -> None:
     # Each block's parameters are exactly its two Linears: same total, the 3 blocks beat the 6 Linears.
     net = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4)) for _ in range(3))
@@ -196,7 +220,7 @@ def test_find_blocks_without_candidates() -> None:
 
 
 def test_declared_blocks_are_checked() -> None:
-    ds = torch.utils.data.TensorDataset(torch.zeros(4, 3))
+    ds = torch.utils.data.TensorDataset(torch.zeros(32, 3))
     with _raises("Workload 'w': blocks names 'layer9', which is not a submodule of the model."):
         Workload(name="w", model=nn.Linear(3, 3), dataset=ds, loss_fn=lambda m, b: m(b[0]).sum(), blocks=["layer9"])
 
@@ -207,6 +231,27 @@ def test_workload_fields_are_validated() -> None:
         Workload(name="w", model="resnet", dataset=ds, loss_fn=lambda m, b: b)  # type: ignore[arg-type]
     with _raises("Workload.batch_size must be an int >= 1, but got 0."):
         Workload(name="w", model=nn.Linear(3, 3), dataset=ds, loss_fn=lambda m, b: b, batch_size=0)
+
+
+def test_a_map_style_dataset_must_hold_a_batch() -> None:
+    empty = torch.utils.data.TensorDataset(torch.zeros(0, 3))
+    with _raises("Workload.dataset must hold at least one sample, but got an empty TensorDataset."):
+        Workload(name="w", model=nn.Linear(3, 3), dataset=empty, loss_fn=lambda m, b: b)
+    small = torch.utils.data.TensorDataset(torch.zeros(100, 3))
+    with _raises("Workload.batch_size must be at most the dataset's 100 samples, but got 512."):
+        Workload(name="w", model=nn.Linear(3, 3), dataset=small, loss_fn=lambda m, b: b, batch_size=512)
+    whole = Workload(name="w", model=nn.Linear(3, 3), dataset=small, loss_fn=lambda m, b: b, batch_size=100)
+    assert whole.batch_size == 100
+
+
+def test_an_empty_iterable_dataset_yields_no_batch_in_one_line() -> None:
+    class Empty(torch.utils.data.IterableDataset[torch.Tensor]):
+        def __iter__(self) -> Iterator[torch.Tensor]:
+            return iter(())
+
+    wl = Workload(name="w", model=nn.Linear(3, 3), dataset=Empty(), loss_fn=lambda m, b: b)
+    with _raises("Workload 'w': the dataset yielded no sample; it must yield at least one."):
+        wl.first_batch(4)
 
 
 def test_a_dataset_must_be_map_style_or_iterable_and_a_collate_callable() -> None:

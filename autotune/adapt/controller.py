@@ -272,12 +272,10 @@ class Controller:
                 f"{self.gate.budget} B{per_rank}: {fitting[0].reason}"
             )
         smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
-        if smallest is None:  # nothing predicted: the budget is not what is wrong
-            why = tried[0].reason if tried else verdict.reason
+        if smallest is None:  # nothing could be predicted: say why, not a missing number
             raise ConfigError(
-                f"no fp32 configuration of batch {default.effective_batch_size}{split} can be admitted under "
-                f"memory_budget {self.gate.budget} B{per_rank}: {why} (the memory model could not predict "
-                "them; its PredictionWarning says why)."
+                f"no fp32 configuration of batch {default.effective_batch_size}{split} is known to fit memory_budget "
+                f"{self.gate.budget} B{per_rank}: {(tried[0] if tried else verdict).reason}"
             )
         raise ConfigError(
             f"memory_budget {self.gate.budget} B{per_rank} is below every fp32 configuration of batch "

@@ -7,10 +7,10 @@ compatibility. :func:`as_budget` is what adaptive runs make of ``memory_budget=`
 
 from __future__ import annotations
 
-from autotune.memory.gate import BudgetGate, Verdict, admission, headroom_for, memory_profile
+from autotune.memory.gate import BudgetGate, Verdict, admission, headroom_for, memory_profile, profile_or_reason
 from autotune.units import DEFAULT_PEAK, MemoryBudget
 
-__all__ = ["BudgetGate", "Verdict", "admission", "as_budget", "headroom_for", "memory_profile"]
+__all__ = ["BudgetGate", "Verdict", "admission", "as_budget", "headroom_for", "memory_profile", "profile_or_reason"]
 
 
 def as_budget(value: MemoryBudget | str | int | None) -> MemoryBudget:

@@ -110,11 +110,12 @@ class ShapeGuard:
 
     def _reprofile(self, batch: Any) -> None:
         """The gate's profile, taken again at ``batch``'s shape (declared as the worst case)."""
-        from autotune.adapt.gate import memory_profile
+        from autotune.adapt.gate import profile_or_reason
 
         self.batch = map_tensors(lambda t: t.detach().cpu(), batch)
         at_shape = dataclasses.replace(self.workload, worst_case_batch=self.batch)
-        self.gate.replace_profile(memory_profile(at_shape, reduced_precision=self.reduced_precision))
+        profile, why = profile_or_reason(at_shape, reduced_precision=self.reduced_precision, stacklevel=4)
+        self.gate.replace_profile(profile, unprofiled=why)
 
     def state_dict(self) -> dict[str, Any]:
         """The largest bytes per sample seen (None: not looked up yet) and the batch at that shape

@@ -137,7 +137,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(estimate.to_json())
     else:
-        make_console().print(estimate_table(workload.name, config, estimate, budget_b))
+        choice = workload.block_choice()
+        blocks = choice.describe().removeprefix("blocks: ")
+        make_console().print(estimate_table(workload.name, config, estimate, budget_b, blocks=blocks))
     if not estimate.verified and estimate.verification is not None:
         print(
             f"autotune predict: UNVERIFIED: {unverified_message(workload.name, estimate.verification)}", file=sys.stderr

@@ -214,10 +214,12 @@ def _summary(tuner: Any) -> None:
     where = f" on {ranks} ranks" if ranks > 1 else ""
     per_rank = " per rank" if ranks > 1 else ""
     rate = samples / max(seconds, 1e-9)
+    # Only steps whose prediction was not trusted are tracked: there may be none.
+    measured = f"highest measured peak {format_bytes(max(peaks))}" if peaks else "no step's peak measured"
     console.print(
         f"{len(steps)} steps{where}, {samples} samples in {seconds:.1f} s ({rate:.1f} "
         f"samples/s), final loss {steps[-1].loss:.4f}, budget {format_bytes(tuner.budget_bytes)}{per_rank}, "
-        f"highest measured peak {format_bytes(max(peaks) if peaks else None)}"
+        f"{measured}"
     )
     for over in tuner.over_budget_steps:
         console.print(f"OVER BUDGET: {over.describe()}", markup=False, highlight=False)

@@ -59,12 +59,15 @@ def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from autotune.memory.fake_branches import RealBranches
+    from autotune.memory.fake_logs import quiet_fake_logs
 
     batch = _first_batch(workload, micro_batch_size)
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     try:
         model = workload.model_copy(fake=fake)
-        with fake, RealBranches(batch):
+        # torch logs an error it raises in the fake pass with its traceback: the real pass below
+        # is the answer to it.
+        with quiet_fake_logs(), fake, RealBranches(batch):
             fake_batch = tree_map_only(torch.Tensor, fake.from_tensor, batch)
             counts = _count(workload, model, fake_batch, precision)
     except WorkloadError:

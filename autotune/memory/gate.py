@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from autotune.memory.profile import MemoryProfile
     from autotune.workload import Workload
 
-__all__ = ["BudgetGate", "Verdict", "admission", "headroom_for", "memory_profile"]
+__all__ = ["BudgetGate", "Verdict", "admission", "headroom_for", "memory_profile", "profile_or_reason"]
 
 
 def headroom_for(config: TrainConfig) -> float:
@@ -57,10 +57,17 @@ def headroom_for(config: TrainConfig) -> float:
 
 
 def admission(
-    *, budget: int, headroom: float, measured: int | None = None, predicted: int | None = None, verified: bool = False
+    *,
+    budget: int,
+    headroom: float,
+    measured: int | None = None,
+    predicted: int | None = None,
+    verified: bool = False,
+    unpredicted: str | None = None,
 ) -> Verdict:
     """The admission rule (module docstring), on one configuration's figures: ``measured`` bytes
-    (exact, of a real step) if known, else ``predicted`` bytes, trusted only if ``verified``."""
+    (exact, of a real step) if known, else ``predicted`` bytes, trusted only if ``verified``;
+    ``unpredicted``: why there is no prediction, where there is none."""
     if measured is not None:
         fits = measured <= budget
         rule = "<=" if fits else ">"
@@ -68,7 +75,9 @@ def admission(
             admitted=fits, reason=f"measured {measured} B {rule} budget {budget} B", predicted=None, measured=measured
         )
     if predicted is None:
-        return Verdict(admitted=False, reason="no memory prediction and not measured", predicted=None, measured=None)
+        why = "" if unpredicted is None else f" ({unpredicted})"
+        reason = f"no memory prediction{why} and not measured"
+        return Verdict(admitted=False, reason=reason, predicted=None, measured=None)
     if not verified:
         return Verdict(
             admitted=False,
@@ -85,7 +94,16 @@ def admission(
 def memory_profile(workload: Workload, *, reduced_precision: bool, ranks: int = 1) -> MemoryProfile | None:
     """The memory model's profile (fp32 and, if asked, bf16 blocks; plain and recomputed; on
     ranks also bf16 weights, a DeepSpeed bf16 engine's), verified on one real step of a copy of
-    the model; None if the model cannot be profiled (then only measured configurations pass the gate)."""
+    the model; None if the model cannot be profiled (then only measured configurations pass the
+    gate; :func:`profile_or_reason` also says why)."""
+    return profile_or_reason(workload, reduced_precision=reduced_precision, ranks=ranks, stacklevel=4)[0]
+
+
+def profile_or_reason(
+    workload: Workload, *, reduced_precision: bool, ranks: int = 1, stacklevel: int = 3
+) -> tuple[MemoryProfile | None, str | None]:
+    """:func:`memory_profile`, and why there is none: ``(profile, None)`` or ``(None, reason)``
+    (the :class:`PredictionError`'s message, also warned as a :class:`PredictionWarning`)."""
     from autotune.memory.predict import profile_memory
 
     modes: tuple[str, ...] = ("fp32",)
@@ -93,10 +111,10 @@ def memory_profile(workload: Workload, *, reduced_precision: bool, ranks: int = 
         # All blocks bf16 is an autocast island on one process, a bf16 engine on ranks.
         modes = ("fp32", "bf16", "bf16-weights") if ranks > 1 else ("fp32", "bf16")
     try:
-        return profile_memory(workload, modes=modes, checkpointed=True, verify=True)
+        return profile_memory(workload, modes=modes, checkpointed=True, verify=True), None
     except PredictionError as e:
-        warnings.warn(PredictionWarning(f"{e}: only measured configurations will be admitted"), stacklevel=3)
-        return None
+        warnings.warn(PredictionWarning(f"{e}: only measured configurations will be admitted"), stacklevel=stacklevel)
+        return None, str(e)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +194,9 @@ class BudgetGate:
         # once a step of it was measured here (and came within the headroom, or scaled it).
         self.device_kinds: set[str] = set()
         self._predicted: dict[TrainConfig, MemoryEstimate] = {}
+        # Why ``profile`` is None, where the memory model failed (said in each verdict without a
+        # prediction, never as a missing number).
+        self.unprofiled: str | None = None
 
     @classmethod
     def build(
@@ -205,22 +226,24 @@ class BudgetGate:
             ConfigError: a percentage budget where the memory model cannot predict ``default``
                 (give the budget in bytes then).
         """
-        profile = memory_profile(workload, reduced_precision=reduced_precision, ranks=default.ranks)
+        ranks = default.ranks
+        profile, why = profile_or_reason(workload, reduced_precision=reduced_precision, ranks=ranks, stacklevel=4)
         gate = cls(workload, 1, profile=profile, headroom=headroom_for(default), device_type=device_type)
+        gate.unprofiled = why
 
         def default_peak() -> int:
             predicted = gate.predict(default)
             if predicted is None:
                 raise ConfigError(
                     "memory_budget as a percentage needs a memory prediction of the default configuration, "
-                    "which failed: give the budget in bytes (e.g. '8GiB')."
+                    f"which failed ({gate.unpredicted(default)}): give the budget in bytes (e.g. '8GiB')."
                 )
             return predicted[0]
 
         gate.budget = budget.resolve(default_peak)
         return gate
 
-    def replace_profile(self, profile: MemoryProfile | None) -> None:
+    def replace_profile(self, profile: MemoryProfile | None, *, unprofiled: str | None = None) -> None:
         """Predict from ``profile`` from now on, forgetting every measurement and prediction so far.
 
         Measurements and predictions so far were of smaller batches, so they no longer stand for
@@ -228,8 +251,9 @@ class BudgetGate:
 
         Args:
             profile: One taken at a larger batch than the last (:mod:`autotune.adapt.shape_guard`).
+            unprofiled: Why ``profile`` is None (:func:`profile_or_reason`).
         """
-        self.profile = profile
+        self.profile, self.unprofiled = profile, unprofiled
         self._predicted.clear()
         self.measured.clear()
         self.reserved.clear()
@@ -328,6 +352,24 @@ class BudgetGate:
             return None
         return math.ceil(estimate.total * self.device_scale(config)), estimate.verified
 
+    def unpredicted(self, config: TrainConfig) -> str:
+        """Why :meth:`estimate` has no prediction of ``config``, in words.
+
+        Args:
+            config: A configuration :meth:`estimate` returns None for.
+
+        Returns:
+            The memory model's failure, or the profile mode ``config`` needs that the gate's
+            profile lacks.
+        """
+        if self.profile is None:
+            return self.unprofiled or "no memory profile"
+        from autotune.memory.model import plan_of
+
+        plan = plan_of(config, num_blocks=len(self.profile.names), device_type=self.device_type)
+        missing = [m for m in plan.modes if m not in self.profile.modes]
+        return f"the memory profile has no {missing[0]!r} runs" if missing else "no memory prediction"
+
     def estimate(self, config: TrainConfig) -> MemoryEstimate | None:
         """The memory model's prediction of ``config`` (memoized), unscaled.
 
@@ -425,8 +467,14 @@ class BudgetGate:
         total, verified = predicted if predicted is not None else (None, False)
         if measured is None and total is not None and verified and self.on_cuda and self.reserved_ratio is not None:
             return self._scaled(config, self._check_reserved(total, self.reserved_ratio))
+        unpredicted = self.unpredicted(config) if measured is None and total is None else None
         verdict = admission(
-            budget=self.budget, headroom=self.headroom, measured=measured, predicted=total, verified=verified
+            budget=self.budget,
+            headroom=self.headroom,
+            measured=measured,
+            predicted=total,
+            verified=verified,
+            unpredicted=unpredicted,
         )
         if measured is None and verified and self.on_cuda:
             reason = verdict.reason + " (allocated: no reserved/allocated ratio measured on this device yet)"

@@ -40,6 +40,7 @@ from autotune.config import Precision
 from autotune.errors import AutotuneError, PredictionError, one_line
 from autotune.memory.blocks import _first_batch
 from autotune.memory.fake_branches import RealBranches
+from autotune.memory.fake_logs import quiet_fake_logs
 from autotune.memory.fake_workspaces import RealWorkspaces
 from autotune.train.wrappers import apply_block_knobs, outer_autocast
 from autotune.workload import Workload, swap_tensors
@@ -233,7 +234,8 @@ def fake_profile(
     if unknown:
         raise ValueError(f"fake_profile: modes must be among {MODES}, but got {unknown[0]!r}.")
     try:
-        profile = _profile(workload, modes, micro_batch_sizes, checkpointed, reuse)
+        with quiet_fake_logs():  # torch's traceback of the error below: ours is one line
+            profile = _profile(workload, modes, micro_batch_sizes, checkpointed, reuse)
     except AutotuneError:
         raise
     # The fake run executes the user's model code: whatever it raises there (FakeTensorMode's
@@ -372,6 +374,7 @@ def _profile_run(
                 with saving, outer_autocast(outer, "cpu"):
                     loss = workload.loss_fn(model, batch)
                 loss.backward()
+                timeline.backward_ended()
                 # The last gradients become gradients in hooks, after the last operation: one
                 # more moment, the end of backward.
                 tracker.record()
@@ -520,6 +523,15 @@ class _Timeline:
             self._on_gradient(tree_flatten(output)[0], lambda: self._note(self.backward, index))
 
         return hook
+
+    def backward_ended(self) -> None:
+        """The backward returned. Where no gradient reached block 0's input (block 0 takes the
+        batch itself: no stem before it, as in a plain ``nn.Sequential`` of blocks), block 0's
+        backward ends here: the end-of-backward moment that follows is the last window. Without
+        this mark every window would be one (the run uncut), and a config mixing modes would be
+        composed wholly from block 0's."""
+        if self.done < 0:
+            self.done = self._now()
 
     def _note(self, marks: list[int], index: int) -> None:
         if marks[index] < 0:

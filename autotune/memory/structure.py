@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
+from autotune.memory.fake_logs import quiet_fake_logs
+
 if TYPE_CHECKING:
     from autotune.workload import Workload
 
@@ -102,7 +104,8 @@ def detect_structure(workload: Workload, *, micro_batch_size: int = 2) -> BlockS
     skips: tuple[tuple[int, int], ...] = ()
     if not aliases:  # with one module at two positions, the hooks cannot tell the positions apart
         try:
-            skips = _skips(workload, names, micro_batch_size)
+            with quiet_fake_logs():
+                skips = _skips(workload, names, micro_batch_size)
         # The profile reports why a model cannot run under fake tensors; here it only means no
         # skip connections are known.
         except Exception:

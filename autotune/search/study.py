@@ -173,6 +173,7 @@ def prepare(spec: StudySpec) -> Prepared:
     workload = load_workload(spec.workload)
     blocks = len(workload.block_names())
     say(f"workload {workload.name} loaded: {workload.num_parameters:,} parameters, {blocks} blocks ({_since(start)})")
+    say(workload.block_choice().describe())
     if spec.space.min_micro_batch is not None:
         workload = dataclasses.replace(workload, min_micro_batch=spec.space.min_micro_batch)
     batches = spec.space.effective_batch_sizes or (workload.batch_size,)

@@ -61,28 +61,6 @@ def test_a_start_small_enough_but_unverified_says_so_not_that_the_budget_is_too_
     )
 
 
-class _Unpredicted(_Gate):
-    """No profile (the memory model could not run on the model): nothing predicted, nothing measured."""
-
-    def check(self, config: TrainConfig) -> Verdict:
-        return Verdict(admitted=False, reason="no memory prediction and not measured", predicted=None, measured=None)
-
-
-def test_a_start_with_no_prediction_says_why_not_that_the_budget_is_too_small() -> None:
-    default = TrainConfig(micro_batch_size=8)
-    controller = Controller(
-        frontend=_Loop(), source=None, gate=_Unpredicted(), default=default, fraction=None, decide_every=2
-    )  # type: ignore[arg-type]
-    with pytest.raises(ConfigError) as caught:
-        controller.start()
-    assert str(caught.value) == (
-        "no fp32 configuration of batch 8 at the loop's split 8 x 1 can be admitted under memory_budget 1000 B: "
-        "no memory prediction and not measured (the memory model could not predict them; its PredictionWarning "
-        "says why)."
-    )
-    assert "None B" not in str(caught.value)
-
-
 class _Recording(DecisionSource):
     """Keeps the context it started with; proposes nothing."""
 
@@ -112,3 +90,47 @@ def test_the_run_context_reads_the_gate_budget_after_it_changes() -> None:
     assert gate.budget == 2000 and source.context.budget_bytes == 2000
     gate.budget = 3072
     assert source.context.budget_bytes == 3072
+
+
+class _Unpredictable(_Gate):
+    """The memory model failed: no configuration has a prediction."""
+
+    def check(self, config: TrainConfig) -> Verdict:
+        reason = "no memory prediction (cannot profile workload 'w' under fake tensors: X) and not measured"
+        return Verdict(admitted=False, reason=reason, predicted=None, measured=None)
+
+
+def test_a_start_with_no_prediction_says_why_not_none_bytes() -> None:
+    default = TrainConfig(micro_batch_size=8)
+    controller = Controller(
+        frontend=_Loop(), source=None, gate=_Unpredictable(), default=default, fraction=None, decide_every=2
+    )  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as caught:
+        controller.start()
+    assert str(caught.value) == (
+        "no fp32 configuration of batch 8 at the loop's split 8 x 1 is known to fit memory_budget 1000 B: "
+        "no memory prediction (cannot profile workload 'w' under fake tensors: X) and not measured"
+    )
+
+
+def test_the_gate_says_why_it_has_no_prediction() -> None:
+    from autotune import load_workload
+    from autotune.errors import PredictionWarning
+    from autotune.units import MemoryBudget
+    from tests.paths import DATA
+
+    workload = load_workload(f"{DATA / 'data_dependent.py'}:build")
+    failed = (
+        "cannot profile workload 'data-dependent' under fake tensors: "
+        "DataDependentOutputException: aten._local_scalar_dense.default"
+    )
+    default = TrainConfig(micro_batch_size=8)
+    with pytest.warns(PredictionWarning, match="only measured configurations will be admitted"):
+        gate = BudgetGate.build(workload, MemoryBudget.parse(1000), default, reduced_precision=False)
+    assert gate.check(default).reason == f"no memory prediction ({failed}) and not measured"
+    with pytest.warns(PredictionWarning), pytest.raises(ConfigError) as caught:
+        BudgetGate.build(workload, MemoryBudget.parse("75%"), default, reduced_precision=False)
+    assert str(caught.value) == (
+        "memory_budget as a percentage needs a memory prediction of the default configuration, which failed "
+        f"({failed}): give the budget in bytes (e.g. '8GiB')."
+    )

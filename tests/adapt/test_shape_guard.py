@@ -140,7 +140,7 @@ class _NothingFits:
     def __init__(self) -> None:
         self.profiles: list[object] = []
 
-    def replace_profile(self, profile: object) -> None:
+    def replace_profile(self, profile: object, *, unprofiled: str | None = None) -> None:
         self.profiles.append(profile)
 
     def check(self, config: TrainConfig) -> Verdict:
@@ -150,7 +150,7 @@ class _NothingFits:
 def test_a_long_batch_no_split_fits_is_logged_refused_and_a_batch_seen_is_not_checked_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("autotune.adapt.gate.memory_profile", lambda workload, **kw: None)
+    monkeypatch.setattr("autotune.adapt.gate.profile_or_reason", lambda workload, **kw: (None, "no profile"))
     wl, gate = dataclasses.replace(_varlen(), scan_batches=0), _NothingFits()
     guard = ShapeGuard(wl, gate, reduced_precision=False)  # type: ignore[arg-type]
     long = list(wl.loader(8))[-1]

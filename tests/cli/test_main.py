@@ -13,7 +13,7 @@ import pytest
 import tomllib
 
 from autotune.cli.main import DISTRIBUTION, _parser, main
-from tests.paths import ROOT, TINY_WORKLOAD, USER_WORKLOAD
+from tests.paths import PLAIN_MLP, ROOT, TINY_WORKLOAD, USER_WORKLOAD
 
 USER = USER_WORKLOAD
 
@@ -251,6 +251,14 @@ def bad_policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
             ("measure", "-w", "TINY_float_loss", "--micro-batch", "4", "--accum", "2"),
             "autotune measure: error: workload 'tiny': loss_fn must return a scalar tensor, but returned float",
         ),
+        (
+            ("predict", "-w", "MLP_empty"),
+            "autotune predict: error: Workload.dataset must hold at least one sample, but got an empty TensorDataset.",
+        ),
+        (
+            ("study", "MLP_small", "--create-only"),
+            "autotune study: error: Workload.batch_size must be at most the dataset's 100 samples, but got 512.",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(
@@ -266,6 +274,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
         "TINY": f"{TINY}:build",
         "TINY_bad_loss": f"{TINY}:build_bad_loss",
         "TINY_float_loss": f"{TINY}:build_float_loss",
+        "MLP_empty": f"{PLAIN_MLP}:build_empty",
+        "MLP_small": f"{PLAIN_MLP}:build_small",
     }
     argv = [refs.get(a, a.replace("P/", f"{bad_policies}/")) for a in args]
     code = main([*argv, *(("--steps", "1", "--warmup", "1") if args[0] == "measure" else ())])

@@ -123,7 +123,9 @@ def test_workload_fingerprint_takes_scalar_buffers_scalar_labels_and_dict_sample
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
         model[1].num_batches_tracked.fill_(tracked)
         data = [{"x": torch.zeros(4), "y": torch.tensor(label)}]
-        return Workload(name="bn", model=model, dataset=data, loss_fn=lambda m, b: m(b["x"]).sum(), blocks=["0", "2"])
+        return Workload(
+            name="bn", model=model, dataset=data, loss_fn=lambda m, b: m(b["x"]).sum(), blocks=["0", "2"], batch_size=1
+        )
 
     base = workload_fingerprint(build(label=1, tracked=0))
     assert base == workload_fingerprint(build(label=1, tracked=0))

@@ -84,6 +84,7 @@ def test_two_workers_share_one_study(postgres_url: str, tmp_path: Path) -> None:
     *setup, proposal, ready = create.stderr.splitlines()  # one line per setup phase first
     assert [re.sub(r" \(.*\)$", "", line) for line in setup] == [
         "workload tiny loaded: 34,340 parameters, 4 blocks",
+        "blocks: blocks.0..blocks.3",  # its "(4 repeated Block(...))" is cut like the seconds
         "blocks ranked by the activation bytes they save",
         "baselines enqueued: pytorch-default, seed-recipe, hf-recipe",  # no budget: no memory model consulted
     ]
