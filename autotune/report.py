@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
-from rich.markup import escape
 from rich.table import Table
 
 from autotune.measurement.record import Measurement, MemoryBreakdown
@@ -156,5 +155,5 @@ def workloads_table(rows: Sequence[tuple[str, str, str, str, str, str]]) -> Tabl
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for row in rows:
-        table.add_row(*(escape(cell) for cell in row))  # "torch-autotune[hf]" is not rich markup
+        table.add_row(*row)  # plain text: the consoles print no markup (autotune.console)
     return table
