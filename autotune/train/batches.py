@@ -24,7 +24,7 @@ import torch
 
 from autotune.errors import BatchError
 
-__all__ = ["batch_size", "map_tensors", "split_batch", "tensors_of"]
+__all__ = ["batch_size", "map_tensors", "sample_of", "select_rows", "split_batch", "tensors_of"]
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
@@ -148,3 +148,26 @@ def split_batch(batch: Any, micro_batch_size: int) -> list[tuple[Any, int]]:
         return _map(batch, lambda t: t[start:stop], lambda f: f[start:stop])
 
     return [(part(start), min(micro_batch_size, n - start)) for start in range(0, n, micro_batch_size)]
+
+
+def select_rows(batch: Any, index: torch.Tensor) -> Any:
+    """The samples of ``batch`` at ``index`` (a 1-dim integer tensor, rows may repeat), the
+    per-sample lists and tuples with the tensors.
+
+    Raises:
+        BatchError: as :func:`batch_size`.
+    """
+    batch_size(batch)  # a field that cannot follow the rows is refused, as by split_batch
+    rows = index.tolist()
+
+    def field(f: Any) -> Any:
+        picked = [f[i] for i in rows]
+        return tuple(picked) if isinstance(f, tuple) else picked
+
+    return _map(batch, lambda t: t[index.to(t.device)], field)
+
+
+def sample_of(batch: Any, i: int) -> Any:
+    """Sample ``i`` of ``batch`` as a dataset item: each tensor's row ``i`` (without the batch
+    dimension), each per-sample list's entry ``i``; what a collate stacks back into a batch."""
+    return _map(batch, lambda t: t[i], lambda f: f[i])

@@ -67,3 +67,17 @@ def test_a_noise_split_of_a_drawn_micro_batch_splits_its_per_sample_lists_too() 
     trainer.close()
     assert [len(ids) for ids in seen] == [4, 4]
     assert sorted(seen[0] + seen[1]) == list(range(8))
+
+
+def test_rows_taken_from_a_batch_take_its_per_sample_lists_along() -> None:
+    from autotune.memory.worst_case import take_rows
+    from autotune.train.batches import sample_of, select_rows
+
+    batch = {"x": torch.arange(3), "names": ["a", "b", "c"], "ids": (10, 11, 12), "mode": "train"}
+    rows = take_rows(batch, 5)  # cycling: rows 0, 1, 2, 0, 1
+    assert torch.equal(rows["x"], torch.tensor([0, 1, 2, 0, 1]))
+    assert (rows["names"], rows["ids"], rows["mode"]) == (["a", "b", "c", "a", "b"], (10, 11, 12, 10, 11), "train")
+    picked = select_rows(batch, torch.tensor([2, 0]))
+    assert (picked["x"].tolist(), picked["names"], picked["ids"]) == ([2, 0], ["c", "a"], (12, 10))
+    one = sample_of(batch, 1)
+    assert (one["x"].item(), one["names"], one["ids"], one["mode"]) == (1, "b", 11, "train")
