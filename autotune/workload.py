@@ -255,6 +255,15 @@ class Workload:
         return sum(p.numel() for p in self.model.parameters())
 
     @property
+    def fingerprint(self) -> str:
+        """A short hash of the model's parameters (names, shapes, which require grad): two models
+        with the same fingerprint have the same parameter layout (the same weights or not)."""
+        import hashlib
+
+        layout = "\n".join(f"{n}:{tuple(p.shape)}:{p.requires_grad}" for n, p in self.model.named_parameters())
+        return hashlib.sha256(layout.encode()).hexdigest()[:12]
+
+    @property
     def largest_parameter(self) -> int:
         """Elements of the largest parameter: what DeepSpeed's bucket sizes are fitted to."""
         return max((p.numel() for p in self.model.parameters()), default=1)

@@ -58,7 +58,7 @@ _NO_LOCAL_STATE = (
     "Adaptive.on_ranks keeps its training state in the rank processes: state_dict() and load_state_dict() need "
     "Adaptive(model, ...) in one process."
 )
-_STATE_VERSION = 2  # of state_dict(): a change to its keys bumps it (2: shape_guard; 1 is still read)
+_STATE_VERSION = 3  # of state_dict(): a change to its keys bumps it (3: model, 2: shape_guard; 1, 2 still read)
 
 
 def decision_source(policy: PolicyArg) -> DecisionSource | None:
@@ -518,11 +518,17 @@ class Adaptive:
             The step's record: its loss, samples, seconds, learning rate, configuration and, when
             it ran under exact memory tracking, its peak bytes.
 
+        A step whose loss or any gradient is NaN or infinite is skipped before the optimizer runs
+        (in one process): the parameters, the optimizer's state and learning rates are exactly the
+        step before's, the gradients cleared; it still counts as a step (its record is in
+        :attr:`steps`, with its loss), as an fp16 overflow step does.
+
         Raises:
-            NonFiniteLossError: The step's loss is NaN or infinite and the run makes decisions (a
-                decision source, or ``adapt_batch``); the step is in :attr:`steps`. A run without
-                decisions warns (:class:`~autotune.errors.NonFiniteLossWarning`) at its first one
-                and goes on.
+            NonFiniteLossError: The step's loss or a gradient is NaN or infinite and the run makes
+                decisions (a decision source, or ``adapt_batch``); the step is in :attr:`steps`,
+                its update skipped (a checkpoint saved after catching it holds the weights of the
+                step before). A run without decisions warns
+                (:class:`~autotune.errors.NonFiniteLossWarning`) at its first one and goes on.
             BatchError: ``batch`` breaks that contract (see :mod:`autotune.train.batches`).
             ConfigError: ``batch`` with ``adapt_batch=True`` (the batch given is the batch trained).
             UnsupportedError: ``batch`` on ranks (each rank draws its shard of the workload's dataset).
@@ -554,7 +560,7 @@ class Adaptive:
             result = t.step()
             # A configuration's first step in this process pays one-time costs (oneDNN kernels
             # compiled per new shape and dtype, cuDNN autotuning, allocator growth): never timed.
-            if index >= 1 and config in self._ran:
+            if index >= 1 and config in self._ran and not result.skipped:
                 throughput = result.samples / result.seconds
         self._ran.add(config)
         record = AdaptStep(
@@ -574,6 +580,7 @@ class Adaptive:
             throughput=throughput,
             peak=peak,
             allocator=t.allocator_stats if peak is not None else None,
+            skipped=result.skipped,
         )
         return record
 
@@ -619,6 +626,8 @@ class Adaptive:
             "ran": sorted((c.to_dict() for c in self._ran), key=lambda d: json.dumps(d, sort_keys=True)),
             # The largest batch shape seen: a resumed run does not profile it again at every step's check.
             "shape_guard": self.guard.state_dict(),
+            # Which model the state is of: another model's configuration and measurements are not this one's.
+            "model": {"fingerprint": self.workload.fingerprint, "parameters": self.workload.num_parameters},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -635,13 +644,22 @@ class Adaptive:
             state: What :meth:`state_dict` returned.
 
         Raises:
-            ConfigError: a state of another version or another effective batch.
+            ConfigError: a state of another version, another effective batch or another model (its
+                parameters' names, shapes and ``requires_grad`` differ: another width, depth or
+                architecture; a state saved before version 3 is not checked).
             UnsupportedError: on ranks.
         """
         t = self._in_place(_NO_LOCAL_STATE)
-        if state.get("version") not in (1, _STATE_VERSION):  # 1: before the shape guard's state was kept
+        if state.get("version") not in (1, 2, _STATE_VERSION):  # 1: no shape guard's state; 2: no model's
             raise ConfigError(
-                f"Adaptive state must be version 1 or {_STATE_VERSION}, but got {state.get('version')!r}."
+                f"Adaptive state must be version 1, 2 or {_STATE_VERSION}, but got {state.get('version')!r}."
+            )
+        saved, wl = state.get("model"), self.workload
+        if saved is not None and saved["fingerprint"] != wl.fingerprint:  # older states: not checked
+            raise ConfigError(
+                f"Adaptive state was saved for another model ({saved['parameters']:,} parameters, fingerprint "
+                f"{saved['fingerprint']}), but this run's model has {wl.num_parameters:,} parameters (fingerprint "
+                f"{wl.fingerprint}): load it into an Adaptive over the model it was saved from."
             )
         restored, start = TrainConfig.from_dict(state["config"]), t.config
         if restored.effective_batch_size != start.effective_batch_size and not self.adapt_batch:

@@ -307,6 +307,7 @@ class Controller:
         throughput: float | None = None,
         peak: int | None = None,
         allocator: AllocatorStats | None = None,
+        skipped: bool = False,
     ) -> None:
         """Step ``index`` (0-based: ``index + 1`` steps are done) ran under ``config``.
 
@@ -318,19 +319,21 @@ class Controller:
                 first of a configuration, which pays one-time costs, nor a tracked step).
             peak: Its measured peak bytes, where it was measured (a tracked step).
             allocator: On CUDA, the caching allocator's peaks over that measured step.
+            skipped: The loop found the loss or a gradient NaN or infinite before its optimizer
+                step and skipped the update (the weights and optimizer state are the step before's).
 
         Raises:
-            NonFiniteLossError: a NaN or infinite loss in a run that decides (its decisions, the
-                policy's observation and the objective, would act on it); a run that does not
-                decide warns once (:class:`NonFiniteLossWarning`) and goes on.
+            NonFiniteLossError: a NaN or infinite loss (or gradient, ``skipped``) in a run that
+                decides (its decisions, the policy's observation and the objective, would act on
+                it); a run that does not decide warns once (:class:`NonFiniteLossWarning`) and goes on.
         """
         step = index + 1
         if throughput is not None:
             self.decider.timed(config, throughput)
         if loss is not None:
             self.losses = [*self.losses[-(TUNING.observed_losses - 1) :], loss]
-            if not math.isfinite(loss):
-                self._diverged(index, loss, config)
+        if (loss is not None and not math.isfinite(loss)) or skipped:
+            self.diverged(index, config=config, loss=loss, skipped=skipped)
         over = None
         if peak is not None:
             self.measured(config, peak, allocator)
@@ -418,8 +421,28 @@ class Controller:
         self.over_budget.append(over)
         warnings.warn(OverBudgetWarning(over.describe()), stacklevel=4)
 
-    def _diverged(self, index: int, loss: float, config: TrainConfig) -> None:
-        what = f"step {index}: the loss is {loss} under {config.describe()}"
+    def diverged(self, index: int, *, config: TrainConfig, loss: float | None, skipped: bool) -> None:
+        """The NaN rule: step ``index``'s loss (or, with a finite or unread ``loss``, a gradient) is
+        NaN or infinite.
+
+        Args:
+            index: The step's 0-based index.
+            config: The configuration it ran under.
+            loss: Its loss (None: not read, e.g. in a framework's hook before its optimizer step).
+            skipped: The loop skipped the step's update: said in the message, so the user knows
+                the weights are the step before's.
+
+        Raises:
+            NonFiniteLossError: in a run that decides; a run that does not decide warns once
+                (:class:`NonFiniteLossWarning`) and goes on.
+        """
+        if loss is not None and not math.isfinite(loss):
+            what = f"step {index}: the loss is {loss}"
+        else:
+            what = f"step {index}: a gradient is not finite" + ("" if loss is None else f" (the loss is {loss})")
+        what = f"{what} under {config.describe()}"
+        if skipped:
+            what = f"{what} (its update skipped: the weights and optimizer state are the step before's)"
         if self.decides:
             raise NonFiniteLossError(f"{what}: an adaptive run stops at a diverged step")
         if not self._warned_nonfinite:

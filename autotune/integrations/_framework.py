@@ -14,7 +14,10 @@ callback raises :class:`~autotune.errors.ConfigError` from the framework's train
 The decisions are :class:`autotune.adapt.controller.Controller`'s, the same as
 :class:`autotune.adapt.Adaptive`'s: the start within the budget, the source's plan, the budget
 gate, measurement overruling the source, the revert on a step measured over the budget, the same
-rule on a non-finite loss. What differs, and why (the framework's rules, not a choice):
+rule on a non-finite loss. A non-finite gradient is found in the framework's own hook before its
+optimizer step (:meth:`FrameworkLoop.before_optimizer_step`: every gradient set to None, so the
+optimizer changes no parameter and no state), except under fp16 loss scaling, whose scaler skips
+such a step itself. What differs, and why (the framework's rules, not a choice):
 
 * **No side-by-side trials**: a framework's loop cannot switch the micro-batch every step, and a
   trial alternating only the wrappers would time the loop's own per-step work (logging, its
@@ -44,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -65,6 +68,7 @@ from autotune.measurement.cuda_memory import (
 )
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.measurement.tracker import breakdown, tracker_class
+from autotune.train.base import finite_gradients
 from autotune.train.wrappers import BlockWrappers, apply_config
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
@@ -303,6 +307,34 @@ class FrameworkLoop:
             self._warm = True
         peak = self.measure_peak(config) if self.measure_peak is not None else None
         self.controller.after_step(step - 1, config=config, loss=loss, throughput=throughput, peak=peak)
+
+    def before_optimizer_step(self, step: int, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """The framework's optimizer step ``step`` (1-based) is about to run: a NaN or infinite
+        gradient must not reach the weights.
+
+        If one is not finite, every gradient is set to None, so the optimizer steps over every
+        parameter (torch's optimizers skip a parameter without a gradient: no update, no weight
+        decay, no state such as AdamW's moments or step count), then the NaN rule
+        (:meth:`Controller.diverged`): a run that decides raises here, before the optimizer and
+        the LR scheduler step; one that does not warns once and the framework's step goes on
+        without an update (its scheduler and step count advance).
+
+        Cost: one reduction over the gradients and a device->host sync per optimizer step.
+
+        Args:
+            step: The optimizer step about to run, 1-based (the framework's global step + 1).
+            parameters: The parameters the optimizer steps.
+
+        Raises:
+            NonFiniteLossError: a gradient is not finite and the run decides.
+        """
+        assert self.controller is not None, "begin() first"
+        params = [p for p in parameters if p.grad is not None]
+        if bool(finite_gradients([p.grad for p in params if p.grad is not None])):  # the sync point
+            return
+        for p in params:
+            p.grad = None
+        self.controller.diverged(step - 1, config=self.controller.config, loss=None, skipped=True)
 
     # ---- evaluation ----------------------------------------------------------------------------------
 

@@ -208,6 +208,24 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         self.loop.step_begin()
 
     @override
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Before the Trainer's ``optimizer.step()`` (after clipping): a NaN or infinite gradient is
+        dropped, every gradient set to None, so the weights and the optimizer's state stay the step
+        before's; then the NaN rule (:meth:`FrameworkLoop.before_optimizer_step`). Not under
+        ``fp16``: its GradScaler skips such a step itself (an overflow).
+
+        Raises:
+            NonFiniteLossError: a gradient is not finite and the run decides: out of
+                ``trainer.train()``, before the optimizer and the LR scheduler step.
+        """
+        model = kwargs.get("model")
+        if args.fp16 or model is None:
+            return
+        self.loop.before_optimizer_step(state.global_step + 1, model.parameters())
+
+    @override
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         """Close the step: its loss from the Trainer's logs, its peak, a decision every
         ``decide_every`` steps; open the evaluation window when the Trainer evaluates next."""

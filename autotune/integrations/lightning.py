@@ -231,6 +231,24 @@ class AutotuneCallback(Callback):
             self.loop.step_begin()
 
     @override
+    def on_before_optimizer_step(
+        self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Before the optimizer steps (the closure's backward done, before clipping): a NaN or
+        infinite gradient is dropped, every gradient set to None, so the weights and the
+        optimizer's state stay the step before's; then the NaN rule
+        (:meth:`FrameworkLoop.before_optimizer_step`). Not under fp16 loss scaling
+        (``precision="16-mixed"``): its GradScaler skips such a step itself.
+
+        Raises:
+            NonFiniteLossError: a gradient is not finite and the run decides: out of
+                ``trainer.fit()``, before the optimizer and the LR scheduler step.
+        """
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return
+        self.loop.before_optimizer_step(trainer.global_step + 1, pl_module.parameters())
+
+    @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:

@@ -74,7 +74,8 @@ def measure_local(
             "measure_local runs one process: a DeepSpeed configuration is measured on its ranks by "
             f"autotune.measure, but got {config.describe()}."
         )
-    trainer = Trainer(workload, config, device=device)
+    # A copy measured, not trained for its weights: every step updates, as the cost it measures does.
+    trainer = Trainer(workload, config, device=device, skip_nonfinite=False)
     schedule = Schedule(
         trainer,
         steps=steps,

@@ -437,7 +437,8 @@ def check_step(
 
     worst = at_worst_case(workload, config.micro_batch_size)  # the user's data at fault: raised
     try:
-        trainer = Trainer(worst, config, device=device)
+        # Every step updates (a NaN loss is not skipped): the peak is a real step's, optimizer state included.
+        trainer = Trainer(worst, config, device=device, skip_nonfinite=False)
         try:
             trainer.step()  # creates the optimizer state, as measure()'s warmup does
             at_peak = tracked_step(trainer).at_peak

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import Dataset
 
-from autotune.train.batches import batch_size, map_tensors, tensors_of
+from autotune.train.batches import batch_size, sample_of, select_rows, tensors_of
 from autotune.workload import SCAN_BATCHES, Workload
 
 __all__ = [
@@ -83,8 +83,7 @@ def sample_bytes(batch: Any) -> int:
 
 def take_rows(batch: Any, m: int) -> Any:
     """``m`` rows of ``batch``, cycling through its rows: a micro-batch at its shapes."""
-    index = torch.arange(m) % batch_size(batch)
-    return map_tensors(lambda t: t[index.to(t.device)], batch)
+    return select_rows(batch, torch.arange(m) % batch_size(batch))
 
 
 def find_worst_case(workload: Workload) -> WorstCase:
@@ -157,4 +156,4 @@ class _Rows(Dataset[Any]):
         return self.length
 
     def __getitem__(self, index: int) -> Any:
-        return map_tensors(lambda t: t[index % self.rows], self.batch)
+        return sample_of(self.batch, index % self.rows)

@@ -7,6 +7,8 @@ checks a config must pass; a backend adds only what differs:
 
 * how a micro-batch is fetched and trained (``_next_batch``, ``_begin_step``, ``_micro_step``);
   a step may instead train the user's own batch (:meth:`BaseTrainer.feed`), split here;
+* whether the step may update the weights (``_check_step``: the loss and every gradient finite,
+  read before the optimizer runs; a step that fails it is skipped, ``_skip_step``);
 * how the step ends (``_end_step``: the optimizer step, the loss over every rank);
 * what changing the config means for it (``_apply``).
 
@@ -18,6 +20,7 @@ same verbs (``reconfigure``, ``step``, ``close``).
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -25,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map_only
 
 from autotune.config import Precision, TrainConfig
 from autotune.errors import BatchError, ConfigError, UnsupportedError, WorkloadError
@@ -33,7 +35,7 @@ from autotune.train.batches import batch_size, map_tensors, split_batch
 from autotune.train.wrappers import outer_autocast
 from autotune.workload import Workload
 
-__all__ = ["BaseTrainer", "StepResult", "check_loss", "check_micro_batch"]
+__all__ = ["BaseTrainer", "StepResult", "check_loss", "check_micro_batch", "finite_gradients"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +47,9 @@ class StepResult:
     seconds: float  # wall time of the whole step, data loading included
     lr: float
     overflow: bool  # fp16 loss scaling found inf/nan gradients and skipped the update
+    # The loss or a gradient was NaN or infinite: the update was skipped before the optimizer ran
+    # (parameters, optimizer state and learning rates as before the step; gradients cleared).
+    skipped: bool = False
 
 
 class BaseTrainer(ABC):
@@ -60,8 +65,20 @@ class BaseTrainer(ABC):
     #: The config the backend hands ``deepspeed.initialize`` (None: no DeepSpeed engine).
     deepspeed_config: dict[str, Any] | None = None
 
-    def __init__(self, workload: Workload, config: TrainConfig, *, device: torch.device, world: int = 1) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        config: TrainConfig,
+        *,
+        device: torch.device,
+        world: int = 1,
+        skip_nonfinite: bool = True,
+    ) -> None:
         self.workload = workload
+        #: Skip a step whose loss or a gradient is not finite (see :meth:`step`); off where the
+        #: trainer measures what a step costs on a copy of the model (the optimizer's state is
+        #: created by its first step, and a skipped step would measure less than a real one).
+        self.skip_nonfinite = skip_nonfinite
         self.device = device
         self.world = world
         self.block_names = workload.block_names()
@@ -159,9 +176,17 @@ class BaseTrainer(ABC):
         the micro-batch as ``split`` equal chunks: the same effective batch and gradient, but the
         gradient noise monitor sees two batch sizes (McCandlish et al. 2018, App. A).
         ``before_micro_batch`` runs before each micro-batch (a memory tracker's reset).
+
+        With :attr:`skip_nonfinite`, a step whose mean loss or any gradient is NaN or infinite is
+        skipped before the optimizer runs (on backends that can tell before their update: not
+        DeepSpeed's, which steps inside its last micro-step): the parameters, the optimizer's state
+        and learning rates stay exactly as they were, the gradients are cleared, and the result
+        says ``skipped``. Under fp16 loss scaling the scaler's own check skips an infinite
+        gradient (``overflow``): only the loss is checked here.
         """
         c = self.config
         scale = self._lr_scale()
+        lrs = [group["lr"] for group in self.optimizer.param_groups]  # put back if the step is skipped
         for group, base in zip(self.optimizer.param_groups, self._base_lrs, strict=True):
             group["lr"] = base * scale
         start = time.perf_counter()
@@ -188,15 +213,25 @@ class BaseTrainer(ABC):
             # samples when they differ, the sum of the terms is the full batch's mean loss.
             share = None if sizes[i] * n == total else sizes[i] / total
             self._micro_step(batch, index=i, count=n, share=share)
-        loss, overflow = self._end_step()  # a sync point: also ends the step's work on the device
+        checked, skipped = self._check_step() if self.skip_nonfinite else None, False
+        if checked is not None and not checked[1]:
+            # A NaN or infinite loss or gradient never reaches the weights: a user who catches the
+            # NonFiniteLossError and saves a checkpoint saves the weights of the step before.
+            self._skip_step()
+            for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+                group["lr"] = lr
+            loss, overflow, skipped = checked[0], False, True
+        else:
+            loss, overflow = self._end_step()  # a sync point: also ends the step's work on the device
         seconds = time.perf_counter() - start
-        self.step_count += 1
+        self.step_count += 1  # a skipped step counts, as an fp16 overflow step does: the run goes on after it
         return StepResult(
             loss=loss,
             samples=total,
             seconds=seconds,
             lr=self._base_lrs[0] * scale,
             overflow=overflow,
+            skipped=skipped,
         )
 
     def _split(self, split: int) -> list[Any]:
@@ -204,13 +239,8 @@ class BaseTrainer(ABC):
         if not self.supports_split:
             raise UnsupportedError(f"{type(self).__name__} cannot split a micro-batch (split={split}).")
         assert c.grad_accum_steps == 1 and c.micro_batch_size % split == 0, (split, c)
-        batch = self._next_batch()
-        chunk = c.micro_batch_size // split
-
-        def part(i: int) -> Any:
-            return tree_map_only(torch.Tensor, lambda t: t[i * chunk : (i + 1) * chunk], batch)
-
-        return [part(i) for i in range(split)]
+        # The one split of a batch into micro-batches (per-sample lists split with the tensors).
+        return [part for part, _ in split_batch(self._next_batch(), c.micro_batch_size // split)]
 
     @property
     def outer_precision(self) -> Precision:
@@ -238,6 +268,19 @@ class BaseTrainer(ABC):
     def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
         """Forward and backward of micro-batch ``index`` of ``count``: its loss weighs ``share`` of
         the step's gradient, or ``1 / count`` when None (micro-batches of equal size)."""
+
+    def _check_step(self) -> tuple[float, bool] | None:
+        """After the last backward, before the optimizer: (the step's mean loss, whether it and every
+        gradient are finite); None where the backend cannot tell before its update (DeepSpeed's
+        engine steps inside its last micro-step), then the step is never skipped here."""
+        return None
+
+    def _skip_step(self) -> None:
+        """Drop the step's gradients without touching the parameters or the optimizer's state
+        (only called after :meth:`_check_step` found a non-finite value)."""
+        # set_to_none: torch's optimizers skip a parameter without a gradient entirely (no update,
+        # no weight decay, no state change), should one step after this before the next backward.
+        self.optimizer.zero_grad(set_to_none=True)
 
     @abstractmethod
     def _end_step(self) -> tuple[float, bool]:
@@ -284,3 +327,15 @@ def check_loss(loss: object, workload: str) -> None:
         raise WorkloadError(
             f"workload {workload!r}: loss_fn must return a scalar tensor, but returned shape {tuple(loss.shape)}"
         )
+
+
+def finite_gradients(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Whether every value of ``grads`` is finite, as a 0-dim bool tensor on the first one's device
+    (no device sync: the caller reads it with what else it reads).
+
+    The largest absolute value (the infinity norm) is NaN or infinite exactly when one value is:
+    unlike the 2-norm it cannot overflow on large finite gradients.
+    """
+    if not grads:
+        return torch.ones((), dtype=torch.bool)
+    return torch.isfinite(torch.nn.utils.get_total_norm(grads, norm_type=math.inf))

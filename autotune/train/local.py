@@ -11,7 +11,7 @@ from torch.utils.data import RandomSampler
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError, WorkloadError
-from autotune.train.base import BaseTrainer
+from autotune.train.base import BaseTrainer, finite_gradients
 from autotune.train.gns import GradientNoiseMonitor
 from autotune.train.stream import IterableStream, ShardStream
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs
@@ -54,6 +54,10 @@ class Trainer(BaseTrainer):
     micro-batch change: a DataLoader fixes its batch size; an ``IterableDataset`` in its own order),
     with the workload's collate, or, given ``stream``, from that one
     :class:`~autotune.train.stream.ShardStream`, which keeps its place across micro-batch changes.
+
+    ``skip_nonfinite`` (default True): a step whose loss or a gradient is NaN or infinite leaves the
+    weights and optimizer state as they were (:meth:`BaseTrainer.step`); False where a step is
+    measured for what it costs (a copy's weights do not matter, its optimizer state must exist).
     """
 
     supports_split = True
@@ -69,6 +73,7 @@ class Trainer(BaseTrainer):
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         stream: ShardStream | IterableStream | None = None,
+        skip_nonfinite: bool = True,
     ) -> None:
         if config.on_deepspeed:
             raise UnsupportedError(
@@ -84,7 +89,7 @@ class Trainer(BaseTrainer):
         else:
             first = next(model.parameters(), None)
             resolved = resolve_device(device) if device is not None or first is None else first.device
-        super().__init__(workload, config, device=resolved)
+        super().__init__(workload, config, device=resolved, skip_nonfinite=skip_nonfinite)
         self.stream = stream
         self.model = workload.model_copy(self.device) if model is None else model
         self.model.train()
@@ -96,6 +101,7 @@ class Trainer(BaseTrainer):
         self._loader_key: tuple[int, int] | None = None
         self._batches: Iterator[Any] = iter(())
         self._losses: list[torch.Tensor] = []
+        self._loss_value: float | None = None  # the step's mean loss, where _check_step read it
         self._noisy = True  # whether this step feeds the gradient noise monitor
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
         self._apply(config)
@@ -172,14 +178,32 @@ class Trainer(BaseTrainer):
         # Scaled so that the step's mean over micro-batches is the sample-weighted mean loss.
         self._losses.append(loss.detach() if share is None else loss.detach() * (share * count))
 
+    def _check_step(self) -> tuple[float, bool]:
+        mean = torch.stack(self._losses).float().mean()
+        finite = torch.isfinite(mean)
+        if not self.scaler.is_enabled():  # fp16 loss scaling finds inf gradients itself: an overflow step
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            finite = finite & finite_gradients(grads).to(finite.device)
+        # One sync point, before the optimizer step (the step's mean loss is read here rather than after it).
+        loss, ok = torch.stack([mean, finite.float()]).tolist()
+        self._loss_value = loss
+        return loss, ok == 1.0
+
+    def _skip_step(self) -> None:
+        super()._skip_step()
+        self.gns.end_step([])  # the noise estimate leaves the step out
+        self._losses, self._loss_value = [], None
+
     def _end_step(self) -> tuple[float, bool]:
         overflow = self._optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)
-        mean_loss = torch.stack(self._losses).float().mean().item()  # sync point: also ends the step's work
+        loss, self._loss_value = self._loss_value, None
+        if loss is None:  # not checked before the update (skip_nonfinite=False): a sync point, after it
+            loss = torch.stack(self._losses).float().mean().item()
         self._losses = []
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # ends the step's work on the device
             torch.cuda.synchronize(self.device)
-        return mean_loss, overflow
+        return loss, overflow
 
     def _optimizer_step(self) -> bool:
         params = [p for p in self.model.parameters() if p.grad is not None]

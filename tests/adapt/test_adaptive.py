@@ -656,11 +656,14 @@ def _nan_run(policy: object) -> Adaptive:
     return Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=wl.batch_size, policy=policy, decide_every=2)  # type: ignore[arg-type]
 
 
+SKIPPED = " (its update skipped: the weights and optimizer state are the step before's)"
+
+
 def test_a_nan_loss_stops_a_run_that_decides() -> None:
     tuner = _nan_run(Scripted([]))
     message = (
-        "step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0: an adaptive run "
-        "stops at a diverged step"
+        f"step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0{SKIPPED}: an adaptive "
+        "run stops at a diverged step"
     )
     with pytest.raises(NonFiniteLossError, match=f"^{re.escape(message)}$"):
         tuner.step()
@@ -670,9 +673,100 @@ def test_a_nan_loss_stops_a_run_that_decides() -> None:
 
 def test_a_nan_loss_in_a_run_without_decisions_warns_once_and_goes_on() -> None:
     tuner = _nan_run(None)
-    message = "step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0; training goes on"
+    before = [p.detach().clone() for p in tuner.model.parameters()]
+    message = (
+        f"step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0{SKIPPED}; training "
+        "goes on"
+    )
     with pytest.warns(NonFiniteLossWarning) as caught:
         steps = [tuner.step() for _ in range(3)]
     tuner.close()
     assert [str(w.message) for w in caught] == [message]
     assert [s.step for s in steps] == [0, 1, 2]
+    # Every step skipped: the weights are the initial ones, not NaN.
+    assert all(torch.equal(p, q) for p, q in zip(tuner.model.parameters(), before, strict=True))
+    assert tuner.optimizer.state_dict()["state"] == {}
+
+
+def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    import copy
+
+    return [p.detach().clone() for p in model.parameters()], copy.deepcopy(opt.state_dict())
+
+
+def _assert_identical(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, snapshot: tuple[list[torch.Tensor], dict[str, Any]]
+) -> None:
+    """Every parameter and every optimizer state tensor bit-identical, the param groups (lr) equal."""
+    params, state = snapshot
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params, strict=True))
+    now = opt.state_dict()
+    assert now["param_groups"] == state["param_groups"]
+    assert now["state"].keys() == state["state"].keys()
+    for key, entry in state["state"].items():
+        assert entry.keys() == now["state"][key].keys()
+        assert all(torch.equal(now["state"][key][k], v) for k, v in entry.items()), key
+
+
+def _adamw_run(policy: object) -> tuple[Adaptive, torch.optim.Optimizer, list[tuple[torch.Tensor, torch.Tensor]]]:
+    wl = make_resmlp(n=64)
+    opt = torch.optim.AdamW(wl.model.parameters(), lr=1e-2, weight_decay=0.1)
+    tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=16, policy=policy, decide_every=2)  # type: ignore[arg-type]
+    x, y = wl.dataset[:64]  # type: ignore[index]
+    return tuner, opt, [(x[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)]
+
+
+def test_a_nan_batch_leaves_the_weights_and_the_optimizer_state_as_the_step_before() -> None:
+    tuner, opt, batches = _adamw_run(Scripted([]))
+    for batch in batches[:2]:
+        tuner.step(batch)
+    before = _snapshot(tuner.model, opt)
+    x, y = batches[2]
+    x = x.clone()
+    x[5] = float("nan")  # one bad sample: the loss and every gradient are NaN
+    message = (
+        f"step 2: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0{SKIPPED}: an adaptive "
+        "run stops at a diverged step"
+    )
+    with pytest.raises(NonFiniteLossError, match=f"^{re.escape(message)}$"):
+        tuner.step((x, y))
+    _assert_identical(tuner.model, opt, before)  # what a checkpoint saved now holds
+    assert [p.grad for p in tuner.model.parameters()] == [None] * len(before[0])
+    assert [s.step for s in tuner.steps] == [0, 1, 2]
+    # The next step starts clean: it is the step a run that never saw the NaN batch takes.
+    tuner.step(batches[3])
+    tuner.close()
+    twin, twin_opt, _ = _adamw_run(Scripted([]))
+    for batch in (*batches[:2], batches[3]):
+        twin.step(batch)
+    twin.close()
+    _assert_identical(tuner.model, opt, _snapshot(twin.model, twin_opt))
+
+
+def test_a_finite_loss_with_an_infinite_gradient_is_skipped_too() -> None:
+    wl = make_resmlp(n=64)
+    opt = torch.optim.AdamW(wl.model.parameters(), lr=1e-2)
+
+    def loss_fn(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        x, y, *poison = batch  # the dataset's batches (profiled) have no flag
+        loss = wl.loss_fn(model, (x, y))
+        if poison and poison[0]:  # the loss stays finite, the first parameter's gradient is infinite
+            v = next(model.parameters()) * 1.0
+            v.register_hook(lambda g: torch.full_like(g, float("inf")))
+            loss = loss + v.sum() * 0.0
+        return loss
+
+    tuner = Adaptive(wl.model, opt, loss_fn, wl.dataset, batch_size=16, policy=None)  # type: ignore[arg-type]
+    x, y = wl.dataset[:32]  # type: ignore[index]
+    tuner.step((x[:16], y[:16], False))
+    before = _snapshot(tuner.model, opt)
+    with pytest.warns(NonFiniteLossWarning) as caught:
+        record = tuner.step((x[16:], y[16:], True))
+    tuner.close()
+    _assert_identical(tuner.model, opt, before)
+    assert torch.isfinite(torch.tensor(record.loss))
+    message = (
+        f"step 1: a gradient is not finite (the loss is {record.loss}) under micro x acc x ranks 16x1x1 | fp32 | "
+        f"ckpt none | ZeRO 0{SKIPPED}; training goes on"
+    )
+    assert [str(w.message) for w in caught] == [message]

@@ -123,7 +123,7 @@ def test_a_state_of_another_batch_or_version_is_refused() -> None:
     message = "the saved run's effective batch must be this run's (32), but got 64."
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         resumed.load_state_dict(other_batch)
-    with pytest.raises(ConfigError, match=f"^{re.escape('Adaptive state must be version 1 or 2, but got 0.')}$"):
+    with pytest.raises(ConfigError, match=f"^{re.escape('Adaptive state must be version 1, 2 or 3, but got 0.')}$"):
         resumed.load_state_dict(state | {"version": 0})
     resumed.close()
     assert resumed.steps == [] and resumed.config == FAST
@@ -159,3 +159,34 @@ def test_a_run_at_the_default_under_the_whole_default_budget_resumes_there(tmp_p
     resumed = _build([], torch.load(tmp_path / "run.pt", weights_only=True), memory_budget="100%")
     resumed.close()
     assert resumed.config == FAST and resumed.history == ()
+
+
+def _resmlp_tuner(d: int) -> Adaptive:
+    wl = make_resmlp(d=d, n=64)
+    opt = torch.optim.AdamW(wl.model.parameters(), lr=1e-3)
+    return Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=Scripted([]), decide_every=5)
+
+
+def test_a_state_saved_for_another_model_is_refused() -> None:
+    first = _resmlp_tuner(64)
+    first.step()
+    first.close()
+    state = first.state_dict()
+    assert state["model"] == {"fingerprint": "525c70f587c2", "parameters": 134212}
+    narrower = _resmlp_tuner(32)
+    message = (
+        "Adaptive state was saved for another model (134,212 parameters, fingerprint 525c70f587c2), but this run's "
+        "model has 34,340 parameters (fingerprint 5f66120be0e2): load it into an Adaptive over the model it was "
+        "saved from."
+    )
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        narrower.load_state_dict(state)
+    assert narrower.steps == [] and narrower.config == FAST  # nothing of the state applied
+    # A state saved before the model was kept (version 2) loads unchecked, as it did.
+    narrower.load_state_dict({k: v for k, v in state.items() if k != "model"} | {"version": 2})
+    narrower.close()
+    assert [s.step for s in narrower.steps] == [0]
+    same = _resmlp_tuner(64)
+    same.load_state_dict(state)  # the same layout, other weights: the state is this model's
+    same.close()
+    assert same.trainer.step_count == 1

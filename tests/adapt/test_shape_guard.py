@@ -176,7 +176,7 @@ def test_a_resumed_run_keeps_the_largest_shape_and_does_not_profile_it_again(
     torch.save(run.state_dict(), path)
     run.close()
     state = torch.load(path, weights_only=True)  # plain values and tensors
-    assert state["version"] == 2 and state["shape_guard"]["largest"] == 512
+    assert state["version"] == 3 and state["shape_guard"]["largest"] == 512
 
     wl = _varlen()
     fresh = Adaptive(

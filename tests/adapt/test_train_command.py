@@ -204,3 +204,32 @@ def test_a_step_measured_over_the_budget_is_warned_listed_and_exits_4(
     out = capsys.readouterr()
     assert [line for line in out.err.splitlines() if line] == [f"autotune train: warning: {what}"]
     assert f"OVER BUDGET: {what}" in " ".join(out.out.split())
+
+
+def test_a_nan_loss_never_reaches_the_trained_weights(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    import autotune.resolve
+    from tests.paths import NAN_WORKLOAD
+
+    loaded: list[Any] = []
+    load = autotune.resolve.load_workload
+
+    def spy(ref: str) -> Any:
+        loaded.append(load(ref))
+        return loaded[-1]
+
+    monkeypatch.setattr(autotune.resolve, "load_workload", spy)
+    before = [p.detach().clone() for p in load(f"{NAN_WORKLOAD}:build").model.parameters()]  # seeded: the same
+    assert main(["train", f"{NAN_WORKLOAD}:build", "--steps", "3", "--json"]) == 0
+    [wl] = loaded
+    assert all(torch.equal(p, q) for p, q in zip(wl.model.parameters(), before, strict=True))  # every step skipped
+    out, err = capsys.readouterr()
+    run = json.loads(out)
+    assert [s["step"] for s in run["steps"]] == [0, 1, 2]
+    assert (
+        "autotune train: warning: step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none | "
+        "ZeRO 0 (its update skipped: the weights and optimizer state are the step before's); training goes on\n"
+    ) in err  # a line on a busy machine may come before it

@@ -125,6 +125,16 @@ def test_a_user_dict_batch_is_split_into_its_own_class() -> None:
             (torch.zeros(9, 32, 16), torch.zeros(9, 32)),
             "a batch must hold at most the effective batch (8 samples), but got 9.",
         ),
+        (
+            {"x": torch.zeros(8, 32, 16), "y": torch.zeros(8, 32), "names": ["a", "b", "c"]},
+            "a list or tuple in a batch must hold one entry per sample (8, as batch['x']) to be split with the "
+            "tensors, but batch['names'] has 3.",
+        ),
+        (
+            (torch.zeros(8, 32, 16), torch.zeros(8, 32), {"ids": range(8)}),
+            "a batch's fields must be tensors, lists or tuples of one entry per sample, or values every sample "
+            "shares (a number, a string, None), but batch[2]['ids'] is a range.",
+        ),
     ],
 )
 def test_a_malformed_batch_is_a_one_line_batch_error(batch: object, message: str) -> None:
@@ -176,3 +186,42 @@ def _concat(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str,
     width = max(a["input_ids"].shape[1], b["input_ids"].shape[1])
     ids = [nn.functional.pad(t["input_ids"], (0, width - t["input_ids"].shape[1])) for t in (a, b)]
     return {"input_ids": torch.cat(ids)}
+
+
+def test_a_per_sample_list_is_split_with_the_tensors_and_weighted_by_its_share() -> None:
+    wl = make_resmlp(n=64)
+    plain = copy.deepcopy(wl.model)
+    seen: list[tuple[int, list[str], str, int]] = []
+
+    def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
+        if isinstance(batch, dict):  # the user's batches (the dataset's tuples are profiled)
+            seen.append((batch["x"].shape[0], batch["names"], batch["split"], batch["epoch"]))
+            assert len(batch["names"]) == batch["x"].shape[0]  # one name per sample
+            batch = (batch["x"], batch["y"])
+        return wl.loss_fn(model, batch)
+
+    opt = torch.optim.SGD(wl.model.parameters(), lr=0.1)
+    fixed = TrainConfig(micro_batch_size=4, grad_accum_steps=4, grad_clip=None)
+    tuner = Adaptive(wl.model, opt, loss_fn, wl.dataset, batch_size=16, policy=fixed)
+    x, y = wl.dataset[:30]  # type: ignore[index]
+    names = [f"sample-{i}" for i in range(30)]
+    tuner.step({"x": x[:16], "y": y[:16], "names": names[:16], "split": "train", "epoch": 3})
+    # The last batch of an epoch: 14 samples, 4 + 4 + 4 + 2, each micro-batch weighted by its share.
+    record = tuner.step({"x": x[16:], "y": y[16:], "names": tuple(names[16:]), "split": "train", "epoch": 3})
+    tuner.close()
+    assert seen == [
+        (4, names[0:4], "train", 3),
+        (4, names[4:8], "train", 3),
+        (4, names[8:12], "train", 3),
+        (4, names[12:16], "train", 3),
+        (4, tuple(names[16:20]), "train", 3),
+        (4, tuple(names[20:24]), "train", 3),
+        (4, tuple(names[24:28]), "train", 3),
+        (2, tuple(names[28:30]), "train", 3),
+    ]
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    _plain_step(wl, plain, plain_opt, (x[:16], y[:16]))
+    loss = _plain_step(wl, plain, plain_opt, (x[16:], y[16:]))
+    assert record.samples == 14
+    assert record.loss == pytest.approx(loss, rel=1e-6)
+    _assert_same_parameters(wl.model, plain)

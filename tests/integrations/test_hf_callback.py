@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import math
 import re
 from pathlib import Path
@@ -9,10 +10,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
+import torch
 import transformers
 
 from autotune import TrainConfig
-from autotune.errors import UnsupportedError
+from autotune.errors import NonFiniteLossError, NonFiniteLossWarning, UnsupportedError
 from autotune.integrations.hf import AutotuneCallback
 from autotune.zoo import CORPUS
 from tests.adapt.scripted import Scripted
@@ -174,3 +176,75 @@ def test_a_decision_source_object_is_refused_when_the_trainer_rebuilds_the_callb
     )
     with pytest.raises(UnsupportedError, match=f"^{re.escape(message)}$"):
         AutotuneCallback(**state["args"])
+
+
+class Poison(transformers.TrainerCallback):  # type: ignore[misc]
+    """Before the optimizer step of step ``at`` (0-based), after a snapshot of the weights, the
+    optimizer's state and the LR scheduler's: one gradient NaN (runs before the autotune callback)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.snapshot: tuple[list[torch.Tensor], dict[str, Any], dict[str, Any]] | None = None
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step != self.at:
+            return
+        model, optimizer, scheduler = kwargs["model"], kwargs["optimizer"], kwargs["lr_scheduler"]
+        self.snapshot = (
+            [p.detach().clone() for p in model.parameters()],
+            copy.deepcopy(optimizer.state_dict()),
+            copy.deepcopy(scheduler.state_dict()),
+        )
+        next(p for p in model.parameters() if p.grad is not None).grad[0] = float("nan")
+
+
+def _assert_as_snapshot(trainer: transformers.Trainer, poison: Poison, *, lr: bool = True) -> dict[str, Any]:
+    """The weights and the optimizer's state bit-identical to the snapshot (its learning rates too
+    unless not ``lr``); the scheduler's snapshot."""
+    assert poison.snapshot is not None
+    params, optimizer, scheduler = poison.snapshot
+    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), params, strict=True))
+    now = trainer.optimizer.state_dict()
+    groups = [{k: v for k, v in g.items() if lr or k != "lr"} for g in now["param_groups"]]
+    assert groups == [{k: v for k, v in g.items() if lr or k != "lr"} for g in optimizer["param_groups"]]
+    assert now["state"].keys() == optimizer["state"].keys() and len(now["state"]) > 0
+    for key, entry in optimizer["state"].items():
+        assert all(torch.equal(now["state"][key][k], v) for k, v in entry.items()), key
+    return scheduler
+
+
+NAN_STEP = (
+    "step 2: a gradient is not finite under micro x acc x ranks 4x1x1 | fp32 | ckpt none | ZeRO 0 (its update "
+    "skipped: the weights and optimizer state are the step before's)"
+)
+
+
+def test_a_nan_gradient_in_a_run_that_decides_stops_it_before_the_optimizer_step(tmp_path: Path) -> None:
+    entry = CORPUS["hf-gpt2"]
+    wl = entry.build(**entry.tiny)
+    poison = Poison(at=2)
+    callback = AutotuneCallback(policy=Scripted([]), decide_every=2)
+    args = _args(str(tmp_path), 4, 5, seed=0, weight_decay=0.1)
+    trainer = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[poison, callback])
+    message = f"{NAN_STEP}: an adaptive run stops at a diverged step"
+    with pytest.raises(NonFiniteLossError, match=f"^{re.escape(message)}$"):
+        trainer.train()
+    scheduler = _assert_as_snapshot(trainer, poison)
+    assert trainer.lr_scheduler.state_dict() == scheduler  # raised before the scheduler stepped
+    assert trainer.state.global_step == 2
+    assert all(p.grad is None for p in trainer.model.parameters())
+
+
+def test_a_nan_gradient_in_a_run_without_decisions_is_skipped_and_warned_of(tmp_path: Path) -> None:
+    entry = CORPUS["hf-gpt2"]
+    wl = entry.build(**entry.tiny)
+    poison = Poison(at=2)
+    callback = AutotuneCallback(policy=None, decide_every=2)
+    args = _args(str(tmp_path), 4, 3, seed=0, weight_decay=0.1)
+    trainer = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[poison, callback])
+    with pytest.warns(NonFiniteLossWarning) as caught:
+        trainer.train()
+    assert [str(w.message) for w in caught if w.category is NonFiniteLossWarning] == [f"{NAN_STEP}; training goes on"]
+    # The last step, step 2, changed no weight and no optimizer state; the scheduler stepped (the lr).
+    _assert_as_snapshot(trainer, poison, lr=False)
+    assert trainer.state.global_step == 3

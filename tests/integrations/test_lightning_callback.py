@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import copy
 import math
+import re
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ pytest.importorskip("lightning")
 import lightning as L
 
 from autotune import TrainConfig
-from autotune.errors import AutotuneWarning
+from autotune.errors import AutotuneWarning, NonFiniteLossError, NonFiniteLossWarning
 from autotune.integrations.lightning import AutotuneCallback
 from autotune.workload import find_blocks
 from autotune.zoo import CORPUS
@@ -213,3 +215,61 @@ def test_a_fit_resumed_from_a_checkpoint_resumes_the_callback_s_configuration_an
 def test_the_objective_reaches_the_loop() -> None:
     assert AutotuneCallback(policy=None).loop.objective == "per-gib"
     assert AutotuneCallback(policy=None, objective="throughput").loop.objective == "throughput"
+
+
+class Poison(L.Callback):  # type: ignore[misc]
+    """Before the optimizer step of step ``at`` (0-based), after a snapshot of the weights and the
+    optimizer's state: one gradient NaN (runs before the autotune callback)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.snapshot: tuple[list[torch.Tensor], dict[str, Any]] | None = None
+
+    def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
+        if trainer.global_step != self.at:
+            return
+        self.snapshot = ([p.detach().clone() for p in module.parameters()], copy.deepcopy(optimizer.state_dict()))
+        next(p for p in module.parameters() if p.grad is not None).grad[0] = float("nan")
+
+
+def _assert_as_snapshot(trainer: L.Trainer, module: L.LightningModule, poison: Poison) -> None:
+    assert poison.snapshot is not None
+    params, optimizer = poison.snapshot
+    assert all(torch.equal(p, q) for p, q in zip(module.parameters(), params, strict=True))
+    now = trainer.optimizers[0].state_dict()
+    assert now["param_groups"] == optimizer["param_groups"]
+    assert now["state"].keys() == optimizer["state"].keys() and len(now["state"]) > 0
+    for key, entry in optimizer["state"].items():
+        assert all(torch.equal(now["state"][key][k], v) for k, v in entry.items()), key
+
+
+NAN_STEP = (
+    "step 2: a gradient is not finite under micro x acc x ranks 8x1x1 | fp32 | ckpt none | ZeRO 0 (its update "
+    "skipped: the weights and optimizer state are the step before's)"
+)
+
+
+def test_a_nan_gradient_in_a_fit_that_decides_stops_it_before_the_optimizer_step() -> None:
+    from tests.adapt.scripted import Scripted
+
+    entry = CORPUS["lstm-lm"]
+    wl = entry.build(**entry.tiny)
+    module, poison = LitBatched(wl.model, wl.loss_fn, wl.dataset, batch_size=8), Poison(at=2)
+    callback = AutotuneCallback(policy=Scripted([]), decide_every=2)
+    message = f"{NAN_STEP}: an adaptive run stops at a diverged step"
+    with pytest.raises(NonFiniteLossError, match=f"^{re.escape(message)}$"):
+        _fit(module, [poison, callback], max_steps=4)
+    _assert_as_snapshot(module.trainer, module, poison)
+    assert all(p.grad is None for p in module.parameters())
+
+
+def test_a_nan_gradient_in_a_fit_without_decisions_is_skipped_and_warned_of() -> None:
+    entry = CORPUS["lstm-lm"]
+    wl = entry.build(**entry.tiny)
+    module, poison = LitBatched(wl.model, wl.loss_fn, wl.dataset, batch_size=8), Poison(at=2)
+    callback = AutotuneCallback(policy=None, decide_every=2)
+    with pytest.warns(NonFiniteLossWarning) as caught:
+        trainer = _fit(module, [poison, callback], max_steps=3)
+    assert [str(w.message) for w in caught if w.category is NonFiniteLossWarning] == [f"{NAN_STEP}; training goes on"]
+    _assert_as_snapshot(trainer, module, poison)  # the last step, step 2, changed nothing
+    assert trainer.global_step == 3

@@ -41,3 +41,43 @@ def test_map_tensors_rebuilds_a_user_dict_subclass_with_its_attributes() -> None
     assert torch.equal(doubled["input_ids"], torch.full((4, 3), 2.0))
     assert torch.equal(enc["input_ids"], torch.ones(4, 3))
     assert batch_size(enc) == 4
+
+
+def test_a_noise_split_of_a_drawn_micro_batch_splits_its_per_sample_lists_too() -> None:
+    """BaseTrainer's split=2 (two halves for the noise estimate) goes through the same split."""
+    from autotune import TrainConfig, Workload
+    from autotune.train import Trainer
+
+    seen: list[list[int]] = []
+
+    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, object]:
+        xs, ys = zip(*samples, strict=True)
+        return {"x": torch.stack(xs), "y": torch.stack(ys), "ids": [int(v) for v in ys]}
+
+    def loss_fn(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        seen.append(list(batch["ids"]))  # type: ignore[call-overload]
+        assert batch["y"].tolist() == batch["ids"]
+        return (model(batch["x"]).squeeze(-1) - batch["y"]).pow(2).mean()
+
+    data = torch.utils.data.TensorDataset(torch.randn(8, 3), torch.arange(8.0))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    wl = Workload(name="ids", model=model, dataset=data, loss_fn=loss_fn, batch_size=8, collate_fn=collate)
+    trainer = Trainer(wl, TrainConfig(micro_batch_size=8))
+    trainer.step(split=2)
+    trainer.close()
+    assert [len(ids) for ids in seen] == [4, 4]
+    assert sorted(seen[0] + seen[1]) == list(range(8))
+
+
+def test_rows_taken_from_a_batch_take_its_per_sample_lists_along() -> None:
+    from autotune.memory.worst_case import take_rows
+    from autotune.train.batches import sample_of, select_rows
+
+    batch = {"x": torch.arange(3), "names": ["a", "b", "c"], "ids": (10, 11, 12), "mode": "train"}
+    rows = take_rows(batch, 5)  # cycling: rows 0, 1, 2, 0, 1
+    assert torch.equal(rows["x"], torch.tensor([0, 1, 2, 0, 1]))
+    assert (rows["names"], rows["ids"], rows["mode"]) == (["a", "b", "c", "a", "b"], (10, 11, 12, 10, 11), "train")
+    picked = select_rows(batch, torch.tensor([2, 0]))
+    assert (picked["x"].tolist(), picked["names"], picked["ids"]) == ([2, 0], ["c", "a"], (12, 10))
+    one = sample_of(batch, 1)
+    assert (one["x"].item(), one["names"], one["ids"], one["mode"]) == (1, "b", 11, "train")
