@@ -210,6 +210,14 @@ class FrameworkLoop:
         default = self._flags_config(plain, self.checkpointing)
         # Off before the profile too: its copies of the model recompute by autotune's wrappers only.
         self.checkpointing.take_over()
+        try:
+            self._start(model, workload, default, lambda: self._say_flags(plain, default, checkpoint_flag))
+        except BaseException:
+            self.remove()  # the model as the loop gave it (its own checkpointing back on) when the run cannot start
+            raise
+
+    def _start(self, model: torch.nn.Module, workload: Workload, default: TrainConfig, say: Callable[[], None]) -> None:
+        """The gate, the controller and the start (:meth:`begin`'s, once the flags are read)."""
         first = next(model.parameters(), None)
         device = "cpu" if first is None else first.device.type
         self._device = None if first is None else first.device
@@ -217,7 +225,7 @@ class FrameworkLoop:
         gate = BudgetGate.build(
             workload, self.budget, default, reduced_precision=self.source is not None, device_type=device
         )
-        self._model, self._names = model, names
+        self._model, self._names = model, workload.block_names()
         self.controller = Controller(
             frontend=self,
             source=self.source,
@@ -229,7 +237,7 @@ class FrameworkLoop:
             micro_why=workload.micro_batch_reason,
             objective=self.objective,
         )
-        self._say_flags(plain, default, checkpoint_flag)
+        say()
         self.controller.begin(workload, device_type=device)
         if self._wrappers is None:  # the run starts at the default, which the flags may have given knobs
             self.put(self.controller.config)
@@ -242,7 +250,7 @@ class FrameworkLoop:
         the blocks the model recomputes, the loop's own outer precision (its blocks in it, as
         Hugging Face's ``bf16=True`` runs them)."""
         blocks = checkpointing.blocks
-        checkpoint: bool | tuple[bool, ...] = blocks[0] if len(set(blocks)) == 1 else blocks
+        checkpoint: bool | tuple[bool, ...] = blocks[0] if len(set(blocks)) == 1 else (blocks or False)
         outer = "fp32" if self.precision.fixed else self.precision.outer
         return dataclasses.replace(plain, precision=outer, outer_precision=outer, checkpoint=checkpoint)
 
@@ -296,7 +304,12 @@ class FrameworkLoop:
                 f"{saved.effective_batch_size}."
             )
         self.controller.load_state_dict(state)
-        self.controller.restore(self.takes(here, saved), step=0, run="fit")
+        # Its per-block knobs as this loop takes them (the flags' pins too); the split is the loop's.
+        knobs = self.takes(here, saved)
+        target = dataclasses.replace(
+            knobs, micro_batch_size=here.micro_batch_size, grad_accum_steps=here.grad_accum_steps
+        )
+        self.controller.restore(target, step=0, run="fit")
 
     # ---- the front-end's hooks ------------------------------------------------------------------------
 

@@ -154,3 +154,18 @@ def test_a_precision_the_knobs_cannot_express_moves_no_precision_knob() -> None:
     current = TrainConfig(micro_batch_size=4)
     proposed = TrainConfig(micro_batch_size=4, precision="bf16", outer_precision="bf16", checkpoint=True)
     assert loop.takes(current, proposed) == TrainConfig(micro_batch_size=4, checkpoint=True)
+
+
+def test_a_run_that_cannot_start_gives_the_model_its_checkpointing_back() -> None:
+    from autotune.errors import AutotuneWarning, ConfigError
+
+    wl = _gpt2()
+    wl.model.activation_checkpointing_enable()
+    loop = FrameworkLoop(policy=None, memory_budget="1KiB", decide_every=2, blocks=None)
+    with (
+        pytest.warns(AutotuneWarning, match="^autotune: starting from your flags"),
+        pytest.raises(ConfigError, match="raise the budget"),
+    ):
+        loop.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=4, accum=1, name="gpt2")
+    assert [m.gradient_checkpointing for m in wl.model.modules() if hasattr(m, "gradient_checkpointing")] == [True] * 3
+    assert all("forward" not in m.__dict__ for m in wl.model.modules())
