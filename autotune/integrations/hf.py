@@ -11,7 +11,7 @@ What it changes mid-run, and what it cannot:
   per epoch, the LR scheduler's length and the step arithmetic that decides when to sync from
   ``args.gradient_accumulation_steps`` before the first step, so a change mid-run would desync
   them (and, with the micro-batch fixed, would change the effective batch, which stays the user's).
-* **Not fp16 blocks**: they need a loss scaler inside the Trainer's backward (``args.fp16``).
+* **Not fp16 blocks**, unless ``fp16=True``: they need the loss scaler inside the Trainer's backward.
 
 **Your flags are its start** (:mod:`autotune.integrations._flags`), said in one line
 (an ``AutotuneWarning``, and the history's first change, source ``"flags"``):

@@ -274,7 +274,9 @@ def test_a_bf16_mixed_fit_starts_from_its_flags_and_runs_what_it_reports() -> No
     )
     with pytest.warns(AutotuneWarning) as caught:
         trainer.fit(module, torch.utils.data.DataLoader(wl.dataset, batch_size=4))
-    expected = TrainConfig(micro_batch_size=4, precision="bf16", outer_precision="bf16", checkpoint=True, grad_clip=None)
+    expected = TrainConfig(
+        micro_batch_size=4, precision="bf16", outer_precision="bf16", checkpoint=True, grad_clip=None
+    )
     said = (
         "the model's own activation checkpointing -> every block recomputed (by autotune's wrappers; the model's own "
         "flags off until training ends); precision='bf16-mixed' -> outer precision bf16 (the loop's own autocast)"
