@@ -27,7 +27,7 @@ __all__ = ["EXIT_NON_FINITE_LOSS", "EXIT_OVER_BUDGET", "main", "warnings_as_line
 
 #: Exit code of a run whose loss became NaN or infinite (:class:`NonFiniteLossError`).
 EXIT_NON_FINITE_LOSS = 3
-#: Exit code of ``train --adapt`` when a step measured over the memory budget.
+#: Exit code of ``train`` when a step measured over the memory budget, and of ``measure`` when its peak is.
 EXIT_OVER_BUDGET = 4
 
 # The command registry: each module has ``register(subparsers) -> None``, which adds its parsers

@@ -14,14 +14,23 @@ from typing import Any
 from autotune.cli.flags import BUDGET_HELP, add_config_flags, config_from_args
 from autotune.errors import ConfigError
 
-__all__ = ["register"]
+__all__ = ["MEASURE_EPILOG", "register"]
+
+#: The exit codes of ``autotune measure``, as its ``--help`` lists them.
+MEASURE_EPILOG = (
+    "exit codes: 0 measured (within --memory-budget, if given); 1 the configuration failed to train; "
+    "2 a user mistake (nothing measured); 4 the measured peak is over --memory-budget (the measurement is "
+    "still printed, with one line on stderr); 130 Ctrl-C"
+)
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("workloads", help="list the built-in workloads with parameter counts")
     p.set_defaults(func=_cmd_workloads)
 
-    p = sub.add_parser("measure", help="run a workload under one config and measure what it costs")
+    p = sub.add_parser(
+        "measure", help="run a workload under one config and measure what it costs", epilog=MEASURE_EPILOG
+    )
     p.add_argument(
         "--workload",
         "-w",
@@ -31,7 +40,7 @@ def register(sub: Any) -> None:
     add_config_flags(p)
     p.add_argument("--steps", type=int, default=8, help="timed optimizer steps (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup steps (default 2)")
-    p.add_argument("--memory-budget", help=f"{BUDGET_HELP}: a peak above it is reported as not fitting")
+    p.add_argument("--memory-budget", help=f"{BUDGET_HELP}: a peak above it is reported as not fitting (exit 4)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto (default)")
     p.add_argument("--json", action="store_true", help="print the Measurement as JSON")
     p.set_defaults(func=_cmd_measure)
@@ -64,6 +73,9 @@ def _cmd_workloads(args: argparse.Namespace) -> int:
 
 
 def _cmd_measure(args: argparse.Namespace) -> int:
+    """Exit 0 with the measurement; :data:`~autotune.cli.main.EXIT_OVER_BUDGET` (as ``train``) with
+    the measurement and one line on stderr when its peak is over ``--memory-budget``."""
+    from autotune.cli.main import EXIT_OVER_BUDGET
     from autotune.memory.predict import budget_bytes
     from autotune.resolve import load_workload
     from autotune.train.local import resolve_device
@@ -98,6 +110,9 @@ def _cmd_measure(args: argparse.Namespace) -> int:
         print(m.to_json())
     else:
         make_console().print(measurement_table(m))
+    if m.status == "over_budget":  # a measurement, not an error: printed above, and said in the exit code
+        print(f"autotune measure: OVER BUDGET: {m.config.describe()}: {m.reason}", file=sys.stderr)
+        return EXIT_OVER_BUDGET
     return 0
 
 

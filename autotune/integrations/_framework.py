@@ -29,6 +29,15 @@ such a step itself. What differs, and why (the framework's rules, not a choice):
   measure a step's peak hands it in with :attr:`FrameworkLoop.measure_peak`; one measured over
   the budget is then left at once, as in ``Adaptive``.
 
+**The user's own flags** are the start (:mod:`autotune.integrations._flags`): blocks the model
+already recomputes (Hugging Face's ``activation_checkpointing=True``) are the default's
+``checkpoint``, recomputed by autotune's wrappers with the model's own flags off for the run; a loop
+that autocasts the forward itself (``bf16=True``, ``precision="bf16-mixed"``) owns the outer
+precision, which autotune then neither wraps a second time nor moves. What runs is what the history
+and :attr:`FrameworkLoop.config` say, and the percentage budget is of that configuration's peak.
+One line says it at the start (an :class:`~autotune.errors.AutotuneWarning`, and the history's
+first change, source ``"flags"``).
+
 **Evaluation** (the Trainer's ``evaluate()`` every N steps, Lightning's validation) is part of
 the peak the budget protects, but not of any training configuration: the callbacks bracket it
 with :meth:`FrameworkLoop.evaluation_begin` and :meth:`FrameworkLoop.evaluation_end`. The first
@@ -58,7 +67,8 @@ from autotune.adapt.decider import Decider
 from autotune.adapt.gate import BudgetGate, as_budget
 from autotune.adapt.records import Change
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, OverBudgetWarning
+from autotune.errors import AutotuneWarning, ConfigError, OverBudgetWarning
+from autotune.integrations._flags import LoopPrecision, ModelCheckpointing
 from autotune.measurement.cuda_memory import (
     RESERVED_HEADROOM,
     AllocatorStats,
@@ -69,7 +79,7 @@ from autotune.measurement.cuda_memory import (
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.measurement.tracker import breakdown, tracker_class
 from autotune.train.base import finite_gradients
-from autotune.train.wrappers import BlockWrappers, apply_config
+from autotune.train.wrappers import BlockWrappers, apply_block_knobs, apply_config
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -130,6 +140,10 @@ class FrameworkLoop:
         self._tracker: Any = None  # the CPU's exact tracker over the first evaluation
         # CUDA: the training windows' peaks so far (an evaluation's left out), kept across resets.
         self._trained: AllocatorStats | None = None
+        #: The loop's own precision, from the user's flags (set at :meth:`begin`).
+        self.precision = LoopPrecision()
+        #: The model's own checkpointing flags, taken over at :meth:`begin` (None before).
+        self.checkpointing: ModelCheckpointing | None = None
 
     # ---- what the callbacks read ----------------------------------------------------------------------
 
@@ -167,18 +181,23 @@ class FrameworkLoop:
         name: str,
         split: bool = False,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        precision: LoopPrecision | None = None,
+        checkpoint_flag: str = "the model's own activation checkpointing",
     ) -> None:
-        """Profile the model (a copy of it), resolve the budget, and put the run where the budget
-        and the source's plan say (a split in the plan waits for the next epoch boundary, as any
-        split change).
+        """Read the user's flags, profile the model (a copy of it), resolve the budget, and put the
+        run where the budget and the source's plan say (a split in the plan waits for the next
+        epoch boundary, as any split change).
 
         ``split``: the loop can take a new micro-batch x accumulation at its next epoch boundary.
         ``collate_fn``: the framework's DataLoader's, so the profile runs on batches as it trains on.
+        ``precision``: the loop's own autocast, from the user's flags (None: none).
+        ``checkpoint_flag``: how the user turned the model's checkpointing on, for the start line.
 
         Raises:
             ConfigError: nothing this loop can take fits the memory budget (the controller's rule).
         """
         self.split = split
+        self.precision = precision if precision is not None else LoopPrecision()
         workload = Workload(
             name=name,
             model=model,
@@ -189,7 +208,20 @@ class FrameworkLoop:
             collate_fn=collate_fn,
             min_micro_batch=self.min_micro_batch,
         )
-        default = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
+        names = workload.block_names()
+        self.checkpointing = ModelCheckpointing.read(model, names)
+        plain = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)
+        default = self._flags_config(plain, self.checkpointing)
+        # Off before the profile too: its copies of the model recompute by autotune's wrappers only.
+        self.checkpointing.take_over()
+        try:
+            self._start(model, workload, default, lambda: self._say_flags(plain, default, checkpoint_flag))
+        except BaseException:
+            self.remove()  # the model as the loop gave it (its own checkpointing back on) when the run cannot start
+            raise
+
+    def _start(self, model: torch.nn.Module, workload: Workload, default: TrainConfig, say: Callable[[], None]) -> None:
+        """The gate, the controller and the start (:meth:`begin`'s, once the flags are read)."""
         first = next(model.parameters(), None)
         device = "cpu" if first is None else first.device.type
         self._device = None if first is None else first.device
@@ -209,10 +241,35 @@ class FrameworkLoop:
             micro_why=workload.micro_batch_reason,
             objective=self.objective,
         )
+        say()
         self.controller.begin(workload, device_type=device)
+        if self._wrappers is None:  # the run starts at the default, which the flags may have given knobs
+            self.put(self.controller.config)
         if self._resume is not None:
             state, self._resume = self._resume, None
             self._restore(state)
+
+    def _flags_config(self, plain: TrainConfig, checkpointing: ModelCheckpointing) -> TrainConfig:
+        """``plain`` (the loop's split, fp32, no recompute) with what the user's flags already run:
+        the blocks the model recomputes, the loop's own outer precision (its blocks in it, as
+        Hugging Face's ``bf16=True`` runs them)."""
+        blocks = checkpointing.blocks
+        checkpoint: bool | tuple[bool, ...] = blocks[0] if len(set(blocks)) == 1 else (blocks or False)
+        outer = "fp32" if self.precision.fixed else self.precision.outer
+        return dataclasses.replace(plain, precision=outer, outer_precision=outer, checkpoint=checkpoint)
+
+    def _say_flags(self, plain: TrainConfig, default: TrainConfig, checkpoint_flag: str) -> None:
+        """One line, in the history (source ``"flags"``) and as a warning: the flags taken over."""
+        assert self.controller is not None and self.checkpointing is not None
+        parts = [self.checkpointing.describe(checkpoint_flag), self.precision.describe()]
+        said = "; ".join(p for p in parts if p)
+        if not said:
+            return
+        reason = f"starting from your flags: {said}"
+        self.controller.decider.note(
+            Change(step=0, source="flags", before=plain, after=default, applied=True, reason=reason)
+        )
+        warnings.warn(AutotuneWarning(f"autotune: {reason}: {default.describe()}"), stacklevel=4)
 
     # ---- resume ---------------------------------------------------------------------------------------
 
@@ -251,8 +308,10 @@ class FrameworkLoop:
                 f"{saved.effective_batch_size}."
             )
         self.controller.load_state_dict(state)
+        # Its per-block knobs as this loop takes them (the flags' pins too); the split is the loop's.
+        knobs = self.takes(here, saved)
         target = dataclasses.replace(
-            here, precision=saved.precision, outer_precision=saved.outer_precision, checkpoint=saved.checkpoint
+            knobs, micro_batch_size=here.micro_batch_size, grad_accum_steps=here.grad_accum_steps
         )
         self.controller.restore(target, step=0, run="fit")
 
@@ -261,18 +320,31 @@ class FrameworkLoop:
     def takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
         """What of ``proposed`` this loop can run from ``current``: the per-block knobs and the outer
         precision, the split where the loop can change it (same effective batch); no fp16 anywhere
-        (the loop's scaler)."""
+        (the loop's scaler) unless the loop's own precision is fp16 (it scales the loss then). The
+        user's flags pin what autotune cannot change: the loop's own outer precision (and block
+        precisions other than it or fp32), every precision where the flags are not a
+        ``TrainConfig`` precision, the recompute the model keeps doing itself."""
+        loop = self.precision
+        precision, outer = proposed.precision, proposed.outer_precision
+        if loop.fixed:
+            precision, outer = current.precision, current.outer_precision
+        elif loop.owned:
+            outer = loop.outer
+            blocks = proposed.precision if isinstance(proposed.precision, tuple) else (proposed.precision,)
+            if any(p not in ("fp32", outer) for p in blocks):
+                precision = current.precision
+        kept = self.checkpointing is not None and self.checkpointing.outside
         target = dataclasses.replace(
             current,
-            precision=proposed.precision,
-            outer_precision=proposed.outer_precision,
-            checkpoint=proposed.checkpoint,
+            precision=precision,
+            outer_precision=outer,
+            checkpoint=current.checkpoint if kept else proposed.checkpoint,
         )
         if self.split and proposed.effective_batch_size == current.effective_batch_size:
             target = dataclasses.replace(
                 target, micro_batch_size=proposed.micro_batch_size, grad_accum_steps=proposed.grad_accum_steps
             )
-        return current if target.uses_fp16 else target
+        return current if target.uses_fp16 and loop.outer != "fp16" else target
 
     def apply(self, change: Change) -> Change | None:
         """The knobs on the model now; a change of split waits for :meth:`take_split` (None)."""
@@ -430,16 +502,36 @@ class FrameworkLoop:
 
     def put(self, config: TrainConfig) -> None:
         """Put ``config``'s outer precision, per-block precision and checkpointing on the model
-        (replacing the last)."""
+        (replacing the last): not the outer region where the loop opens its own, not a recompute
+        the model keeps doing itself."""
         assert self._model is not None, "begin() first"
-        self.remove()
+        self._unwrap()
         device = next((p.device.type for p in self._model.parameters()), "cpu")
-        self._wrappers = apply_config(self._model, self._names, config, device_type=device)
+        if self.checkpointing is not None and self.checkpointing.outside:  # the model's own recompute, left on
+            config = dataclasses.replace(config, checkpoint=False)
+        if self.precision.owned:  # the loop's autocast is the outer region: never a second one around it
+            n = len(self._names)
+            self._wrappers = apply_block_knobs(
+                self._model,
+                self._names,
+                config.block_precisions(n),
+                config.block_checkpoints(n),
+                device_type=device,
+                outer=config.outer_precision,
+            )
+        else:
+            self._wrappers = apply_config(self._model, self._names, config, device_type=device)
         self._warm = False
 
     def remove(self) -> None:
-        """Take the wrappers off (and a tracker an evaluation that failed left): the model is
-        exactly as the loop gave it."""
+        """Take the wrappers off (and a tracker an evaluation that failed left) and set the model's
+        own checkpointing flags back: the model is exactly as the loop gave it."""
+        self._unwrap()
+        if self.checkpointing is not None:
+            self.checkpointing.give_back()
+
+    def _unwrap(self) -> None:
+        """Take the wrappers off (and a tracker an evaluation that failed left)."""
         if self._tracker is not None:
             tracker, self._tracker, self._evaluating = self._tracker, None, False
             tracker.__exit__(None, None, None)

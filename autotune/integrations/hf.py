@@ -11,7 +11,20 @@ What it changes mid-run, and what it cannot:
   per epoch, the LR scheduler's length and the step arithmetic that decides when to sync from
   ``args.gradient_accumulation_steps`` before the first step, so a change mid-run would desync
   them (and, with the micro-batch fixed, would change the effective batch, which stays the user's).
-* **Not fp16 blocks**: they need a loss scaler inside the Trainer's backward (``args.fp16``).
+* **Not fp16 blocks**, unless ``fp16=True``: they need the loss scaler inside the Trainer's backward.
+
+**Your flags are its start** (:mod:`autotune.integrations._flags`), said in one line
+(an ``AutotuneWarning``, and the history's first change, source ``"flags"``):
+
+* ``activation_checkpointing=True`` (``gradient_checkpointing=True``), or a model you called
+  ``activation_checkpointing_enable()`` on: the blocks the model recomputes are the start's
+  ``checkpoint``; autotune's per-block wrappers recompute them and the model's own flags are off
+  until ``on_train_end`` sets them back (a module it recomputes that is not a block: the model
+  keeps its checkpointing and the checkpoint knob does not move).
+* ``bf16=True`` / ``fp16=True``: accelerate's autocast around the model's forward is the outer
+  precision (``outer_precision="bf16"`` / ``"fp16"``, the blocks in it): autotune never wraps the
+  forward again and never moves it; a block may become an fp32 exception. Under ``fp16=True``
+  the Trainer scales the loss, so fp16 blocks are allowed there.
 
 The decisions are :class:`autotune.Adaptive`'s (one :class:`autotune.adapt.controller.Controller`):
 the start within the budget (here: recompute at the Trainer's split; if even that does not fit,
@@ -46,6 +59,7 @@ from typing_extensions import override  # typing.override from Python 3.12 (typi
 from autotune.adapt.adaptive import PolicyArg
 from autotune.config import TrainConfig
 from autotune.errors import MissingDependencyError, UnsupportedError
+from autotune.integrations._flags import LoopPrecision
 from autotune.integrations._framework import FrameworkLoop
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.units import MemoryBudget
@@ -181,7 +195,8 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         train_dataloader: torch.utils.data.DataLoader[Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        """Profile the model, resolve the budget, put the run at its start.
+        """Read your flags (``activation_checkpointing``, ``bf16``, ``fp16``, the model's own
+        checkpointing), profile the model, resolve the budget, put the run at its start.
 
         Raises:
             ConfigError: nothing the Trainer lets change (per-block recompute at its split) fits
@@ -198,6 +213,8 @@ class AutotuneCallback(TrainerCallback, ExportableState):
             accum=args.gradient_accumulation_steps,
             name=type(model).__name__,
             collate_fn=getattr(train_dataloader, "collate_fn", None),
+            precision=loop_precision(args),
+            checkpoint_flag=_checkpoint_flag(args),
         )
 
     @override
@@ -263,6 +280,31 @@ class AutotuneCallback(TrainerCallback, ExportableState):
     ) -> None:
         """Take the per-block wrappers off the model: it is left as it was given."""
         self.loop.remove()
+
+
+def loop_precision(args: TrainingArguments) -> LoopPrecision:
+    """The Trainer's own autocast, from ``args``: accelerate wraps the model's forward in it.
+
+    Args:
+        args: The Trainer's arguments.
+
+    Returns:
+        ``bf16=True``: outer bf16; ``fp16=True``: outer fp16; else none.
+    """
+    if args.bf16:
+        return LoopPrecision(outer="bf16", flag="bf16=True")
+    if args.fp16:
+        return LoopPrecision(outer="fp16", flag="fp16=True")
+    return LoopPrecision()
+
+
+def _checkpoint_flag(args: TrainingArguments) -> str:
+    """How the user turned the model's checkpointing on, as the start line names it."""
+    # transformers 5 names it activation_checkpointing (gradient_checkpointing: its alias); 4, gradient_checkpointing.
+    for name in ("activation_checkpointing", "gradient_checkpointing"):
+        if getattr(args, name, None):
+            return f"{name}=True"
+    return "the model's own activation checkpointing"
 
 
 def _optimizers(kwargs: Mapping[str, Any]) -> list[torch.optim.Optimizer]:

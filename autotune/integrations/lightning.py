@@ -18,7 +18,17 @@ What it changes mid-fit, and what it cannot (as the Hugging Face callback, :mod:
   history say which; a reload that does not take the new batch size refuses the change and fixes
   the split for the run.
   A change decided in the middle of an epoch waits for its end (long epochs: a long wait).
-* **Not fp16 blocks** (they need the precision plugin's loss scaler).
+* **Not fp16 blocks** (they need the precision plugin's loss scaler), except under
+  ``precision="16-mixed"``, whose plugin scales the loss.
+
+**Your flags are its start** (:mod:`autotune.integrations._flags`), said in one line (an
+``AutotuneWarning``, and the history's first change, source ``"flags"``): ``trainer.precision``
+``"bf16-mixed"`` / ``"16-mixed"`` is the outer precision (the plugin's autocast around
+``training_step``; autotune never opens another and never moves it); ``"32-true"`` is fp32; any
+other (``"bf16-true"``: 16-bit weights, which no ``TrainConfig`` expresses) leaves every precision
+knob where it is. A model inside the module whose checkpointing you enabled
+(``activation_checkpointing_enable()``) starts with those blocks recomputed, by autotune's wrappers
+(the model's own flags are off until ``on_train_end``).
 
 The loss the memory model profiles is ``training_step(batch, 0)`` (its ``"loss"`` if it returns a
 dict), run on copies of the module, where ``self.log`` has no trainer: its warning is silenced there.
@@ -44,7 +54,9 @@ import torch
 from typing_extensions import override  # typing.override from Python 3.12 (typing_extensions: a torch dependency)
 
 from autotune.adapt.adaptive import PolicyArg
+from autotune.config import Precision
 from autotune.errors import AutotuneWarning, MissingDependencyError
+from autotune.integrations._flags import LoopPrecision
 from autotune.integrations._framework import FrameworkLoop
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.units import MemoryBudget
@@ -185,6 +197,7 @@ class AutotuneCallback(Callback):
             name=type(pl_module).__name__,
             split=why is None,
             collate_fn=loader.collate_fn,
+            precision=loop_precision(str(trainer.precision)),
         )
         controller = self.loop.controller
         assert controller is not None
@@ -291,6 +304,28 @@ class AutotuneCallback(Callback):
             lightning_setattr(pl_module, "batch_size", self._batch_size)
         self.loop.take_split(trainer.global_step, None)  # a change still pending is refused, logged
         self.loop.remove()
+
+
+#: Lightning's mixed precisions: its plugin's autocast dtype around ``training_step``.
+_MIXED: dict[str, Precision] = {"bf16-mixed": "bf16", "16-mixed": "fp16"}
+_FULL = ("32-true", "32")
+
+
+def loop_precision(precision: str) -> LoopPrecision:
+    """The fit's own autocast, from ``trainer.precision``.
+
+    Args:
+        precision: Lightning's precision string (``"bf16-mixed"``, ``"32-true"``...).
+
+    Returns:
+        A mixed precision: the outer precision; ``"32-true"``: none; any other: fixed, with why.
+    """
+    if precision in _FULL:
+        return LoopPrecision()
+    flag = f"precision={precision!r}"
+    if precision in _MIXED:
+        return LoopPrecision(outer=_MIXED[precision], flag=flag)
+    return LoopPrecision(flag=flag, fixed="not a TrainConfig precision: the weights' own dtype is not a knob")
 
 
 def _fixed_split(trainer: Trainer, pl_module: LightningModule) -> str | None:

@@ -37,7 +37,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune.config import TrainConfig
+from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError, PredictionError, PredictionWarning
 from autotune.measurement.cuda_memory import RESERVED_HEADROOM, AllocatorStats, reserved_with_headroom
 from autotune.settings import TUNING
@@ -91,23 +91,29 @@ def admission(
     return Verdict(admitted=fits, reason=reason, predicted=predicted, measured=None)
 
 
-def memory_profile(workload: Workload, *, reduced_precision: bool, ranks: int = 1) -> MemoryProfile | None:
+def memory_profile(
+    workload: Workload, *, reduced_precision: bool, ranks: int = 1, outer: Precision = "fp32"
+) -> MemoryProfile | None:
     """The memory model's profile (fp32 and, if asked, bf16 blocks; plain and recomputed; on
     ranks also bf16 weights, a DeepSpeed bf16 engine's), verified on one real step of a copy of
     the model; None if the model cannot be profiled (then only measured configurations pass the
-    gate; :func:`profile_or_reason` also says why)."""
-    return profile_or_reason(workload, reduced_precision=reduced_precision, ranks=ranks, stacklevel=4)[0]
+    gate; :func:`profile_or_reason` also says why). Under a reduced ``outer`` precision (a
+    framework's loop that autocasts the whole forward itself), its blocks' modes instead: fp32
+    exceptions and blocks in it."""
+    return profile_or_reason(workload, reduced_precision=reduced_precision, ranks=ranks, outer=outer, stacklevel=4)[0]
 
 
 def profile_or_reason(
-    workload: Workload, *, reduced_precision: bool, ranks: int = 1, stacklevel: int = 3
+    workload: Workload, *, reduced_precision: bool, ranks: int = 1, outer: Precision = "fp32", stacklevel: int = 3
 ) -> tuple[MemoryProfile | None, str | None]:
     """:func:`memory_profile`, and why there is none: ``(profile, None)`` or ``(None, reason)``
     (the :class:`PredictionError`'s message, also warned as a :class:`PredictionWarning`)."""
     from autotune.memory.predict import profile_memory
 
     modes: tuple[str, ...] = ("fp32",)
-    if reduced_precision:
+    if outer != "fp32":
+        modes = (f"fp32@{outer}", f"{outer}@{outer}")
+    elif reduced_precision:
         # All blocks bf16 is an autocast island on one process, a bf16 engine on ranks.
         modes = ("fp32", "bf16", "bf16-weights") if ranks > 1 else ("fp32", "bf16")
     try:
@@ -227,7 +233,13 @@ class BudgetGate:
                 (give the budget in bytes then).
         """
         ranks = default.ranks
-        profile, why = profile_or_reason(workload, reduced_precision=reduced_precision, ranks=ranks, stacklevel=4)
+        profile, why = profile_or_reason(
+            workload,
+            reduced_precision=reduced_precision,
+            ranks=ranks,
+            outer=default.outer_precision,
+            stacklevel=4,
+        )
         gate = cls(workload, 1, profile=profile, headroom=headroom_for(default), device_type=device_type)
         gate.unprofiled = why
 

@@ -102,14 +102,27 @@ def test_user_errors_are_one_line_and_exit_2(args: tuple[str, ...], line: str) -
     assert proc.stdout == ""
 
 
-def test_over_budget_is_reported_not_an_error() -> None:
+def test_a_measurement_over_the_budget_is_printed_and_exits_4() -> None:
     proc = _run(
         "measure", "--workload", f"{USER}:build", "--memory-budget", "10KiB", "--json", "--steps", "1", "--warmup", "1"
     )
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
+    assert proc.returncode == 4, proc.stderr  # EXIT_OVER_BUDGET, as train's
+    data = json.loads(proc.stdout)  # the measurement is still printed, whole
     assert data["status"] == "over_budget"
     assert data["memory_budget"] == 10240
+    from autotune import TrainConfig
+
+    config = TrainConfig.from_dict(data["config"]).describe()
+    why = f"peak {data['peak_bytes']} bytes exceeds the memory budget of 10240 bytes"
+    line = f"autotune measure: OVER BUDGET: {config}: {why}"
+    assert proc.stderr.strip().splitlines()[-1] == line
+
+
+def test_a_measurement_within_the_budget_exits_0() -> None:
+    proc = _run("measure", "--workload", f"{USER}:build", "--memory-budget", "1GiB", "--steps", "1", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "OVER BUDGET" not in proc.stderr
+    assert "fits" in proc.stdout
 
 
 def test_import_autotune_is_light() -> None:

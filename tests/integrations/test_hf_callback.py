@@ -248,3 +248,137 @@ def test_a_nan_gradient_in_a_run_without_decisions_is_skipped_and_warned_of(tmp_
     # The last step, step 2, changed no weight and no optimizer state; the scheduler stepped (the lr).
     _assert_as_snapshot(trainer, poison, lr=False)
     assert trainer.state.global_step == 3
+
+
+class Before(transformers.TrainerCallback):  # type: ignore[misc]
+    """Runs before the autotune callback: the model's forward as the Trainer (accelerate) left it."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self.forward = model.__dict__.get("forward")
+
+
+class Runs(transformers.TrainerCallback):  # type: ignore[misc]
+    """After the autotune callback: what block 0 really runs in each optimizer step. Its MLP's forward
+    is counted on entry (a recompute calls it again in backward, where module hooks do not fire,
+    and stops inside it), with the dtype of its output and whether autocast was on; the model's
+    own checkpointing flags and autotune's wrappers on the blocks; the model's forward."""
+
+    def __init__(self, blocks: list[str]) -> None:
+        self.blocks = blocks
+        self.calls: list[tuple[torch.dtype, bool]] = []
+        self.entered = 0
+        self.per_step: list[int] = []
+        self.flags: list[tuple[bool, ...]] = []
+        self.wrapped: list[tuple[bool, ...]] = []
+        self.forwards: list[Any] = []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        mlp = model.get_submodule(self.blocks[0]).mlp
+        forward = type(mlp).forward
+
+        def counted(*a: Any, **k: Any) -> Any:
+            self.entered += 1  # on entry: a recompute stops as soon as it has what backward needs
+            out = forward(mlp, *a, **k)
+            self.calls.append((out.dtype, torch.is_autocast_enabled("cpu")))
+            return out
+
+        self.mlp, mlp.forward = mlp, counted
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.mark = self.entered
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self.per_step.append(self.entered - self.mark)
+        self.flags.append(tuple(model.get_submodule(b).gradient_checkpointing for b in self.blocks))
+        self.wrapped.append(tuple("forward" in model.get_submodule(b).__dict__ for b in self.blocks))
+        self.forwards.append(model.__dict__.get("forward"))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        del self.mlp.forward
+
+
+_CKPT = (
+    "activation_checkpointing=True -> every block recomputed (by autotune's wrappers; the model's own flags off "
+    "until training ends)"
+)
+_BF16 = "bf16=True -> outer precision bf16 (the loop's own autocast)"
+
+
+@pytest.mark.parametrize(
+    ("flags", "said", "expected"),
+    [
+        ({"gradient_checkpointing": True}, _CKPT, TrainConfig(micro_batch_size=4, checkpoint=True, grad_clip=None)),
+        (
+            {"bf16": True},
+            _BF16,
+            TrainConfig(micro_batch_size=4, precision="bf16", outer_precision="bf16", grad_clip=None),
+        ),
+        (
+            {"bf16": True, "activation_checkpointing": True},
+            f"{_CKPT}; {_BF16}",
+            TrainConfig(micro_batch_size=4, precision="bf16", outer_precision="bf16", checkpoint=True, grad_clip=None),
+        ),
+    ],
+    ids=["gradient_checkpointing", "bf16", "both"],
+)
+def test_the_users_flags_are_the_start_and_what_is_reported_is_what_runs(
+    tmp_path: Path, flags: dict[str, bool], said: str, expected: TrainConfig
+) -> None:
+    from autotune.errors import AutotuneWarning
+
+    wl = _gpt2_tiny()
+    blocks = list(wl.block_names())
+    callback = AutotuneCallback(policy=None, decide_every=2, memory_budget="1GiB")
+    before, runs = Before(), Runs(blocks)
+    if "gradient_checkpointing" in flags:  # transformers 5's deprecated name: still what users write
+        with pytest.warns(FutureWarning, match="gradient_checkpointing"):
+            args = _args(str(tmp_path), 4, 3, seed=0, **flags)
+    else:
+        args = _args(str(tmp_path), 4, 3, seed=0, **flags)
+    trainer = transformers.Trainer(
+        model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[before, callback, runs]
+    )
+    with pytest.warns(AutotuneWarning) as caught:
+        trainer.train()
+    # Said once, as the history's first change and its state.
+    line = f"autotune: starting from your flags: {said}: {expected.describe()}"
+    assert [str(w.message) for w in caught if isinstance(w.message, AutotuneWarning)] == [line]
+    [change] = callback.history
+    assert (change.step, change.source, change.applied, change.after) == (0, "flags", True, expected)
+    assert change.before == TrainConfig(micro_batch_size=4, grad_clip=None)
+    assert change.reason == f"starting from your flags: {said}"
+    assert callback.loop.config == expected
+    assert callback.state()["attributes"]["resume_state"]["config"] == expected.to_dict()
+    # What runs: one recompute of each block where the config says so (autotune's wrappers, the
+    # model's own flags off), one forward where it does not.
+    recomputed = expected.checkpoint is True
+    assert runs.per_step == [2 if recomputed else 1] * 3
+    assert runs.wrapped == [(recomputed, recomputed)] * 3
+    assert runs.flags == [(False, False)] * 3
+    # Precision: block 0 runs in the Trainer's own bf16 autocast, its forward wrapped by accelerate
+    # alone (autotune opens no second outer region around it).
+    bf16 = expected.outer_precision == "bf16"
+    assert set(runs.calls) == ({(torch.bfloat16, True)} if bf16 else {(torch.float32, False)})
+    assert all(f is before.forward for f in runs.forwards)
+    assert (before.forward is not None) == bf16
+    # At the end the model's own checkpointing is as the Trainer set it.
+    assert [wl.model.get_submodule(b).gradient_checkpointing for b in blocks] == [recomputed] * 2
+    assert all("forward" not in wl.model.get_submodule(b).__dict__ for b in blocks)
+
+
+def test_without_flags_the_callback_says_nothing_and_wraps_nothing(tmp_path: Path) -> None:
+    wl = _gpt2_tiny()
+    blocks = list(wl.block_names())
+    callback = AutotuneCallback(policy=None, decide_every=2, memory_budget="1GiB")
+    runs = Runs(blocks)
+    args = _args(str(tmp_path), 4, 2, seed=0)
+    transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback, runs]).train()
+    assert callback.history == []
+    assert callback.loop.config == TrainConfig(micro_batch_size=4, grad_clip=None)
+    assert (runs.per_step, runs.wrapped) == ([1, 1], [(False, False)] * 2)
+    assert set(runs.calls) == {(torch.float32, False)}
+
+
+def _gpt2_tiny() -> Any:
+    entry = CORPUS["hf-gpt2"]
+    return entry.build(**entry.tiny)

@@ -273,3 +273,84 @@ def test_a_nan_gradient_in_a_fit_without_decisions_is_skipped_and_warned_of() ->
     assert [str(w.message) for w in caught if w.category is NonFiniteLossWarning] == [f"{NAN_STEP}; training goes on"]
     _assert_as_snapshot(trainer, module, poison)  # the last step, step 2, changed nothing
     assert trainer.global_step == 3
+
+
+class Runs(L.Callback):  # type: ignore[misc]
+    """After the autotune callback: block 0's MLP forward counted on entry per optimizer step (a
+    recompute calls it again in backward and stops inside it), with its output's dtype and whether
+    autocast was on; the model's own checkpointing flags; whether anything wrapped the model's forward."""
+
+    def __init__(self, blocks: list[str]) -> None:
+        self.blocks = blocks
+        self.calls: list[tuple[torch.dtype, bool]] = []
+        self.entered, self.mark = 0, 0
+        self.per_step: list[int] = []
+        self.flags: list[tuple[bool, ...]] = []
+        self.outer: list[bool] = []
+
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        mlp = module.get_submodule(self.blocks[0]).mlp
+        forward = type(mlp).forward
+
+        def counted(*a: Any, **k: Any) -> Any:
+            self.entered += 1
+            out = forward(mlp, *a, **k)
+            self.calls.append((out.dtype, torch.is_autocast_enabled("cpu")))
+            return out
+
+        self.mlp, mlp.forward = mlp, counted
+
+    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+        self.mark = self.entered
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.per_step.append(self.entered - self.mark)
+        self.flags.append(tuple(module.get_submodule(b).gradient_checkpointing for b in self.blocks))
+        self.outer.append(any("forward" in m.__dict__ for m in (module, module.net)))
+
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        del self.mlp.forward
+
+
+def test_a_bf16_mixed_fit_starts_from_its_flags_and_runs_what_it_reports() -> None:
+    pytest.importorskip("transformers")
+    entry = CORPUS["hf-gpt2"]
+    wl = entry.build(**entry.tiny)
+    wl.model.activation_checkpointing_enable()  # by hand, inside the LightningModule
+    module = LitLM(wl.model, wl.loss_fn)
+    blocks = list(find_blocks(module))
+    callback = AutotuneCallback(policy=None, decide_every=2, memory_budget="1GiB")
+    runs = Runs(blocks)
+    trainer = L.Trainer(
+        max_steps=3,
+        precision="bf16-mixed",
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback, runs],
+    )
+    with pytest.warns(AutotuneWarning) as caught:
+        trainer.fit(module, torch.utils.data.DataLoader(wl.dataset, batch_size=4))
+    expected = TrainConfig(
+        micro_batch_size=4, precision="bf16", outer_precision="bf16", checkpoint=True, grad_clip=None
+    )
+    said = (
+        "the model's own activation checkpointing -> every block recomputed (by autotune's wrappers; the model's own "
+        "flags off until training ends); precision='bf16-mixed' -> outer precision bf16 (the loop's own autocast)"
+    )
+    assert [str(w.message) for w in caught if isinstance(w.message, AutotuneWarning)] == [
+        f"autotune: starting from your flags: {said}: {expected.describe()}"
+    ]
+    [change] = callback.history
+    assert (change.source, change.after, change.reason) == ("flags", expected, f"starting from your flags: {said}")
+    assert callback.state_dict()["config"] == expected.to_dict()
+    # What runs: one recompute per step by autotune's wrappers alone, in the plugin's bf16 autocast,
+    # and no second outer region around the module's forward.
+    assert runs.per_step == [2, 2, 2]
+    assert runs.flags == [(False, False)] * 3
+    assert set(runs.calls) == {(torch.bfloat16, True)}
+    assert runs.outer == [False] * 3
+    assert wl.model.is_activation_checkpointing  # given back at the end
