@@ -63,7 +63,7 @@ def test_fixed_train_warns_once_at_the_first_nan_and_goes_on(capsys: pytest.Capt
     assert main(["train", NAN, "--steps", "3", "--json"]) == 0
     warning = (
         "autotune train: warning: step 0: the loss is nan under micro x acc x ranks 16x1x1 | fp32 | ckpt none "
-        "| ZeRO 0; training goes on"
+        "| ZeRO 0 (its update skipped: the weights and optimizer state are the step before's); training goes on"
     )
     out = capsys.readouterr()
     assert [line for line in out.err.splitlines() if line] == [warning]  # the progress bar leaves a blank line

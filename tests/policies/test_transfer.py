@@ -84,6 +84,7 @@ def test_without_a_proposal_the_study_goes_on_and_says_why_in_one_line(
     run_study(prepared, study, options)
     *setup, line = capsys.readouterr().err.splitlines()  # one line per setup phase, then the proposal's
     assert [re.sub(r"\(.*\)$", "(...)", s) for s in setup[1:]] == [
+        "blocks: blocks.0..blocks.1 (...)",
         "blocks ranked by the activation bytes they save (...)",
         "baselines enqueued: pytorch-default, seed-recipe, hf-recipe (...)",
     ]
