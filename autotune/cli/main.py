@@ -7,7 +7,8 @@ Exit codes, each with one line on stderr and no traceback:
 - 2: a user mistake (bad workload reference, bad config value, a file where a directory goes), or an
   optional dependency the command needs is not installed (the line names the extra): nothing written;
 - 3: the loss became NaN or infinite where a result would be meaningless (``tune``, ``train --adapt``);
-- 4: ``train --adapt`` measured a step over its memory budget (unless ``--allow-over-budget``);
+- 4: over the memory budget: ``train`` (with or without ``--adapt``) measured a step over it (unless
+  ``--allow-over-budget``), or ``measure --memory-budget`` measured a peak over it;
 - 130: Ctrl-C.
 """
 

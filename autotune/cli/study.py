@@ -53,7 +53,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, help="effective batch (default: the workload's)")
     p.add_argument("--batch-sizes", help="comma list: the effective batch becomes a knob, compared as goodput")
     p.add_argument("--precisions", help="comma list of precisions to try (default fp32,bf16)")
-    p.add_argument("--ranks", help="comma list of data-parallel rank counts (> 1 needs the DeepSpeed runner, #3)")
+    p.add_argument("--ranks", help="comma list of data-parallel rank counts (> 1 needs the DeepSpeed runner)")
     add_min_micro_batch_flag(p)
     p.add_argument("--steps", type=int, help="timed steps per trial (default 4)")
     p.add_argument("--warmup", type=int, help="warmup steps per trial (default 1)")
