@@ -85,6 +85,9 @@ class BaseTrainer(ABC):
         self.step_count = 0
         self.optimizer: torch.optim.Optimizer
         self._base_lrs: list[float] = []
+        # The learning rates the last step left in the optimizer, and the scale they carry: a
+        # group found at another rate was set by someone else since (the user's LR scheduler).
+        self._written_lrs: tuple[list[float], float] | None = None
         self._fed: Any = None
         self._check(config)
         self.config = config
@@ -92,6 +95,22 @@ class BaseTrainer(ABC):
     def _track_lrs(self) -> None:
         """Remember the optimizer's learning rates as the base the schedule scales."""
         self._base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        self._written_lrs = (list(self._base_lrs), 1.0)
+
+    def _adopt_external_lrs(self) -> None:
+        """A learning rate set by someone else since the last step (the user's LR scheduler,
+        stepped between two steps, or their own ``group["lr"] = ...``) becomes that group's base:
+        autotune's schedule and batch scaling multiply it, never overwrite it. A chainable
+        scheduler (``StepLR``, ``ExponentialLR``, ...) multiplies the rate the step left, which
+        carries autotune's scale: dividing it out keeps the two composed. At the user's own batch
+        and the constant schedule (``Adaptive``'s default) the scale is 1 and the user's rate runs
+        as set."""
+        if self._written_lrs is None:
+            return
+        written, scale = self._written_lrs
+        for i, (group, lr) in enumerate(zip(self.optimizer.param_groups, written, strict=True)):
+            if float(group["lr"]) != lr:
+                self._base_lrs[i] = float(group["lr"]) / scale
 
     # ---- configuration --------------------------------------------------------------------------
 
@@ -185,10 +204,13 @@ class BaseTrainer(ABC):
         gradient (``overflow``): only the loss is checked here.
         """
         c = self.config
+        self._adopt_external_lrs()
         scale = self._lr_scale()
         lrs = [group["lr"] for group in self.optimizer.param_groups]  # put back if the step is skipped
+        before = self._written_lrs
         for group, base in zip(self.optimizer.param_groups, self._base_lrs, strict=True):
             group["lr"] = base * scale
+        self._written_lrs = ([float(group["lr"]) for group in self.optimizer.param_groups], scale)
         start = time.perf_counter()
         fed, self._fed = self._fed, None
         sizes: list[int] | None = None
@@ -220,6 +242,7 @@ class BaseTrainer(ABC):
             self._skip_step()
             for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
                 group["lr"] = lr
+            self._written_lrs = before
             loss, overflow, skipped = checked[0], False, True
         else:
             loss, overflow = self._end_step()  # a sync point: also ends the step's work on the device

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from typing import Any
@@ -770,3 +771,35 @@ def test_a_finite_loss_with_an_infinite_gradient_is_skipped_too() -> None:
         f"ckpt none | ZeRO 0{SKIPPED}; training goes on"
     )
     assert [str(w.message) for w in caught] == [message]
+
+
+def test_the_users_lr_scheduler_sets_the_rate_each_step_runs_at() -> None:
+    # StepLR stepped between tuner.step() calls, as in any plain loop: each step runs at the rate
+    # the scheduler set, and the weights are those of the same loop without autotune.
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+    data = torch.utils.data.TensorDataset(x, y)
+    batches = [(x[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)]
+
+    def loss_fn(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    tuner = Adaptive(model, opt, loss_fn, data, batch_size=16, policy=None)
+    rates = []
+    for batch in batches:
+        rates.append(tuner.step(batch).lr)
+        sched.step()
+    assert rates == [0.1, 0.05, 0.025, 0.0125]
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    twin_sched = torch.optim.lr_scheduler.StepLR(twin_opt, step_size=1, gamma=0.5)
+    for batch in batches:
+        twin_opt.zero_grad()
+        loss_fn(twin, batch).backward()
+        twin_opt.step()
+        twin_sched.step()
+    pairs = zip(model.parameters(), twin.parameters(), strict=True)
+    assert all(torch.allclose(p, q, rtol=0, atol=1e-7) for p, q in pairs)
