@@ -310,7 +310,7 @@ def _linear_fit(workload: Workload, precision: Precision, b1: int, b2: int) -> l
 
 def _first_batch(workload: Workload, micro: int) -> Any:
     """A micro-batch at the workload's worst case, as the memory profiles it is fitted with run."""
-    from autotune.memory.worst_case import profile_batch
+    from autotune.worst_case import profile_batch
 
     return profile_batch(workload, micro)
 

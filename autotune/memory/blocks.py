@@ -109,8 +109,8 @@ def _count(workload: Workload, model: torch.nn.Module, batch: Any, precision: Pr
 
 
 def _first_batch(workload: Workload, micro_batch_size: int) -> Any:
-    """A micro-batch at the workload's worst case (:func:`autotune.memory.worst_case.profile_batch`)."""
-    from autotune.memory.worst_case import profile_batch
+    """A micro-batch at the workload's worst case (:func:`autotune.worst_case.profile_batch`)."""
+    from autotune.worst_case import profile_batch
 
     return tree_map_only(torch.Tensor, lambda t: t, profile_batch(workload, micro_batch_size))
 

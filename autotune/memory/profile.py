@@ -182,7 +182,7 @@ class MemoryProfile:
         checks: The profile's predictions checked against real steps, one per kind of
             configuration (:func:`autotune.memory.check.verify_profile`); empty if not checked.
         worst_case: Which batch the profile ran at: declared, scanned or the first
-            (:meth:`autotune.memory.worst_case.WorstCase.describe`).
+            (:meth:`autotune.worst_case.WorstCase.describe`).
     """
 
     names: tuple[str, ...]
