@@ -58,16 +58,22 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, m
     """The autotune modules an import statement loads (``from pkg import sub`` loads ``pkg.sub``)."""
     if isinstance(node, ast.Import):
         return {alias.name for alias in node.names if alias.name in modules}
+    base = _source(node, module, is_package)
+    targets = {f"{base}.{alias.name}" for alias in node.names} & modules
+    if base in modules and len(targets) < len(node.names):
+        targets.add(base)
+    return targets
+
+
+def _source(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The dotted name ``from X import ...`` reads from, a relative ``X`` resolved."""
     base = node.module or ""
     if node.level:  # relative: resolve against this module's package
         package = module if is_package else module.rpartition(".")[0]
         for _ in range(node.level - 1):
             package = package.rpartition(".")[0]
         base = f"{package}.{base}" if base else package
-    targets = {f"{base}.{alias.name}" for alias in node.names} & modules
-    if base in modules and len(targets) < len(node.names):
-        targets.add(base)
-    return targets
+    return base
 
 
 def _lazy(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
@@ -242,3 +248,44 @@ def test_imports_point_down_the_layers_lazy_imports_included() -> None:
         if (a := _layer(module)) is not None and (b := _layer(target)) is not None and b > a
     )
     assert upward == [], "imports that point up the layers (lazy imports included):\n" + "\n".join(upward)
+
+
+#: Private names one module may import from another, each with why. Empty: a name used across
+#: modules is public in its one home.
+PRIVATE_IMPORTS: dict[str, str] = {}
+
+
+def private_imports(modules: dict[str, Path] | None = None) -> list[str]:
+    """``module -> source._name`` for every private name a module of ``modules`` (default: the
+    package's) imports from another (module-level and lazy imports alike; dunders are not private)."""
+    modules = _modules() if modules is None else modules
+    found = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _source(node, name, path.name == "__init__.py")
+            if source in modules and source != name:
+                found += [f"{name} -> {source}.{a.name}" for a in node.names if _private(a.name)]
+    return sorted(found)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_private_imports_reads_lazy_and_relative_imports(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text(
+        "from pkg.b import _x, y, __version__\ndef f():\n    from .b import _z\n    from os import _exit\n"
+    )
+    (tmp_path / "b.py").write_text("from pkg.b import _self\n")
+    modules = {"pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py"}
+    assert private_imports(modules) == ["pkg.a -> pkg.b._x", "pkg.a -> pkg.b._z"]
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = [line for line in private_imports() if line.split(" -> ")[1] not in PRIVATE_IMPORTS]
+    assert found == [], "private names imported from another module (make them public in one home):\n" + "\n".join(
+        found
+    )

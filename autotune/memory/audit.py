@@ -111,12 +111,12 @@ def audit_predictions(
 def same_state_after_recompute(workload: Workload, config: TrainConfig, *, seed: int = 0) -> bool:
     """Whether one forward/backward of a micro-batch under ``config``'s per-block knobs (its
     recompute, in fp32) leaves every buffer of the model exactly as a plain one does."""
-    from autotune.memory.blocks import _first_batch
     from autotune.train.wrappers import apply_block_knobs
+    from autotune.worst_case import profile_batch
 
     names = workload.block_names()
     checkpoints = config.block_checkpoints(len(names))
-    batch = _first_batch(workload, config.micro_batch_size)
+    batch = profile_batch(workload, config.micro_batch_size)
     states = []
     for ckpt in ([False] * len(names), list(checkpoints)):
         model = workload.model_copy()
