@@ -141,9 +141,9 @@ class Workload:
                 )
         if not isinstance(self.scan_batches, int) or isinstance(self.scan_batches, bool) or self.scan_batches < 0:
             raise WorkloadError(f"Workload.scan_batches must be an int >= 0, but got {self.scan_batches!r}.")
-        floor = self.min_micro_batch
-        if floor is not None and (not isinstance(floor, int) or isinstance(floor, bool) or floor < 1):
-            raise WorkloadError(f"Workload.min_micro_batch must be an int >= 1 or None, but got {floor!r}.")
+        from autotune.knobs import check_min_micro_batch
+
+        check_min_micro_batch(self.min_micro_batch, name="Workload.min_micro_batch", error=WorkloadError)
         if self.worst_case_batch is not None:
             from autotune.batches import batch_size
 
