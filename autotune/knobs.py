@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from autotune.config import PRECISIONS, Precision, TrainConfig
-from autotune.errors import ConfigError
+from autotune.errors import AutotuneError, ConfigError
 
 __all__ = [
     "ACCUM_LEVELS",
@@ -59,6 +59,7 @@ __all__ = [
     "Move",
     "apply_action",
     "blocks_at_level",
+    "check_min_micro_batch",
     "knobs_to_config",
     "level_blocks",
     "levels_of",
@@ -265,6 +266,28 @@ def smallest_micro_batch(per_rank_batch: int, floor: int | None) -> int:
         (16, 4, 2)
     """
     return per_rank_batch if floor is None else max(1, min(floor, per_rank_batch))
+
+
+def check_min_micro_batch(
+    value: object, *, name: str = "min_micro_batch", error: type[AutotuneError] = ConfigError
+) -> int | None:
+    """``value`` as a micro-batch floor (the smallest micro-batch the user accepts), checked: the
+    one rule for ``Workload.min_micro_batch``, the study's space, the simulator and the callbacks.
+
+    Args:
+        value: An int >= 1, or None (the workload's own floor).
+        name: The field's name, as the message states it.
+        error: The exception the caller raises for a bad field (``WorkloadError``, ``SpecError``).
+
+    Returns:
+        ``value``, unchanged.
+
+    Raises:
+        AutotuneError: ``error``, when ``value`` is not None and not an int >= 1 (a bool is no int here).
+    """
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise error(f"{name} must be an int >= 1 or None, but got {value!r}.")
+    return value
 
 
 def blocks_at_level(level: int, ranking: tuple[int, ...]) -> frozenset[int]:

@@ -21,14 +21,14 @@ if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.data import DataLoader, Dataset
 
-    from autotune.memory.worst_case import WorstCase
+    from autotune.worst_case import WorstCase
 
 __all__ = ["BlockChoice", "Workload", "detect_blocks", "find_blocks", "swap_tensors", "DEFAULT_LR", "SCAN_BATCHES"]
 
 #: Learning rate of the default optimizer (AdamW) at the workload's reference batch size.
 DEFAULT_LR = 1e-3
 
-#: Batches of a map-style dataset scanned for the longest one (:mod:`autotune.memory.worst_case`).
+#: Batches of a map-style dataset scanned for the longest one (:mod:`autotune.worst_case`).
 #: A scan only collates (no forward), once per workload: the cost of reading 100 of the user's
 #: batches. The corpus and test workloads hold fewer, so their whole epoch is scanned and the
 #: worst case is exact. A larger dataset whose longest batch may lie further declares it
@@ -62,7 +62,7 @@ class Workload:
             ``B_base`` in linear learning-rate scaling.
         worst_case_batch: A batch as the collate yields it at the longest shapes the data can
             produce (every sequence at the longest length): the memory model predicts at it
-            (:mod:`autotune.memory.worst_case`). ``None``: found by scanning a map-style dataset.
+            (:mod:`autotune.worst_case`). ``None``: found by scanning a map-style dataset.
         scan_batches: Batches of a map-style dataset scanned for the longest one when no worst
             case is declared (collated, never run); 0: the first batch only.
         min_micro_batch: The smallest micro-batch that keeps the training what the user wrote.
@@ -141,11 +141,11 @@ class Workload:
                 )
         if not isinstance(self.scan_batches, int) or isinstance(self.scan_batches, bool) or self.scan_batches < 0:
             raise WorkloadError(f"Workload.scan_batches must be an int >= 0, but got {self.scan_batches!r}.")
-        floor = self.min_micro_batch
-        if floor is not None and (not isinstance(floor, int) or isinstance(floor, bool) or floor < 1):
-            raise WorkloadError(f"Workload.min_micro_batch must be an int >= 1 or None, but got {floor!r}.")
+        from autotune.knobs import check_min_micro_batch
+
+        check_min_micro_batch(self.min_micro_batch, name="Workload.min_micro_batch", error=WorkloadError)
         if self.worst_case_batch is not None:
-            from autotune.train.batches import batch_size
+            from autotune.batches import batch_size
 
             try:
                 batch_size(self.worst_case_batch)
@@ -238,8 +238,8 @@ class Workload:
     @cached_property
     def worst_case(self) -> WorstCase:
         """The largest batch the data can produce, declared or scanned, and how it was found
-        (:func:`autotune.memory.worst_case.find_worst_case`; found once per workload)."""
-        from autotune.memory.worst_case import find_worst_case
+        (:func:`autotune.worst_case.find_worst_case`; found once per workload)."""
+        from autotune.worst_case import find_worst_case
 
         return find_worst_case(self)
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from autotune.policies.transfer import propose
 
 from autotune.adapt import Adaptive, DecisionSource, Observation, Proposal, RunContext
 from autotune.adapt.policy import PolicySource
@@ -157,6 +158,7 @@ def _study(name: str, size: str, args: argparse.Namespace, workdir: Path) -> dic
         cache=None,
         artifact_dir=workdir / "artifacts",
         dashboard=False,
+        propose=propose,
     )
     start = time.perf_counter()
     prepared = prepare(spec)

@@ -374,6 +374,8 @@ def _train_step(model: Any, optimizer: Any, recipe: Recipe, *, device: str, gene
 def _study_pick(out: Path, objective: ObjectiveName, timeout: float) -> dict[str, Any]:
     """A 12-trial study of the real-size decoder under the budget, with ``objective``; its setup lines
     with the seconds since the study began, and its pick."""
+    from autotune.policies.transfer import propose
+
     from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, summarize
     from autotune.search.study import StudyObserver, open_study, prepare, run_study
     from autotune.units import MemoryBudget
@@ -406,6 +408,7 @@ def _study_pick(out: Path, objective: ObjectiveName, timeout: float) -> dict[str
         artifact_dir=out / "artifacts",
         device=DEVICE,
         dashboard=False,
+        propose=propose,
     )
     prepared = prepare(spec)
     study = open_study(prepared, options)

@@ -303,6 +303,8 @@ def _budget(workload: Workload) -> int:
 def _run_study(reference: str, name: str, p: Plan, budget: int, workdir: Path, *, grid: bool) -> dict[str, Any]:
     """A study (``grid``: every point of the space enqueued, no policy proposal); its recommendation
     after re-timing its finalists."""
+    from autotune.policies.transfer import propose
+
     from autotune.knobs import Knobs
     from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, open_study, prepare, run_study
     from autotune.search.results import require_recommended, summarize
@@ -319,7 +321,11 @@ def _run_study(reference: str, name: str, p: Plan, budget: int, workdir: Path, *
         measure=MeasureSpec(steps=p.steps, warmup=1, trial_timeout=600.0, threads=p.threads),
     )
     options = RunOptions(
-        storage=str(workdir / "studies.db"), cache=None, artifact_dir=workdir / "artifacts", dashboard=False
+        storage=str(workdir / "studies.db"),
+        cache=None,
+        artifact_dir=workdir / "artifacts",
+        dashboard=False,
+        propose=propose,
     )
     start = time.perf_counter()
     prepared = prepare(spec)

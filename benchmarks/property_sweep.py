@@ -22,6 +22,7 @@ import warnings
 
 import torch
 
+from autotune import measure
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, PredictionWarning
 from autotune.memory.audit import audit_predictions, draw_configs, same_state_after_recompute
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = draw_configs(n, rng, args.configs) if args.bf16 else _fp32(draw_configs(n, rng, args.configs))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PredictionWarning)
-            rows = audit_predictions(workload, configs)
+            rows = audit_predictions(workload, configs, measure=measure)
         errors = [abs(r.error) for r in rows if r.verified and r.error is not None]
         holds = sum(r.holds for r in rows)
         exact = sum(same_state_after_recompute(workload, c) for c in configs)

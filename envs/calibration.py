@@ -48,6 +48,7 @@ from autotune.procs.measure import measure
 from autotune.settings import TUNING
 from autotune.train import Trainer
 from autotune.workload import Workload
+from autotune.worst_case import profile_batch
 
 __all__ = [
     "INFEASIBLE_PEAK",
@@ -308,13 +309,6 @@ def _linear_fit(workload: Workload, precision: Precision, b1: int, b2: int) -> l
     return [(max(a - s * b1, 0.0), s) for a, s in zip(y1, slopes, strict=True)]
 
 
-def _first_batch(workload: Workload, micro: int) -> Any:
-    """A micro-batch at the workload's worst case, as the memory profiles it is fitted with run."""
-    from autotune.memory.worst_case import profile_batch
-
-    return profile_batch(workload, micro)
-
-
 def _block_input_bytes(workload: Workload, micro: int) -> list[int]:
     model = copy.deepcopy(workload.model)
     names = workload.block_names()
@@ -328,7 +322,7 @@ def _block_input_bytes(workload: Workload, micro: int) -> list[int]:
 
     handles = [model.get_submodule(n).register_forward_pre_hook(hook(i)) for i, n in enumerate(names)]
     with torch.no_grad():
-        workload.loss_fn(model, _first_batch(workload, micro))
+        workload.loss_fn(model, profile_batch(workload, micro))
     for h in handles:
         h.remove()
     return sizes
@@ -357,7 +351,7 @@ def _block_forward_shares(workload: Workload, micro: int, repeats: int = 3) -> t
             model.get_submodule(n).register_forward_pre_hook(pre),
             model.get_submodule(n).register_forward_hook(post),
         ]
-    batch = _first_batch(workload, micro)
+    batch = profile_batch(workload, micro)
     total = 0.0
     with torch.no_grad():
         workload.loss_fn(model, batch)  # warm-up

@@ -17,7 +17,7 @@ from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, Tun
 from autotune.envs.costmodel import CPU_ZERO_OVERHEAD, StepCost, randomized_machine, randomized_profile, step_cost
 
 from autotune.errors import ConfigError
-from autotune.knobs import FRACTION_LEVELS, KnobLevels
+from autotune.knobs import FRACTION_LEVELS, KnobLevels, check_min_micro_batch
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.settings import TUNING
 from autotune.units import MemoryBudget
@@ -84,9 +84,7 @@ class SimulatedEnv(TuningEnv):
         start_within_budget: bool = False,
     ) -> None:
         super().__init__(horizon=horizon, max_zero_stage=0, adapt_batch=adapt_batch)
-        if min_micro_batch is not None and (not isinstance(min_micro_batch, int) or min_micro_batch < 1):
-            raise ConfigError(f"min_micro_batch must be an int >= 1 or None, but got {min_micro_batch!r}.")
-        self.micro_floor = min_micro_batch
+        self.micro_floor = check_min_micro_batch(min_micro_batch)
         self.start_within_budget = start_within_budget
         self.rank_choices = (ranks,) if isinstance(ranks, int) else tuple(ranks)
         if not self.rank_choices or any(not isinstance(r, int) or r < 1 for r in self.rank_choices):

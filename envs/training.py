@@ -176,7 +176,7 @@ class TrainingEnv(TuningEnv):
         model = ModelDescriptor.describe(
             num_parameters=wl.num_parameters, block_bytes=profile.saved_bytes, samples=profile.micro_batch_size
         )
-        speed, recompute = self._machine_speeds(start)
+        speed, recompute = self._probe_machine(start)
         machine = MachineDescriptor(
             reduced_speed=speed, budget_ratio=budget / model_state_bytes(wl.model), recompute_cost=recompute
         )
@@ -239,7 +239,7 @@ class TrainingEnv(TuningEnv):
         except ConfigError:  # the profile lacks the reduced-precision mode: unknown, not measured
             return False
 
-    def _machine_speeds(self, knobs: KnobLevels) -> tuple[float, float]:
+    def _probe_machine(self, knobs: KnobLevels) -> tuple[float, float]:
         """Step throughput with every block in reduced precision relative to fp32, and the extra
         time of recomputing every block (:func:`autotune.measurement.probe.probe_speeds`, two real
         steps each): the simulator's definitions (``SimulatedEnv``), so a policy sees the same

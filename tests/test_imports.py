@@ -1,11 +1,11 @@
-"""Imports inside the autotune package point one way: no module-level import cycles.
+"""Imports inside the autotune package point one way: no import cycles, none up the layers.
 
-Across homes only imports executed when a module is imported count: ones inside functions
-(deliberately lazy) and under ``if TYPE_CHECKING:`` (never run) are left out. Inside one home
-(``autotune/<home>/``) lazy imports count too: a circle of modules that call each other is one
-tangle however late its imports run. And nothing in ``measurement/`` imports ``procs/``, lazily or
-not: a rank runs the measurement schedule, never the other way round. ``envs/`` and ``policies/`` install as
-``autotune.envs`` and ``autotune.policies`` (pyproject's package-dir), so they are read as such.
+Imports inside functions (deliberately lazy) count as much as module-level ones: a circle of
+modules that call each other is one tangle however late its imports run, and a lazy import up the
+layers is still a lower layer depending on a higher one. Only imports under ``if TYPE_CHECKING:``
+(never run) are left out. ``envs/`` and ``policies/`` install as ``autotune.envs`` and
+``autotune.policies`` (pyproject's package-dir), so they are read as such. And no module imports
+another module's private (``_name``) names: a name used across modules is public in its one home.
 """
 
 from __future__ import annotations
@@ -58,16 +58,22 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, m
     """The autotune modules an import statement loads (``from pkg import sub`` loads ``pkg.sub``)."""
     if isinstance(node, ast.Import):
         return {alias.name for alias in node.names if alias.name in modules}
+    base = _source(node, module, is_package)
+    targets = {f"{base}.{alias.name}" for alias in node.names} & modules
+    if base in modules and len(targets) < len(node.names):
+        targets.add(base)
+    return targets
+
+
+def _source(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The dotted name ``from X import ...`` reads from, a relative ``X`` resolved."""
     base = node.module or ""
     if node.level:  # relative: resolve against this module's package
         package = module if is_package else module.rpartition(".")[0]
         for _ in range(node.level - 1):
             package = package.rpartition(".")[0]
         base = f"{package}.{base}" if base else package
-    targets = {f"{base}.{alias.name}" for alias in node.names} & modules
-    if base in modules and len(targets) < len(node.names):
-        targets.add(base)
-    return targets
+    return base
 
 
 def _lazy(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
@@ -164,9 +170,9 @@ def test_graph_reads_the_package() -> None:
     assert "autotune.procs.multirank" not in graph["autotune.measurement.schedule"]
 
 
-def test_no_import_cycles() -> None:
-    cycle = find_cycle(import_graph())
-    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+def test_no_import_cycles_lazy_imports_included() -> None:
+    cycle = find_cycle(import_graph(lazy=True))
+    assert cycle is None, "import cycle (lazy imports included): " + " -> ".join(cycle or [])
 
 
 def test_lazy_imports_are_edges_of_the_lazy_graph() -> None:
@@ -175,35 +181,24 @@ def test_lazy_imports_are_edges_of_the_lazy_graph() -> None:
     assert "autotune.memory.model" not in import_graph()["autotune.memory.audit"]
 
 
-def _home_cycles(graph: dict[str, set[str]]) -> list[str]:
-    found = []
-    for home in sorted({h for m in graph if (h := _home(m)) is not None}):
-        inside = {m: {t for t in targets if _home(t) == home} for m, targets in graph.items() if _home(m) == home}
-        cycle = find_cycle(inside)
-        if cycle is not None:
-            found.append(" -> ".join(cycle))
-    return found
+def _home_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Home -> the other homes its modules import (a module outside any home stands for itself)."""
+    homes: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        source = _home(module) or module
+        homes.setdefault(source, set()).update((_home(t) or t) for t in targets)
+        homes[source].discard(source)
+    return homes
 
 
-def test_no_cycles_inside_a_home_lazy_imports_included() -> None:
-    found = _home_cycles(import_graph(lazy=True))
-    assert found == [], "import cycles inside a home (lazy imports included):\n" + "\n".join(found)
-
-
-def test_measurement_never_imports_the_processes() -> None:
-    upward = sorted(
-        f"{module} -> {target}"
-        for module, targets in import_graph(lazy=True).items()
-        if module.startswith("autotune.measurement")
-        for target in targets
-        if target.startswith("autotune.procs")
-    )
-    assert upward == [], "measurement/ imports procs/ (lazily or not):\n" + "\n".join(upward)
+def test_no_cycles_between_homes_lazy_imports_included() -> None:
+    cycle = find_cycle(_home_graph(import_graph(lazy=True)))
+    assert cycle is None, "homes that import each other (lazy imports included): " + " -> ".join(cycle or [])
 
 
 #: The architecture's layers, lowest first (see ARCHITECTURE.md): a module may import modules of
 #: its own layer or below, never above. ``procs`` sits above ``measurement``: a rank runs the
-#: measurement schedule; ``measure()`` reaches the launcher through a lazy import only.
+#: measurement schedule, and nothing in ``measurement/`` imports ``procs/``, lazily or not.
 LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "errors",
@@ -215,6 +210,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "config",
         "knobs",
         "workload",
+        "batches",
+        "worst_case",
         "zoo",
         "resolve",
     ),
@@ -243,11 +240,52 @@ def test_every_home_has_a_layer() -> None:
     assert unplaced == [], f"modules of no layer (add them to LAYERS and ARCHITECTURE.md): {unplaced}"
 
 
-def test_imports_point_down_the_layers() -> None:
+def test_imports_point_down_the_layers_lazy_imports_included() -> None:
     upward = sorted(
         f"{module} -> {target}"
-        for module, targets in import_graph().items()
+        for module, targets in import_graph(lazy=True).items()
         for target in targets
         if (a := _layer(module)) is not None and (b := _layer(target)) is not None and b > a
     )
-    assert upward == [], "imports that point up the layers:\n" + "\n".join(upward)
+    assert upward == [], "imports that point up the layers (lazy imports included):\n" + "\n".join(upward)
+
+
+#: Private names one module may import from another, each with why. Empty: a name used across
+#: modules is public in its one home.
+PRIVATE_IMPORTS: dict[str, str] = {}
+
+
+def private_imports(modules: dict[str, Path] | None = None) -> list[str]:
+    """``module -> source._name`` for every private name a module of ``modules`` (default: the
+    package's) imports from another (module-level and lazy imports alike; dunders are not private)."""
+    modules = _modules() if modules is None else modules
+    found = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _source(node, name, path.name == "__init__.py")
+            if source in modules and source != name:
+                found += [f"{name} -> {source}.{a.name}" for a in node.names if _private(a.name)]
+    return sorted(found)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_private_imports_reads_lazy_and_relative_imports(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text(
+        "from pkg.b import _x, y, __version__\ndef f():\n    from .b import _z\n    from os import _exit\n"
+    )
+    (tmp_path / "b.py").write_text("from pkg.b import _self\n")
+    modules = {"pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py"}
+    assert private_imports(modules) == ["pkg.a -> pkg.b._x", "pkg.a -> pkg.b._z"]
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = [line for line in private_imports() if line.split(" -> ")[1] not in PRIVATE_IMPORTS]
+    assert found == [], "private names imported from another module (make them public in one home):\n" + "\n".join(
+        found
+    )

@@ -8,7 +8,8 @@ import optuna
 import pytest
 
 from autotune import ConfigError, Knobs, TrainConfig
-from autotune.knobs import KnobLevels, knobs_to_config
+from autotune.errors import SpecError, WorkloadError
+from autotune.knobs import KnobLevels, check_min_micro_batch, knobs_to_config
 from autotune.search.space import SearchSpace
 
 RANKING = (2, 0, 3, 1)  # block 2 saves the most activation bytes, block 1 the least
@@ -121,3 +122,19 @@ def test_the_levels_cannot_express_a_reduced_outer_precision() -> None:
     assert levels_of(config, 4) == KnobLevels(micro=3, precision=4)
     assert levels_of(TrainConfig(micro_batch_size=8, precision="bf16", outer_precision="bf16"), 4) is None
     assert KnobLevels(micro=3, precision=4).knobs(4).outer_low_precision is False  # the policy keeps it fp32
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "2"])
+def test_a_micro_batch_floor_is_an_int_of_at_least_one_or_none(value: object) -> None:
+    message = f"min_micro_batch must be an int >= 1 or None, but got {value!r}."
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        check_min_micro_batch(value)
+    assert (check_min_micro_batch(None), check_min_micro_batch(1), check_min_micro_batch(4)) == (None, 1, 4)
+
+
+def test_the_floor_rule_names_the_callers_field_and_raises_its_error() -> None:
+    # SearchSpace and SimulatedEnv took a bool for an int before the one rule: now refused as elsewhere.
+    with pytest.raises(SpecError, match=r"^SearchSpace\.min_micro_batch must be an int >= 1 or None, but got True\.$"):
+        check_min_micro_batch(True, name="SearchSpace.min_micro_batch", error=SpecError)
+    with pytest.raises(WorkloadError, match=r"^Workload\.min_micro_batch must be an int >= 1 or None, but got 0\.$"):
+        check_min_micro_batch(0, name="Workload.min_micro_batch", error=WorkloadError)

@@ -31,11 +31,11 @@ from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
 from autotune.adapt.shape_guard import ShapeGuard
 from autotune.adapt.sources import DecisionSource, FixedConfig
+from autotune.batches import batch_size
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.settings import TUNING
-from autotune.train.batches import batch_size
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 
@@ -529,7 +529,7 @@ class Adaptive:
                 its update skipped (a checkpoint saved after catching it holds the weights of the
                 step before). A run without decisions warns
                 (:class:`~autotune.errors.NonFiniteLossWarning`) at its first one and goes on.
-            BatchError: ``batch`` breaks that contract (see :mod:`autotune.train.batches`).
+            BatchError: ``batch`` breaks that contract (see :mod:`autotune.batches`).
             ConfigError: ``batch`` with ``adapt_batch=True`` (the batch given is the batch trained).
             UnsupportedError: ``batch`` on ranks (each rank draws its shard of the workload's dataset).
         """

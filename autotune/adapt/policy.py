@@ -25,12 +25,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
 from autotune.dependencies import install_command
 from autotune.errors import MissingDependencyError
 from autotune.knobs import ZERO_STAGES, Move, apply_action, knobs_to_config, levels_of
+from autotune.measurement.probe import probe_workload
 from autotune.settings import TUNING
 
 if TYPE_CHECKING:
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
     from autotune.envs.calibration import WorkloadProfile
     from autotune.envs.core import MachineDescriptor, ModelDescriptor
     from autotune.knobs import KnobLevels, Knobs
-    from autotune.measurement.probe import MachineSpeeds
-    from autotune.workload import Workload
 
 __all__ = ["PolicySource"]
 
@@ -105,7 +102,7 @@ class PolicySource(DecisionSource):
 
         self._context = context
         self._ranks = context.start.ranks
-        speeds = _machine_speeds(context.workload, context.start)
+        speeds = probe_workload(context.workload, context.start)
         self._reduced_ok = speeds.reduced_speed > 0
         blocks, params = context.blocks, context.workload.num_parameters
         self._model = ModelDescriptor.describe(
@@ -318,31 +315,3 @@ class PolicySource(DecisionSource):
         value, config = max(ranked, key=lambda t: t[0])
         self._proposed.add(config)
         return Proposal(config=config, reason=f"{why}an untried neighbour ({value:.0f} samples/s per GiB simulated)")
-
-
-def _machine_speeds(workload: Workload, start: TrainConfig) -> MachineSpeeds:
-    """The environments' machine probes (:func:`autotune.measurement.probe.probe_speeds`: whole
-    optimizer steps, all-bf16 and all-recomputed against fp32) on a copy of the user's model with
-    a fresh optimizer of the user's class: the user's objects are not touched. One micro-batch
-    (at most 8 samples) per step keeps the copy's activations small; it holds a second set of
-    parameters, gradients and optimizer state for these six steps. A model that cannot run in bf16
-    here (oneDNN has no bf16 LSTM on AVX2 CPUs) reads as speed 0: bf16 is never proposed."""
-    from autotune.measurement.probe import probe_speeds
-    from autotune.train.local import Trainer
-
-    device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
-    # One local process even for a run on ranks: the probes time a rank's compute, not its collectives.
-    probe = dataclasses.replace(
-        start,
-        micro_batch_size=min(start.micro_batch_size, 8),
-        grad_accum_steps=1,
-        precision="fp32",
-        checkpoint=False,
-        ranks=1,
-        zero_stage=0,
-    )
-    trainer = Trainer(workload, probe, device=device, track_noise=False)
-    try:
-        return probe_speeds(trainer, probe, recover=lambda: trainer.optimizer.zero_grad(set_to_none=True))
-    finally:
-        trainer.close()

@@ -1,7 +1,7 @@
 """The per-step guard: a user's batch larger than any seen is checked before it runs.
 
 The budget gate admits configurations on a prediction at the workload's worst case
-(:mod:`autotune.memory.worst_case`): declared, scanned, or only the first batch (an
+(:mod:`autotune.worst_case`): declared, scanned, or only the first batch (an
 ``IterableDataset``). A batch the user hands to :meth:`autotune.Adaptive.step` with more bytes per
 sample than that worst case (a longer padded sequence, by its shape) was never predicted. Before
 it runs, :class:`ShapeGuard` profiles the memory model at its shape (fake tensors, verified on a
@@ -29,10 +29,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from autotune.adapt.records import Change
+from autotune.batches import map_tensors
 from autotune.config import TrainConfig
 from autotune.knobs import smallest_micro_batch
-from autotune.memory.worst_case import sample_bytes
-from autotune.train.batches import map_tensors
+from autotune.worst_case import sample_bytes
 
 if TYPE_CHECKING:
     from autotune.adapt.decider import Decider

@@ -24,8 +24,10 @@ from autotune.cli.flags import (
 if TYPE_CHECKING:
     import optuna
 
+    from autotune.knobs import Knobs
     from autotune.search.spec import StudySpec
     from autotune.search.study import RunOptions
+    from autotune.workload import Workload
 
 __all__ = ["register"]
 
@@ -193,8 +195,17 @@ def _options(args: argparse.Namespace, **extra: Any) -> RunOptions:
         artifact_dir=args.artifact_dir or DEFAULT_ARTIFACTS,
         device=args.device,
         memory_model=None if args.no_memory_model else RunOptions.memory_model,
+        propose=_policy_proposal,
         **extra,
     )
+
+
+def _policy_proposal(workload: Workload, *, memory_budget: int | None) -> Knobs:
+    """The pretrained policy's proposal, handed to the study (the policies sit above it). Imported
+    when the study asks for it: a policy that cannot load is the study's one note, not an exit."""
+    from autotune.policies.transfer import propose
+
+    return propose(workload, memory_budget=memory_budget)
 
 
 def _quiet_optuna() -> None:

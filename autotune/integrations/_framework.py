@@ -69,6 +69,7 @@ from autotune.adapt.records import Change
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneWarning, ConfigError, OverBudgetWarning
 from autotune.integrations._flags import LoopPrecision, ModelCheckpointing
+from autotune.knobs import check_min_micro_batch
 from autotune.measurement.cuda_memory import (
     RESERVED_HEADROOM,
     AllocatorStats,
@@ -113,11 +114,7 @@ class FrameworkLoop:
         self.budget = as_budget(memory_budget)
         self.decide_every = decide_every
         self.blocks = blocks
-        if min_micro_batch is not None and (
-            not isinstance(min_micro_batch, int) or isinstance(min_micro_batch, bool) or min_micro_batch < 1
-        ):
-            raise ConfigError(f"min_micro_batch must be an int >= 1 or None, but got {min_micro_batch!r}.")
-        self.min_micro_batch = min_micro_batch
+        self.min_micro_batch = check_min_micro_batch(min_micro_batch)
         self.controller: Controller | None = None
         self._model: torch.nn.Module | None = None
         self._wrappers: BlockWrappers | None = None

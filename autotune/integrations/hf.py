@@ -325,7 +325,8 @@ def _json_policy(policy: PolicyArg) -> Any:
 
 
 def _json_budget(budget: MemoryBudget | str | int | None) -> str | int | None:
-    if not isinstance(budget, MemoryBudget) or budget.bytes is not None:
-        return budget if not isinstance(budget, MemoryBudget) else budget.bytes
-    assert budget.fraction is not None  # a MemoryBudget holds exactly one of them
-    return f"{budget.fraction * 100!r}%"
+    """The budget as JSON the Trainer rebuilds the callback from: as given, or a MemoryBudget's
+    bytes or its text (``str(MemoryBudget)``: the one form a budget is written in)."""
+    if not isinstance(budget, MemoryBudget):
+        return budget
+    return budget.bytes if budget.bytes is not None else str(budget)

@@ -13,13 +13,24 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from autotune.config import REDUCED_PRECISIONS, Precision, TrainConfig
 from autotune.errors import one_line
 from autotune.measurement.oom import is_out_of_memory
 
-__all__ = ["MachineSpeeds", "PrecisionSpeeds", "ProbeLoop", "probe_precisions", "probe_speeds", "reduced_precisions"]
+if TYPE_CHECKING:
+    from autotune.workload import Workload
+
+__all__ = [
+    "MachineSpeeds",
+    "PrecisionSpeeds",
+    "ProbeLoop",
+    "probe_precisions",
+    "probe_speeds",
+    "probe_workload",
+    "reduced_precisions",
+]
 
 
 class _Timed(Protocol):
@@ -77,6 +88,44 @@ def probe_speeds(
         recompute_cost=recompute,
         reduced_failure=failures.get("reduced"),
     )
+
+
+def probe_workload(workload: Workload, start: TrainConfig) -> MachineSpeeds:
+    """The machine probes (:func:`probe_speeds`) on a copy of the user's model with a fresh
+    optimizer of the user's class, in one local process: the user's objects are not touched.
+
+    One micro-batch (at most 8 samples) per step keeps the copy's activations small; it holds a
+    second set of parameters, gradients and optimizer state for these six steps. On ranks too the
+    probes time one rank's compute, not its collectives.
+
+    Args:
+        workload: The user's workload (its model on the device the run trains on).
+        start: The run's starting configuration; the probes run at its micro-batch (at most 8).
+
+    Returns:
+        The speeds; a model that cannot run in bf16 here (oneDNN has no bf16 LSTM on AVX2 CPUs)
+        reads as speed 0 (``reduced_failure`` says why), so bf16 is never proposed.
+    """
+    import torch
+
+    from autotune.train.local import Trainer
+
+    device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
+    # One local process even for a run on ranks: the probes time a rank's compute, not its collectives.
+    probe = dataclasses.replace(
+        start,
+        micro_batch_size=min(start.micro_batch_size, 8),
+        grad_accum_steps=1,
+        precision="fp32",
+        checkpoint=False,
+        ranks=1,
+        zero_stage=0,
+    )
+    trainer = Trainer(workload, probe, device=device, track_noise=False)
+    try:
+        return probe_speeds(trainer, probe, recover=lambda: trainer.optimizer.zero_grad(set_to_none=True))
+    finally:
+        trainer.close()
 
 
 def _time_probes(

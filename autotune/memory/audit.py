@@ -20,6 +20,9 @@ from autotune.config import Precision, TrainConfig
 from autotune.memory.check import TOLERANCE
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from autotune.measurement.record import Measurement
     from autotune.memory.profile import MemoryProfile
     from autotune.workload import Workload
 
@@ -73,16 +76,21 @@ def draw_configs(
 
 
 def audit_predictions(
-    workload: Workload, configs: list[TrainConfig], *, profile: MemoryProfile | None = None
+    workload: Workload,
+    configs: list[TrainConfig],
+    *,
+    measure: Callable[..., Measurement],
+    profile: MemoryProfile | None = None,
 ) -> list[AuditRow]:
     """Predict each of ``configs`` and measure one real step of it (after one untimed step).
 
-    ``profile`` defaults to a verified profile with every mode the configs use. Cost: the profile,
-    its check steps, and two real steps per configuration.
+    ``measure`` is :func:`autotune.measure` (passed in: it sits beside the memory model, in
+    ``procs/``, and starts the ranks a ZeRO configuration needs). ``profile`` defaults to a
+    verified profile with every mode the configs use. Cost: the profile, its check steps, and two
+    real steps per configuration.
     """
     from autotune.memory.model import plan_of
     from autotune.memory.predict import predict_memory, profile_memory
-    from autotune.procs.measure import measure
 
     if profile is None:
         n = len(workload.block_names())
@@ -103,12 +111,12 @@ def audit_predictions(
 def same_state_after_recompute(workload: Workload, config: TrainConfig, *, seed: int = 0) -> bool:
     """Whether one forward/backward of a micro-batch under ``config``'s per-block knobs (its
     recompute, in fp32) leaves every buffer of the model exactly as a plain one does."""
-    from autotune.memory.blocks import _first_batch
     from autotune.train.wrappers import apply_block_knobs
+    from autotune.worst_case import profile_batch
 
     names = workload.block_names()
     checkpoints = config.block_checkpoints(len(names))
-    batch = _first_batch(workload, config.micro_batch_size)
+    batch = profile_batch(workload, config.micro_batch_size)
     states = []
     for ckpt in ([False] * len(names), list(checkpoints)):
         model = workload.model_copy()

@@ -26,6 +26,7 @@ from autotune.errors import WorkloadError
 from autotune.train.base import check_loss
 from autotune.train.wrappers import apply_block_knobs
 from autotune.workload import Workload
+from autotune.worst_case import profile_batch
 
 __all__ = ["BlockProfile", "profile_blocks"]
 
@@ -61,7 +62,7 @@ def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: 
     from autotune.memory.fake_branches import RealBranches
     from autotune.memory.fake_logs import quiet_fake_logs
 
-    batch = _first_batch(workload, micro_batch_size)
+    batch = profile_batch(workload, micro_batch_size)
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     try:
         model = workload.model_copy(fake=fake)
@@ -106,13 +107,6 @@ def _count(workload: Workload, model: torch.nn.Module, batch: Any, precision: Pr
             h.remove()
         wrappers.remove()
     return tuple(counts)
-
-
-def _first_batch(workload: Workload, micro_batch_size: int) -> Any:
-    """A micro-batch at the workload's worst case (:func:`autotune.memory.worst_case.profile_batch`)."""
-    from autotune.memory.worst_case import profile_batch
-
-    return tree_map_only(torch.Tensor, lambda t: t, profile_batch(workload, micro_batch_size))
 
 
 def _enter(counts: list[int], positions: list[int], params: set[int]) -> Any:

@@ -406,7 +406,7 @@ def check_step(
 ) -> StepPeak:
     """One check step of ``config`` in this process on ``device``: the peak tensor bytes of one
     tracked optimizer step after one warm-up step, on the workload's worst-case samples (as the
-    profile ran: :mod:`autotune.memory.worst_case`), or why it failed.
+    profile ran: :mod:`autotune.worst_case`), or why it failed.
 
     Args:
         workload: The workload (a copy of its model trains; the user's stays untouched).
@@ -432,8 +432,8 @@ def check_step(
         return StepPeak(None, why, True)
     from autotune.measurement.oom import is_out_of_memory
     from autotune.measurement.tracker import tracked_step
-    from autotune.memory.worst_case import at_worst_case
     from autotune.train.local import Trainer
+    from autotune.worst_case import at_worst_case
 
     worst = at_worst_case(workload, config.micro_batch_size)  # the user's data at fault: raised
     try:

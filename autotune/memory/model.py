@@ -88,7 +88,7 @@ class MemoryEstimate(MemoryBreakdown):
         reserved_ratio: The measured reserved/allocated ratio on the device (CUDA), see
             :meth:`with_reserved_ratio`; None before a real step.
         worst_case: The batch the profile behind it ran at, e.g. ``"worst case: scanned 8
-            batches (the whole epoch), longest at batch 6"`` (:mod:`autotune.memory.worst_case`).
+            batches (the whole epoch), longest at batch 6"`` (:mod:`autotune.worst_case`).
     """
 
     phase: Phase

@@ -38,12 +38,12 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 from autotune.config import Precision
 from autotune.errors import AutotuneError, PredictionError, one_line
-from autotune.memory.blocks import _first_batch
 from autotune.memory.fake_branches import RealBranches
 from autotune.memory.fake_logs import quiet_fake_logs
 from autotune.memory.fake_workspaces import RealWorkspaces
 from autotune.train.wrappers import apply_block_knobs, outer_autocast
 from autotune.workload import Workload, swap_tensors
+from autotune.worst_case import profile_batch
 
 if TYPE_CHECKING:
     from autotune.memory.check import Verification
@@ -182,7 +182,7 @@ class MemoryProfile:
         checks: The profile's predictions checked against real steps, one per kind of
             configuration (:func:`autotune.memory.check.verify_profile`); empty if not checked.
         worst_case: Which batch the profile ran at: declared, scanned or the first
-            (:meth:`autotune.memory.worst_case.WorstCase.describe`).
+            (:meth:`autotune.worst_case.WorstCase.describe`).
     """
 
     names: tuple[str, ...]
@@ -358,7 +358,7 @@ def _profile_run(
         blocks, timeline.enter_hook, timeline.exit_hook
     )
     tracker.track_external(model)
-    real_batch = _first_batch(workload, micro_batch_size)  # the data loader's own ops need real tensors
+    real_batch = profile_batch(workload, micro_batch_size)  # the data loader's own ops need real tensors
     # Checkpointing drops what the blocks save (and would show the ledger its recompute): count
     # saved tensors in the plain runs only.
     plain = not any(checkpoints)

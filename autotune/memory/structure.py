@@ -140,8 +140,8 @@ def _shared_parameters(
 def _skips(workload: Workload, names: tuple[str, ...], micro_batch_size: int) -> tuple[tuple[int, int], ...]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from autotune.memory.blocks import _first_batch
     from autotune.memory.fake_branches import RealBranches
+    from autotune.worst_case import profile_batch
 
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     model = workload.model_copy("cpu", fake=fake)
@@ -151,7 +151,7 @@ def _skips(workload: Workload, names: tuple[str, ...], micro_batch_size: int) ->
         block = model.get_submodule(name)
         handles.append(block.register_forward_pre_hook(flow.enter(i)))
         handles.append(block.register_forward_hook(flow.exit(i)))
-    real_batch = _first_batch(workload, micro_batch_size)
+    real_batch = profile_batch(workload, micro_batch_size)
     try:
         with fake:
             batch = tree_map_only(torch.Tensor, fake.from_tensor, real_batch)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import PRECISIONS, Precision, TrainConfig
 from autotune.errors import SpecError
-from autotune.knobs import Knobs, smallest_micro_batch
+from autotune.knobs import Knobs, check_min_micro_batch, smallest_micro_batch
 from autotune.search.spec import BlockOverride
 
 if TYPE_CHECKING:
@@ -75,9 +75,7 @@ class SearchSpace:
     base: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        floor = self.min_micro_batch
-        if floor is not None and (not isinstance(floor, int) or floor < 1):
-            raise SpecError(f"SearchSpace.min_micro_batch must be an int >= 1 or None, but got {floor!r}.")
+        check_min_micro_batch(self.min_micro_batch, name="SearchSpace.min_micro_batch", error=SpecError)
         if not self.batch_sizes or not self.ranks or not self.zero_stages or not self.ranking:
             raise SpecError(
                 "SearchSpace.batch_sizes, ranks, zero_stages and ranking must be non-empty, but got "

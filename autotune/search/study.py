@@ -25,7 +25,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from autotune.config import Precision, TrainConfig
 from autotune.dependencies import install_command
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Prepared",
+    "Proposer",
     "RunOptions",
     "StudyObserver",
     "admits",
@@ -79,6 +80,15 @@ _STUDY_ATTR = "autotune"  # study user attribute: what this study is (checked wh
 _DIRECTIONS: tuple[Literal["maximize"], Literal["minimize"]] = ("maximize", "minimize")
 
 
+class Proposer(Protocol):
+    """The pretrained policy's proposal for a workload within a budget
+    (:func:`autotune.policies.transfer.propose`): the policies sit above the study, so the caller
+    hands it in (``RunOptions.propose``). Raises ``ProposalError``, ``ConfigError`` or
+    ``NonFiniteLossError`` where there is none, ``ImportError`` where the policy cannot load."""
+
+    def __call__(self, workload: Workload, *, memory_budget: int | None) -> Knobs: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
     """How to run, beside what to search (the spec).
@@ -92,8 +102,9 @@ class RunOptions:
         create_only: Create the study and enqueue baselines, run no trial.
         dashboard: Save trial notes, the Pareto plot and artifacts for optuna-dashboard.
         memory_model: Module whose ``predict_memory`` skips configs predicted not to fit (None: off).
-
-    Whether the policy's proposal is enqueued is the spec's (``StudySpec.policy_proposal``).
+        propose: The policy's proposal (:class:`Proposer`; the CLI passes the pretrained
+            policy's). Whether it is enqueued is the spec's (``StudySpec.policy_proposal``);
+            None: no proposal, and a note says so where the spec asks for one.
     """
 
     storage: str | None = None
@@ -104,6 +115,7 @@ class RunOptions:
     create_only: bool = False
     dashboard: bool = True
     memory_model: str | None = "autotune.memory.predict"
+    propose: Proposer | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -389,10 +401,11 @@ def enqueue_baselines(
     predictor: MemoryPredictor | None,
     *,
     policy_proposal: bool = False,
+    propose: Proposer | None = None,
     note: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Enqueue each baseline not yet tried, waiting or running (first run, or after a crash), and
-    with ``policy_proposal`` the pretrained policy's proposal (baseline name ``policy``). ``note``
+    with ``policy_proposal`` the proposal of ``propose`` (baseline name ``policy``). ``note``
     gets one line saying what the proposal is, what it cost, or why there is none."""
     from optuna.trial import TrialState
 
@@ -413,7 +426,7 @@ def enqueue_baselines(
         line = f"baselines enqueued: {', '.join(added)} ({_since(start)})"
         (note or StudyObserver().note)(line)
     if policy_proposal and POLICY_PROPOSAL not in present:
-        enqueued, message = _enqueue_proposal(study, prepared)
+        enqueued, message = _enqueue_proposal(study, prepared, propose)
         if enqueued:
             added.append(POLICY_PROPOSAL)
         (note or StudyObserver().note)(message)
@@ -455,12 +468,12 @@ def known_peak(prepared: Prepared, predictor: MemoryPredictor | None) -> Callabl
     return peak
 
 
-def _enqueue_proposal(study: optuna.Study, prepared: Prepared) -> tuple[bool, str]:
+def _enqueue_proposal(study: optuna.Study, prepared: Prepared, propose: Proposer | None) -> tuple[bool, str]:
     """Enqueue the policy's proposal: whether it was, and the one line to show (what, or why not)."""
+    if propose is None:
+        return False, "no policy proposal: none was given (RunOptions.propose)"
     start = time.perf_counter()
     try:
-        from autotune.policies.transfer import propose
-
         knobs = propose(prepared.workload, memory_budget=prepared.memory_budget)
         params = prepared.space.params(knobs)
     except ImportError as e:  # stable-baselines3 / gymnasium: in the base install, unless it is broken
@@ -496,7 +509,7 @@ def run_study(
     remaining = spec.trials - count_done(study)
     if remaining <= 0 or options.create_only:
         if not options.worker:  # no measuring child: the memory checks run here, on the device
-            _enqueue(study, prepared, _predictor(options, device_type, None, observer), observer)
+            _enqueue(study, prepared, _predictor(options, device_type, None, observer), observer, options)
         return 0
     assert prepared.workload.source is not None  # load_workload always sets it
     ran = 0
@@ -525,7 +538,7 @@ def run_study(
         predictor = _predictor(options, device_type, check, observer)
         prepared = screen_precisions(prepared, measurer, study=study, cache=cache, machine=machine, note=observer.note)
         if not options.worker:
-            _enqueue(study, prepared, predictor, observer)
+            _enqueue(study, prepared, predictor, observer, options)
 
         def duel(configs: list[TrainConfig], scales: list[float]) -> Any:
             return measurer.retime(configs, scales=scales, timeout=len(configs) * spec.measure.trial_timeout)
@@ -578,13 +591,24 @@ def _predictor(
 
 
 def _enqueue(
-    study: optuna.Study, prepared: Prepared, predictor: MemoryPredictor | None, observer: StudyObserver
+    study: optuna.Study,
+    prepared: Prepared,
+    predictor: MemoryPredictor | None,
+    observer: StudyObserver,
+    options: RunOptions,
 ) -> None:
     space = prepared.space
     floor = prepared.workload.micro_batch_note(max(space.batch_sizes) // min(space.ranks))
     if floor is not None:
         observer.note(floor)
-    enqueue_baselines(study, prepared, predictor, policy_proposal=prepared.spec.policy_proposal, note=observer.note)
+    enqueue_baselines(
+        study,
+        prepared,
+        predictor,
+        policy_proposal=prepared.spec.policy_proposal,
+        propose=options.propose,
+        note=observer.note,
+    )
 
 
 def retime_study(study: optuna.Study, *, device: str | None = None) -> dict[str, Any] | None:

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
+from autotune.batches import batch_size, map_tensors, split_batch
 from autotune.config import Precision, TrainConfig
 from autotune.errors import BatchError, ConfigError, UnsupportedError, WorkloadError
-from autotune.train.batches import batch_size, map_tensors, split_batch
 from autotune.train.wrappers import outer_autocast
 from autotune.workload import Workload
 
@@ -166,7 +166,7 @@ class BaseTrainer(ABC):
 
         Raises:
             BatchError: ``batch`` is no pytree of tensors sharing a leading batch dimension (see
-                :mod:`autotune.train.batches`), or holds more than the effective batch.
+                :mod:`autotune.batches`), or holds more than the effective batch.
             UnsupportedError: the backend's engine averages micro-batch gradients itself (DeepSpeed).
         """
         if not self.supports_split:  # the same condition: the trainer weighs its micro-batches itself

@@ -4,7 +4,7 @@ and a stream (an ``IterableDataset``).
 ``varlen-lm``: token sequences whose lengths vary 8x (``min_len`` to ``max_len``), padded per batch
 by a collate that also returns an attention mask (what a tokenizer's padding collate yields), and
 ordered so that the longest batch is the *last* of the epoch in dataset order: a configuration
-chosen on the first batches runs out of memory there (:mod:`autotune.memory.worst_case`).
+chosen on the first batches runs out of memory there (:mod:`autotune.worst_case`).
 ``stream-lm``: fixed-length token sequences from an ``IterableDataset`` (no ``len()``, no
 sampler, read in its own order). Both train the GPT of :mod:`autotune.zoo.gpt` on the Markov
 language of :mod:`autotune.zoo.data`.

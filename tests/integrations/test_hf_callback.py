@@ -382,3 +382,13 @@ def test_without_flags_the_callback_says_nothing_and_wraps_nothing(tmp_path: Pat
 def _gpt2_tiny() -> Any:
     entry = CORPUS["hf-gpt2"]
     return entry.build(**entry.tiny)
+
+
+def test_a_budget_object_is_saved_as_the_text_the_callback_is_rebuilt_from() -> None:
+    from autotune.units import MemoryBudget
+
+    saved = [
+        AutotuneCallback(memory_budget=b).state()["args"]["memory_budget"]
+        for b in (MemoryBudget(fraction=0.1), MemoryBudget(bytes=5), "80%", None)
+    ]
+    assert saved == ["10%", 5, "80%", None]  # a fraction as str(MemoryBudget), bytes as the int

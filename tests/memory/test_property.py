@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 
+from autotune import measure
 from autotune.errors import PredictionWarning
 from autotune.memory.audit import audit_predictions, draw_configs, same_state_after_recompute
 from autotune.zoo import random_workload
@@ -35,7 +36,7 @@ def test_every_prediction_holds_or_is_flagged(seed: int) -> None:
     configs = draw_configs(n, random.Random(seed), 3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PredictionWarning)  # a flagged prediction is what this allows
-        rows = audit_predictions(workload, configs)
+        rows = audit_predictions(workload, configs, measure=measure)
     broken = [(r.config, r.predicted, r.measured, r.kind) for r in rows if not r.holds]
     assert broken == []
     assert all(same_state_after_recompute(workload, c) for c in configs)

@@ -93,7 +93,7 @@ SIMULATED_BEFORE = [
 def test_the_policy_sees_what_it_saw_before(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy_module, "_load", lambda directory: None)
     speeds = MachineSpeeds(reduced_speed=1.7, recompute_cost=0.3)
-    monkeypatch.setattr(policy_module, "_machine_speeds", lambda workload, start: speeds)
+    monkeypatch.setattr(policy_module, "probe_workload", lambda workload, start: speeds)
     wl = load_workload(name)
     start = TrainConfig(micro_batch_size=wl.batch_size)
     source = policy_module.PolicySource()

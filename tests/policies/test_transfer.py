@@ -52,7 +52,11 @@ def test_a_study_with_the_policy_proposal_measures_it_as_one_more_baseline(tmp_p
         workload=f"{TINY}:build", trials=3, measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=120)
     )
     options = RunOptions(
-        storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "artifacts", memory_model=None
+        storage=str(tmp_path / "s.db"),
+        cache=None,
+        artifact_dir=tmp_path / "artifacts",
+        memory_model=None,
+        propose=propose,
     )
     prepared = prepare(spec)  # the spec's policy_proposal is on by default
     study = open_study(prepared, options)
@@ -77,6 +81,7 @@ def test_without_a_proposal_the_study_goes_on_and_says_why_in_one_line(
         artifact_dir=tmp_path / "artifacts",
         memory_model=None,
         create_only=True,
+        propose=propose,
     )
     prepared = prepare(spec)
     study = open_study(prepared, options)
@@ -101,6 +106,7 @@ def test_a_spec_can_turn_the_proposal_off(tmp_path: Path) -> None:
         artifact_dir=tmp_path / "artifacts",
         memory_model=None,
         create_only=True,
+        propose=propose,
     )
     prepared = prepare(spec)
     study = open_study(prepared, options)

@@ -13,8 +13,9 @@ from pathlib import Path
 import optuna
 import optuna_dashboard
 import pytest
+from autotune.policies.transfer import propose
 
-from autotune import Measurement, TrainConfig, Workload, measure
+from autotune import Knobs, Measurement, TrainConfig, Workload, measure
 from autotune.errors import StudyError
 from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.measurement.goodput import statistical_efficiency
@@ -27,6 +28,7 @@ from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
 from autotune.search.study import (
     RunOptions,
     count_done,
+    enqueue_baselines,
     open_study,
     prepare,
     recover_interrupted,
@@ -85,7 +87,8 @@ def test_a_batchnorm_model_s_study_keeps_its_micro_batch_unless_the_spec_lowers_
 
 def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path, tiny_budget: int) -> None:
     budget = tiny_budget
-    study, ran = _run(_spec(memory_budget=MemoryBudget(bytes=budget), policy_proposal=True), _options(tmp_path))
+    spec = _spec(memory_budget=MemoryBudget(bytes=budget), policy_proposal=True)
+    study, ran = _run(spec, _options(tmp_path, propose=propose))
     assert ran == 5 and count_done(study) == 5
     t = study.trials
     # trial 0: the PyTorch default (micro-batch 16) does not fit 2 MiB and is retried as trial 3,
@@ -133,6 +136,32 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
     feasible = {name for name, b in summary.baselines.items() if b.feasible}
     assert set(summary.baselines) == {PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE, POLICY_PROPOSAL}
     assert {i.baseline for i in summary.improvements} == feasible >= {PYTORCH_DEFAULT}
+
+
+def test_the_proposal_is_the_callers_proposer_and_none_given_is_said(tmp_path: Path) -> None:
+    # The policies sit above the study: the caller hands the proposal in (the CLI: the policy's).
+    prepared = prepare(_spec(policy_proposal=True))
+    asked: list[tuple[str, int | None]] = []
+
+    def proposer(workload: Workload, *, memory_budget: int | None) -> Knobs:
+        asked.append((workload.name, memory_budget))
+        return Knobs(batch_size=16, micro_batch_size=8, checkpoint_blocks=1)
+
+    notes: list[str] = []
+    options = _options(tmp_path, create_only=True, propose=proposer)
+    study = open_study(prepared, options)
+    enqueue_baselines(study, prepared, None, policy_proposal=True, propose=proposer, note=notes.append)
+    assert asked == [(prepared.workload.name, None)]
+    assert notes[-1] == "policy proposal enqueued: 8x2 ckpt:1 (0 s to profile the model and simulate)"
+    enqueued = study.trials[-1]  # waiting: its parameters are the fixed ones it will run
+    assert (enqueued.user_attrs[ATTR.BASELINE], enqueued.system_attrs["fixed_params"]["micro_batch_size"]) == (
+        POLICY_PROPOSAL,
+        8,
+    )
+    other = open_study(prepared, _options(tmp_path, storage=str(tmp_path / "other.db"), create_only=True))
+    enqueue_baselines(other, prepared, None, policy_proposal=True, note=notes.append)
+    assert notes[-1] == "no policy proposal: none was given (RunOptions.propose)"
+    assert POLICY_PROPOSAL not in {t.user_attrs.get(ATTR.BASELINE) for t in other.trials}
 
 
 def test_rerunning_resumes_extends_and_reuses_the_cache(tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ from autotune import measure, predict_memory
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError
 from autotune.memory.structure import detect_structure
-from autotune.memory.worst_case import at_worst_case
 from autotune.resolve import load_workload
 from autotune.workload import Workload
+from autotune.worst_case import at_worst_case
 from autotune.zoo import BUILTINS, CORPUS, build_corpus
 from autotune.zoo.corpus import CorpusEntry, installed_version
 
@@ -159,7 +159,7 @@ NOT_CHAIN = {"shared-encoder", "unet-tiny"}
 def test_the_fake_tensor_prediction_matches_the_measured_peak(name: str) -> None:
     wl, config = tiny(name), TrainConfig(micro_batch_size=4)
     # Measured on worst-case samples, as predicted: the workload itself where every batch has
-    # the same shapes; varlen-lm's longest batch's rows (memory.worst_case), not the first ones.
+    # the same shapes; varlen-lm's longest batch's rows (worst_case), not the first ones.
     measured = measure(at_worst_case(wl, 4), config, steps=1, warmup=1).peak_bytes
     assert measured is not None
     with warnings.catch_warnings(record=True) as caught:

@@ -11,8 +11,8 @@ per sample, found in one of three ways, and every prediction says which
 * **declared**: ``Workload.worst_case_batch``, a batch as the collate yields it at the longest
   shapes the data can produce;
 * **scanned**: a map-style dataset's first ``Workload.scan_batches`` batches (default
-  :data:`SCAN_BATCHES`) at the reference batch size, in dataset order, collated but never run
-  (shapes only, no forward);
+  :data:`autotune.workload.SCAN_BATCHES`) at the reference batch size, in dataset order,
+  collated but never run (shapes only, no forward);
 * **first batch only**: an ``IterableDataset`` is not scanned (reading it may be a pass over a
   stream), nor is anything with ``scan_batches=0``; an adaptive run's per-step guard
   (:mod:`autotune.adapt.shape_guard`) then checks every batch longer than any seen before it runs.
@@ -27,16 +27,17 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch.utils.data import Dataset
 
-from autotune.train.batches import batch_size, sample_of, select_rows, tensors_of
-from autotune.workload import SCAN_BATCHES, Workload
+from autotune.batches import batch_size, sample_of, select_rows, tensors_of
+
+if TYPE_CHECKING:  # for types only: Workload.worst_case imports this module, never the reverse
+    from autotune.workload import Workload
 
 __all__ = [
-    "SCAN_BATCHES",
     "WorstCase",
     "at_worst_case",
     "find_worst_case",

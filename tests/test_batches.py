@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import torch
 
-from autotune.train.batches import batch_size, map_tensors, split_batch
+from autotune.batches import batch_size, map_tensors, split_batch
 
 
 class Pair(NamedTuple):
@@ -70,8 +70,8 @@ def test_a_noise_split_of_a_drawn_micro_batch_splits_its_per_sample_lists_too() 
 
 
 def test_rows_taken_from_a_batch_take_its_per_sample_lists_along() -> None:
-    from autotune.memory.worst_case import take_rows
-    from autotune.train.batches import sample_of, select_rows
+    from autotune.batches import sample_of, select_rows
+    from autotune.worst_case import take_rows
 
     batch = {"x": torch.arange(3), "names": ["a", "b", "c"], "ids": (10, 11, 12), "mode": "train"}
     rows = take_rows(batch, 5)  # cycling: rows 0, 1, 2, 0, 1

@@ -1,5 +1,5 @@
 """The memory model predicts at the largest batch the data can produce: declared, scanned or the
-first batch, and says which (autotune.memory.worst_case)."""
+first batch, and says which (autotune.worst_case)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from autotune import TrainConfig, Workload, WorkloadError
 from autotune.memory.predict import predict_memory
-from autotune.memory.worst_case import at_worst_case, profile_batch, sample_bytes, take_rows
+from autotune.worst_case import at_worst_case, profile_batch, sample_bytes, take_rows
 from autotune.zoo import CORPUS
 
 #: varlen-lm at its tiny size: 64 sequences of 4-32 tokens in batches of 8, the 32-token one last.
