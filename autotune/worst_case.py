@@ -55,6 +55,8 @@ class WorstCase:
     when it is not scanned). ``how``: ``"declared"``, ``"scanned"`` or ``"first batch"``. ``scanned``: batches
     scanned, of ``batches`` in an epoch (None: unknown). ``longest``: the 0-based index of the
     longest scanned batch (the first of equals). ``why``: why only the first batch counts.
+    ``uniform``: every scanned batch had the worst case's bytes per sample (data of one shape, as
+    far as the scan saw): any step, not only one at the worst case, runs at the profile's shapes.
     """
 
     batch: Any
@@ -64,6 +66,7 @@ class WorstCase:
     batches: int | None = None
     longest: int | None = None
     why: str = ""
+    uniform: bool = False
 
     def describe(self) -> str:
         """E.g. ``"scanned 8 batches (the whole epoch), longest at batch 6"``."""
@@ -106,14 +109,22 @@ def find_worst_case(workload: Workload) -> WorstCase:
     batches = math.ceil(len(workload.dataset) / workload.batch_size)  # type: ignore[arg-type]
     best: tuple[int, int, Any] | None = None
     scanned = 0
+    sizes = set()
     for k, batch in enumerate(itertools.islice(workload.loader(workload.batch_size), workload.scan_batches)):
         scanned += 1
         size = sample_bytes(batch)
+        sizes.add(size)
         if best is None or size > best[0]:
             best = (size, k, batch)
     assert best is not None, "a map-style Workload has at least one sample"
     return WorstCase(
-        batch=best[2], how="scanned", sample_bytes=best[0], scanned=scanned, batches=batches, longest=best[1]
+        batch=best[2],
+        how="scanned",
+        sample_bytes=best[0],
+        scanned=scanned,
+        batches=batches,
+        longest=best[1],
+        uniform=len(sizes) == 1,
     )
 
 

@@ -55,6 +55,10 @@ __all__ = [
     "check_configs",
     "check_step",
     "covering",
+    "kinds_of",
+    "not_chain_message",
+    "trial_checks",
+    "trial_line",
     "unverified_check",
     "unverified_message",
     "verify_profile",
@@ -74,7 +78,8 @@ class Verification:
     failed or none ran). ``relative_error``: (predicted - measured) / measured. ``verified``: both
     known and within :data:`TOLERANCE`; otherwise ``reason`` says what went wrong. ``device``:
     the device type the real step ran on (``"cpu"``, ``"cuda"``): the check stands for that device
-    type only. ``seconds``: what the check step cost (0 where none ran).
+    type only. ``seconds``: what the check step cost (0 where none ran). ``trial``: the study trial
+    whose measured step made the check (:func:`trial_checks`), or None for a check step.
     """
 
     config: TrainConfig
@@ -86,6 +91,7 @@ class Verification:
     kind: str = "default"
     device: str = "cpu"
     seconds: float = 0.0
+    trial: int | None = None
 
     def __post_init__(self) -> None:
         if self.verified == (self.reason is not None):
@@ -104,7 +110,24 @@ class Verification:
             "verified": self.verified,
             "reason": self.reason,
             "device": self.device,
+            # Only where a trial made it: a check step's dictionary (``predict --json``) is as it was.
+            **({} if self.trial is None else {"trial": self.trial}),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verification:
+        """The inverse of :meth:`to_dict` (``seconds`` is not kept: 0)."""
+        return cls(
+            kind=data["kind"],
+            config=TrainConfig.from_dict(data["config"]),
+            predicted=data["predicted"],
+            measured=data["measured"],
+            relative_error=data["relative_error"],
+            verified=data["verified"],
+            reason=data["reason"],
+            device=data["device"],
+            trial=data.get("trial"),
+        )
 
 
 class StepPeak(NamedTuple):
@@ -221,7 +244,7 @@ def verify_profile(
         error = None if measured is None else (predicted - measured) / measured
         reason = failure
         if error is not None and abs(error) > tolerance:
-            reason = f"the prediction is {abs(error):.1%} {'above' if error > 0 else 'below'} the measured peak"
+            reason = _off(error)
         result = Verification(
             kind=kind,
             config=config,
@@ -243,16 +266,27 @@ def verify_profile(
         if not result.verified and not cannot_run:
             warnings.warn(PredictionWarning(unverified_message(workload.name, result)), stacklevel=3)
         new.append(result)
-    structure = profile.structure
-    if not done and structure is not None and not structure.chain:
-        warnings.warn(
-            PredictionWarning(
-                f"workload {workload.name!r}: {structure.describe()}: configurations that treat blocks "
-                "differently are predicted unverified (measured, never admitted on the prediction)."
-            ),
-            stacklevel=3,
-        )
+    message = not_chain_message(workload.name, profile)
+    if not done and message is not None:
+        warnings.warn(PredictionWarning(message), stacklevel=3)
     return (*done, *new)
+
+
+def _off(error: float) -> str:
+    """Why a check with relative error ``error`` (beyond the tolerance) failed."""
+    return f"the prediction is {abs(error):.1%} {'above' if error > 0 else 'below'} the measured peak"
+
+
+def not_chain_message(workload: str, profile: MemoryProfile) -> str | None:
+    """The one warning for a profile whose blocks are not a chain (said once per profile, whether
+    its kinds are checked by check steps or by a study's trials), or None for a chain."""
+    structure = profile.structure
+    if structure is None or structure.chain:
+        return None
+    return (
+        f"workload {workload!r}: {structure.describe()}: configurations that treat blocks "
+        "differently are predicted unverified (measured, never admitted on the prediction)."
+    )
 
 
 def check_line(v: Verification) -> str:
@@ -286,19 +320,12 @@ def covering(
     the default check, as their model states follow ZeRO's formulas and their activations the
     same fake runs.
     """
-    structure = profile.structure
-    mixed = len(set(zip(plan.block_modes, plan.checkpoints, strict=True))) > 1
-    if structure is not None and not structure.chain and mixed:  # checked or not: no check can stand for it
-        reason = f"{structure.describe()}: per-block configurations are composed for chain-shaped blocks only"
-        return unverified_check("composition", config, predicted, reason, device_type)
-    handover = _handover(profile, plan)
-    if handover is not None:  # checked or not, likewise
-        return unverified_check("composition", config, predicted, handover, device_type)
+    uncomposed = _uncomposed(profile, plan)
+    if uncomposed is not None:  # checked or not: no check can stand for it
+        return unverified_check("composition", config, predicted, uncomposed, device_type)
     if not profile.checks:
         return None
-    kinds = ["default", *(["recompute"] if any(plan.checkpoints) else [])]
-    kinds += sorted({m for m in plan.block_modes if m in REDUCED_PRECISIONS})
-    kinds += sorted({f"outer-{mode_precisions(m)[1]}" for m in plan.block_modes if "@" in m})
+    kinds = kinds_of(plan)
     checks = {v.kind: v for v in profile.checks if v.device == device_type}
     missing = [k for k in kinds if k not in checks]
     if missing:
@@ -311,6 +338,90 @@ def covering(
     if failed:
         return failed[0]
     return max(relevant, key=lambda v: abs(v.relative_error or 0.0))
+
+
+def kinds_of(plan: Plan) -> list[str]:
+    """The kinds of configuration (see the module docstring) whose checks a prediction of ``plan``
+    needs: ``default`` always, then what it recomputes and each reduced and outer precision."""
+    kinds = ["default", *(["recompute"] if any(plan.checkpoints) else [])]
+    kinds += sorted({m for m in plan.block_modes if m in REDUCED_PRECISIONS})
+    kinds += sorted({f"outer-{mode_precisions(m)[1]}" for m in plan.block_modes if "@" in m})
+    return kinds
+
+
+def _uncomposed(profile: MemoryProfile, plan: Plan) -> str | None:
+    """Why no check can stand for ``plan`` on this profile (its composition does not hold), or None."""
+    structure = profile.structure
+    mixed = len(set(zip(plan.block_modes, plan.checkpoints, strict=True))) > 1
+    if structure is not None and not structure.chain and mixed:
+        return f"{structure.describe()}: per-block configurations are composed for chain-shaped blocks only"
+    return _handover(profile, plan)
+
+
+def trial_checks(
+    profile: MemoryProfile,
+    config: TrainConfig,
+    plan: Plan,
+    predicted: int,
+    measured: int,
+    *,
+    trial: int,
+    device: str,
+    tolerance: float = TOLERANCE,
+) -> tuple[Verification, ...]:
+    """The checks a study's measured trial makes: ``config`` (planned as ``plan``) was predicted
+    ``predicted`` bytes and its tracked step on ``device`` held ``measured``, as a check step would
+    have (the caller makes sure the step ran as one: one local process, at the profile's shapes).
+
+    A trial checks the kinds of :func:`kinds_of` that no check on ``device`` covered yet. Within
+    ``tolerance``, each of them is verified by it. Off by more, the kind is flagged as a failed
+    check step would flag it, with the figures, if it was the trial's only new kind; with two or
+    more new kinds nothing is recorded (which one is off cannot be told), and they wait for a
+    trial that tells them apart. None for a configuration no check can stand for (its composition
+    does not hold: :func:`covering` says ``"composition"``), nor when every kind was checked.
+
+    Returns:
+        The new checks, one per kind, or ``()``.
+    """
+    if _uncomposed(profile, plan) is not None:
+        return ()
+    checked = {v.kind for v in profile.checks if v.device == device}
+    new = [k for k in kinds_of(plan) if k not in checked]
+    error = (predicted - measured) / measured
+    agreed = abs(error) <= tolerance
+    if not new or (not agreed and len(new) > 1):
+        return ()
+    reason = None if agreed else _off(error)
+    return tuple(
+        Verification(
+            kind=kind,
+            config=config,
+            predicted=predicted,
+            measured=measured,
+            relative_error=error,
+            verified=agreed,
+            reason=reason,
+            device=device,
+            trial=trial,
+        )
+        for kind in new
+    )
+
+
+def trial_line(checks: Sequence[Verification]) -> str:
+    """One line for a progress display: the kinds a trial checked, e.g. ``memory model checked by
+    trial 0 (fp32 on cpu, micro-batch 8): predicted 1.2 GiB, measured 1.2 GiB (+0.1%), verified``."""
+    from autotune.units import format_bytes
+
+    v = checks[0]
+    assert v.measured is not None and v.relative_error is not None  # a trial's check has both
+    kinds = ", ".join(_KINDS.get(c.kind, c.kind) for c in checks)
+    verdict = "verified" if v.verified else f"UNVERIFIED: {v.reason}"
+    return (
+        f"memory model checked by trial {v.trial} ({kinds} on {v.device}, micro-batch {v.config.micro_batch_size}): "
+        f"predicted {format_bytes(v.predicted)}, measured {format_bytes(v.measured)} "
+        f"({v.relative_error:+.1%}), {verdict}"
+    )
 
 
 def _handover(profile: MemoryProfile, plan: Plan) -> str | None:

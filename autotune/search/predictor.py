@@ -20,22 +20,31 @@ profile modes a config needs, and ``predict_memory(..., profile=)``), one profil
 study and reused, grown only when a config needs a mode it lacks; predictions are memoized.
 Its checks against real steps run where the study measures (``step``: the measuring child, on
 the study's device), never on the host for a GPU study, and stand for that device type only.
+
+``lazy=True`` (a study's): no check step runs. A study's trials are real steps already, each
+tracked exactly: a measured trial of a configuration the model predicted checks the kinds it uses
+that no check covered yet (:meth:`StudyPredictor.trial_measured`,
+:func:`autotune.memory.check.trial_checks`), and until then predictions of those kinds are
+unverified (measured, never pruned). A workload whose data is not of one shape
+(:attr:`autotune.worst_case.WorstCase.uniform`) is checked by check steps as before: a
+trial's tracked step need not run at the worst case the model predicts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import PredictionError, PredictionWarning
-from autotune.memory.check import CheckStep
+from autotune.memory.check import CheckStep, Verification, not_chain_message
 from autotune.workload import Workload
 
-__all__ = ["MemoryPredictor", "load_memory_predictor", "predicted_bytes"]
+__all__ = ["MemoryPredictor", "StudyPredictor", "load_memory_predictor", "predicted_bytes"]
 
 #: ``predictor(workload, config) -> predicted peak bytes``.
 MemoryPredictor = Callable[[Workload, TrainConfig], int]
@@ -47,7 +56,8 @@ def load_memory_predictor(
     device: str = "cpu",
     step: CheckStep | None = None,
     note: Callable[[str], None] | None = None,
-) -> MemoryPredictor | None:
+    lazy: bool = False,
+) -> StudyPredictor | None:
     """``predict_memory`` from ``module`` as a memoized bytes-returning function, or None if absent.
 
     Args:
@@ -57,6 +67,8 @@ def load_memory_predictor(
         step: Runs a check step where the study measures (its measuring child); None: in this
             process, on ``device``.
         note: Gets one line per profiling phase and check, with its seconds.
+        lazy: Run no check step (where the workload's data is of one shape): the study's
+            measured trials check the kinds instead (:meth:`StudyPredictor.trial_measured`).
     """
     try:
         mod = importlib.import_module(module)
@@ -65,10 +77,13 @@ def load_memory_predictor(
     fn = getattr(mod, "predict_memory", None)
     if not callable(fn):
         return None
-    return _Predictor(fn, getattr(mod, "plan_of", None), device=device, step=step, note=note)
+    return StudyPredictor(fn, getattr(mod, "plan_of", None), device=device, step=step, note=note, lazy=lazy)
 
 
-class _Predictor:
+class StudyPredictor:
+    """A study's memory predictions (:func:`load_memory_predictor`): called as
+    ``predictor(workload, config) -> bytes``, raising :class:`PredictionError` where unverified."""
+
     def __init__(
         self,
         fn: Callable[..., Any],
@@ -77,13 +92,17 @@ class _Predictor:
         device: str,
         step: CheckStep | None,
         note: Callable[[str], None] | None,
+        lazy: bool = False,
     ) -> None:
         self.fn = fn
         self.device = device
         self.step = step
         self.note = note
+        self.lazy = lazy
         self.plan_of = plan_of if plan_of is not None and "profile" in inspect.signature(fn).parameters else None
         self.memo: dict[tuple[int, str], int] = {}
+        self.predicted: dict[tuple[int, str], int] = {}  # every prediction's bytes, verified or not
+        self.checks: dict[int, tuple[Verification, ...]] = {}  # id(workload) -> checks made by trials
         self.profiles: dict[int, Any] = {}  # id(workload) -> the study's reusable profile
         self.failures: dict[int, PredictionError] = {}  # id(workload) -> why it cannot be profiled
 
@@ -95,11 +114,16 @@ class _Predictor:
             else:
                 profile = self._profile(workload, config)
                 prediction = self.fn(workload, config, profile=profile, device_type=self.device)
+            self.predicted[key] = predicted_bytes(prediction)
             if getattr(prediction, "verified", True) is False:
                 # The profile already warned, once, with the figures; every trial says why it
                 # was measured instead of judged by the prediction.
                 check = getattr(prediction, "verification", None)
-                reason = getattr(check, "reason", None) or "its profile was not checked against a real step"
+                reason = getattr(check, "reason", None) or (
+                    f"no measured trial on {self.device} has checked its kind of configuration yet"
+                    if self._lazy(workload)
+                    else "its profile was not checked against a real step"
+                )
                 raise PredictionError(f"unverified memory prediction for {workload.name!r}: {reason}")
             self.memo[key] = predicted_bytes(prediction)
         return self.memo[key]
@@ -115,18 +139,88 @@ class _Predictor:
             raise self.failures[id(workload)]
         if not needed <= have:
             modes = tuple(sorted(needed | have))
+            lazy = self._lazy(workload)
             try:
                 # Profiled and checked once per workload, mode and kind of configuration: a
                 # profile grown later for a new mode runs only that mode's passes and checks.
-                current = profile_memory(
-                    workload, modes=modes, reuse=current, device=self.device, step=self.step, note=self.note
+                grown = profile_memory(
+                    workload,
+                    modes=modes,
+                    reuse=current,
+                    verify=not lazy,
+                    device=self.device,
+                    step=self.step,
+                    note=self.note,
                 )
             except PredictionError as e:
                 warnings.warn(PredictionWarning(f"{e}; configurations will be measured, not pruned."), stacklevel=3)
                 self.failures[id(workload)] = e
                 raise
+            if lazy:  # the trials' checks, kept here: an unchecked profile holds none
+                message = not_chain_message(workload.name, grown) if current is None else None
+                if message is not None:
+                    warnings.warn(PredictionWarning(message), stacklevel=3)
+                grown = dataclasses.replace(grown, checks=self.checks.get(id(workload), ()))
+            current = grown
             self.profiles[id(workload)] = current
         return current
+
+    def _lazy(self, workload: Workload) -> bool:
+        """Whether ``workload``'s kinds wait for measured trials instead of check steps: lazily,
+        and only where any step runs at the profile's shapes (data of one shape)."""
+        if not self.lazy or self.plan_of is None:
+            return False
+        return workload.worst_case.uniform
+
+    def held(self, workload: Workload) -> tuple[Verification, ...]:
+        """The checks measured trials made of ``workload``'s kinds, here or adopted."""
+        return self.checks.get(id(workload), ())
+
+    def adopt(self, workload: Workload, checks: Sequence[Verification]) -> tuple[Verification, ...]:
+        """Take checks other processes' trials made (a study's other workers, an earlier run of it),
+        of kinds on this device none here has checked yet. Returns those taken."""
+        if not self._lazy(workload):
+            return ()
+        have = {v.kind for v in self.held(workload)}
+        taken = tuple(v for v in checks if v.device == self.device and v.kind not in have)
+        if taken:
+            self._add(workload, taken)
+        return taken
+
+    def trial_measured(
+        self, workload: Workload, config: TrainConfig, measured: int, *, trial: int
+    ) -> tuple[Verification, ...]:
+        """Record a trial's measured peak (its exact tracked step, on this predictor's device type)
+        as the check of the kinds ``config`` uses that none checked yet
+        (:func:`autotune.memory.check.trial_checks`), where the model predicted ``config``.
+
+        Warns (:class:`PredictionWarning`) for a kind the trial finds off, as a failed check step
+        does; from then on predictions of the new kinds are verified, or stay unverified with its
+        figures. A trial on ranks or under ZeRO is not a check step's run (one local process), nor
+        is one of a workload whose data is not of one shape. Returns the new checks (``()``: none).
+        """
+        from autotune.memory.check import trial_checks, unverified_message
+
+        key = (id(workload), config.to_json())
+        profile = self.profiles.get(id(workload))
+        if not self._lazy(workload) or profile is None or key not in self.predicted:
+            return ()
+        if config.ranks != 1 or config.zero_stage != 0 or measured <= 0:
+            return ()
+        assert self.plan_of is not None
+        plan = self.plan_of(config, num_blocks=len(workload.block_names()), device_type=self.device)
+        new = trial_checks(profile, config, plan, self.predicted[key], measured, trial=trial, device=self.device)
+        if new:
+            self._add(workload, new)
+            if not new[0].verified:
+                warnings.warn(PredictionWarning(unverified_message(workload.name, new[0])), stacklevel=2)
+        return new
+
+    def _add(self, workload: Workload, checks: Sequence[Verification]) -> None:
+        self.checks[id(workload)] = (*self.held(workload), *checks)
+        profile = self.profiles.get(id(workload))
+        if profile is not None:
+            self.profiles[id(workload)] = dataclasses.replace(profile, checks=self.checks[id(workload)])
 
 
 def predicted_bytes(prediction: Any) -> int:

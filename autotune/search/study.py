@@ -42,7 +42,7 @@ from autotune.measurement.objective import DEFAULT_OBJECTIVE
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
 from autotune.search.precisions import screen_precisions
-from autotune.search.predictor import MemoryPredictor, load_memory_predictor
+from autotune.search.predictor import MemoryPredictor, StudyPredictor, load_memory_predictor
 from autotune.search.record import ATTR, GOODPUT_METRIC_NAMES, METRIC_NAMES, MIB
 from autotune.search.refine import Refine
 from autotune.search.space import SearchSpace
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.knobs import Knobs
-    from autotune.memory.check import CheckStep, StepPeak
+    from autotune.memory.check import CheckStep, StepPeak, Verification
     from autotune.workload import Workload
 
 __all__ = [
@@ -72,11 +72,15 @@ __all__ = [
     "prepare",
     "recover_interrupted",
     "run_study",
+    "stored_checks",
     "stored_spec",
     "study_alloc_conf",
 ]
 
 _STUDY_ATTR = "autotune"  # study user attribute: what this study is (checked when resuming or joining)
+#: Study user attributes ``memory_check:<device>:<kind>``: the trial that checked the memory model's
+#: kind of configuration on that device type (:func:`stored_checks`), seen by every worker.
+MEMORY_CHECK_ATTR = "memory_check"
 _DIRECTIONS: tuple[Literal["maximize"], Literal["minimize"]] = ("maximize", "minimize")
 
 
@@ -508,15 +512,21 @@ def run_study(
     device_type = resolve_device(options.device).type
     remaining = spec.trials - count_done(study)
     if remaining <= 0 or options.create_only:
-        if not options.worker:  # no measuring child: the memory checks run here, on the device
-            _enqueue(study, prepared, _predictor(options, device_type, None, observer), observer, options)
+        if not options.worker:  # no measuring child: what the memory model is checked by runs here
+            setup = _predictor(options, device_type, None, observer)
+            _adopt_checks(study, prepared.workload, setup, device_type, observer.note)
+            _enqueue(study, prepared, setup, observer, options)
         return 0
     assert prepared.workload.source is not None  # load_workload always sets it
     ran = 0
 
+    predictor: StudyPredictor | None = None
+
     def after_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         nonlocal ran
         ran += 1
+        if predictor is not None:  # before the display: its line says what the trial checked
+            _check_by_trial(study, trial, prepared.workload, predictor, device_type, observer.note)
         observer.trial_finished(study, trial)
         if count_done(study) >= spec.trials:
             study.stop()  # other workers may have finished the rest
@@ -534,9 +544,11 @@ def run_study(
         def check(config: TrainConfig, predicted: int) -> StepPeak:
             return measurer.check(config, predicted=predicted, timeout=spec.measure.trial_timeout)
 
-        # The memory model's checks run in the measuring child, on the study's device.
+        # The memory model is checked by the study's measured trials (each kind by its first), and
+        # by check steps in the measuring child, on the study's device, only for data of several shapes.
         predictor = _predictor(options, device_type, check, observer)
         prepared = screen_precisions(prepared, measurer, study=study, cache=cache, machine=machine, note=observer.note)
+        _adopt_checks(study, prepared.workload, predictor, device_type, observer.note)
         if not options.worker:
             _enqueue(study, prepared, predictor, observer, options)
 
@@ -584,10 +596,64 @@ def run_study(
 
 def _predictor(
     options: RunOptions, device_type: str, step: CheckStep | None, observer: StudyObserver
-) -> MemoryPredictor | None:
+) -> StudyPredictor | None:
     if options.memory_model is None:
         return None
-    return load_memory_predictor(options.memory_model, device=device_type, step=step, note=observer.note)
+    # Lazy: the study's trials are real, exactly tracked steps; the first measured trial of each
+    # kind of configuration checks it, so no check step delays the first trial.
+    return load_memory_predictor(options.memory_model, device=device_type, step=step, note=observer.note, lazy=True)
+
+
+def stored_checks(study: optuna.Study, device_type: str) -> list[Verification]:
+    """The memory model's checks the study's trials made on ``device_type``, by any worker or run
+    (study user attributes ``memory_check:<device>:<kind>``), in trial order."""
+    from autotune.memory.check import Verification
+
+    prefix = f"{MEMORY_CHECK_ATTR}:{device_type}:"
+    checks = [Verification.from_dict(v) for k, v in study.user_attrs.items() if k.startswith(prefix)]
+    return sorted(checks, key=lambda v: (v.trial if v.trial is not None else -1, v.kind))
+
+
+def _adopt_checks(
+    study: optuna.Study,
+    workload: Workload,
+    predictor: StudyPredictor | None,
+    device_type: str,
+    note: Callable[[str], None],
+) -> None:
+    """Take the checks other workers' (or an earlier run's) trials stored, one line per trial."""
+    if predictor is None:
+        return
+    from autotune.memory.check import trial_line
+
+    taken = predictor.adopt(workload, stored_checks(study, device_type))
+    for number in sorted({v.trial for v in taken if v.trial is not None}):
+        note(trial_line([v for v in taken if v.trial == number]))
+
+
+def _check_by_trial(
+    study: optuna.Study,
+    trial: optuna.trial.FrozenTrial,
+    workload: Workload,
+    predictor: StudyPredictor,
+    device_type: str,
+    note: Callable[[str], None],
+) -> None:
+    """A finished trial's exactly tracked peak as the check of the kinds it is the first of
+    (:meth:`StudyPredictor.trial_measured`), stored on the study for its other workers; one line."""
+    from autotune.memory.check import trial_line
+
+    _adopt_checks(study, workload, predictor, device_type, note)  # other workers' first: theirs may be older
+    attrs = trial.user_attrs
+    peak, config = attrs.get(ATTR.PEAK), attrs.get(ATTR.CONFIG)
+    # "over_budget" stops after the tracked step: its peak is as exact as a completed trial's.
+    if attrs.get(ATTR.STATUS) not in ("ok", "over_budget") or not isinstance(peak, int) or config is None:
+        return
+    new = predictor.trial_measured(workload, TrainConfig.from_dict(config), peak, trial=trial.number)
+    for v in new:
+        study.set_user_attr(f"{MEMORY_CHECK_ATTR}:{v.device}:{v.kind}", v.to_dict())
+    if new:
+        note(trial_line(new))
 
 
 def _enqueue(

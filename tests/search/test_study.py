@@ -33,6 +33,7 @@ from autotune.search.study import (
     prepare,
     recover_interrupted,
     run_study,
+    stored_checks,
     study_alloc_conf,
 )
 from autotune.units import MemoryBudget
@@ -323,11 +324,20 @@ def test_the_real_memory_model_when_it_exists(tmp_path: Path, tiny_budget: int) 
         _options(tmp_path, memory_model="autotune.memory.predict"),
     )
     first = study.trials[0]
-    assert ATTR.PREDICTION_ERROR not in first.user_attrs, first.user_attrs[ATTR.PREDICTION_ERROR]
-    # The PyTorch default starts at the largest micro-batch the model predicts to fit, not at 16.
-    assert first.user_attrs[ATTR.BASELINE] == PYTORCH_DEFAULT
-    assert first.params["micro_batch_size"] < 16
-    assert first.user_attrs[ATTR.PREDICTED] <= budget
+    # The model is checked by the study's trials, not before them: at setup no prediction is
+    # verified, so the PyTorch default starts at 16 and is measured, not judged on its prediction;
+    # its measured peak checks the default kind, and the seed recipe's its own two kinds.
+    assert (first.user_attrs[ATTR.BASELINE], first.params["micro_batch_size"]) == (PYTORCH_DEFAULT, 16)
+    assert first.user_attrs[ATTR.PREDICTION_ERROR] == (
+        "PredictionError: unverified memory prediction for 'tiny': "
+        "no measured trial on cpu has checked its kind of configuration yet"
+    )
+    assert first.user_attrs[ATTR.STATUS] == "over_budget" and first.user_attrs[ATTR.PEAK] > budget
+    assert [(v.kind, v.trial, v.verified) for v in stored_checks(study, "cpu")] == [
+        ("default", 0, True),
+        ("bf16", 1, True),
+        ("recompute", 1, True),
+    ]
 
 
 def test_expandable_segments_is_no_setting_and_no_knob_on_the_cpu() -> None:
