@@ -29,7 +29,7 @@ from torch import nn
 
 from autotune.errors import WorkloadError
 from autotune.workload import Workload
-from autotune.zoo.data import TensorDict, TokenSequences, markov_corpus, seeded_init
+from autotune.zoo.data import TokenSequences, language_classes, markov_corpus, seeded_init
 from autotune.zoo.gpt import GPT, Block, GPTShape, lm_loss
 
 __all__ = [
@@ -134,19 +134,10 @@ def build_frozen_backbone(
             vocab=vocab, width=width, heads=heads, layers=layers, seq_len=seq_len, num_classes=classes
         )
     model.freeze(frozen)
-    per_class = -(-num_samples // classes)
-    texts = [
-        markov_corpus(
-            num_sequences=per_class, length=seq_len, vocab_size=vocab, num_topics=1, branching=4, seed=6202 + c
-        )
-        for c in range(classes)
-    ]
-    order = torch.randperm(per_class * classes, generator=torch.Generator().manual_seed(6200))[:num_samples]
-    labels = torch.arange(classes).repeat_interleave(per_class)
     return Workload(
         name="frozen-backbone",
         model=model,
-        dataset=TensorDict(tokens=torch.cat(texts)[order], labels=labels[order]),
+        dataset=language_classes(classes=classes, num_samples=num_samples, seq_len=seq_len, vocab=vocab, seed=6200),
         loss_fn=_text_loss,
         batch_size=batch_size,
     )

@@ -22,6 +22,7 @@ __all__ = [
     "seeded_init",
     "classification_loss",
     "markov_corpus",
+    "language_classes",
     "prototype_images",
 ]
 
@@ -125,6 +126,22 @@ def markov_corpus(
         choice = (u > cumulative[topic, token]).sum(dim=1).clamp(max=branching - 1)
         token = successors[topic, token, choice]
     return out
+
+
+def language_classes(*, classes: int, num_samples: int, seq_len: int, vocab: int, seed: int) -> TensorDict:
+    """``num_samples`` token sequences, each from one of ``classes`` Markov languages (one per
+    class, :func:`markov_corpus` with seed ``seed + 2 + c``), shuffled with seed ``seed``:
+    ``{"tokens", "labels"}``. Which language a sequence comes from is learnable from its bigrams."""
+    per_class = -(-num_samples // classes)
+    texts = [
+        markov_corpus(
+            num_sequences=per_class, length=seq_len, vocab_size=vocab, num_topics=1, branching=4, seed=seed + 2 + c
+        )
+        for c in range(classes)
+    ]
+    order = torch.randperm(per_class * classes, generator=torch.Generator().manual_seed(seed))[:num_samples]
+    labels = torch.arange(classes).repeat_interleave(per_class)
+    return TensorDict(tokens=torch.cat(texts)[order], labels=labels[order])
 
 
 def prototype_images(

@@ -21,7 +21,7 @@ from torch import nn
 
 from autotune.errors import WorkloadError
 from autotune.workload import Workload
-from autotune.zoo.data import TensorDict, markov_corpus, prototype_images, seeded_init
+from autotune.zoo.data import TensorDict, language_classes, prototype_images, seeded_init
 
 __all__ = ["SharedEncoderClassifier", "UNet", "build_shared_encoder", "build_unet"]
 
@@ -135,19 +135,10 @@ def build_shared_encoder(
         model = SharedEncoderClassifier(
             vocab=vocab, width=width, heads=heads, layers=layers, seq_len=seq_len, num_classes=classes
         )
-    per_class = -(-num_samples // classes)
-    texts = [
-        markov_corpus(
-            num_sequences=per_class, length=seq_len, vocab_size=vocab, num_topics=1, branching=4, seed=6002 + c
-        )
-        for c in range(classes)
-    ]
-    order = torch.randperm(per_class * classes, generator=torch.Generator().manual_seed(6000))[:num_samples]
-    labels = torch.arange(classes).repeat_interleave(per_class)
     return Workload(
         name="shared-encoder",
         model=model,
-        dataset=TensorDict(tokens=torch.cat(texts)[order], labels=labels[order]),
+        dataset=language_classes(classes=classes, num_samples=num_samples, seq_len=seq_len, vocab=vocab, seed=6000),
         loss_fn=_text_loss,
         blocks=[f"encoder.layers.{i}" for i in range(layers)],
         batch_size=batch_size,
