@@ -86,7 +86,9 @@ from autotune.workload import Workload
 
 __all__ = ["FrameworkLoop"]
 
-_STATE_VERSION = 2  # of FrameworkLoop.state_dict(): a change to its keys bumps it (2: evaluation_peak)
+# Of FrameworkLoop.state_dict(): a change to its keys bumps it (2: evaluation_peak; 3: the model's
+# fingerprint, so a state is never applied to another model).
+_STATE_VERSION = 3
 
 
 class FrameworkLoop:
@@ -119,6 +121,8 @@ class FrameworkLoop:
         self._model: torch.nn.Module | None = None
         self._wrappers: BlockWrappers | None = None
         self._names: tuple[str, ...] = ()
+        # The model's parameter layout (Workload.fingerprint) and size, saved with the state.
+        self._model_id: dict[str, Any] = {}
         self._started: float | None = None
         self._warm = False  # whether the step under way is timed: not the first after a change
         self.split = False  # whether the loop lets the micro-batch x accumulation split change
@@ -227,6 +231,7 @@ class FrameworkLoop:
             workload, self.budget, default, reduced_precision=self.source is not None, device_type=device
         )
         self._model, self._names = model, workload.block_names()
+        self._model_id = {"fingerprint": workload.fingerprint, "parameters": workload.num_parameters}
         self.controller = Controller(
             frontend=self,
             source=self.source,
@@ -280,15 +285,16 @@ class FrameworkLoop:
             "version": _STATE_VERSION,
             "config": self.controller.config.to_dict(),
             "evaluation_peak": self.evaluation_peak,
+            "model": dict(self._model_id),
             **self.controller.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` at :meth:`begin` (the framework restores callbacks before the
         model and its loop are known to them)."""
-        if state.get("version") not in (1, _STATE_VERSION):  # 1: before evaluation peaks were kept
+        if state.get("version") not in (1, 2, _STATE_VERSION):  # 1: no evaluation peak; 2: no model's
             raise ConfigError(
-                f"AutotuneCallback state must be version 1 or {_STATE_VERSION}, but got {state.get('version')!r}."
+                f"AutotuneCallback state must be version 1, 2 or {_STATE_VERSION}, but got {state.get('version')!r}."
             )
         self._resume = dict(state)
         self.evaluation_peak = state.get("evaluation_peak")
@@ -297,6 +303,13 @@ class FrameworkLoop:
         """Continue from ``state``: its per-block knobs on the model (the split is the loop's, as it
         restarted), if this run's budget gate admits them; nothing measured is explored again."""
         assert self.controller is not None
+        model, here_id = state.get("model"), self._model_id
+        if model is not None and model["fingerprint"] != here_id["fingerprint"]:  # older states: not checked
+            raise ConfigError(
+                f"AutotuneCallback state was saved for another model ({model['parameters']:,} parameters, "
+                f"fingerprint {model['fingerprint']}), but this fit's model has {here_id['parameters']:,} "
+                f"parameters (fingerprint {here_id['fingerprint']}): resume it with the model it was saved from."
+            )
         here = self.controller.config
         saved = TrainConfig.from_dict(state["config"])
         if saved.effective_batch_size != here.effective_batch_size:

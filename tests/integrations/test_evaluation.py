@@ -21,7 +21,7 @@ import transformers
 
 from autotune import TrainConfig
 from autotune.adapt.records import Change
-from autotune.errors import OverBudgetWarning
+from autotune.errors import ConfigError, OverBudgetWarning
 from autotune.integrations import hf, lightning
 from autotune.integrations._framework import FrameworkLoop
 from autotune.measurement.tracker import tracker_class
@@ -232,7 +232,7 @@ def test_a_resumed_loop_keeps_the_evaluation_peak_and_reads_a_state_from_before_
     live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=1, name="resmlp")
     live.evaluation_peak = 123_456
     state = live.state_dict()
-    assert (state["version"], state["evaluation_peak"]) == (2, 123_456)
+    assert (state["version"], state["evaluation_peak"]) == (3, 123_456)
     resumed = FrameworkLoop(policy=None, memory_budget=10**9, decide_every=5, blocks=None)
     resumed.load_state_dict(state)
     assert resumed.evaluation_peak == 123_456  # not measured again: the CPU tracker is not started
@@ -258,3 +258,26 @@ def test_a_loop_at_the_default_under_the_whole_default_budget_resumes_there() ->
     resumed.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=1, name="resmlp")
     assert resumed.history == [] and resumed.controller is not None
     assert resumed.controller.config == live.controller.config  # type: ignore[union-attr]
+
+
+def test_a_state_saved_for_another_model_is_refused_at_the_resumed_fit_s_start() -> None:
+    # The Trainer's and Lightning's checkpoints carry the callback's state: resumed over a model of
+    # another width it would apply another model's configuration, silently.
+    saved_on, other = make_resmlp(n=64), make_resmlp(n=64, d=48)
+    live = FrameworkLoop(policy=None, memory_budget=10**9, decide_every=5, blocks=None)
+    live.begin(saved_on.model, saved_on.dataset, saved_on.loss_fn, micro_batch_size=8, accum=1, name="resmlp")
+    state = live.state_dict()
+    assert state["model"] == {"fingerprint": saved_on.fingerprint, "parameters": saved_on.num_parameters}
+    resumed = FrameworkLoop(policy=None, memory_budget=10**9, decide_every=5, blocks=None)
+    resumed.load_state_dict(state)
+    with pytest.raises(ConfigError) as caught:
+        resumed.begin(other.model, other.dataset, other.loss_fn, micro_batch_size=8, accum=1, name="resmlp")
+    assert str(caught.value) == (
+        f"AutotuneCallback state was saved for another model ({saved_on.num_parameters:,} parameters, fingerprint "
+        f"{saved_on.fingerprint}), but this fit's model has {other.num_parameters:,} parameters (fingerprint "
+        f"{other.fingerprint}): resume it with the model it was saved from."
+    )
+    older = FrameworkLoop(policy=None, memory_budget=10**9, decide_every=5, blocks=None)
+    older.load_state_dict({**{k: v for k, v in state.items() if k != "model"}, "version": 2})
+    older.begin(saved_on.model, saved_on.dataset, saved_on.loss_fn, micro_batch_size=8, accum=1, name="resmlp")
+    assert older.controller is not None and older.controller.config == live.controller.config  # type: ignore[union-attr]
