@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autotune.adapt.controller import Controller
+from autotune.adapt.controller import Controller, check_saved_model, model_record
 from autotune.adapt.gate import BudgetGate, as_budget
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
@@ -627,7 +627,7 @@ class Adaptive:
             # The largest batch shape seen: a resumed run does not profile it again at every step's check.
             "shape_guard": self.guard.state_dict(),
             # Which model the state is of: another model's configuration and measurements are not this one's.
-            "model": {"fingerprint": self.workload.fingerprint, "parameters": self.workload.num_parameters},
+            "model": model_record(self.workload),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -654,13 +654,13 @@ class Adaptive:
             raise ConfigError(
                 f"Adaptive state must be version 1, 2 or {_STATE_VERSION}, but got {state.get('version')!r}."
             )
-        saved, wl = state.get("model"), self.workload
-        if saved is not None and saved["fingerprint"] != wl.fingerprint:  # older states: not checked
-            raise ConfigError(
-                f"Adaptive state was saved for another model ({saved['parameters']:,} parameters, fingerprint "
-                f"{saved['fingerprint']}), but this run's model has {wl.num_parameters:,} parameters (fingerprint "
-                f"{wl.fingerprint}): load it into an Adaptive over the model it was saved from."
-            )
+        check_saved_model(
+            state.get("model"),
+            model_record(self.workload),
+            state="Adaptive",
+            run="run",
+            fix="load it into an Adaptive over the model it was saved from",
+        )
         restored, start = TrainConfig.from_dict(state["config"]), t.config
         if restored.effective_batch_size != start.effective_batch_size and not self.adapt_batch:
             raise ConfigError(

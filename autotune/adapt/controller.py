@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from autotune.measurement.cuda_memory import AllocatorStats
     from autotune.workload import Workload
 
-__all__ = ["Controller", "FrontEnd"]
+__all__ = ["Controller", "FrontEnd", "check_saved_model", "model_record"]
 
 
 class FrontEnd(Protocol):
@@ -539,6 +539,36 @@ class Controller:
         headroom must not refuse the very configuration the budget was taken from)."""
         whole = self.fraction is not None and self.fraction >= 1.0
         return verdict.admitted or (config == self.default and whole)
+
+
+def model_record(workload: Workload) -> dict[str, Any]:
+    """Which model a saved state is of, as plain values: its parameter layout's hash
+    (:attr:`Workload.fingerprint`) and its parameter count, for :func:`check_saved_model`."""
+    return {"fingerprint": workload.fingerprint, "parameters": workload.num_parameters}
+
+
+def check_saved_model(
+    saved: Mapping[str, Any] | None, here: Mapping[str, Any], *, state: str, run: str, fix: str
+) -> None:
+    """Refuse a state saved for another model: another model's configuration and measurements are
+    not this one's. Every front end's resume runs it.
+
+    Args:
+        saved: The state's :func:`model_record` (None: a state from before it was kept, not checked).
+        here: This run's :func:`model_record`.
+        state: Whose state it is, as the message names it (``"Adaptive"``).
+        run: What this run is called (``"run"``, ``"fit"``).
+        fix: What to do instead, the message's end.
+
+    Raises:
+        ConfigError: the fingerprints differ.
+    """
+    if saved is not None and saved["fingerprint"] != here["fingerprint"]:
+        raise ConfigError(
+            f"{state} state was saved for another model ({saved['parameters']:,} parameters, fingerprint "
+            f"{saved['fingerprint']}), but this {run}'s model has {here['parameters']:,} parameters (fingerprint "
+            f"{here['fingerprint']}): {fix}."
+        )
 
 
 def _split(config: TrainConfig, micro: int, checkpoint: bool, zero_stage: int = 0) -> TrainConfig:

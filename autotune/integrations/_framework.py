@@ -62,7 +62,7 @@ from typing import Any
 import torch
 
 from autotune.adapt.adaptive import PolicyArg, decision_source
-from autotune.adapt.controller import Controller
+from autotune.adapt.controller import Controller, check_saved_model, model_record
 from autotune.adapt.decider import Decider
 from autotune.adapt.gate import BudgetGate, as_budget
 from autotune.adapt.records import Change
@@ -231,7 +231,7 @@ class FrameworkLoop:
             workload, self.budget, default, reduced_precision=self.source is not None, device_type=device
         )
         self._model, self._names = model, workload.block_names()
-        self._model_id = {"fingerprint": workload.fingerprint, "parameters": workload.num_parameters}
+        self._model_id = model_record(workload)
         self.controller = Controller(
             frontend=self,
             source=self.source,
@@ -303,13 +303,13 @@ class FrameworkLoop:
         """Continue from ``state``: its per-block knobs on the model (the split is the loop's, as it
         restarted), if this run's budget gate admits them; nothing measured is explored again."""
         assert self.controller is not None
-        model, here_id = state.get("model"), self._model_id
-        if model is not None and model["fingerprint"] != here_id["fingerprint"]:  # older states: not checked
-            raise ConfigError(
-                f"AutotuneCallback state was saved for another model ({model['parameters']:,} parameters, "
-                f"fingerprint {model['fingerprint']}), but this fit's model has {here_id['parameters']:,} "
-                f"parameters (fingerprint {here_id['fingerprint']}): resume it with the model it was saved from."
-            )
+        check_saved_model(
+            state.get("model"),
+            self._model_id,
+            state="AutotuneCallback",
+            run="fit",
+            fix="resume it with the model it was saved from",
+        )
         here = self.controller.config
         saved = TrainConfig.from_dict(state["config"])
         if saved.effective_batch_size != here.effective_batch_size:
