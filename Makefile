@@ -28,6 +28,7 @@ typecheck: install
 	cp -r policies build/typecheck/autotune/policies
 	cp benchmarks/gpu_check.py build/typecheck/gpu_check.py
 	cp benchmarks/picks.py build/typecheck/picks.py
+	cp benchmarks/results.py build/typecheck/results.py
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p autotune
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml gpu_check.py picks.py
 

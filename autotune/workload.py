@@ -384,7 +384,7 @@ def find_blocks(model: torch.nn.Module, *, workload: str = "?") -> tuple[str, ..
     instance of a repeated (two or more instances), non-container module class sit in more than
     one container, the instances of the innermost such class become the blocks instead (the
     bottlenecks; the stem's conv layer, outside them, is not a block), since the conv layers as
-    blocks mispredict that ResNet's peak by up to 8% (docs/benchmarks.md). Then an instance nested
+    blocks mispredict that ResNet's peak by up to 8% (docs/benchmark-log.md). Then an instance nested
     inside another selected instance is dropped (outermost only).
 
     Raises:

@@ -12,7 +12,9 @@ Run (nothing else on the machine):
 
     python benchmarks/outer_precision.py --out build/outer [--models hf-gpt2,hf-llama,lstm-lm,gru-lm]
 
-Writes ``outer_precision.json`` and ``outer_precision.md`` to ``--out``, rewritten after each model.
+Writes ``outer_precision.json`` and ``outer_precision.md`` to ``--out``, rewritten after each model,
+and with ``--result docs/results/outer-precision.json`` the results page's record of the first table
+(``benchmarks/results.py``; then ``python benchmarks/render_results.py``).
 """
 
 from __future__ import annotations
@@ -97,13 +99,7 @@ def write(out: Path, machine: dict[str, Any], results: list[dict[str, Any]]) -> 
         "| model | configuration | samples/s (spread) | peak MiB | samples/s per GiB |",
         "|---|---|---|---|---|",
     ]
-    for r in results:
-        for row in r["rows"]:
-            peak = "-" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:.1f}"
-            lines.append(
-                f"| {r['model']} | {row['config']} | {row['samples/s']} ({row['spread']:.1%}) | {peak} | "
-                f"{row['per GiB']} |"
-            )
+    lines += ["| " + " | ".join(row) + " |" for row in table(results)]
     lines += [
         "",
         "| model | outer bf16 / outer fp32: speed | recomputed: speed | peak | recomputed: peak |",
@@ -117,9 +113,56 @@ def write(out: Path, machine: dict[str, Any], results: list[dict[str, Any]]) -> 
     (out / "outer_precision.md").write_text("\n".join(lines) + "\n")
 
 
+def table(results: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The rows of the first table: model, configuration, samples/s (spread), peak MiB, per GiB."""
+    out = []
+    for r in results:
+        for row in r["rows"]:
+            peak = "-" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:.1f}"
+            out.append(
+                (r["model"], row["config"], f"{row['samples/s']} ({row['spread']:.1%})", peak, str(row["per GiB"]))
+            )
+    return out
+
+
+def write_record(path: Path, machine: dict[str, Any], results: list[dict[str, Any]], command: str) -> None:
+    """The results page's record of the first table (``benchmarks/results.py``), the recipe charted."""
+    from results import Chart, write_result
+
+    write_result(
+        path,
+        title="The Hugging Face recipe against the PyTorch default",
+        claim=(
+            "The blocks in bf16 with the rest of the model (embeddings, final norm, head, loss) in fp32, against the "
+            'whole model in bf16 (`TrainConfig.outer_precision="bf16"`, what Hugging Face\'s `bf16=True` does), '
+            'plain and with every block recomputed, beside the PyTorch default (fp32). "blocks bf16 recomputed, '
+            'outer bf16" is the recipe users run (`bf16=True` with gradient checkpointing). Samples/s re-timed side '
+            "by side on one loop (interleaved rounds, median and spread), peaks exact."
+        ),
+        machine=f"{machine['cores']} cores, {machine['threads']} torch threads",
+        capability=f"CPU `{machine['capability']}`",
+        date=machine["date"],
+        command=command,
+        columns=("model", "configuration", "samples/s (spread)", "peak MiB", "samples/s per GiB"),
+        rows=table(results),
+        chart=Chart(
+            group="model",
+            series="configuration",
+            value="samples/s per GiB",
+            baseline="fp32 (PyTorch default)",
+            shown=(
+                "fp32 (PyTorch default)",
+                "blocks bf16 recomputed, outer bf16",
+                "blocks bf16 recomputed, outer fp32",
+            ),
+        ),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--result", type=Path, help="also write the results page's record here (docs/results/)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
@@ -137,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_model(name, rounds=args.rounds))
         print(f"{name}: speed x{results[-1]['outer_bf16_speed']}, peak x{results[-1]['outer_bf16_memory']}", flush=True)
         write(args.out, machine, results)
+    if args.result is not None:
+        command = "python benchmarks/outer_precision.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        write_record(args.result, machine, results, command)
     return 0
 
 

@@ -38,6 +38,7 @@ runs 10-20x slower) every bf16 point is far off the best and measuring each take
 Run: python benchmarks/picks.py [--models lstm-lm,shared-encoder,unet-tiny,hf-gpt2,hf-bert] [--quick]
      [--coarse-grid] [--grid-precisions fp32[,bf16]] [--conditions quiet[,loaded]] [--threads N]
      [--grids DIR [--grids-only]] [--out picks] -> picks.json and picks.md
+     [--result docs/results/NAME.json]: also the results page's record of the run (benchmarks/results.py)
 """
 
 from __future__ import annotations
@@ -217,16 +218,10 @@ def markdown(result: dict[str, Any]) -> str:
         "Value: samples/s per GiB of measured peak; ratio: the pick's re-timed value over the grid best's, "
         "in one side-by-side re-timing.",
         "",
-        "| model | condition | grid best | study pick | tune pick | study / grid | tune / grid | decided |",
+        "| " + " | ".join(COLUMNS) + " |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
-        grid, study, tune = (_cell(r[k]["describe"]) for k in LABELS)
-        lines.append(
-            f"| {r['model']} | {r['condition']} | {grid} | {study} | {tune} | "
-            f"{r['ratios']['study']:.2f} | {r['ratios']['tune']:.2f} | "
-            f"{'yes' if r['retimed']['decided'] else 'no'} |"
-        )
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in table(result)]
     lines.append("")
     for condition, v in result["verdict"].items():
         met = ", ".join(f"{k} >= {TARGETS[k]:.2f}: {'met' if ok else 'MISSED'}" for k, ok in v["targets_met"].items())
@@ -235,6 +230,54 @@ def markdown(result: dict[str, Any]) -> str:
             f"tune median {v['tune_median']:.2f} over {v['models']} models ({met})"
         )
     return "\n".join(lines) + "\n"
+
+
+COLUMNS = ("model", "condition", "grid best", "study pick", "tune pick", "study / grid", "tune / grid", "decided")
+
+
+def table(result: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The rows of one run's table (:data:`COLUMNS`), as its markdown and the results record show them."""
+    return [
+        (
+            r["model"],
+            r["condition"],
+            *(r[k]["describe"] for k in LABELS),
+            f"{r['ratios']['study']:.2f}",
+            f"{r['ratios']['tune']:.2f}",
+            "yes" if r["retimed"]["decided"] else "no",
+        )
+        for r in result["rows"]
+    ]
+
+
+def write_record(path: Path, result: dict[str, Any]) -> None:
+    """The results page's record of one run (``benchmarks/results.py``; then ``render_results.py``)."""
+    from results import write_result
+
+    m, v = result["machine"], result["verdict"]
+    verdicts = "; ".join(
+        f"{c}: study median {x['study_median']:.2f}, least {x['study_min']:.2f}, tune median {x['tune_median']:.2f}"
+        for c, x in v.items()
+    )
+    write_result(
+        path,
+        title=f"The study's and tune's picks against an exhaustive grid ({m['capability']})",
+        claim=(
+            "Each pick's samples/s per GiB of measured peak over the exhaustive grid's best, re-timed side by side "
+            f"(`autotune.measurement.sidebyside.retime_configs`); study {result['plan']['study_trials']} trials, "
+            f"tune {result['plan']['tune_steps']} steps, grid over {result['plan']['grid_levels']}. Targets: the "
+            "study's pick 0.95 or more of the grid's best (median over models, 0.90 the least), tune's 0.90 (median)."
+        ),
+        machine=f"{m['cpu']}, {m['cores']} cores, {m['threads']} torch threads; torch {m['torch']}",
+        capability=f"CPU `{m['capability']}`",
+        date=result["date"][:10],
+        command=result["command"],
+        columns=COLUMNS,
+        rows=table(result),
+        note=(
+            f"{verdicts}. These are ratios to the grid's best, with no PyTorch default or Hugging Face recipe column."
+        ),
+    )
 
 
 def _cell(text: str) -> str:
@@ -550,6 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--conditions", default=",".join(CONDITIONS), help=conditions)
     parser.add_argument("--grids-only", action="store_true", help="measure (or find) the grids, then stop")
     parser.add_argument("--out", type=Path, default=Path("picks"), help="writes OUT.json and OUT.md (default picks)")
+    parser.add_argument("--result", type=Path, help="also write the results page's record here (docs/results/)")
     args = parser.parse_args(argv)
     if args.grids_only and args.grids is None:
         parser.error("--grids-only needs --grids DIR (where the grids are kept)")
@@ -587,7 +631,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="picks-") as tmp:
         rows = run(p, Path(tmp), grids=args.grids, grids_only=args.grids_only, on_row=report)
     if not args.grids_only:
-        print(markdown(report(rows)))
+        result = report(rows)
+        print(markdown(result))
+        if args.result is not None:
+            write_record(args.result, result)
     return 0
 
 

@@ -10,7 +10,9 @@ Run (nothing else on the machine; minutes):
 
     python benchmarks/setup_cost.py --out build/setup-cost [--sizes 10m,100m,350m] [--device cpu]
 
-Writes ``setup_cost.json`` and ``setup_cost.md`` to ``--out``, rewritten after each size.
+Writes ``setup_cost.json`` and ``setup_cost.md`` to ``--out``, rewritten after each size, and with
+``--result docs/results/setup-cost.json`` the results page's record of the sizes that ran
+(``benchmarks/results.py``; then ``python benchmarks/render_results.py``).
 """
 
 from __future__ import annotations
@@ -130,9 +132,42 @@ def write(out: Path, machine: dict[str, Any], rows: list[dict[str, Any]]) -> Non
     (out / "setup_cost.md").write_text("\n".join(lines) + "\n")
 
 
+def write_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]], command: str) -> None:
+    """The results page's record of the sizes that ran (``benchmarks/results.py``)."""
+    from results import write_result
+
+    device = "CPU" if machine["device"] == "cpu" else f"device {machine['device']}"
+    write_result(
+        path,
+        title="What a study costs before its first trial",
+        claim=(
+            "The study's setup (loading, the block ranking, the memory model's fake-tensor profile, the baselines, "
+            "the proposal's room check) for GPT-2-shaped decoders (transformers `GPT2LMHeadModel`, sequence 1024, "
+            "batch 32), from the setup lines the study prints, and the study process's peak resident memory."
+        ),
+        machine=f"{machine['cpu']}, {machine['cores']} cores; the study's device: {device}",
+        capability=f"CPU `{machine['capability']}`",
+        date=machine["date"],
+        command=command,
+        columns=("model", "parameters", "setup, s", "host peak RSS, GiB"),
+        rows=[
+            (
+                f"{r['size']} ({SIZES[r['size']]['layers']} x {SIZES[r['size']]['width']})",
+                f"{r['parameters']:,}",
+                r["seconds"],
+                f"{r['peak_rss_bytes'] / 2**30:.2f}",
+            )
+            for r in rows
+            if r["ok"]
+        ],
+        note="A setup cost has no PyTorch default or Hugging Face recipe to stand beside.",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--result", type=Path, help="also write the results page's record here (docs/results/)")
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--memory-budget", default="20GiB")
@@ -159,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{size}: {'ok' if row['ok'] else 'FAILED'} {row.get('seconds', '-')} s", flush=True)
         write(args.out, machine, rows)
+    if args.result is not None:
+        command = "python benchmarks/setup_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        write_record(args.result, machine, rows, command)
     return 0
 
 

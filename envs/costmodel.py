@@ -27,7 +27,7 @@ state O and DeepSpeed's fp32 master partition at stages >= 1):
 bandwidth does not see (launches, hooks, small messages): ``zero_overhead`` x the local step time
 at stage 3, 0.3x that at stage 2 and 0.1x at stage 1 (the shares are an assumption). On 2 CPU
 ranks that overhead measured ~2.4 where the bandwidth term alone gives ~0.03
-(docs/benchmarks.md, "The simulator's ZeRO overhead"). This ZeRO part is arithmetic
+(docs/benchmark-log.md, "The simulator's ZeRO overhead"). This ZeRO part is arithmetic
 with two machine parameters, not calibrated per workload: the simulator uses it to let a policy
 learn what the ZeRO action does to memory and time, not to predict a DeepSpeed run exactly.
 

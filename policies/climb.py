@@ -3,7 +3,7 @@
 A policy's episode is eight steps, and a policy that has settled stays where it is: its remaining
 steps measure the configuration it already measured. On hf-gpt2 the shipped policy settled on
 2x8 bf16 with every block recomputed and never measured the same split without recompute, the
-best configuration of the exhaustive grid (the picks benchmark, docs/benchmarks.md). The study
+best configuration of the exhaustive grid (the picks benchmark, docs/benchmark-log.md). The study
 ends the same way for the same reason (:mod:`autotune.search.refine`): a short search needs its
 last measurements next to its best one.
 
@@ -23,7 +23,7 @@ A move to more reduced-precision blocks is not the climb's where the environment
 reduced-precision step at :data:`~autotune.search.precisions.DOMINATED_SLOWDOWN` times the fp32
 step or more at reset (the study's rule for leaving a precision out of its space): such a move
 loses at least the throughput it saves per GiB, and on a CPU without bf16 units it cost the climb
-one or two of its few steps (shared-encoder, docs/benchmarks.md). The policy may still move there.
+one or two of its few steps (shared-encoder, docs/benchmark-log.md). The policy may still move there.
 """
 
 from __future__ import annotations

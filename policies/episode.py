@@ -218,7 +218,7 @@ def run_episode(
             # A move the environment refused (over the budget, a precision this machine cannot
             # run) leaves the run where it was, as staying does, and the policy, seeing nearly
             # the same observation, proposes it again: on lstm-lm on an AVX2 CPU it asked for
-            # bf16 blocks six steps running (the picks benchmark, docs/benchmarks.md).
+            # bf16 blocks six steps running (the picks benchmark, docs/benchmark-log.md).
             climbing = climbing or (source == "policy" and info["levels"] == levels[-1])
         records.append(_record(env, t, action, info, float(reward), source))
         levels.append(info["levels"])

@@ -30,7 +30,7 @@ def gpu_check() -> ModuleType:
 def test_the_plan_fits_in_a_ten_minute_call(gpu_check: ModuleType) -> None:
     assert [p.name for p in gpu_check.PLAN] == NAMES
     # Each part is killed at its own limit; 30 s are left of 600 for installing and copying back.
-    # The limits are the H200 runs' seconds (docs/benchmarks.md) with room: device 17-18 s,
+    # The limits are the H200 runs' seconds (docs/benchmark-log.md) with room: device 17-18 s,
     # measure 70-87 s, adapt 70-99 s, DeepSpeed 49-53 s, HF 31-32 s; the real-size part gets the rest.
     assert [p.limit_s for p in gpu_check.PLAN] == [25, 240, 95, 110, 60, 40]
     assert sum(p.limit_s for p in gpu_check.PLAN) == 570

@@ -97,7 +97,7 @@ def test_the_verdict_takes_medians_and_minimums_per_condition(picks: ModuleType)
     assert v["loaded"]["targets_met"] == {"study_median": False, "study_min": False, "tune_median": False}
 
 
-def test_the_markdown_table_names_the_machine_and_each_ratio(picks: ModuleType) -> None:
+def _one_row_result(picks: ModuleType) -> dict[str, object]:
     pick = {"describe": "micro x acc x ranks 8x2x1 | fp32 | ckpt none | ZeRO 0"}
     row = {
         "model": "hf-gpt2",
@@ -108,7 +108,7 @@ def test_the_markdown_table_names_the_machine_and_each_ratio(picks: ModuleType) 
         "retimed": {"decided": False},
         "ratios": {"study": 1.0, "tune": 0.876},
     }
-    result = {
+    return {
         "date": "2026-11-26T15:00:00+00:00",
         "command": "python benchmarks/picks.py --quick",
         "machine": {"cpu": "Xeon", "capability": "AVX512", "cores": 2, "torch": "2.13.0", "threads": 1},
@@ -116,7 +116,10 @@ def test_the_markdown_table_names_the_machine_and_each_ratio(picks: ModuleType) 
         "rows": [row],
         "verdict": picks.verdict([row]),
     }
-    text = picks.markdown(result)
+
+
+def test_the_markdown_table_names_the_machine_and_each_ratio(picks: ModuleType) -> None:
+    text = picks.markdown(_one_row_result(picks))
     assert "CPU Xeon (capability AVX512), 2 cores, torch 2.13.0, threads 1" in text
     cell = "micro x acc x ranks 8x2x1 \\| fp32 \\| ckpt none \\| ZeRO 0"
     assert f"| hf-gpt2 | quiet | {cell} | {cell} | {cell} | 1.00 | 0.88 | no |" in text
@@ -124,6 +127,19 @@ def test_the_markdown_table_names_the_machine_and_each_ratio(picks: ModuleType) 
         "- quiet: study median 1.00, min 1.00; tune median 0.88 over 1 models "
         "(study_median >= 0.95: met, study_min >= 0.90: met, tune_median >= 0.90: MISSED)"
     )
+
+
+def test_the_results_record_is_the_runs_table(picks: ModuleType, tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # where the script finds its shared writer
+    picks.write_record(tmp_path / "picks-avx512.json", _one_row_result(picks))
+    record = json.loads((tmp_path / "picks-avx512.json").read_text())
+    pick = "micro x acc x ranks 8x2x1 | fp32 | ckpt none | ZeRO 0"
+    assert record["rows"] == [["hf-gpt2", "quiet", pick, pick, pick, "1.00", "0.88", "no"]]
+    assert record["columns"] == list(picks.COLUMNS)
+    assert (record["date"], record["command"]) == ("2026-11-26", "python benchmarks/picks.py --quick")
+    assert record["capability"] == "CPU `AVX512`"
+    assert record["machine"] == "Xeon, 2 cores, 1 torch threads; torch 2.13.0"
+    assert record["note"].startswith("quiet: study median 1.00, least 1.00, tune median 0.88. ")
 
 
 def test_the_background_load_is_started_and_stopped(picks: ModuleType) -> None:

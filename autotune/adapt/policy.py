@@ -46,7 +46,7 @@ __all__ = ["PolicySource"]
 
 #: The neighbours tried, and the policy's actions tried, are those the plan's simulator rates at
 #: least this fraction of the run's configuration: below it, tried neighbours measured worse and
-#: raised the run's peak (docs/benchmarks.md, "Why the run starts at the simulator's plan").
+#: raised the run's peak (docs/benchmark-log.md, "Why the run starts at the simulator's plan").
 _NEIGHBOUR_WITHIN = 0.9
 
 
@@ -152,7 +152,7 @@ class PolicySource(DecisionSource):
         The profile holds copies of the model (one per timed configuration, with their optimizer
         state) and runs the default configuration among them: so on a GPU it is off unless asked
         for (``PolicySource(plan=True)``), and ``plan=False`` turns it off everywhere. Why it is
-        on by default on the CPU: docs/benchmarks.md, "Why the run starts at the simulator's plan".
+        on by default on the CPU: docs/benchmark-log.md, "Why the run starts at the simulator's plan".
 
         Args:
             context: What the source knows of the run.

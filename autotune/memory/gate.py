@@ -150,7 +150,7 @@ class BudgetGate:
     (:meth:`trusts`), an adaptive run measures each configuration's first step instead of
     trusting it, and a config measured over the budget is left at once. The headrooms (2% on
     one process, 5% on DeepSpeed ranks) cover the memory model's measured error where it runs
-    (docs/benchmarks.md, "The budget gate's headroom").
+    (docs/benchmark-log.md, "The budget gate's headroom").
 
     Args:
         workload: The workload whose configurations it judges.
@@ -191,7 +191,7 @@ class BudgetGate:
         # Per kind of configuration (:func:`kinds_of`), the highest measured/predicted ratio of the
         # real steps on this device, where above 1 by more than the headroom. The profile and its
         # check run on the host, and a GPU kernel can save more than its CPU counterpart (up to
-        # ~20% more on the H100 run: docs/benchmarks.md). Predictions of that kind are scaled by
+        # ~20% more on the H100 run: docs/benchmark-log.md). Predictions of that kind are scaled by
         # it from then on, and no longer trusted without a measured first step.
         self.device_error: dict[str, float] = {}
         self.failed: dict[TrainConfig, str] = {}  # real steps that failed -> why (never admitted)
@@ -416,7 +416,7 @@ class BudgetGate:
         only once a step of each of its kinds was measured on the device (the checks ran on the
         host).
         "Verified" alone allows 5% (:data:`autotune.memory.check.TOLERANCE`), more than the
-        headroom covers, and the error can grow with the micro-batch (docs/benchmarks.md, "The
+        headroom covers, and the error can grow with the micro-batch (docs/benchmark-log.md, "The
         budget gate's headroom"). The check is the one covering ``config``'s kind
         (:func:`autotune.memory.check.covering`): a recomputed configuration's is the recompute
         check's.

@@ -92,7 +92,7 @@ def finalists(records: tuple[TrialRecord, ...], objective: ObjectiveName = DEFAU
       take the place of the trial that beat it on the same machine moments later;
     * a trial that lost a duel too close to call stays eligible, ranked behind its winner: the two
       were within each other's noise, and the final re-timing, with more rounds, is the fair look
-      (docs/benchmarks.md, shared-encoder: such a loser was the best first measurement).
+      (docs/benchmark-log.md, shared-encoder: such a loser was the best first measurement).
     """
     ok = {
         r.number: r

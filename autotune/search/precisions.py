@@ -16,7 +16,7 @@ micro-batch, one rank), in its measuring child:
   saying so, unless its step takes :data:`BUSY_MARGIN` times the threshold or more.
 
 The ratios measured on the corpus, quiet and beside another process, are on the benchmarks page
-(docs/benchmarks.md).
+(docs/benchmark-log.md).
 
 The verdict is stored with the study (user attribute :data:`PRECISIONS_ATTR`): a resumed study and
 its workers search the space it started with, whatever the machine's load when they start. A

@@ -5,7 +5,7 @@ its first ``n_startup_trials`` (10) at random and counts the baselines and the p
 among them, so a 12-trial study is three fixed points, seven random ones and two of TPE: a random
 point rarely lands next to the best one, and the best configuration's neighbour (the same
 precision and recompute at the next micro-batch, say) goes unmeasured although it is better (the
-picks benchmark on lstm-lm, docs/benchmarks.md). TPE may also propose a configuration it has
+picks benchmark on lstm-lm, docs/benchmark-log.md). TPE may also propose a configuration it has
 measured, and that trial teaches the study nothing.
 
 So the study ends with a greedy hill-climb: its last :func:`refine_trials` trials, and the trial

@@ -1,0 +1,197 @@
+"""The benchmarks' result records: one JSON file per claim under ``docs/results/``.
+
+A record is what the results page (docs/benchmarks.md) shows of one claim: its table, the machine
+and CPU capability (or GPU) it ran on, the date, the commit and the command. The benchmark scripts
+write one with ``--result PATH`` (:func:`write_result`); ``benchmarks/render_results.py`` renders
+the page and its charts from the records, and a test fails when the page differs from that
+rendering, so the figures and the text cannot drift apart.
+
+Cells are kept as the text the table shows ("0.97", "16x1, ckpt all"): a record transcribed from a
+run's own table keeps its figures exactly as that run printed them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "docs" / "results"
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_COMMIT = re.compile(r"^[0-9a-f]{7,40}(\+dirty)?$")
+_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+class ResultError(ValueError):
+    """A record that breaks a rule of the format (the message names the rule and the value)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Chart:
+    """A bar chart of one record: each group's series relative to its baseline series.
+
+    Attributes:
+        group: the column whose values are the chart's groups (a model).
+        series: the column whose values are the bars within a group (a variant).
+        value: the column of the bars' values (a number, e.g. samples/s per GiB).
+        baseline: the series every bar of a group is divided by (the PyTorch default).
+        shown: the series drawn, in this order (the baseline among them).
+    """
+
+    group: str
+    series: str
+    value: str
+    baseline: str
+    shown: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Result:
+    """One claim of the results page.
+
+    Attributes:
+        name: the file's stem (``docs/results/NAME.json``), lower-case words joined by ``-``.
+        title: the section's heading.
+        claim: what the table shows, in a sentence or two.
+        machine: the hardware: CPU model or GPU, cores, threads, what else ran.
+        capability: ``torch.backends.cpu.get_cpu_capability()`` (and its bf16 units), or the GPU.
+        date: the day it was measured, ``YYYY-MM-DD``.
+        commit: the commit measured (short hash; ``+dirty`` when the tree had changes).
+        command: the command that produced the table, from the repository's root.
+        columns: the table's header.
+        rows: the table's cells, as text, one tuple per row.
+        note: what the table needs said beside it (a missing baseline, a run stopped part way).
+        chart: the chart drawn from the table, if any.
+    """
+
+    name: str
+    title: str
+    claim: str
+    machine: str
+    capability: str
+    date: str
+    commit: str
+    command: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    note: str = ""
+    chart: Chart | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ResultError(f"Result.name must be lower-case words joined by '-', but got {self.name!r}.")
+        if not _DATE.match(self.date):
+            raise ResultError(f"Result.date must be YYYY-MM-DD, but got {self.date!r}.")
+        if not _COMMIT.match(self.commit):
+            raise ResultError(f"Result.commit must be a hexadecimal commit hash, but got {self.commit!r}.")
+        if not self.columns:
+            raise ResultError("Result.columns must name at least one column, but got none.")
+        for i, row in enumerate(self.rows):
+            if len(row) != len(self.columns):
+                raise ResultError(
+                    f"Result.rows[{i}] must have one cell per column ({len(self.columns)}), but got {len(row)}."
+                )
+        if self.chart is not None:
+            missing = [c for c in (self.chart.group, self.chart.series, self.chart.value) if c not in self.columns]
+            if missing:
+                raise ResultError(f"Result.chart must name columns of the table, but got {missing[0]!r}.")
+            if self.chart.baseline not in self.chart.shown:
+                raise ResultError(f"Result.chart.shown must include its baseline, but got {list(self.chart.shown)}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON values (tuples as lists)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Result:
+        """The record of :meth:`to_dict`'s output."""
+        chart = data.get("chart")
+        return cls(
+            **{k: v for k, v in data.items() if k not in ("columns", "rows", "chart")},
+            columns=tuple(data["columns"]),
+            rows=tuple(tuple(row) for row in data["rows"]),
+            chart=None if chart is None else Chart(**{**chart, "shown": tuple(chart["shown"])}),
+        )
+
+
+def current_commit() -> str:
+    """The short hash of the checkout's HEAD, ``+dirty`` when tracked files have changes."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def write_result(
+    path: Path,
+    *,
+    title: str,
+    claim: str,
+    machine: str,
+    capability: str,
+    date: str,
+    command: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    note: str = "",
+    chart: Chart | None = None,
+    commit: str | None = None,
+) -> Result:
+    """Write one record to ``path`` (its stem is the record's name) and return it.
+
+    Args:
+        path: where the JSON goes, e.g. ``docs/results/setup-cost.json``.
+        title, claim, machine, capability, date, command, note, chart: as :class:`Result`'s.
+        columns: the table's header.
+        rows: the table's cells; each is written as ``str(cell)``, so format numbers as the
+            script's own table does before passing them.
+        commit: the commit measured; by default the checkout's (:func:`current_commit`).
+
+    Returns:
+        The record written.
+
+    Raises:
+        ResultError: a field breaks the format (see :class:`Result`).
+    """
+    result = Result(
+        name=path.stem,
+        title=title,
+        claim=claim,
+        machine=machine,
+        capability=capability,
+        date=date,
+        commit=current_commit() if commit is None else commit,
+        command=command,
+        columns=tuple(columns),
+        rows=tuple(tuple(str(cell) for cell in row) for row in rows),
+        note=note,
+        chart=chart,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(result))
+    return result
+
+
+def dumps(result: Result) -> str:
+    """The record's JSON text: two-space indents, one line per row of the table (diffs show rows)."""
+    data = result.to_dict()
+    rows = data.pop("rows")
+    chart = data.pop("chart")
+    head = json.dumps(data, indent=2, ensure_ascii=False)[: -len("\n}")]
+    lines = ",\n".join("    " + json.dumps(row, ensure_ascii=False) for row in rows)
+    return f'{head},\n  "rows": [\n{lines}\n  ],\n  "chart": {json.dumps(chart, ensure_ascii=False)}\n}}\n'
+
+
+def load_results(directory: Path = RESULTS_DIR) -> list[Result]:
+    """Every record in ``directory``, in the order its ``order.json`` lists their names."""
+    order = json.loads((directory / "order.json").read_text())
+    found = {p.stem for p in directory.glob("*.json")} - {"order"}
+    if set(order) != found:
+        raise ResultError(
+            f"{directory}/order.json must list every record once, but got {sorted(order)} for {sorted(found)}."
+        )
+    return [Result.from_dict(json.loads((directory / f"{name}.json").read_text())) for name in order]

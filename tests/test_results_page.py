@@ -1,0 +1,188 @@
+"""The results page (docs/benchmarks.md) and its charts are the rendering of docs/results/*.json, and
+README's results table is the record it cites (benchmarks/results.py, benchmarks/render_results.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.paths import ROOT
+
+
+@pytest.fixture(scope="module")
+def results() -> ModuleType:
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their shared writer by its name
+    import results
+
+    return results
+
+
+@pytest.fixture(scope="module")
+def render(results: ModuleType) -> ModuleType:
+    import render_results
+
+    return render_results
+
+
+def test_the_page_and_its_charts_are_the_rendering_of_the_records(render: ModuleType, results: ModuleType) -> None:
+    files = render.rendered(results.load_results())
+    assert sorted(p.name for p in files) == [
+        "benchmarks.md",
+        "results-adaptive-vs-study.svg",
+        "results-outer-precision.svg",
+    ]
+    for path, text in files.items():
+        assert path.read_text() == text, f"{path.relative_to(ROOT)}: run python benchmarks/render_results.py"
+    assert render.main(["--check"]) == 0
+
+
+def test_each_record_is_written_as_the_writer_writes_it(results: ModuleType) -> None:
+    for path in sorted(results.RESULTS_DIR.glob("*.json")):
+        if path.name == "order.json":
+            continue
+        record = results.Result.from_dict(json.loads(path.read_text()))
+        assert record.name == path.stem
+        assert results.dumps(record) == path.read_text(), path.name
+
+
+def test_write_result_writes_every_cell_as_text_and_reads_back(results: ModuleType, tmp_path: Path) -> None:
+    chart = results.Chart(group="model", series="variant", value="per GiB", baseline="default", shown=("default", "x"))
+    written = results.write_result(
+        tmp_path / "a-claim.json",
+        title="T",
+        claim="C",
+        machine="M",
+        capability="CPU `AVX2`",
+        date="2026-11-29",
+        command="python benchmarks/x.py",
+        columns=("model", "variant", "per GiB"),
+        rows=[("m", "default", 100), ("m", "x", 250.5)],
+        chart=chart,
+        commit="0123abc",
+    )
+    text = (tmp_path / "a-claim.json").read_text()
+    assert '  "rows": [\n    ["m", "default", "100"],\n    ["m", "x", "250.5"]\n  ],\n' in text
+    assert results.Result.from_dict(json.loads(text)) == written
+    assert written.rows == (("m", "default", "100"), ("m", "x", "250.5"))
+
+
+def test_the_chart_is_each_value_over_its_groups_baseline(render: ModuleType, results: ModuleType) -> None:
+    record = {r.name: r for r in results.load_results()}["adaptive-vs-study"]
+    groups = dict(render.bars(record))
+    assert [name for name, _, _ in groups["hf-gpt2"]] == ["default", "adaptive", "study-best"]
+    assert [(figure, ratio) for _, ratio, figure in groups["hf-gpt2"]] == [
+        ("1041", 1.0),
+        ("10161", 10161 / 1041),
+        ("9641", 9641 / 1041),
+    ]
+    assert "10161 (9.76x)" in render.svg(record)
+
+
+def _record(results: ModuleType, **changes: object) -> object:
+    fields = dict(
+        name="a-claim", title="T", claim="C", machine="M", capability="CPU", date="2026-11-29", commit="0123abc",
+        command="c", columns=("model", "value"), rows=(("m", "1"),),
+    )  # fmt: skip
+    return results.Result(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"name": "A claim"}, "Result.name must be lower-case words joined by '-', but got 'A claim'."),
+        ({"date": "29/11/2026"}, "Result.date must be YYYY-MM-DD, but got '29/11/2026'."),
+        ({"commit": "HEAD"}, "Result.commit must be a hexadecimal commit hash, but got 'HEAD'."),
+        ({"columns": ()}, "Result.columns must name at least one column, but got none."),
+        ({"rows": (("m",),)}, "Result.rows[0] must have one cell per column (2), but got 1."),
+    ],
+)
+def test_a_record_breaking_a_rule_says_which(results: ModuleType, changes: dict[str, object], message: str) -> None:
+    with pytest.raises(results.ResultError, match=f"^{re.escape(message)}$"):
+        _record(results, **changes)
+
+
+def test_a_chart_names_columns_of_its_table_and_shows_its_baseline(results: ModuleType) -> None:
+    chart = results.Chart(group="model", series="variant", value="value", baseline="default", shown=("default",))
+    with pytest.raises(
+        results.ResultError, match=re.escape("Result.chart must name columns of the table, but got 'variant'.")
+    ):
+        _record(results, chart=chart)
+    chart = results.Chart(group="model", series="model", value="value", baseline="default", shown=("x",))
+    with pytest.raises(
+        results.ResultError, match=re.escape("Result.chart.shown must include its baseline, but got ['x'].")
+    ):
+        _record(results, chart=chart)
+
+
+def test_every_record_is_listed_once_in_the_order(results: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text(results.dumps(_record(results, name="a")))
+    (tmp_path / "order.json").write_text("[]")
+    with pytest.raises(results.ResultError, match=r"order.json must list every record once, but got \[\] for \['a'\]"):
+        results.load_results(tmp_path)
+
+
+def _readme_results_table() -> list[list[str]]:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Results") :]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_the_readme_results_table_is_the_adaptive_record(results: ModuleType) -> None:
+    record = {r.name: r for r in results.load_results()}["adaptive-vs-study"]
+    value = record.columns.index("settled samples/s per GiB")
+    per_gib = {(row[0], row[1]): row[value] for row in record.rows}
+    rows = _readme_results_table()
+    assert [row[0].split()[0] for row in rows] == ["hf-gpt2", "hf-vit", "lstm-lm"]
+    for model_cell, default, adaptive, study, ratio in rows:
+        model = model_cell.split()[0]
+        assert (default, adaptive, study) == tuple(per_gib[(model, v)] for v in ("default", "adaptive", "study-best"))
+        shown = ratio.removesuffix("x")
+        digits = len(shown.partition(".")[2])  # the ratio as README rounds it
+        assert round(int(adaptive) / int(default), digits) == float(shown), model
+    readme = (ROOT / "README.md").read_text()
+    assert record.command in readme  # the command README gives for its table is the record's
+
+
+def _script(name: str) -> ModuleType:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_setup_cost_writes_the_sizes_that_ran(results: ModuleType, tmp_path: Path) -> None:
+    machine = {"date": "2026-11-29", "cpu": "x86_64", "capability": "AVX2", "cores": 2, "device": "cpu"}
+    rows = [
+        {"size": "10m", "ok": True, "seconds": 13.7, "peak_rss_bytes": 504_658_329, "parameters": 10_347_840},
+        {"size": "100m", "ok": False, "error": "timed out after 1200 s", "parameters": 124_439_808},
+    ]
+    _script("setup_cost").write_record(tmp_path / "setup-cost.json", machine, rows, "python benchmarks/setup_cost.py")
+    record = results.Result.from_dict(json.loads((tmp_path / "setup-cost.json").read_text()))
+    assert record.rows == (("10m (6 x 320)", "10,347,840", "13.7", "0.47"),)
+    assert (record.machine, record.capability) == ("x86_64, 2 cores; the study's device: CPU", "CPU `AVX2`")
+
+
+def test_outer_precision_writes_its_first_table_with_the_recipe_charted(results: ModuleType, tmp_path: Path) -> None:
+    machine = {"date": "2026-11-29", "capability": "AVX512", "threads": 2, "cores": 2}
+    configs = [
+        ("fp32 (PyTorch default)", 30.75, 532_466_483, 61.99),
+        ("blocks bf16 recomputed, outer bf16", 17.23, None, None),
+    ]
+    rows = [{"config": c, "samples/s": s, "spread": 0.025, "peak_bytes": b, "per GiB": g} for c, s, b, g in configs]
+    script = _script("outer_precision")
+    script.write_record(tmp_path / "outer.json", machine, [{"model": "hf-gpt2", "rows": rows}], "python x.py")
+    record = results.Result.from_dict(json.loads((tmp_path / "outer.json").read_text()))
+    assert record.rows == (
+        ("hf-gpt2", "fp32 (PyTorch default)", "30.75 (2.5%)", "507.8", "61.99"),
+        ("hf-gpt2", "blocks bf16 recomputed, outer bf16", "17.23 (2.5%)", "-", "None"),
+    )
+    assert record.chart is not None and record.chart.baseline == "fp32 (PyTorch default)"
