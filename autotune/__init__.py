@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from autotune.memory.predict import predict_memory
     from autotune.procs.measure import measure
     from autotune.resolve import load_workload
+    from autotune.units import MemoryBudget
     from autotune.workload import Workload
 
 __version__ = "0.1.0"
@@ -31,6 +32,7 @@ __all__ = [
     "Knobs",
     "Measurement",
     "MemoryBreakdown",
+    "MemoryBudget",
     "MemoryEstimate",
     "NoiseEstimate",
     "RankResult",
@@ -57,6 +59,7 @@ _LAZY = {
     "measure": "autotune.procs.measure",
     "MemoryEstimate": "autotune.memory.model",
     "predict_memory": "autotune.memory.predict",
+    "MemoryBudget": "autotune.units",
 }
 
 

@@ -77,6 +77,11 @@ class TrainingError(AutotuneError):
     The original exception is chained (``__cause__``). Out-of-memory and divergence are not
     errors: :func:`autotune.measure` reports them in the returned ``Measurement`` (its
     ``status``), so a search can go on past them.
+
+    Example:
+        >>> from autotune import AutotuneError, TrainingError
+        >>> issubclass(TrainingError, AutotuneError)  # one except clause catches every autotune error
+        True
     """
 
 
@@ -86,6 +91,14 @@ class UnsupportedError(AutotuneError):
     The configuration passes :class:`~autotune.TrainConfig`'s checks, but this build, machine or
     entry point cannot run it (a DeepSpeed configuration handed to a one-process measurement, a
     knob a model cannot take); the message says what would run it.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> from autotune.train.deepspeed_config import engine_precision
+        >>> engine_precision(TrainConfig(precision="fp16", zero_stage=1), num_blocks=4, device_type="cpu")
+        Traceback (most recent call last):
+        ...
+        autotune.errors.UnsupportedError: TrainConfig.precision fp16 cannot run on a CPU DeepSpeed engine ...
     """
 
 

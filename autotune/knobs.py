@@ -196,7 +196,14 @@ ZERO_STAGES = 4
 
 @dataclass(frozen=True, kw_only=True)
 class KnobLevels:
-    """Indices into the level tables, plus the ZeRO stage."""
+    """Indices into the level tables, plus the ZeRO stage.
+
+    Example:
+        >>> from autotune.envs import KnobLevels
+        >>> levels = KnobLevels(accum=1, micro=3)
+        >>> levels.micro_batch_size, levels.accum_steps, levels.effective_batch_size
+        (8, 2, 16)
+    """
 
     accum: int = 0
     micro: int = 5
@@ -218,14 +225,17 @@ class KnobLevels:
 
     @property
     def accum_steps(self) -> int:
+        """Gradient accumulation steps at this level."""
         return ACCUM_LEVELS[self.accum]
 
     @property
     def micro_batch_size(self) -> int:
+        """Samples per micro-batch at this level."""
         return MICRO_LEVELS[self.micro]
 
     @property
     def effective_batch_size(self) -> int:
+        """Micro-batch x accumulation: the samples of one optimizer step (on one rank)."""
         return self.accum_steps * self.micro_batch_size
 
     @classmethod
@@ -308,7 +318,14 @@ def knobs_to_config(
     ranks: int = 1,
     base: TrainConfig | None = None,
 ) -> TrainConfig:
-    """The TrainConfig for ``levels`` on a model whose blocks rank as ``ranking`` (hungriest first)."""
+    """The TrainConfig for ``levels`` on a model whose blocks rank as ``ranking`` (hungriest first).
+
+    Example:
+        >>> from autotune.envs import KnobLevels, knobs_to_config
+        >>> config = knobs_to_config(KnobLevels(accum=1, micro=3, checkpoint=2), ranking=(2, 0, 1, 3))
+        >>> config.micro_batch_size, config.grad_accum_steps, config.checkpoint  # the 2 hungriest of 4 blocks
+        (8, 2, (True, False, True, False))
+    """
     return levels.knobs(len(ranking), reduced=reduced, ranks=ranks).to_config(ranking, base=base)
 
 
@@ -384,6 +401,13 @@ def apply_action(
     Precision and checkpoint are deltas clipped at the ends of their tables; the last entry is the
     ZeRO stage, mapped to ``min(stage, max_zero_stage)`` (0 when there is one rank or no ZeRO
     runner). Every action is valid: no masking in the action space.
+
+    Example:
+        >>> from autotune.envs import KnobLevels, apply_action
+        >>> levels = KnobLevels(accum=1, micro=3)  # 8 x 2
+        >>> after = apply_action(levels, (2, 1, 1, 1, 0), max_zero_stage=0)  # more, smaller micro-batches
+        >>> after.micro_batch_size, after.accum_steps, after.effective_batch_size
+        (4, 4, 16)
     """
     a_split, a_batch, a_prec, a_ckpt, a_zero = (int(x) for x in action)
 

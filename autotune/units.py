@@ -58,6 +58,18 @@ class MemoryBudget:
     it as a callable, called only for a fraction): ``autotune tune`` measures it on the running
     loop; ``measure``, ``predict`` and ``study`` predict it with the memory model
     (:func:`autotune.memory.predict.budget_bytes`).
+
+    Attributes:
+        bytes: Peak tensor bytes allowed (per rank on ranks), or None.
+        fraction: The fraction of the default configuration's peak allowed (``0.75`` is ``"75%"``), or None.
+
+    Example:
+        >>> from autotune import MemoryBudget
+        >>> budget = MemoryBudget.parse("75%")
+        >>> budget, str(budget)
+        (MemoryBudget(bytes=None, fraction=0.75), '75%')
+        >>> budget.resolve(lambda: 4 * 2**30)  # 75% of a 4 GiB default peak, in bytes
+        3221225472
     """
 
     bytes: int | None = None

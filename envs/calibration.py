@@ -70,7 +70,14 @@ INFEASIBLE_PEAK = 2**62
 
 @dataclass(frozen=True, kw_only=True)
 class BlockCost:
-    """One block: activation bytes (fixed + per sample) per precision, input bytes, compute share."""
+    """One block: activation bytes (fixed + per sample) per precision, input bytes, compute share.
+
+    Example:
+        >>> from autotune.envs import shipped_profiles
+        >>> block = shipped_profiles()[0].blocks[0]
+        >>> block.fp32_per_sample > 0, 0 < block.time_share <= 1
+        (True, True)
+    """
 
     name: str
     fp32_fixed: float
@@ -83,7 +90,14 @@ class BlockCost:
 
 @dataclass(frozen=True, kw_only=True)
 class WorkloadProfile:
-    """Everything the simulator knows of one workload on one machine."""
+    """Everything the simulator knows of one workload on one machine.
+
+    Example:
+        >>> from autotune.envs import shipped_profiles
+        >>> profile = shipped_profiles()[0]
+        >>> profile.workload, profile.model_state_bytes > profile.parameters_bytes
+        ('gpt-tiny', True)
+    """
 
     version: int
     workload: str
@@ -118,13 +132,16 @@ class WorkloadProfile:
 
     @property
     def model_state_bytes(self) -> int:
+        """Parameters, gradients and optimizer state: the bytes ZeRO partitions."""
         return self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
 
     def to_json(self) -> str:
+        """The profile as JSON text (:func:`save_profile` writes it)."""
         return json.dumps(dataclasses.asdict(self), indent=1)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorkloadProfile:
+        """The profile of :meth:`to_json`'s parsed text."""
         d = dict(data)
         d["blocks"] = tuple(BlockCost(**b) for b in d["blocks"])
         for key in ("curve_samples", "curve_loss", "curve_b_noise"):
@@ -138,11 +155,30 @@ class WorkloadProfile:
 
 
 def save_profile(profile: WorkloadProfile, path: Path) -> None:
+    """Write ``profile`` to ``path`` as JSON (its folders created).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from autotune.envs import load_profile, save_profile, shipped_profiles
+        >>> profile = shipped_profiles()[0]
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     save_profile(profile, Path(tmp) / "profiles" / "mine.json")
+        ...     load_profile(Path(tmp) / "profiles" / "mine.json") == profile
+        True
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(profile.to_json())
 
 
 def load_profile(path: Path) -> WorkloadProfile:
+    """The profile :func:`save_profile` (or ``autotune profile``) wrote to ``path``.
+
+    Example:
+        >>> from autotune.envs import PROFILE_DIR, load_profile
+        >>> load_profile(sorted(PROFILE_DIR.glob("*.json"))[0]).version >= 1
+        True
+    """
     return WorkloadProfile.from_dict(json.loads(path.read_text()))
 
 
@@ -160,7 +196,15 @@ def calibrate(
     """Measure ``workload`` on this machine (tens of seconds for the built-in workloads).
 
     ``timing_rounds``: interleaved steps per timed configuration (their median is used); fewer
-    is faster and noisier (gpt-tiny, 1 thread: 8 rounds took 21 s of a 45 s calibration)."""
+    is faster and noisier (gpt-tiny, 1 thread: 8 rounds took 21 s of a 45 s calibration).
+
+    Example:
+        >>> from autotune import load_workload
+        >>> from autotune.envs import SimulatedEnv, calibrate
+        >>> profile = calibrate(load_workload("mlp-digits"))  # tens of seconds: the model timed on this machine
+        >>> SimulatedEnv(profiles=[profile]).profiles[0].workload
+        'mlp-digits'
+    """
     say = progress or (lambda _: None)
     b0 = workload.batch_size
     b_small = max(1, b0 // 4)

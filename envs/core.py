@@ -56,7 +56,14 @@ RECONFIG_WEIGHT = 1.0
 
 @dataclass(frozen=True, kw_only=True)
 class ModelDescriptor:
-    """What a policy knows of the model, independent of its architecture."""
+    """What a policy knows of the model, independent of its architecture.
+
+    Example:
+        >>> from autotune.envs import ModelDescriptor
+        >>> model = ModelDescriptor.describe(num_parameters=1_000_000, block_bytes=[300.0, 100.0, 100.0, 100.0])
+        >>> model.num_blocks, model.activation_bytes_per_sample, model.top_quarter_share
+        (4, 600.0, 0.5)
+    """
 
     num_parameters: int
     activation_bytes_per_sample: float  # fp32, no checkpointing, whole model
@@ -93,7 +100,14 @@ def model_state_bytes(model: torch.nn.Module) -> int:
 @dataclass(frozen=True, kw_only=True)
 class MachineDescriptor:
     """What a policy knows of the machine: measured, never assumed (on this project's machines bf16
-    was ~20x slower than fp32 on an AVX2 CPU with no bf16 units, and faster on an Ampere GPU)."""
+    was ~20x slower than fp32 on an AVX2 CPU with no bf16 units, and faster on an Ampere GPU).
+
+    Example:
+        >>> from autotune.envs import MachineDescriptor
+        >>> machine = MachineDescriptor(reduced_speed=0.05, budget_ratio=2.0)  # bf16 20x slower: an AVX2 CPU
+        >>> machine.recompute_cost
+        0.0
+    """
 
     reduced_speed: float  # throughput of a reduced-precision step relative to fp32
     budget_ratio: float  # memory budget / model-state bytes (params + grads + optimizer state)
@@ -101,7 +115,15 @@ class MachineDescriptor:
 
 
 class Interval(NamedTuple):
-    """One env step's worth of training under fixed knobs."""
+    """One env step's worth of training under fixed knobs.
+
+    Example:
+        >>> from autotune.envs import Interval
+        >>> done = Interval(batch=32, throughput=640.0, peak_bytes=90_000_000, b_noise=None, loss=0.69,
+        ...                 train_seconds=0.2, reconfig_seconds=0.0)
+        >>> done.batch / done.throughput  # seconds per optimizer step
+        0.05
+    """
 
     batch: int  # effective batch size trained with
     throughput: float  # samples/s
@@ -185,6 +207,12 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Episode End
     Terminated on divergence; truncated by the registration's ``max_episode_steps``.
+
+    ## Example
+        >>> from autotune.envs import SimulatedEnv
+        >>> env = SimulatedEnv(horizon=16)
+        >>> env.action_space, env.observation_space.shape
+        (MultiDiscrete([3 3 3 3 4]), (20,))
     """
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's convention)

@@ -29,6 +29,13 @@ PROFILE_DIR = Path(__file__).parent / "profiles"
 
 
 def shipped_profiles() -> list[WorkloadProfile]:
+    """The profiles shipped in :data:`PROFILE_DIR`, which :class:`SimulatedEnv` trains on by default.
+
+    Example:
+        >>> from autotune.envs import shipped_profiles
+        >>> len(shipped_profiles()) > 0
+        True
+    """
     return [load_profile(p) for p in sorted(PROFILE_DIR.glob("*.json"))]
 
 
@@ -65,6 +72,17 @@ class SimulatedEnv(TuningEnv):
     - ``zero_overhead``: a stage-3 step's extra time relative to a local step beyond bandwidth
       (``costmodel.py``), or None: 2.4 as measured on this CPU, drawn log-uniformly from 0.05
       to 4 each episode when ``randomize``.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> import autotune.envs  # registers autotune/Simulated-v0 and autotune/Training-v0
+        >>> env = gym.make("autotune/Simulated-v0")
+        >>> observation, info = env.reset(seed=0)
+        >>> observation.shape
+        (20,)
+        >>> observation, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        >>> isinstance(reward, float), terminated or truncated
+        (True, False)
     """
 
     def __init__(

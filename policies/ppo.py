@@ -50,13 +50,22 @@ RANK_CHOICES = (1, 1, 2, 4, 8)  # one rank in 2 of 5 episodes: the common case, 
 
 @dataclass(frozen=True)
 class Policy:
-    """A loaded policy: ``act(obs)`` returns the action (deterministic: the distribution's mode)."""
+    """A loaded policy: ``act(obs)`` returns the action (deterministic: the distribution's mode).
+
+    Example:
+        >>> import numpy as np
+        >>> from autotune.policies import load_policy
+        >>> action = load_policy().act(np.zeros(20, dtype=np.float32))
+        >>> action.shape
+        (5,)
+    """
 
     network: Any  # stable_baselines3 ActorCriticPolicy
     metadata: dict[str, Any]
     directory: Path | None = None  # where it was loaded from, for messages
 
     def act(self, observation: np.ndarray) -> np.ndarray:
+        """The action for ``observation`` (one per knob of the action space; the distribution's mode)."""
         action, _ = self.network.predict(observation, deterministic=True)
         return np.asarray(action)
 
@@ -187,7 +196,14 @@ _POLICY_FILES = "a policy directory holds policy.json and policy.safetensors (au
 
 
 def load_policy(directory: Path = PRETRAINED_DIR) -> Policy:
-    """Load a policy directory; anything wrong with it is a one-line :class:`ConfigError`."""
+    """Load a policy directory; anything wrong with it is a one-line :class:`ConfigError`.
+
+    Example:
+        >>> from autotune.policies import PRETRAINED_DIR, load_policy
+        >>> policy = load_policy(PRETRAINED_DIR)  # the shipped policy, the default
+        >>> [int(n) for n in policy.metadata["action_nvec"]]
+        [3, 3, 3, 3, 4]
+    """
     from gymnasium import spaces
     from stable_baselines3.common.policies import ActorCriticPolicy
 

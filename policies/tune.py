@@ -35,7 +35,16 @@ Status = Callable[[str], AbstractContextManager[Any]]
 @dataclass(frozen=True, kw_only=True)
 class Tuned:
     """What :func:`tune` did: the episode (its best steps re-timed) and the knobs the environment
-    ended on, in the study's terms (:class:`~autotune.Knobs`)."""
+    ended on, in the study's terms (:class:`~autotune.Knobs`).
+
+    Example:
+        >>> from autotune import load_workload
+        >>> from autotune.policies import load_policy
+        >>> from autotune.policies.tune import tune
+        >>> tuned = tune(load_workload("mlp-digits"), load_policy(), steps=2, fine_tune_seconds=0, retime=False)
+        >>> type(tuned.final_knobs).__name__, len(tuned.episode.steps)  # the start, then 2 steps
+        ('Knobs', 3)
+    """
 
     episode: Episode
     final_knobs: Knobs
@@ -82,6 +91,14 @@ def tune(
         ConfigError: ``fine_tune_seconds`` not a finite number >= 0, a budget that does not parse,
             an unknown ``objective``, or a policy whose action space is not the environment's,
             before anything trains.
+
+    Example:
+        >>> from autotune import load_workload
+        >>> from autotune.policies import load_policy
+        >>> from autotune.policies.tune import tune
+        >>> tuned = tune(load_workload("mlp-digits"), load_policy(), steps=2, fine_tune_seconds=0, retime=False)
+        >>> len(tuned.episode.steps)  # the start, then 2 steps
+        3
     """
     import torch
     from autotune.envs.training import TrainingEnv

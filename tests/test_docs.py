@@ -121,3 +121,18 @@ def test_the_issue_pattern_finds_the_forms_help_texts_used() -> None:
     found = ISSUE.findall("needs the DeepSpeed runner, #3; see issue 22, Issues 4 and transformers#32215")
     assert found == ["#3", "issue 22", "Issues 4", "#32215"]
     assert ISSUE.findall("--ranks 2 (> 1 needs DeepSpeed); 75% of the peak") == []
+
+
+def test_the_home_page_shows_readmes_five_quick_starts_with_site_links() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("quick_starts", ROOT / "docs" / "hooks" / "quick_starts.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    text = hook.quick_starts((ROOT / "README.md").read_text())
+    assert re.findall(r"^### (Quick start \d)", text, re.M) == [f"Quick start {n}" for n in range(1, 6)]
+    assert "](docs/" not in text and "](own-model.md)" in text
+    assert "## Examples" not in text
+    page = (ROOT / "docs" / "index.md").read_text()
+    assert hook.on_page_markdown(page, page=None).count("### Quick start") == 5

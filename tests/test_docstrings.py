@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import inspect
+import re
 
 import pytest
+
+from tests.paths import ROOT
 
 #: Modules whose docstrings hold runnable examples (Google style ``Example:`` sections).
 MODULES = (
@@ -78,3 +82,97 @@ def test_public_names_document_every_parameter(name: str, obj: object) -> None:
     ]
     missing = [p for p in params if not re.search(rf"^\s+{re.escape(p)}( \([^)]*\))?:", doc, re.MULTILINE)]
     assert not missing, f"{name}'s docstring does not describe {missing}"
+
+
+# ---- The API reference (docs/api.md): the public API, all of it, and nothing else -----------------
+
+#: The modules whose ``__all__`` is the public API: the packages, and the callbacks' modules.
+API_MODULES = (
+    "autotune",
+    "autotune.adapt",
+    "autotune.envs",
+    "autotune.policies",
+    "autotune.policies.tune",
+    "autotune.integrations.hf",
+    "autotune.integrations.lightning",
+)
+API_PAGE = ROOT / "docs" / "api.md"
+DIRECTIVE = re.compile(r"^::: (\S+)$", re.M)
+#: Examples that train for real (seconds to tens of seconds): run with ``pytest -m slow``.
+SLOW_EXAMPLES = {"autotune.envs.calibrate", "autotune.policies.tune.Tuned", "autotune.policies.tune.tune"}
+
+
+def _api() -> tuple[dict[str, object], set[str]]:
+    """Every public name by its dotted path, and the modules that could not load (an extra missing)."""
+    names: dict[str, object] = {}
+    missing: set[str] = set()
+    for module in API_MODULES:
+        try:
+            m = importlib.import_module(module)
+        except ImportError:
+            missing.add(module)
+            continue
+        names |= {f"{module}.{n}": getattr(m, n) for n in m.__all__}
+    return names, missing
+
+
+def _documented() -> tuple[dict[str, object], set[str]]:
+    """Each public class and function under its first public path, and the other paths (aliases)."""
+    first: dict[int, str] = {}
+    aliases: set[str] = set()
+    for name, obj in API.items():
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            if id(obj) in first:
+                aliases.add(name)  # autotune.adapt.Adaptive is autotune.Adaptive
+            else:
+                first[id(obj)] = name
+    return {name: API[name] for name in first.values()}, aliases
+
+
+API, API_MISSING = _api()
+DOCUMENTED, ALIASES = _documented()
+
+
+def test_the_api_page_documents_every_public_name_and_nothing_else() -> None:
+    text = API_PAGE.read_text()
+    directives = set(DIRECTIVE.findall(text))
+    unloaded = {d for d in directives if d.rpartition(".")[0] in API_MISSING}
+    assert directives - unloaded == set(DOCUMENTED), "docs/api.md: one ::: directive per public class and function"
+    mentioned = sorted(set(API) - set(DOCUMENTED))  # constants, and a second path to a documented name
+    assert mentioned == ["autotune.adapt.Adaptive", "autotune.envs.PROFILE_DIR", "autotune.policies.PRETRAINED_DIR"]
+    assert all(f"`{name}`" in text for name in mentioned), "docs/api.md names each public constant and alias"
+
+
+def test_the_api_page_shows_no_internal_of_the_adaptive_run() -> None:
+    text = API_PAGE.read_text()
+    for internal in ("Decider", "Controller", "BudgetGate", "FrontEnd", "SideBySide", "Verdict"):
+        assert not re.search(rf"^::: \S+\.{internal}$", text, re.M), internal
+    assert re.findall(r"^      members: \[(.*)\]$", text, re.M) == ["history, evaluation_peak", "history"]
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_every_public_class_and_function_has_an_example(name: str) -> None:
+    doc = inspect.getdoc(DOCUMENTED[name]) or ""
+    assert re.search(r"^(Example:|## Example)$", doc, re.M), f"{name}'s docstring has no Example section"
+    assert ">>> " in doc, f"{name}'s example is not a doctest"
+
+
+def _doctests(name: str) -> list[doctest.DocTest]:
+    obj = DOCUMENTED[name]
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    found = finder.find(obj, name, module=inspect.getmodule(obj), globs={})
+    return [t for t in found if t.examples]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXAMPLES else n for n in sorted(DOCUMENTED)],
+)
+def test_public_examples_run(name: str) -> None:
+    tests = _doctests(name)
+    assert tests, f"{name} has no doctest"
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in tests:
+        runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples of {name} failed"

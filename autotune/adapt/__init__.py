@@ -16,28 +16,30 @@ from autotune._lazy import lazy_module_attributes
 
 if TYPE_CHECKING:
     from autotune.adapt.adaptive import Adaptive, decision_source
-    from autotune.adapt.controller import Controller, FrontEnd
-    from autotune.adapt.decider import Decider, SideBySide
-    from autotune.adapt.gate import BudgetGate, Verdict
+    from autotune.adapt.controller import Controller as Controller  # internals: by name, not in __all__
+    from autotune.adapt.controller import FrontEnd as FrontEnd
+    from autotune.adapt.decider import Decider as Decider
+    from autotune.adapt.decider import SideBySide as SideBySide
+    from autotune.adapt.gate import BudgetGate as BudgetGate
+    from autotune.adapt.gate import Verdict as Verdict
+    from autotune.adapt.policy import PolicySource
     from autotune.adapt.records import AdaptStep, Change, OverBudgetStep
     from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
 
+# The public API (docs/api.md): what a user of Adaptive, a callback or a decision source of their
+# own meets. The controller, its decider and the budget gate stay importable from here by name (the
+# framework callbacks and the tests use them) but are internals: docs/architecture.md describes them.
 __all__ = [
     "AdaptStep",
     "Adaptive",
-    "BudgetGate",
     "Change",
-    "Controller",
     "DecisionSource",
-    "Decider",
     "FixedConfig",
-    "FrontEnd",
     "Observation",
     "OverBudgetStep",
+    "PolicySource",
     "Proposal",
     "RunContext",
-    "SideBySide",
-    "Verdict",
     "decision_source",
 ]
 
@@ -55,6 +57,7 @@ _LAZY = {
     "OverBudgetStep": "autotune.adapt.records",
     "DecisionSource": "autotune.adapt.sources",
     "FixedConfig": "autotune.adapt.sources",
+    "PolicySource": "autotune.adapt.policy",
     "Observation": "autotune.adapt.sources",
     "Proposal": "autotune.adapt.sources",
     "RunContext": "autotune.adapt.sources",

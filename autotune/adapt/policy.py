@@ -76,6 +76,12 @@ class PolicySource(DecisionSource):
 
     Raises:
         MissingDependencyError: stable-baselines3 or gymnasium is not installed.
+
+    Example:
+        >>> from autotune.adapt import PolicySource
+        >>> source = PolicySource(plan=False)  # the shipped pretrained policy
+        >>> source.name, source.needs_noise
+        ('policy', True)
     """
 
     name = "policy"
@@ -98,6 +104,7 @@ class PolicySource(DecisionSource):
         self._proposed: set[TrainConfig] = set()
 
     def start(self, context: RunContext) -> None:
+        """Measure the machine on a copy of the run's model (bf16 speed, recompute cost) and describe the model."""
         from autotune.envs.core import MachineDescriptor, ModelDescriptor, model_state_bytes
 
         self._context = context
@@ -127,6 +134,7 @@ class PolicySource(DecisionSource):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (a resumed run proposes nothing it proposed before)."""
         from autotune.config import TrainConfig
 
         self._decisions = state["decisions"]
@@ -229,6 +237,7 @@ class PolicySource(DecisionSource):
         )
 
     def propose(self, observation: Observation) -> Proposal | None:
+        """The policy's move from ``observation``, or a close neighbour the simulator rates as good; None to stay."""
 
         assert self._context is not None, "start() first"
         ranking = self._context.ranking

@@ -25,6 +25,16 @@ class AdaptStep:
         config: The configuration it ran under.
         peak_bytes: The exact peak tensor memory of the step (MemTracker) when the step was
             tracked (the first one under a configuration whose prediction is not trusted), else None.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> from autotune.adapt import AdaptStep
+        >>> step = AdaptStep(step=0, loss=0.69, samples=32, seconds=0.5, lr=0.1,
+        ...                   config=TrainConfig(micro_batch_size=32))
+        >>> step.throughput
+        64.0
+        >>> AdaptStep.from_dict(step.to_dict()) == step
+        True
     """
 
     step: int  # 0-based index of this optimizer step
@@ -81,6 +91,17 @@ class Change:
         measured_bytes: A measured peak of ``after``, where one was taken.
         seconds: Wall time of the reconfiguration itself (wrappers, data stream).
         reverted: The run went back from ``after`` because a measured step exceeded the budget.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> from autotune.adapt import Change
+        >>> change = Change(step=10, source="policy", before=TrainConfig(micro_batch_size=32),
+        ...                 after=TrainConfig(micro_batch_size=16, grad_accum_steps=2), applied=True,
+        ...                 reason="half the micro-batch")
+        >>> print(change.describe())
+        step 10: applied micro x acc x ranks 16x2x1 | fp32 | ckpt none | ZeRO 0 (policy: half the micro-batch)
+        >>> Change.from_dict(change.to_dict()) == change
+        True
     """
 
     step: int
@@ -185,6 +206,15 @@ class OverBudgetStep:
         peak_bytes: Its measured peak tensor bytes.
         budget_bytes: The run's budget at the time.
         predicted_bytes: What the memory model said for ``config``, if it could.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> from autotune.adapt import OverBudgetStep
+        >>> over = OverBudgetStep(step=3, config=TrainConfig(micro_batch_size=32), peak_bytes=5_000_000,
+        ...                       budget_bytes=4_000_000, predicted_bytes=3_900_000)
+        >>> print(over.describe())
+        step 3: micro x acc x ranks 32x1x1 | fp32 | ckpt none | ZeRO 0 measured a peak of 5000000 B (predicted
+        3900000 B), over the memory budget of 4000000 B
     """
 
     step: int

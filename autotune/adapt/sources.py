@@ -38,6 +38,28 @@ class RunContext:
         device_type: ``"cpu"`` or ``"cuda"``.
         admits: Whether the run's budget gate would admit a configuration now (a plan can pick
             the best candidate that passes instead of proposing one that is refused).
+
+    Example:
+        A decision source reads it in :meth:`DecisionSource.start`, before the run's first step:
+
+        >>> from autotune.adapt import DecisionSource
+        >>> import torch
+        >>> from torch import nn
+        >>> from autotune import Adaptive
+        >>> def loss_fn(model, batch):
+        ...     x, y = batch
+        ...     return nn.functional.cross_entropy(model(x), y)
+        >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        >>> class Starts(DecisionSource):
+        ...     def start(self, context):
+        ...         print(context.start.micro_batch_size, context.device_type, context.budget_bytes > 0)
+        ...     def propose(self, observation):
+        ...         return None
+        >>> with Adaptive(model, optimizer, loss_fn, data, batch_size=16, policy=Starts()) as run:
+        ...     step = run.step()
+        16 cpu True
     """
 
     workload: Workload
@@ -75,6 +97,16 @@ class Observation:
         b_noise: Gradient noise scale (McCandlish et al. 2018), in samples; None when not
             estimated (only sources with ``needs_noise`` get one).
         losses: The recent steps' losses, oldest first.
+
+    Example:
+        What :meth:`DecisionSource.propose` is given every ``decide_every`` steps:
+
+        >>> from autotune import TrainConfig
+        >>> from autotune.adapt import Observation
+        >>> seen = Observation(step=50, config=TrainConfig(micro_batch_size=32), throughput=640.0,
+        ...                    peak_bytes=90_000_000, b_noise=None, losses=(0.71, 0.69))
+        >>> seen.throughput / (seen.peak_bytes / 2**30)  # samples/s per GiB, the objective
+        7635.49...
     """
 
     step: int  # optimizer steps done
@@ -93,6 +125,14 @@ class Proposal:
         config: The configuration; its effective batch must be the run's (the batch grows only
             through the run's ``adapt_batch`` rule).
         reason: Why, in words: it is in the run's history.
+
+    Example:
+        >>> import dataclasses
+        >>> from autotune import TrainConfig
+        >>> from autotune.adapt import Proposal
+        >>> now = TrainConfig(micro_batch_size=32)
+        >>> Proposal(config=dataclasses.replace(now, checkpoint=True), reason="recompute every block").config.checkpoint
+        True
     """
 
     config: TrainConfig

@@ -111,6 +111,11 @@ class AutotuneCallback(TrainerCallback, ExportableState):
             ``DecisionSource`` object (JSON cannot hold it).
 
     Example:
+        >>> from autotune.integrations.hf import AutotuneCallback
+        >>> callback = AutotuneCallback(memory_budget="90%", decide_every=50)
+        >>> callback.history  # every change considered, once training has begun
+        []
+
         What a user writes (a full Trainer run, so it runs in CI as ``examples/hf_trainer.py``,
         in ``make examples``, not as a doctest)::
 

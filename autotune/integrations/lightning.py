@@ -113,6 +113,11 @@ class AutotuneCallback(Callback):
             optimization ``training_step``).
 
     Example:
+        >>> from autotune.integrations.lightning import AutotuneCallback
+        >>> callback = AutotuneCallback(memory_budget="90%", decide_every=50)
+        >>> callback.history  # every change considered, once training has begun
+        []
+
         What a user writes (a full fit, so it runs in CI as ``examples/lightning_fit.py``, in
         ``make examples``, not as a doctest)::
 

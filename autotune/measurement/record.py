@@ -32,6 +32,13 @@ class MemoryBreakdown:
         temporaries: Tensors created during backward.
         buffers: The model's buffers (batch-norm statistics and the like).
         other: Anything tracked that fits no category.
+
+    Example:
+        >>> from autotune import MemoryBreakdown
+        >>> b = MemoryBreakdown(parameters=400, gradients=400, optimizer_state=800, activations=1000,
+        ...                     temporaries=24, buffers=0, other=0)
+        >>> b.total, b.model_states
+        (2624, 1600)
     """
 
     parameters: int
@@ -68,6 +75,15 @@ class RankResult:
             partitions.
         device_peak_bytes: ``torch.cuda.max_memory_allocated`` on CUDA, else None.
         allocator: This rank's caching allocator peaks on CUDA, else None.
+
+    Example:
+        >>> from autotune import MemoryBreakdown, RankResult
+        >>> memory = MemoryBreakdown(parameters=400, gradients=400, optimizer_state=800, activations=1000,
+        ...                          temporaries=24, buffers=0, other=0)
+        >>> rank = RankResult(rank=1, throughput=52.0, step_seconds=0.31, memory=memory, category_peaks=memory,
+        ...                   resident=None, device_peak_bytes=None)
+        >>> rank.peak_bytes
+        2624
     """
 
     rank: int
@@ -141,6 +157,15 @@ class Measurement:
             the highest reserved peak): ``reserved_peak`` is what a device budget is checked
             against (with :data:`~autotune.measurement.cuda_memory.RESERVED_HEADROOM`),
             ``alloc_retries`` how often the allocator had to free its cache to go on. None off CUDA.
+
+    Example:
+        >>> import json
+        >>> from autotune import Measurement, TrainConfig, load_workload, measure
+        >>> m = measure(load_workload("mlp-digits"), TrainConfig(micro_batch_size=8), steps=1, warmup=1)
+        >>> m.ok, m.peak_bytes == m.memory.total, m.throughput_per_gib > 0
+        (True, True, True)
+        >>> Measurement.from_dict(json.loads(m.to_json())) == m
+        True
     """
 
     workload: str

@@ -89,6 +89,14 @@ class MemoryEstimate(MemoryBreakdown):
             :meth:`with_reserved_ratio`; None before a real step.
         worst_case: The batch the profile behind it ran at, e.g. ``"worst case: scanned 8
             batches (the whole epoch), longest at batch 6"`` (:mod:`autotune.worst_case`).
+
+    Example:
+        >>> from autotune import TrainConfig, load_workload, predict_memory
+        >>> estimate = predict_memory(load_workload("mlp-digits"), TrainConfig(micro_batch_size=32))
+        >>> estimate.total == estimate.breakdown().total, estimate.fits(estimate.total)
+        (True, True)
+        >>> estimate.to_dict()["parameters"]
+        2192424
     """
 
     phase: Phase
@@ -127,12 +135,15 @@ class MemoryEstimate(MemoryBreakdown):
         return dataclasses.replace(self, reserved_ratio=ratio)
 
     def fits(self, budget: int) -> bool:
+        """Whether the predicted peak (:attr:`total`) is within ``budget`` bytes."""
         return self.total <= budget
 
     def breakdown(self) -> MemoryBreakdown:
+        """The prediction in :class:`~autotune.MemoryBreakdown`'s categories, as a measurement reports them."""
         return MemoryBreakdown(**{f: getattr(self, f) for f in _CATEGORIES})
 
     def to_dict(self) -> dict[str, Any]:
+        """Every figure as plain JSON values, with the verification that covers it."""
         values = {f: getattr(self, f) for f in (*_CATEGORIES, "phase", "ranks")}
         verification = None if self.verification is None else self.verification.to_dict()
         return values | {
@@ -146,6 +157,7 @@ class MemoryEstimate(MemoryBreakdown):
         }
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as indented JSON text."""
         return json.dumps(self.to_dict(), indent=2)
 
 

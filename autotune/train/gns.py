@@ -48,6 +48,12 @@ class NoiseEstimate:
         sigma2: The variance of the micro-batch gradients around their mean (the seed
             method's sigma^2), smoothed as the others.
         steps: Optimizer steps that contributed an estimate (those with two micro-batches or more).
+
+    Example:
+        >>> from autotune import NoiseEstimate
+        >>> noise = NoiseEstimate(b_simple=None, trace_sigma=None, grad_sq_norm=None, sigma2=None, steps=0)
+        >>> noise.b_simple is None  # no step had two micro-batches: Measurement.noise of a batch in one step
+        True
     """
 
     b_simple: float | None
