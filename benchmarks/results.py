@@ -105,7 +105,8 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON values (tuples as lists)."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        data: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self)))
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Result:

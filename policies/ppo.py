@@ -52,6 +52,11 @@ RANK_CHOICES = (1, 1, 2, 4, 8)  # one rank in 2 of 5 episodes: the common case, 
 class Policy:
     """A loaded policy: ``act(obs)`` returns the action (deterministic: the distribution's mode).
 
+    Attributes:
+        network: The stable-baselines3 ``ActorCriticPolicy`` that acts.
+        metadata: ``policy.json``: the action space (``action_nvec``), the network's layers, how it was trained.
+        directory: Where it was loaded from (for messages), or None.
+
     Example:
         >>> import numpy as np
         >>> from autotune.policies import load_policy
@@ -197,6 +202,16 @@ _POLICY_FILES = "a policy directory holds policy.json and policy.safetensors (au
 
 def load_policy(directory: Path = PRETRAINED_DIR) -> Policy:
     """Load a policy directory; anything wrong with it is a one-line :class:`ConfigError`.
+
+    Args:
+        directory: A folder with ``policy.json`` and ``policy.safetensors`` (``autotune train-policy
+            --out`` writes one); by default the shipped policy's.
+
+    Returns:
+        The policy, ready to act.
+
+    Raises:
+        ConfigError: the folder or a file is missing, unreadable, or not a policy of this version.
 
     Example:
         >>> from autotune.policies import PRETRAINED_DIR, load_policy

@@ -34,8 +34,13 @@ Status = Callable[[str], AbstractContextManager[Any]]
 
 @dataclass(frozen=True, kw_only=True)
 class Tuned:
-    """What :func:`tune` did: the episode (its best steps re-timed) and the knobs the environment
-    ended on, in the study's terms (:class:`~autotune.Knobs`).
+    """What :func:`tune` did: the episode and the knobs the environment ended on.
+
+    The knobs are in the study's terms (:class:`~autotune.Knobs`).
+
+    Attributes:
+        episode: Every step of the episode (the start first), its best steps re-timed side by side.
+        final_knobs: The knobs the environment ended on.
 
     Example:
         >>> from autotune import load_workload
@@ -70,9 +75,15 @@ def tune(
     """Run ``policy`` for one episode of ``steps`` on ``workload``'s real training loop.
 
     Args:
+        workload: The model, data and loss to tune, trained for real.
+        policy: The policy that acts (:func:`~autotune.policies.load_policy`; the shipped one by default).
         memory_budget: Peak allowed (:meth:`MemoryBudget.parse`; a fraction is of the default
             configuration's peak measured on the running loop).
         steps: Environment steps; each trains ``steps_per_action`` real optimizer steps.
+        steps_per_action: Real optimizer steps per environment step.
+        ranks: Data-parallel ranks (DeepSpeed; the ZeRO stage becomes a knob when > 1).
+        adapt_batch: Let the policy grow the effective batch (goodput per GiB), never below the user's.
+        seed: Seeds the environment and the fine-tuning.
         fine_tune_seconds: Profile the model and fine-tune the policy on its calibrated simulator
             this long first (0: the policy as is).
         refine: The last quarter of the steps, and every step after the policy first proposes to

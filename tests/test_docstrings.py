@@ -41,14 +41,18 @@ def test_docstring_examples_run(name: str) -> None:
     assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples of {name} failed"
 
 
-#: The public API the docs site's reference renders (docs/api.md): ``autotune.__all__``,
-#: ``autotune.adapt.__all__`` and the two callbacks.
+#: The public API whose every parameter is described: ``autotune.__all__``, ``autotune.adapt.__all__``,
+#: the policies' and the two callbacks. Not ``autotune.envs`` yet: ``SimulatedEnv`` documents its
+#: arguments Gymnasium's way (an ``## Arguments`` section), and its records' fields are undocumented.
 def _public() -> list[tuple[str, object]]:
     import autotune
     import autotune.adapt
 
     names = [(f"autotune.{n}", getattr(autotune, n)) for n in autotune.__all__]
     names += [(f"autotune.adapt.{n}", getattr(autotune.adapt, n)) for n in autotune.adapt.__all__]
+    for module in ("autotune.policies", "autotune.policies.tune"):
+        m = importlib.import_module(module)
+        names += [(f"{module}.{n}", getattr(m, n)) for n in m.__all__ if callable(getattr(m, n))]
     for module in ("autotune.integrations.hf", "autotune.integrations.lightning"):
         try:
             callback = importlib.import_module(module).AutotuneCallback
