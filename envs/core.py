@@ -327,11 +327,16 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         return self._machine
 
     @property
+    def num_blocks(self) -> int:
+        """The blocks of this episode's model, which the precision and recompute levels divide."""
+        assert self._model is not None, "call reset() first"
+        return self._model.num_blocks
+
+    @property
     def knobs(self) -> Knobs:
         """The current configuration in the encoding the Optuna study shares (:mod:`autotune.knobs`):
         ``SearchSpace.params(env.knobs)`` enqueues it in a study."""
-        assert self._model is not None, "call reset() first"
-        return self.levels.knobs(self._model.num_blocks, ranks=self.ranks)
+        return self.levels.knobs(self.num_blocks, ranks=self.ranks)
 
     def score(self, r: Interval) -> float:
         """log(throughput per GiB of peak) at the user's batch; log(goodput per GiB) with
