@@ -39,6 +39,7 @@ from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarnin
 from autotune.knobs import smallest_micro_batch
 from autotune.measurement.cuda_memory import reserved_with_headroom
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
+from autotune.memory.gate import admission
 from autotune.memory.start import first_within, start_candidates
 from autotune.settings import TUNING
 
@@ -264,9 +265,7 @@ class Controller:
         split = "" if self.frontend.splits_now else f" at the loop's split {batch} x {default.grad_accum_steps}"
         if floor > 1 and self.frontend.splits_now:
             split = f" with micro-batches of at least {floor} ({self.decider.micro_why})"
-        fitting = [
-            v for v in tried if v.predicted is not None and v.predicted * (1 + self.gate.headroom) <= self.gate.budget
-        ]
+        fitting = [v for v in tried if v.predicted is not None and self._would_fit(v.predicted)]
         if fitting:  # small enough, but predicted by a memory model that was not verified for it
             raise ConfigError(
                 f"no fp32 configuration of batch {default.effective_batch_size}{split} is known to fit memory_budget "
@@ -533,6 +532,12 @@ class Controller:
             assert made is not None, "a resumed configuration is within the loop's split"
             self.config = target
         return target
+
+    def _would_fit(self, predicted: int) -> bool:
+        """Whether the gate would admit ``predicted`` bytes were the prediction verified."""
+        return admission(
+            budget=self.gate.budget, headroom=self.gate.headroom, predicted=predicted, verified=True
+        ).admitted
 
     def _admits(self, config: TrainConfig, verdict: Verdict) -> bool:
         """Whether a run may start (or resume) at ``config``: the gate admits it, or it is the
