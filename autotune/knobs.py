@@ -62,7 +62,10 @@ __all__ = [
     "check_min_micro_batch",
     "knobs_to_config",
     "level_blocks",
+    "level_counts",
+    "levels_near",
     "levels_of",
+    "neighbours",
     "smallest_micro_batch",
 ]
 
@@ -188,6 +191,63 @@ class Knobs:
         return text
 
 
+def neighbours(
+    knobs: Knobs,
+    *,
+    micro_batches: Sequence[int],
+    block_counts: Sequence[int],
+    zero_stages: Sequence[int] = (),
+    low_precision: bool = True,
+    outer: bool = True,
+) -> list[Knobs]:
+    """The points one knob one step away from ``knobs``, each knob stepping to the next value of
+    its own table: THE neighbourhood every searcher moves through (the study's refinement, the
+    climb that ends a ``tune`` episode).
+
+    Moves that usually raise throughput come first: a larger micro-batch (more work per kernel
+    launch and optimizer step), one recomputed count fewer, one low-precision count more, the outer
+    parts in low precision, one ZeRO stage lower; then the reverses, which lower the peak. The
+    effective batch and the ranks stay. A knob whose value is not in its table does not move.
+
+    Args:
+        knobs: Where to move from.
+        micro_batches: The micro-batches ``knobs.batch_size`` may split into, ascending (the
+            study's space: every divisor the data feeds; the environments': their power-of-two
+            tables).
+        block_counts: The counts of low-precision and of recomputed blocks, ascending (the
+            study's every count from 0 to the blocks; the environments' quarters,
+            :func:`level_counts`).
+        zero_stages: The ZeRO stages, ascending (empty: the stage does not move, as on one rank).
+        low_precision: Whether blocks may move into or out of low precision.
+        outer: Whether the outer parts may move into or out of low precision.
+
+    Returns:
+        The neighbours, in that order, each once.
+
+    Example:
+        >>> here = Knobs(batch_size=8, micro_batch_size=2, checkpoint_blocks=1)
+        >>> [k.describe() for k in neighbours(here, micro_batches=(1, 2, 4, 8), block_counts=(0, 1, 2), outer=False)]
+        ['4x2 ckpt:1', '2x4', '2x4 bf16:1 ckpt:1', '1x8 ckpt:1', '2x4 ckpt:2']
+    """
+    up: list[dict[str, object]] = []  # moves that usually raise throughput
+    down: list[dict[str, object]] = []  # their reverses, which lower the peak
+    for name, table, forward in (
+        ("micro_batch_size", micro_batches, 1),
+        ("checkpoint_blocks", block_counts, -1),
+        ("low_precision_blocks", block_counts if low_precision else (), 1),
+        ("outer_low_precision", (False, True) if outer and low_precision else (), 1),
+        ("zero_stage", zero_stages, -1),
+    ):
+        value = getattr(knobs, name)
+        if value not in table:
+            continue
+        i = list(table).index(value)
+        for moves, j in ((up, i + forward), (down, i - forward)):
+            if 0 <= j < len(table):
+                moves.append({name: table[j]})
+    return [dataclasses.replace(knobs, **change) for change in up + down]  # type: ignore[arg-type]
+
+
 ACCUM_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 MICRO_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 FRACTION_LEVELS = 5  # 0, 1/4, 1/2, 3/4, all of the blocks
@@ -308,6 +368,31 @@ def blocks_at_level(level: int, ranking: tuple[int, ...]) -> frozenset[int]:
 def level_blocks(level: int, num_blocks: int) -> int:
     """How many blocks level ``level`` covers: ``round(level/4 * L)``."""
     return round(level / (FRACTION_LEVELS - 1) * num_blocks)
+
+
+def level_counts(num_blocks: int) -> tuple[int, ...]:
+    """The block counts the fraction levels reach on ``num_blocks`` blocks, ascending, each once
+    (:func:`level_blocks`; on fewer than four blocks two levels may cover the same count)."""
+    return tuple(dict.fromkeys(level_blocks(level, num_blocks) for level in range(FRACTION_LEVELS)))
+
+
+def levels_near(knobs: Knobs, near: KnobLevels, num_blocks: int) -> KnobLevels:
+    """``knobs`` (one rank's split in the tables, counts that :func:`level_counts` reaches) as knob
+    levels on a model of ``num_blocks`` blocks: where two levels cover the same count, the one
+    nearest ``near``'s; on one rank the ZeRO stage is ``near``'s (Knobs keep 0 there)."""
+
+    def level(count: int, here: int) -> int:
+        matches = [lv for lv in range(FRACTION_LEVELS) if level_blocks(lv, num_blocks) == count]
+        assert matches, f"{count} blocks is no level's on {num_blocks} blocks"
+        return min(matches, key=lambda lv: abs(lv - here))
+
+    return KnobLevels(
+        accum=ACCUM_LEVELS.index(knobs.grad_accum_steps),
+        micro=MICRO_LEVELS.index(knobs.micro_batch_size),
+        precision=level(knobs.low_precision_blocks, near.precision),
+        checkpoint=level(knobs.checkpoint_blocks, near.checkpoint),
+        zero_stage=knobs.zero_stage if knobs.ranks > 1 else near.zero_stage,
+    )
 
 
 def knobs_to_config(

@@ -26,15 +26,20 @@ from autotune.knobs import (
     KnobLevels,
     Knobs,
     apply_action,
+    knobs_to_config,
     smallest_micro_batch,
 )
 from autotune.measurement.objective import score
 from autotune.measurement.trend import loss_slope
+from autotune.memory.gate import Verdict, admission
+from autotune.memory.start import first_within, start_candidates
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import torch
+
+    from autotune.config import TrainConfig
 
 __all__ = [
     "Interval",
@@ -284,7 +289,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         assert self._first is not None and self._last is not None, "call reset() before step()"
         self._t += 1
         new = self.next_levels(action)
-        if self._peak_bytes(new) > self._budget:  # also when staying on an over-budget config
+        if not self.admits(new):  # also when staying on an over-budget config
             return (
                 self._observation(self._last),
                 -OVER_BUDGET_PENALTY,
@@ -311,19 +316,26 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         return self._observation(result), float(reward), False, False, self._info(result, reward_terms=terms)
 
     def _start(self, default: KnobLevels) -> KnobLevels:
-        """Where an episode whose ``default`` is over the budget starts (see Starting State)."""
-        if self._peak_bytes(default) <= self._budget:
+        """Where an episode whose ``default`` is over the budget starts (see Starting State):
+        THE search of :mod:`autotune.memory.start`, through the level tables."""
+        if self.verdict(default).admitted:
             return default
-        floor = smallest_micro_batch(default.effective_batch_size, self.micro_floor)
-        for checkpoint in dict.fromkeys((default.checkpoint, FRACTION_LEVELS - 1)):
-            for down in range(default.micro + 1):
-                micro, accum = default.micro - down, default.accum + down
-                if MICRO_LEVELS[micro] < min(floor, default.micro_batch_size) or accum >= len(ACCUM_LEVELS):
-                    break
-                candidate = dataclasses.replace(default, micro=micro, accum=accum, checkpoint=checkpoint)
-                if candidate != default and self._peak_bytes(candidate) <= self._budget:
-                    return candidate
-        return default
+        config = knobs_to_config(default, tuple(range(self.num_blocks)), ranks=self.ranks)
+        candidates = start_candidates(
+            config, min_micro_batch=self.micro_floor, stages=(config.zero_stage,), max_accum=ACCUM_LEVELS[-1]
+        )
+        found, _ = first_within(candidates, lambda c: self.verdict(self._levels_at(default, c)))
+        return default if found is None else self._levels_at(default, found[0])
+
+    def _levels_at(self, levels: KnobLevels, config: TrainConfig) -> KnobLevels:
+        """``levels`` at ``config``'s split (in the tables) and uniform recompute."""
+        everywhere = all(config.block_checkpoints(self.num_blocks))
+        return dataclasses.replace(
+            levels,
+            micro=MICRO_LEVELS.index(config.micro_batch_size),
+            accum=ACCUM_LEVELS.index(config.grad_accum_steps),
+            checkpoint=FRACTION_LEVELS - 1 if everywhere else 0,
+        )
 
     # ---- what a driver may ask (a policy's episode, its climb) --------------------------------------
 
@@ -341,7 +353,12 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     def admits(self, knobs: KnobLevels) -> bool:
         """Whether :meth:`step` would train on ``knobs`` rather than refuse them as over the budget
         (a real environment may measure the peak of ``knobs`` once to say so; it is cached)."""
-        return self._peak_bytes(knobs) <= self._budget
+        return self.verdict(knobs).admitted
+
+    def verdict(self, knobs: KnobLevels) -> Verdict:
+        """The admission rule (:func:`autotune.memory.gate.admission`) on the peak of ``knobs``
+        (:meth:`_peak_bytes`: one measured, or the simulator's exact one), with the figures."""
+        return admission(budget=self._budget, headroom=0.0, measured=self._peak_bytes(knobs))
 
     # ---- shared pieces ------------------------------------------------------------------------------
 
@@ -355,11 +372,16 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         return self._machine
 
     @property
+    def num_blocks(self) -> int:
+        """The blocks of this episode's model, which the precision and recompute levels divide."""
+        assert self._model is not None, "call reset() first"
+        return self._model.num_blocks
+
+    @property
     def knobs(self) -> Knobs:
         """The current configuration in the encoding the Optuna study shares (:mod:`autotune.knobs`):
         ``SearchSpace.params(env.knobs)`` enqueues it in a study."""
-        assert self._model is not None, "call reset() first"
-        return self.levels.knobs(self._model.num_blocks, ranks=self.ranks)
+        return self.levels.knobs(self.num_blocks, ranks=self.ranks)
 
     def score(self, r: Interval) -> float:
         """log(throughput per GiB of peak) at the user's batch; log(goodput per GiB) with

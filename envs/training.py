@@ -31,7 +31,7 @@ from autotune.measurement.probe import probe_speeds
 from autotune.measurement.tracker import tracked_step
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.check import TOLERANCE
-from autotune.memory.gate import BudgetGate, headroom_for
+from autotune.memory.gate import BudgetGate, admission, headroom_for
 from autotune.memory.predict import profile_memory
 from autotune.memory.profile import MemoryProfile
 from autotune.procs.session import RankSession, SessionStep
@@ -233,7 +233,10 @@ class TrainingEnv(TuningEnv):
         """Whether ``knobs`` may run: the gate's verdict (measured within the budget, or predicted
         within it with the headroom by a verified memory model)."""
         if self._gate is None:
-            return knobs in self._peaks and self._peaks[knobs] <= self._budget
+            return (
+                knobs in self._peaks
+                and admission(budget=self._budget, headroom=0.0, measured=self._peaks[knobs]).admitted
+            )
         try:
             return self._gate.check(self.config_of(knobs)).admitted
         except ConfigError:  # the profile lacks the reduced-precision mode: unknown, not measured
@@ -295,7 +298,11 @@ class TrainingEnv(TuningEnv):
             return INFEASIBLE_PEAK
         if not self._admitted(knobs):
             predicted = self._prediction(knobs)
-            if predicted is not None and (predicted[1] or predicted[0] > self._budget):
+            # Refused on a verified prediction, or on any prediction over the budget as it stands.
+            if predicted is not None and (
+                predicted[1]
+                or not admission(budget=self._budget, headroom=0.0, predicted=predicted[0], verified=True).admitted
+            ):
                 return max(predicted[0], self._budget + 1)
         return self._measured_peak(knobs)
 

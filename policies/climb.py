@@ -11,7 +11,8 @@ So an episode's last :func:`~autotune.search.refine.refine_trials` steps, and ev
 policy proposes to stay or a move the environment refuses (the run stays, and so does the
 observation the policy acts on), are the climb's: it moves toward one *neighbour* of the incumbent (the
 step best by the episode's objective so far: per GiB, or samples/s within the budget), one knob one
-level away in the environment's own tables (:func:`neighbours`), the first that no step has
+level away in the environment's own tables (:meth:`Climb.neighbours`: THE neighbourhood,
+:func:`autotune.knobs.neighbours`, through the level tables), the first that no step has
 visited or been refused and that the environment admits within the budget. A neighbour that
 measures better is the next incumbent, and the move that reached it is tried again first from
 there (a pattern move: recompute one level less, then one less again). With every neighbour of
@@ -32,33 +33,23 @@ import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from autotune.knobs import KnobLevels, apply_action
+from autotune.knobs import (
+    ACCUM_LEVELS,
+    MICRO_LEVELS,
+    KnobLevels,
+    level_counts,
+    levels_near,
+    neighbours,
+)
 from autotune.search.precisions import DOMINATED_SLOWDOWN
 from autotune.search.refine import pattern_first
 
 if TYPE_CHECKING:
     from autotune.envs.core import TuningEnv
 
-__all__ = ["Climb", "neighbours", "settled"]
+__all__ = ["Climb", "settled"]
 
 _FIELDS = ("accum", "micro", "precision", "checkpoint", "zero_stage")
-
-
-def neighbours(levels: KnobLevels, *, max_zero_stage: int) -> list[KnobLevels]:
-    """The knobs one move of one knob away from ``levels`` at the same effective batch, moves that
-    usually raise throughput first (the order of the study's refinement): a larger micro-batch, one
-    recompute level less, one reduced-precision level more, one ZeRO stage lower; then the reverses."""
-    z = levels.zero_stage
-    moves = [(0, 1, 1, 1, z), (1, 1, 1, 0, z), (1, 1, 2, 1, z)]
-    moves += [(1, 1, 1, 1, z - 1)] if z > 0 else []
-    moves += [(2, 1, 1, 1, z), (1, 1, 1, 2, z), (1, 1, 0, 1, z)]
-    moves += [(1, 1, 1, 1, z + 1)] if z < max_zero_stage else []
-    out: list[KnobLevels] = []
-    for move in moves:
-        new = apply_action(levels, move, max_zero_stage=max_zero_stage)
-        if new != levels and new not in out:
-            out.append(new)
-    return out
 
 
 def _distance(a: KnobLevels, b: KnobLevels) -> int:
@@ -96,6 +87,25 @@ class Climb:
             self.target = self._next_target(measured)  # unreachable from here in the tables
         return None
 
+    def neighbours(self, levels: KnobLevels) -> list[KnobLevels]:
+        """The knob levels one knob one level away from ``levels`` at the same effective batch
+        (:func:`autotune.knobs.neighbours` through the environment's tables: its power-of-two
+        splits, quarters of the blocks, its ZeRO stages on ranks; the outer parts stay fp32), in its
+        order: a larger micro-batch, one recompute level less, one reduced-precision level more,
+        one ZeRO stage lower; then the reverses. Where two levels cover the same count of blocks
+        (a model of fewer than four), the move goes to the next count."""
+        num_blocks, ranks = self.env.num_blocks, self.env.ranks
+        per_rank = levels.effective_batch_size
+        micro = [m for m in MICRO_LEVELS if per_rank % m == 0 and per_rank // m in ACCUM_LEVELS]
+        around = neighbours(
+            levels.knobs(num_blocks, ranks=ranks),
+            micro_batches=micro,
+            block_counts=level_counts(num_blocks),
+            zero_stages=range(self.env.max_zero_stage + 1) if ranks > 1 else (),
+            outer=False,
+        )
+        return [levels_near(k, levels, num_blocks) for k in around]
+
     def stepped(self, levels: KnobLevels) -> None:
         """The environment is on ``levels`` after the step: a move it refused is never tried again."""
         if self._expected is not None and levels != self._expected:
@@ -117,7 +127,7 @@ class Climb:
         machine = self.env.machine
         slow_reduced = machine is not None and machine.reduced_speed * DOMINATED_SLOWDOWN <= 1.0
         for incumbent in ranked:
-            candidates = neighbours(incumbent, max_zero_stage=self.env.max_zero_stage)
+            candidates = self.neighbours(incumbent)
             for candidate in pattern_first(candidates, self._came_from.get(incumbent), incumbent):
                 if candidate in self.tried or (slow_reduced and candidate.precision > incumbent.precision):
                     continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import optuna
@@ -9,7 +10,7 @@ import pytest
 
 from autotune import ConfigError, Knobs, TrainConfig
 from autotune.errors import SpecError, WorkloadError
-from autotune.knobs import KnobLevels, check_min_micro_batch, knobs_to_config
+from autotune.knobs import KnobLevels, check_min_micro_batch, knobs_to_config, level_counts, levels_near, neighbours
 from autotune.search.space import SearchSpace
 
 RANKING = (2, 0, 3, 1)  # block 2 saves the most activation bytes, block 1 the least
@@ -138,3 +139,52 @@ def test_the_floor_rule_names_the_callers_field_and_raises_its_error() -> None:
         check_min_micro_batch(True, name="SearchSpace.min_micro_batch", error=SpecError)
     with pytest.raises(WorkloadError, match=r"^Workload\.min_micro_batch must be an int >= 1 or None, but got 0\.$"):
         check_min_micro_batch(0, name="Workload.min_micro_batch", error=WorkloadError)
+
+
+def _k(micro: int, low: int = 0, ckpt: int = 0, **kwargs: object) -> Knobs:
+    return Knobs(batch_size=8, micro_batch_size=micro, low_precision_blocks=low, checkpoint_blocks=ckpt, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_neighbours_step_each_knob_along_its_table_throughput_raising_moves_first() -> None:
+    tables = {"micro_batches": (1, 2, 4, 8), "block_counts": (0, 1, 2)}
+    assert neighbours(_k(2, 1, 1), **tables) == [  # type: ignore[arg-type]
+        _k(4, 1, 1),  # a larger micro-batch
+        _k(2, 1, 0),  # one recomputed block fewer
+        _k(2, 2, 1),  # one low-precision block more
+        _k(2, 1, 1, outer_low_precision=True),  # the outer parts in low precision
+        _k(1, 1, 1),  # then the reverses
+        _k(2, 1, 2),
+        _k(2, 0, 1),
+    ]
+    # At the ends of the tables, and without low precision or the outer parts: fewer moves.
+    assert neighbours(_k(8, 0, 2), **tables, low_precision=False) == [_k(8, 0, 1), _k(4, 0, 2)]  # type: ignore[arg-type]
+    assert neighbours(_k(8, 2, 0), **tables, outer=False) == [_k(4, 2, 0), _k(8, 2, 1), _k(8, 1, 0)]  # type: ignore[arg-type]
+
+
+def test_the_neighbours_step_to_the_next_entry_of_a_sparse_table_and_a_value_off_it_stays() -> None:
+    # The environments' quarters of 6 blocks, and their power-of-two splits: the next entry, not +1.
+    quarters = level_counts(6)
+    assert quarters == (0, 2, 3, 4, 6)
+    around = neighbours(_k(4, 3, 2), micro_batches=(2, 4, 8), block_counts=quarters, outer=False)
+    assert around == [_k(8, 3, 2), _k(4, 3, 0), _k(4, 4, 2), _k(2, 3, 2), _k(4, 3, 3), _k(4, 2, 2)]
+    # A micro-batch the table lacks does not move; the counts still do.
+    assert neighbours(_k(1, 0, 0), micro_batches=(2, 4), block_counts=(0, 1), outer=False) == [_k(1, 1, 0), _k(1, 0, 1)]
+
+
+def test_the_neighbours_move_the_zero_stage_where_there_are_stages() -> None:
+    here = Knobs(batch_size=8, micro_batch_size=4, ranks=2, zero_stage=1)
+    moved = neighbours(here, micro_batches=(4,), block_counts=(0,), zero_stages=(0, 1, 2, 3), low_precision=False)
+    assert moved == [dataclasses.replace(here, zero_stage=0), dataclasses.replace(here, zero_stage=2)]
+
+
+def test_levels_near_picks_the_level_nearest_where_two_cover_the_same_count() -> None:
+    assert level_counts(3) == (0, 1, 2, 3)  # levels 2 and 3 both cover 2 of 3 blocks
+    two = Knobs(batch_size=8, micro_batch_size=2, checkpoint_blocks=2)
+    assert levels_near(two, KnobLevels(micro=1, accum=2, checkpoint=1), 3).checkpoint == 2
+    assert levels_near(two, KnobLevels(micro=1, accum=2, checkpoint=4), 3).checkpoint == 3
+    assert levels_near(two, KnobLevels(micro=1, accum=2, checkpoint=4, zero_stage=2), 3) == KnobLevels(
+        micro=1,
+        accum=2,
+        checkpoint=3,
+        zero_stage=2,  # one rank: the stage is the levels' own
+    )

@@ -39,6 +39,8 @@ from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarnin
 from autotune.knobs import smallest_micro_batch
 from autotune.measurement.cuda_memory import reserved_with_headroom
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
+from autotune.memory.gate import admission
+from autotune.memory.start import first_within, start_candidates
 from autotune.settings import TUNING
 
 if TYPE_CHECKING:
@@ -229,7 +231,8 @@ class Controller:
         The default if it fits (or the budget is at least the default's own peak), else the
         first of smaller micro-batches (only where the loop takes a new split before its first
         step; on ranks: each at the lowest ZeRO stage that fits), then recompute on every block,
-        that the gate admits.
+        that the gate admits: THE search of :mod:`autotune.memory.start`, which the training
+        environment's reset runs too.
 
         Returns:
             The configuration, why (empty: the default) and its predicted peak in bytes (None
@@ -242,30 +245,27 @@ class Controller:
         verdict = self.gate.check(default)
         if self._admits(default, verdict):
             return default, "", None
-        batch, tried = default.micro_batch_size, []
-        stages = range(4) if default.ranks > 1 else range(1)
+        batch = default.micro_batch_size
         floor = min(batch, smallest_micro_batch(batch * default.grad_accum_steps, self.decider.min_micro_batch))
-        for ckpt in (False, True):
-            micro = batch
-            while micro >= floor:
-                for stage in stages if batch % micro == 0 else ():
-                    config = _split(default, micro, ckpt, stage)
-                    if config != self.frontend.takes(default, config) or (
-                        micro != batch and not self.frontend.splits_now
-                    ):
-                        continue
-                    candidate = self.gate.check(config)
-                    if candidate.admitted:
-                        return config, f"the default {_over(verdict)}; {candidate.reason}", candidate.predicted
-                    tried.append(candidate)
-                micro //= 2
+        candidates = start_candidates(
+            default, min_micro_batch=self.decider.min_micro_batch, stages=range(4) if default.ranks > 1 else (0,)
+        )
+        found, tried = first_within(
+            (
+                c
+                for c in candidates
+                if c == self.frontend.takes(default, c) and (c.micro_batch_size == batch or self.frontend.splits_now)
+            ),
+            self.gate.check,
+        )
+        if found is not None:
+            config, candidate = found
+            return config, f"the default {_over(verdict)}; {candidate.reason}", candidate.predicted
         per_rank = " per rank" if default.ranks > 1 else ""
         split = "" if self.frontend.splits_now else f" at the loop's split {batch} x {default.grad_accum_steps}"
         if floor > 1 and self.frontend.splits_now:
             split = f" with micro-batches of at least {floor} ({self.decider.micro_why})"
-        fitting = [
-            v for v in tried if v.predicted is not None and v.predicted * (1 + self.gate.headroom) <= self.gate.budget
-        ]
+        fitting = [v for v in tried if v.predicted is not None and self._would_fit(v.predicted)]
         if fitting:  # small enough, but predicted by a memory model that was not verified for it
             raise ConfigError(
                 f"no fp32 configuration of batch {default.effective_batch_size}{split} is known to fit memory_budget "
@@ -533,6 +533,12 @@ class Controller:
             self.config = target
         return target
 
+    def _would_fit(self, predicted: int) -> bool:
+        """Whether the gate would admit ``predicted`` bytes were the prediction verified."""
+        return admission(
+            budget=self.gate.budget, headroom=self.gate.headroom, predicted=predicted, verified=True
+        ).admitted
+
     def _admits(self, config: TrainConfig, verdict: Verdict) -> bool:
         """Whether a run may start (or resume) at ``config``: the gate admits it, or it is the
         default under a budget of at least the default's own peak (``"100%"``: the prediction's
@@ -569,13 +575,6 @@ def check_saved_model(
             f"{saved['fingerprint']}), but this {run}'s model has {here['parameters']:,} parameters (fingerprint "
             f"{here['fingerprint']}): {fix}."
         )
-
-
-def _split(config: TrainConfig, micro: int, checkpoint: bool, zero_stage: int = 0) -> TrainConfig:
-    accum = config.micro_batch_size * config.grad_accum_steps // micro  # per rank: the ranks stay
-    return dataclasses.replace(
-        config, micro_batch_size=micro, grad_accum_steps=accum, checkpoint=checkpoint, zero_stage=zero_stage
-    )
 
 
 def _over(verdict: Verdict) -> str:

@@ -64,18 +64,16 @@ import torch
 from autotune.adapt.adaptive import PolicyArg, decision_source
 from autotune.adapt.controller import Controller, check_saved_model, model_record
 from autotune.adapt.decider import Decider
-from autotune.adapt.gate import BudgetGate, as_budget
+from autotune.adapt.gate import BudgetGate, admission, as_budget
 from autotune.adapt.records import Change
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneWarning, ConfigError, OverBudgetWarning
 from autotune.integrations._flags import LoopPrecision, ModelCheckpointing
 from autotune.knobs import check_min_micro_batch
 from autotune.measurement.cuda_memory import (
-    RESERVED_HEADROOM,
     AllocatorStats,
     StatsSource,
     allocator_source,
-    reserved_with_headroom,
 )
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.measurement.tracker import breakdown, tracker_class
@@ -451,27 +449,26 @@ class FrameworkLoop:
             return
         self._evaluating = False
         assert self.controller is not None
-        peak = needed = None
+        peak = reserved = None
         if self.allocator is not None and self._device is not None:
             stats = AllocatorStats.read(self.allocator, self._device)
             self.allocator.reset_peak_memory_stats(self._device)  # the next training window starts here
             if self.evaluation_peak is None:
                 # As the gate judges a measured peak on CUDA: reserved memory, with its headroom.
-                peak, needed = stats.reserved_peak, reserved_with_headroom(stats.reserved_peak)
-                what = f"{peak} B reserved (+{RESERVED_HEADROOM:.0%} headroom: {needed} B)"
+                peak = reserved = stats.reserved_peak
         elif self._tracker is not None:
             tracker, self._tracker = self._tracker, None
             tracker.__exit__(None, None, None)
-            peak = needed = breakdown(tracker.device_snapshot("peak")).total
-            what = f"{peak} B"
-        if peak is None or needed is None:
+            peak = breakdown(tracker.device_snapshot("peak")).total
+        if peak is None:
             return
         self.evaluation_peak = peak
         budget, config = self.controller.gate.budget, self.controller.config
-        fits = needed <= budget
+        verdict = admission(budget=budget, headroom=0.0, measured=peak, reserved=reserved)
+        fits = verdict.admitted
         reason = (
-            f"the evaluation measured {what} {'<=' if fits else '>'} budget {budget} B; the training configuration "
-            "stays: evaluation is not what the budget adapts"
+            f"the evaluation {verdict.reason}; the training configuration stays: evaluation is not what the budget "
+            "adapts"
         )
         if not fits:
             reason += f" (lower {lower})"

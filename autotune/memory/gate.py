@@ -64,10 +64,34 @@ def admission(
     predicted: int | None = None,
     verified: bool = False,
     unpredicted: str | None = None,
+    reserved: int | None = None,
+    reserved_ratio: float | None = None,
 ) -> Verdict:
-    """The admission rule (module docstring), on one configuration's figures: ``measured`` bytes
-    (exact, of a real step) if known, else ``predicted`` bytes, trusted only if ``verified``;
-    ``unpredicted``: why there is no prediction, where there is none."""
+    """The admission rule (module docstring), on one configuration's figures: THE arithmetic of a
+    peak against a budget, which every searcher asks.
+
+    Args:
+        budget: Peak bytes allowed.
+        headroom: The margin on a prediction (0.0 where the peak is exact, as a measurement is).
+        measured: Exact bytes of a real step, if known: judged as is.
+        predicted: The memory model's bytes, judged when nothing was measured.
+        verified: Whether ``predicted`` may be trusted (an unverified one admits nothing).
+        unpredicted: Why there is no prediction, where there is none.
+        reserved: On CUDA, the measured step's reserved peak: judged instead of ``measured``,
+            with the allocator's headroom (:data:`RESERVED_HEADROOM`).
+        reserved_ratio: On CUDA, the highest reserved/allocated ratio of the real steps seen: a
+            verified prediction is scaled by it, with the larger of the two headrooms.
+
+    Returns:
+        The verdict, with the rule and the figures in its reason.
+    """
+    if measured is not None and reserved is not None:
+        needed = reserved_with_headroom(reserved)
+        rule = "<=" if needed <= budget else ">"
+        reason = (
+            f"measured {reserved} B reserved (+{RESERVED_HEADROOM:.0%} headroom: {needed} B) {rule} budget {budget} B"
+        )
+        return Verdict(admitted=needed <= budget, reason=reason, predicted=None, measured=measured)
     if measured is not None:
         fits = measured <= budget
         rule = "<=" if fits else ">"
@@ -85,6 +109,18 @@ def admission(
             predicted=predicted,
             measured=None,
         )
+    if reserved_ratio is not None:
+        from autotune.memory.model import reserved_of
+
+        as_reserved = reserved_of(predicted, reserved_ratio)
+        margin = max(headroom, RESERVED_HEADROOM)
+        needed = reserved_with_headroom(as_reserved, margin)
+        rule = "<=" if needed <= budget else ">"
+        reason = (
+            f"predicted {predicted} B allocated x {reserved_ratio:.4f} reserved/allocated = {as_reserved} B reserved "
+            f"(+{margin:.0%} headroom: {needed} B) {rule} budget {budget} B"
+        )
+        return Verdict(admitted=needed <= budget, reason=reason, predicted=predicted, measured=None)
     fits = round(predicted * (1.0 + headroom)) <= budget
     rule = "<=" if fits else ">"
     reason = f"predicted {predicted} B (+{headroom:.0%} headroom) {rule} budget {budget} B"
@@ -466,19 +502,8 @@ class BudgetGate:
             why = f"a real step failed: {self.failed[config]}"
             return Verdict(admitted=False, reason=why, predicted=None, measured=None)
         measured = self.measured.get(config)
-        reserved = self.reserved.get(config)
-        if measured is not None and reserved is not None:
-            needed = reserved_with_headroom(reserved)
-            rule = "<=" if needed <= self.budget else ">"
-            reason = (
-                f"measured {reserved} B reserved (+{RESERVED_HEADROOM:.0%} headroom: {needed} B) {rule} "
-                f"budget {self.budget} B"
-            )
-            return Verdict(admitted=needed <= self.budget, reason=reason, predicted=None, measured=measured)
         predicted = self.predict(config) if measured is None else None
         total, verified = predicted if predicted is not None else (None, False)
-        if measured is None and total is not None and verified and self.on_cuda and self.reserved_ratio is not None:
-            return self._scaled(config, self._check_reserved(total, self.reserved_ratio))
         unpredicted = self.unpredicted(config) if measured is None and total is None else None
         verdict = admission(
             budget=self.budget,
@@ -487,8 +512,10 @@ class BudgetGate:
             predicted=total,
             verified=verified,
             unpredicted=unpredicted,
+            reserved=self.reserved.get(config) if measured is not None else None,
+            reserved_ratio=self.reserved_ratio if self.on_cuda else None,
         )
-        if measured is None and verified and self.on_cuda:
+        if measured is None and verified and self.on_cuda and self.reserved_ratio is None:
             reason = verdict.reason + " (allocated: no reserved/allocated ratio measured on this device yet)"
             verdict = dataclasses.replace(verdict, reason=reason)
         return self._scaled(config, verdict)
@@ -500,18 +527,3 @@ class BudgetGate:
         kinds = ", ".join(self.kinds_of(config))
         reason = f"{verdict.reason}; x{scale:.4f}: real steps on this device came above the memory model ({kinds})"
         return dataclasses.replace(verdict, reason=reason)
-
-    def _check_reserved(self, total: int, ratio: float) -> Verdict:
-        """A prediction of allocated bytes on CUDA, scaled to reserved by the measured ratio; the
-        headroom is the prediction's or the allocator's, whichever is larger."""
-        from autotune.memory.model import reserved_of
-
-        reserved = reserved_of(total, ratio)
-        headroom = max(self.headroom, RESERVED_HEADROOM)
-        needed = reserved_with_headroom(reserved, headroom)
-        rule = "<=" if needed <= self.budget else ">"
-        reason = (
-            f"predicted {total} B allocated x {ratio:.4f} reserved/allocated = {reserved} B reserved "
-            f"(+{headroom:.0%} headroom: {needed} B) {rule} budget {self.budget} B"
-        )
-        return Verdict(admitted=needed <= self.budget, reason=reason, predicted=total, measured=None)

@@ -11,7 +11,9 @@ measured, and that trial teaches the study nothing.
 So the study ends with a greedy hill-climb: its last :func:`refine_trials` trials, and the trial
 after any that repeated a configuration, measure one *neighbour* of the incumbent (the feasible
 trial best by the study's objective so far: per GiB, or samples/s within the budget,
-:func:`autotune.search.spec.objective_of`): one knob one step away (:func:`neighbours`), the
+:func:`autotune.search.spec.objective_of`): one knob one step away
+(:meth:`~autotune.search.space.SearchSpace.neighbours`, THE neighbourhood
+:func:`autotune.knobs.neighbours` through the study's space), the
 first not yet tried (waiting or running included) that the memory model admits. A neighbour that
 measures better becomes the incumbent of the next step, and the move that reached it is tried
 again first from there (:func:`pattern_first`: one recomputed block fewer, then one fewer again).
@@ -65,7 +67,6 @@ __all__ = [
     "BEATEN_BY",
     "REFINED_FROM",
     "Refine",
-    "neighbours",
     "pattern_first",
     "recompute_margin",
     "refine_trials",
@@ -115,41 +116,6 @@ def _direction(a: Any, b: Any) -> tuple[int, ...]:
         if isinstance(x, int) and isinstance(y, int):
             signs.append((y > x) - (y < x))
     return tuple(signs)
-
-
-def neighbours(space: SearchSpace, knobs: Knobs) -> list[Knobs]:
-    """The points one knob one step away from ``knobs`` in ``space``, throughput-raising moves
-    first: next larger micro-batch, one recomputed block fewer, one low-precision block more, the
-    outer parts in low precision, one ZeRO stage lower; then the reverses. The effective batch and the ranks stay."""
-    micro = space.micro_batch_choices(knobs.batch_size, knobs.ranks)
-    i = micro.index(knobs.micro_batch_size) if knobs.micro_batch_size in micro else -1
-    n = space.num_blocks
-    low = bool(space.low_precisions)
-    stages = space.zero_stages if knobs.ranks > 1 else ()
-    z = stages.index(knobs.zero_stage) if knobs.zero_stage in stages else -1
-    up: list[dict[str, int]] = []  # moves that usually raise throughput
-    down: list[dict[str, int]] = []  # their reverses, which lower the peak
-    if 0 <= i < len(micro) - 1:
-        up.append({"micro_batch_size": micro[i + 1]})
-    if i > 0:
-        down.append({"micro_batch_size": micro[i - 1]})
-    if knobs.checkpoint_blocks > 0:
-        up.append({"checkpoint_blocks": knobs.checkpoint_blocks - 1})
-    if knobs.checkpoint_blocks < n:
-        down.append({"checkpoint_blocks": knobs.checkpoint_blocks + 1})
-    if low and knobs.low_precision_blocks < n:
-        up.append({"low_precision_blocks": knobs.low_precision_blocks + 1})
-    if low and knobs.low_precision_blocks > 0:
-        down.append({"low_precision_blocks": knobs.low_precision_blocks - 1})
-    if low and not knobs.outer_low_precision:  # the head and the loss in low precision: faster
-        up.append({"outer_low_precision": True})
-    if low and knobs.outer_low_precision:
-        down.append({"outer_low_precision": False})
-    if z > 0:
-        up.append({"zero_stage": stages[z - 1]})
-    if 0 <= z < len(stages) - 1:
-        down.append({"zero_stage": stages[z + 1]})
-    return [dataclasses.replace(knobs, **change) for change in up + down]  # type: ignore[arg-type]
 
 
 def recompute_margin(num_blocks: int) -> float:
@@ -261,7 +227,7 @@ class Refine:
                     f"through {fitted} trials, above trial {number} (the best so far)"
                 )
             return
-        candidates = pattern_first(neighbours(self.space, incumbent), previous, incumbent)
+        candidates = pattern_first(self.space.neighbours(incumbent), previous, incumbent)
         for candidate in candidates:
             candidate = self._undominated(candidate)
             if candidate in tried or not self._admitted(candidate):

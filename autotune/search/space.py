@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import PRECISIONS, Precision, TrainConfig
 from autotune.errors import SpecError
-from autotune.knobs import Knobs, check_min_micro_batch, smallest_micro_batch
+from autotune.knobs import Knobs, check_min_micro_batch, neighbours, smallest_micro_batch
 from autotune.search.spec import BlockOverride
 
 if TYPE_CHECKING:
@@ -116,6 +116,18 @@ class SearchSpace:
         if len(self.batch_sizes) == 1 and len(self.ranks) == 1:
             return "micro_batch_size"
         return f"micro_batch_size[B={batch_size},R={ranks}]"
+
+    def neighbours(self, knobs: Knobs) -> list[Knobs]:
+        """The points one knob one step away from ``knobs`` in this space
+        (:func:`autotune.knobs.neighbours` through its tables: its micro-batch choices, every count
+        of blocks, its ZeRO stages on ranks, the outer precision where it has a low precision)."""
+        return neighbours(
+            knobs,
+            micro_batches=self.micro_batch_choices(knobs.batch_size, knobs.ranks),
+            block_counts=range(self.num_blocks + 1),
+            zero_stages=self.zero_stages if knobs.ranks > 1 else (),
+            low_precision=bool(self.low_precisions),
+        )
 
     def variants(self, knobs: Knobs) -> list[Knobs]:
         """Every point at ``knobs``' effective batch, ranks, ZeRO stage, reduced precision and outer

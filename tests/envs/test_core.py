@@ -7,7 +7,14 @@ import re
 
 import numpy as np
 import pytest
-from autotune.envs.core import OBSERVATION_SIZE, Interval, MachineDescriptor, ModelDescriptor, observation_vector
+from autotune.envs.core import (
+    OBSERVATION_SIZE,
+    Interval,
+    MachineDescriptor,
+    ModelDescriptor,
+    TuningEnv,
+    observation_vector,
+)
 
 from autotune.errors import NonFiniteLossError
 from autotune.knobs import KnobLevels
@@ -58,3 +65,39 @@ def test_a_non_finite_loss_never_reaches_a_policy(kwargs: dict[str, object], val
     message = f"the loss is {value}: a policy cannot act on a diverged run"
     with pytest.raises(NonFiniteLossError, match=f"^{re.escape(message)}$"):
         _observe(**kwargs)  # type: ignore[arg-type]
+
+
+class _Peaks(TuningEnv):
+    """A 16-sample batch whose peak is 10 B per sample of the micro-batch, plus 50 B without
+    recompute, under a budget of 100 B: the PyTorch default (16 x 1, 210 B) is over it."""
+
+    def __init__(self, floor: int | None) -> None:
+        super().__init__(horizon=4)
+        self.start_within_budget, self.micro_floor = True, floor
+
+    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
+        model = ModelDescriptor(num_parameters=1, activation_bytes_per_sample=1.0, num_blocks=4, top_quarter_share=0.5)
+        return KnobLevels.default_for(16), model, MachineDescriptor(reduced_speed=1.0, budget_ratio=2.0), 100
+
+    def _peak_bytes(self, knobs: KnobLevels) -> int:
+        return 10 * knobs.micro_batch_size + (0 if knobs.checkpoint else 50)
+
+    def _train(self, knobs: KnobLevels) -> Interval:
+        return Interval(
+            batch=16, throughput=1.0, peak_bytes=1, b_noise=None, loss=1.0, train_seconds=1.0, reconfig_seconds=0.0
+        )
+
+
+@pytest.mark.parametrize(
+    ("floor", "start"),
+    [
+        (1, KnobLevels(micro=2, accum=2)),  # 4 x 4: 90 B, the first smaller micro-batch within
+        (8, KnobLevels(micro=3, accum=1, checkpoint=4)),  # 8 x 2 at most: then every block recomputed
+        (None, KnobLevels(micro=4, accum=0)),  # no split and 160 B recomputed: none fits, the default
+    ],
+)
+def test_an_episode_over_the_budget_starts_where_an_adaptive_run_would(floor: int | None, start: KnobLevels) -> None:
+    env = _Peaks(floor)
+    env.reset(seed=0)
+    assert env.levels == start
+    assert env.verdict(KnobLevels.default_for(16)).reason == "measured 210 B > budget 100 B"

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 from autotune.envs.core import OVER_BUDGET_PENALTY, Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.policies.climb import Climb, neighbours
+from autotune.policies.climb import Climb
 from autotune.policies.episode import run_episode
 
 from autotune.config import TrainConfig
@@ -30,8 +30,10 @@ class _Terrain(TuningEnv):
         over: frozenset[KnobLevels] = frozenset(),
         reduced_speed: float = 1.0,
         peak: Callable[[KnobLevels], int] = lambda _: GIB,
+        blocks: int = 4,
     ) -> None:
         super().__init__(horizon=8)
+        self.blocks = blocks
         self.throughput = throughput
         self.over = over
         self.peak = peak
@@ -39,10 +41,12 @@ class _Terrain(TuningEnv):
         self.trained: list[KnobLevels] = []
 
     def config_of(self, knobs: KnobLevels) -> TrainConfig:
-        return knobs_to_config(knobs, (0, 1, 2, 3))
+        return knobs_to_config(knobs, tuple(range(self.blocks)))
 
     def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
-        model = ModelDescriptor(num_parameters=1, activation_bytes_per_sample=1.0, num_blocks=4, top_quarter_share=0.5)
+        model = ModelDescriptor(
+            num_parameters=1, activation_bytes_per_sample=1.0, num_blocks=self.blocks, top_quarter_share=0.5
+        )
         return START, model, MachineDescriptor(reduced_speed=self.reduced_speed, budget_ratio=2.0), 2 * GIB
 
     def _peak_bytes(self, knobs: KnobLevels) -> int:
@@ -165,20 +169,23 @@ def test_with_every_neighbour_tried_the_step_is_the_policy_s() -> None:
     env = _Terrain(lambda k: 100.0)
     env.reset(seed=0)
     climb = Climb(env)
-    tried = [(n, None) for n in neighbours(START, max_zero_stage=0)]  # tried, none counted
+    tried = [(n, None) for n in climb.neighbours(START)]  # tried, none counted
     assert climb.action([(START, 100.0), *tried]) is None
     assert climb.action([(START, None)]) is None  # nothing counted yet: no incumbent
 
 
 def test_neighbours_in_order_at_the_ends_of_the_tables() -> None:
+    env = _Terrain(lambda k: 100.0)
+    env.reset(seed=0)
     corner = KnobLevels(accum=0, micro=4, precision=0, checkpoint=4)  # 16 x 1, every block recomputed
-    assert neighbours(corner, max_zero_stage=0) == [
+    assert Climb(env).neighbours(corner) == [
         KnobLevels(accum=0, micro=4, precision=0, checkpoint=3),
         KnobLevels(accum=0, micro=4, precision=1, checkpoint=4),
         KnobLevels(accum=1, micro=3, precision=0, checkpoint=4),
     ]
+    env.ranks, env.max_zero_stage = 2, 3  # ZeRO stages move on ranks
     middle = KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1)
-    assert neighbours(middle, max_zero_stage=3) == [
+    assert Climb(env).neighbours(middle) == [
         KnobLevels(accum=0, micro=4, precision=2, checkpoint=2, zero_stage=1),
         KnobLevels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1),
         KnobLevels(accum=1, micro=3, precision=3, checkpoint=2, zero_stage=1),
@@ -188,6 +195,17 @@ def test_neighbours_in_order_at_the_ends_of_the_tables() -> None:
         KnobLevels(accum=1, micro=3, precision=1, checkpoint=2, zero_stage=1),
         KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=2),
     ]
+
+
+def test_on_three_blocks_a_move_skips_the_level_that_covers_the_same_blocks() -> None:
+    # Levels 2 and 3 both recompute 2 of 3 blocks: one recompute level less from level 3 is the
+    # next count (level 1, one block), never the same configuration under another level.
+    env = _Terrain(lambda k: 100.0, blocks=3)
+    env.reset(seed=0)
+    here = KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)
+    around = Climb(env).neighbours(here)
+    assert [(k.checkpoint, k.precision) for k in around if k.micro == here.micro] == [(1, 0), (3, 1), (4, 0)]
+    assert len({knobs_to_config(k, (0, 1, 2)) for k in around} | {knobs_to_config(here, (0, 1, 2))}) == len(around) + 1
 
 
 @pytest.mark.parametrize("refine", [0, 1])
@@ -203,7 +221,7 @@ def test_with_every_neighbour_of_the_best_tried_the_climb_goes_on_from_the_runne
     env = _Terrain(lambda k: 100.0)
     env.reset(seed=0)
     climb = Climb(env)
-    around = neighbours(START, max_zero_stage=0)
+    around = climb.neighbours(START)
     runner_up = around[1]  # one recompute level less than START
     measured = [(START, 100.0)] + [(n, 95.0 if n == runner_up else None) for n in around]
     action = climb.action(measured)

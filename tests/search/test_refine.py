@@ -19,7 +19,6 @@ from autotune.search.refine import (
     BEATEN_BY,
     REFINED_FROM,
     Refine,
-    neighbours,
     pattern_first,
     recompute_margin,
     refine_trials,
@@ -38,27 +37,27 @@ def _knobs(micro: int, low: int, ckpt: int) -> Knobs:
 
 def test_neighbours_are_one_knob_one_step_away_throughput_raising_moves_first() -> None:
     outer = dataclasses.replace(_knobs(8, 4, 4), outer_low_precision=True)
-    assert neighbours(SPACE, _knobs(8, 4, 4)) == [
+    assert SPACE.neighbours(_knobs(8, 4, 4)) == [
         _knobs(16, 4, 4),  # a larger micro-batch
         _knobs(8, 4, 3),  # one recomputed block fewer
         outer,  # (no fifth block to put in bf16) the head and the loss in bf16 too
         _knobs(4, 4, 4),  # a smaller micro-batch
         _knobs(8, 3, 4),  # (every block recomputed already) one bf16 block fewer
     ]
-    assert neighbours(SPACE, outer)[-1] == _knobs(8, 4, 4)  # the outer parts back in fp32: a down move
-    assert neighbours(SPACE, _knobs(1, 0, 0)) == [
+    assert SPACE.neighbours(outer)[-1] == _knobs(8, 4, 4)  # the outer parts back in fp32: a down move
+    assert SPACE.neighbours(_knobs(1, 0, 0)) == [
         _knobs(2, 0, 0),
         _knobs(1, 1, 0),
         dataclasses.replace(_knobs(1, 0, 0), outer_low_precision=True),
         _knobs(1, 0, 1),
     ]
     fp32_only = SearchSpace(batch_sizes=(16,), ranking=(0, 1), max_micro_batch=4, low_precisions=())
-    assert neighbours(fp32_only, _knobs(4, 0, 1)) == [_knobs(4, 0, 0), _knobs(2, 0, 1), _knobs(4, 0, 2)]
+    assert fp32_only.neighbours(_knobs(4, 0, 1)) == [_knobs(4, 0, 0), _knobs(2, 0, 1), _knobs(4, 0, 2)]
     ranks = SearchSpace(batch_sizes=(16,), ranks=(2,), zero_stages=(0, 1, 2, 3), ranking=(0,), max_micro_batch=16)
     on_ranks = Knobs(batch_size=16, ranks=2, micro_batch_size=8, zero_stage=2)
     moved = [
         (k.micro_batch_size, k.low_precision_blocks, k.checkpoint_blocks, k.zero_stage, k.outer_low_precision)
-        for k in neighbours(ranks, on_ranks)
+        for k in ranks.neighbours(on_ranks)
     ]
     # 8 per rank is the whole batch: up are bf16 +1, the outer parts in bf16 and ZeRO one stage
     # down; down, the reverses
@@ -191,12 +190,12 @@ def test_the_climb_moves_on_from_a_better_neighbour_and_stops_when_every_neighbo
         )
     ]
     done = _study(*POINTS)
-    for k in neighbours(SPACE, _knobs(8, 4, 4)):
+    for k in SPACE.neighbours(_knobs(8, 4, 4)):
         if k not in {p[0] for p in POINTS}:
             _add(done, k, rate=10.0, peak_mib=100.0)
     # Only the incumbent's neighbours fit the budget: the surface through these seven trials has
     # nowhere to jump (tests/search/test_surface.py), and every neighbour was tried.
-    near = set(neighbours(SPACE, _knobs(8, 4, 4)))
+    near = set(SPACE.neighbours(_knobs(8, 4, 4)))
     refine, notes = _refine(done, trials=len(done.trials) + 1, fits=lambda k: k in near)
     refine(done, done.trials[-1])
     assert _waiting(done) == [] and notes == []  # the sampler takes the last trial
@@ -220,13 +219,13 @@ def test_a_refinement_that_paid_is_repeated_first() -> None:
 
 def test_pattern_first_repeats_the_move_that_reached_the_incumbent() -> None:
     here = _knobs(8, 4, 3)
-    candidates = neighbours(SPACE, here)
+    candidates = SPACE.neighbours(here)
     assert pattern_first(candidates, _knobs(8, 4, 4), here)[0] == _knobs(8, 4, 2)
     assert pattern_first(candidates, _knobs(4, 4, 3), here)[0] == _knobs(16, 4, 3)  # already first
     assert pattern_first(candidates, None, here) == candidates
     # A move with no continuation (the micro-batch went down to the smallest) keeps the order.
-    assert pattern_first(neighbours(SPACE, _knobs(1, 0, 0)), _knobs(2, 0, 0), _knobs(1, 0, 0)) == neighbours(
-        SPACE, _knobs(1, 0, 0)
+    assert pattern_first(SPACE.neighbours(_knobs(1, 0, 0)), _knobs(2, 0, 0), _knobs(1, 0, 0)) == SPACE.neighbours(
+        _knobs(1, 0, 0)
     )
     # On the environments' levels a split is one move: micro-batch up and accumulation down.
     up, recompute = KnobLevels(micro=3, accum=1), KnobLevels(micro=2, accum=2, checkpoint=1)
