@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -103,6 +104,7 @@ class Trainer(BaseTrainer):
         # torch.compile of the model, one per mode, made on first use and kept: switching back
         # to a mode reuses its compiled code (Dynamo's cache, guarded by what the forward reads).
         self._compiled: dict[str, torch.nn.Module] = {}
+        self._eager = False  # see eagerly()
         self._loader_key: tuple[int, int] | None = None
         self._batches: Iterator[Any] = iter(())
         self._losses: list[torch.Tensor] = []
@@ -170,7 +172,7 @@ class Trainer(BaseTrainer):
         """What the step calls: the model, or its ``torch.compile`` in the configuration's mode
         (compiled on first use, then kept; the weights are the model's own)."""
         mode = self.config.compile
-        if mode == "none":
+        if mode == "none" or self._eager:
             return self.model
         if mode not in self._compiled:
             # The compile itself happens at the first call (the next step), not here. The first
@@ -182,6 +184,17 @@ class Trainer(BaseTrainer):
             assert isinstance(compiled, torch.nn.Module)
             self._compiled[mode] = compiled
         return self._compiled[mode]
+
+    @contextlib.contextmanager
+    def eagerly(self) -> Iterator[None]:
+        """Steps inside call the model itself, compiled configuration or not: for the exact memory
+        tracker, a ``TorchDispatchMode``, under which Dynamo runs the model eagerly anyway (and the
+        tracker's global module hooks would fire twice through a compiled wrapper)."""
+        self._eager = True
+        try:
+            yield
+        finally:
+            self._eager = False
 
     # ---- the step hooks ---------------------------------------------------------------------------
 
