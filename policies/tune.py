@@ -151,7 +151,7 @@ def tune(
         with show("re-timing the best steps side by side"):
             episode = retime_best(episode, workload, threads=torch.get_num_threads())
     checked = None
-    best = episode.best()
+    best = episode.best
     on_cuda = resolve_device(env.device).type == "cuda"
     if (on_cuda if compile_check is None else compile_check) and finite and best is not None:
         # No budget given to the check: the compiled peak is the allocator's, which the episode's
