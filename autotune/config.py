@@ -16,7 +16,15 @@ from typing import Any, Literal, get_args
 
 from autotune.errors import ConfigError
 
-__all__ = ["MEASURED_KEY", "PRECISIONS", "REDUCED_PRECISIONS", "Precision", "TrainConfig"]
+__all__ = [
+    "COMPILE_MODES",
+    "CompileMode",
+    "MEASURED_KEY",
+    "PRECISIONS",
+    "REDUCED_PRECISIONS",
+    "Precision",
+    "TrainConfig",
+]
 
 #: The key of ``autotune best --format json`` holding what the study measured for the
 #: configuration (its trial's figures, re-timed side by side too); :meth:`TrainConfig.from_json`
@@ -29,6 +37,10 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 REDUCED_PRECISIONS: tuple[Precision, ...] = ("bf16", "fp16")
 LrScaling = Literal["linear", "sqrt", "none"]
 LrSchedule = Literal["constant", "cosine"]
+#: ``torch.compile`` of the model: off, its default mode, or ``max-autotune`` (longer compile,
+#: kernels chosen by timing them).
+CompileMode = Literal["none", "default", "max-autotune"]
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +76,11 @@ class TrainConfig:
         lr_min_ratio: Final LR as a fraction of the peak LR for ``cosine``.
         grad_clip: Max global gradient norm (None: no clipping).
         seed: Seed of data order and any randomness in the loop.
+        compile: ``torch.compile`` the model once per configuration (``default`` or
+            ``max-autotune`` mode), or not (``none``). One process only: DeepSpeed compiles its
+            engine itself (``engine.compile()``), which autotune does not drive. A change of the
+            per-block knobs under compile changes the forward Dynamo traced, so the next step
+            recompiles.
 
     Raises:
         ConfigError: a knob out of its range, or knobs that contradict each other, with the rule
@@ -95,6 +112,7 @@ class TrainConfig:
     lr_min_ratio: float = 0.1
     grad_clip: float | None = 1.0
     seed: int = 0
+    compile: CompileMode = "none"
 
     def __post_init__(self) -> None:
         _check_int("micro_batch_size", self.micro_batch_size, low=1)
@@ -146,6 +164,13 @@ class TrainConfig:
             not isinstance(self.grad_clip, (int, float)) or not math.isfinite(self.grad_clip) or self.grad_clip <= 0
         ):
             raise ConfigError(f"TrainConfig.grad_clip must be a finite number > 0 or None, but got {self.grad_clip!r}.")
+        if self.compile not in COMPILE_MODES:
+            raise ConfigError(f"TrainConfig.compile must be one of {COMPILE_MODES}, but got {self.compile!r}.")
+        if self.compile != "none" and self.on_deepspeed:
+            raise ConfigError(
+                f"TrainConfig.compile must be 'none' on DeepSpeed ranks (zero_stage > 0 or ranks > 1), but got "
+                f"{self.compile!r} with zero_stage={self.zero_stage}, ranks={self.ranks}."
+            )
 
     # ---- derived values -------------------------------------------------------------------------
 
@@ -212,16 +237,21 @@ class TrainConfig:
         return f"{self.micro_batch_size}x{self.grad_accum_steps}x{self.ranks}", prec, ckpt, str(self.zero_stage)
 
     def describe(self) -> str:
-        """One line: ``micro x acc x ranks 8x4x1 | bf16 6/6 | ckpt 3/6 | ZeRO 0``."""
+        """One line: ``micro x acc x ranks 8x4x1 | bf16 6/6 | ckpt 3/6 | ZeRO 0``, and ``| compile
+        default`` when the model is compiled."""
         batch, prec, ckpt, zero = self.knob_cells()
-        return f"micro x acc x ranks {batch} | {prec} | ckpt {ckpt} | ZeRO {zero}"
+        line = f"micro x acc x ranks {batch} | {prec} | ckpt {ckpt} | ZeRO {zero}"
+        return line if self.compile == "none" else f"{line} | compile {self.compile}"
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON values (per-block tuples as lists); ``outer_precision`` only when
-        reduced, so an fp32 configuration's JSON is what it was before the knob existed."""
+        reduced and ``compile`` only when on, so a configuration without them writes the JSON it
+        wrote before those knobs existed."""
         d = asdict(self)
         if d["outer_precision"] == "fp32":
             del d["outer_precision"]
+        if d["compile"] == "none":
+            del d["compile"]
         for key in ("precision", "checkpoint"):
             if isinstance(d[key], tuple):
                 d[key] = list(d[key])

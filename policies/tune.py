@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from autotune.policies.ppo import Policy
 
     from autotune.knobs import Knobs
+    from autotune.measurement.compiled import CompileCheck
     from autotune.workload import Workload
 
 __all__ = ["Tuned", "tune"]
@@ -53,6 +54,8 @@ class Tuned:
 
     episode: Episode
     final_knobs: Knobs
+    #: The best step's configuration timed eager and compiled side by side (``compile_check``), or None.
+    compile_check: CompileCheck | None = None
 
 
 def tune(
@@ -71,6 +74,7 @@ def tune(
     status: Status | None = None,
     objective: ObjectiveName = DEFAULT_OBJECTIVE,
     note: Callable[[str], None] | None = None,
+    compile_check: bool | None = None,
 ) -> Tuned:
     """Run ``policy`` for one episode of ``steps`` on ``workload``'s real training loop.
 
@@ -97,6 +101,10 @@ def tune(
             per GiB of peak) or ``"throughput"`` (the most samples/s). The policy acts as it was
             trained either way (on a per-GiB reward, as is its fine-tuning): under ``throughput``
             it proposes where to look, and the pick follows the objective.
+        compile_check: Time the best step's configuration eager and ``torch.compile``-d side by
+            side (:func:`autotune.measurement.compiled.compare_compiled`) and say it in one
+            ``note`` line; None (default): only where the loop runs on CUDA (on the CPU a
+            compile costs a minute or more of a 2-core machine).
 
     Raises:
         ConfigError: ``fine_tune_seconds`` not a finite number >= 0, a budget that does not parse,
@@ -116,6 +124,7 @@ def tune(
     from autotune.policies.episode import retime_best, run_episode
 
     from autotune.search.refine import refine_trials
+    from autotune.train.local import resolve_device
 
     finite = isinstance(fine_tune_seconds, (int, float)) and math.isfinite(fine_tune_seconds)
     if not (finite and fine_tune_seconds >= 0):
@@ -165,10 +174,33 @@ def tune(
         final_knobs = env.knobs
     finally:
         env.close()
-    if retime and all(math.isfinite(s.loss) for s in episode.steps):
+    finite = all(math.isfinite(s.loss) for s in episode.steps)
+    if retime and finite:
         with show("re-timing the best steps side by side"):
             episode = retime_best(episode, workload, threads=torch.get_num_threads())
-    return Tuned(episode=episode, final_knobs=final_knobs)
+    checked = None
+    best = episode.best
+    on_cuda = resolve_device(env.device).type == "cuda"
+    if (on_cuda if compile_check is None else compile_check) and finite and best is not None:
+        # No budget given to the check: the compiled peak is the allocator's, which the episode's
+        # budget (exact tracked bytes, or a fraction of them) does not measure alike.
+        checked = _compile_check(workload, best.config, device=env.device, show=show, note=note or _stderr)
+    return Tuned(episode=episode, final_knobs=final_knobs, compile_check=checked)
+
+
+def _compile_check(
+    workload: Workload, config: Any, *, device: str | None, show: Status, note: Callable[[str], None]
+) -> CompileCheck | None:
+    """The best configuration timed eager and compiled; None (and a line) where it cannot be."""
+    from autotune.measurement.compiled import compare_compiled, compile_line
+
+    if config.on_deepspeed:
+        note("torch.compile: not checked (the best configuration runs on DeepSpeed ranks)")
+        return None
+    with show("timing the best configuration eager and compiled (torch.compile)"):
+        check = compare_compiled(workload, config, device=device)
+    note(compile_line(check))
+    return check
 
 
 def _stderr(line: str) -> None:

@@ -29,6 +29,15 @@ def _raises(msg: str) -> pytest.RaisesContext[ConfigError]:
         ),
         ({"precision": ()}, "TrainConfig.precision must have at least one entry, but got ()."),
         (
+            {"compile": "reduce-overhead"},
+            "TrainConfig.compile must be one of ('none', 'default', 'max-autotune'), but got 'reduce-overhead'.",
+        ),
+        (
+            {"compile": "default", "zero_stage": 2},
+            "TrainConfig.compile must be 'none' on DeepSpeed ranks (zero_stage > 0 or ranks > 1), but got "
+            "'default' with zero_stage=2, ranks=1.",
+        ),
+        (
             {"outer_precision": "fp8"},
             "TrainConfig.outer_precision must be one of ('fp32', 'bf16', 'fp16'), but got 'fp8'.",
         ),
@@ -86,7 +95,7 @@ def test_json_round_trip_with_per_block_lists() -> None:
 
 def test_from_dict_rejects_unknown_field() -> None:
     with _raises(
-        "TrainConfig has no field 'microbatch' (known fields: checkpoint, grad_accum_steps, grad_clip, "
+        "TrainConfig has no field 'microbatch' (known fields: checkpoint, compile, grad_accum_steps, grad_clip, "
         "lr_decay_steps, lr_min_ratio, lr_scaling, lr_schedule, lr_warmup_steps, micro_batch_size, "
         "outer_precision, precision, ranks, seed, zero_stage)."
     ):
@@ -148,3 +157,16 @@ def test_outer_precision_round_trips_through_json() -> None:
     assert c.to_dict()["outer_precision"] == "bf16"
     assert TrainConfig.from_json(c.to_json()) == c
     assert TrainConfig.from_dict({"micro_batch_size": 4}).outer_precision == "fp32"
+
+
+# ---- torch.compile (issue 42) -----------------------------------------------------------------------
+
+
+def test_compile_shows_only_when_on() -> None:
+    eager = TrainConfig(checkpoint=True)
+    assert "compile" not in eager.to_dict()  # an eager config's JSON is as it was
+    compiled = dataclasses.replace(eager, compile="max-autotune")
+    assert compiled.describe() == "micro x acc x ranks 8x1x1 | fp32 | ckpt all | ZeRO 0 | compile max-autotune"
+    assert compiled.to_dict()["compile"] == "max-autotune"
+    assert TrainConfig.from_json(compiled.to_json()) == compiled
+    assert TrainConfig.from_dict({"micro_batch_size": 4}).compile == "none"

@@ -104,6 +104,13 @@ def register(sub: Any) -> None:
         help="re-time the three best steps side by side before naming the best (default: on; seconds)",
     )
     p.add_argument(
+        "--compile-check",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time the best configuration eager and torch.compile-d side by side and say whether compiling pays "
+        "(default: on where the loop runs on CUDA, off on the CPU, where a compile costs a minute or more)",
+    )
+    p.add_argument(
         "--refine",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -253,6 +260,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         seed=args.seed,
         refine=args.refine,
         retime=args.retime,
+        compile_check=args.compile_check,
         status=make_console(stderr=True).status,
         objective=objective,
     )

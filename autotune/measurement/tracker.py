@@ -214,7 +214,9 @@ def tracked_step(trainer: Trainer) -> TrackedStep:
     """Run one real optimizer step of the local trainer under exact memory tracking."""
     tracker = tracker_class()(device=trainer.device)
     tracker.track_external(trainer.model, trainer.optimizer)
-    with tracker:
+    # A compiled configuration's step runs eagerly under the tracker (Dynamo steps aside under a
+    # dispatch mode): its tracked peak is the eager forward's (docs/study.md, "torch.compile").
+    with trainer.eagerly(), tracker:
         # MemTracker's module stats raise on a module seen twice ("multiple iterative calls")
         # unless reset before each forward: with accumulation, before every micro-batch.
         result = trainer.step(before_micro_batch=tracker.reset_mod_stats)

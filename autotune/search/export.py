@@ -23,6 +23,7 @@ __all__ = [
     "ExportFormat",
     "EXPORT_FORMATS",
     "allocator_note",
+    "compile_note",
     "export_config",
     "hf_training_arguments",
     "objective_note",
@@ -49,6 +50,19 @@ def objective_note(objective: ObjectiveName) -> str:
     if objective == DEFAULT_OBJECTIVE:
         return "recommended for the most samples/s per GiB of peak within the memory budget (objective per-gib)"
     return "recommended for the most samples/s within the memory budget (objective throughput), not per GiB"
+
+
+def compile_note(config: TrainConfig) -> str | None:
+    """One line for the DeepSpeed export of a compiled configuration, else None: DeepSpeed's JSON
+    has no key that compiles the model (its ``compile`` section configures DeepCompile's passes);
+    compiling is a call on the engine."""
+    if config.compile == "none":
+        return None
+    mode = "" if config.compile == "default" else f"mode={config.compile!r}"
+    return (
+        f"the configuration is compiled (torch.compile {config.compile}): DeepSpeed's JSON has no key for it, "
+        f"call engine.compile({mode}) after deepspeed.initialize"
+    )
 
 
 def hf_training_arguments(config: TrainConfig, *, num_blocks: int) -> dict[str, Any] | None:
@@ -80,6 +94,10 @@ def hf_training_arguments(config: TrainConfig, *, num_blocks: int) -> dict[str, 
         args[config.outer_precision] = True
     if checkpoints == {True}:
         args["gradient_checkpointing"] = True
+    if config.compile != "none":
+        args["torch_compile"] = True
+        if config.compile != "default":
+            args["torch_compile_mode"] = config.compile
     return args
 
 
@@ -119,8 +137,22 @@ def apply(model, device_type="cpu"):
     Train with micro-batch CONFIG.micro_batch_size and CONFIG.grad_accum_steps accumulation steps
     (effective batch {config.effective_batch_size}). Returns a handle: `handle.remove()` undoes it.
     """
-    return apply_config(model, BLOCKS, CONFIG, device_type=device_type)
+{_apply_body(config)}
 '''
+
+
+def _apply_body(config: TrainConfig) -> str:
+    """The body of the snippet's ``apply()``: the wrappers, and for a compiled configuration the
+    model compiled in place after them (``nn.Module.compile``: the handle stays what it returns)."""
+    call = "apply_config(model, BLOCKS, CONFIG, device_type=device_type)"
+    if config.compile == "none":
+        return f"    return {call}"
+    mode = "" if config.compile == "default" else f"mode={config.compile!r}"
+    return (
+        f"    handle = {call}\n"
+        f"    model.compile({mode})  # torch.compile in place ({config.compile}), as it was measured\n"
+        "    return handle"
+    )
 
 
 def export_config(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -98,6 +100,11 @@ class Trainer(BaseTrainer):
         # track_noise=False exists for the overhead benchmark: no hooks, no per-step sync.
         self.gns = GradientNoiseMonitor(self.model.parameters() if track_noise else [], decay=gns_decay)
         self._wrappers: BlockWrappers | None = None
+        self._block_knobs: tuple[object, ...] | None = None  # what the installed wrappers do
+        # torch.compile of the model, one per mode, made on first use and kept: switching back
+        # to a mode reuses its compiled code (Dynamo's cache, guarded by what the forward reads).
+        self._compiled: dict[str, torch.nn.Module] = {}
+        self._eager = False  # see eagerly()
         self._loader_key: tuple[int, int] | None = None
         self._batches: Iterator[Any] = iter(())
         self._losses: list[torch.Tensor] = []
@@ -112,16 +119,21 @@ class Trainer(BaseTrainer):
         """Block wrappers, micro-batch stream and loss scaling for ``config`` on the live model."""
         n = len(self.block_names)
         precisions, checkpoints = config.block_precisions(n), config.block_checkpoints(n)
-        if self._wrappers is not None:
-            self._wrappers.remove()
-        self._wrappers = apply_block_knobs(
-            self.model,
-            self.block_names,
-            precisions,
-            checkpoints,
-            device_type=self.device.type,
-            outer=config.outer_precision,
-        )
+        knobs = (precisions, checkpoints, config.outer_precision)
+        # The same block knobs keep the same wrappers: new wrapper functions are a new forward
+        # for a compiled model (Dynamo guards on them), so reinstalling them would recompile.
+        if knobs != self._block_knobs:
+            if self._wrappers is not None:
+                self._wrappers.remove()
+            self._wrappers = apply_block_knobs(
+                self.model,
+                self.block_names,
+                precisions,
+                checkpoints,
+                device_type=self.device.type,
+                outer=config.outer_precision,
+            )
+            self._block_knobs = knobs
         if config.uses_fp16 and not self.scaler.is_enabled():
             self.scaler = torch.amp.GradScaler(self.device.type)
         elif not config.uses_fp16:
@@ -155,6 +167,35 @@ class Trainer(BaseTrainer):
                     "its IterableDataset, but a pass yielded fewer."
                 )
 
+    @property
+    def forward_model(self) -> torch.nn.Module:
+        """What the step calls: the model, or its ``torch.compile`` in the configuration's mode
+        (compiled on first use, then kept; the weights are the model's own)."""
+        mode = self.config.compile
+        if mode == "none" or self._eager:
+            return self.model
+        if mode not in self._compiled:
+            # The compile itself happens at the first call (the next step), not here. The first
+            # torch.compile of a process imports inductor, whose import of torch.utils.mkldnn
+            # warns that torch.jit.script_method is deprecated: torch's noise, not the user's.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r".*torch\.jit\.script_method", category=DeprecationWarning)
+                compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
+            assert isinstance(compiled, torch.nn.Module)
+            self._compiled[mode] = compiled
+        return self._compiled[mode]
+
+    @contextlib.contextmanager
+    def eagerly(self) -> Iterator[None]:
+        """Steps inside call the model itself, compiled configuration or not: for the exact memory
+        tracker, a ``TorchDispatchMode``, under which Dynamo runs the model eagerly anyway (and the
+        tracker's global module hooks would fire twice through a compiled wrapper)."""
+        self._eager = True
+        try:
+            yield
+        finally:
+            self._eager = False
+
     # ---- the step hooks ---------------------------------------------------------------------------
 
     def _next_batch(self) -> Any:
@@ -171,7 +212,7 @@ class Trainer(BaseTrainer):
         self._losses = []
 
     def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
-        loss = self._loss(self.model, batch)
+        loss = self._loss(self.forward_model, batch)
         self.scaler.scale(loss / count if share is None else loss * share).backward()
         if self._noisy:
             self.gns.end_micro_batch()
@@ -230,6 +271,8 @@ class Trainer(BaseTrainer):
         if self._wrappers is not None:
             self._wrappers.remove()
             self._wrappers = None
+        self._block_knobs = None
+        self._compiled.clear()
         self.gns.remove()
         self._batches = iter(())
         self._loader_key = None

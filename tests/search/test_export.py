@@ -151,3 +151,48 @@ def test_the_deepspeed_export_of_the_whole_model_in_bf16_is_the_bf16_engine() ->
         dataclasses.replace(RECIPE, ranks=2, zero_stage=2, outer_precision="fp32"), num_blocks=4, largest_parameter=10
     )
     assert json.loads(text) == blocks_only and json.loads(text)["bf16"] == {"enabled": True}
+
+
+# ---- torch.compile (issue 42) -----------------------------------------------------------------------
+
+
+def test_the_exports_of_a_compiled_configuration_compile() -> None:
+    from autotune.search.export import compile_note, hf_training_arguments
+
+    compiled = dataclasses.replace(RECIPE, compile="default")
+    assert hf_training_arguments(compiled, num_blocks=4) == {
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+        "bf16": True,
+        "gradient_checkpointing": True,
+        "torch_compile": True,
+    }
+    autotuned = dataclasses.replace(RECIPE, compile="max-autotune")
+    assert hf_training_arguments(autotuned, num_blocks=4)["torch_compile_mode"] == "max-autotune"  # type: ignore[index]
+    code = export_config(autotuned, "python", block_names=BLOCKS, workload="w", largest_parameter=1)
+    assert code.endswith(
+        "    handle = apply_config(model, BLOCKS, CONFIG, device_type=device_type)\n"
+        "    model.compile(mode='max-autotune')  # torch.compile in place (max-autotune), as it was measured\n"
+        "    return handle\n"
+    )
+    eager = export_config(RECIPE, "python", block_names=BLOCKS, workload="w", largest_parameter=1)
+    assert eager.endswith("    return apply_config(model, BLOCKS, CONFIG, device_type=device_type)\n")
+    assert compile_note(RECIPE) is None
+    assert compile_note(compiled) == (
+        "the configuration is compiled (torch.compile default): DeepSpeed's JSON has no key for it, call "
+        "engine.compile() after deepspeed.initialize"
+    )
+
+
+# The first torch.compile of a process imports inductor, which warns about torch.jit (torch's own noise).
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script_method:DeprecationWarning")
+def test_the_exported_apply_compiles_the_model_in_place() -> None:
+    code = export_config(
+        dataclasses.replace(CONFIG, compile="default"), "python", block_names=BLOCKS, workload="w", largest_parameter=1
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "snippet.py", "exec"), namespace)
+    model = make_resmlp().model
+    handle = namespace["apply"](model)
+    assert model._compiled_call_impl is not None  # nn.Module.compile: compiled at its first call
+    handle.remove()

@@ -60,3 +60,34 @@ def test_an_iterable_dataset_is_read_in_its_own_order_with_the_workload_s_collat
     expected = [wl.collate(sequences[i % 64 : i % 64 + 4]) for i in range(0, 72, 4)]
     for got, want in zip([b for step in drawn for b in step], expected, strict=True):
         assert torch.equal(got["input_ids"], want["input_ids"])
+
+
+# ---- torch.compile (issue 42) -----------------------------------------------------------------------
+
+
+def test_a_change_that_leaves_the_block_knobs_keeps_their_wrappers() -> None:
+    # New wrapper functions are a new forward to Dynamo: a compiled model would recompile.
+    wl = make_resmlp(depth=2, d=32, n=64)
+    trainer = Trainer(wl, TrainConfig(micro_batch_size=8, checkpoint=(True, False)))
+    block = trainer.model.get_submodule(trainer.block_names[0])
+    wrapper = block.__dict__["forward"]
+    trainer.reconfigure(TrainConfig(micro_batch_size=4, grad_accum_steps=2, checkpoint=(True, False)))
+    assert block.__dict__["forward"] is wrapper
+    trainer.reconfigure(TrainConfig(micro_batch_size=4, checkpoint=(False, True)))
+    assert block.__dict__.get("forward") is None  # the knobs changed: rewrapped
+    trainer.close()
+
+
+def test_the_step_calls_the_model_or_its_compile_made_once_per_mode() -> None:
+    wl = make_resmlp(depth=2, d=32, n=64)
+    trainer = Trainer(wl, TrainConfig(micro_batch_size=8))
+    assert trainer.forward_model is trainer.model
+    trainer.reconfigure(TrainConfig(micro_batch_size=8, compile="default"))
+    compiled = trainer.forward_model  # made, not yet compiled: Dynamo compiles at the first call
+    assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
+    assert compiled._orig_mod is trainer.model and trainer.forward_model is compiled
+    trainer.reconfigure(TrainConfig(micro_batch_size=8))
+    assert trainer.forward_model is trainer.model
+    trainer.reconfigure(TrainConfig(micro_batch_size=8, compile="default"))
+    assert trainer.forward_model is compiled  # back to the mode: its compiled code is reused
+    trainer.close()
