@@ -111,7 +111,7 @@ class Trainer(BaseTrainer):
     def _apply(self, config: TrainConfig) -> None:
         """Block wrappers, micro-batch stream and loss scaling for ``config`` on the live model."""
         n = len(self.block_names)
-        precisions, checkpoints = config.block_precisions(n), config.block_checkpoints(n)
+        precisions, checkpoints = config.block_precisions(n), config.checkpoint_levels(n)
         if self._wrappers is not None:
             self._wrappers.remove()
         self._wrappers = apply_block_knobs(

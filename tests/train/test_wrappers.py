@@ -27,7 +27,7 @@ def test_apply_then_remove_restores_the_model_exactly() -> None:
     x = torch.randn(2, 32, 16)
     reference = model(x)
     wrappers = apply_block_knobs(
-        model, names, ["bf16", "fp16", "fp32", "fp32"], [True, False, True, False], device_type="cpu"
+        model, names, ["bf16", "fp16", "fp32", "fp32"], ["full", "none", "full", "none"], device_type="cpu"
     )
     assert sum("forward" in model.get_submodule(n).__dict__ for n in names) == 3  # fp32 + no ckpt: untouched
     wrapped = model(x)
@@ -46,7 +46,9 @@ def test_checkpointing_gives_identical_loss_and_gradients() -> None:
     model(x).square().mean().backward()
     plain = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad()
-    wrappers = apply_block_knobs(model, [f"blocks.{i}" for i in range(4)], ["fp32"] * 4, [True] * 4, device_type="cpu")
+    wrappers = apply_block_knobs(
+        model, [f"blocks.{i}" for i in range(4)], ["fp32"] * 4, ["full"] * 4, device_type="cpu"
+    )
     model(x).square().mean().backward()
     wrappers.remove()
     recomputed = [p.grad for p in model.parameters() if p.grad is not None]
@@ -124,7 +126,7 @@ def test_recompute_updates_running_state_once(kind: str, micro_batches: int) -> 
     xs = _inputs(kind)[:micro_batches]
     expected = _accumulate(plain, xs)
     names = ["0", "1", "2"]
-    wrappers = apply_block_knobs(recomputed, names, ["fp32"] * 3, [True] * 3, device_type="cpu")
+    wrappers = apply_block_knobs(recomputed, names, ["fp32"] * 3, ["full"] * 3, device_type="cpu")
     losses = _accumulate(recomputed, xs)
     wrappers.remove()
     assert all(torch.equal(a, b) for a, b in zip(losses, expected, strict=True))
@@ -190,11 +192,11 @@ def test_effective_knobs_merge_the_positions_of_one_module() -> None:
     model = _shared_model()
     blocks = [model.get_submodule(n) for n in SHARED]
     assert blocks[3] is blocks[0]
-    merged = effective_block_knobs(blocks, ["fp32", "bf16", "fp32", "fp16"], [False, False, False, True])
-    assert merged == (("fp16", "bf16", "fp32", "fp16"), (True, False, False, True))
-    first = effective_block_knobs(blocks, ["bf16", "fp32", "fp32", "fp16"], [True, False, False, False])
-    assert first == (("bf16", "fp32", "fp32", "bf16"), (True, False, False, True))
-    assert effective_block_knobs(blocks, ["fp32"] * 4, [False] * 4) == (("fp32",) * 4, (False,) * 4)
+    merged = effective_block_knobs(blocks, ["fp32", "bf16", "fp32", "fp16"], ["none", "none", "none", "full"])
+    assert merged == (("fp16", "bf16", "fp32", "fp16"), ("full", "none", "none", "full"))
+    first = effective_block_knobs(blocks, ["bf16", "fp32", "fp32", "fp16"], ["full", "none", "none", "none"])
+    assert first == (("bf16", "fp32", "fp32", "bf16"), ("full", "none", "none", "full"))
+    assert effective_block_knobs(blocks, ["fp32"] * 4, ["none"] * 4) == (("fp32",) * 4, ("none",) * 4)
 
 
 def test_a_shared_module_is_wrapped_once_and_removed_exactly() -> None:
@@ -202,7 +204,7 @@ def test_a_shared_module_is_wrapped_once_and_removed_exactly() -> None:
     dicts = [dict(m.__dict__) for m in model.modules()]
     hooks = _hooks(model)
     wrappers = apply_block_knobs(
-        model, SHARED, ["bf16", "fp32", "fp32", "fp16"], [False, True, False, True], device_type="cpu"
+        model, SHARED, ["bf16", "fp32", "fp32", "fp16"], ["none", "full", "none", "full"], device_type="cpu"
     )
     assert wrappers.modules == (model[0], model[1])
     model(torch.randn(4, 8)).sum().backward()
@@ -215,7 +217,7 @@ def test_a_shared_module_recomputed_at_one_position_keeps_its_state_exact() -> N
     plain, recomputed = _shared_model(), _shared_model()
     xs = [x[:, :8] for x in _inputs("bn1d")]
     expected = _accumulate(plain, xs)
-    wrappers = apply_block_knobs(recomputed, SHARED, ["fp32"] * 4, [False, False, False, True], device_type="cpu")
+    wrappers = apply_block_knobs(recomputed, SHARED, ["fp32"] * 4, ["none", "none", "none", "full"], device_type="cpu")
     losses = _accumulate(recomputed, xs)
     wrappers.remove()
     assert all(torch.equal(a, b) for a, b in zip(losses, expected, strict=True))
@@ -271,7 +273,7 @@ def test_an_fp32_block_under_outer_bf16_takes_fp32_inputs_and_nothing_is_cast_ba
         for n in names
     ]
     wrappers = apply_block_knobs(
-        model, names, ["bf16", "fp32", "bf16"], [False, True, False], device_type="cpu", outer="bf16"
+        model, names, ["bf16", "fp32", "bf16"], ["none", "full", "none"], device_type="cpu", outer="bf16"
     )
     assert [("forward" in model.get_submodule(n).__dict__) for n in names] == [False, True, False]
     with outer_autocast("bf16", "cpu"):
@@ -294,7 +296,12 @@ def test_apply_then_remove_with_an_outer_precision_restores_the_model_exactly() 
     reference = model(x)
     outer = apply_outer_precision(model, "bf16", device_type="cpu")
     blocks = apply_block_knobs(
-        model, names, ["bf16", "fp32", "fp32", "bf16"], [True, False, True, False], device_type="cpu", outer="bf16"
+        model,
+        names,
+        ["bf16", "fp32", "fp32", "bf16"],
+        ["full", "none", "full", "none"],
+        device_type="cpu",
+        outer="bf16",
     )
     wrapped = model(x)  # no outer_autocast here: the model's own forward opens it
     assert wrapped.dtype == torch.bfloat16  # the head ran in bf16
