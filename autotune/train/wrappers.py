@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map_only
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from autotune.config import RECOMPUTE_LEVELS, Precision, RecomputeLevel, TrainConfig
 from autotune.train.recompute import RecomputeKeepsState, has_running_state
@@ -210,19 +210,19 @@ def _wrapped_forward(
         # saving comes from.
         return tree_map_only(torch.Tensor, _to_fp32, out)
 
+    def contexts() -> tuple[Any, Any]:
+        # One pair per checkpoint invocation: selective recompute's cache of matmul-like outputs
+        # (autocast inside ``run`` is below it, so they are kept in the block's precision), and
+        # the running-state guard around it (autotune/train/recompute.py): a recompute would
+        # update running state (BatchNorm's) a second time, and a selective one re-runs the norms.
+        pair = selective_contexts() if ckpt == "selective" else noop_context_fn()
+        return RecomputeKeepsState(block).contexts(*pair) if has_running_state(block) else pair
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         if ckpt != "none" and torch.is_grad_enabled():
             # Non-reentrant checkpointing (the recommended mode): works with kwargs, autocast
-            # inside the region is replayed on recompute, RNG state is restored. Its recompute
-            # would update running state (BatchNorm's) a second time: RecomputeKeepsState, one
-            # per invocation, prevents it (see autotune/train/recompute.py); a selective
-            # recompute re-runs the norms too, so it needs the same guard. Selective: the
-            # context pair that keeps the matmul-like outputs (autocast inside ``run`` is below
-            # it, so the kept outputs are in the block's precision).
-            fn = RecomputeKeepsState(block, run) if has_running_state(block) else run
-            if ckpt == "selective":
-                return checkpoint(fn, *args, use_reentrant=False, context_fn=selective_contexts, **kwargs)
-            return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+            # inside the region is replayed on recompute, RNG state is restored.
+            return checkpoint(run, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         return run(*args, **kwargs)
 
     return forward

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from autotune import TrainConfig, Workload
+from autotune.config import Checkpoint, Precision, RecomputeLevel
 from autotune.search.export import python_snippet
 from autotune.train.wrappers import apply_block_knobs, apply_outer_precision, effective_block_knobs, outer_autocast
 from tests.conftest import make_resmlp, trained_step
@@ -40,18 +41,27 @@ def test_apply_then_remove_restores_the_model_exactly() -> None:
     assert torch.equal(model(x), reference)
 
 
-def test_checkpointing_gives_identical_loss_and_gradients() -> None:
+@pytest.mark.parametrize("level", ["full", "selective"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_checkpointing_gives_identical_loss_and_gradients(level: RecomputeLevel, precision: Precision) -> None:
+    # Bit for bit: the recompute runs the same kernels on the same inputs (a selective one takes
+    # the kept matmul outputs as they were), in the block's autocast precision too.
     model = make_resmlp().model
+    names = [f"blocks.{i}" for i in range(4)]
     x = torch.randn(4, 32, 16)
-    model(x).square().mean().backward()
+    plain_wrappers = apply_block_knobs(model, names, [precision] * 4, ["none"] * 4, device_type="cpu")
+    expected = model(x).square().mean()
+    expected.backward()
+    plain_wrappers.remove()
     plain = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad()
-    wrappers = apply_block_knobs(
-        model, [f"blocks.{i}" for i in range(4)], ["fp32"] * 4, ["full"] * 4, device_type="cpu"
-    )
-    model(x).square().mean().backward()
+    wrappers = apply_block_knobs(model, names, [precision] * 4, [level] * 4, device_type="cpu")
+    loss = model(x).square().mean()
+    loss.backward()
     wrappers.remove()
     recomputed = [p.grad for p in model.parameters() if p.grad is not None]
+    assert torch.equal(loss, expected)
+    assert len(recomputed) == len(plain) == len(list(model.parameters()))  # every parameter got its gradient
     assert all(torch.equal(a, b) for a, b in zip(plain, recomputed, strict=True))
 
 
@@ -119,14 +129,15 @@ def _same_state(a: nn.Module, b: nn.Module) -> bool:
     )
 
 
+@pytest.mark.parametrize("level", ["full", "selective"])
 @pytest.mark.parametrize("kind", ["bn1d", "bn2d", "running-mean"])
 @pytest.mark.parametrize("micro_batches", [1, 2])
-def test_recompute_updates_running_state_once(kind: str, micro_batches: int) -> None:
+def test_recompute_updates_running_state_once(kind: str, micro_batches: int, level: RecomputeLevel) -> None:
     plain, recomputed = _stateful_blocks(kind), _stateful_blocks(kind)
     xs = _inputs(kind)[:micro_batches]
     expected = _accumulate(plain, xs)
     names = ["0", "1", "2"]
-    wrappers = apply_block_knobs(recomputed, names, ["fp32"] * 3, ["full"] * 3, device_type="cpu")
+    wrappers = apply_block_knobs(recomputed, names, ["fp32"] * 3, [level] * 3, device_type="cpu")
     losses = _accumulate(recomputed, xs)
     wrappers.remove()
     assert all(torch.equal(a, b) for a, b in zip(losses, expected, strict=True))
@@ -148,21 +159,23 @@ def _stateful_workload(kind: str) -> Workload:
     return Workload(name=kind, model=model, dataset=data, loss_fn=loss_fn, blocks=["0", "1", "2"], batch_size=8)
 
 
+@pytest.mark.parametrize("checkpoint", [True, "selective"])
 @pytest.mark.parametrize(
     ("kind", "precision"), [("bn1d", "fp32"), ("bn2d", "fp32"), ("running-mean", "fp32"), ("bn2d", "bf16")]
 )
-def test_the_local_trainer_recomputes_running_state_exactly(kind: str, precision: str) -> None:
+def test_the_local_trainer_recomputes_running_state_exactly(kind: str, precision: str, checkpoint: Checkpoint) -> None:
     workload = _stateful_workload(kind)
     plain_loss, plain = trained_step(workload, precision=precision)
-    loss, state = trained_step(workload, precision=precision, checkpoint=True)
+    loss, state = trained_step(workload, precision=precision, checkpoint=checkpoint)
     assert loss == plain_loss
     assert plain.keys() == state.keys() and all(torch.equal(plain[k], state[k]) for k in plain)
     counter = "0.steps" if kind == "running-mean" else "0.1.num_batches_tracked"
     assert int(state[counter]) == 2  # two micro-batches, one update each
 
 
-def test_the_exported_apply_recomputes_batchnorm_exactly() -> None:
-    config = TrainConfig(micro_batch_size=6, checkpoint=True)
+@pytest.mark.parametrize("checkpoint", [True, "selective"])
+def test_the_exported_apply_recomputes_batchnorm_exactly(checkpoint: Checkpoint) -> None:
+    config = TrainConfig(micro_batch_size=6, checkpoint=checkpoint)
     code = python_snippet(config, block_names=("0", "1", "2"), workload="bn2d")
     namespace: dict[str, Any] = {}
     exec(compile(code, "snippet.py", "exec"), namespace)
