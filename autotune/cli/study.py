@@ -291,7 +291,7 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
 def _cmd_best(args: argparse.Namespace) -> int:
 
     from autotune.errors import StudyError
-    from autotune.search.export import allocator_note, export_config, objective_note
+    from autotune.search.export import allocator_note, export_config, objective_note, recompute_note
     from autotune.search.results import require_recommended, summarize
     from autotune.search.storage import load_existing_study
 
@@ -327,6 +327,9 @@ def _cmd_best(args: argparse.Namespace) -> int:
     if args.format == "deepspeed":  # JSON has no comments: the allocator setting goes to stderr
         print(f"autotune best: {allocator_note(expandable)}", file=sys.stderr)
         print(f"autotune best: {objective_note(summary.objective)}", file=sys.stderr)  # and what it is for
+        recompute = recompute_note(best.config, num_blocks=len(blocks))
+        if recompute is not None:
+            print(f"autotune best: {recompute}", file=sys.stderr)
     return 0
 
 
