@@ -35,7 +35,7 @@ def measurement_table(m: Measurement) -> Table:
     ckpt = (
         c.checkpoint
         if not isinstance(c.checkpoint, tuple)
-        else ",".join({True: "1", False: "0"}.get(x, "s") for x in c.checkpoint)
+        else ",".join({True: "1", False: "0", "selective": "s"}[x] for x in c.checkpoint)
     )
     table.add_row(
         "config",

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from autotune.config import REDUCED_PRECISIONS, Precision, TrainConfig
+from autotune.config import REDUCED_PRECISIONS, Checkpoint, Precision, TrainConfig
 from autotune.errors import ConfigError, PredictionWarning, one_line
 from autotune.memory.model import compose_memory
 from autotune.memory.profile import mode_precisions, outer_mode
@@ -165,7 +165,7 @@ def check_configs(profile: MemoryProfile) -> dict[str, TrainConfig]:
     if profile.modes["fp32"].checkpointed is not None:
         out["recompute"] = TrainConfig(micro_batch_size=small, checkpoint=some)
     if profile.modes["fp32"].selective is not None:
-        selective = tuple("selective" if x else False for x in some)
+        selective: tuple[Checkpoint, ...] = tuple("selective" if x else False for x in some)
         out["selective"] = TrainConfig(micro_batch_size=small, checkpoint=selective)
     for mode in REDUCED_PRECISIONS:
         if mode in profile.modes:

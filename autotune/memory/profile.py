@@ -559,7 +559,7 @@ def _saved_outputs_class() -> type[Any]:
 
     from autotune.train.selective import saved_output
 
-    class _SavedOutputs(TorchDispatchMode):  # type: ignore[misc]
+    class _SavedOutputs(TorchDispatchMode):
         """Hands ``note`` the output of every operation a selective block keeps."""
 
         def __init__(self, note: Callable[[Any], None]) -> None:

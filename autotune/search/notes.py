@@ -24,7 +24,7 @@ def _knobs(config: TrainConfig) -> str:
     ckpt = (
         config.checkpoint
         if not isinstance(config.checkpoint, tuple)
-        else "".join({True: "x", False: "."}.get(c, "s") for c in config.checkpoint)  # s: selective
+        else "".join({True: "x", False: ".", "selective": "s"}[c] for c in config.checkpoint)  # s: selective
     )
     return (
         f"| micro-batch x accumulation x ranks | {config.micro_batch_size} x {config.grad_accum_steps} x "

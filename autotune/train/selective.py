@@ -83,4 +83,5 @@ def selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Checkpoint
 def selective_contexts() -> tuple[Any, Any]:
     """A fresh (forward, recompute) context pair for one checkpoint invocation: the ``context_fn``
     of ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``."""
-    return create_selective_checkpoint_contexts(selective_policy)
+    contexts: tuple[Any, Any] = create_selective_checkpoint_contexts(selective_policy)
+    return contexts
