@@ -18,12 +18,16 @@ from autotune.errors import ConfigError
 
 __all__ = [
     "COMPILE_MODES",
-    "CompileMode",
     "MEASURED_KEY",
     "PRECISIONS",
+    "RECOMPUTE_LEVELS",
     "REDUCED_PRECISIONS",
+    "Checkpoint",
+    "CompileMode",
     "Precision",
+    "RecomputeLevel",
     "TrainConfig",
+    "recompute_level",
 ]
 
 #: The key of ``autotune best --format json`` holding what the study measured for the
@@ -35,6 +39,14 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 #: The autocast precisions (every precision but fp32).
 REDUCED_PRECISIONS: tuple[Precision, ...] = ("bf16", "fp16")
+#: What a block keeps for backward: everything it saves (``none``), only the outputs of its
+#: matmul-like operations and its input (``selective``, the rest recomputed), or only its input
+#: (``full``, the whole block recomputed).
+RecomputeLevel = Literal["none", "selective", "full"]
+RECOMPUTE_LEVELS: tuple[RecomputeLevel, ...] = get_args(RecomputeLevel)
+#: One block's entry of ``TrainConfig.checkpoint``: ``False`` (none), ``True`` (full) or ``"selective"``.
+Checkpoint = bool | Literal["selective"]
+_LEVEL_OF: dict[object, RecomputeLevel] = {False: "none", True: "full", "selective": "selective"}
 LrScaling = Literal["linear", "sqrt", "none"]
 LrSchedule = Literal["constant", "cosine"]
 #: ``torch.compile`` of the model: off, its default mode, or ``max-autotune`` (longer compile,
@@ -62,8 +74,14 @@ class TrainConfig:
             must be fp32 or this same precision: one autocast dtype per step (fp16 and bf16 hold
             the same bytes, and a DeepSpeed engine has one precision). fp16 turns on dynamic loss
             scaling.
-        checkpoint: Activation checkpointing (recompute in backward) of each block: one bool for
-            every block, or a tuple with one entry per block.
+        checkpoint: Activation recompute of each block, one value for every block or a tuple with
+            one entry per block: ``False`` keeps what the block saves, ``True`` checkpoints the
+            whole block (only its input is kept, everything recomputed in backward) and
+            ``"selective"`` keeps its input and the outputs of its matmul-like operations (matmuls,
+            attention, convolutions) and recomputes the rest (norms, activations, elementwise:
+            cheap to recompute, as torchtitan's per-operation default). The field stays a bool
+            where it was one, so every configuration and JSON written before the third level
+            still reads the same; :meth:`checkpoint_levels` names the three levels.
         zero_stage: DeepSpeed ZeRO stage 0-3 (0 = plain data parallel / single process).
         lr_scaling: How the workload's base learning rate scales with the effective batch B:
             ``linear`` eta = eta_base * B / B_base (Goyal et al. 2017), ``sqrt`` eta_base *
@@ -103,7 +121,7 @@ class TrainConfig:
     ranks: int = 1
     precision: Precision | tuple[Precision, ...] = "fp32"
     outer_precision: Precision = "fp32"
-    checkpoint: bool | tuple[bool, ...] = False
+    checkpoint: Checkpoint | tuple[Checkpoint, ...] = False
     zero_stage: int = 0
     lr_scaling: LrScaling = "linear"
     lr_warmup_steps: int = 0
@@ -144,8 +162,8 @@ class TrainConfig:
             if len(self.checkpoint) == 0:
                 raise ConfigError("TrainConfig.checkpoint must have at least one entry, but got ().")
         for c in _as_tuple(self.checkpoint):
-            if not isinstance(c, bool):
-                raise ConfigError(f"TrainConfig.checkpoint entries must be bool, but got {c!r}.")
+            if not isinstance(c, bool) and c != "selective":
+                raise ConfigError(f"TrainConfig.checkpoint entries must be True, False or 'selective', but got {c!r}.")
         if self.lr_scaling not in get_args(LrScaling):
             raise ConfigError(
                 f"TrainConfig.lr_scaling must be one of {get_args(LrScaling)}, but got {self.lr_scaling!r}."
@@ -184,8 +202,18 @@ class TrainConfig:
         return _broadcast("precision", self.precision, num_blocks)
 
     def block_checkpoints(self, num_blocks: int) -> tuple[bool, ...]:
-        """Per-block checkpointing for a model with ``num_blocks`` blocks."""
-        return _broadcast("checkpoint", self.checkpoint, num_blocks)
+        """Per block of a model with ``num_blocks`` blocks, whether it is recomputed whole
+        (``checkpoint`` True): a selective block is not (see :meth:`checkpoint_levels`)."""
+        return tuple(level == "full" for level in self.checkpoint_levels(num_blocks))
+
+    def checkpoint_levels(self, num_blocks: int) -> tuple[RecomputeLevel, ...]:
+        """Per-block recompute level (``none``, ``selective``, ``full``) for ``num_blocks`` blocks.
+
+        Example:
+            >>> TrainConfig(checkpoint=(True, "selective", False)).checkpoint_levels(3)
+            ('full', 'selective', 'none')
+        """
+        return tuple(recompute_level(c) for c in _broadcast("checkpoint", self.checkpoint, num_blocks))
 
     @property
     def on_deepspeed(self) -> bool:
@@ -231,14 +259,17 @@ class TrainConfig:
         if self.outer_precision != "fp32":
             prec += f", outer {self.outer_precision}"
         if checkpoints is None:
-            ckpt = "all" if self.checkpoint else "none"
+            ckpt = {False: "none", True: "all", "selective": "sel all"}[self.checkpoint]
         else:
-            ckpt = f"{sum(checkpoints)}/{len(checkpoints)}"
+            n, full = len(checkpoints), sum(c is True for c in checkpoints)
+            selective = sum(c == "selective" for c in checkpoints)
+            ckpt = f"{full}/{n}" + (f" + sel {selective}/{n}" if selective else "")
         return f"{self.micro_batch_size}x{self.grad_accum_steps}x{self.ranks}", prec, ckpt, str(self.zero_stage)
 
     def describe(self) -> str:
-        """One line: ``micro x acc x ranks 8x4x1 | bf16 6/6 | ckpt 3/6 | ZeRO 0``, and ``| compile
-        default`` when the model is compiled."""
+        """One line: ``micro x acc x ranks 8x4x1 | bf16 6/6 | ckpt 3/6 | ZeRO 0`` (selective blocks
+        after the fully recomputed ones: ``ckpt 2/4 + sel 1/4``, every block ``ckpt sel all``), and
+        ``| compile default`` when the model is compiled."""
         batch, prec, ckpt, zero = self.knob_cells()
         line = f"micro x acc x ranks {batch} | {prec} | ckpt {ckpt} | ZeRO {zero}"
         return line if self.compile == "none" else f"{line} | compile {self.compile}"
@@ -302,6 +333,12 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig JSON must be an object, but got {type(data).__name__}.")
         data.pop(MEASURED_KEY, None)  # ``autotune best --format json``'s figures: not configuration
         return cls.from_dict(data)
+
+
+def recompute_level(checkpoint: Checkpoint) -> RecomputeLevel:
+    """The level of one block's ``TrainConfig.checkpoint`` entry: False ``none``, True ``full``,
+    ``"selective"`` itself."""
+    return _LEVEL_OF[checkpoint]
 
 
 def _check_int(name: str, value: object, *, low: int, high: int | None = None) -> None:

@@ -31,7 +31,12 @@ def measurement_table(m: Measurement) -> Table:
     table.add_column("value", justify="right")
     table.add_column("note")
     precision = c.precision if isinstance(c.precision, str) else ",".join(c.precision)
-    ckpt = c.checkpoint if isinstance(c.checkpoint, bool) else ",".join(str(int(x)) for x in c.checkpoint)
+    # Per block: 1 recomputed whole, 0 not, s selectively.
+    ckpt = (
+        c.checkpoint
+        if not isinstance(c.checkpoint, tuple)
+        else ",".join({True: "1", False: "0", "selective": "s"}[x] for x in c.checkpoint)
+    )
     table.add_row(
         "config",
         f"micro {c.micro_batch_size} x accum {c.grad_accum_steps} x ranks {c.ranks}",

@@ -51,7 +51,16 @@ def _raises(msg: str) -> pytest.RaisesContext[ConfigError]:
             "TrainConfig.precision must be fp32 or the outer precision 'bf16' on every block when "
             "outer_precision is reduced, but got 'fp16'.",
         ),
-        ({"checkpoint": (True, 1)}, "TrainConfig.checkpoint entries must be bool, but got 1."),
+        ({"checkpoint": (True, 1)}, "TrainConfig.checkpoint entries must be True, False or 'selective', but got 1."),
+        (
+            {"checkpoint": "full"},
+            "TrainConfig.checkpoint entries must be True, False or 'selective', but got 'full'.",
+        ),
+        (
+            {"checkpoint": (False, "Selective")},
+            "TrainConfig.checkpoint entries must be True, False or 'selective', but got 'Selective'.",
+        ),
+        ({"checkpoint": ()}, "TrainConfig.checkpoint must have at least one entry, but got ()."),
         ({"lr_scaling": "cubic"}, "TrainConfig.lr_scaling must be one of ('linear', 'sqrt', 'none'), but got 'cubic'."),
         ({"lr_schedule": "cosine"}, "TrainConfig.lr_decay_steps is required when lr_schedule='cosine', but got None."),
         ({"lr_min_ratio": 1.5}, "TrainConfig.lr_min_ratio must be in [0, 1], but got 1.5."),
@@ -170,3 +179,34 @@ def test_compile_shows_only_when_on() -> None:
     assert compiled.to_dict()["compile"] == "max-autotune"
     assert TrainConfig.from_json(compiled.to_json()) == compiled
     assert TrainConfig.from_dict({"micro_batch_size": 4}).compile == "none"
+
+
+# ---- selective recompute, the third per-block level (issue 42) -------------------------------------
+
+
+def test_checkpoint_levels_name_the_three_levels_and_block_checkpoints_stay_full_only() -> None:
+    mixed = TrainConfig(checkpoint=(True, "selective", False, "selective"))
+    assert mixed.checkpoint_levels(4) == ("full", "selective", "none", "selective")
+    assert mixed.block_checkpoints(4) == (True, False, False, False)  # whole-block recompute only
+    assert TrainConfig(checkpoint="selective").checkpoint_levels(2) == ("selective", "selective")
+    assert TrainConfig().checkpoint_levels(3) == ("none", "none", "none")
+    assert TrainConfig(checkpoint=True).checkpoint_levels(1) == ("full",)
+    with _raises("TrainConfig.checkpoint must have one entry per block (2 blocks), but got 4 entries."):
+        mixed.checkpoint_levels(2)
+
+
+def test_selective_describe_and_knob_cells() -> None:
+    mixed = TrainConfig(checkpoint=(True, "selective", True, False))
+    assert mixed.describe() == "micro x acc x ranks 8x1x1 | fp32 | ckpt 2/4 + sel 1/4 | ZeRO 0"
+    assert TrainConfig(checkpoint="selective").knob_cells()[2] == "sel all"
+    assert TrainConfig(checkpoint=(True, False)).knob_cells()[2] == "1/2"  # as before the third level
+
+
+def test_selective_json_round_trip_and_old_json_reads_the_same() -> None:
+    mixed = TrainConfig(checkpoint=(True, "selective", False))
+    assert mixed.to_dict()["checkpoint"] == [True, "selective", False]
+    assert TrainConfig.from_json(mixed.to_json()) == mixed
+    every = TrainConfig(checkpoint="selective")
+    assert TrainConfig.from_json(every.to_json()) == every
+    old = TrainConfig.from_json('{"micro_batch_size": 4, "checkpoint": [true, false]}')
+    assert old.checkpoint == (True, False) and old.checkpoint_levels(2) == ("full", "none")

@@ -187,3 +187,8 @@ def _export_deepspeed(path: Path, workload: Any, config: Any, *, device_type: st
         path.write_text(json.dumps(ds, indent=2) + "\n")
     except OSError as e:
         raise ConfigError(f"--export-deepspeed: cannot write {str(path)!r}: {e.strerror}.") from None
+    from autotune.search.export import recompute_note
+
+    note = recompute_note(config, num_blocks=len(workload.block_names()))
+    if note is not None:  # JSON has no comments: what the file cannot say goes to stderr
+        print(f"autotune predict: {note}", file=sys.stderr)

@@ -291,7 +291,7 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
 def _cmd_best(args: argparse.Namespace) -> int:
 
     from autotune.errors import StudyError
-    from autotune.search.export import allocator_note, compile_note, export_config, objective_note
+    from autotune.search.export import allocator_note, compile_note, export_config, objective_note, recompute_note
     from autotune.search.results import require_recommended, summarize
     from autotune.search.storage import load_existing_study
 
@@ -330,6 +330,9 @@ def _cmd_best(args: argparse.Namespace) -> int:
         compiled = compile_note(best.config)
         if compiled is not None:
             print(f"autotune best: {compiled}", file=sys.stderr)
+        recompute = recompute_note(best.config, num_blocks=len(blocks))
+        if recompute is not None:
+            print(f"autotune best: {recompute}", file=sys.stderr)
     return 0
 
 

@@ -522,7 +522,7 @@ class FrameworkLoop:
                 self._model,
                 self._names,
                 config.block_precisions(n),
-                config.block_checkpoints(n),
+                config.checkpoint_levels(n),
                 device_type=device,
                 outer=config.outer_precision,
             )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from autotune.config import Precision, TrainConfig
+from autotune.config import Precision, RecomputeLevel, TrainConfig
 from autotune.memory.check import TOLERANCE
 
 if TYPE_CHECKING:
@@ -110,15 +110,16 @@ def audit_predictions(
 
 def same_state_after_recompute(workload: Workload, config: TrainConfig, *, seed: int = 0) -> bool:
     """Whether one forward/backward of a micro-batch under ``config``'s per-block knobs (its
-    recompute, in fp32) leaves every buffer of the model exactly as a plain one does."""
+    recompute, full or selective, in fp32) leaves every buffer of the model exactly as a plain one does."""
     from autotune.train.wrappers import apply_block_knobs
     from autotune.worst_case import profile_batch
 
     names = workload.block_names()
-    checkpoints = config.block_checkpoints(len(names))
+    levels = config.checkpoint_levels(len(names))
     batch = profile_batch(workload, config.micro_batch_size)
     states = []
-    for ckpt in ([False] * len(names), list(checkpoints)):
+    plain_levels: list[RecomputeLevel] = ["none"] * len(names)
+    for ckpt in (plain_levels, list(levels)):
         model = workload.model_copy()
         wrappers = apply_block_knobs(model, names, ["fp32"] * len(names), ckpt, device_type="cpu")
         torch.manual_seed(seed)  # dropout draws the same masks in both runs

@@ -84,7 +84,7 @@ def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: 
 
 def _count(workload: Workload, model: torch.nn.Module, batch: Any, precision: Precision) -> tuple[int, ...]:
     names = workload.block_names()
-    wrappers = apply_block_knobs(model, names, [precision] * len(names), [False] * len(names), device_type="cpu")
+    wrappers = apply_block_knobs(model, names, [precision] * len(names), ["none"] * len(names), device_type="cpu")
     counts = [0] * len(names)
     state = itertools.chain(model.parameters(), model.buffers())  # BatchNorm saves its running stats
     params = {t.untyped_storage()._cdata for t in state}

@@ -10,6 +10,9 @@ the profile can predict is checked on one real step before a prediction of that 
 * ``recompute``: every other block recomputed (every block, when the blocks are not a chain), at
   the smaller micro-batch size: a block recomputed next to one that is not is where composing
   per-block savings goes wrong;
+* ``selective``: every other block recomputed selectively (likewise), where the profile holds
+  the selective runs: what torch's selective-checkpoint cache keeps is counted from the fake
+  run's operations, which a real step confirms;
 * ``bf16`` / ``fp16``: every other block an autocast island (every block, likewise), for each
   reduced precision the profile holds;
 * ``outer-bf16`` / ``outer-fp16``: a reduced outer precision (the forward and the loss under
@@ -37,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from autotune.config import REDUCED_PRECISIONS, Precision, TrainConfig
+from autotune.config import REDUCED_PRECISIONS, Checkpoint, Precision, TrainConfig
 from autotune.errors import ConfigError, PredictionWarning, one_line
 from autotune.memory.model import compose_memory
 from autotune.memory.profile import mode_precisions, outer_mode
@@ -161,6 +164,9 @@ def check_configs(profile: MemoryProfile) -> dict[str, TrainConfig]:
     out = {"default": TrainConfig(micro_batch_size=large)}
     if profile.modes["fp32"].checkpointed is not None:
         out["recompute"] = TrainConfig(micro_batch_size=small, checkpoint=some)
+    if profile.modes["fp32"].selective is not None:
+        selective: tuple[Checkpoint, ...] = tuple("selective" if x else False for x in some)
+        out["selective"] = TrainConfig(micro_batch_size=small, checkpoint=selective)
     for mode in REDUCED_PRECISIONS:
         if mode in profile.modes:
             precision = tuple(mode if x else "fp32" for x in some)
@@ -343,7 +349,8 @@ def covering(
 def kinds_of(plan: Plan) -> list[str]:
     """The kinds of configuration (see the module docstring) whose checks a prediction of ``plan``
     needs: ``default`` always, then what it recomputes and each reduced and outer precision."""
-    kinds = ["default", *(["recompute"] if any(plan.checkpoints) else [])]
+    kinds = ["default", *(["recompute"] if "full" in plan.recompute else [])]
+    kinds += ["selective"] if "selective" in plan.recompute else []
     kinds += sorted({m for m in plan.block_modes if m in REDUCED_PRECISIONS})
     kinds += sorted({f"outer-{mode_precisions(m)[1]}" for m in plan.block_modes if "@" in m})
     return kinds
@@ -352,7 +359,7 @@ def kinds_of(plan: Plan) -> list[str]:
 def _uncomposed(profile: MemoryProfile, plan: Plan) -> str | None:
     """Why no check can stand for ``plan`` on this profile (its composition does not hold), or None."""
     structure = profile.structure
-    mixed = len(set(zip(plan.block_modes, plan.checkpoints, strict=True))) > 1
+    mixed = len(set(zip(plan.block_modes, plan.recompute, strict=True))) > 1
     if structure is not None and not structure.chain and mixed:
         return f"{structure.describe()}: per-block configurations are composed for chain-shaped blocks only"
     return _handover(profile, plan)
@@ -448,6 +455,7 @@ def _handover(profile: MemoryProfile, plan: Plan) -> str | None:
 _KINDS = {
     "default": "fp32",
     "recompute": "recomputed",
+    "selective": "selectively recomputed",
     "bf16": "bf16",
     "fp16": "fp16",
     "outer-bf16": "outer bf16",
@@ -477,9 +485,11 @@ def describe_check(v: Verification) -> str:
         if c.checkpoint is True:
             what += ", every block recomputed"
         elif isinstance(c.checkpoint, tuple):
-            what += f", blocks {_which(c.checkpoint)} recomputed"
+            what += f", blocks {_which(tuple(x is True for x in c.checkpoint))} recomputed"
     elif v.kind == "recompute" and isinstance(c.checkpoint, tuple):
-        what = f"blocks {_which(c.checkpoint)} recomputed"
+        what = f"blocks {_which(tuple(x is True for x in c.checkpoint))} recomputed"
+    elif v.kind == "selective" and isinstance(c.checkpoint, tuple):
+        what = f"blocks {_which(tuple(x == 'selective' for x in c.checkpoint))} recomputed selectively"
     elif v.kind in REDUCED_PRECISIONS and isinstance(c.precision, tuple):
         what = f"{v.kind} on blocks {_which(tuple(p != 'fp32' for p in c.precision))}"
     else:

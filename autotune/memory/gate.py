@@ -44,7 +44,7 @@ from autotune.settings import TUNING
 from autotune.units import MemoryBudget
 
 if TYPE_CHECKING:
-    from autotune.memory.model import MemoryEstimate
+    from autotune.memory.model import MemoryEstimate, Plan
     from autotune.memory.profile import MemoryProfile
     from autotune.workload import Workload
 
@@ -366,12 +366,14 @@ class BudgetGate:
             config: The configuration.
 
         Returns:
-            Its reduced precisions, ``"recompute"`` and its reduced outer precision (``"outer-bf16"``),
+            Its reduced precisions, ``"recompute"``, ``"selective"`` and its reduced outer precision (``"outer-bf16"``),
             else (all plain fp32) ``("default",)``.
         """
         n = len(self.workload.block_names())
         kinds: list[str] = sorted({p for p in config.block_precisions(n) if p != "fp32"})
-        kinds += ["recompute"] if any(config.block_checkpoints(n)) else []
+        levels = config.checkpoint_levels(n)
+        kinds += ["recompute"] if "full" in levels else []
+        kinds += ["selective"] if "selective" in levels else []
         kinds += [f"outer-{config.outer_precision}"] if config.outer_precision != "fp32" else []
         return tuple(kinds) or ("default",)
 
@@ -416,7 +418,15 @@ class BudgetGate:
 
         plan = plan_of(config, num_blocks=len(self.profile.names), device_type=self.device_type)
         missing = [m for m in plan.modes if m not in self.profile.modes]
-        return f"the memory profile has no {missing[0]!r} runs" if missing else "no memory prediction"
+        if missing:
+            return f"the memory profile has no {missing[0]!r} runs"
+        return "no memory prediction" if self._recomputed(plan) else "the memory profile has no selective runs"
+
+    def _recomputed(self, plan: Plan) -> bool:
+        """Whether the gate's profile holds the runs of every recompute level of ``plan``'s blocks."""
+        assert self.profile is not None
+        pairs = zip(plan.block_modes, plan.recompute, strict=True)
+        return all(self.profile.modes[m].recomputed(level) is not None for m, level in pairs)
 
     def estimate(self, config: TrainConfig) -> MemoryEstimate | None:
         """The memory model's prediction of ``config`` (memoized), unscaled.
@@ -434,9 +444,10 @@ class BudgetGate:
             from autotune.memory.predict import predict_memory
 
             plan = plan_of(config, num_blocks=len(self.profile.names), device_type=self.device_type)
-            if not set(plan.modes) <= set(self.profile.modes):
+            if not set(plan.modes) <= set(self.profile.modes) or not self._recomputed(plan):
                 # A mode the gate's profile does not hold (a reduced outer precision, which no
-                # policy moves): no prediction, so the configuration is measured before it counts.
+                # policy moves), or its selective runs (a level no policy moves yet): no
+                # prediction, so the configuration is measured before it counts.
                 return None
             checked_on = next((v.device for v in self.profile.checks), self.device_type)
             self._predicted[config] = predict_memory(

@@ -17,10 +17,10 @@ On top of the model states, each phase of a step adds its transients:
   stretch by stretch: each from the run that ran *its* block as the config says, shifted by what
   the blocks before it keep in the config instead of in that run. A block keeps what its
   precision saves or, checkpointed, only its input (plus one block recomputed at a time,
-  Korthikanti et al. 2022); its input is one storage that the block before it may save too,
-  counted once. Gradients as the runner keeps them (in ``.grad`` for the local runner and ZeRO
-  0-1, in buckets and an fp32 partition for ZeRO 2-3) and, at ZeRO-3, the parameters gathered for
-  the module being computed;
+  Korthikanti et al. 2022), or, recomputed selectively, its input and its matmul-like outputs;
+  its input is one storage that the block before it may save too, counted once. Gradients as
+  the runner keeps them (in ``.grad`` for the local runner and ZeRO 0-1, in buckets and an fp32
+  partition for ZeRO 2-3) and, at ZeRO-3, the parameters gathered for the module being computed;
 * optimizer step: the full gradients and the optimizer's temporaries (stage 0; the local runner
   also still holds the last micro-batch), or the fp32 gradient partition and the optimizer's
   temporaries on it (stages 1-3).
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from autotune.config import TrainConfig
+from autotune.config import RecomputeLevel, TrainConfig
 from autotune.errors import ConfigError
 from autotune.measurement.record import MEMORY_CATEGORIES, MemoryBreakdown
 from autotune.memory.profile import outer_mode
@@ -182,7 +182,7 @@ class Plan(NamedTuple):
     # 16-bit engine's.
     base_mode: str
     block_modes: tuple[str, ...]
-    checkpoints: tuple[bool, ...]
+    recompute: tuple[RecomputeLevel, ...]
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -192,7 +192,7 @@ class Plan(NamedTuple):
 
 def plan_of(config: TrainConfig, *, num_blocks: int, device_type: str = "cpu") -> Plan:
     """The runner ``autotune.measure`` would use for ``config``, and each block's profile mode."""
-    checkpoints = config.block_checkpoints(num_blocks)
+    checkpoints = config.checkpoint_levels(num_blocks)
     # fp32 weights (the local runner, a DeepSpeed fp32 engine): each block in its autocast mode, an
     # island under an fp32 outer precision, an exception under a reduced one.
     outer, precisions = config.outer_precision, config.block_precisions(num_blocks)
@@ -219,9 +219,10 @@ def compose_memory(
     missing = [m for m in plan.modes if m not in profile.modes]
     if missing:
         raise ConfigError(f"predict_memory: the profile lacks mode {missing[0]!r}; profile with modes={plan.modes}.")
-    recomputed = {mode for mode, ckpt in zip(plan.block_modes, plan.checkpoints, strict=True) if ckpt}
-    if any(profile.modes[mode].checkpointed is None for mode in recomputed):
-        raise ConfigError("predict_memory: the profile has no checkpointed runs; profile with checkpointed=True.")
+    for mode, level in dict.fromkeys(zip(plan.block_modes, plan.recompute, strict=True)):
+        if profile.modes[mode].recomputed(level) is None:
+            name, flag = ("checkpointed", "checkpointed") if level == "full" else ("selective", "selective")
+            raise ConfigError(f"predict_memory: the profile has no {name} runs; profile with {flag}=True.")
     return dataclasses.replace(_Predictor(workload, config, plan, profile).peak(), worst_case=profile.worst_case)
 
 
@@ -381,16 +382,16 @@ class _Predictor:
         difference (``_kept``). A stretch is its highest moments at the profiled sizes, as lines
         in the micro-batch size (see :class:`Window`); which of them is highest depends on ``m``.
         """
-        sizes, plan, n = self.profile.micro_batch_sizes, self.plan, len(self.plan.checkpoints)
+        sizes, plan, n = self.profile.micro_batch_sizes, self.plan, len(self.plan.recompute)
         saves = {mode: _saves_at(self.profile.modes[mode].blocks, sizes, m) for mode in plan.modes}
-        config = list(zip(plan.block_modes, plan.checkpoints, strict=True))
+        config = list(zip(plan.block_modes, plan.recompute, strict=True))
         batch = _lin(self.base.batch, sizes, m)
         out: list[_Stretch] = []
         for w in range(3 * n + 2):
             owners, inputs, like, freed = _waiting(w, n)
             mode, ckpt = config[like]  # whose run to read
-            series = self.profile.modes[mode].checkpointed if ckpt else self.profile.modes[mode].windows
-            assert series is not None, "compose_memory checks the checkpointed runs"
+            series = self.profile.modes[mode].recomputed(ckpt)
+            assert series is not None, "compose_memory checks the recomputed runs"
             uniform = [(mode, ckpt)] * n
             shift = batch + _kept(saves, config, owners, inputs, mode, freed)
             shift -= _kept(saves, uniform, owners, inputs, mode, freed)
@@ -426,33 +427,47 @@ def _waiting(w: int, n: int) -> tuple[int, int, int, bool]:
 
 
 def _kept(
-    saves: dict[str, BlockSaves], blocks: list[tuple[str, bool]], owners: int, inputs: int, mode: str, freed: bool
+    saves: dict[str, BlockSaves],
+    blocks: list[tuple[str, RecomputeLevel]],
+    owners: int,
+    inputs: int,
+    mode: str,
+    freed: bool,
 ) -> int:
     """Bytes that blocks ``0 .. owners - 1`` keep of what they saved, and the inputs of blocks
-    ``0 .. inputs - 1`` that are kept, each block in its (mode, checkpointed); ``freed``: block
+    ``0 .. inputs - 1`` that are kept, each block in its (mode, recompute level); ``freed``: block
     ``inputs - 1`` no longer keeps its own.
 
     A block's input is one fp32 storage (a bf16 island casts its output back), kept if the block
-    before it saves it (its last ReLU), if the block saves it (an fp32 LayerNorm or convolution;
-    a bf16 one saves its own cast instead), if it is checkpointed (its input is all it keeps), or
-    if code outside the blocks saves it (the stem, ``external``: read from ``mode``'s run, alike
-    in every island mode). Counted once: adding each block's saved bytes would count it twice
-    when both neighbours save it. The rest of what a block saves is its own.
+    before it saves it (its last ReLU; recomputed selectively, its last matmul), if the block
+    saves it (an fp32 LayerNorm or convolution; a bf16 one saves its own cast instead), if it is
+    recomputed (checkpoint keeps the input), or if code outside the blocks saves it (the stem,
+    ``external``: read from ``mode``'s run, alike in every island mode). Counted once: adding each
+    block's saved bytes would count it twice when both neighbours save it. The rest of what a
+    block saves is its own: nothing checkpointed, its matmul-like outputs selective.
     """
     n = len(blocks)
     external = saves[mode].external
 
     def own(j: int) -> int:
-        block_mode, ckpt = blocks[j]
+        block_mode, level = blocks[j]
         s = saves[block_mode]
-        handed = s.outputs[j] if j + 1 < n else 0  # the last block's output is the head's input
-        return 0 if ckpt else max(0, s.saved[j] - s.saved_inputs[j] - handed)
+        last = j + 1 == n  # the last block's output is the head's input
+        if level == "full":
+            return 0
+        if level == "selective":
+            return max(0, s.selective[j] - (0 if last else s.selective_outputs[j]))
+        return max(0, s.saved[j] - s.saved_inputs[j] - (0 if last else s.outputs[j]))
+
+    def handed(j: int) -> int:  # what block j keeps of block j + 1's input
+        block_mode, level = blocks[j]
+        s = saves[block_mode]
+        return {"none": s.outputs, "selective": s.selective_outputs}[level][j] if level != "full" else 0
 
     def shared(j: int) -> int:  # block j's input
-        block_mode, ckpt = blocks[j]
-        before = blocks[j - 1] if j > 0 else None
-        by_previous = saves[before[0]].outputs[j - 1] if before is not None and not before[1] else 0
-        by_itself = saves[block_mode].inputs[j] if ckpt else saves[block_mode].saved_inputs[j]
+        block_mode, level = blocks[j]
+        by_previous = handed(j - 1) if j > 0 else 0
+        by_itself = saves[block_mode].inputs[j] if level != "none" else saves[block_mode].saved_inputs[j]
         return max(external[j], by_previous, 0 if freed and j == inputs - 1 else by_itself)
 
     return sum(own(j) for j in range(owners)) + sum(shared(j) for j in range(inputs))

@@ -34,6 +34,7 @@ def profile_memory(
     modes: Sequence[str] = ("fp32",),
     micro_batch_sizes: tuple[int, int] = (2, 4),
     checkpointed: bool = True,
+    selective: bool = False,
     verify: bool = True,
     reuse: MemoryProfile | None = None,
     device: str = "cpu",
@@ -43,7 +44,9 @@ def profile_memory(
     """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute).
 
     ``checkpointed=False`` skips the runs with every block checkpointed (half the time); the
-    profile then serves configs without checkpointing only. ``reuse``: an earlier profile of the
+    profile then serves configs without checkpointing only. ``selective=True`` adds the runs with
+    every block recomputed selectively (configs with a ``"selective"`` block need them; their
+    kind is then checked too). ``reuse``: an earlier profile of the
     same workload; the modes it holds are not profiled again, and its checks stand (only the
     kinds it lacks run real steps).
 
@@ -68,7 +71,12 @@ def profile_memory(
         modes = ("fp32", *modes)
     start = time.perf_counter()
     profile = fake_profile(
-        workload, modes=modes, micro_batch_sizes=micro_batch_sizes, checkpointed=checkpointed, reuse=reuse
+        workload,
+        modes=modes,
+        micro_batch_sizes=micro_batch_sizes,
+        checkpointed=checkpointed,
+        selective=selective,
+        reuse=reuse,
     )
     new = sorted(set(profile.modes) - set(reuse.modes if reuse is not None else ()))
     if note is not None and new:
@@ -142,7 +150,12 @@ def predict_memory(
         # A check on the host says nothing about a GPU's kernels: without the device, none runs.
         verify = verify and _device_available(device_type)
         profile = profile_memory(
-            workload, modes=plan.modes, checkpointed=any(plan.checkpoints), verify=verify, device=device_type
+            workload,
+            modes=plan.modes,
+            checkpointed="full" in plan.recompute,
+            selective="selective" in plan.recompute,
+            verify=verify,
+            device=device_type,
         )
     estimate = compose_memory(workload, config, profile, device_type=device_type)
     check = covering(profile, config, plan, estimate.total, device_type=checked_on or device_type)

@@ -3,9 +3,10 @@
 :func:`fake_profile` runs forward/backward passes of a fake copy of the model under
 ``FakeTensorMode`` (shapes only, no compute) while ``MemTracker`` counts every storage: per
 *mode* (every block fp32, every block an autocast island, 16-bit weights throughout, or every block
-alike under a reduced outer precision), plain
-and with every block checkpointed, at two micro-batch sizes. A config that mixes modes is never
-run; it is composed from these uniform runs, so the profile records what composing needs:
+alike under a reduced outer precision), plain, with every block checkpointed and (if asked) with
+every block recomputed selectively (:mod:`autotune.train.selective`), at two micro-batch sizes. A
+config that mixes modes is never run; it is composed from these uniform runs, so the profile
+records what composing needs:
 
 * per block, what it keeps for backward, split at its boundaries (:class:`BlockSaves`): a
   block's input is one storage that the block before it, the block itself, both or neither may
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-from autotune.config import Precision
+from autotune.config import Precision, RecomputeLevel
 from autotune.errors import AutotuneError, PredictionError, one_line
 from autotune.memory.fake_branches import RealBranches
 from autotune.memory.fake_logs import quiet_fake_logs
@@ -125,6 +126,11 @@ class BlockSaves(NamedTuple):
     cast). ``outputs``: the part of ``saved`` that the next block takes as input (a final ReLU
     saves its result). ``external``: the part of its input that code outside this block and the
     one before it saved (the stem's last ReLU): kept whatever the blocks' modes.
+    ``selective``: what the block keeps recomputed selectively, besides its input: the outputs of
+    its matmul-like operations (:data:`autotune.train.selective.SAVED_OPS`), held by torch's
+    selective-checkpoint cache from its forward to its recompute; ``selective_outputs``: the part
+    of that the next block takes as input (a block ending in a bare ``nn.Linear``). Both empty
+    where the selective runs were not profiled.
     """
 
     saved: tuple[int, ...]
@@ -132,6 +138,8 @@ class BlockSaves(NamedTuple):
     saved_inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     external: tuple[int, ...]
+    selective: tuple[int, ...] = ()
+    selective_outputs: tuple[int, ...] = ()
 
 
 #: Per micro-batch size: the windows of one run, in time order, with ``n`` blocks: ``[i]`` for
@@ -147,7 +155,8 @@ class ModeProfile:
 
     ``blocks``: what each block keeps (see :class:`BlockSaves`). ``windows``: the run, window by
     window (see ``Windows``); ``checkpointed``: the same with every block checkpointed,
-    i.e. recomputed in its window (``None`` if not profiled). Gradients stay in ``.grad`` (as in
+    i.e. recomputed in its window (``None`` if not profiled); ``selective``: the same with every
+    block recomputed selectively (``None`` if not profiled). Gradients stay in ``.grad`` (as in
     the local runner).
     """
 
@@ -156,6 +165,11 @@ class ModeProfile:
     checkpointed: Windows | None
     gradients: int
     batch: tuple[int, int]  # bytes of the collated micro-batch (16-bit floats in a weights mode)
+    selective: Windows | None = None
+
+    def recomputed(self, level: RecomputeLevel) -> Windows | None:
+        """The windows of the run with every block at recompute ``level`` (None if not profiled)."""
+        return {"none": self.windows, "full": self.checkpointed, "selective": self.selective}[level]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +226,7 @@ def fake_profile(
     modes: Sequence[str] = ("fp32",),
     micro_batch_sizes: tuple[int, int] = (2, 4),
     checkpointed: bool = True,
+    selective: bool = False,
     reuse: MemoryProfile | None = None,
 ) -> MemoryProfile:
     """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute),
@@ -219,9 +234,11 @@ def fake_profile(
     against real steps.
 
     ``checkpointed=False`` skips the runs with every block checkpointed (half the time); the
-    profile then serves configs without checkpointing only. ``reuse``: an earlier profile of the
-    same workload, whose modes (at the same sizes, with the checkpointed runs if asked for) are
-    taken as they are, so growing a profile by a mode runs only that mode's passes.
+    profile then serves configs without checkpointing only. ``selective=True`` adds the runs with
+    every block recomputed selectively (two more per mode), which configs with a ``"selective"``
+    block need. ``reuse``: an earlier profile of the same workload, whose modes (at the same
+    sizes, with the checkpointed and selective runs if asked for) are taken as they are, so
+    growing a profile by a mode runs only that mode's passes.
 
     Fake tensors go through the same kernels' shape logic, and MemTracker counts them as real
     ones (the same bytes on the built-in workloads, to a few hundred bytes with bf16 blocks), so
@@ -235,7 +252,7 @@ def fake_profile(
         raise ValueError(f"fake_profile: modes must be among {MODES}, but got {unknown[0]!r}.")
     try:
         with quiet_fake_logs():  # torch's traceback of the error below: ours is one line
-            profile = _profile(workload, modes, micro_batch_sizes, checkpointed, reuse)
+            profile = _profile(workload, modes, micro_batch_sizes, (checkpointed, selective), reuse)
     except AutotuneError:
         raise
     # The fake run executes the user's model code: whatever it raises there (FakeTensorMode's
@@ -252,16 +269,19 @@ def _profile(
     workload: Workload,
     modes: Sequence[str],
     micro_batch_sizes: tuple[int, int],
-    checkpointed: bool,
+    recomputed: tuple[bool, bool],
     reuse: MemoryProfile | None,
 ) -> MemoryProfile:
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    checkpointed, selective = recomputed
 
     def reused(mode: str) -> ModeProfile | None:
         if reuse is None or reuse.micro_batch_sizes != micro_batch_sizes or mode not in reuse.modes:
             return None
         found = reuse.modes[mode]
-        return found if found.checkpointed is not None or not checkpointed else None
+        enough = (found.checkpointed is not None or not checkpointed) and (found.selective is not None or not selective)
+        return found if enough else None
 
     params = list(workload.model.parameters())
     fake = FakeTensorMode(allow_non_fake_inputs=False)
@@ -277,7 +297,7 @@ def _profile(
         optimizer_step_bytes=step,
         flat_state_ratio=flat_state,
         flat_step_ratio=flat_step,
-        modes={m: reused(m) or _profile_mode(workload, fake, m, micro_batch_sizes, checkpointed) for m in modes},
+        modes={m: reused(m) or _profile_mode(workload, fake, m, micro_batch_sizes, recomputed) for m in modes},
     )
 
 
@@ -292,26 +312,43 @@ def _cast_floats(model: torch.nn.Module, dtype: torch.dtype) -> None:
     swap_tensors(model, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
-def _profile_mode(workload: Workload, fake: Any, mode: str, sizes: tuple[int, int], recompute: bool) -> ModeProfile:
+def _profile_mode(
+    workload: Workload, fake: Any, mode: str, sizes: tuple[int, int], recomputed: tuple[bool, bool]
+) -> ModeProfile:
     weights = _WEIGHT_DTYPES.get(mode)
     bucket = (2 if weights is not None else 4) * _largest(workload)
     n = len(workload.block_names())
     fp32: Precision = "fp32"
     island, outer = mode_precisions(mode) if weights is None else (fp32, fp32)
-    runs = [_profile_run(workload, fake, m, weights=weights, precisions=[island] * n, outer=outer) for m in sizes]
-    checkpointed = None
-    if recompute:  # islands too: a checkpointed bf16 block recomputes in bf16
-        again = [
+
+    def uniform(level: RecomputeLevel) -> list[_Run]:
+        # Islands too: a recomputed bf16 block recomputes in bf16.
+        return [
             _profile_run(
-                workload, fake, m, weights=weights, precisions=[island] * n, checkpoints=[True] * n, outer=outer
+                workload, fake, m, weights=weights, precisions=[island] * n, checkpoints=[level] * n, outer=outer
             )
             for m in sizes
         ]
+
+    runs = uniform("none")
+    small, large = runs[0].blocks, runs[1].blocks
+    checkpointed = selective = None
+    if recomputed[0]:
+        again = uniform("full")
         checkpointed = _paired_windows(again[0], again[1], sizes, bucket)
+    if recomputed[1]:
+        chosen = uniform("selective")
+        selective = _paired_windows(chosen[0], chosen[1], sizes, bucket)
+        # What the selective runs' caches kept, next to what the plain runs' blocks saved.
+        small, large = (
+            b._replace(selective=run.blocks.selective, selective_outputs=run.blocks.selective_outputs)
+            for b, run in zip((small, large), chosen, strict=True)
+        )
     return ModeProfile(
-        blocks=(runs[0].blocks, runs[1].blocks),
+        blocks=(small, large),
         windows=_paired_windows(runs[0], runs[1], sizes, bucket),
         checkpointed=checkpointed,
+        selective=selective,
         gradients=runs[1].gradients,
         batch=(runs[0].batch, runs[1].batch),
     )
@@ -332,11 +369,11 @@ def _profile_run(
     *,
     weights: torch.dtype | None,
     precisions: Sequence[Precision],
-    checkpoints: Sequence[bool] | None = None,
+    checkpoints: Sequence[RecomputeLevel] | None = None,
     outer: Precision = "fp32",
 ) -> _Run:
     """One forward/backward of a fake copy, its weights in ``weights`` (None: fp32), each block
-    in its precision and checkpointed or not (default: none), the forward and the loss in the
+    in its precision and recompute level (default: none), the forward and the loss in the
     ``outer`` precision's region (:func:`autotune.train.wrappers.outer_autocast`), as the trainers run them.
 
     The profile runs every block alike; a mixed config run this way is the exact reference the
@@ -347,21 +384,24 @@ def _profile_run(
     if weights is not None:
         with fake:
             _cast_floats(model, weights)
-    checkpoints = [False] * n if checkpoints is None else checkpoints
+    checkpoints = ["none"] * n if checkpoints is None else checkpoints
     wrappers = apply_block_knobs(model, names, precisions, checkpoints, device_type="cpu", outer=outer)
     # Parameters and buffers (BatchNorm's running statistics) saved for backward are model state.
     params = {_storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
     ledger, tracker = _SavedLedger(n, params), _series_tracker_class()()
+    kept = _SelectiveLedger(n, params)
     timeline = _Timeline(tracker, n, params)
     blocks = [model.get_submodule(name) for name in names]
     handles = _hook(blocks, ledger.enter_hook, ledger.exit_hook) + _hook(
         blocks, timeline.enter_hook, timeline.exit_hook
     )
+    if "selective" in checkpoints:  # what torch's cache keeps of each selective block
+        handles += _hook(blocks, kept.enter_hook, kept.exit_hook)
     tracker.track_external(model)
     real_batch = profile_batch(workload, micro_batch_size)  # the data loader's own ops need real tensors
     # Checkpointing drops what the blocks save (and would show the ledger its recompute): count
     # saved tensors in the plain runs only.
-    plain = not any(checkpoints)
+    plain = all(c == "none" for c in checkpoints)
     saving = torch.autograd.graph.saved_tensors_hooks(ledger.pack, _same) if plain else contextlib.nullcontext()
     try:
         with fake:
@@ -386,7 +426,8 @@ def _profile_run(
     tree_map_only(torch.Tensor, lambda t: own.setdefault(_storage_key(t), t.untyped_storage().nbytes()), batch)
     series = tracker.series
     gradients = max((x.gradients for x in series), default=0)
-    return _Run(ledger.result(), series, timeline.cuts(), gradients, sum(own.values()))
+    saves = ledger.result()._replace(selective=tuple(kept.kept), selective_outputs=tuple(kept.outputs))
+    return _Run(saves, series, timeline.cuts(), gradients, sum(own.values()))
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:
@@ -465,6 +506,73 @@ class _SavedLedger:
             outputs=tuple(self.outputs),
             external=tuple(self.external),
         )
+
+
+class _SelectiveLedger:
+    """What each selectively recomputed block keeps from its forward to its recompute, besides its
+    input: the outputs of :data:`~autotune.train.selective.SAVED_OPS`, which torch's
+    selective-checkpoint cache holds. A dispatch mode entered around each block's forward sees
+    the operations the cache does (its policy is a function of the operation only); the
+    recompute runs in backward, outside it. Storages are told apart as in :class:`_SavedLedger`.
+    """
+
+    def __init__(self, n: int, params: set[int]) -> None:
+        self.params = params
+        self.owner: dict[int, int] = {}  # storage -> the block whose cache keeps it
+        self.kept, self.outputs = [0] * n, [0] * n
+        self._mode: Any = None
+
+    def saved(self, index: int, out: Any) -> None:
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                key = _storage_key(t)
+                if key not in self.params and key not in self.owner:
+                    self.owner[key] = index
+                    self.kept[index] += t.untyped_storage().nbytes()
+
+    def enter_hook(self, index: int) -> Callable[[torch.nn.Module, Any, Any], None]:
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            inputs = {_storage_key(t): t.untyped_storage().nbytes() for t in tensors}
+            for key, nbytes in inputs.items():
+                if index > 0 and self.owner.get(key) == index - 1:
+                    self.outputs[index - 1] += nbytes
+            self._mode = _saved_outputs_class()(lambda out: self.saved(index, out))
+            self._mode.__enter__()
+
+        return hook
+
+    def exit_hook(self, index: int) -> Callable[[torch.nn.Module, Any, Any, Any], None]:
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+            if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten(output)[0]):
+                # Outside autograd (a frozen block): no backward holds the cache; it goes with the forward.
+                self.kept[index] = 0
+
+        return hook
+
+
+@functools.cache
+def _saved_outputs_class() -> type[Any]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from autotune.train.selective import saved_output
+
+    class _SavedOutputs(TorchDispatchMode):
+        """Hands ``note`` the output of every operation a selective block keeps."""
+
+        def __init__(self, note: Callable[[Any], None]) -> None:
+            super().__init__()
+            self.note = note
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if saved_output(func):
+                self.note(out)
+            return out
+
+    return _SavedOutputs
 
 
 def _largest(workload: Workload) -> int:

@@ -4,8 +4,10 @@ The DeepSpeed file comes from the one generator the DeepSpeed runner itself uses
 (:func:`autotune.train.deepspeed_config.deepspeed_config`), so what a user runs on a cluster is
 byte for byte what was measured (bucket sizes included: DeepSpeed's defaults allocate a 2 GB
 bucket at stage 3). DeepSpeed's config has one precision for the whole model and no notion of
-*which* blocks to recompute (that is model code), so the per-block knobs go into the Python
-snippet, whose ``apply()`` also puts the outer precision around the model's forward. For a model
+*which* blocks to recompute, nor of recomputing part of a block (that is model code), so the
+per-block knobs, selective recompute included, go into the Python snippet, whose ``apply()`` also
+puts the outer precision around the model's forward; :func:`recompute_note` is the line that
+goes with a DeepSpeed file to say so. For a model
 trained by Hugging Face's Trainer the snippet also holds the equivalent ``TrainingArguments``
 (:func:`hf_training_arguments`), where the configuration has one.
 """
@@ -28,6 +30,7 @@ __all__ = [
     "hf_training_arguments",
     "objective_note",
     "python_snippet",
+    "recompute_note",
 ]
 
 ExportFormat = Literal["json", "deepspeed", "python"]
@@ -65,12 +68,37 @@ def compile_note(config: TrainConfig) -> str | None:
     )
 
 
+def recompute_note(config: TrainConfig, *, num_blocks: int) -> str | None:
+    """The line that goes with a DeepSpeed config of ``config`` when it recomputes any block (the
+    file cannot say which, nor a selective recompute), or None.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> note = recompute_note(TrainConfig(checkpoint=("selective", False, True)), num_blocks=3)
+        >>> note.split(": ")[0]
+        'the DeepSpeed config cannot say the per-block recompute (block 0 selective, block 2 whole)'
+        >>> recompute_note(TrainConfig(), num_blocks=3) is None
+        True
+    """
+    levels = config.checkpoint_levels(num_blocks)
+    if set(levels) == {"none"}:
+        return None
+    which = ", ".join(f"block {i} {'whole' if x == 'full' else x}" for i, x in enumerate(levels) if x != "none")
+    return (
+        f"the DeepSpeed config cannot say the per-block recompute ({which}): apply it in the training script "
+        "with the Python export's apply(model) (autotune best --format python)"
+    )
+
+
 def hf_training_arguments(config: TrainConfig, *, num_blocks: int) -> dict[str, Any] | None:
     """The keyword arguments of Hugging Face's ``TrainingArguments`` that train as ``config`` does,
     or None where it has no equivalent there: blocks treated differently (per-block precision or
     recompute), or blocks in another precision than the outer parts (``bf16=True`` is the whole
     model, ``gradient_checkpointing=True`` every block), or DeepSpeed ranks (the DeepSpeed export
-    is that file).
+    is that file), or a selective recompute: ``gradient_checkpointing=True`` recomputes whole
+    blocks, and saying which operations to keep would take a callable ``context_fn`` in
+    ``gradient_checkpointing_kwargs``, which ``TrainingArguments`` serializes as JSON (the snippet's
+    ``apply()`` says it instead).
 
     Example:
         >>> from autotune import TrainConfig
@@ -81,8 +109,8 @@ def hf_training_arguments(config: TrainConfig, *, num_blocks: int) -> dict[str, 
         >>> hf_training_arguments(TrainConfig(precision="bf16"), num_blocks=12) is None  # blocks only
         True
     """
-    precisions, checkpoints = set(config.block_precisions(num_blocks)), set(config.block_checkpoints(num_blocks))
-    if config.on_deepspeed or len(precisions) > 1 or len(checkpoints) > 1:
+    precisions, checkpoints = set(config.block_precisions(num_blocks)), set(config.checkpoint_levels(num_blocks))
+    if config.on_deepspeed or len(precisions) > 1 or len(checkpoints) > 1 or "selective" in checkpoints:
         return None
     if precisions != {config.outer_precision}:
         return None
@@ -92,7 +120,7 @@ def hf_training_arguments(config: TrainConfig, *, num_blocks: int) -> dict[str, 
     }
     if config.outer_precision != "fp32":
         args[config.outer_precision] = True
-    if checkpoints == {True}:
+    if checkpoints == {"full"}:
         args["gradient_checkpointing"] = True
     if config.compile != "none":
         args["torch_compile"] = True
@@ -126,13 +154,15 @@ BLOCKS = {list(block_names)!r}
 # PYTORCH_CUDA_ALLOC_CONF the peaks were measured under (None: the allocator's default).
 ALLOC_CONF = {alloc!r}
 # Under Hugging Face's Trainer, the same configuration as TrainingArguments(**HF_TRAINING_ARGUMENTS),
-# in place of apply(); None where they cannot say it (per-block knobs): call apply(model) then.
+# in place of apply(); None where they cannot say it (per-block knobs, selective recompute): call
+# apply(model) then.
 HF_TRAINING_ARGUMENTS = {hf_args!r}
 
 
 def apply(model, device_type="cpu"):
     """Put the config on `model`: the outer precision around its forward (the loss too where the
-    model computes it), each block's precision and checkpointing.
+    model computes it), each block's precision and recompute (CONFIG.checkpoint: True recomputes
+    the whole block, "selective" keeps its matmul-like outputs and recomputes the rest).
 
     Train with micro-batch CONFIG.micro_batch_size and CONFIG.grad_accum_steps accumulation steps
     (effective batch {config.effective_batch_size}). Returns a handle: `handle.remove()` undoes it.

@@ -23,8 +23,8 @@ def _knobs(config: TrainConfig) -> str:
     precision = config.precision if isinstance(config.precision, str) else ", ".join(config.precision)
     ckpt = (
         config.checkpoint
-        if isinstance(config.checkpoint, bool)
-        else "".join("x" if c else "." for c in config.checkpoint)
+        if not isinstance(config.checkpoint, tuple)
+        else "".join({True: "x", False: ".", "selective": "s"}[c] for c in config.checkpoint)  # s: selective
     )
     return (
         f"| micro-batch x accumulation x ranks | {config.micro_batch_size} x {config.grad_accum_steps} x "

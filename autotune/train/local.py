@@ -118,7 +118,7 @@ class Trainer(BaseTrainer):
     def _apply(self, config: TrainConfig) -> None:
         """Block wrappers, micro-batch stream and loss scaling for ``config`` on the live model."""
         n = len(self.block_names)
-        precisions, checkpoints = config.block_precisions(n), config.block_checkpoints(n)
+        precisions, checkpoints = config.block_precisions(n), config.checkpoint_levels(n)
         knobs = (precisions, checkpoints, config.outer_precision)
         # The same block knobs keep the same wrappers: new wrapper functions are a new forward
         # for a compiled model (Dynamo guards on them), so reinstalling them would recompile.

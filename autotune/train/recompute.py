@@ -4,8 +4,9 @@ or counter: any buffer its forward updates) exactly as one plain forward would.
 Non-reentrant ``torch.utils.checkpoint`` re-runs a block's forward in train mode during backward,
 so every buffer that forward updates is updated twice per micro-batch: BatchNorm counts two
 batches and moves its running means twice as far (pytorch/pytorch#96136, open: checkpoint offers
-no hook for it; its docs only warn that a recompute that differs from the forward is not
-equivalent). The ways out we read:
+no switch for it; its docs only warn that a recompute that differs from the forward is not
+equivalent). A selective recompute (:mod:`autotune.train.selective`) re-runs the norms too. The
+ways out we read:
 
 * fairscale's ``patch_batchnorm`` skips BatchNorm's update while grad is disabled. That fits
   reentrant checkpointing only (its forward runs under no_grad; ours records the graph), moves
@@ -18,7 +19,9 @@ equivalent). The ways out we read:
   module, at the cost of a copy of the buffers per checkpointed block per micro-batch, held from
   forward to backward, plus a transient copy during the recompute.
 
-We take the snapshot, except where it is not needed: a standard BatchNorm (its forward is
+We take the snapshot, in checkpoint's own hook around the forward and the recompute (its
+``context_fn`` pair, which selective recompute's contexts nest inside), except where it is not
+needed: a standard BatchNorm (its forward is
 torch's own) in train mode normalizes with the batch's statistics, never its running ones, so its
 recompute is the forward bit for bit whatever those hold: it needs no copy held from forward to
 backward, only its running statistics put back after the recompute (a transient copy). A ResNet's
@@ -30,7 +33,8 @@ recompute ("A different number of tensors was saved").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -47,30 +51,45 @@ def has_running_state(block: torch.nn.Module) -> bool:
 
 
 class RecomputeKeepsState:
-    """Wraps the function of one checkpoint invocation of ``block``: its first call is the
-    forward, every later call a recompute (checkpoint calls it again in backward).
+    """The running-state guard of one checkpoint invocation of ``block``: :meth:`contexts` wraps
+    the invocation's (forward, recompute) context pair, checkpoint's ``context_fn``. The forward
+    context takes the snapshot before the forward; the recompute context restores it around each
+    recompute and then puts back what the buffers held just before.
 
-    Create one per invocation: the first call's snapshot belongs to that invocation's inputs.
+    Create one per invocation: the snapshot belongs to that invocation's inputs. The guard's own
+    copies run outside the inner contexts, so a selective recompute's cache (which replays the
+    forward's operations in order) never sees them.
     """
 
-    def __init__(self, block: torch.nn.Module, fn: Callable[..., Any]) -> None:
-        self._block, self._fn = block, fn
+    def __init__(self, block: torch.nn.Module) -> None:
+        self._block = block
         self._kept: list[_BufferRef] = []  # restored to their values before the forward
         self._reset: list[_BufferRef] = []  # running statistics only: put back after the recompute
-        self._before: list[torch.Tensor] | None = None
+        self._before: list[torch.Tensor] = []
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._before is None:
-            self._kept, self._reset = _split(self._block)
-            self._before = _values(self._kept)
-            return self._fn(*args, **kwargs)
+    def contexts(
+        self, forward: AbstractContextManager[Any], recompute: AbstractContextManager[Any]
+    ) -> tuple[AbstractContextManager[Any], AbstractContextManager[Any]]:
+        """``(forward, recompute)``, each with the guard around it."""
+        return self._forward(forward), self._recompute(recompute)
+
+    @contextmanager
+    def _forward(self, inner: AbstractContextManager[Any]) -> Iterator[None]:
+        self._kept, self._reset = _split(self._block)
+        self._before = _values(self._kept)
+        with inner:
+            yield
+
+    @contextmanager
+    def _recompute(self, inner: AbstractContextManager[Any]) -> Iterator[None]:
         # What the buffers hold *now*, not right after our forward: a module shared by two block
         # positions has run again since, and that later state must survive this recompute.
         touched = self._kept + self._reset
         now = _values(touched)
         _restore(self._kept, self._before)
         try:
-            return self._fn(*args, **kwargs)
+            with inner:
+                yield
         finally:  # also when checkpoint's early stop ends the recompute midway
             _restore(touched, now)
 

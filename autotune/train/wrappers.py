@@ -2,7 +2,8 @@
 
 Each block's ``forward`` is shadowed by an instance attribute that runs the original forward
 under ``torch.autocast`` (per-block precision) and/or inside ``torch.utils.checkpoint``
-(per-block recompute). Removing the wrappers deletes the instance attributes, so the model is
+(per-block recompute: the whole block, or selectively, keeping its matmul-like outputs:
+:mod:`autotune.train.selective`). Removing the wrappers deletes the instance attributes, so the model is
 exactly as it was: same parameters, same hooks. The Gymnasium environment relies on this to
 reconfigure a model mid-training without touching its weights or optimizer state.
 
@@ -28,10 +29,11 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map_only
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
-from autotune.config import Precision, TrainConfig
+from autotune.config import RECOMPUTE_LEVELS, Precision, RecomputeLevel, TrainConfig
 from autotune.train.recompute import RecomputeKeepsState, has_running_state
+from autotune.train.selective import selective_contexts
 
 __all__ = [
     "AUTOCAST_DTYPES",
@@ -70,26 +72,29 @@ class BlockWrappers:
 
 
 def effective_block_knobs(
-    block_modules: Sequence[torch.nn.Module], precisions: Sequence[Precision], checkpoints: Sequence[bool]
-) -> tuple[tuple[Precision, ...], tuple[bool, ...]]:
+    block_modules: Sequence[torch.nn.Module],
+    precisions: Sequence[Precision],
+    checkpoints: Sequence[RecomputeLevel],
+) -> tuple[tuple[Precision, ...], tuple[RecomputeLevel, ...]]:
     """The knobs each block position really runs with, once positions holding the same module
     object (shared weights) are merged: such a module has one forward, so one wrapper.
 
-    Its precision is the first non-fp32 precision among its positions (fp32 if none), and it is
-    checkpointed if any of its positions is. Returns per-position precisions and checkpoints:
-    :func:`apply_block_knobs` installs these, and the memory model must count these.
+    Its precision is the first non-fp32 precision among its positions (fp32 if none), and its
+    recompute level the highest among its positions (``none`` < ``selective`` < ``full``).
+    Returns per-position precisions and recompute levels: :func:`apply_block_knobs` installs
+    these, and the memory model must count these.
     """
     assert len(block_modules) == len(precisions) == len(checkpoints)
     precision: dict[int, Precision] = {}
-    checkpointed: dict[int, bool] = {}
+    level: dict[int, RecomputeLevel] = {}
     for module, p, c in zip(block_modules, precisions, checkpoints, strict=True):
         key = id(module)
         if precision.get(key, "fp32") == "fp32":
             precision[key] = p
-        checkpointed[key] = checkpointed.get(key, False) or c
+        level[key] = max(level.get(key, "none"), c, key=RECOMPUTE_LEVELS.index)
     return (
         tuple(precision[id(m)] for m in block_modules),
-        tuple(checkpointed[id(m)] for m in block_modules),
+        tuple(level[id(m)] for m in block_modules),
     )
 
 
@@ -136,7 +141,7 @@ def apply_config(
         model,
         block_names,
         config.block_precisions(n),
-        config.block_checkpoints(n),
+        config.checkpoint_levels(n),
         device_type=device_type,
         outer=config.outer_precision,
     )
@@ -147,12 +152,13 @@ def apply_block_knobs(
     model: torch.nn.Module,
     block_names: Sequence[str],
     precisions: Sequence[Precision],
-    checkpoints: Sequence[bool],
+    checkpoints: Sequence[RecomputeLevel],
     *,
     device_type: str,
     outer: Precision = "fp32",
 ) -> BlockWrappers:
-    """Wrap each named block of ``model`` with its precision and checkpointing.
+    """Wrap each named block of ``model`` with its precision and recompute level
+    (``TrainConfig.checkpoint_levels``).
 
     Blocks that name the same module object are wrapped once, with their
     :func:`effective_block_knobs`. ``outer``: the precision the code around the blocks runs in
@@ -160,12 +166,13 @@ def apply_block_knobs(
     too (autocast disabled), and no block's output is cast back to fp32.
     """
     assert len(block_names) == len(precisions) == len(checkpoints)
+    assert all(c in RECOMPUTE_LEVELS for c in checkpoints), checkpoints  # levels, not TrainConfig's bools
     blocks = [model.get_submodule(name) for name in block_names]
     precisions, checkpoints = effective_block_knobs(blocks, precisions, checkpoints)
     installed: list[tuple[torch.nn.Module, Any]] = []
     wrapped: set[int] = set()
     for block, precision, ckpt in zip(blocks, precisions, checkpoints, strict=True):
-        if (precision == outer and not ckpt) or id(block) in wrapped:
+        if (precision == outer and ckpt == "none") or id(block) in wrapped:
             continue
         wrapped.add(id(block))
         previous = block.__dict__.get("forward", _SENTINEL)
@@ -175,7 +182,7 @@ def apply_block_knobs(
 
 
 def _wrapped_forward(
-    block: torch.nn.Module, precision: Precision, ckpt: bool, device_type: str, outer: Precision
+    block: torch.nn.Module, precision: Precision, ckpt: RecomputeLevel, device_type: str, outer: Precision
 ) -> Callable[..., Any]:
     inner = block.forward
     dtype = AUTOCAST_DTYPES.get(precision)
@@ -203,14 +210,19 @@ def _wrapped_forward(
         # saving comes from.
         return tree_map_only(torch.Tensor, _to_fp32, out)
 
+    def contexts() -> tuple[Any, Any]:
+        # One pair per checkpoint invocation: selective recompute's cache of matmul-like outputs
+        # (autocast inside ``run`` is below it, so they are kept in the block's precision), and
+        # the running-state guard around it (autotune/train/recompute.py): a recompute would
+        # update running state (BatchNorm's) a second time, and a selective one re-runs the norms.
+        pair = selective_contexts() if ckpt == "selective" else noop_context_fn()
+        return RecomputeKeepsState(block).contexts(*pair) if has_running_state(block) else pair
+
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if ckpt and torch.is_grad_enabled():
+        if ckpt != "none" and torch.is_grad_enabled():
             # Non-reentrant checkpointing (the recommended mode): works with kwargs, autocast
-            # inside the region is replayed on recompute, RNG state is restored. Its recompute
-            # would update running state (BatchNorm's) a second time: RecomputeKeepsState, one
-            # per invocation, prevents it (see autotune/train/recompute.py).
-            fn = RecomputeKeepsState(block, run) if has_running_state(block) else run
-            return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+            # inside the region is replayed on recompute, RNG state is restored.
+            return checkpoint(run, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         return run(*args, **kwargs)
 
     return forward

@@ -119,7 +119,7 @@ class ZeroTrainer(BaseTrainer):
             model,
             self.block_names,
             run.block_precisions(n),
-            config.block_checkpoints(n),
+            config.checkpoint_levels(n),
             device_type=self.device.type,
             outer=run.outer_precision,
         )

@@ -148,7 +148,7 @@ def test_mixed_blocks_compose_into_exactly_the_fake_run_of_the_config(
         config.micro_batch_size,
         weights=None,
         precisions=config.block_precisions(n),
-        checkpoints=config.block_checkpoints(n),
+        checkpoints=config.checkpoint_levels(n),
     )
     exact = max(x.activations + x.temporaries + x.gradients for x in run.series) + run.batch
     predicted = predict_memory(resnet, config, profile=resnet_profile)
@@ -262,7 +262,7 @@ def test_a_plain_mlp_is_composed_exactly_and_within_tolerance_of_a_real_step(
         config.micro_batch_size,
         weights=None,
         precisions=config.block_precisions(4),
-        checkpoints=config.block_checkpoints(4),
+        checkpoints=config.checkpoint_levels(4),
     )
     estimate = predict_memory(plain, config, profile=plain_profile)
     assert estimate.verified

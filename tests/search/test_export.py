@@ -196,3 +196,42 @@ def test_the_exported_apply_compiles_the_model_in_place() -> None:
     handle = namespace["apply"](model)
     assert model._compiled_call_impl is not None  # nn.Module.compile: compiled at its first call
     handle.remove()
+
+
+# ---- selective recompute (issue 42) ---------------------------------------------------------------
+
+SELECTIVE = TrainConfig(micro_batch_size=8, checkpoint=("selective", "selective", True, False))
+
+
+def test_the_python_snippet_applies_selective_recompute() -> None:
+    import torch
+
+    code = export_config(SELECTIVE, "python", block_names=BLOCKS, workload="resmlp", largest_parameter=1)
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "snippet.py", "exec"), namespace)
+    assert namespace["CONFIG"] == SELECTIVE
+    assert namespace["HF_TRAINING_ARGUMENTS"] is None
+    model = make_resmlp().model
+    x = torch.randn(2, 32, 16)
+    model(x).square().mean().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    handle = namespace["apply"](model)
+    assert [("forward" in model.get_submodule(b).__dict__) for b in BLOCKS] == [True, True, True, False]
+    model(x).square().mean().backward()
+    handle.remove()
+    assert all(torch.equal(a, p.grad) for a, p in zip(plain, model.parameters(), strict=True))
+
+
+def test_no_hf_training_arguments_and_a_deepspeed_note_for_selective_recompute() -> None:
+    from autotune.search.export import hf_training_arguments, recompute_note
+
+    assert hf_training_arguments(TrainConfig(micro_batch_size=4, checkpoint="selective"), num_blocks=4) is None
+    assert recompute_note(SELECTIVE, num_blocks=4) == (
+        "the DeepSpeed config cannot say the per-block recompute (block 0 selective, block 1 selective, "
+        "block 2 whole): apply it in the training script with the Python export's apply(model) "
+        "(autotune best --format python)"
+    )
+    assert recompute_note(TrainConfig(), num_blocks=4) is None
+    ds = json.loads(export_config(SELECTIVE, "deepspeed", block_names=BLOCKS, workload="w", largest_parameter=1))
+    assert "selective" not in json.dumps(ds)  # the file cannot say it: the note does

@@ -91,3 +91,23 @@ def test_the_step_calls_the_model_or_its_compile_made_once_per_mode() -> None:
     trainer.reconfigure(TrainConfig(micro_batch_size=8, compile="default"))
     assert trainer.forward_model is compiled  # back to the mode: its compiled code is reused
     trainer.close()
+
+
+def test_reconfigure_moves_blocks_between_the_three_recompute_levels_in_place() -> None:
+    # The wrappers follow the level (selective and full blocks wrapped, plain ones not) and the
+    # step's loss is the plain step's bit for bit at every level: recompute never changes the math.
+    workload = make_resmlp(depth=4, n=64)
+    trainer = Trainer(workload, TrainConfig(micro_batch_size=8))
+    names = workload.block_names()
+    losses = []
+    for checkpoint in (False, ("selective", True, False, "selective"), "selective", False):
+        trainer.reconfigure(TrainConfig(micro_batch_size=8, checkpoint=checkpoint))  # type: ignore[arg-type]
+        wrapped = ["forward" in trainer.model.get_submodule(n).__dict__ for n in names]
+        assert wrapped == [c != "none" for c in trainer.config.checkpoint_levels(4)]
+        with torch.no_grad():
+            batch = next(iter(workload.loader(8)))
+        trainer.model.zero_grad()
+        losses.append(workload.loss_fn(trainer.model, batch))
+        losses[-1].backward()
+    trainer.close()
+    assert all(torch.equal(loss, losses[0]) for loss in losses)

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from autotune import TrainConfig, Workload
+from autotune.config import Checkpoint, Precision, RecomputeLevel
 from autotune.search.export import python_snippet
 from autotune.train.wrappers import apply_block_knobs, apply_outer_precision, effective_block_knobs, outer_autocast
 from tests.conftest import make_resmlp, trained_step
@@ -27,7 +28,7 @@ def test_apply_then_remove_restores_the_model_exactly() -> None:
     x = torch.randn(2, 32, 16)
     reference = model(x)
     wrappers = apply_block_knobs(
-        model, names, ["bf16", "fp16", "fp32", "fp32"], [True, False, True, False], device_type="cpu"
+        model, names, ["bf16", "fp16", "fp32", "fp32"], ["full", "none", "full", "none"], device_type="cpu"
     )
     assert sum("forward" in model.get_submodule(n).__dict__ for n in names) == 3  # fp32 + no ckpt: untouched
     wrapped = model(x)
@@ -40,16 +41,27 @@ def test_apply_then_remove_restores_the_model_exactly() -> None:
     assert torch.equal(model(x), reference)
 
 
-def test_checkpointing_gives_identical_loss_and_gradients() -> None:
+@pytest.mark.parametrize("level", ["full", "selective"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_checkpointing_gives_identical_loss_and_gradients(level: RecomputeLevel, precision: Precision) -> None:
+    # Bit for bit: the recompute runs the same kernels on the same inputs (a selective one takes
+    # the kept matmul outputs as they were), in the block's autocast precision too.
     model = make_resmlp().model
+    names = [f"blocks.{i}" for i in range(4)]
     x = torch.randn(4, 32, 16)
-    model(x).square().mean().backward()
+    plain_wrappers = apply_block_knobs(model, names, [precision] * 4, ["none"] * 4, device_type="cpu")
+    expected = model(x).square().mean()
+    expected.backward()
+    plain_wrappers.remove()
     plain = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad()
-    wrappers = apply_block_knobs(model, [f"blocks.{i}" for i in range(4)], ["fp32"] * 4, [True] * 4, device_type="cpu")
-    model(x).square().mean().backward()
+    wrappers = apply_block_knobs(model, names, [precision] * 4, [level] * 4, device_type="cpu")
+    loss = model(x).square().mean()
+    loss.backward()
     wrappers.remove()
     recomputed = [p.grad for p in model.parameters() if p.grad is not None]
+    assert torch.equal(loss, expected)
+    assert len(recomputed) == len(plain) == len(list(model.parameters()))  # every parameter got its gradient
     assert all(torch.equal(a, b) for a, b in zip(plain, recomputed, strict=True))
 
 
@@ -117,14 +129,15 @@ def _same_state(a: nn.Module, b: nn.Module) -> bool:
     )
 
 
+@pytest.mark.parametrize("level", ["full", "selective"])
 @pytest.mark.parametrize("kind", ["bn1d", "bn2d", "running-mean"])
 @pytest.mark.parametrize("micro_batches", [1, 2])
-def test_recompute_updates_running_state_once(kind: str, micro_batches: int) -> None:
+def test_recompute_updates_running_state_once(kind: str, micro_batches: int, level: RecomputeLevel) -> None:
     plain, recomputed = _stateful_blocks(kind), _stateful_blocks(kind)
     xs = _inputs(kind)[:micro_batches]
     expected = _accumulate(plain, xs)
     names = ["0", "1", "2"]
-    wrappers = apply_block_knobs(recomputed, names, ["fp32"] * 3, [True] * 3, device_type="cpu")
+    wrappers = apply_block_knobs(recomputed, names, ["fp32"] * 3, [level] * 3, device_type="cpu")
     losses = _accumulate(recomputed, xs)
     wrappers.remove()
     assert all(torch.equal(a, b) for a, b in zip(losses, expected, strict=True))
@@ -146,21 +159,23 @@ def _stateful_workload(kind: str) -> Workload:
     return Workload(name=kind, model=model, dataset=data, loss_fn=loss_fn, blocks=["0", "1", "2"], batch_size=8)
 
 
+@pytest.mark.parametrize("checkpoint", [True, "selective"])
 @pytest.mark.parametrize(
     ("kind", "precision"), [("bn1d", "fp32"), ("bn2d", "fp32"), ("running-mean", "fp32"), ("bn2d", "bf16")]
 )
-def test_the_local_trainer_recomputes_running_state_exactly(kind: str, precision: str) -> None:
+def test_the_local_trainer_recomputes_running_state_exactly(kind: str, precision: str, checkpoint: Checkpoint) -> None:
     workload = _stateful_workload(kind)
     plain_loss, plain = trained_step(workload, precision=precision)
-    loss, state = trained_step(workload, precision=precision, checkpoint=True)
+    loss, state = trained_step(workload, precision=precision, checkpoint=checkpoint)
     assert loss == plain_loss
     assert plain.keys() == state.keys() and all(torch.equal(plain[k], state[k]) for k in plain)
     counter = "0.steps" if kind == "running-mean" else "0.1.num_batches_tracked"
     assert int(state[counter]) == 2  # two micro-batches, one update each
 
 
-def test_the_exported_apply_recomputes_batchnorm_exactly() -> None:
-    config = TrainConfig(micro_batch_size=6, checkpoint=True)
+@pytest.mark.parametrize("checkpoint", [True, "selective"])
+def test_the_exported_apply_recomputes_batchnorm_exactly(checkpoint: Checkpoint) -> None:
+    config = TrainConfig(micro_batch_size=6, checkpoint=checkpoint)
     code = python_snippet(config, block_names=("0", "1", "2"), workload="bn2d")
     namespace: dict[str, Any] = {}
     exec(compile(code, "snippet.py", "exec"), namespace)
@@ -190,11 +205,11 @@ def test_effective_knobs_merge_the_positions_of_one_module() -> None:
     model = _shared_model()
     blocks = [model.get_submodule(n) for n in SHARED]
     assert blocks[3] is blocks[0]
-    merged = effective_block_knobs(blocks, ["fp32", "bf16", "fp32", "fp16"], [False, False, False, True])
-    assert merged == (("fp16", "bf16", "fp32", "fp16"), (True, False, False, True))
-    first = effective_block_knobs(blocks, ["bf16", "fp32", "fp32", "fp16"], [True, False, False, False])
-    assert first == (("bf16", "fp32", "fp32", "bf16"), (True, False, False, True))
-    assert effective_block_knobs(blocks, ["fp32"] * 4, [False] * 4) == (("fp32",) * 4, (False,) * 4)
+    merged = effective_block_knobs(blocks, ["fp32", "bf16", "fp32", "fp16"], ["none", "none", "none", "full"])
+    assert merged == (("fp16", "bf16", "fp32", "fp16"), ("full", "none", "none", "full"))
+    first = effective_block_knobs(blocks, ["bf16", "fp32", "fp32", "fp16"], ["full", "none", "none", "none"])
+    assert first == (("bf16", "fp32", "fp32", "bf16"), ("full", "none", "none", "full"))
+    assert effective_block_knobs(blocks, ["fp32"] * 4, ["none"] * 4) == (("fp32",) * 4, ("none",) * 4)
 
 
 def test_a_shared_module_is_wrapped_once_and_removed_exactly() -> None:
@@ -202,7 +217,7 @@ def test_a_shared_module_is_wrapped_once_and_removed_exactly() -> None:
     dicts = [dict(m.__dict__) for m in model.modules()]
     hooks = _hooks(model)
     wrappers = apply_block_knobs(
-        model, SHARED, ["bf16", "fp32", "fp32", "fp16"], [False, True, False, True], device_type="cpu"
+        model, SHARED, ["bf16", "fp32", "fp32", "fp16"], ["none", "full", "none", "full"], device_type="cpu"
     )
     assert wrappers.modules == (model[0], model[1])
     model(torch.randn(4, 8)).sum().backward()
@@ -215,7 +230,7 @@ def test_a_shared_module_recomputed_at_one_position_keeps_its_state_exact() -> N
     plain, recomputed = _shared_model(), _shared_model()
     xs = [x[:, :8] for x in _inputs("bn1d")]
     expected = _accumulate(plain, xs)
-    wrappers = apply_block_knobs(recomputed, SHARED, ["fp32"] * 4, [False, False, False, True], device_type="cpu")
+    wrappers = apply_block_knobs(recomputed, SHARED, ["fp32"] * 4, ["none", "none", "none", "full"], device_type="cpu")
     losses = _accumulate(recomputed, xs)
     wrappers.remove()
     assert all(torch.equal(a, b) for a, b in zip(losses, expected, strict=True))
@@ -271,7 +286,7 @@ def test_an_fp32_block_under_outer_bf16_takes_fp32_inputs_and_nothing_is_cast_ba
         for n in names
     ]
     wrappers = apply_block_knobs(
-        model, names, ["bf16", "fp32", "bf16"], [False, True, False], device_type="cpu", outer="bf16"
+        model, names, ["bf16", "fp32", "bf16"], ["none", "full", "none"], device_type="cpu", outer="bf16"
     )
     assert [("forward" in model.get_submodule(n).__dict__) for n in names] == [False, True, False]
     with outer_autocast("bf16", "cpu"):
@@ -294,7 +309,12 @@ def test_apply_then_remove_with_an_outer_precision_restores_the_model_exactly() 
     reference = model(x)
     outer = apply_outer_precision(model, "bf16", device_type="cpu")
     blocks = apply_block_knobs(
-        model, names, ["bf16", "fp32", "fp32", "bf16"], [True, False, True, False], device_type="cpu", outer="bf16"
+        model,
+        names,
+        ["bf16", "fp32", "fp32", "bf16"],
+        ["full", "none", "full", "none"],
+        device_type="cpu",
+        outer="bf16",
     )
     wrapped = model(x)  # no outer_autocast here: the model's own forward opens it
     assert wrapped.dtype == torch.bfloat16  # the head ran in bf16
