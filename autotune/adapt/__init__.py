@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     from autotune.adapt.adaptive import Adaptive, decision_source
     from autotune.adapt.controller import Controller, FrontEnd
     from autotune.adapt.decider import Decider, SideBySide
-    from autotune.adapt.gate import BudgetGate, Verdict
     from autotune.adapt.records import AdaptStep, Change, OverBudgetStep
     from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
+    from autotune.memory.gate import BudgetGate, Verdict
 
 __all__ = [
     "AdaptStep",
@@ -48,8 +48,8 @@ _LAZY = {
     "FrontEnd": "autotune.adapt.controller",
     "Decider": "autotune.adapt.decider",
     "SideBySide": "autotune.adapt.decider",
-    "BudgetGate": "autotune.adapt.gate",
-    "Verdict": "autotune.adapt.gate",
+    "BudgetGate": "autotune.memory.gate",
+    "Verdict": "autotune.memory.gate",
     "AdaptStep": "autotune.adapt.records",
     "Change": "autotune.adapt.records",
     "OverBudgetStep": "autotune.adapt.records",

@@ -5,7 +5,7 @@ The user's model and optimizer are trained in place (no copy) by the local train
 DeepSpeed ranks instead (:class:`autotune.adapt.ranks.RankLoop`), where the ZeRO stage is a knob
 too. Either way, every ``decide_every`` steps a decision source (the pretrained policy, a fixed
 configuration, a user's policy file, any :class:`DecisionSource`) may propose another
-configuration; the budget gate (:mod:`autotune.adapt.gate`) admits it only if its peak memory
+configuration; the budget gate (:mod:`autotune.memory.gate`) admits it only if its peak memory
 (per rank) is known to fit. The first step under a configuration whose prediction the gate
 does not trust runs under exact memory tracking (1.1-15x a step, once per configuration; every
 configuration with ``track_memory=True``, and on ranks); a configuration measured over the
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.adapt.controller import Controller, check_saved_model, model_record
-from autotune.adapt.gate import BudgetGate, as_budget
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
 from autotune.adapt.shape_guard import ShapeGuard
@@ -35,8 +34,9 @@ from autotune.batches import batch_size
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
+from autotune.memory.gate import BudgetGate
 from autotune.settings import TUNING
-from autotune.units import MemoryBudget
+from autotune.units import DEFAULT_PEAK, MemoryBudget
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def decision_source(policy: PolicyArg) -> DecisionSource | None:
     if isinstance(policy, TrainConfig):
         return FixedConfig(policy)
     if isinstance(policy, (str, Path)):
-        from autotune.adapt.policy import PolicySource
+        from autotune.adapt.policy_source import PolicySource
 
         return PolicySource(None if policy == "pretrained" else Path(policy))
     raise ConfigError(
@@ -419,7 +419,7 @@ class Adaptive:
         self.decide_every, self.adapt_batch, self.min_efficiency = decide_every, adapt_batch, min_efficiency
         self.track_memory = _track_mode(track_memory)
         self._device_type = device_type
-        budget = as_budget(memory_budget)
+        budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
         reduced = self.source is not None  # only a decision source proposes bf16 blocks
         self.gate = BudgetGate.build(workload, budget, default, reduced_precision=reduced, device_type=device_type)
         self.guard = ShapeGuard(workload, self.gate, reduced_precision=reduced)  # for step(batch)

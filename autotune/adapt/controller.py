@@ -44,9 +44,9 @@ from autotune.settings import TUNING
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from autotune.adapt.gate import BudgetGate, Verdict
     from autotune.adapt.sources import DecisionSource
     from autotune.measurement.cuda_memory import AllocatorStats
+    from autotune.memory.gate import BudgetGate, Verdict
     from autotune.workload import Workload
 
 __all__ = ["Controller", "FrontEnd", "check_saved_model", "model_record"]

@@ -10,10 +10,10 @@ import pytest
 from autotune import TrainConfig
 from autotune.adapt import BudgetGate, RunContext
 from autotune.adapt.controller import Controller
-from autotune.adapt.gate import Verdict
 from autotune.adapt.records import Change
 from autotune.adapt.sources import DecisionSource, Observation, Proposal
 from autotune.errors import ConfigError
+from autotune.memory.gate import Verdict
 from tests.conftest import make_resmlp
 
 UNVERIFIED = "predicted 500 B, but the prediction is unverified and the config was never measured"
