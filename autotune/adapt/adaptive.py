@@ -156,8 +156,8 @@ class Adaptive:
             at once): ``"unverified"`` (default) those whose prediction the gate does not trust
             (:meth:`BudgetGate.trusts`: verified by a check against a real step that came within
             the gate's 2% headroom), True or ``"all"`` every one, False or ``"none"`` none (then
-            only verified predictions admit). Why not always: a tracked step costs 1.1-15x a
-            step on the CPU.
+            only verified predictions admit). Why not always: a tracked step costs more than a
+            plain one, up to an order of magnitude more on the CPU.
         name: The run's name in reports and warnings.
         collate_fn: Batches the dataset's samples (default: the DataLoader's default collate).
         worst_case_batch: A batch at the longest shapes the data can produce: the budget gate
@@ -322,8 +322,9 @@ class Adaptive:
                 train in instead of starting one (a start costs ~10 s: runs can share one, as the
                 environment's episodes do); what it trained before ends, its device is used, and
                 :meth:`close` leaves it open for its owner.
-            track_memory: As for :class:`Adaptive`, but every configuration by default: the
-                memory model's error on ranks was up to 4.8% on held-out configurations.
+            track_memory: As for :class:`Adaptive`, but every configuration by default: on ranks
+                the memory model's predictions of configurations it was not checked on are off by
+                up to a few percent (the gate's ranks headroom).
             objective: As for :class:`Adaptive`.
 
         Returns:
