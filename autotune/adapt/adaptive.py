@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autotune.adapt.controller import Controller, check_saved_model, model_record
+from autotune.adapt.controller import Controller, check_saved_batch, check_saved_model, model_record
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
 from autotune.adapt.shape_guard import ShapeGuard
@@ -663,11 +663,14 @@ class Adaptive:
             fix="load it into an Adaptive over the model it was saved from",
         )
         restored, start = TrainConfig.from_dict(state["config"]), t.config
-        if restored.effective_batch_size != start.effective_batch_size and not self.adapt_batch:
-            raise ConfigError(
-                f"the saved run's effective batch must be this run's ({start.effective_batch_size}), but got "
-                f"{restored.effective_batch_size}."
-            )
+        check_saved_batch(
+            restored,
+            start,
+            adapt_batch=self.adapt_batch,
+            state="Adaptive",
+            run="run",
+            fix="resume it with the batch_size it was saved at, or with adapt_batch=True",
+        )
         # Before the measurements: a profile at the saved largest shape forgets those of smaller ones.
         self.guard.load_state_dict(state.get("shape_guard", {}))
         self.controller.load_state_dict(state)

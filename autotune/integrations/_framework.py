@@ -62,7 +62,7 @@ from typing import Any
 import torch
 
 from autotune.adapt.adaptive import PolicyArg, decision_source
-from autotune.adapt.controller import Controller, check_saved_model, model_record
+from autotune.adapt.controller import Controller, check_saved_batch, check_saved_model, model_record
 from autotune.adapt.decider import Decider
 from autotune.adapt.records import Change
 from autotune.config import TrainConfig
@@ -312,11 +312,14 @@ class FrameworkLoop:
         )
         here = self.controller.config
         saved = TrainConfig.from_dict(state["config"])
-        if saved.effective_batch_size != here.effective_batch_size:
-            raise ConfigError(
-                f"the saved fit's effective batch must be this fit's ({here.effective_batch_size}), but got "
-                f"{saved.effective_batch_size}."
-            )
+        check_saved_batch(
+            saved,
+            here,
+            adapt_batch=False,
+            state="AutotuneCallback",
+            run="fit",
+            fix="resume it with the batch size and gradient accumulation it was saved at",
+        )
         self.controller.load_state_dict(state)
         # Its per-block knobs as this loop takes them (the flags' pins too); the split is the loop's.
         knobs = self.takes(here, saved)
