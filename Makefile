@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: install demo test test-avx2 readme docs examples wheel-check lint typecheck bench gpu-check
+.PHONY: install demo test test-avx2 readme docs architecture examples wheel-check lint typecheck bench gpu-check
 
 $(BIN)/.installed: requirements/dev.txt requirements/constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,9 @@ typecheck: install
 	cp benchmarks/gpu_check.py build/typecheck/gpu_check.py
 	cp benchmarks/picks.py build/typecheck/picks.py
 	cp benchmarks/results.py build/typecheck/results.py
+	cp scripts/architecture_diagram.py build/typecheck/architecture_diagram.py
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p autotune
-	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml gpu_check.py picks.py
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml gpu_check.py picks.py results.py architecture_diagram.py
 
 lint: install typecheck
 	$(BIN)/ruff check .
@@ -48,6 +49,11 @@ test: lint docs
 docs: install
 	$(BIN)/python docs/hooks/package_layout.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+# ARCHITECTURE.md's diagram of the homes and their imports, redrawn from the code (the import
+# test fails when the file's copy is stale).
+architecture: install
+	$(BIN)/python scripts/architecture_diagram.py
 
 # The CPU varies between machines: an AVX2 CPU has no bf16 units (bf16 matmul ~40x slower than
 # fp32), an AVX512-bf16/AMX one makes bf16 faster. The tests whose paths depend on it (the

@@ -33,8 +33,8 @@ class Tuning:
         local_headroom: The gate's margin on a prediction in one process: the memory model's
             verified error on the corpus is under 1e-6, the 2% covers allocator rounding and
             kernels' workspaces it does not see.
-        ranks_headroom: The same on DeepSpeed ranks, where the model's error on held-out
-            configurations reached 4.8%.
+        ranks_headroom: The same on DeepSpeed ranks, where the model's error on configurations
+            it was not checked on is a few percent (the benchmarks page has the runs).
         profile_micro_batch: The micro-batch of the per-block profile a decision source reads
             (two samples: batch-dependent bytes separate from the constant ones).
         horizon: Decisions in one episode of the environments (and the policy's observation of

@@ -50,7 +50,7 @@ import torch
 from autotune.policies.transfer import propose
 
 from autotune.adapt import Adaptive, DecisionSource, Observation, Proposal, RunContext
-from autotune.adapt.policy import PolicySource
+from autotune.adapt.policy_source import PolicySource
 from autotune.config import TrainConfig
 from autotune.procs.measure import measure
 from autotune.resolve import load_workload

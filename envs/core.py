@@ -448,7 +448,7 @@ def observation_vector(
     """The observation (the table in :class:`TuningEnv`'s docstring), from what a run measured.
 
     One implementation for the environments and for a policy acting on a user's own run
-    (:class:`autotune.adapt.policy.PolicySource`): a policy sees the same numbers wherever it acts.
+    (:class:`autotune.adapt.policy_source.PolicySource`): a policy sees the same numbers wherever it acts.
     """
     # The guard every observation passes: a NaN reaches a policy's logits and PPO's distribution
     # as a ValueError deep in torch.distributions, or worse, an action picked from NaN.

@@ -105,8 +105,8 @@ def fine_tune(
 
 
 #: What ``autotune study`` spends on its policy proposal: a quick profile (2 timing rounds, a
-#: 2-step curve: the curves only matter with batch adaptation) and no fine-tuning. Measured on
-#: gpt-tiny (1 thread): a full profile took 45 s, 21 of them in 8 timing rounds (README).
+#: 2-step curve: the curves only matter with batch adaptation) and no fine-tuning: a full
+#: profile spends about half its time in its 8 timing rounds, which a proposal does not need.
 PROPOSAL_TIMING_ROUNDS = 2
 PROPOSAL_CURVE_STEPS = 2
 

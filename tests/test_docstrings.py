@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import doctest
 import importlib
 import inspect
+import io
 import re
+import tokenize
 
 import pytest
 
@@ -180,3 +183,55 @@ def test_public_examples_run(name: str) -> None:
         runner.run(test)
     result = runner.summarize(verbose=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples of {name} failed"
+
+
+#: Measurement history belongs on the benchmarks page and in commit messages, not in the code: a
+#: docstring or comment that dates a figure ("2026-11-28") or names the commit it was measured at
+#: ("commit 1dac74e") is history. Cheap, precise patterns only: an ISO date, and a word of 7-40 hex
+#: digits with both a digit and a letter (a commit hash; a plain number or an English word is not).
+HISTORY = re.compile(
+    r"\b20\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])\b"
+    r"|\b(?=[0-9a-f]{0,39}\d)(?=[0-9a-f]{0,39}[a-f])[0-9a-f]{7,40}\b"
+)
+PACKAGE_SOURCES = [p for folder in ("autotune", "envs", "policies") for p in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def history_lines(source: str, name: str) -> list[str]:
+    """``name:line: text`` for each docstring or comment line of ``source`` that dates a figure or
+    names a commit (:data:`HISTORY`)."""
+    found: list[tuple[int, str]] = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                first = node.body[0]
+                lines = enumerate(doc.splitlines(), start=first.lineno)
+                found += [(number, line.strip()) for number, line in lines if HISTORY.search(line)]
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT and HISTORY.search(token.string):
+            found.append((token.start[0], token.string.strip()))
+    return [f"{name}:{line}: {text}" for line, text in sorted(found)]
+
+
+def test_history_lines_finds_dates_and_commits_in_docstrings_and_comments() -> None:
+    source = (
+        '"""Measured on 2026-11-28."""\n'
+        "def f():\n"
+        '    """At commit 1dac74e: 3.1x. Issue #139214, 1.5e10, a 0xff mask, deadbeef, 20261128."""\n'
+        "    x = '2026-11-28'  # seen at 9b8624b\n"
+        "    # the ratio: 2.40 GB, fp16, cafe01 (six digits), 2026-13-01 (no month)\n"
+    )
+    assert history_lines(source, "m.py") == [
+        "m.py:1: Measured on 2026-11-28.",
+        "m.py:3: At commit 1dac74e: 3.1x. Issue #139214, 1.5e10, a 0xff mask, deadbeef, 20261128.",
+        "m.py:4: # seen at 9b8624b",
+    ]
+
+
+def test_no_dates_or_commits_in_the_packages_docstrings_and_comments() -> None:
+    found = [line for path in PACKAGE_SOURCES for line in history_lines(path.read_text(), str(path.relative_to(ROOT)))]
+    assert found == [], (
+        "measurement history in docstrings or comments (say what and why; figures go on "
+        "docs/benchmarks.md):\n" + "\n".join(found)
+    )

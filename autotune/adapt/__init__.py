@@ -20,11 +20,11 @@ if TYPE_CHECKING:
     from autotune.adapt.controller import FrontEnd as FrontEnd
     from autotune.adapt.decider import Decider as Decider
     from autotune.adapt.decider import SideBySide as SideBySide
-    from autotune.adapt.gate import BudgetGate as BudgetGate
-    from autotune.adapt.gate import Verdict as Verdict
-    from autotune.adapt.policy import PolicySource
+    from autotune.adapt.policy_source import PolicySource
     from autotune.adapt.records import AdaptStep, Change, OverBudgetStep
     from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
+    from autotune.memory.gate import BudgetGate as BudgetGate
+    from autotune.memory.gate import Verdict as Verdict
 
 # The public API (docs/api.md): what a user of Adaptive, a callback or a decision source of their
 # own meets. The controller, its decider and the budget gate stay importable from here by name (the
@@ -50,14 +50,14 @@ _LAZY = {
     "FrontEnd": "autotune.adapt.controller",
     "Decider": "autotune.adapt.decider",
     "SideBySide": "autotune.adapt.decider",
-    "BudgetGate": "autotune.adapt.gate",
-    "Verdict": "autotune.adapt.gate",
+    "BudgetGate": "autotune.memory.gate",
+    "Verdict": "autotune.memory.gate",
     "AdaptStep": "autotune.adapt.records",
     "Change": "autotune.adapt.records",
     "OverBudgetStep": "autotune.adapt.records",
     "DecisionSource": "autotune.adapt.sources",
     "FixedConfig": "autotune.adapt.sources",
-    "PolicySource": "autotune.adapt.policy",
+    "PolicySource": "autotune.adapt.policy_source",
     "Observation": "autotune.adapt.sources",
     "Proposal": "autotune.adapt.sources",
     "RunContext": "autotune.adapt.sources",

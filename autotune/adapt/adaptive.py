@@ -5,7 +5,7 @@ The user's model and optimizer are trained in place (no copy) by the local train
 DeepSpeed ranks instead (:class:`autotune.adapt.ranks.RankLoop`), where the ZeRO stage is a knob
 too. Either way, every ``decide_every`` steps a decision source (the pretrained policy, a fixed
 configuration, a user's policy file, any :class:`DecisionSource`) may propose another
-configuration; the budget gate (:mod:`autotune.adapt.gate`) admits it only if its peak memory
+configuration; the budget gate (:mod:`autotune.memory.gate`) admits it only if its peak memory
 (per rank) is known to fit. The first step under a configuration whose prediction the gate
 does not trust runs under exact memory tracking (1.1-15x a step, once per configuration; every
 configuration with ``track_memory=True``, and on ranks); a configuration measured over the
@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autotune.adapt.controller import Controller, check_saved_model, model_record
-from autotune.adapt.gate import BudgetGate, as_budget
+from autotune.adapt.controller import Controller, check_saved_batch, check_saved_model, model_record
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
 from autotune.adapt.shape_guard import ShapeGuard
@@ -35,8 +34,9 @@ from autotune.batches import batch_size
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
+from autotune.memory.gate import BudgetGate
 from autotune.settings import TUNING
-from autotune.units import MemoryBudget
+from autotune.units import DEFAULT_PEAK, MemoryBudget
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def decision_source(policy: PolicyArg) -> DecisionSource | None:
     if isinstance(policy, TrainConfig):
         return FixedConfig(policy)
     if isinstance(policy, (str, Path)):
-        from autotune.adapt.policy import PolicySource
+        from autotune.adapt.policy_source import PolicySource
 
         return PolicySource(None if policy == "pretrained" else Path(policy))
     raise ConfigError(
@@ -156,8 +156,8 @@ class Adaptive:
             at once): ``"unverified"`` (default) those whose prediction the gate does not trust
             (:meth:`BudgetGate.trusts`: verified by a check against a real step that came within
             the gate's 2% headroom), True or ``"all"`` every one, False or ``"none"`` none (then
-            only verified predictions admit). Why not always: a tracked step costs 1.1-15x a
-            step on the CPU.
+            only verified predictions admit). Why not always: a tracked step costs more than a
+            plain one, up to an order of magnitude more on the CPU.
         name: The run's name in reports and warnings.
         collate_fn: Batches the dataset's samples (default: the DataLoader's default collate).
         worst_case_batch: A batch at the longest shapes the data can produce: the budget gate
@@ -322,8 +322,9 @@ class Adaptive:
                 train in instead of starting one (a start costs ~10 s: runs can share one, as the
                 environment's episodes do); what it trained before ends, its device is used, and
                 :meth:`close` leaves it open for its owner.
-            track_memory: As for :class:`Adaptive`, but every configuration by default: the
-                memory model's error on ranks was up to 4.8% on held-out configurations.
+            track_memory: As for :class:`Adaptive`, but every configuration by default: on ranks
+                the memory model's predictions of configurations it was not checked on are off by
+                up to a few percent (the gate's ranks headroom).
             objective: As for :class:`Adaptive`.
 
         Returns:
@@ -419,7 +420,7 @@ class Adaptive:
         self.decide_every, self.adapt_batch, self.min_efficiency = decide_every, adapt_batch, min_efficiency
         self.track_memory = _track_mode(track_memory)
         self._device_type = device_type
-        budget = as_budget(memory_budget)
+        budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
         reduced = self.source is not None  # only a decision source proposes bf16 blocks
         self.gate = BudgetGate.build(workload, budget, default, reduced_precision=reduced, device_type=device_type)
         self.guard = ShapeGuard(workload, self.gate, reduced_precision=reduced)  # for step(batch)
@@ -662,11 +663,14 @@ class Adaptive:
             fix="load it into an Adaptive over the model it was saved from",
         )
         restored, start = TrainConfig.from_dict(state["config"]), t.config
-        if restored.effective_batch_size != start.effective_batch_size and not self.adapt_batch:
-            raise ConfigError(
-                f"the saved run's effective batch must be this run's ({start.effective_batch_size}), but got "
-                f"{restored.effective_batch_size}."
-            )
+        check_saved_batch(
+            restored,
+            start,
+            adapt_batch=self.adapt_batch,
+            state="Adaptive",
+            run="run",
+            fix="resume it with the batch_size it was saved at, or with adapt_batch=True",
+        )
         # Before the measurements: a profile at the saved largest shape forgets those of smaller ones.
         self.guard.load_state_dict(state.get("shape_guard", {}))
         self.controller.load_state_dict(state)

@@ -46,12 +46,12 @@ from autotune.settings import TUNING
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from autotune.adapt.gate import BudgetGate, Verdict
     from autotune.adapt.sources import DecisionSource
     from autotune.measurement.cuda_memory import AllocatorStats
+    from autotune.memory.gate import BudgetGate, Verdict
     from autotune.workload import Workload
 
-__all__ = ["Controller", "FrontEnd", "check_saved_model", "model_record"]
+__all__ = ["Controller", "FrontEnd", "check_saved_batch", "check_saved_model", "model_record"]
 
 
 class FrontEnd(Protocol):
@@ -575,6 +575,38 @@ def check_saved_model(
             f"{saved['fingerprint']}), but this {run}'s model has {here['parameters']:,} parameters (fingerprint "
             f"{here['fingerprint']}): {fix}."
         )
+
+
+def check_saved_batch(
+    saved: TrainConfig, here: TrainConfig, *, adapt_batch: bool, state: str, run: str, fix: str
+) -> None:
+    """Refuse a state saved at another effective batch: the batch is the user's (the learning rate
+    and the data order follow it), and only a run that adapts it may resume at another. Every
+    front end's resume runs it.
+
+    Args:
+        saved: The configuration the state was saved at.
+        here: This run's configuration.
+        adapt_batch: Whether this run adapts the effective batch (then any saved one resumes).
+        state: Whose state it is, as the message names it (``"Adaptive"``).
+        run: What this run is called (``"run"``, ``"fit"``).
+        fix: What to do instead, the message's end.
+
+    Raises:
+        ConfigError: the effective batches differ and this run does not adapt its batch.
+    """
+    if not adapt_batch and saved.effective_batch_size != here.effective_batch_size:
+        raise ConfigError(
+            f"{state} state's effective batch must be this {run}'s ({here.effective_batch_size}), but got "
+            f"{saved.effective_batch_size}: {fix}."
+        )
+
+
+def _split(config: TrainConfig, micro: int, checkpoint: bool, zero_stage: int = 0) -> TrainConfig:
+    accum = config.micro_batch_size * config.grad_accum_steps // micro  # per rank: the ranks stay
+    return dataclasses.replace(
+        config, micro_batch_size=micro, grad_accum_steps=accum, checkpoint=checkpoint, zero_stage=zero_stage
+    )
 
 
 def _over(verdict: Verdict) -> str:

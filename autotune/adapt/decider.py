@@ -46,8 +46,8 @@ from autotune.settings import TUNING
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from autotune.adapt.gate import BudgetGate, Verdict
     from autotune.config import TrainConfig
+    from autotune.memory.gate import BudgetGate, Verdict
 
 __all__ = ["Decider", "SideBySide"]
 

@@ -131,9 +131,9 @@ class InPlaceTrainer(Trainer):
     def measured_step(self) -> tuple[StepResult, int]:
         if self.allocator is not None:
             # The cache still holds the segments of the configurations before this one: after a
-            # move to a smaller one its reserved peak would be theirs, and the reserved/allocated
-            # ratio that scales every later prediction 1.83 where it is 1.11 (an H200 run of
-            # `train --adapt`, 8x2 after 16x1). Released first, the segments are this step's own.
+            # move to a smaller one its reserved peak would be theirs, and so would the
+            # reserved/allocated ratio that scales every later prediction (too high: configurations
+            # that fit refused). Released first, the segments are this step's own.
             # Cost: one garbage collection and the step's allocations from the driver again, once
             # per configuration tracked.
             self.allocator.release(self.device)

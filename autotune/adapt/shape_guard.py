@@ -36,8 +36,8 @@ from autotune.worst_case import sample_bytes
 
 if TYPE_CHECKING:
     from autotune.adapt.decider import Decider
-    from autotune.adapt.gate import BudgetGate
     from autotune.adapt.loop import AdaptLoop
+    from autotune.memory.gate import BudgetGate
     from autotune.workload import Workload
 
 __all__ = ["ShapeGuard", "splits"]
@@ -110,7 +110,7 @@ class ShapeGuard:
 
     def _reprofile(self, batch: Any) -> None:
         """The gate's profile, taken again at ``batch``'s shape (declared as the worst case)."""
-        from autotune.adapt.gate import profile_or_reason
+        from autotune.memory.gate import profile_or_reason
 
         self.batch = map_tensors(lambda t: t.detach().cpu(), batch)
         at_shape = dataclasses.replace(self.workload, worst_case_batch=self.batch)

@@ -62,9 +62,8 @@ from typing import Any
 import torch
 
 from autotune.adapt.adaptive import PolicyArg, decision_source
-from autotune.adapt.controller import Controller, check_saved_model, model_record
+from autotune.adapt.controller import Controller, check_saved_batch, check_saved_model, model_record
 from autotune.adapt.decider import Decider
-from autotune.adapt.gate import BudgetGate, admission, as_budget
 from autotune.adapt.records import Change
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneWarning, ConfigError, OverBudgetWarning
@@ -77,9 +76,10 @@ from autotune.measurement.cuda_memory import (
 )
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.measurement.tracker import breakdown, tracker_class
+from autotune.memory.gate import BudgetGate, admission
 from autotune.train.base import finite_gradients
 from autotune.train.wrappers import BlockWrappers, apply_block_knobs, apply_config
-from autotune.units import MemoryBudget
+from autotune.units import DEFAULT_PEAK, MemoryBudget
 from autotune.workload import Workload
 
 __all__ = ["FrameworkLoop"]
@@ -111,7 +111,7 @@ class FrameworkLoop:
             raise ConfigError(f"decide_every must be an int >= 2, but got {decide_every!r}.")
         self.objective = check_objective(objective)
         self.source = decision_source(policy)
-        self.budget = as_budget(memory_budget)
+        self.budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
         self.decide_every = decide_every
         self.blocks = blocks
         self.min_micro_batch = check_min_micro_batch(min_micro_batch)
@@ -310,11 +310,14 @@ class FrameworkLoop:
         )
         here = self.controller.config
         saved = TrainConfig.from_dict(state["config"])
-        if saved.effective_batch_size != here.effective_batch_size:
-            raise ConfigError(
-                f"the saved fit's effective batch must be this fit's ({here.effective_batch_size}), but got "
-                f"{saved.effective_batch_size}."
-            )
+        check_saved_batch(
+            saved,
+            here,
+            adapt_batch=False,
+            state="AutotuneCallback",
+            run="fit",
+            fix="resume it with the batch size and gradient accumulation it was saved at",
+        )
         self.controller.load_state_dict(state)
         # Its per-block knobs as this loop takes them (the flags' pins too); the split is the loop's.
         knobs = self.takes(here, saved)

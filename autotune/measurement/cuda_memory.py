@@ -84,10 +84,10 @@ class TorchCudaStats:
 
         A configuration measured after others in one process (``measure`` called in a loop, the
         probe) must not count their leftovers: model copies held in reference cycles until the
-        cyclic collector runs were measured on an H100 as +0.9 GiB allocated per earlier
-        configuration (cycles through C++ that it never frees are the tracker's to break:
-        :mod:`autotune.measurement.tracker`), and cached segments inflate the reserved peak. Cost: one full collection
-        and one ``cudaFree`` per cached segment (milliseconds), once per configuration.
+        cyclic collector runs stay allocated, one per earlier configuration (cycles through C++
+        that it never frees are the tracker's to break: :mod:`autotune.measurement.tracker`), and
+        cached segments inflate the reserved peak. Cost: one full collection and one ``cudaFree``
+        per cached segment (milliseconds), once per configuration.
         """
         import gc
 

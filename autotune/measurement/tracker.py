@@ -126,10 +126,10 @@ def tracker_class() -> type[Any]:
         # gradient is never computed (an output off the loss path, a recomputed block's) keep a
         # cycle through C++ (autograd node -> hook -> closure -> node) the cyclic collector cannot
         # see, and with it the node's AccumulateGrad edges, i.e. the parameters (pytorch PR
-        # #139214). Measured on an H200: the model copy of every configuration measured earlier in
-        # the process stayed allocated (+240 MB per configuration of a 60M-parameter decoder) and
-        # failed a study's trials on the budget. The handles are collected while the tracker is
-        # entered and removed when it exits, after the step's backward.
+        # #139214). Left alone, the model copy of every configuration measured earlier in the
+        # process stays allocated, and a study's trials that fit fail on the budget. The handles
+        # are collected while the tracker is entered and removed when it exits, after the step's
+        # backward.
         def __enter__(self) -> Any:
             self._grad_hooks: list[Any] = []
             self._hook_patch = _collect_grad_hooks(self._grad_hooks)

@@ -20,12 +20,12 @@ from autotune._lazy import lazy_module_attributes
 
 if TYPE_CHECKING:
     from autotune.search.export import export_config
-    from autotune.search.objective import Objective
     from autotune.search.results import StudySummary, summarize
     from autotune.search.space import SearchSpace
     from autotune.search.spec import BlockOverride, MeasureSpec, SpaceSpec, StudySpec, load_spec
     from autotune.search.storage import DEFAULT_STORAGE, open_storage
     from autotune.search.study import Prepared, RunOptions, count_done, open_study, prepare, run_study
+    from autotune.search.trial import Objective
 
 # The public API: spec, space, objective and study entry points, and what the CLI uses of the
 # rest. Everything else (baselines, cache, isolation, predictor, records, dashboard) stays
@@ -53,7 +53,7 @@ __all__ = [
 
 _LAZY = {
     "export_config": "autotune.search.export",
-    "Objective": "autotune.search.objective",
+    "Objective": "autotune.search.trial",
     "StudySummary": "autotune.search.results",
     "summarize": "autotune.search.results",
     "SearchSpace": "autotune.search.space",

@@ -51,8 +51,8 @@ __all__ = ["BUSY_MARGIN", "DOMINATED_SLOWDOWN", "PRECISIONS_ATTR", "screen_preci
 DOMINATED_SLOWDOWN = 2.0
 
 #: On a busy machine a reduced precision is left out only when its step takes this many times
-#: :data:`DOMINATED_SLOWDOWN` or more: load moved the measured ratio by up to 2.4x (the test
-#: model's 1.2x to 2.9x; shared-encoder's 3.6x to 2.1x, 1.7x the other way).
+#: :data:`DOMINATED_SLOWDOWN` or more: another process on the cores moves the measured ratio
+#: either way, by more than 2x (the runs are on the benchmarks page).
 BUSY_MARGIN = 3.0
 
 #: Study user attribute: ``{"kept": [...], "notes": [...]}``, the reduced precisions searched and
@@ -161,8 +161,7 @@ def _screen(prepared: Prepared, measurer: Any, precision: Precision, micro: int)
     slower = fp32 / reduced if reduced > 0 else float("inf")
     if slower < DOMINATED_SLOWDOWN:
         # Kept whatever the load (keeping costs trials, never a pick); remembered only when quiet,
-        # because load moves the ratio either way (shared-encoder 3.6x quiet, 2.1x loaded on an AVX2
-        # CPU; the test model 1.2x and 2.9x).
+        # because load moves the ratio either way (BUSY_MARGIN).
         return verdict(True), timed.other_cores is None or timed.other_cores < OTHER_LOAD
     busy = timed.other_cores is not None and timed.other_cores >= OTHER_LOAD
     if busy and slower < DOMINATED_SLOWDOWN * BUSY_MARGIN:

@@ -501,7 +501,7 @@ def run_study(
     the number of trials this process ran."""
     from autotune.procs.isolation import MeasurementProcess
     from autotune.search.dashboard import note_saver
-    from autotune.search.objective import Objective, TrialFailed
+    from autotune.search.trial import Objective, TrialFailed
     from autotune.train.local import resolve_device
 
     observer = observer or StudyObserver()
@@ -741,7 +741,7 @@ def record_trial(
     and the dashboard show it next to the study's trials. ``source`` goes in the baseline
     attribute. Returns the trial number."""
     from autotune.measurement.objective import per_gib, score
-    from autotune.search.objective import set_constraints
+    from autotune.search.trial import set_constraints
 
     study.enqueue_trial(prepared.space.params(knobs), user_attrs={ATTR.BASELINE: source})
     trial = study.ask()

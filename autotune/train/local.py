@@ -265,9 +265,9 @@ class Trainer(BaseTrainer):
     def close(self) -> None:
         """Remove wrappers and hooks from the model, and drop the batch stream: a suspended
         generator holds the trainer in a reference cycle, which only the cyclic collector frees,
-        so a closed trainer's model copy and optimizer state stayed on the GPU into the next
-        configuration's measurement (seen on an H100: +0.9 GiB allocated per configuration
-        measured before, in one process)."""
+        so a closed trainer's model copy and optimizer state would stay on the GPU into the next
+        configuration's measurement, counted in its peak (one more for every configuration
+        measured before it in the process)."""
         if self._wrappers is not None:
             self._wrappers.remove()
             self._wrappers = None

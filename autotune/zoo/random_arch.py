@@ -72,8 +72,9 @@ BlockType = Literal["mlp", "attention", "conv"]
 MAX_SEED = 2**63
 MIN_PARAMS = 50_000
 MAX_PARAMS = 3_000_000
-#: Budget of one forward+backward pass (see ``RandomArchSpec.step_flops``). Measured on 2 cores,
-#: fp32, AdamW: seeds 0-59 take 8-100 ms per step (median 32 ms), about twice that on one thread.
+#: Budget of one forward+backward pass (see ``RandomArchSpec.step_flops``): small enough that a
+#: generated model's fp32 step stays in the tens of milliseconds on a 2-core CPU, so the tests and
+#: the policy's training episodes run many of them.
 MAX_STEP_FLOPS = 6e9
 NUM_SAMPLES = 2048
 #: Draws before giving up; unconstrained seeds need 1-11 (2 on average) over seeds 0-299.

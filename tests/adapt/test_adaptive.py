@@ -147,7 +147,7 @@ def test_the_plan_is_the_simulator_s_best_configuration_the_gate_admits(monkeypa
 
 
 def test_the_plan_is_off_on_a_gpu_unless_asked_for() -> None:
-    from autotune.adapt.policy import PolicySource
+    from autotune.adapt.policy_source import PolicySource
 
     wl, _ = _user_objects()
     source = PolicySource()
@@ -168,7 +168,7 @@ def test_a_model_the_simulator_cannot_profile_starts_without_a_plan_and_says_why
 ) -> None:
     from autotune.policies import transfer
 
-    from autotune.adapt.policy import PolicySource
+    from autotune.adapt.policy_source import PolicySource
     from autotune.errors import AutotuneWarning, ProposalError
 
     def fails(workload: Workload) -> Any:
@@ -331,9 +331,9 @@ def test_adaptive_the_envs_and_the_study_judge_the_same_numbers_identically() ->
     import optuna
 
     from autotune.search.cache import MeasurementCache
-    from autotune.search.objective import Objective
     from autotune.search.results import summarize
     from autotune.search.space import SearchSpace
+    from autotune.search.trial import Objective
 
     tuner, _ = _run(Scripted([_fp32(8)]), 8, decide_every=4, track_memory=True)  # judged at steps 3 and 7
     first, second = tuner.configs
@@ -519,7 +519,7 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
     from autotune.envs.costmodel import step_cost
     from autotune.policies import transfer
 
-    from autotune.adapt.policy import _NEIGHBOUR_WITHIN, PolicySource
+    from autotune.adapt.policy_source import _NEIGHBOUR_WITHIN, PolicySource
     from autotune.knobs import Move, apply_action, knobs_to_config, levels_of
 
     wl, opt = _user_objects()

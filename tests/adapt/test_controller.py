@@ -9,11 +9,11 @@ import pytest
 
 from autotune import TrainConfig
 from autotune.adapt import BudgetGate, RunContext
-from autotune.adapt.controller import Controller
-from autotune.adapt.gate import Verdict
+from autotune.adapt.controller import Controller, check_saved_batch
 from autotune.adapt.records import Change
 from autotune.adapt.sources import DecisionSource, Observation, Proposal
 from autotune.errors import ConfigError
+from autotune.memory.gate import Verdict
 from tests.conftest import make_resmlp
 
 UNVERIFIED = "predicted 500 B, but the prediction is unverified and the config was never measured"
@@ -134,3 +134,14 @@ def test_the_gate_says_why_it_has_no_prediction() -> None:
         "memory_budget as a percentage needs a memory prediction of the default configuration, which failed "
         f"({failed}): give the budget in bytes (e.g. '8GiB')."
     )
+
+
+def test_check_saved_batch_refuses_another_effective_batch_unless_the_run_adapts_it() -> None:
+    here = TrainConfig(micro_batch_size=8, grad_accum_steps=2)
+    same = TrainConfig(micro_batch_size=16, grad_accum_steps=1)  # another split, the same 16
+    other = TrainConfig(micro_batch_size=8, grad_accum_steps=4)
+    check_saved_batch(same, here, adapt_batch=False, state="S", run="run", fix="f")
+    check_saved_batch(other, here, adapt_batch=True, state="S", run="run", fix="f")
+    with pytest.raises(ConfigError) as caught:
+        check_saved_batch(other, here, adapt_batch=False, state="S", run="fit", fix="do this")
+    assert str(caught.value) == "S state's effective batch must be this fit's (16), but got 32: do this."

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from autotune import ConfigError, MemoryEstimate, TrainConfig, Workload, load_workload
-from autotune.adapt.gate import BudgetGate, Verdict
 from autotune.measurement.cuda_memory import AllocatorStats
+from autotune.memory.gate import BudgetGate, Verdict
 from autotune.memory.predict import profile_memory
 from autotune.memory.profile import MemoryProfile
 from tests.paths import USER_WORKLOAD

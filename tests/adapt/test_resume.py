@@ -120,7 +120,10 @@ def test_a_state_of_another_batch_or_version_is_refused() -> None:
     state = first.state_dict()
     resumed = _build([])
     other_batch = state | {"config": _fp32(16).to_dict() | {"grad_accum_steps": 4}}
-    message = "the saved run's effective batch must be this run's (32), but got 64."
+    message = (
+        "Adaptive state's effective batch must be this run's (32), but got 64: resume it with the batch_size "
+        "it was saved at, or with adapt_batch=True."
+    )
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         resumed.load_state_dict(other_batch)
     with pytest.raises(ConfigError, match=f"^{re.escape('Adaptive state must be version 1, 2 or 3, but got 0.')}$"):

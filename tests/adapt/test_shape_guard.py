@@ -18,8 +18,8 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from autotune import Adaptive, TrainConfig, Workload
-from autotune.adapt.gate import BudgetGate, Verdict
 from autotune.adapt.shape_guard import ShapeGuard, splits
+from autotune.memory.gate import BudgetGate, Verdict
 from autotune.units import MemoryBudget
 from autotune.zoo import CORPUS
 
@@ -150,7 +150,7 @@ class _NothingFits:
 def test_a_long_batch_no_split_fits_is_logged_refused_and_a_batch_seen_is_not_checked_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("autotune.adapt.gate.profile_or_reason", lambda workload, **kw: (None, "no profile"))
+    monkeypatch.setattr("autotune.memory.gate.profile_or_reason", lambda workload, **kw: (None, "no profile"))
     wl, gate = dataclasses.replace(_varlen(), scan_batches=0), _NothingFits()
     guard = ShapeGuard(wl, gate, reduced_precision=False)  # type: ignore[arg-type]
     long = list(wl.loader(8))[-1]

@@ -260,6 +260,21 @@ def test_a_loop_at_the_default_under_the_whole_default_budget_resumes_there() ->
     assert resumed.controller.config == live.controller.config  # type: ignore[union-attr]
 
 
+def test_a_state_saved_at_another_effective_batch_is_refused_at_the_resumed_fit_s_start() -> None:
+    wl = make_resmlp(n=64)
+    live = FrameworkLoop(policy=None, memory_budget=10**9, decide_every=5, blocks=None)
+    live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=1, name="resmlp")
+    state = live.state_dict()
+    resumed = FrameworkLoop(policy=None, memory_budget=10**9, decide_every=5, blocks=None)
+    resumed.load_state_dict(state)
+    with pytest.raises(ConfigError) as caught:
+        resumed.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=2, name="resmlp")
+    assert str(caught.value) == (
+        "AutotuneCallback state's effective batch must be this fit's (16), but got 8: resume it with the batch "
+        "size and gradient accumulation it was saved at."
+    )
+
+
 def test_a_state_saved_for_another_model_is_refused_at_the_resumed_fit_s_start() -> None:
     # The Trainer's and Lightning's checkpoints carry the callback's state: resumed over a model of
     # another width it would apply another model's configuration, silently.

@@ -26,10 +26,10 @@ import transformers
 
 from autotune import Adaptive, TrainConfig
 from autotune.adapt.decider import Decider
-from autotune.adapt.gate import BudgetGate
 from autotune.adapt.records import Change, OverBudgetStep
 from autotune.errors import ConfigError, OverBudgetWarning
 from autotune.integrations import hf, lightning
+from autotune.memory.gate import BudgetGate
 from autotune.zoo import CORPUS
 from tests.adapt.scripted import Scripted
 

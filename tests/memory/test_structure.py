@@ -11,9 +11,9 @@ import warnings
 import pytest
 
 from autotune import TrainConfig, Workload, measure, predict_memory
-from autotune.adapt.gate import BudgetGate
 from autotune.errors import PredictionWarning
 from autotune.memory.check import TOLERANCE, check_configs, unverified_message
+from autotune.memory.gate import BudgetGate
 from autotune.memory.predict import profile_memory
 from autotune.memory.profile import MemoryProfile
 from autotune.memory.structure import BlockStructure, detect_structure

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import autotune.adapt.policy as policy_module
+import autotune.adapt.policy_source as policy_module
 from autotune.adapt.sources import Observation, RunContext
 from autotune.config import TrainConfig
 from autotune.measurement.probe import MachineSpeeds

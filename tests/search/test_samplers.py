@@ -6,10 +6,10 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.search.objective import set_constraints
 from autotune.search.space import SearchSpace
 from autotune.search.spec import StudySpec
 from autotune.search.study import RunOptions, _sampler
+from autotune.search.trial import set_constraints
 
 
 @pytest.mark.parametrize("name", ["tpe", "nsga2", "gp", "random"])

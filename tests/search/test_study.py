@@ -21,7 +21,6 @@ from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.cache import MeasurementCache
-from autotune.search.objective import Objective
 from autotune.search.record import ATTR
 from autotune.search.results import summarize
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
@@ -36,6 +35,7 @@ from autotune.search.study import (
     stored_checks,
     study_alloc_conf,
 )
+from autotune.search.trial import Objective
 from autotune.units import MemoryBudget
 from tests.paths import TINY_WORKLOAD
 

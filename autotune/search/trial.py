@@ -1,4 +1,7 @@
-"""The Optuna objective: a trial's params -> a real measurement -> (throughput, peak memory).
+"""One study trial, the function Optuna calls its objective: params -> a measurement -> (throughput, peak).
+
+The score it returns is :func:`autotune.measurement.objective.score`, the objective every searcher
+maximizes; this module runs a trial to get there (hence its name: not a second objective).
 
 Per trial: decode the params into a :class:`TrainConfig`; skip it if the memory model predicts it
 cannot fit; take the measurement from the cache or measure it in the child process (with a time
