@@ -307,7 +307,8 @@ class BudgetGate:
         kind from then on (:meth:`device_scale`). The first measured step of a kind no check on
         this device covered is that kind's check (:func:`~autotune.memory.check.trial_checks`,
         as a study's first trial of it is): from then on predictions of the kind are verified on
-        this device, or flagged with its figures (a :class:`PredictionWarning`).
+        this device, or, off by more than the tolerance, unverified with its figures (a
+        :class:`PredictionWarning`) and admitted only where measured.
 
         Args:
             config: The configuration.
@@ -417,7 +418,7 @@ class BudgetGate:
         Returns:
             ``(predicted peak bytes, admissible)``, or None without a profile. ``admissible``: the
             prediction is verified, or (off the CPU) unverified only because no step of its kinds
-            was measured on the device yet, or one was off (and scales it): :meth:`awaits_device`.
+            was measured on the device yet (:meth:`awaits_device`).
         """
         estimate = self.estimate(config)
         if estimate is None:
@@ -431,10 +432,10 @@ class BudgetGate:
         Off the CPU no check step runs on the host (its kernels are not the device's): the first
         measured step of each kind is its check (:meth:`record`). Until then a prediction of the
         kind is admitted on its figures with the headroom, and its first step is measured
-        (:meth:`trusts` is False); a kind whose device check was off stays so, its predictions
-        scaled by :meth:`device_scale` where the step came above. A configuration whose
-        composition does not hold (:func:`~autotune.memory.check.covering`'s ``"composition"``)
-        is not: only its measurement admits it.
+        (:meth:`trusts` is False). A kind whose check was off (by more than
+        :data:`~autotune.memory.check.TOLERANCE`), and a configuration whose composition does not
+        hold (:func:`~autotune.memory.check.covering`'s ``"composition"``), are unverified as on
+        the CPU: only a measurement admits them.
 
         Args:
             config: The configuration.
@@ -446,7 +447,7 @@ class BudgetGate:
         if self.device_type == "cpu" or estimate is None or estimate.verified:
             return False
         check = estimate.verification
-        return check is None or (check.kind != "composition" and check.device == self.device_type)
+        return check is None or check.kind == "unchecked"
 
     def unpredicted(self, config: TrainConfig) -> str:
         """Why :meth:`estimate` has no prediction of ``config``, in words.
@@ -578,15 +579,9 @@ class BudgetGate:
         (:meth:`awaits_device`), that it is unverified there and why."""
         if verdict.measured is not None or not self.awaits_device(config):
             return verdict
-        estimate = self.estimate(config)
-        check = estimate.verification if estimate is not None else None
-        where = self.device_type
-        if check is None or check.kind == "unchecked":
-            kinds = ", ".join(self.kinds_of(config))
-            why = f"until a step of its kind ({kinds}) is measured there: its first step is"
-        else:
-            why = f"({check.kind}): {check.reason}, its first step is measured"
-        return dataclasses.replace(verdict, reason=f"{verdict.reason}; unverified on {where} {why}")
+        kinds = ", ".join(self.kinds_of(config))
+        why = f"unverified on {self.device_type} until a step of its kind ({kinds}) is measured there"
+        return dataclasses.replace(verdict, reason=f"{verdict.reason}; {why}: its first step is")
 
     def _scaled(self, config: TrainConfig, verdict: Verdict) -> Verdict:
         scale = self.device_scale(config) if verdict.measured is None else 1.0
