@@ -137,7 +137,8 @@ def estimate_table(
         else:
             measured = "step failed" if v.measured is None else format_bytes(v.measured)
             note = f"{describe_check(v)}: predicted {format_bytes(v.predicted)}, measured {measured}"
-        table.add_row("verified", "yes" if v.verified else "NO (UNVERIFIED)", note)
+        # A check stands for the device type its step ran on: the row names it.
+        table.add_row("verified", f"yes, on {v.device}" if v.verified else f"NO (UNVERIFIED on {v.device})", note)
     if budget is not None:
         verdict = "fits" if e.fits(budget) else "DOES NOT FIT"
         table.add_row(

@@ -336,7 +336,7 @@ class Controller:
             self.diverged(index, config=config, loss=loss, skipped=skipped)
         over = None
         if peak is not None:
-            self.measured(config, peak, allocator)
+            self.measured(config, peak, allocator, step=step)
             # Over the budget as the gate reads a measurement (on CUDA: reserved memory with headroom).
             over = peak if not self.gate.check(config).admitted else None
         if over is not None:
@@ -353,15 +353,35 @@ class Controller:
         if change is not None:
             self._make(change)
 
-    def measured(self, config: TrainConfig, peak: int, allocator: AllocatorStats | None = None) -> None:
+    def measured(
+        self, config: TrainConfig, peak: int, allocator: AllocatorStats | None = None, *, step: int | None = None
+    ) -> None:
         """Record a measured peak of ``config``; the default's also sets a percentage budget.
 
         Args:
             config: The configuration measured.
             peak: Its peak tensor bytes.
             allocator: On CUDA, the caching allocator's peaks over that step.
+            step: Optimizer steps done, for a step of the run (None: a resumed measurement). Where
+                the step checked the memory model on the device (the first of a kind there,
+                :meth:`~autotune.memory.gate.BudgetGate.record`), the history says so (source
+                ``"memory"``, nothing applied).
         """
-        self.gate.record(config, peak, allocator=allocator)
+        checks = self.gate.record(config, peak, allocator=allocator)
+        if checks and step is not None:
+            from autotune.memory.check import trial_line
+
+            self.decider.note(
+                Change(
+                    step=step,
+                    source="memory",
+                    before=config,
+                    after=config,
+                    applied=False,
+                    reason=trial_line(checks),
+                    measured_bytes=peak,
+                )
+            )
         if config == self.default and self.fraction is not None:
             # A percentage is of the default's peak: its measurement replaces its prediction
             # (they differ by a few hundred bytes on the local runner). On CUDA it is of the

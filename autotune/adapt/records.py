@@ -79,7 +79,8 @@ class Change:
         source: Who asked: the decision source's name, ``"budget"`` (the start within the budget,
             or a step measured over it), ``"measured"`` (the run left a configuration a proposal
             brought that measured no more than the margin above the best one measured before
-            it), ``"resume"``, or a loop's name for what it cannot take.
+            it), ``"resume"``, ``"memory"`` (a measured step checked the memory model on the
+            device, nothing applied), or a loop's name for what it cannot take.
         before: The configuration the run was on.
         after: The configuration proposed.
         applied: Whether the run switched to ``after``. False: the budget gate refused it

@@ -114,7 +114,9 @@ class ShapeGuard:
 
         self.batch = map_tensors(lambda t: t.detach().cpu(), batch)
         at_shape = dataclasses.replace(self.workload, worst_case_batch=self.batch)
-        profile, why = profile_or_reason(at_shape, reduced_precision=self.reduced_precision, stacklevel=4)
+        profile, why = profile_or_reason(
+            at_shape, reduced_precision=self.reduced_precision, device_type=self.gate.device_type, stacklevel=4
+        )
         self.gate.replace_profile(profile, unprofiled=why)
 
     def state_dict(self) -> dict[str, Any]:

@@ -62,6 +62,7 @@ __all__ = [
     "not_chain_message",
     "trial_checks",
     "trial_line",
+    "unchecked_reason",
     "unverified_check",
     "unverified_message",
     "verify_profile",
@@ -82,7 +83,8 @@ class Verification:
     known and within :data:`TOLERANCE`; otherwise ``reason`` says what went wrong. ``device``:
     the device type the real step ran on (``"cpu"``, ``"cuda"``): the check stands for that device
     type only. ``seconds``: what the check step cost (0 where none ran). ``trial``: the study trial
-    whose measured step made the check (:func:`trial_checks`), or None for a check step.
+    whose measured step made the check (:func:`trial_checks`), or None for a check step or an
+    adaptive run's measured step (:meth:`autotune.memory.gate.BudgetGate.record`).
     """
 
     config: TrainConfig
@@ -336,14 +338,20 @@ def covering(
     missing = [k for k in kinds if k not in checks]
     if missing:
         elsewhere = sorted({v.device for v in profile.checks if v.kind == missing[0]})
-        where = f" (checked on {', '.join(elsewhere)} only)" if elsewhere else ""
-        reason = f"no real step on {device_type} checked {_KINDS[missing[0]]} configurations{where}"
+        reason = unchecked_reason(missing[0], device_type, elsewhere)
         return unverified_check("unchecked", config, predicted, reason, device_type)
     relevant = [checks[k] for k in kinds]
     failed = [v for v in relevant if not v.verified]
     if failed:
         return failed[0]
     return max(relevant, key=lambda v: abs(v.relative_error or 0.0))
+
+
+def unchecked_reason(kind: str, device: str, elsewhere: Sequence[str] = ()) -> str:
+    """Why a prediction using ``kind`` is unverified on ``device``: no real step there checked
+    it (``elsewhere``: the device types whose checks of it stand for those only)."""
+    where = f" (checked on {', '.join(elsewhere)} only)" if elsewhere else ""
+    return f"no real step on {device} checked {_KINDS[kind]} configurations{where}"
 
 
 def kinds_of(plan: Plan) -> list[str]:
@@ -372,13 +380,14 @@ def trial_checks(
     predicted: int,
     measured: int,
     *,
-    trial: int,
+    trial: int | None,
     device: str,
     tolerance: float = TOLERANCE,
 ) -> tuple[Verification, ...]:
     """The checks a study's measured trial makes: ``config`` (planned as ``plan``) was predicted
     ``predicted`` bytes and its tracked step on ``device`` held ``measured``, as a check step would
     have (the caller makes sure the step ran as one: one local process, at the profile's shapes).
+    ``trial``: the study's trial number, or None for an adaptive run's step.
 
     A trial checks the kinds of :func:`kinds_of` that no check on ``device`` covered yet. Within
     ``tolerance``, each of them is verified by it. Off by more, the kind is flagged as a failed
@@ -416,16 +425,18 @@ def trial_checks(
 
 
 def trial_line(checks: Sequence[Verification]) -> str:
-    """One line for a progress display: the kinds a trial checked, e.g. ``memory model checked by
-    trial 0 (fp32 on cpu, micro-batch 8): predicted 1.2 GiB, measured 1.2 GiB (+0.1%), verified``."""
+    """One line for a progress display: the kinds a trial (or an adaptive run's measured step)
+    checked, e.g. ``memory model checked by trial 0 (fp32 on cpu, micro-batch 8): predicted 1.2
+    GiB, measured 1.2 GiB (+0.1%), verified``."""
     from autotune.units import format_bytes
 
     v = checks[0]
     assert v.measured is not None and v.relative_error is not None  # a trial's check has both
     kinds = ", ".join(_KINDS.get(c.kind, c.kind) for c in checks)
     verdict = "verified" if v.verified else f"UNVERIFIED: {v.reason}"
+    by = "a measured step" if v.trial is None else f"trial {v.trial}"
     return (
-        f"memory model checked by trial {v.trial} ({kinds} on {v.device}, micro-batch {v.config.micro_batch_size}): "
+        f"memory model checked by {by} ({kinds} on {v.device}, micro-batch {v.config.micro_batch_size}): "
         f"predicted {format_bytes(v.predicted)}, measured {format_bytes(v.measured)} "
         f"({v.relative_error:+.1%}), {verdict}"
     )

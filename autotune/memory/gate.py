@@ -21,6 +21,13 @@ measured (exact tracked bytes of one of its real steps). Measured bytes, once kn
 the prediction. So adaptation never runs a configuration whose peak is not known to fit: on a GPU,
 no out-of-memory error the default run would not have had.
 
+Off the CPU (a model on a GPU) no check step runs on the host: the host's kernels are not the
+device's (a GPT-2 decoder's default held 1.6x its host-checked prediction on an H200), and a real
+step there costs minutes and tens of GB of host memory at 100M parameters. The first measured step
+of each kind on the device is that kind's check instead (:meth:`BudgetGate.record`, as a study's
+first trial of a kind is); until then a prediction of the kind is admitted on its figures with the
+headroom, and its first step is measured (:meth:`BudgetGate.awaits_device`, :meth:`BudgetGate.trusts`).
+
 On CUDA the budget holds the caching allocator's *reserved* memory, which is what runs out
 (allenai/OLMo-core#297: allocated 74.2 GiB, reserved 80.8 GiB at the OOM). The memory model
 predicts allocated bytes; the gate scales a prediction by the reserved/allocated ratio of the
@@ -44,6 +51,7 @@ from autotune.settings import TUNING
 from autotune.units import MemoryBudget
 
 if TYPE_CHECKING:
+    from autotune.memory.check import Verification
     from autotune.memory.model import MemoryEstimate, Plan
     from autotune.memory.profile import MemoryProfile
     from autotune.workload import Workload
@@ -128,19 +136,35 @@ def admission(
 
 
 def memory_profile(
-    workload: Workload, *, reduced_precision: bool, ranks: int = 1, outer: Precision = "fp32"
+    workload: Workload,
+    *,
+    reduced_precision: bool,
+    ranks: int = 1,
+    outer: Precision = "fp32",
+    device_type: str = "cpu",
 ) -> MemoryProfile | None:
     """The memory model's profile (fp32 and, if asked, bf16 blocks; plain and recomputed; on
-    ranks also bf16 weights, a DeepSpeed bf16 engine's), verified on one real step of a copy of
-    the model; None if the model cannot be profiled (then only measured configurations pass the
-    gate; :func:`profile_or_reason` also says why). Under a reduced ``outer`` precision (a
-    framework's loop that autocasts the whole forward itself), its blocks' modes instead: fp32
-    exceptions and blocks in it."""
-    return profile_or_reason(workload, reduced_precision=reduced_precision, ranks=ranks, outer=outer, stacklevel=4)[0]
+    ranks also bf16 weights, a DeepSpeed bf16 engine's); None if the model cannot be profiled
+    (then only measured configurations pass the gate; :func:`profile_or_reason` also says why).
+    Under a reduced ``outer`` precision (a framework's loop that autocasts the whole forward
+    itself), its blocks' modes instead: fp32 exceptions and blocks in it.
+
+    On the CPU (``device_type``) it is verified on one real step per kind of a copy of the model;
+    on another device no real step runs on the host (its kernels are not the device's): the first
+    measured step of each kind on the device is that kind's check (:meth:`BudgetGate.record`)."""
+    return profile_or_reason(
+        workload, reduced_precision=reduced_precision, ranks=ranks, outer=outer, device_type=device_type, stacklevel=4
+    )[0]
 
 
 def profile_or_reason(
-    workload: Workload, *, reduced_precision: bool, ranks: int = 1, outer: Precision = "fp32", stacklevel: int = 3
+    workload: Workload,
+    *,
+    reduced_precision: bool,
+    ranks: int = 1,
+    outer: Precision = "fp32",
+    device_type: str = "cpu",
+    stacklevel: int = 3,
 ) -> tuple[MemoryProfile | None, str | None]:
     """:func:`memory_profile`, and why there is none: ``(profile, None)`` or ``(None, reason)``
     (the :class:`PredictionError`'s message, also warned as a :class:`PredictionWarning`)."""
@@ -152,8 +176,11 @@ def profile_or_reason(
     elif reduced_precision:
         # All blocks bf16 is an autocast island on one process, a bf16 engine on ranks.
         modes = ("fp32", "bf16", "bf16-weights") if ranks > 1 else ("fp32", "bf16")
+    # A check step on the host verifies the host's kernels only, and for a model bound for a GPU
+    # it costs minutes and tens of GB of host memory: there the device's own steps check it.
+    verify = device_type == "cpu"
     try:
-        return profile_memory(workload, modes=modes, checkpointed=True, verify=True), None
+        return profile_memory(workload, modes=modes, checkpointed=True, verify=verify), None
     except PredictionError as e:
         warnings.warn(PredictionWarning(f"{e}: only measured configurations will be admitted"), stacklevel=stacklevel)
         return None, str(e)
@@ -231,11 +258,10 @@ class BudgetGate:
         # it from then on, and no longer trusted without a measured first step.
         self.device_error: dict[str, float] = {}
         self.failed: dict[TrainConfig, str] = {}  # real steps that failed -> why (never admitted)
-        # Kinds with a real step measured on this device (CUDA): the profile's checks ran on the
-        # host, whose kernels are not the GPU's, so a prediction of a kind is trusted on CUDA only
-        # once a step of it was measured here (and came within the headroom, or scaled it).
-        self.device_kinds: set[str] = set()
         self._predicted: dict[TrainConfig, MemoryEstimate] = {}
+        # A batch outgrew the workload's worst case (the profile was taken again at it): the run's
+        # batches are not of one shape, so a measured step need not be at the profile's shapes.
+        self.outgrown = False
         # Why ``profile`` is None, where the memory model failed (said in each verdict without a
         # prediction, never as a missing number).
         self.unprofiled: str | None = None
@@ -274,6 +300,7 @@ class BudgetGate:
             reduced_precision=reduced_precision,
             ranks=ranks,
             outer=default.outer_precision,
+            device_type=device_type,
             stacklevel=4,
         )
         gate = cls(workload, 1, profile=profile, headroom=headroom_for(default), device_type=device_type)
@@ -302,23 +329,32 @@ class BudgetGate:
             unprofiled: Why ``profile`` is None (:func:`profile_or_reason`).
         """
         self.profile, self.unprofiled = profile, unprofiled
+        self.outgrown = True
         self._predicted.clear()
         self.measured.clear()
         self.reserved.clear()
 
-    def record(self, config: TrainConfig, peak_bytes: int, *, allocator: AllocatorStats | None = None) -> None:
-        """Record that a real step of ``config`` peaked at ``peak_bytes``.
+    def record(
+        self, config: TrainConfig, peak_bytes: int, *, allocator: AllocatorStats | None = None
+    ) -> tuple[Verification, ...]:
+        """Record that a real step of ``config`` on this device peaked at ``peak_bytes``.
 
         A peak more than the headroom above the prediction scales every prediction of the same
-        kind from then on (:meth:`device_scale`).
+        kind from then on (:meth:`device_scale`). The first measured step of a kind no check on
+        this device covered is that kind's check (:func:`~autotune.memory.check.trial_checks`,
+        as a study's first trial of it is): from then on predictions of the kind are verified on
+        this device, or, off by more than the tolerance, unverified with its figures (a
+        :class:`PredictionWarning`) and admitted only where measured.
 
         Args:
             config: The configuration.
             peak_bytes: Its exact peak tensor bytes (the same every time).
             allocator: On CUDA, the caching allocator's peaks over that step.
+
+        Returns:
+            The checks it made (``()``: none).
         """
         self.measured[config] = peak_bytes
-        self.device_kinds.update(self.kinds_of(config))
         estimate = self.estimate(config)
         if estimate is not None and peak_bytes > estimate.total * (1.0 + self.headroom):
             ratio = peak_bytes / estimate.total
@@ -327,6 +363,29 @@ class BudgetGate:
         if allocator is not None:
             self.reserved[config] = allocator.reserved_peak
             self.observe(allocator)
+        return self._device_checks(config, estimate, peak_bytes)
+
+    def _device_checks(
+        self, config: TrainConfig, estimate: MemoryEstimate | None, peak_bytes: int
+    ) -> tuple[Verification, ...]:
+        """The kinds a measured step of ``config`` checks on this device, added to the profile's
+        checks. Only a step a check step would have run counts: one process, no ZeRO, on data of
+        one shape (elsewhere a step's batch need not be the worst case the profile predicts)."""
+        from autotune.memory.check import trial_checks, unverified_message
+        from autotune.memory.model import plan_of
+
+        if self.profile is None or estimate is None or peak_bytes <= 0:
+            return ()
+        if config.ranks != 1 or config.zero_stage != 0 or self.outgrown or not self.workload.worst_case.uniform:
+            return ()
+        plan = plan_of(config, num_blocks=len(self.profile.names), device_type=self.device_type)
+        new = trial_checks(self.profile, config, plan, estimate.total, peak_bytes, trial=None, device=self.device_type)
+        if new:
+            self.profile = dataclasses.replace(self.profile, checks=(*self.profile.checks, *new))
+            self._predicted.clear()  # their verifications change
+            if not new[0].verified:
+                warnings.warn(PredictionWarning(unverified_message(self.workload.name, new[0])), stacklevel=4)
+        return new
 
     def record_failure(self, config: TrainConfig, why: str) -> None:
         """Record that a real step of ``config`` failed (out of memory, a kernel this machine
@@ -395,12 +454,38 @@ class BudgetGate:
             config: The configuration.
 
         Returns:
-            ``(predicted peak bytes, verified)``, or None without a profile.
+            ``(predicted peak bytes, admissible)``, or None without a profile. ``admissible``: the
+            prediction is verified, or (off the CPU) unverified only because no step of its kinds
+            was measured on the device yet (:meth:`awaits_device`).
         """
         estimate = self.estimate(config)
         if estimate is None:
             return None
-        return math.ceil(estimate.total * self.device_scale(config)), estimate.verified
+        admissible = estimate.verified or self.awaits_device(config)
+        return math.ceil(estimate.total * self.device_scale(config)), admissible
+
+    def awaits_device(self, config: TrainConfig) -> bool:
+        """Whether ``config``'s prediction is unverified only for what the device's own steps check.
+
+        Off the CPU no check step runs on the host (its kernels are not the device's): the first
+        measured step of each kind is its check (:meth:`record`). Until then a prediction of the
+        kind is admitted on its figures with the headroom, and its first step is measured
+        (:meth:`trusts` is False). A kind whose check was off (by more than
+        :data:`~autotune.memory.check.TOLERANCE`), and a configuration whose composition does not
+        hold (:func:`~autotune.memory.check.covering`'s ``"composition"``), are unverified as on
+        the CPU: only a measurement admits them.
+
+        Args:
+            config: The configuration.
+
+        Returns:
+            Whether to admit its unverified prediction (False on the CPU, and where verified).
+        """
+        estimate = self.estimate(config)
+        if self.device_type == "cpu" or estimate is None or estimate.verified:
+            return False
+        check = estimate.verification
+        return check is None or check.kind == "unchecked"
 
     def unpredicted(self, config: TrainConfig) -> str:
         """Why :meth:`estimate` has no prediction of ``config``, in words.
@@ -449,19 +534,17 @@ class BudgetGate:
                 # policy moves), or its selective runs (a level no policy moves yet): no
                 # prediction, so the configuration is measured before it counts.
                 return None
-            checked_on = next((v.device for v in self.profile.checks), self.device_type)
             self._predicted[config] = predict_memory(
-                self.workload, config, profile=self.profile, device_type=self.device_type, checked_on=checked_on
+                self.workload, config, profile=self.profile, device_type=self.device_type
             )
         return self._predicted[config]
 
     def trusts(self, config: TrainConfig) -> bool:
         """Whether ``config``'s prediction may stand in for a measurement.
 
-        It may when it is verified and its profile's check against a real step came within the
-        headroom, and no real step on this device came above a prediction of its kind; on CUDA,
-        only once a step of each of its kinds was measured on the device (the checks ran on the
-        host).
+        It may when it is verified (by checks on this device: off the CPU, measured steps of its
+        kinds, :meth:`record`) and the check came within the headroom, and no real step on this
+        device came above a prediction of its kind.
         "Verified" alone allows 5% (:data:`autotune.memory.check.TOLERANCE`), more than the
         headroom covers, and the error can grow with the micro-batch (docs/benchmark-log.md, "The
         budget gate's headroom"). The check is the one covering ``config``'s kind
@@ -477,8 +560,6 @@ class BudgetGate:
         estimate = self.estimate(config)
         check = estimate.verification if estimate is not None else None
         if estimate is None or not estimate.verified or check is None or check.relative_error is None:
-            return False
-        if check.device != self.device_type and not set(self.kinds_of(config)) <= self.device_kinds:
             return False
         return abs(check.relative_error) <= self.headroom and self.device_scale(config) == 1.0
 
@@ -529,7 +610,16 @@ class BudgetGate:
         if measured is None and verified and self.on_cuda and self.reserved_ratio is None:
             reason = verdict.reason + " (allocated: no reserved/allocated ratio measured on this device yet)"
             verdict = dataclasses.replace(verdict, reason=reason)
-        return self._scaled(config, verdict)
+        return self._scaled(config, self._awaiting(config, verdict))
+
+    def _awaiting(self, config: TrainConfig, verdict: Verdict) -> Verdict:
+        """``verdict`` saying, for a prediction admitted before the device checked its kinds
+        (:meth:`awaits_device`), that it is unverified there and why."""
+        if verdict.measured is not None or not self.awaits_device(config):
+            return verdict
+        kinds = ", ".join(self.kinds_of(config))
+        why = f"unverified on {self.device_type} until a step of its kind ({kinds}) is measured there"
+        return dataclasses.replace(verdict, reason=f"{verdict.reason}; {why}: its first step is")
 
     def _scaled(self, config: TrainConfig, verdict: Verdict) -> Verdict:
         scale = self.device_scale(config) if verdict.measured is None else 1.0

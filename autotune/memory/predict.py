@@ -97,7 +97,6 @@ def predict_memory(
     profile: MemoryProfile | None = None,
     device_type: str = "cpu",
     verify: bool = True,
-    checked_on: str | None = None,
 ) -> MemoryEstimate:
     """Predict the peak tensor bytes per rank of ``config``, by category, before running it.
 
@@ -121,10 +120,6 @@ def predict_memory(
         verify: With a profile taken here, check it against real steps of a copy of the model
             on ``device_type`` (two steps at a small micro-batch per kind of configuration);
             ``False`` skips them and leaves the estimate unverified.
-        checked_on: The device type whose checks may verify the estimate (default:
-            ``device_type``). The budget gate of a GPU run passes ``"cpu"``: its profile was
-            checked on the host, and it measures the first step of each kind on the device
-            before it trusts a prediction (:meth:`~autotune.memory.gate.BudgetGate.trusts`).
 
     Returns:
         The predicted peak by category (:class:`~autotune.memory.model.MemoryEstimate`;
@@ -158,7 +153,7 @@ def predict_memory(
             device=device_type,
         )
     estimate = compose_memory(workload, config, profile, device_type=device_type)
-    check = covering(profile, config, plan, estimate.total, device_type=checked_on or device_type)
+    check = covering(profile, config, plan, estimate.total, device_type=device_type)
     if check is None and not profile.checks and not _device_available(device_type):
         reason = f"no real step on {device_type} checked it: this machine has no {device_type} device"
         check = unverified_check("unchecked", config, estimate.total, reason, device_type)

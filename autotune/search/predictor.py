@@ -25,7 +25,10 @@ the study's device), never on the host for a GPU study, and stand for that devic
 tracked exactly: a measured trial of a configuration the model predicted checks the kinds it uses
 that no check covered yet (:meth:`StudyPredictor.trial_measured`,
 :func:`autotune.memory.check.trial_checks`), and until then predictions of those kinds are
-unverified (measured, never pruned). A workload whose data is not of one shape
+unverified (measured, never pruned). Which kinds a configuration uses is known from its plan
+alone, so such a prediction takes no profile: a study's setup (its baselines' predictions)
+profiles nothing before a trial ran, and a kind's modes are profiled when its first measured
+trial needs its prediction to check it. A workload whose data is not of one shape
 (:attr:`autotune.worst_case.WorstCase.uniform`) is checked by check steps as before: a
 trial's tracked step need not run at the worst case the model predicts.
 """
@@ -109,24 +112,53 @@ class StudyPredictor:
     def __call__(self, workload: Workload, config: TrainConfig) -> int:
         key = (id(workload), config.to_json())
         if key not in self.memo:
-            if self.plan_of is None:
-                prediction = self.fn(workload, config)
-            else:
-                profile = self._profile(workload, config)
-                prediction = self.fn(workload, config, profile=profile, device_type=self.device)
-            self.predicted[key] = predicted_bytes(prediction)
+            awaited = self._awaited(workload, config)
+            if awaited is not None:
+                # Unverified whatever the profile says: no profile is taken for it (a study's
+                # setup predicts its baselines before any trial could have checked a kind).
+                raise PredictionError(f"unverified memory prediction for {workload.name!r}: {awaited}")
+            prediction = self._predict(workload, config)
             if getattr(prediction, "verified", True) is False:
                 # The profile already warned, once, with the figures; every trial says why it
                 # was measured instead of judged by the prediction.
                 check = getattr(prediction, "verification", None)
                 reason = getattr(check, "reason", None) or (
-                    f"no measured trial on {self.device} has checked its kind of configuration yet"
-                    if self._lazy(workload)
-                    else "its profile was not checked against a real step"
+                    self._unchecked if self._lazy(workload) else "its profile was not checked against a real step"
                 )
                 raise PredictionError(f"unverified memory prediction for {workload.name!r}: {reason}")
             self.memo[key] = predicted_bytes(prediction)
         return self.memo[key]
+
+    @property
+    def _unchecked(self) -> str:
+        return f"no measured trial on {self.device} has checked its kind of configuration yet"
+
+    def _predict(self, workload: Workload, config: TrainConfig) -> Any:
+        """The memory model's prediction of ``config`` (profiling where needed), its bytes kept."""
+        if self.plan_of is None:
+            prediction = self.fn(workload, config)
+        else:
+            profile = self._profile(workload, config)
+            prediction = self.fn(workload, config, profile=profile, device_type=self.device)
+        self.predicted[(id(workload), config.to_json())] = predicted_bytes(prediction)
+        return prediction
+
+    def _awaited(self, workload: Workload, config: TrainConfig) -> str | None:
+        """Why a lazily checked ``config``'s prediction is unverified before any profile: it uses a
+        kind no measured trial on this device checked (:func:`~autotune.memory.check.kinds_of`
+        reads its plan); None where every kind was checked, or checks are not lazy."""
+        from autotune.memory.check import kinds_of, unchecked_reason
+
+        if not self._lazy(workload):
+            return None
+        assert self.plan_of is not None
+        plan = self.plan_of(config, num_blocks=len(workload.block_names()), device_type=self.device)
+        checked = {v.kind for v in self.held(workload) if v.device == self.device}
+        missing = [k for k in kinds_of(plan) if k not in checked]
+        if not missing:
+            return None
+        # As the memory model says it once a kind is checked; before any, what the study waits for.
+        return unchecked_reason(missing[0], self.device) if checked else self._unchecked
 
     def _profile(self, workload: Workload, config: TrainConfig) -> Any:
         from autotune.memory.predict import profile_memory
@@ -202,12 +234,15 @@ class StudyPredictor:
         from autotune.memory.check import trial_checks, unverified_message
 
         key = (id(workload), config.to_json())
+        if not self._lazy(workload) or config.ranks != 1 or config.zero_stage != 0 or measured <= 0:
+            return ()
+        if key not in self.predicted:  # not profiled before the trial (its kinds awaited one): now
+            try:
+                self._predict(workload, config)
+            except PredictionError:  # the model cannot profile it: said once, nothing to check
+                return ()
         profile = self.profiles.get(id(workload))
-        if not self._lazy(workload) or profile is None or key not in self.predicted:
-            return ()
-        if config.ranks != 1 or config.zero_stage != 0 or measured <= 0:
-            return ()
-        assert self.plan_of is not None
+        assert self.plan_of is not None and profile is not None
         plan = self.plan_of(config, num_blocks=len(workload.block_names()), device_type=self.device)
         new = trial_checks(profile, config, plan, self.predicted[key], measured, trial=trial, device=self.device)
         if new:

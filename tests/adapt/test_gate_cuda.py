@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 from autotune import ConfigError, MemoryEstimate, TrainConfig, Workload, load_workload
-from autotune.measurement.cuda_memory import AllocatorStats
+from autotune.adapt.controller import Controller
 from autotune.memory.gate import BudgetGate, Verdict
+from autotune.adapt.records import Change
+from autotune.errors import PredictionWarning
+from autotune.measurement.cuda_memory import AllocatorStats
+from autotune.memory import check
+from autotune.memory.check import StepPeak
 from autotune.memory.predict import profile_memory
 from autotune.memory.profile import MemoryProfile
+from autotune.units import MemoryBudget, format_bytes
 from tests.paths import USER_WORKLOAD
 
 A = TrainConfig(micro_batch_size=4)
@@ -39,9 +46,11 @@ def _gate(tiny: Workload, profile: MemoryProfile, budget: int, device_type: str 
 def test_before_a_real_step_a_cuda_prediction_is_of_allocated_bytes(tiny: Workload, profile: MemoryProfile) -> None:
     verdict = _gate(tiny, profile, 10**9).check(B)
     assert verdict.admitted and verdict.predicted == PREDICTED_B
+    # The profile's checks ran on the host: they stand for the CPU only.
     assert verdict.reason == (
         "predicted 61184 B (+2% headroom) <= budget 1000000000 B "
-        "(allocated: no reserved/allocated ratio measured on this device yet)"
+        "(allocated: no reserved/allocated ratio measured on this device yet); unverified on cuda until a step "
+        "of its kind (default) is measured there: its first step is"
     )
 
 
@@ -168,3 +177,91 @@ def test_a_failed_step_is_refused_and_teaches_nothing_of_its_kinds(tiny: Workloa
         measured=None,
     )
     assert gate.device_error == {} and gate.check(recompute) == before and before.admitted
+
+
+class _Loop:
+    """A loop that takes every configuration at once (the controller's front-end)."""
+
+    paired, splits_now = False, True
+
+    def takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
+        return proposed
+
+    def apply(self, change: Change) -> Change | None:
+        return change
+
+    def b_noise(self) -> float | None:
+        return None
+
+    def run_stats(self) -> AllocatorStats | None:
+        return None
+
+
+def test_on_cuda_no_check_step_runs_on_the_host_and_the_first_measured_step_of_a_kind_checks_it(
+    tiny: Workload, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As Adaptive and the callbacks build it for a model on a GPU: the profile is the fake one
+    only, the default starts on its prediction, and its first measured step is the check of its
+    kind on the device (said in the history); recomputing is another kind, still unverified."""
+
+    def no_step(*args: object, **kwargs: object) -> StepPeak:
+        raise AssertionError("a check step ran on the host for a model on CUDA")
+
+    monkeypatch.setattr(check, "check_step", no_step)
+    default = TrainConfig(micro_batch_size=8, grad_clip=None)
+    recomputed = dataclasses.replace(default, checkpoint=True)
+    gate = BudgetGate.build(tiny, MemoryBudget.parse("1GiB"), default, reduced_precision=False, device_type="cuda")
+    assert gate.profile is not None and gate.profile.checks == ()
+    controller = Controller(frontend=_Loop(), source=None, gate=gate, default=default, fraction=None, decide_every=4)
+    assert controller.begin(tiny, device_type="cuda") == default
+    assert gate.check(default).reason == (
+        f"predicted {PREDICTED_B} B (+2% headroom) <= budget 1073741824 B (allocated: no reserved/allocated ratio "
+        "measured on this device yet); unverified on cuda until a step of its kind (default) is measured there: "
+        "its first step is"
+    )
+    assert not gate.trusts(default)
+    measured = PREDICTED_B + 64  # what the device's tracked step held
+    controller.after_step(0, config=default, loss=1.0, peak=measured)
+    (note,) = controller.history
+    assert (note.source, note.applied, note.measured_bytes) == ("memory", False, measured)
+    assert note.reason == (
+        f"memory model checked by a measured step (fp32 on cuda, micro-batch 8): predicted "
+        f"{format_bytes(PREDICTED_B)}, measured {format_bytes(measured)} (-0.1%), verified"
+    )
+    assert [(v.kind, v.device, v.verified, v.trial) for v in gate.profile.checks] == [("default", "cuda", True, None)]
+    assert gate.trusts(default) and gate.predict(default) == (PREDICTED_B, True)
+    assert gate.check(recomputed).admitted and not gate.trusts(recomputed)
+    controller.after_step(1, config=default, loss=1.0, peak=measured)  # the kind is checked: nothing new
+    assert len(controller.history) == 1 and len(gate.profile.checks) == 1
+
+
+def test_on_cuda_a_first_step_off_its_prediction_is_said_and_its_kind_refused_unless_measured(
+    tiny: Workload,
+) -> None:
+    """As a check step off by more than 5% does on the CPU: the kind is unverified, with the figures."""
+    gate = _gate(tiny, profile_memory(tiny, modes=("fp32",), verify=False), 10**9)
+    with pytest.warns(PredictionWarning, match=r"is unverified: predicted 61184 bytes, measured 73421 bytes"):
+        (off,) = gate.record(B, 73_421)  # 1.2x the prediction
+    assert (off.kind, off.device, off.verified, off.reason) == (
+        "default",
+        "cuda",
+        False,
+        "the prediction is 16.7% below the measured peak",
+    )
+    assert gate.device_error == {"default": pytest.approx(1.2, abs=1e-4)}
+    assert gate.check(A) == Verdict(
+        admitted=False,
+        reason="predicted 72769 B, but the prediction is unverified and the config was never measured; x1.2000: "
+        "real steps on this device came above the memory model (default)",
+        predicted=72_769,
+        measured=None,
+    )
+    assert gate.check(B).admitted  # measured
+
+
+def test_on_the_cpu_a_gate_checks_on_the_host_as_before(tiny: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
+    default = TrainConfig(micro_batch_size=8)
+    gate = BudgetGate.build(tiny, MemoryBudget.parse("1GiB"), default, reduced_precision=False, device_type="cpu")
+    assert gate.profile is not None
+    assert [(v.kind, v.device) for v in gate.profile.checks] == [("default", "cpu"), ("recompute", "cpu")]
+    assert gate.record(default, 61_184) == () and gate.trusts(default)

@@ -137,6 +137,8 @@ def test_splits_try_smaller_micro_batches_then_recompute() -> None:
 class _NothingFits:
     """A gate whose every verdict is over the budget (a budget below any split of the long batch)."""
 
+    device_type = "cpu"
+
     def __init__(self) -> None:
         self.profiles: list[object] = []
 

@@ -52,7 +52,8 @@ def test_predict_for_cuda_on_a_machine_without_it_runs_no_host_step_and_says_unv
 
     monkeypatch.setattr(check, "check_step", no_step)
     assert main(["predict", "-w", f"{TINY_WORKLOAD}:build", "--micro-batch", "8", "--device", "cuda"]) == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "NO (UNVERIFIED on cuda)" in out and "yes" not in out
     assert err == (
         "autotune predict: UNVERIFIED: memory prediction for workload 'tiny' is unverified: predicted "
         f"{_predicted(err)} bytes: no real step on cuda checked it: this machine has no cuda device; the "

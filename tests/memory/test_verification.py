@@ -147,7 +147,7 @@ def test_predict_cli_says_unverified_and_does_not_just_say_fits(
     monkeypatch.setenv("COLUMNS", "200")  # one table row per line
     assert main(["predict", "-w", LSTM_REF, "--micro-batch", "8", "--memory-budget", "1GiB"]) == 0
     captured = capsys.readouterr()
-    assert "fits (UNVERIFIED prediction)" in captured.out and "NO (UNVERIFIED)" in captured.out
+    assert "fits (UNVERIFIED prediction)" in captured.out and "NO (UNVERIFIED on cpu)" in captured.out
     assert re.fullmatch(
         r"autotune predict: UNVERIFIED: memory prediction for workload 'lstm-test' is unverified: predicted \d+ "
         r"bytes, measured \d+ bytes \(micro-batch 4, fp32, local on cpu\): the prediction is \d+\.\d% below the "

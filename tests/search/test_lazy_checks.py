@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import re
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -50,14 +51,14 @@ def test_a_lazy_predictor_runs_no_check_step_and_its_first_measured_kind_verifie
     )
     with pytest.raises(PredictionError, match=f"^{re.escape(message)}$"):
         predictor(tiny, plain)
-    assert steps == []  # profiled (one line), checked by nothing yet
-    assert [re.sub(r"\d+\.\d s", "#", line) for line in lines] == [
-        "memory model: fake-tensor profile of fp32 (no real compute, #)"
-    ]
+    assert steps == [] and lines == []  # unverified whatever a profile says: none taken, no step
     predicted = _real(tiny, plain)
     measured = check_step(tiny, plain, device="cpu").measured  # what a trial's tracked step holds
     assert measured is not None
     (check,) = predictor.trial_measured(tiny, plain, measured, trial=3)
+    assert [re.sub(r"\d+\.\d s", "#", line) for line in lines] == [  # profiled for the trial's check
+        "memory model: fake-tensor profile of fp32 (no real compute, #)"
+    ]
     assert (check.kind, check.predicted, check.measured, check.verified, check.trial, check.device) == (
         "default",
         predicted,
@@ -244,3 +245,34 @@ def test_a_study_whose_model_is_off_flags_the_kind_and_measures_every_trial(
         "PredictionError: unverified memory prediction for 'tiny': "
         f"the prediction is {checks[0].relative_error:.1%} above the measured peak"
     )
+
+
+@pytest.mark.parametrize(("budget", "profiles"), [("1GiB", []), ("80%", [("fp32",)])])
+def test_a_study_setup_takes_no_profile_for_predictions_no_trial_could_have_verified(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    budget: str,
+    profiles: list[tuple[str, ...]],
+) -> None:
+    """Before its first trial a study's predictions are unverified (no trial checked a kind): its
+    baselines are enqueued without profiling the model for them. Only a percentage budget profiles
+    it, once: the default configuration's peak is what the percentage is of."""
+    from autotune.cli import main
+    from autotune.memory import predict
+
+    calls: list[tuple[str, ...]] = []
+    fake_profile = predict.fake_profile
+
+    def counted(workload: Workload, **kw: Any) -> Any:
+        calls.append(tuple(kw["modes"]))
+        return fake_profile(workload, **kw)
+
+    monkeypatch.setattr(predict, "fake_profile", counted)
+    args = ["study", f"{TINY_WORKLOAD}:build", "--create-only", "--no-progress", "--no-policy-proposal"]
+    args += ["--memory-budget", budget, "--storage", str(tmp_path / "s.db"), "--cache", str(tmp_path / "c.db")]
+    assert main(args) == 0
+    assert calls == profiles
+    err = capsys.readouterr().err
+    assert "baselines enqueued: pytorch-default, seed-recipe, hf-recipe (" in err
+    assert "fake-tensor profile" not in err
