@@ -9,12 +9,12 @@ import pytest
 
 from autotune import ConfigError, MemoryEstimate, TrainConfig, Workload, load_workload
 from autotune.adapt.controller import Controller
-from autotune.memory.gate import BudgetGate, Verdict
 from autotune.adapt.records import Change
 from autotune.errors import PredictionWarning
 from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.memory import check
 from autotune.memory.check import StepPeak
+from autotune.memory.gate import BudgetGate, Verdict
 from autotune.memory.predict import profile_memory
 from autotune.memory.profile import MemoryProfile
 from autotune.units import MemoryBudget, format_bytes

@@ -90,7 +90,7 @@ def test_blocks_under_outer_bf16_compose_into_exactly_the_fake_run_of_the_config
         config.micro_batch_size,
         weights=None,
         precisions=config.block_precisions(n),
-        checkpoints=config.block_checkpoints(n),
+        checkpoints=config.checkpoint_levels(n),
         outer=config.outer_precision,
     )
     exact = max(x.activations + x.temporaries + x.gradients for x in run.series) + run.batch
