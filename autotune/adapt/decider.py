@@ -537,9 +537,9 @@ class Decider:
             )
             self._refuse_once(refused)
             return None
-        why = self._recompile_refusal(current, target)
-        if why is not None:
-            reason = f"{proposal.reason}; {why}"
+        recompile = self._recompile_refusal(current, target)
+        if recompile is not None:
+            reason = f"{proposal.reason}; {recompile}"
             self._refuse_once(
                 Change(step=step, source=source, before=current, after=target, applied=False, reason=reason)
             )

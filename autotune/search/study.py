@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from autotune.knobs import Knobs
     from autotune.measurement.compiled import CompileCheck
     from autotune.memory.check import CheckStep, StepPeak, Verification
+    from autotune.procs.isolation import MeasurementProcess
     from autotune.workload import Workload
 
 __all__ = [
@@ -733,7 +734,11 @@ def _compile_wanted(asked: bool | None, device_type: str) -> bool:
 
 
 def _check_compile(
-    study: optuna.Study, measurer: Any, spec: StudySpec, memory_budget: int | None, observer: StudyObserver
+    study: optuna.Study,
+    measurer: MeasurementProcess,
+    spec: StudySpec,
+    memory_budget: int | None,
+    observer: StudyObserver,
 ) -> None:
     """The recommendation timed eager and compiled in the measuring child
     (:mod:`autotune.search.compile_pick`); the summary prints its line after the recommendation."""
