@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autotune.adapt.compiled import Recompiles, user_compiled
 from autotune.adapt.controller import Controller, check_saved_batch, check_saved_model, model_record
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
@@ -268,6 +269,7 @@ class Adaptive:
             device_type=device_type,
             paired=True,
             objective=objective,
+            compiled=user_compiled(model),
         )
 
     @classmethod
@@ -406,6 +408,7 @@ class Adaptive:
         device_type: str,
         paired: bool = False,
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
+        compiled: bool = False,
     ) -> None:
         """What both loops share: the source, the gate, the starting config, then ``loop(start, noise)``."""
         batch_size = workload.batch_size
@@ -439,6 +442,8 @@ class Adaptive:
             min_micro_batch=workload.micro_batch_floor,
             micro_why=workload.micro_batch_reason,
             objective=objective,
+            # The user's compiled model: each change of block knobs recompiles (adapt/compiled.py).
+            recompiles=Recompiles(num_blocks=len(workload.block_names()), horizon=decide_every) if compiled else None,
         )
         self.decider = self.controller.decider
         start = self.controller.begin(workload, device_type=device_type)  # raises if nothing fits
@@ -582,6 +587,7 @@ class Adaptive:
             peak=peak,
             allocator=t.allocator_stats if peak is not None else None,
             skipped=result.skipped,
+            seconds=result.seconds,
         )
         return record
 

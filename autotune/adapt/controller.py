@@ -46,6 +46,7 @@ from autotune.settings import TUNING
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from autotune.adapt.compiled import Recompiles
     from autotune.adapt.sources import DecisionSource
     from autotune.measurement.cuda_memory import AllocatorStats
     from autotune.memory.gate import BudgetGate, Verdict
@@ -107,6 +108,8 @@ class Controller:
             start search nor a proposal goes below it.
         micro_why: Why, in a few words (:attr:`~autotune.Workload.micro_batch_reason`).
         objective: As for :class:`autotune.Adaptive`.
+        recompiles: On a user's compiled model, its recompiles measured, capped and counted
+            (:mod:`autotune.adapt.compiled`); None: an eager model.
 
     Example:
         The loops drive it in this order (the callbacks' hooks do the same; see
@@ -134,8 +137,10 @@ class Controller:
         min_micro_batch: int | None = 1,
         micro_why: str = "",
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
+        recompiles: Recompiles | None = None,
     ) -> None:
         self.frontend, self.source, self.gate = frontend, source, gate
+        self.recompiles = recompiles
         self.default, self.fraction, self.decide_every = default, fraction, decide_every
         self.adapt_batch = adapt_batch
         self.decider = Decider(
@@ -150,6 +155,7 @@ class Controller:
             min_micro_batch=min_micro_batch,
             micro_why=micro_why,
             objective=objective,
+            recompiles=recompiles,
         )
         self.config = default  # the configuration the loop runs
         self.pending: Change | None = None  # a change that waits for the loop (see FrontEnd.apply)
@@ -183,6 +189,12 @@ class Controller:
         Raises:
             ConfigError: no configuration fits the budget.
         """
+        config = self._begin(workload, device_type=device_type)
+        if self.recompiles is not None:  # the user's compile is of the block knobs the run starts with
+            self.recompiles.started(config)
+        return config
+
+    def _begin(self, workload: Workload, *, device_type: str) -> TrainConfig:
         start, why, predicted = self.start()
         context = None
         if self.source is not None:  # the profile is only for a source's plan and observations
@@ -308,6 +320,7 @@ class Controller:
         peak: int | None = None,
         allocator: AllocatorStats | None = None,
         skipped: bool = False,
+        seconds: float | None = None,
     ) -> None:
         """Step ``index`` (0-based: ``index + 1`` steps are done) ran under ``config``.
 
@@ -321,6 +334,9 @@ class Controller:
             allocator: On CUDA, the caching allocator's peaks over that measured step.
             skipped: The loop found the loss or a gradient NaN or infinite before its optimizer
                 step and skipped the update (the weights and optimizer state are the step before's).
+            seconds: The step's wall time, where the loop reports it: on a compiled model the
+                recompile after a change of block knobs is measured from it (the recompiling
+                step is then not timed).
 
         Raises:
             NonFiniteLossError: a NaN or infinite loss (or gradient, ``skipped``) in a run that
@@ -328,6 +344,13 @@ class Controller:
                 it); a run that does not decide warns once (:class:`NonFiniteLossWarning`) and goes on.
         """
         step = index + 1
+        if self.recompiles is not None and seconds is not None:
+            recompiled, measured = self.recompiles.stepped(config, seconds, tracked=peak is not None)
+            if recompiled:
+                throughput = None  # the step that recompiled: not the configuration's speed
+            if measured is not None:
+                at, cost = measured
+                self.history[at] = dataclasses.replace(self.history[at], recompile_seconds=cost)
         if throughput is not None:
             self.decider.timed(config, throughput)
         if loss is not None:
@@ -407,6 +430,8 @@ class Controller:
         self.config = change.after
         if not self._pending_logged:
             self.decider.moved(dataclasses.replace(change, step=step))
+        if self.recompiles is not None:
+            self.recompiles.moved(change.before, change.after, len(self.history) - 1)
 
     def _make(self, change: Change, *, logged: bool = False) -> None:
         """Make ``change`` through the front-end (``logged``: a revert, already in the history)."""
@@ -418,6 +443,8 @@ class Controller:
         self.config = made.after
         if not logged:
             self.decider.moved(made, seconds=time.perf_counter() - began)
+        if self.recompiles is not None:
+            self.recompiles.moved(change.before, made.after, len(self.history) - 1)
 
     def _observe(self, step: int, config: TrainConfig) -> Observation:
         stats = self.frontend.run_stats()

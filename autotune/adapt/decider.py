@@ -46,6 +46,7 @@ from autotune.settings import TUNING
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from autotune.adapt.compiled import Recompiles
     from autotune.config import TrainConfig
     from autotune.memory.gate import BudgetGate, Verdict
 
@@ -103,6 +104,10 @@ class Decider:
         micro_why: Why (:attr:`autotune.Workload.micro_batch_reason`), for the history.
         objective: Which measured configuration within the budget is better: the most samples/s
             per GiB of peak (``"per-gib"``) or the most samples/s (``"throughput"``).
+        recompiles: On a user's compiled model, its recompiles (:mod:`autotune.adapt.compiled`):
+            a change of block knobs past the cap, or one whose measured gain does not pay its
+            measured recompile back, is refused; no side-by-side trials (each switch would
+            reinstall the block wrappers).
     """
 
     def __init__(
@@ -119,8 +124,10 @@ class Decider:
         min_micro_batch: int | None = 1,
         micro_why: str = "",
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
+        recompiles: Recompiles | None = None,
     ) -> None:
         self.source = source
+        self.recompiles = recompiles
         self.objective = objective
         self.min_micro_batch, self.micro_why = min_micro_batch, micro_why
         self.gate = gate
@@ -128,7 +135,7 @@ class Decider:
         self.adapt_batch, self.min_efficiency = adapt_batch, min_efficiency
         self.max_batch_size = max_batch_size or base_batch_size
         self._takes = takes
-        self.paired = paired
+        self.paired = paired and recompiles is None
         self.trial: SideBySide | None = None  # the side-by-side trial under way
         self.history: list[Change] = []
         self.judged: dict[TrainConfig, ConfigRecord] = {}
@@ -530,6 +537,13 @@ class Decider:
             )
             self._refuse_once(refused)
             return None
+        recompile = self._recompile_refusal(current, target)
+        if recompile is not None:
+            reason = f"{proposal.reason}; {recompile}"
+            self._refuse_once(
+                Change(step=step, source=source, before=current, after=target, applied=False, reason=reason)
+            )
+            return None
         verdict = self.gate.check(target)
         change = _change(step, current, target, proposal, source, verdict)
         wanted = proposal.config
@@ -598,6 +612,19 @@ class Decider:
             f"measured {format_value(here.score.under(objective), objective)}, not {TUNING.margin:.0%} above the "
             f"{best.score.under(objective):.1f} of {which}: back to it"
         )
+        why = self._recompile_refusal(obs.config, best.config)
+        if why is not None:  # on a compiled model going back must pay its recompile back too
+            self.history.append(
+                Change(
+                    step=obs.step,
+                    source="measured",
+                    before=obs.config,
+                    after=best.config,
+                    applied=False,
+                    reason=f"{reason}; {why}",
+                )
+            )
+            return None
         return Change(
             step=obs.step,
             source="measured",
@@ -607,6 +634,21 @@ class Decider:
             reason=reason,
             measured_bytes=best.score.peak_bytes,
         )
+
+    def _recompile_refusal(self, current: TrainConfig, target: TrainConfig) -> str | None:
+        """On a compiled model, why going from ``current`` to ``target`` does not pay its recompile
+        (:meth:`Recompiles.refusal`: the cap, or the seconds saved per step where both were
+        measured, over the horizon, against the measured recompile seconds); else None."""
+        if self.recompiles is None:
+            return None
+        here, there = self._trusted(current), self._trusted(target)
+        saved = None
+        if here is not None and there is not None and here.score.throughput and there.score.throughput:
+            saved = (
+                current.effective_batch_size / here.score.throughput
+                - target.effective_batch_size / there.score.throughput
+            )
+        return self.recompiles.refusal(current, target, saved=saved)
 
     def _trusted(self, config: TrainConfig) -> ConfigRecord | None:
         """``config``'s record if its throughput is a median of enough timed steps to act on."""

@@ -92,6 +92,9 @@ class Change:
         measured_bytes: A measured peak of ``after``, where one was taken.
         seconds: Wall time of the reconfiguration itself (wrappers, data stream).
         reverted: The run went back from ``after`` because a measured step exceeded the budget.
+        recompile_seconds: On a compiled model, what the change's recompile took: its first
+            compiled step over the steady step (:mod:`autotune.adapt.compiled`); None where not
+            measured (no recompile, an eager model, or not measured yet).
 
     Example:
         >>> from autotune import TrainConfig
@@ -115,11 +118,16 @@ class Change:
     measured_bytes: int | None = None
     seconds: float = 0.0  # wall time of the reconfiguration itself (wrappers, data stream)
     reverted: bool = False
+    recompile_seconds: float | None = None
 
     def describe(self) -> str:
-        """One line: the step, applied / refused / reverted, the configuration, the source and reason."""
+        """One line: the step, applied / refused / reverted, the configuration, the source and
+        reason, and on a compiled model the recompile it cost."""
         verdict = "applied" if self.applied else ("reverted" if self.reverted else "refused")
-        return f"step {self.step}: {verdict} {self.after.describe()} ({self.source}: {self.reason})"
+        recompile = ""
+        if self.recompile_seconds is not None:
+            recompile = f"; recompile {self.recompile_seconds:.1f} s (its first compiled step over the steady one)"
+        return f"step {self.step}: {verdict} {self.after.describe()} ({self.source}: {self.reason}{recompile})"
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON values (what :meth:`from_dict` reads)."""
@@ -134,6 +142,7 @@ class Change:
             "predicted_bytes": self.predicted_bytes,
             "measured_bytes": self.measured_bytes,
             "seconds": self.seconds,
+            "recompile_seconds": self.recompile_seconds,
         }
 
     @classmethod

@@ -76,6 +76,14 @@ def register(subparsers: Any) -> None:
         "and time each refinement trial beside its incumbent (default: on, or the spec's retime; "
         "seconds to a minute)",
     )
+    p.add_argument(
+        "--compile-check",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time the recommendation eager and torch.compile-d side by side at the end; compile becomes part "
+        "of it only if it wins beyond the noise (default: on where the study measures on CUDA, off on the CPU, "
+        "where a compile costs a minute or more)",
+    )
     _run_flags(p)
     p.add_argument("--worker", action="store_true", help="join the existing study (created with --create-only)")
     p.add_argument("--create-only", action="store_true", help="create the study and enqueue the baselines, then exit")
@@ -222,7 +230,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
     _quiet_optuna()
     spec = _spec_from_args(args)  # validation first: bad input must write nothing
     _check_device(args.device)
-    options = _options(args, worker=args.worker, create_only=args.create_only)
+    options = _options(args, worker=args.worker, create_only=args.create_only, compile_check=args.compile_check)
     prepared = prepare(spec)
     study = open_study(prepared, options)
     return _run(prepared, study, options, progress=not args.no_progress)
@@ -302,7 +310,8 @@ def _cmd_best(args: argparse.Namespace) -> int:
         retime_study(study, device=args.device)  # one line each on stderr; the export stays a config
     summary = summarize(study)
     best = require_recommended(summary)
-    assert best.config is not None
+    config = summary.recommended_config
+    assert config is not None
     blocks = tuple(study.user_attrs.get("blocks", ()))
     if not blocks:
         raise StudyError(f"study {args.study!r} stores no block names: was it created by autotune study?")
@@ -314,7 +323,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
         largest = load_workload(stored_spec(study).workload).largest_parameter
     expandable = _expandable_segments(study)
     text = export_config(
-        best.config,
+        config,
         args.format,
         block_names=blocks,
         workload=study.study_name,
@@ -324,13 +333,15 @@ def _cmd_best(args: argparse.Namespace) -> int:
         objective=summary.objective,
     )
     sys.stdout.write(text)
+    if summary.compile_pick is not None:  # whether the pick is compiled, and why not where it is not
+        print(f"autotune best: {summary.compile_pick.export_line}", file=sys.stderr)
     if args.format == "deepspeed":  # JSON has no comments: the allocator setting goes to stderr
         print(f"autotune best: {allocator_note(expandable)}", file=sys.stderr)
         print(f"autotune best: {objective_note(summary.objective)}", file=sys.stderr)  # and what it is for
-        compiled = compile_note(best.config)
+        compiled = compile_note(config)
         if compiled is not None:
             print(f"autotune best: {compiled}", file=sys.stderr)
-        recompute = recompute_note(best.config, num_blocks=len(blocks))
+        recompute = recompute_note(config, num_blocks=len(blocks))
         if recompute is not None:
             print(f"autotune best: {recompute}", file=sys.stderr)
     return 0
@@ -360,6 +371,9 @@ def _measured(summary: Any, best: Any) -> dict[str, Any]:
             "with": sorted(summary.retimed),
             "decided": summary.retimed_decided,
         }
+    pick = summary.compile_pick
+    if pick is not None:
+        measured["compile"] = {"compiled": pick.compiled, "line": pick.line, **pick.to_dict()}
     return measured
 
 

@@ -35,6 +35,7 @@ from autotune.procs.channel import command, decode, encode, error_reply
 from autotune.procs.watchdog import watch_parent
 
 if TYPE_CHECKING:
+    from autotune.measurement.compiled import CompileCheck
     from autotune.measurement.sidebyside import Retimed
     from autotune.memory.check import StepPeak
 
@@ -154,6 +155,20 @@ class MeasurementProcess:
             raise MeasurementFailed(f"{reply['error']['type']}: {reply['error']['message']}")
         return Retimed.from_dict(reply["ok"])
 
+    def compare_compiled(self, config: TrainConfig, *, memory_budget: int | None, timeout: float) -> CompileCheck:
+        """Time ``config`` eager and compiled side by side in the child
+        (:func:`autotune.measurement.compiled.compare_compiled`, mode ``default``); raise
+        :class:`MeasurementFailed` if it errs, crashes or takes longer than ``timeout`` seconds."""
+        from autotune.measurement.compiled import CompileCheck
+
+        self.start()
+        assert self._conn is not None
+        self._conn.send_bytes(encode(command("compile", config=config.to_dict(), memory_budget=memory_budget)))
+        reply = self._receive(timeout, what="the compile check")
+        if "error" in reply:
+            raise MeasurementFailed(f"{reply['error']['type']}: {reply['error']['message']}")
+        return CompileCheck.from_dict(reply["ok"])
+
     def _receive(self, timeout: float, *, what: str) -> dict[str, Any]:
         assert self._conn is not None and self._process is not None
         try:
@@ -235,6 +250,9 @@ def _serve(
         if message["op"] == "check":
             conn.send_bytes(encode(_check(workload, args, device)))
             continue
+        if message["op"] == "compile":
+            conn.send_bytes(encode(_compile(workload, args, device)))
+            continue
         try:
             config = TrainConfig.from_dict(args["config"])
             m = measure(
@@ -267,6 +285,17 @@ def _retime(workload: Any, args: dict[str, Any], device: str | None) -> dict[str
         return {"ok": timed.to_dict()}
     except AutotuneError as e:
         return error_reply(e)
+
+
+def _compile(workload: Any, args: dict[str, Any], device: str | None) -> dict[str, Any]:
+    from autotune.measurement.compiled import compare_compiled
+
+    try:
+        config = TrainConfig.from_dict(args["config"])
+        check = compare_compiled(workload, config, device=device, memory_budget=args["memory_budget"])
+    except (AutotuneError, RuntimeError) as e:  # Dynamo's and Inductor's errors, and an OOM, are RuntimeErrors
+        return error_reply(e)
+    return {"ok": check.to_dict()}
 
 
 def _check(workload: Any, args: dict[str, Any], device: str | None) -> dict[str, Any]:

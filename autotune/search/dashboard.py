@@ -107,8 +107,8 @@ def save_study_artifacts(
 
     dashboard = _require("optuna_dashboard", "optuna-dashboard")
     dashboard.save_plotly_graph_object(study, pareto_figure(summary), graph_object_id=PARETO_PLOT_ID)
-    best = summary.recommended
-    if best is None or best.config is None or study.user_attrs.get(_ARTIFACTS_OF) == best.number:
+    best, config = summary.recommended, summary.recommended_config
+    if best is None or config is None or study.user_attrs.get(_ARTIFACTS_OF) == best.number:
         return []
     Path(artifact_dir).mkdir(parents=True, exist_ok=True)
     store = optuna.artifacts.FileSystemArtifactStore(str(artifact_dir))
@@ -118,7 +118,7 @@ def save_study_artifacts(
             path = Path(tmp) / f"{summary.name}-best-trial{best.number}.{suffix}"
             path.write_text(
                 export_config(
-                    best.config,
+                    config,  # compiled where the compile check recommends it
                     fmt,
                     block_names=block_names,
                     workload=workload,

@@ -194,7 +194,15 @@ def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
 
 
 def summary_view(s: StudySummary) -> Group:
-    """The final report: front table, baselines table, the recommended line, trial counts."""
+    """The final report: front table, baselines table, the recommended line (and its compile
+    check's), trial counts."""
     states = ", ".join(f"{n} {k.lower()}" for k, n in sorted(s.states.items()))
-    parts = [_front_table(s), _finalists_table(s), _improvement_table(s), _recommended_line(s.recommended, s)]
+    compiled = None if s.compile_pick is None else s.compile_pick.line
+    parts = [
+        _front_table(s),
+        _finalists_table(s),
+        _improvement_table(s),
+        _recommended_line(s.recommended, s),
+        compiled,
+    ]
     return Group(*(p for p in parts if p is not None), f"trials: {states}")

@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING
 from autotune.errors import StudyError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.compile_pick import CompilePick, read_compile_pick
 from autotune.search.finalists import Finalist, read_retimed
 from autotune.search.record import TrialRecord, trial_record
 from autotune.search.spec import objective_of
 
 if TYPE_CHECKING:
     import optuna
+
+    from autotune.config import TrainConfig
 
 __all__ = ["Improvement", "StudySummary", "pareto_front", "require_recommended", "summarize"]
 
@@ -49,6 +52,17 @@ class StudySummary:
     retimed_decided: bool | None = None
     #: What the recommendation is for (:func:`autotune.search.spec.objective_of`).
     objective: ObjectiveName = DEFAULT_OBJECTIVE
+    #: The recommendation timed eager and compiled (:mod:`autotune.search.compile_pick`), or None.
+    compile_pick: CompilePick | None = None
+
+    @property
+    def recommended_config(self) -> TrainConfig | None:
+        """The configuration to export: the recommended trial's, compiled where its compile check
+        recommends it."""
+        r = self.recommended
+        if r is None or r.config is None:
+            return None
+        return r.config if self.compile_pick is None else self.compile_pick.config(r.config)
 
     def improvement(self, baseline: str) -> Improvement | None:
         return next((i for i in self.improvements if i.baseline == baseline), None)
@@ -105,6 +119,7 @@ def summarize(study: optuna.Study) -> StudySummary:
         retimed=retimed,
         retimed_decided=decided,
         objective=objective,
+        compile_pick=read_compile_pick(study, recommended),
     )
 
 

@@ -56,7 +56,9 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.knobs import Knobs
+    from autotune.measurement.compiled import CompileCheck
     from autotune.memory.check import CheckStep, StepPeak, Verification
+    from autotune.procs.isolation import MeasurementProcess
     from autotune.workload import Workload
 
 __all__ = [
@@ -109,6 +111,9 @@ class RunOptions:
         propose: The policy's proposal (:class:`Proposer`; the CLI passes the pretrained
             policy's). Whether it is enqueued is the spec's (``StudySpec.policy_proposal``);
             None: no proposal, and a note says so where the spec asks for one.
+        compile_check: Time the recommendation eager and ``torch.compile``-d side by side at the
+            end (:mod:`autotune.search.compile_pick`); None: only where the study measures on
+            CUDA (on the CPU a compile costs a minute or more of the cores).
     """
 
     storage: str | None = None
@@ -120,6 +125,7 @@ class RunOptions:
     dashboard: bool = True
     memory_model: str | None = "autotune.memory.predict"
     propose: Proposer | None = None
+    compile_check: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -591,6 +597,8 @@ def run_study(
         )
         if count_done(study) >= spec.trials and spec.retime:
             _retime(study, measurer, spec, observer)
+        if count_done(study) >= spec.trials and _compile_wanted(options.compile_check, device_type):
+            _check_compile(study, measurer, spec, prepared.memory_budget, observer)
     return ran
 
 
@@ -719,6 +727,29 @@ def _retime(study: optuna.Study, measurer: Any, spec: StudySpec, observer: Study
         if record["note"]:
             observer.note(record["note"])
     return record
+
+
+def _compile_wanted(asked: bool | None, device_type: str) -> bool:
+    return device_type == "cuda" if asked is None else asked
+
+
+def _check_compile(
+    study: optuna.Study,
+    measurer: MeasurementProcess,
+    spec: StudySpec,
+    memory_budget: int | None,
+    observer: StudyObserver,
+) -> None:
+    """The recommendation timed eager and compiled in the measuring child
+    (:mod:`autotune.search.compile_pick`); the summary prints its line after the recommendation."""
+    from autotune.search.compile_pick import check_recommendation
+    from autotune.search.results import summarize
+
+    def compare(config: TrainConfig) -> CompileCheck:
+        # The compile, then both configurations' warm-up and up to 6 rounds: bounded like 3 trials.
+        return measurer.compare_compiled(config, memory_budget=memory_budget, timeout=3 * spec.measure.trial_timeout)
+
+    check_recommendation(study, summarize(study).recommended, compare, note=observer.note)
 
 
 def study_alloc_conf(spec: StudySpec, device: str | None) -> str | None:

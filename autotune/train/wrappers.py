@@ -222,6 +222,10 @@ def _wrapped_forward(
         if ckpt != "none" and torch.is_grad_enabled():
             # Non-reentrant checkpointing (the recommended mode): works with kwargs, autocast
             # inside the region is replayed on recompute, RNG state is restored.
+            if ckpt != "selective" and not has_running_state(block):
+                # No context needed: none is passed, since under torch.compile a context_fn must
+                # make TorchDispatchModes (Dynamo refuses a full recompute given no-op contexts).
+                return checkpoint(run, *args, use_reentrant=False, **kwargs)
             return checkpoint(run, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         return run(*args, **kwargs)
 

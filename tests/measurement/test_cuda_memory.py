@@ -165,3 +165,59 @@ def test_old_records_without_allocator_read_back() -> None:
 )
 def test_the_allocator_conf_keeps_the_users_other_settings(existing: str | None, expandable: bool, conf: str) -> None:
     assert alloc_conf_with(existing, expandable_segments=expandable) == conf
+
+
+class _Compiled(torch.nn.Module):
+    """A stand-in for ``torch.compile(model)``: calls the model, counts the calls, and moves the
+    fake allocator's peaks to what the compiled step holds (so the test tells whose peaks are read)."""
+
+    def __init__(self, model: torch.nn.Module, fake: FakeAllocator) -> None:
+        super().__init__()
+        self.inner, self.fake, self.calls = model, fake, 0
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        self.calls += 1
+        self.fake.stats["allocated_bytes.all.peak"] = 3_000_000
+        self.fake.stats["reserved_bytes.all.peak"] = 4_194_304
+        return self.inner(*args, **kwargs)
+
+
+def test_a_compiled_configuration_reads_the_allocator_over_one_more_compiled_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeAllocator(allocated=4_700_160, reserved=6_291_456)
+    made: list[_Compiled] = []
+
+    def compile_(model: torch.nn.Module, **kwargs: object) -> torch.nn.Module:
+        made.append(_Compiled(model, fake))
+        return made[-1]
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    trainer = Trainer(make_resmlp(), TrainConfig(micro_batch_size=8, compile="default"), device="cpu")
+    forwards: list[int] = []
+    trainer.model.register_forward_hook(lambda *_: forwards.append(len(schedule.results)))
+    schedule = Schedule(
+        trainer, steps=1, warmup=1, memory_budget=None, tracked_step=lambda: tracked_step(trainer), allocator=fake
+    )
+    status, _ = schedule.execute()
+    trainer.close()
+    assert status == "ok" and len(made) == 1
+    # The tracked step ran eagerly (not through the compiled module); one more, compiled step
+    # followed it, with the allocator's peaks reset before it and read after it.
+    # Warm-up steps train as two halves (the noise split), then the extra compiled step and the timed one.
+    assert made[0].calls == 2 * schedule.warmed + 1 + 1
+    assert len(forwards) == made[0].calls + 1  # the tracked step's one forward: the model itself
+    assert len(schedule.results) == schedule.warmed + 1 + 1 + 1
+    assert fake.resets == 2
+    assert schedule.allocator_stats == AllocatorStats(
+        allocated_peak=3_000_000, reserved_peak=4_194_304, alloc_retries=0, ooms=0
+    )
+    assert schedule.tracked is not None and schedule.tracked.at_peak.total == 4_653_260  # the eager peak
+
+
+def test_an_eager_configuration_runs_no_extra_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeAllocator(allocated=4_700_160, reserved=6_291_456)
+    trainer, schedule = _schedule(fake, budget=None)
+    assert schedule.execute() == ("ok", None)
+    trainer.close()
+    assert fake.resets == 1 and len(schedule.results) == schedule.warmed + 1 + 1

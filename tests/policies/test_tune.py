@@ -93,3 +93,68 @@ def test_an_unknown_objective_is_refused_before_anything_trains(monkeypatch: pyt
     with pytest.raises(ConfigError) as info:
         tune(workload, load_policy(PRETRAINED_DIR), objective="fastest")  # type: ignore[arg-type]
     assert str(info.value) == "objective must be one of ('per-gib', 'throughput'), but got 'fastest'."
+
+
+def _fake_check() -> Any:
+    from autotune.measurement.compiled import CompileCheck
+    from autotune.measurement.sidebyside import Timing
+
+    return CompileCheck(
+        mode="default",
+        eager=Timing(rates=(128.0,) * 3),
+        compiled=Timing(rates=(256.0,) * 3),
+        samples=16,
+        warmup_seconds=(20.0625, 0.0625),
+        eager_peak=None,
+        compiled_peak=None,
+    )
+
+
+@pytest.mark.parametrize("asked", [True, None])
+def test_the_compile_check_times_the_best_step_where_asked(asked: bool | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison faked (a real compile costs a minute here); on the CPU the default is off."""
+    check, calls = _fake_check(), []
+
+    def compare_compiled(workload: Any, config: Any, *, device: str | None) -> Any:
+        calls.append((workload.name, config, device))
+        return check
+
+    monkeypatch.setattr("autotune.measurement.compiled.compare_compiled", compare_compiled)
+    workload = load_workload(f"{TINY_WORKLOAD}:build")
+    notes: list[str] = []
+    tuned = tune(
+        workload,
+        load_policy(PRETRAINED_DIR),
+        steps=1,
+        steps_per_action=2,
+        fine_tune_seconds=0,
+        retime=False,
+        refine=False,
+        compile_check=asked,
+        note=notes.append,
+    )
+    if asked is None:  # the CPU: not checked, nothing said
+        assert (calls, notes, tuned.compile_check) == ([], [], None)
+        return
+    best = tuned.episode.best
+    assert best is not None and calls == [(workload.name, best.config, None)]
+    assert tuned.compile_check is check
+    assert notes == [
+        "torch.compile: 2.00x eager (step 62.5 ms vs 125.0 ms, peak not measured: no allocator to ask on the CPU), "
+        "compile 20 s, pays back after 320 steps: recommended"
+    ]
+
+
+def test_a_best_step_on_deepspeed_ranks_is_not_compile_checked() -> None:
+    from contextlib import nullcontext
+
+    from autotune.policies.tune import _compile_check
+
+    from autotune.config import TrainConfig
+
+    notes: list[str] = []
+    config = TrainConfig(micro_batch_size=8, zero_stage=2)
+    workload = load_workload(f"{TINY_WORKLOAD}:build")
+    checked = _compile_check(workload, config, device=None, show=lambda _m: nullcontext(), note=notes.append)
+    assert checked is None
+    assert notes == ["torch.compile: not checked (the best configuration runs on DeepSpeed ranks)"]

@@ -1,0 +1,221 @@
+"""The study's recommendation timed eager and compiled: the stored outcome, the printed line, what
+``autotune best`` exports. The comparison is faked at the measuring child's reply (never a real
+compile: that is the slow test at the end)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from rich.console import Console
+
+from autotune.cli.main import main
+from autotune.config import TrainConfig
+from autotune.errors import MeasurementFailed
+from autotune.measurement.compiled import CompileCheck
+from autotune.measurement.sidebyside import Timing
+from autotune.procs import isolation
+from autotune.procs.channel import decode, encode
+from autotune.search.compile_pick import COMPILE_CHECK, CompilePick, check_recommendation
+from autotune.search.display import summary_view
+from autotune.search.record import ATTR
+from autotune.search.results import summarize
+from tests.paths import TINY_WORKLOAD
+
+GIB = 1024**3
+WINS = "torch.compile: 2.00x eager (step 62.5 ms vs 125.0 ms, peak not measured: no allocator to ask on the CPU), "
+WINS += "compile 20 s, pays back after 320 steps: recommended"
+NOISE = "torch.compile: 1.10x eager (step 113.6 ms vs 125.0 ms, peak not measured: no allocator to ask on the CPU), "
+NOISE += "compile 20 s, pays back after 1,800 steps: not recommended (within the noise)"
+
+
+def _check(eager: tuple[float, ...], compiled: tuple[float, ...]) -> CompileCheck:
+    return CompileCheck(
+        mode="default",
+        eager=Timing(rates=eager),
+        compiled=Timing(rates=compiled),
+        samples=16,
+        warmup_seconds=(20.0625, 0.0625),
+        eager_peak=None,
+        compiled_peak=None,
+        rounds=3,
+    )
+
+
+WINNING = _check((128.0, 128.0, 128.0), (256.0, 256.0, 256.0))
+CLOSE = _check((128.0, 118.0, 138.0), (140.8, 130.8, 150.8))  # 1.10x, each spread 10: within the noise
+
+
+def _study(storage: str | None, config: TrainConfig | None = None) -> optuna.Study:
+    study = optuna.create_study(study_name="s", storage=storage, directions=["maximize", "minimize"])
+    study.set_user_attr("blocks", ["blocks.0", "blocks.1"])
+    study.set_user_attr("largest_parameter", 64)
+    config = config or TrainConfig(micro_batch_size=8, grad_accum_steps=2)
+    attrs = {ATTR.CONFIG: config.to_dict(), ATTR.STATUS: "ok", ATTR.THROUGHPUT: 100.0, ATTR.PEAK: GIB}
+    study.add_trial(optuna.trial.create_trial(values=[100.0, 1024.0], user_attrs=attrs))
+    return study
+
+
+class _Compare:
+    """The measuring child's comparison, scripted: records what it was asked."""
+
+    def __init__(self, reply: CompileCheck | MeasurementFailed) -> None:
+        self.reply, self.asked = reply, []  # type: list[TrainConfig]
+
+    def __call__(self, config: TrainConfig) -> CompileCheck:
+        self.asked.append(config)
+        if isinstance(self.reply, MeasurementFailed):
+            raise self.reply
+        return self.reply
+
+
+def _pick(study: optuna.Study, compare: _Compare) -> tuple[CompilePick | None, list[str]]:
+    notes: list[str] = []
+    pick = check_recommendation(study, summarize(study).recommended, compare, note=notes.append)
+    return pick, notes
+
+
+def test_a_winning_compile_is_stored_printed_after_the_recommendation_and_exported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "s.db"
+    study = _study(f"sqlite:///{db}")
+    compare = _Compare(WINNING)
+    pick, notes = _pick(study, compare)
+    assert compare.asked == [TrainConfig(micro_batch_size=8, grad_accum_steps=2)]  # the eager configuration
+    assert notes == ["timing the recommendation (trial 0) eager and compiled side by side (torch.compile)"]
+    assert pick == CompilePick(trial=0, check=WINNING) and pick.compiled
+    assert study.user_attrs[COMPILE_CHECK] == {"trial": 0, "check": WINNING.to_dict()}
+    summary = summarize(optuna.load_study(study_name="s", storage=f"sqlite:///{db}"))  # another process's view
+    assert summary.compile_pick == pick
+    assert summary.recommended_config == TrainConfig(micro_batch_size=8, grad_accum_steps=2, compile="default")
+
+    console = Console(record=True, width=400, file=io.StringIO())
+    console.print(summary_view(summary))
+    lines = console.export_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("recommended: trial 0"))
+    assert lines[at + 1] == WINS
+
+    out, err = {}, {}
+    for fmt in ("json", "python", "deepspeed"):
+        assert main(["best", "s", "--storage", str(db), "--format", fmt, "--no-retime"]) == 0
+        out[fmt], err[fmt] = capsys.readouterr()
+    assert TrainConfig.from_json(out["json"]).compile == "default"
+    measured = json.loads(out["json"])["measured"]["compile"]
+    assert measured == {"compiled": True, "line": WINS, "trial": 0, "check": WINNING.to_dict()}
+    said = f"autotune best: the recommendation compiled (default): {WINS}\n"
+    assert err["json"] == err["python"] == said
+    assert "    model.compile()  # torch.compile in place (default), as it was measured\n" in out["python"]
+    assert err["deepspeed"].startswith(said)
+    assert "call engine.compile() after deepspeed.initialize" in err["deepspeed"]
+
+
+def test_a_compile_within_the_noise_leaves_the_recommendation_eager_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "s.db"
+    study = _study(f"sqlite:///{db}")
+    pick, _ = _pick(study, _Compare(CLOSE))
+    assert pick is not None and not pick.compiled and pick.line == NOISE
+    assert summarize(study).recommended_config == TrainConfig(micro_batch_size=8, grad_accum_steps=2)
+    assert main(["best", "s", "--storage", str(db), "--format", "json", "--no-retime"]) == 0
+    out, err = capsys.readouterr()
+    assert TrainConfig.from_json(out).compile == "none"
+    assert err == f"autotune best: the recommendation stays eager: {NOISE}\n"
+
+
+def test_a_failed_comparison_and_a_deepspeed_recommendation_stay_eager_with_the_reason() -> None:
+    study = _study(None)
+    pick, _ = _pick(study, _Compare(MeasurementFailed("the compile check exceeded the time limit of 900 s")))
+    assert pick == CompilePick(
+        trial=0, reason="the comparison failed: the compile check exceeded the time limit of 900 s"
+    )
+    assert pick.line == (
+        "torch.compile: not checked (the comparison failed: the compile check exceeded the time limit of 900 s)"
+    )
+    assert pick.export_line == (
+        "the recommendation stays eager: torch.compile not checked (the comparison failed: the compile check "
+        "exceeded the time limit of 900 s)"
+    )
+    ranks = _study(None, TrainConfig(micro_batch_size=8, grad_accum_steps=2, zero_stage=2))
+    compare = _Compare(WINNING)
+    pick, notes = _pick(ranks, compare)
+    assert compare.asked == [] and notes == []
+    assert pick == CompilePick(trial=0, reason="it runs on DeepSpeed ranks: call engine.compile() there")
+    assert summarize(ranks).recommended_config == TrainConfig(micro_batch_size=8, grad_accum_steps=2, zero_stage=2)
+
+
+def test_a_recommendation_is_checked_once_and_a_check_of_another_trial_is_not_read() -> None:
+    study = _study(None)
+    _pick(study, _Compare(WINNING))
+    again = _Compare(CLOSE)
+    pick, notes = _pick(study, again)
+    assert again.asked == [] and notes == [] and pick == CompilePick(trial=0, check=WINNING)
+    study.set_user_attr(COMPILE_CHECK, {"trial": 7, "check": WINNING.to_dict()})  # another trial's
+    summary = summarize(study)
+    assert summary.compile_pick is None
+    assert summary.recommended_config == TrainConfig(micro_batch_size=8, grad_accum_steps=2)
+
+
+def test_the_child_replies_with_the_check_and_the_parent_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both sides of the ``compile`` command, the pipe replaced by the child's own reply."""
+    asked: list[tuple[TrainConfig, str | None, int | None]] = []
+
+    def compare_compiled(workload: Any, config: TrainConfig, *, device: str | None, memory_budget: int | None) -> Any:
+        asked.append((config, device, memory_budget))
+        return WINNING
+
+    monkeypatch.setattr("autotune.measurement.compiled.compare_compiled", compare_compiled)
+    sent: list[dict[str, Any]] = []
+
+    class Pipe:
+        def send_bytes(self, data: bytes) -> None:
+            sent.append(decode(data))
+
+    child = isolation.MeasurementProcess("tiny")
+    monkeypatch.setattr(child, "start", lambda: None)
+    child._conn = Pipe()  # type: ignore[assignment]
+
+    def receive(timeout: float, *, what: str) -> dict[str, Any]:
+        assert (timeout, what) == (900.0, "the compile check")
+        return decode(encode(isolation._compile(object(), sent[-1]["args"], "cpu")))
+
+    monkeypatch.setattr(child, "_receive", receive)
+    config = TrainConfig(micro_batch_size=8, grad_accum_steps=2)
+    assert child.compare_compiled(config, memory_budget=GIB, timeout=900.0) == WINNING
+    assert sent[0]["op"] == "compile" and asked == [(config, "cpu", GIB)]
+
+    def fails(workload: Any, config: TrainConfig, **kwargs: Any) -> Any:
+        raise RuntimeError("backend='inductor' raised: CppCompileError")
+
+    monkeypatch.setattr("autotune.measurement.compiled.compare_compiled", fails)
+    with pytest.raises(MeasurementFailed, match=r"^RuntimeError: backend='inductor' raised: CppCompileError$"):
+        child.compare_compiled(config, memory_budget=None, timeout=900.0)
+
+
+def test_the_flag_defaults_to_cuda_only() -> None:
+    from autotune.search.study import _compile_wanted
+
+    assert [_compile_wanted(None, "cuda"), _compile_wanted(None, "cpu")] == [True, False]
+    assert [_compile_wanted(True, "cpu"), _compile_wanted(False, "cuda")] == [True, False]
+
+
+@pytest.mark.slow
+def test_a_one_trial_study_with_compile_check_stores_a_real_comparison(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real compile of the tiny workload in the measuring child: about a minute on 2 cores."""
+    db = tmp_path / "s.db"
+    args = ["study", f"{TINY_WORKLOAD}:build", "--trials", "1", "--storage", str(db), "--no-cache"]
+    args += ["--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress", "--no-memory-model"]
+    assert main([*args, "--no-policy-proposal", "--compile-check", "--artifact-dir", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{db}")
+    pick = CompilePick.from_dict(study.user_attrs[COMPILE_CHECK])
+    assert pick.trial == 0 and pick.check is not None, pick.reason
+    assert pick.check.samples == 16 and pick.check.compile_seconds > 0
+    assert pick.line in printed.splitlines()  # after the recommendation, in whole rows (not a terminal)
