@@ -530,7 +530,7 @@ class Decider:
             )
             self._refuse_once(refused)
             return None
-        verdict = self.gate.check(target)
+        verdict = self.gate.admits(target)
         change = _change(step, current, target, proposal, source, verdict)
         wanted = proposal.config
         if (wanted.micro_batch_size, wanted.grad_accum_steps) != (target.micro_batch_size, target.grad_accum_steps):

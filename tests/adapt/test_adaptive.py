@@ -104,7 +104,7 @@ def test_the_pretrained_policy_keeps_the_effective_batch_and_the_budget() -> Non
     for change in tuner.history:
         assert change.source == "policy" and change.before.effective_batch_size == BATCH
         if change.applied:
-            assert tuner.gate.check(change.after).admitted
+            assert tuner.gate.admits(change.after).admitted
     assert all(s.peak_bytes is None or s.peak_bytes <= tuner.budget_bytes for s in tuner.steps)
     # On the CPU the run starts at the calibrated simulator's best (the plan) unless that is where
     # it starts anyway (the simulator's best depends on this machine's measured speeds).
@@ -143,7 +143,7 @@ def test_the_plan_is_the_simulator_s_best_configuration_the_gate_admits(monkeypa
     tuner = _tuner(policy="pretrained", decide_every=5, memory_budget=predicted[0])
     tuner.close()
     (plan,) = tuner.history
-    assert plan.applied and plan.after not in (planned, _fp32(BATCH)) and tuner.gate.check(plan.after).admitted
+    assert plan.applied and plan.after not in (planned, _fp32(BATCH)) and tuner.gate.admits(plan.after).admitted
 
 
 def test_the_plan_is_off_on_a_gpu_unless_asked_for() -> None:
@@ -575,7 +575,7 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
     moved = [apply_action(levels, m, max_zero_stage=0) for m in moves]
     neighbours = {knobs_to_config(lv, ranking, base=here) for lv in moved} - {here}
     floor = _NEIGHBOUR_WITHIN * simulated(here)
-    close = {c for c in neighbours if tuner.gate.check(c).admitted and simulated(c) >= floor}
+    close = {c for c in neighbours if tuner.gate.admits(c).admitted and simulated(c) >= floor}
     assert close and close != neighbours  # this profile has both kinds around the plan
 
     obs = Observation(step=5, config=here, throughput=1.0, peak_bytes=1, b_noise=None, losses=(1.0,))
