@@ -230,15 +230,12 @@ class TrainingEnv(TuningEnv):
             return None
 
     def _admitted(self, knobs: KnobLevels) -> bool:
-        """Whether ``knobs`` may run: the gate's verdict (measured within the budget, or predicted
-        within it with the headroom by a verified memory model)."""
-        if self._gate is None:
-            return (
-                knobs in self._peaks
-                and admission(budget=self._budget, headroom=0.0, measured=self._peaks[knobs]).admitted
-            )
+        """Whether ``knobs`` may run: the episode's gate admits it (measured within the budget, or
+        predicted within it with the headroom by a verified memory model). One rank, after
+        :meth:`_verify_memory_model` (on ranks every setting is measured, :meth:`_peak_bytes`)."""
+        assert self._gate is not None, "one rank, after reset() built the episode's gate"
         try:
-            return self._gate.check(self.config_of(knobs)).admitted
+            return self._gate.admits(self.config_of(knobs)).admitted
         except ConfigError:  # the profile lacks the reduced-precision mode: unknown, not measured
             return False
 

@@ -47,13 +47,44 @@ from autotune.search.refine import pattern_first
 if TYPE_CHECKING:
     from autotune.envs.core import TuningEnv
 
-__all__ = ["Climb", "settled"]
+__all__ = ["Climb", "level_neighbours", "settled"]
 
 _FIELDS = ("accum", "micro", "precision", "checkpoint", "zero_stage")
 
 
 def _distance(a: KnobLevels, b: KnobLevels) -> int:
     return sum(abs(getattr(a, f) - getattr(b, f)) for f in _FIELDS)
+
+
+def level_neighbours(
+    levels: KnobLevels, *, num_blocks: int, ranks: int = 1, max_zero_stage: int = 0
+) -> list[KnobLevels]:
+    """The knob levels one knob one level away from ``levels`` at the same effective batch:
+    :func:`autotune.knobs.neighbours` through the level tables (their power-of-two splits,
+    quarters of the blocks, the ZeRO stages up to ``max_zero_stage`` on ranks; the outer parts
+    stay fp32), in its order. Where two levels cover the same count of blocks (a model of fewer
+    than four), the move goes to the next count. The climb's (:meth:`Climb.neighbours`) and an
+    adaptive run's policy source's (:class:`autotune.adapt.policy_source.PolicySource`).
+
+    Args:
+        levels: Where to move from.
+        num_blocks: The model's blocks.
+        ranks: The run's ranks (the ZeRO stage moves only on more than one).
+        max_zero_stage: The highest ZeRO stage a move may reach.
+
+    Returns:
+        The neighbours, each once.
+    """
+    per_rank = levels.effective_batch_size
+    micro = [m for m in MICRO_LEVELS if per_rank % m == 0 and per_rank // m in ACCUM_LEVELS]
+    around = neighbours(
+        levels.knobs(num_blocks, ranks=ranks),
+        micro_batches=micro,
+        block_counts=level_counts(num_blocks),
+        zero_stages=range(max_zero_stage + 1) if ranks > 1 else (),
+        outer=False,
+    )
+    return [levels_near(k, levels, num_blocks) for k in around]
 
 
 class Climb:
@@ -94,17 +125,9 @@ class Climb:
         order: a larger micro-batch, one recompute level less, one reduced-precision level more,
         one ZeRO stage lower; then the reverses. Where two levels cover the same count of blocks
         (a model of fewer than four), the move goes to the next count."""
-        num_blocks, ranks = self.env.num_blocks, self.env.ranks
-        per_rank = levels.effective_batch_size
-        micro = [m for m in MICRO_LEVELS if per_rank % m == 0 and per_rank // m in ACCUM_LEVELS]
-        around = neighbours(
-            levels.knobs(num_blocks, ranks=ranks),
-            micro_batches=micro,
-            block_counts=level_counts(num_blocks),
-            zero_stages=range(self.env.max_zero_stage + 1) if ranks > 1 else (),
-            outer=False,
+        return level_neighbours(
+            levels, num_blocks=self.env.num_blocks, ranks=self.env.ranks, max_zero_stage=self.env.max_zero_stage
         )
-        return [levels_near(k, levels, num_blocks) for k in around]
 
     def stepped(self, levels: KnobLevels) -> None:
         """The environment is on ``levels`` after the step: a move it refused is never tried again."""

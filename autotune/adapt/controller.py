@@ -207,7 +207,7 @@ class Controller:
                 budget=lambda: self.gate.budget,
                 blocks=blocks,
                 device_type=device_type,
-                admits=lambda c: self.gate.check(c).admitted,
+                admits=lambda c: self.gate.admits(c).admitted,
             )
         change = self.decider.begin(start=start, default=self.default, why=why, context=context)
         if change is None:
@@ -254,7 +254,7 @@ class Controller:
             ConfigError: no configuration fits the budget.
         """
         default = self.default
-        verdict = self.gate.check(default)
+        verdict = self.gate.admits(default)
         if self._admits(default, verdict):
             return default, "", None
         batch = default.micro_batch_size
@@ -268,7 +268,7 @@ class Controller:
                 for c in candidates
                 if c == self.frontend.takes(default, c) and (c.micro_batch_size == batch or self.frontend.splits_now)
             ),
-            self.gate.check,
+            self.gate.admits,
         )
         if found is not None:
             config, candidate = found
@@ -361,7 +361,7 @@ class Controller:
         if peak is not None:
             self.measured(config, peak, allocator, step=step)
             # Over the budget as the gate reads a measurement (on CUDA: reserved memory with headroom).
-            over = peak if not self.gate.check(config).admitted else None
+            over = peak if not self.gate.admits(config).admitted else None
         if over is not None:
             self._over(index, config, over)
         if over is not None and config != self.decider.previous:
@@ -564,7 +564,7 @@ class Controller:
         Returns:
             ``saved``, or where this run started (a ``budget`` change in the history).
         """
-        verdict = self.gate.check(saved)
+        verdict = self.gate.admits(saved)
         target = saved
         if not self._admits(saved, verdict):
             reason = f"resumed under a budget it is over ({verdict.reason}): back to where this {run} starts"

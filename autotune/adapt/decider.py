@@ -544,7 +544,7 @@ class Decider:
                 Change(step=step, source=source, before=current, after=target, applied=False, reason=reason)
             )
             return None
-        verdict = self.gate.check(target)
+        verdict = self.gate.admits(target)
         change = _change(step, current, target, proposal, source, verdict)
         wanted = proposal.config
         if (wanted.micro_batch_size, wanted.grad_accum_steps) != (target.micro_batch_size, target.grad_accum_steps):

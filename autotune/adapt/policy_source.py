@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
 from autotune.dependencies import install_command
 from autotune.errors import MissingDependencyError
-from autotune.knobs import ZERO_STAGES, Move, apply_action, knobs_to_config, levels_of
+from autotune.knobs import ZERO_STAGES, apply_action, knobs_to_config, levels_of
 from autotune.measurement.probe import probe_workload
 from autotune.settings import TUNING
 
@@ -286,7 +286,9 @@ class PolicySource(DecisionSource):
     def _neighbour(self, observation: Observation, levels: KnobLevels, why: str) -> Proposal | None:
         """When the policy has nothing new (its action keeps the configuration, or proposes one
         it proposed before, which the run measured or refused): the untried neighbour (one knob
-        moved by one level, as one action moves it) with the most simulated samples/s per GiB
+        moved by one level: :func:`autotune.knobs.neighbours` through the level tables, as the
+        climb that ends a ``tune`` episode moves; more reduced precision only where the machine
+        probe found it usable; the ZeRO stage stays) with the most simulated samples/s per GiB
         on the plan's calibrated simulator, if the run's gate admits it. The run's measurements
         judge it like any proposal (a worse one is left for the best measured configuration),
         so from the plan the run climbs to a measured local optimum: the policy, trained to walk
@@ -299,21 +301,17 @@ class PolicySource(DecisionSource):
         assert self._context is not None
         if self._profile is None or self._ranks != 1:
             return None
-        moves = [
-            Move.LARGER_MICRO_BATCH,
-            Move.SMALLER_MICRO_BATCH,
-            Move.LESS_RECOMPUTE,
-            Move.MORE_RECOMPUTE,
-            Move.LESS_REDUCED_PRECISION,
-        ]
-        if self._reduced_ok:
-            moves.append(Move.MORE_REDUCED_PRECISION)
+        from autotune.policies.climb import level_neighbours
+
+        ranking = self._context.ranking
+        around = level_neighbours(levels, num_blocks=len(ranking))
+        if not self._reduced_ok:  # a reduced precision this machine cannot run is never proposed
+            around = [moved for moved in around if moved.precision <= levels.precision]
         batch = observation.config.effective_batch_size
         floor = _NEIGHBOUR_WITHIN * self._simulated(levels, batch)
         ranked: list[tuple[float, TrainConfig]] = []
-        for move in moves:
-            moved = apply_action(levels, move.action, max_zero_stage=0)
-            config = knobs_to_config(moved, self._context.ranking, base=observation.config)
+        for moved in around:
+            config = knobs_to_config(moved, ranking, base=observation.config)
             if config in self._proposed or config == observation.config or not self._context.admits(config):
                 continue
             value = self._simulated(moved, batch)

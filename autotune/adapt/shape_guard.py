@@ -81,11 +81,11 @@ class ShapeGuard:
         seen, self.largest = self.largest, size
         self._reprofile(batch)
         what = f"the batch of step {step} has {size} B per sample, more than any predicted before ({seen} B)"
-        verdict = self.gate.check(config)
+        verdict = self.gate.admits(config)
         if verdict.admitted:
             return None
         for candidate in splits(config, min_micro_batch=self.workload.micro_batch_floor):
-            fits = self.gate.check(candidate)
+            fits = self.gate.admits(candidate)
             if fits.admitted:
                 reason = f"{what}: {config.describe()} at its shape: {verdict.reason}; split: {fits.reason}"
                 return Change(

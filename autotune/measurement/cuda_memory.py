@@ -34,6 +34,7 @@ __all__ = [
     "alloc_conf_with",
     "allocator_source",
     "free_bytes",
+    "reserved_of",
     "reserved_with_headroom",
 ]
 
@@ -169,6 +170,12 @@ def reserved_with_headroom(reserved: int, headroom: float = RESERVED_HEADROOM) -
         raise ConfigError(f"headroom must be in [0, 1), but got {headroom!r}.")
     # Exact rational arithmetic: 1000 * 1.05 is 1050.0000000000002 in floats, whose ceiling is 1051.
     return math.ceil(reserved * (1 + Fraction(headroom).limit_denominator(10**6)))
+
+
+def reserved_of(allocated: int, ratio: float) -> int:
+    """Reserved bytes for ``allocated`` bytes at a reserved/allocated ``ratio``, rounded up.
+    Exact: the float ratio's own rational value, so the same inputs always round alike."""
+    return math.ceil(allocated * Fraction(ratio))
 
 
 def free_bytes(device: torch.device) -> int | None:

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneError, ConfigError, TrainingError, UnsupportedError
+from autotune.measurement.admission import admission
 from autotune.measurement.cuda_memory import (
     RESERVED_HEADROOM,
     AllocatorStats,
     StatsSource,
     allocator_source,
-    reserved_with_headroom,
 )
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.progress import ProgressFn
@@ -263,12 +263,16 @@ class Schedule:
         budget = self.memory_budget
         if budget is None:
             return None
-        if peak > budget:
+        # The admission rule on a measured peak (exact: no headroom), allocated bytes first, then
+        # on CUDA the reserved ones with the allocator's headroom; the reasons are the schedule's.
+        if not admission(budget=budget, headroom=0.0, measured=peak).admitted:
             return f"peak {peak} bytes exceeds the memory budget of {budget} bytes"
-        needed = None if reserved is None else reserved_with_headroom(reserved)
-        if needed is not None and needed > budget:
+        if reserved is None:
+            return None
+        verdict = admission(budget=budget, headroom=0.0, measured=peak, reserved=reserved)
+        if not verdict.admitted:
             return (
-                f"reserved peak {reserved} bytes (+{RESERVED_HEADROOM:.0%} headroom: {needed}) exceeds the "
+                f"reserved peak {reserved} bytes (+{RESERVED_HEADROOM:.0%} headroom: {verdict.needed}) exceeds the "
                 f"memory budget of {budget} bytes"
             )
         return None

@@ -1,10 +1,15 @@
 """The admission rule: no configuration runs unless its memory is known to fit the budget.
 
-One rule for every searcher (:func:`admission`): adaptive runs and the callbacks
-(:class:`BudgetGate`), both environments (the training environment keeps a gate per episode; the
-simulator's peaks are its memory table's, exact) and the study (its objective and baselines judge
-the memory model's prediction with :func:`admission`). It lives below ``search/``, ``envs/`` and
-``adapt/`` so that all of them can import it; ``autotune.adapt.BudgetGate`` re-exports it.
+One rule for every searcher, one arithmetic: :func:`~autotune.measurement.admission.admission`
+(re-exported here with its :class:`Verdict`; it lives in ``measurement/`` so that the measurement
+schedule asks it too). This module is the memory model's side of it: :meth:`BudgetGate.admits`,
+THE ``admits(config) -> Verdict`` of adaptive runs, the callbacks, the policy source's plan and
+the training environment (a gate per episode). The simulator's peaks are its memory table's,
+exact, judged by :func:`admission` without headroom (:meth:`autotune.envs.core.TuningEnv.verdict`);
+the study judges its memory model's predictions with :func:`admission` and
+``unverified="measure"`` (:func:`autotune.search.study.admits`). It lives below ``search/``,
+``envs/`` and ``adapt/`` so that all of them can import it; ``autotune.adapt.BudgetGate``
+re-exports it.
 
 The rule: a measured peak is judged as is; a prediction with the headroom of
 :func:`headroom_for` (:data:`~autotune.settings.TUNING`'s ``local_headroom`` in one process,
@@ -41,12 +46,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError, PredictionError, PredictionWarning
-from autotune.measurement.cuda_memory import RESERVED_HEADROOM, AllocatorStats, reserved_with_headroom
+from autotune.measurement.admission import Verdict, admission
+from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.settings import TUNING
 from autotune.units import MemoryBudget
 
@@ -62,77 +67,6 @@ __all__ = ["BudgetGate", "Verdict", "admission", "headroom_for", "memory_profile
 def headroom_for(config: TrainConfig) -> float:
     """The margin on a prediction of ``config``: the memory model's error where it runs."""
     return TUNING.ranks_headroom if config.on_deepspeed else TUNING.local_headroom
-
-
-def admission(
-    *,
-    budget: int,
-    headroom: float,
-    measured: int | None = None,
-    predicted: int | None = None,
-    verified: bool = False,
-    unpredicted: str | None = None,
-    reserved: int | None = None,
-    reserved_ratio: float | None = None,
-) -> Verdict:
-    """The admission rule (module docstring), on one configuration's figures: THE arithmetic of a
-    peak against a budget, which every searcher asks.
-
-    Args:
-        budget: Peak bytes allowed.
-        headroom: The margin on a prediction (0.0 where the peak is exact, as a measurement is).
-        measured: Exact bytes of a real step, if known: judged as is.
-        predicted: The memory model's bytes, judged when nothing was measured.
-        verified: Whether ``predicted`` may be trusted (an unverified one admits nothing).
-        unpredicted: Why there is no prediction, where there is none.
-        reserved: On CUDA, the measured step's reserved peak: judged instead of ``measured``,
-            with the allocator's headroom (:data:`RESERVED_HEADROOM`).
-        reserved_ratio: On CUDA, the highest reserved/allocated ratio of the real steps seen: a
-            verified prediction is scaled by it, with the larger of the two headrooms.
-
-    Returns:
-        The verdict, with the rule and the figures in its reason.
-    """
-    if measured is not None and reserved is not None:
-        needed = reserved_with_headroom(reserved)
-        rule = "<=" if needed <= budget else ">"
-        reason = (
-            f"measured {reserved} B reserved (+{RESERVED_HEADROOM:.0%} headroom: {needed} B) {rule} budget {budget} B"
-        )
-        return Verdict(admitted=needed <= budget, reason=reason, predicted=None, measured=measured)
-    if measured is not None:
-        fits = measured <= budget
-        rule = "<=" if fits else ">"
-        return Verdict(
-            admitted=fits, reason=f"measured {measured} B {rule} budget {budget} B", predicted=None, measured=measured
-        )
-    if predicted is None:
-        why = "" if unpredicted is None else f" ({unpredicted})"
-        reason = f"no memory prediction{why} and not measured"
-        return Verdict(admitted=False, reason=reason, predicted=None, measured=None)
-    if not verified:
-        return Verdict(
-            admitted=False,
-            reason=f"predicted {predicted} B, but the prediction is unverified and the config was never measured",
-            predicted=predicted,
-            measured=None,
-        )
-    if reserved_ratio is not None:
-        from autotune.memory.model import reserved_of
-
-        as_reserved = reserved_of(predicted, reserved_ratio)
-        margin = max(headroom, RESERVED_HEADROOM)
-        needed = reserved_with_headroom(as_reserved, margin)
-        rule = "<=" if needed <= budget else ">"
-        reason = (
-            f"predicted {predicted} B allocated x {reserved_ratio:.4f} reserved/allocated = {as_reserved} B reserved "
-            f"(+{margin:.0%} headroom: {needed} B) {rule} budget {budget} B"
-        )
-        return Verdict(admitted=needed <= budget, reason=reason, predicted=predicted, measured=None)
-    fits = round(predicted * (1.0 + headroom)) <= budget
-    rule = "<=" if fits else ">"
-    reason = f"predicted {predicted} B (+{headroom:.0%} headroom) {rule} budget {budget} B"
-    return Verdict(admitted=fits, reason=reason, predicted=predicted, measured=None)
 
 
 def memory_profile(
@@ -184,24 +118,6 @@ def profile_or_reason(
     except PredictionError as e:
         warnings.warn(PredictionWarning(f"{e}: only measured configurations will be admitted"), stacklevel=stacklevel)
         return None, str(e)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Verdict:
-    """Whether a config may run, with the figures that decided it (:meth:`BudgetGate.check`).
-
-    Attributes:
-        admitted: Whether it may run.
-        reason: The rule and figures in words, e.g. ``"predicted 3288 B (+2% headroom) <= budget
-            4568 B"``: what the run's history says.
-        predicted: The predicted peak bytes it was judged on, or None.
-        measured: The measured peak bytes it was judged on, or None.
-    """
-
-    admitted: bool
-    reason: str
-    predicted: int | None
-    measured: int | None
 
 
 class BudgetGate:
@@ -578,7 +494,7 @@ class BudgetGate:
         predicted = self.predict(config)
         return predicted[0] if predicted is not None and predicted[1] else None
 
-    def check(self, config: TrainConfig) -> Verdict:
+    def admits(self, config: TrainConfig) -> Verdict:
         """Whether ``config`` may run: on its measured peak if known, else its prediction.
 
         On CUDA a measured reserved peak (with its headroom) is what counts, and a prediction

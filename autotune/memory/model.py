@@ -39,11 +39,11 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from autotune.config import RecomputeLevel, TrainConfig
 from autotune.errors import ConfigError
+from autotune.measurement.cuda_memory import reserved_of
 from autotune.measurement.record import MEMORY_CATEGORIES, MemoryBreakdown
 from autotune.memory.profile import outer_mode
 from autotune.train.deepspeed_config import DEFAULT_BUCKET, bucket_elements, engine_precision
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from autotune.memory.profile import BlockSaves, MemoryProfile, Moment, Windows
     from autotune.workload import Workload
 
-__all__ = ["MemoryEstimate", "Plan", "compose_memory", "plan_of", "reserved_of"]
+__all__ = ["MemoryEstimate", "Plan", "compose_memory", "plan_of"]
 
 Phase = Literal["forward/backward", "optimizer step"]
 _WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -162,12 +162,6 @@ class MemoryEstimate(MemoryBreakdown):
 
 
 _CATEGORIES = MEMORY_CATEGORIES
-
-
-def reserved_of(allocated: int, ratio: float) -> int:
-    """Reserved bytes for ``allocated`` bytes at a reserved/allocated ``ratio``, rounded up.
-    Exact: the float ratio's own rational value, so the same inputs always round alike."""
-    return math.ceil(allocated * Fraction(ratio))
 
 
 class Plan(NamedTuple):

@@ -26,9 +26,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from autotune.knobs import Knobs
 from autotune.search.space import SearchSpace
+
+if TYPE_CHECKING:
+    from autotune.measurement.admission import Verdict
 
 __all__ = [
     "Baseline",
@@ -57,14 +61,15 @@ class Baseline:
 
 
 def baselines(
-    space: SearchSpace, *, batch_size: int, fits: Callable[[Knobs], bool] | None = None
+    space: SearchSpace, *, batch_size: int, admits: Callable[[Knobs], Verdict] | None = None
 ) -> tuple[Baseline, ...]:
     """The baselines at effective batch ``batch_size``: the PyTorch default, the seed recipe and,
-    where the space offers bf16, the HF recipe. ``fits`` (a memory prediction) picks the largest
-    fitting micro-batch for the PyTorch default and the HF recipe up front, when a memory model exists."""
-    out = [_pytorch_default(space, batch_size, fits), _seed_recipe(space, batch_size)]
+    where the space offers bf16, the HF recipe. ``admits`` (the admission rule on a memory
+    prediction, :func:`autotune.search.study.admits`) picks the largest admitted micro-batch for
+    the PyTorch default and the HF recipe up front, when a memory model exists."""
+    out = [_pytorch_default(space, batch_size, admits), _seed_recipe(space, batch_size)]
     if "bf16" in space.low_precisions:
-        out.append(_hf_recipe(space, batch_size, fits))
+        out.append(_hf_recipe(space, batch_size, admits))
     return tuple(out)
 
 
@@ -83,20 +88,20 @@ def _whole_batch(space: SearchSpace, batch: int) -> Knobs:
     )
 
 
-def _largest_fitting(space: SearchSpace, knobs: Knobs, fits: Callable[[Knobs], bool] | None) -> Knobs:
-    if fits is None:
+def _largest_fitting(space: SearchSpace, knobs: Knobs, admits: Callable[[Knobs], Verdict] | None) -> Knobs:
+    if admits is None:
         return knobs
     smaller: Knobs | None = knobs
-    while smaller is not None and not fits(smaller):
+    while smaller is not None and not admits(smaller).admitted:
         smaller = smaller_micro_batch(space, smaller)
     return smaller or knobs  # nothing fits: measure it anyway and let it fail
 
 
-def _pytorch_default(space: SearchSpace, batch: int, fits: Callable[[Knobs], bool] | None) -> Baseline:
-    return Baseline(name=PYTORCH_DEFAULT, knobs=_largest_fitting(space, _whole_batch(space, batch), fits))
+def _pytorch_default(space: SearchSpace, batch: int, admits: Callable[[Knobs], Verdict] | None) -> Baseline:
+    return Baseline(name=PYTORCH_DEFAULT, knobs=_largest_fitting(space, _whole_batch(space, batch), admits))
 
 
-def _hf_recipe(space: SearchSpace, batch: int, fits: Callable[[Knobs], bool] | None) -> Baseline:
+def _hf_recipe(space: SearchSpace, batch: int, admits: Callable[[Knobs], Verdict] | None) -> Baseline:
     n = space.num_blocks
     whole = replace(
         _whole_batch(space, batch),
@@ -105,7 +110,7 @@ def _hf_recipe(space: SearchSpace, batch: int, fits: Callable[[Knobs], bool] | N
         checkpoint_blocks=n,
         outer_low_precision=True,
     )
-    return Baseline(name=HF_RECIPE, knobs=_largest_fitting(space, whole, fits))
+    return Baseline(name=HF_RECIPE, knobs=_largest_fitting(space, whole, admits))
 
 
 def _seed_recipe(space: SearchSpace, batch: int) -> Baseline:

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.config import TrainConfig
+    from autotune.measurement.admission import Verdict
     from autotune.measurement.sidebyside import Retimed
 
 __all__ = [
@@ -150,7 +151,8 @@ class Refine:
     Args:
         space: The study's space (decodes trials into knobs and back).
         trials: The study's total trials.
-        fits: The memory model's admission of a point (None: every point is tried).
+        admits: The admission rule on a point's memory prediction (:func:`autotune.search.study.admits`;
+            None: every point is tried).
         counted: How many trials count toward ``trials`` so far (the study's own count).
         note: Gets one line per enqueued refinement.
         known_peak: The memory model's verified peak of a point, or None where it has none; the
@@ -165,7 +167,7 @@ class Refine:
         *,
         space: SearchSpace,
         trials: int,
-        fits: Callable[[Knobs], bool] | None,
+        admits: Callable[[Knobs], Verdict] | None,
         counted: Callable[[optuna.Study], int],
         note: Callable[[str], None] | None = None,
         known_peak: Callable[[Knobs], int | None] | None = None,
@@ -174,7 +176,7 @@ class Refine:
     ) -> None:
         self.space = space
         self.trials = trials
-        self.fits = fits
+        self.admits = admits
         self.counted = counted
         self.note = note
         self.known_peak = known_peak
@@ -282,7 +284,7 @@ class Refine:
         return knobs if self.known_peak is None else undominated(knobs, self.known_peak, self.space.num_blocks)
 
     def _admitted(self, knobs: Knobs) -> bool:
-        return self.fits is None or self.fits(knobs)
+        return self.admits is None or self.admits(knobs).admitted
 
     def _jump(
         self,

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.knobs import Knobs
+    from autotune.measurement.admission import Verdict
     from autotune.measurement.compiled import CompileCheck
     from autotune.memory.check import CheckStep, StepPeak, Verification
     from autotune.procs.isolation import MeasurementProcess
@@ -425,10 +426,10 @@ def enqueue_baselines(
         if not (t.state == TrialState.FAIL and t.user_attrs.get(ATTR.INTERRUPTED))
     }
     start = time.perf_counter()
-    fits = admits(prepared, predictor)
+    verdict = admits(prepared, predictor)
     reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
     added = []
-    for b in baselines(prepared.space, batch_size=reference, fits=fits):
+    for b in baselines(prepared.space, batch_size=reference, admits=verdict):
         if b.name not in present:
             study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
             added.append(b.name)
@@ -443,24 +444,25 @@ def enqueue_baselines(
     return added
 
 
-def admits(prepared: Prepared, predictor: MemoryPredictor | None) -> Callable[[Knobs], bool] | None:
-    """The memory model's admission of a point of the study's space under its budget (the budget
-    gate's rule and headroom), or None without a model or a budget: every point is measured."""
+def admits(prepared: Prepared, predictor: MemoryPredictor | None) -> Callable[[Knobs], Verdict] | None:
+    """The admission rule on a point of the study's space under its budget (:func:`admission`, with
+    the gate's headroom for where it runs): its verified prediction judged, and a point without one
+    (an unverified prediction, an optional model that failed) admitted to be measured in its trial
+    (``unverified="measure"``); None without a model or a budget: every point is measured."""
     budget = prepared.memory_budget
     peak = known_peak(prepared, predictor)
     if peak is None or budget is None:
         return None
 
-    def fits(knobs: Knobs) -> bool:
+    def verdict(knobs: Knobs) -> Verdict:
         from autotune.memory.gate import admission, headroom_for
 
-        predicted = peak(knobs)
-        if predicted is None:  # no verified prediction (or the optional model failed): measure it
-            return True
         config = prepared.space.config(knobs)
-        return admission(budget=budget, headroom=headroom_for(config), predicted=predicted, verified=True).admitted
+        return admission(
+            budget=budget, headroom=headroom_for(config), predicted=peak(knobs), verified=True, unverified="measure"
+        )
 
-    return fits
+    return verdict
 
 
 def known_peak(prepared: Prepared, predictor: MemoryPredictor | None) -> Callable[[Knobs], int | None] | None:
@@ -564,7 +566,7 @@ def run_study(
         refine = Refine(
             space=prepared.space,
             trials=spec.trials,
-            fits=admits(prepared, predictor),
+            admits=admits(prepared, predictor),
             counted=count_done,
             note=observer.note,
             known_peak=known_peak(prepared, predictor),

@@ -104,7 +104,7 @@ def test_the_pretrained_policy_keeps_the_effective_batch_and_the_budget() -> Non
     for change in tuner.history:
         assert change.source == "policy" and change.before.effective_batch_size == BATCH
         if change.applied:
-            assert tuner.gate.check(change.after).admitted
+            assert tuner.gate.admits(change.after).admitted
     assert all(s.peak_bytes is None or s.peak_bytes <= tuner.budget_bytes for s in tuner.steps)
     # On the CPU the run starts at the calibrated simulator's best (the plan) unless that is where
     # it starts anyway (the simulator's best depends on this machine's measured speeds).
@@ -143,7 +143,7 @@ def test_the_plan_is_the_simulator_s_best_configuration_the_gate_admits(monkeypa
     tuner = _tuner(policy="pretrained", decide_every=5, memory_budget=predicted[0])
     tuner.close()
     (plan,) = tuner.history
-    assert plan.applied and plan.after not in (planned, _fp32(BATCH)) and tuner.gate.check(plan.after).admitted
+    assert plan.applied and plan.after not in (planned, _fp32(BATCH)) and tuner.gate.admits(plan.after).admitted
 
 
 def test_the_plan_is_off_on_a_gpu_unless_asked_for() -> None:
@@ -575,7 +575,7 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
     moved = [apply_action(levels, m, max_zero_stage=0) for m in moves]
     neighbours = {knobs_to_config(lv, ranking, base=here) for lv in moved} - {here}
     floor = _NEIGHBOUR_WITHIN * simulated(here)
-    close = {c for c in neighbours if tuner.gate.check(c).admitted and simulated(c) >= floor}
+    close = {c for c in neighbours if tuner.gate.admits(c).admitted and simulated(c) >= floor}
     assert close and close != neighbours  # this profile has both kinds around the plan
 
     obs = Observation(step=5, config=here, throughput=1.0, peak_bytes=1, b_noise=None, losses=(1.0,))
@@ -610,6 +610,48 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
         f"policy action {far} rated {rated:.2f} of this configuration on the simulator, not tried; an untried "
         f"neighbour ({values[0]:.0f} samples/s per GiB simulated)"
     )
+
+
+def test_the_untried_neighbours_are_the_level_tables_and_more_reduced_precision_only_where_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from autotune.adapt.policy_source import PolicySource
+    from autotune.knobs import knobs_to_config, levels_of
+
+    ranking = (0, 1, 2, 3)
+    here = knobs_to_config(KnobLevels(accum=1, micro=3, precision=2), ranking)  # 8x2, half the blocks bf16
+    levels = levels_of(here, len(ranking))
+    assert levels is not None
+    obs = Observation(step=5, config=here, throughput=1.0, peak_bytes=1, b_noise=None, losses=(1.0,))
+
+    def proposed(reduced_ok: bool) -> list[KnobLevels]:
+        source = PolicySource(plan=False)
+        source._context = SimpleNamespace(ranking=ranking, admits=lambda config: True)  # type: ignore[assignment]
+        source._profile = object()  # type: ignore[assignment]  # a plan's simulator: the stand-in rates
+        source._reduced_ok = reduced_ok
+        # Every neighbour within _NEIGHBOUR_WITHIN of here (12 here); more reduced precision rates best.
+        monkeypatch.setattr(source, "_simulated", lambda lv, batch: 10.0 + lv.precision)
+        out = []
+        while (proposal := source._neighbour(obs, levels, "")) is not None:
+            moved = levels_of(proposal.config, len(ranking))
+            assert moved is not None
+            out.append(moved)
+        return out
+
+    # One knob one level away (knobs.neighbours through the level tables): the ZeRO stage stays.
+    others = {
+        KnobLevels(accum=0, micro=4, precision=2),  # 16x1
+        KnobLevels(accum=2, micro=2, precision=2),  # 4x4
+        KnobLevels(accum=1, micro=3, precision=2, checkpoint=1),
+        KnobLevels(accum=1, micro=3, precision=1),
+    }
+    more_reduced = KnobLevels(accum=1, micro=3, precision=3)
+    everything = proposed(reduced_ok=True)
+    assert everything[0] == more_reduced and set(everything) == others | {more_reduced} and len(everything) == 5
+    # Where the machine probe found no usable bf16: less of it, never more.
+    assert set(proposed(reduced_ok=False)) == others
 
 
 def test_by_default_only_a_configuration_without_a_verified_prediction_is_tracked() -> None:

@@ -45,7 +45,7 @@ class _Gate:
     def __init__(self) -> None:
         self.measured: dict[TrainConfig, int] = {}
 
-    def check(self, config: TrainConfig) -> Verdict:
+    def admits(self, config: TrainConfig) -> Verdict:
         if config.checkpoint:
             return Verdict(admitted=False, reason=UNVERIFIED, predicted=500, measured=None)
         return Verdict(admitted=False, reason="predicted 2000 B > budget 1000 B", predicted=2000, measured=None)
@@ -95,7 +95,7 @@ def test_the_run_context_reads_the_gate_budget_after_it_changes() -> None:
 class _Unpredictable(_Gate):
     """The memory model failed: no configuration has a prediction."""
 
-    def check(self, config: TrainConfig) -> Verdict:
+    def admits(self, config: TrainConfig) -> Verdict:
         reason = "no memory prediction (cannot profile workload 'w' under fake tensors: X) and not measured"
         return Verdict(admitted=False, reason=reason, predicted=None, measured=None)
 
@@ -127,7 +127,7 @@ def test_the_gate_says_why_it_has_no_prediction() -> None:
     default = TrainConfig(micro_batch_size=8)
     with pytest.warns(PredictionWarning, match="only measured configurations will be admitted"):
         gate = BudgetGate.build(workload, MemoryBudget.parse(1000), default, reduced_precision=False)
-    assert gate.check(default).reason == f"no memory prediction ({failed}) and not measured"
+    assert gate.admits(default).reason == f"no memory prediction ({failed}) and not measured"
     with pytest.warns(PredictionWarning), pytest.raises(ConfigError) as caught:
         BudgetGate.build(workload, MemoryBudget.parse("75%"), default, reduced_precision=False)
     assert str(caught.value) == (

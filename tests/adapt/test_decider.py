@@ -42,7 +42,7 @@ def _decider(source: DecisionSource | None, gate: BudgetGate, **kwargs: object) 
         budget=lambda: gate.budget,
         blocks=profile_blocks(wl, micro_batch_size=2),
         device_type="cpu",
-        admits=lambda c: gate.check(c).admitted,
+        admits=lambda c: gate.admits(c).admitted,
     )
     assert decider.begin(start=A, default=A, context=context if source is not None else None) is None
     return decider
@@ -213,7 +213,7 @@ def test_a_refused_plan_is_logged_after_the_start_and_once() -> None:
         budget=lambda: gate.budget,
         blocks=profile_blocks(wl, micro_batch_size=2),
         device_type="cpu",
-        admits=lambda c: gate.check(c).admitted,
+        admits=lambda c: gate.admits(c).admitted,
     )
     start = decider.begin(start=B, default=A, why="A is over", context=context)
     assert start == Change(step=0, source="budget", before=A, after=B, applied=True, reason="A is over")

@@ -44,7 +44,7 @@ def _gate(tiny: Workload, profile: MemoryProfile, budget: int, device_type: str 
 
 
 def test_before_a_real_step_a_cuda_prediction_is_of_allocated_bytes(tiny: Workload, profile: MemoryProfile) -> None:
-    verdict = _gate(tiny, profile, 10**9).check(B)
+    verdict = _gate(tiny, profile, 10**9).admits(B)
     assert verdict.admitted and verdict.predicted == PREDICTED_B
     # The profile's checks ran on the host: they stand for the CPU only.
     assert verdict.reason == (
@@ -59,12 +59,12 @@ def test_a_measured_ratio_scales_predictions_to_reserved(tiny: Workload, profile
     gate = _gate(tiny, profile, 80_304)
     gate.record(A, 60_640, allocator=_stats(4_000_000, 5_000_000))
     assert gate.reserved_ratio == 1.25
-    assert gate.check(B).reason == (
+    assert gate.admits(B).reason == (
         "predicted 61184 B allocated x 1.2500 reserved/allocated = 76480 B reserved (+5% headroom: 80304 B) "
         "<= budget 80304 B"
     )
     gate.budget = 80_303
-    assert not gate.check(B).admitted
+    assert not gate.admits(B).admitted
 
 
 def test_the_highest_ratio_seen_stands(tiny: Workload, profile: MemoryProfile) -> None:
@@ -78,19 +78,19 @@ def test_a_measured_config_is_checked_by_its_reserved_peak(tiny: Workload, profi
     # The tracked peak (60_640) fits easily; the reserved 6_291_456 + 5% = 6_606_029 must fit.
     gate = _gate(tiny, profile, 6_606_029)
     gate.record(A, 60_640, allocator=_stats(4_700_160, 6_291_456))
-    verdict = gate.check(A)
+    verdict = gate.admits(A)
     assert verdict.admitted and verdict.measured == 60_640
     assert verdict.reason == "measured 6291456 B reserved (+5% headroom: 6606029 B) <= budget 6606029 B"
     gate.budget = 6_606_028
-    assert gate.check(A).reason == "measured 6291456 B reserved (+5% headroom: 6606029 B) > budget 6606028 B"
+    assert gate.admits(A).reason == "measured 6291456 B reserved (+5% headroom: 6606029 B) > budget 6606028 B"
 
 
 def test_on_the_cpu_nothing_changes(tiny: Workload, profile: MemoryProfile) -> None:
     gate = _gate(tiny, profile, 10**9, device_type="cpu")
     gate.record(A, 60_640)
     assert (gate.reserved_ratio, gate.reserved) == (None, {})
-    assert gate.check(B).reason == "predicted 61184 B (+2% headroom) <= budget 1000000000 B"
-    assert gate.check(A).reason == "measured 60640 B <= budget 1000000000 B"
+    assert gate.admits(B).reason == "predicted 61184 B (+2% headroom) <= budget 1000000000 B"
+    assert gate.admits(A).reason == "measured 60640 B <= budget 1000000000 B"
 
 
 def _estimate(**kwargs: object) -> MemoryEstimate:
@@ -146,12 +146,12 @@ def test_a_kind_measured_above_its_prediction_is_scaled_and_no_longer_trusted(
     assert not gate.trusts(B)  # its first step is measured before it is relied on
     assert gate.predict(bf16) == (61_184, True) and not gate.trusts(bf16)  # another kind: not yet measured here
     gate.budget = 74_890  # 73_421 + 2% = 74_889.42 -> 74_889
-    assert gate.check(B).reason == (
+    assert gate.admits(B).reason == (
         "predicted 73421 B (+2% headroom) <= budget 74890 B (allocated: no reserved/allocated ratio measured on "
         "this device yet); x1.2000: real steps on this device came above the memory model (default)"
     )
     gate.budget = 74_888
-    assert not gate.check(B).admitted
+    assert not gate.admits(B).admitted
 
 
 def test_a_step_within_the_headroom_above_its_prediction_teaches_nothing(
@@ -168,15 +168,15 @@ def test_a_failed_step_is_refused_and_teaches_nothing_of_its_kinds(tiny: Workloa
     gate = _gate(tiny, two_modes, 10**9, device_type="cpu")
     failed = TrainConfig(micro_batch_size=8, precision="bf16", checkpoint=True)
     recompute = TrainConfig(micro_batch_size=8, checkpoint=True)
-    before = gate.check(recompute)
+    before = gate.admits(recompute)
     gate.record_failure(failed, "RuntimeError: could not create a primitive descriptor")
-    assert gate.check(failed) == Verdict(
+    assert gate.admits(failed) == Verdict(
         admitted=False,
         reason="a real step failed: RuntimeError: could not create a primitive descriptor",
         predicted=None,
         measured=None,
     )
-    assert gate.device_error == {} and gate.check(recompute) == before and before.admitted
+    assert gate.device_error == {} and gate.admits(recompute) == before and before.admitted
 
 
 class _Loop:
@@ -214,7 +214,7 @@ def test_on_cuda_no_check_step_runs_on_the_host_and_the_first_measured_step_of_a
     assert gate.profile is not None and gate.profile.checks == ()
     controller = Controller(frontend=_Loop(), source=None, gate=gate, default=default, fraction=None, decide_every=4)
     assert controller.begin(tiny, device_type="cuda") == default
-    assert gate.check(default).reason == (
+    assert gate.admits(default).reason == (
         f"predicted {PREDICTED_B} B (+2% headroom) <= budget 1073741824 B (allocated: no reserved/allocated ratio "
         "measured on this device yet); unverified on cuda until a step of its kind (default) is measured there: "
         "its first step is"
@@ -230,7 +230,7 @@ def test_on_cuda_no_check_step_runs_on_the_host_and_the_first_measured_step_of_a
     )
     assert [(v.kind, v.device, v.verified, v.trial) for v in gate.profile.checks] == [("default", "cuda", True, None)]
     assert gate.trusts(default) and gate.predict(default) == (PREDICTED_B, True)
-    assert gate.check(recomputed).admitted and not gate.trusts(recomputed)
+    assert gate.admits(recomputed).admitted and not gate.trusts(recomputed)
     controller.after_step(1, config=default, loss=1.0, peak=measured)  # the kind is checked: nothing new
     assert len(controller.history) == 1 and len(gate.profile.checks) == 1
 
@@ -249,14 +249,14 @@ def test_on_cuda_a_first_step_off_its_prediction_is_said_and_its_kind_refused_un
         "the prediction is 16.7% below the measured peak",
     )
     assert gate.device_error == {"default": pytest.approx(1.2, abs=1e-4)}
-    assert gate.check(A) == Verdict(
+    assert gate.admits(A) == Verdict(
         admitted=False,
         reason="predicted 72769 B, but the prediction is unverified and the config was never measured; x1.2000: "
         "real steps on this device came above the memory model (default)",
         predicted=72_769,
         measured=None,
     )
-    assert gate.check(B).admitted  # measured
+    assert gate.admits(B).admitted  # measured
 
 
 def test_on_the_cpu_a_gate_checks_on_the_host_as_before(tiny: Workload, monkeypatch: pytest.MonkeyPatch) -> None:

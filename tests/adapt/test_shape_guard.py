@@ -81,7 +81,7 @@ def test_the_long_batch_alone_is_over_the_budget_at_the_default() -> None:
 def test_the_budget_check_on_the_first_batch_alone_admits_the_default_that_the_long_batch_exceeds() -> None:
     first_only = dataclasses.replace(_varlen(), scan_batches=0)
     gate = BudgetGate.build(first_only, MemoryBudget(bytes=BUDGET), DEFAULT, reduced_precision=False)
-    verdict = gate.check(DEFAULT)
+    verdict = gate.admits(DEFAULT)
     assert verdict.admitted
     assert verdict.predicted is not None and verdict.predicted < LONG_AT_8 - 600_000  # blind to the last batch
     assert LONG_AT_8 > BUDGET  # what the default then measures on the last batch (test above)
@@ -145,7 +145,7 @@ class _NothingFits:
     def replace_profile(self, profile: object, *, unprofiled: str | None = None) -> None:
         self.profiles.append(profile)
 
-    def check(self, config: TrainConfig) -> Verdict:
+    def admits(self, config: TrainConfig) -> Verdict:
         return Verdict(admitted=False, reason="predicted 9 B (+2% headroom) > budget 1 B", predicted=9, measured=None)
 
 

@@ -114,7 +114,7 @@ def test_the_default_pretrained_policy_adapts_within_what_the_trainer_allows(tmp
         assert (change.after.micro_batch_size, change.after.grad_accum_steps) == (4, 1)
         assert "fp16" not in change.after.block_precisions(len(wl.block_names()))
         if change.applied:
-            assert live.gate.check(change.after).admitted
+            assert live.gate.admits(change.after).admitted
     if live.history and live.history[0].step == 0:
         plan = live.history[0]
         assert plan.applied and plan.reason.startswith("the best of the calibrated simulator")

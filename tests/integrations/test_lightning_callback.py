@@ -180,7 +180,7 @@ def test_the_default_pretrained_policy_adapts_within_the_budget() -> None:
     for change in live.history:
         assert change.source in ("policy", "measured") and change.after.effective_batch_size == 8
         if change.applied:
-            assert live.gate.check(change.after).admitted
+            assert live.gate.admits(change.after).admitted
     assert (module.batch_size * trainer.accumulate_grad_batches, live.pending) == (8, None)
     assert all("forward" not in m.__dict__ for m in module.modules())
 

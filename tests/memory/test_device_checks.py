@@ -101,7 +101,7 @@ def test_on_cuda_the_gate_admits_on_a_host_check_but_trusts_a_kind_once_measured
     profile = profile_memory(tiny)
     gate = BudgetGate(tiny, 10**9, profile=profile, device_type="cuda")
     plain, recomputed = TrainConfig(micro_batch_size=8), TrainConfig(micro_batch_size=8, checkpoint=True)
-    assert gate.check(plain).admitted and gate.check(recomputed).admitted
+    assert gate.admits(plain).admitted and gate.admits(recomputed).admitted
     assert not gate.trusts(plain) and not gate.trusts(recomputed)
     predicted = gate.predict(TrainConfig(micro_batch_size=4))
     assert predicted is not None

@@ -199,14 +199,14 @@ def test_the_gate_refuses_a_composed_prediction_on_shared_blocks_until_measured(
     workload, profile, _ = shared
     gate = BudgetGate(workload, 10**9, profile=profile)
     mixed = TrainConfig(micro_batch_size=4, checkpoint=(True, False, False, False))
-    verdict = gate.check(mixed)
+    verdict = gate.admits(mixed)
     assert not verdict.admitted and verdict.measured is None
     assert re.fullmatch(
         r"predicted \d+ B, but the prediction is unverified and the config was never measured", verdict.reason
     )
-    assert gate.check(TrainConfig(micro_batch_size=4, checkpoint=True)).admitted
+    assert gate.admits(TrainConfig(micro_batch_size=4, checkpoint=True)).admitted
     gate.record(mixed, 667_040)
-    assert gate.check(mixed).admitted
+    assert gate.admits(mixed).admitted
 
 
 def test_a_grown_study_profile_checks_only_the_new_kind(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from autotune import Knobs
+from autotune.measurement.admission import Verdict, admission
 from autotune.search.baselines import HF_RECIPE, PYTORCH_DEFAULT, SEED_RECIPE, baselines, smaller_micro_batch
 from autotune.search.space import SearchSpace
+
+
+def _under(budget: int, peak: Callable[[Knobs], int]) -> Callable[[Knobs], Verdict]:
+    """The admission rule on an exact ``peak`` of each point against ``budget``."""
+    return lambda k: admission(budget=budget, headroom=0.0, measured=peak(k))
 
 
 def _space(n_blocks: int = 6, **kw: object) -> SearchSpace:
@@ -51,7 +58,7 @@ def test_seed_recipe_accumulation_closest_to_4_when_4_does_not_divide() -> None:
 
 
 def test_a_memory_prediction_picks_the_largest_micro_batch_that_fits() -> None:
-    default, *_ = baselines(_space(), batch_size=32, fits=lambda k: k.micro_batch_size <= 10)
+    default, *_ = baselines(_space(), batch_size=32, admits=_under(10, lambda k: k.micro_batch_size))
     assert default.knobs.micro_batch_size == 8
 
 
@@ -103,9 +110,11 @@ def test_the_hf_recipe_is_the_whole_model_in_bf16_every_block_recomputed_the_who
 
 
 def test_the_hf_recipe_takes_the_largest_micro_batch_that_fits() -> None:
-    *_, recipe = baselines(_space(), batch_size=32, fits=lambda k: k.micro_batch_size <= 10 or k.outer_low_precision)
+    *_, recipe = baselines(
+        _space(), batch_size=32, admits=_under(10, lambda k: 0 if k.outer_low_precision else k.micro_batch_size)
+    )
     assert recipe.knobs.micro_batch_size == 32  # the predicate fits it whole: the whole batch
-    default, _, recipe = baselines(_space(), batch_size=32, fits=lambda k: k.micro_batch_size <= 4)
+    default, _, recipe = baselines(_space(), batch_size=32, admits=_under(4, lambda k: k.micro_batch_size))
     assert (default.knobs.micro_batch_size, recipe.knobs.micro_batch_size) == (4, 4)
     assert recipe.knobs.outer_low_precision and recipe.knobs.checkpoint_blocks == 6
 

@@ -13,6 +13,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.errors import MeasurementFailed
 from autotune.knobs import KnobLevels, Knobs
+from autotune.measurement.admission import Verdict, admission
 from autotune.measurement.sidebyside import Retimed, Timing
 from autotune.search.record import ATTR
 from autotune.search.refine import (
@@ -126,10 +127,15 @@ def _refine(
     study: optuna.Study, *, trials: int = 12, fits: object = None, known_peak: object = None
 ) -> tuple[Refine, list[str]]:
     notes: list[str] = []
+
+    def admits(knobs: Knobs) -> Verdict:  # the admission rule on a peak over the budget where ``fits`` says no
+        assert callable(fits)
+        return admission(budget=1, headroom=0.0, measured=1 if fits(knobs) else 2)
+
     refine = Refine(
         space=SPACE,
         trials=trials,
-        fits=fits,  # type: ignore[arg-type]
+        admits=None if fits is None else admits,
         counted=lambda s: len(s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))),
         note=notes.append,
         known_peak=known_peak,  # type: ignore[arg-type]
