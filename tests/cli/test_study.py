@@ -69,7 +69,7 @@ def test_help_lists_the_search_commands(tmp_path: Path) -> None:
         (
             ("study", "BAD_KEY"),
             "autotune study: error: BAD_KEY: unknown key 'space.rank' (known keys: batch_size, batch_sizes, blocks, "
-            "expandable_segments, min_micro_batch, precisions, ranks, zero_stages).",
+            "expandable_segments, min_micro_batch, precisions, ranks, selective, zero_stages).",
         ),
         (
             ("study", "BAD_TYPE"),
