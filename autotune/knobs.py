@@ -267,7 +267,8 @@ def neighbours(
         >>> here = Knobs(batch_size=8, micro_batch_size=2, checkpoint_blocks=1)
         >>> [k.describe() for k in neighbours(here, micro_batches=(1, 2, 4, 8), block_counts=(0, 1, 2), outer=False)]
         ['4x2 ckpt:1', '2x4', '2x4 bf16:1 ckpt:1', '1x8 ckpt:1', '2x4 ckpt:2']
-        >>> [k.describe() for k in neighbours(here, micro_batches=(2,), block_counts=(0, 1, 2), low_precision=False, selective=True)]
+        >>> tables = {"micro_batches": (2,), "block_counts": (0, 1, 2), "low_precision": False}
+        >>> [k.describe() for k in neighbours(here, **tables, selective=True)]
         ['2x4', '2x4 sel:1', '2x4 ckpt:2', '2x4 ckpt:1 sel:1']
     """
     up: list[dict[str, object]] = []  # moves that usually raise throughput

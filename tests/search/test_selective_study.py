@@ -42,13 +42,13 @@ def test_the_predictor_profiles_the_selective_runs_only_where_they_are_needed(mo
     plain = load_memory_predictor(lazy=True)
     assert plain is not None
     for config in (TrainConfig(micro_batch_size=8), TrainConfig(micro_batch_size=8, checkpoint=True)):
-        with pytest.raises(PredictionError, match="^unverified memory prediction"):
+        with pytest.raises(PredictionError, match=r"^unverified memory prediction"):
             plain(tiny, config)
     assert calls == [(("fp32",), False)]
     # A selective configuration there (an enqueued one) grows the profile by them, once.
-    with pytest.raises(PredictionError, match="no measured trial on cpu has checked its kind of configuration yet$"):
+    with pytest.raises(PredictionError, match=r"no measured trial on cpu has checked its kind of configuration yet$"):
         plain(tiny, selective)
-    with pytest.raises(PredictionError, match="^unverified memory prediction"):
+    with pytest.raises(PredictionError, match=r"^unverified memory prediction"):
         plain(tiny, TrainConfig(micro_batch_size=4, checkpoint=(True, "selective", False, False)))
     assert calls == [(("fp32",), False), (("fp32",), True)]
     # A space with the level: the first profile holds them, and no other is taken.
@@ -56,7 +56,7 @@ def test_the_predictor_profiles_the_selective_runs_only_where_they_are_needed(mo
     with_level = load_memory_predictor(lazy=True, selective=True)
     assert with_level is not None
     for config in (TrainConfig(micro_batch_size=8), selective):
-        with pytest.raises(PredictionError, match="^unverified memory prediction"):
+        with pytest.raises(PredictionError, match=r"^unverified memory prediction"):
             with_level(tiny, config)
     assert calls == [(("fp32",), True)]
 
