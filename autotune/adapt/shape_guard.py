@@ -114,7 +114,12 @@ class ShapeGuard:
 
         self.batch = map_tensors(lambda t: t.detach().cpu(), batch)
         at_shape = dataclasses.replace(self.workload, worst_case_batch=self.batch)
-        profile, why = profile_or_reason(at_shape, reduced_precision=self.reduced_precision, stacklevel=4)
+        old = self.gate.profile
+        # The selective runs where the gate's profile held them (the run may move there).
+        selective = old is not None and all(mode.selective is not None for mode in old.modes.values())
+        profile, why = profile_or_reason(
+            at_shape, reduced_precision=self.reduced_precision, stacklevel=4, selective=selective
+        )
         self.gate.replace_profile(profile, unprofiled=why)
 
     def state_dict(self) -> dict[str, Any]:

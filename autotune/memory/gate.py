@@ -140,10 +140,19 @@ def memory_profile(
 
 
 def profile_or_reason(
-    workload: Workload, *, reduced_precision: bool, ranks: int = 1, outer: Precision = "fp32", stacklevel: int = 3
+    workload: Workload,
+    *,
+    reduced_precision: bool,
+    ranks: int = 1,
+    outer: Precision = "fp32",
+    stacklevel: int = 3,
+    selective: bool = False,
 ) -> tuple[MemoryProfile | None, str | None]:
     """:func:`memory_profile`, and why there is none: ``(profile, None)`` or ``(None, reason)``
-    (the :class:`PredictionError`'s message, also warned as a :class:`PredictionWarning`)."""
+    (the :class:`PredictionError`'s message, also warned as a :class:`PredictionWarning`).
+    ``selective``: with the runs of every block recomputed selectively (two more fake runs per
+    mode), where the run may move to a selective configuration; without them such a
+    configuration has no prediction and is measured before it counts."""
     from autotune.memory.predict import profile_memory
 
     modes: tuple[str, ...] = ("fp32",)
@@ -153,7 +162,7 @@ def profile_or_reason(
         # All blocks bf16 is an autocast island on one process, a bf16 engine on ranks.
         modes = ("fp32", "bf16", "bf16-weights") if ranks > 1 else ("fp32", "bf16")
     try:
-        return profile_memory(workload, modes=modes, checkpointed=True, verify=True), None
+        return profile_memory(workload, modes=modes, checkpointed=True, selective=selective, verify=True), None
     except PredictionError as e:
         warnings.warn(PredictionWarning(f"{e}: only measured configurations will be admitted"), stacklevel=stacklevel)
         return None, str(e)
@@ -249,6 +258,7 @@ class BudgetGate:
         *,
         reduced_precision: bool,
         device_type: str = "cpu",
+        selective: bool = False,
     ) -> BudgetGate:
         """Profile ``workload`` and resolve ``budget`` into a gate.
 
@@ -259,6 +269,8 @@ class BudgetGate:
             default: The run's own configuration.
             reduced_precision: Whether the profile must cover bf16/fp16 blocks (only a decision
                 source proposes them).
+            selective: Whether the profile must cover selectively recomputed blocks (a decision
+                source may propose them: :func:`autotune.adapt.adaptive.selective_in_play`).
             device_type: ``"cpu"`` or ``"cuda"``.
 
         Returns:
@@ -275,6 +287,7 @@ class BudgetGate:
             ranks=ranks,
             outer=default.outer_precision,
             stacklevel=4,
+            selective=selective,
         )
         gate = cls(workload, 1, profile=profile, headroom=headroom_for(default), device_type=device_type)
         gate.unprofiled = why
