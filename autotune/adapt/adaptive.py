@@ -459,7 +459,7 @@ class Adaptive:
         self.gate = BudgetGate.build(
             workload, budget, default, reduced_precision=reduced, device_type=device_type, selective=selective
         )
-        self.guard = ShapeGuard(workload, self.gate, reduced_precision=reduced)  # for step(batch)
+        self.guard = ShapeGuard(workload, self.gate, reduced_precision=reduced, selective=selective)  # step(batch)
         # The local loop switches configuration in ~1 ms: a proposal is measured side by side there.
         self._hooks = _LoopHooks(paired=paired)
         self.controller = Controller(
