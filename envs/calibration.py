@@ -207,11 +207,15 @@ def calibrate(
     curve_steps: int = 60,
     timing_rounds: int = 8,
     progress: Progress | None = None,
+    selective: bool = True,
 ) -> WorkloadProfile:
     """Measure ``workload`` on this machine (tens of seconds for the built-in workloads).
 
     ``timing_rounds``: interleaved steps per timed configuration (their median is used); fewer
     is faster and noisier (gpt-tiny, 1 thread: 8 rounds took 21 s of a 45 s calibration).
+    ``selective=False`` leaves the selective recompute level out of the memory table (two fake
+    runs per mode and 800 predictions fewer): for a profile only the shipped policy acts on, which
+    never moves the level.
 
     Example:
         >>> from autotune import load_workload
@@ -272,8 +276,11 @@ def calibrate(
     samples, losses, noise = _curves(workload, b0, curve_steps)
     _check_finite(workload, "loss", {f"step {i} of the loss curve": v for i, v in enumerate(losses)})
     say("peak memory of every knob setting (memory model)")
-    table, selective_table, selective_bytes = memory_table(workload, reduced=reduced, reduced_runs=failure is None)
-    blocks = [dataclasses.replace(b, selective_per_sample=x) for b, x in zip(blocks, selective_bytes, strict=True)]
+    table, selective_table, selective_bytes = memory_table(
+        workload, reduced=reduced, reduced_runs=failure is None, selective=selective
+    )
+    if selective:
+        blocks = [dataclasses.replace(b, selective_per_sample=x) for b, x in zip(blocks, selective_bytes, strict=True)]
     return WorkloadProfile(
         version=PROFILE_VERSION,
         workload=workload.source or workload.name,
@@ -299,7 +306,7 @@ def calibrate(
         peak_table=table,
         default_peak_bytes=default.memory.total,
         reduced_failure=failure,
-        selective_peak_table=selective_table,
+        selective_peak_table=selective_table if selective else None,
     )
 
 
@@ -328,21 +335,22 @@ _SELECTIVE_PAIRS = tuple(
 
 
 def memory_table(
-    workload: Workload, *, reduced: Precision = "bf16", reduced_runs: bool = True
+    workload: Workload, *, reduced: Precision = "bf16", reduced_runs: bool = True, selective: bool = True
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
     """Predicted peak bytes of every knob setting the environments reach, in ``peak_table_index``
     order, with blocks ranked as ``TrainingEnv`` ranks them; the same of every setting with
     selective blocks, in ``selective_table_index`` order; and each block's bytes kept selectively
     per sample (besides its input). ``reduced_runs=False`` (the model cannot run in ``reduced``
     here): settings with a reduced block get :data:`INFEASIBLE_PEAK`. The selective runs are two
-    more fake runs per mode, and the selective table 800 more predictions from the profile."""
+    more fake runs per mode, and the selective table 800 more predictions from the profile:
+    ``selective=False`` leaves them out (the second and third parts then empty)."""
     ranking = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch).ranked()
     # No check step: calibrate() measures the default configuration for real anyway.
     modes = ("fp32", reduced) if reduced_runs else ("fp32",)
-    profile = profile_memory(workload, modes=modes, selective=True, verify=False)
+    profile = profile_memory(workload, modes=modes, selective=selective, verify=False)
     table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)
     selective = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * len(_SELECTIVE_PAIRS) * 2)
-    pairs = [(c, 0) for c in range(FRACTION_LEVELS)] + list(_SELECTIVE_PAIRS)
+    pairs = [(c, 0) for c in range(FRACTION_LEVELS)] + (list(_SELECTIVE_PAIRS) if selective else [])
     for micro, precision, (checkpoint, sel), accum in itertools.product(
         range(len(MICRO_LEVELS)), range(FRACTION_LEVELS), pairs, (0, 1)
     ):
@@ -353,6 +361,8 @@ def memory_table(
             continue
         config = knobs_to_config(levels, ranking, reduced=reduced)
         into[index] = predict_memory(workload, config, profile=profile).total
+    if not selective:
+        return tuple(table), (), ()
     small, large = profile.micro_batch_sizes
     saves = profile.modes["fp32"].blocks
     per_sample = tuple(
