@@ -349,13 +349,13 @@ def memory_table(
     modes = ("fp32", reduced) if reduced_runs else ("fp32",)
     profile = profile_memory(workload, modes=modes, selective=selective, verify=False)
     table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)
-    selective = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * len(_SELECTIVE_PAIRS) * 2)
+    banded = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * len(_SELECTIVE_PAIRS) * 2)
     pairs = [(c, 0) for c in range(FRACTION_LEVELS)] + (list(_SELECTIVE_PAIRS) if selective else [])
     for micro, precision, (checkpoint, sel), accum in itertools.product(
         range(len(MICRO_LEVELS)), range(FRACTION_LEVELS), pairs, (0, 1)
     ):
         levels = KnobLevels(micro=micro, precision=precision, checkpoint=checkpoint, accum=accum, selective=sel)
-        into, index = (selective, selective_table_index(levels)) if sel else (table, peak_table_index(levels))
+        into, index = (banded, selective_table_index(levels)) if sel else (table, peak_table_index(levels))
         if precision > 0 and not reduced_runs:
             into[index] = INFEASIBLE_PEAK
             continue
@@ -368,7 +368,7 @@ def memory_table(
     per_sample = tuple(
         max(b - a, 0) / (large - small) for a, b in zip(saves[0].selective, saves[1].selective, strict=True)
     )
-    return tuple(table), tuple(selective), per_sample
+    return tuple(table), tuple(banded), per_sample
 
 
 def _block_bytes(workload: Workload, reduced: Precision, b1: int, b2: int) -> tuple[list[BlockCost], str | None]:
