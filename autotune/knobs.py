@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from autotune.config import PRECISIONS, Precision, TrainConfig
+from autotune.config import PRECISIONS, Checkpoint, Precision, TrainConfig
 from autotune.errors import AutotuneError, ConfigError
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "level_counts",
     "levels_near",
     "levels_of",
+    "knobs_of_config",
     "neighbours",
     "smallest_micro_batch",
 ]
@@ -82,7 +83,16 @@ class Knobs:
         zero_stage: DeepSpeed ZeRO stage 0-3 (0 with one rank).
         low_precision: The precision of the low-precision blocks.
         low_precision_blocks: How many blocks, hungriest first, run in ``low_precision``.
-        checkpoint_blocks: How many blocks, hungriest first, are recomputed in backward.
+        checkpoint_blocks: How many blocks, hungriest first, are recomputed whole in backward.
+        selective_blocks: How many of the next hungriest blocks (after the ``checkpoint_blocks``)
+            are recomputed selectively (``TrainConfig.checkpoint`` ``"selective"``: they keep the
+            outputs of their matmul-like operations and recompute the rest). Full recompute goes
+            to the hungriest blocks because it saves the most of each (all but the input), at the
+            most time; selective recompute saves less for far less time (only cheap elementwise
+            operations run again), so it is the middle level, on the blocks next in line. The
+            levels nest: every block recomputed whole is hungrier than every selective one, and
+            one block moves between the two without the others moving
+            (:func:`neighbours`).
         outer_low_precision: Whether everything outside the blocks (embeddings, head, loss) runs
             in ``low_precision`` too (``TrainConfig.outer_precision``); with every block low
             precision, the whole model is (Hugging Face's ``bf16=True``).
@@ -109,6 +119,7 @@ class Knobs:
     low_precision_blocks: int = 0
     checkpoint_blocks: int = 0
     outer_low_precision: bool = False
+    selective_blocks: int = 0
 
     def __post_init__(self) -> None:
         for name, low in (
@@ -117,6 +128,7 @@ class Knobs:
             ("ranks", 1),
             ("low_precision_blocks", 0),
             ("checkpoint_blocks", 0),
+            ("selective_blocks", 0),
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -138,23 +150,35 @@ class Knobs:
         """Micro-batches accumulated per optimizer step: ``batch_size / (micro_batch_size x ranks)``."""
         return self.batch_size // (self.micro_batch_size * self.ranks)
 
-    def blocks(self, ranking: Sequence[int]) -> tuple[tuple[Precision, ...], tuple[bool, ...]]:
-        """Per-block precision and checkpointing on a model whose blocks rank as ``ranking``
-        (block indices, hungriest first)."""
+    def blocks(self, ranking: Sequence[int]) -> tuple[tuple[Precision, ...], tuple[Checkpoint, ...]]:
+        """Per-block precision and checkpointing (``True``, ``"selective"`` or ``False``, the
+        entries of ``TrainConfig.checkpoint``) on a model whose blocks rank as ``ranking`` (block
+        indices, hungriest first).
+
+        Raises:
+            ConfigError: ``ranking`` is no permutation, or a count exceeds the blocks (the
+                recomputed ones together: ``checkpoint_blocks + selective_blocks``).
+        """
         n = len(ranking)
         if sorted(ranking) != list(range(n)):
             raise ConfigError(f"ranking must be a permutation of the block indices, but got {tuple(ranking)}.")
-        for name in ("low_precision_blocks", "checkpoint_blocks"):
+        for name in ("low_precision_blocks", "checkpoint_blocks", "selective_blocks"):
             if getattr(self, name) > n:
                 raise ConfigError(
                     f"Knobs.{name} must be <= the {n} blocks of the model, but got {getattr(self, name)}."
                 )
+        if self.checkpoint_blocks + self.selective_blocks > n:
+            raise ConfigError(
+                f"Knobs.checkpoint_blocks + selective_blocks must be <= the {n} blocks of the model, but got "
+                f"{self.checkpoint_blocks} + {self.selective_blocks}."
+            )
         low = set(ranking[: self.low_precision_blocks])
         ckpt = set(ranking[: self.checkpoint_blocks])
-        return (
-            tuple(self.low_precision if i in low else "fp32" for i in range(n)),
-            tuple(i in ckpt for i in range(n)),
+        selective = set(ranking[self.checkpoint_blocks : self.checkpoint_blocks + self.selective_blocks])
+        checkpoints: tuple[Checkpoint, ...] = tuple(
+            True if i in ckpt else "selective" if i in selective else False for i in range(n)
         )
+        return tuple(self.low_precision if i in low else "fp32" for i in range(n)), checkpoints
 
     def to_config(self, ranking: Sequence[int], *, base: TrainConfig | None = None) -> TrainConfig:
         """The TrainConfig these knobs stand for; ``base`` supplies the other fields (LR schedule,
@@ -177,8 +201,8 @@ class Knobs:
         return self.low_precision if self.outer_low_precision else "fp32"
 
     def describe(self) -> str:
-        """Short human form, e.g. ``8x4 bf16:3 ckpt:2 zero2x2``; ``+outer`` when the outer parts run
-        in the low precision too (``8x4 bf16:6+outer``)."""
+        """Short human form, e.g. ``8x4 bf16:3 ckpt:2 sel:1 zero2x2``; ``+outer`` when the outer parts
+        run in the low precision too (``8x4 bf16:6+outer``)."""
         text = f"{self.micro_batch_size}x{self.grad_accum_steps}"
         if self.low_precision_blocks or self.outer_low_precision:
             text += f" {self.low_precision}:{self.low_precision_blocks}"
@@ -186,6 +210,8 @@ class Knobs:
             text += "+outer"
         if self.checkpoint_blocks:
             text += f" ckpt:{self.checkpoint_blocks}"
+        if self.selective_blocks:
+            text += f" sel:{self.selective_blocks}"
         if self.ranks > 1:
             text += f" zero{self.zero_stage}x{self.ranks}"
         return text
@@ -199,15 +225,26 @@ def neighbours(
     zero_stages: Sequence[int] = (),
     low_precision: bool = True,
     outer: bool = True,
+    selective: bool = False,
 ) -> list[Knobs]:
     """The points one knob one step away from ``knobs``, each knob stepping to the next value of
     its own table: THE neighbourhood every searcher moves through (the study's refinement, the
     climb that ends a ``tune`` episode).
 
     Moves that usually raise throughput come first: a larger micro-batch (more work per kernel
-    launch and optimizer step), one recomputed count fewer, one low-precision count more, the outer
-    parts in low precision, one ZeRO stage lower; then the reverses, which lower the peak. The
-    effective batch and the ranks stay. A knob whose value is not in its table does not move.
+    launch and optimizer step), one recomputed count fewer, with ``selective`` one wholly
+    recomputed block recomputed selectively instead and one selective block fewer, one
+    low-precision count more, the outer parts in low precision, one ZeRO stage lower; then the
+    reverses, which lower the peak. The effective batch and the ranks stay. A knob whose value is
+    not in its table does not move.
+
+    The recompute levels move as a band over the ranked blocks: the wholly recomputed ones
+    (``checkpoint_blocks``), then the selective ones, both ends in ``block_counts`` (the first
+    ``checkpoint_blocks`` and the first ``checkpoint_blocks + selective_blocks``). "One recomputed
+    count fewer" moves both ends a step (the selective blocks shift along, as many as before on
+    the study's every count); the selective moves move one end: the full end a step down with the
+    other kept (one block from full to selective recompute), the other end a step down (one
+    selective block fewer), and their reverses.
 
     Args:
         knobs: Where to move from.
@@ -220,6 +257,8 @@ def neighbours(
         zero_stages: The ZeRO stages, ascending (empty: the stage does not move, as on one rank).
         low_precision: Whether blocks may move into or out of low precision.
         outer: Whether the outer parts may move into or out of low precision.
+        selective: Whether blocks may move into or out of selective recompute (a ``knobs`` with
+            selective blocks keeps them otherwise, shifted with the band).
 
     Returns:
         The neighbours, in that order, each once.
@@ -228,24 +267,48 @@ def neighbours(
         >>> here = Knobs(batch_size=8, micro_batch_size=2, checkpoint_blocks=1)
         >>> [k.describe() for k in neighbours(here, micro_batches=(1, 2, 4, 8), block_counts=(0, 1, 2), outer=False)]
         ['4x2 ckpt:1', '2x4', '2x4 bf16:1 ckpt:1', '1x8 ckpt:1', '2x4 ckpt:2']
+        >>> tables = {"micro_batches": (2,), "block_counts": (0, 1, 2), "low_precision": False}
+        >>> [k.describe() for k in neighbours(here, **tables, selective=True)]
+        ['2x4', '2x4 sel:1', '2x4 ckpt:2', '2x4 ckpt:1 sel:1']
     """
     up: list[dict[str, object]] = []  # moves that usually raise throughput
     down: list[dict[str, object]] = []  # their reverses, which lower the peak
-    for name, table, forward in (
-        ("micro_batch_size", micro_batches, 1),
-        ("checkpoint_blocks", block_counts, -1),
-        ("low_precision_blocks", block_counts if low_precision else (), 1),
-        ("outer_low_precision", (False, True) if outer and low_precision else (), 1),
-        ("zero_stage", zero_stages, -1),
-    ):
+
+    def along(name: str, table: Sequence[int] | tuple[bool, ...], forward: int) -> None:
         value = getattr(knobs, name)
         if value not in table:
-            continue
+            return
         i = list(table).index(value)
         for moves, j in ((up, i + forward), (down, i - forward)):
             if 0 <= j < len(table):
                 moves.append({name: table[j]})
+
+    along("micro_batch_size", micro_batches, 1)
+    _recompute_moves(knobs, list(block_counts), selective, up, down)
+    along("low_precision_blocks", block_counts if low_precision else (), 1)
+    along("outer_low_precision", (False, True) if outer and low_precision else (), 1)
+    along("zero_stage", zero_stages, -1)
     return [dataclasses.replace(knobs, **change) for change in up + down]  # type: ignore[arg-type]
+
+
+def _recompute_moves(
+    knobs: Knobs, table: list[int], selective: bool, up: list[dict[str, object]], down: list[dict[str, object]]
+) -> None:
+    """:func:`neighbours`' recompute moves: the band's two ends (the full count, and the full and
+    selective count together) as indices into ``table``, each move a pair of new indices."""
+    full, recomputed = knobs.checkpoint_blocks, knobs.checkpoint_blocks + knobs.selective_blocks
+    if full not in table or recomputed not in table:
+        return
+    i, j = table.index(full), table.index(recomputed)
+    fewer = [(i - 1, j - 1)]  # the band one step down: one recomputed count fewer
+    more = [(i + 1, j + 1)]
+    if selective:
+        fewer += [(i - 1, j), (i, j - 1)]  # a full block selective instead; one selective block fewer
+        more += [(i + 1, j), (i, j + 1)]  # a selective block full instead; one selective block more
+    for moves, pairs in ((up, fewer), (down, more)):
+        for a, b in pairs:
+            if 0 <= a <= b < len(table):
+                moves.append({"checkpoint_blocks": table[a], "selective_blocks": table[b] - table[a]})
 
 
 ACCUM_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -257,6 +320,14 @@ ZERO_STAGES = 4
 @dataclass(frozen=True, kw_only=True)
 class KnobLevels:
     """Indices into the level tables, plus the ZeRO stage.
+
+    ``checkpoint`` is the level of the blocks recomputed whole, and ``selective`` that of the
+    ones recomputed selectively after them (:attr:`Knobs.selective_blocks`): together at most
+    all of the blocks (``checkpoint + selective <= 4``), the first ``round((c + s)/4 L)`` blocks
+    recomputed at all. ``selective`` is outside the environments' action space and observation
+    (the shipped policy's): no action of the policy moves it, and where it is not 0 the policy
+    sees the configuration as its ``checkpoint`` level; the climb that ends a ``tune`` episode
+    moves it (:func:`apply_action`'s sixth entry).
 
     Example:
         >>> from autotune.envs import KnobLevels
@@ -270,6 +341,7 @@ class KnobLevels:
     precision: int = 0
     checkpoint: int = 0
     zero_stage: int = 0
+    selective: int = 0
 
     def __post_init__(self) -> None:
         for name, n in (
@@ -278,10 +350,16 @@ class KnobLevels:
             ("precision", FRACTION_LEVELS),
             ("checkpoint", FRACTION_LEVELS),
             ("zero_stage", ZERO_STAGES),
+            ("selective", FRACTION_LEVELS),
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or not 0 <= value < n:
                 raise ConfigError(f"KnobLevels.{name} must be an int in [0, {n - 1}], but got {value!r}.")
+        if self.checkpoint + self.selective > FRACTION_LEVELS - 1:
+            raise ConfigError(
+                f"KnobLevels.checkpoint + selective must be <= {FRACTION_LEVELS - 1}, but got "
+                f"{self.checkpoint} + {self.selective}."
+            )
 
     @property
     def accum_steps(self) -> int:
@@ -319,6 +397,8 @@ class KnobLevels:
             low_precision=reduced,
             low_precision_blocks=level_blocks(self.precision, num_blocks),
             checkpoint_blocks=level_blocks(self.checkpoint, num_blocks),
+            selective_blocks=level_blocks(self.checkpoint + self.selective, num_blocks)
+            - level_blocks(self.checkpoint, num_blocks),
         )
 
 
@@ -379,19 +459,25 @@ def level_counts(num_blocks: int) -> tuple[int, ...]:
 def levels_near(knobs: Knobs, near: KnobLevels, num_blocks: int) -> KnobLevels:
     """``knobs`` (one rank's split in the tables, counts that :func:`level_counts` reaches) as knob
     levels on a model of ``num_blocks`` blocks: where two levels cover the same count, the one
-    nearest ``near``'s; on one rank the ZeRO stage is ``near``'s (Knobs keep 0 there)."""
+    nearest ``near``'s; on one rank the ZeRO stage is ``near``'s (Knobs keep 0 there). The
+    selective level is the one whose band (:attr:`KnobLevels.selective`) ends at the full and
+    selective blocks together."""
 
-    def level(count: int, here: int) -> int:
-        matches = [lv for lv in range(FRACTION_LEVELS) if level_blocks(lv, num_blocks) == count]
+    def level(count: int, here: int, lowest: int = 0) -> int:
+        matches = [lv for lv in range(lowest, FRACTION_LEVELS) if level_blocks(lv, num_blocks) == count]
         assert matches, f"{count} blocks is no level's on {num_blocks} blocks"
         return min(matches, key=lambda lv: abs(lv - here))
 
+    checkpoint = level(knobs.checkpoint_blocks, near.checkpoint)
+    recomputed = knobs.checkpoint_blocks + knobs.selective_blocks
+    band = level(recomputed, near.checkpoint + near.selective, checkpoint) if knobs.selective_blocks else checkpoint
     return KnobLevels(
         accum=ACCUM_LEVELS.index(knobs.grad_accum_steps),
         micro=MICRO_LEVELS.index(knobs.micro_batch_size),
         precision=level(knobs.low_precision_blocks, near.precision),
-        checkpoint=level(knobs.checkpoint_blocks, near.checkpoint),
+        checkpoint=checkpoint,
         zero_stage=knobs.zero_stage if knobs.ranks > 1 else near.zero_stage,
+        selective=band - checkpoint,
     )
 
 
@@ -419,20 +505,53 @@ def levels_of(config: TrainConfig, num_blocks: int) -> KnobLevels | None:
     cannot express it: a split that is not in them (a micro-batch or accumulation that is not a
     power of two up to 128), or a reduced outer precision (the levels, what the environments and
     the policy step through, keep the outer parts fp32). Per-block settings count as the nearest
-    quarter of the blocks they cover."""
+    quarter of the blocks they cover: the wholly recomputed ones the ``checkpoint`` level, and
+    the recomputed ones together (selective too) the band that ends the ``selective`` level."""
     if config.micro_batch_size not in MICRO_LEVELS or config.grad_accum_steps not in ACCUM_LEVELS:
         return None
     if config.outer_precision != "fp32":
         return None
     quarters = FRACTION_LEVELS - 1
     low = sum(p != "fp32" for p in config.block_precisions(num_blocks))
-    ckpt = sum(config.block_checkpoints(num_blocks))
+    recompute = config.checkpoint_levels(num_blocks)
+    full = round(recompute.count("full") / num_blocks * quarters)
+    band = round((len(recompute) - recompute.count("none")) / num_blocks * quarters)
     return KnobLevels(
         accum=ACCUM_LEVELS.index(config.grad_accum_steps),
         micro=MICRO_LEVELS.index(config.micro_batch_size),
         precision=round(low / num_blocks * quarters),
-        checkpoint=round(ckpt / num_blocks * quarters),
+        checkpoint=full,
         zero_stage=config.zero_stage,
+        selective=band - full,
+    )
+
+
+def knobs_of_config(config: TrainConfig, num_blocks: int) -> Knobs:
+    """``config`` as Knobs on a model of ``num_blocks`` blocks: its split, ranks and ZeRO stage,
+    and its per-block settings as counts (blocks in its reduced precision, recomputed whole,
+    recomputed selectively; the outer parts in the reduced precision). The counts say how many,
+    not which: :meth:`Knobs.to_config` puts them on the hungriest blocks.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> config = TrainConfig(micro_batch_size=4, grad_accum_steps=2, checkpoint=(True, "selective", False))
+        >>> knobs_of_config(config, 3).describe()
+        '4x2 ckpt:1 sel:1'
+    """
+    precisions = config.block_precisions(num_blocks)
+    reduced = [p for p in precisions if p != "fp32"]
+    low: Precision = reduced[0] if reduced else config.outer_precision if config.outer_precision != "fp32" else "bf16"
+    levels = config.checkpoint_levels(num_blocks)
+    return Knobs(
+        batch_size=config.effective_batch_size,
+        micro_batch_size=config.micro_batch_size,
+        ranks=config.ranks,
+        zero_stage=config.zero_stage,
+        low_precision=low,
+        low_precision_blocks=len(reduced),
+        checkpoint_blocks=levels.count("full"),
+        selective_blocks=levels.count("selective"),
+        outer_low_precision=config.outer_precision != "fp32",
     )
 
 
@@ -474,7 +593,9 @@ def apply_action(
     min_batch: int = 1,
     min_micro: int = 1,
 ) -> KnobLevels:
-    """Apply a MultiDiscrete action ``(split, batch, precision, checkpoint, zero)``.
+    """Apply a MultiDiscrete action ``(split, batch, precision, checkpoint, zero)``, or that with a
+    sixth entry, ``selective``, outside the action space (the shipped policy never proposes it; the
+    climb that ends a ``tune`` episode does, :mod:`autotune.policies.climb`).
 
     ``split`` (0: fewer, larger micro-batches; 1: keep; 2: more, smaller ones) doubles one of
     micro-batch and accumulation and halves the other, so the effective batch never changes; a
@@ -483,9 +604,14 @@ def apply_action(
     ``batch`` (0: halve, 1: keep, 2: double) acts only with ``adapt_batch`` and never takes the
     effective batch (one rank's: the caller divides by the ranks) below ``min_batch``; it moves
     the accumulation first, so the micro-batch, and with it the activation memory, stays.
-    Precision and checkpoint are deltas clipped at the ends of their tables; the last entry is the
+    Precision and checkpoint are deltas clipped at the ends of their tables; the fifth entry is the
     ZeRO stage, mapped to ``min(stage, max_zero_stage)`` (0 when there is one rank or no ZeRO
-    runner). Every action is valid: no masking in the action space.
+    runner). ``selective`` (0: one selective level fewer, 1: keep, 2: one more) moves the level of
+    the blocks recomputed selectively after the wholly recomputed ones (:attr:`KnobLevels.selective`),
+    clipped where the two together cover every block; a checkpoint level up there turns a
+    selective quarter into a full one (the blocks recomputed at all stay). Without selective blocks
+    (every action of the policy) the checkpoint delta acts as it always did. Every action is
+    valid: no masking in the action space.
 
     Example:
         >>> from autotune.envs import KnobLevels, apply_action
@@ -494,7 +620,9 @@ def apply_action(
         >>> after.micro_batch_size, after.accum_steps, after.effective_batch_size
         (4, 4, 16)
     """
-    a_split, a_batch, a_prec, a_ckpt, a_zero = (int(x) for x in action)
+    a_split, a_batch, a_prec, a_ckpt, a_zero, *extra = (int(x) for x in action)
+    assert len(extra) <= 1, f"an action has 5 entries, or 6 with the selective move: {tuple(action)}"
+    a_sel = extra[0] if extra else 1
 
     def step(value: int, delta: int, n: int) -> int:
         return min(max(value + delta - 1, 0), n - 1)
@@ -518,10 +646,15 @@ def apply_action(
             accum -= 1
         elif MICRO_LEVELS[micro - 1] >= min_micro:
             micro -= 1
+    checkpoint = step(knobs.checkpoint, a_ckpt, FRACTION_LEVELS)
+    # The selective band after the full one: its level kept as the full one moves, clipped at the
+    # end of the blocks (a full level up at the end takes one of its quarters).
+    selective = min(step(knobs.selective, a_sel, FRACTION_LEVELS), FRACTION_LEVELS - 1 - checkpoint)
     return KnobLevels(
         accum=accum,
         micro=micro,
         precision=step(knobs.precision, a_prec, FRACTION_LEVELS),
-        checkpoint=step(knobs.checkpoint, a_ckpt, FRACTION_LEVELS),
+        checkpoint=checkpoint,
         zero_stage=min(a_zero, max_zero_stage),
+        selective=selective,
     )

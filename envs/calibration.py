@@ -17,7 +17,12 @@
   the memory model (:func:`autotune.predict_memory`, exact fake-tensor profile plus the runner's
   rules): a few hundred predictions from one profile, about a second. Profiles of synthetic
   models (domain randomization) have no table and fall back on the block-sum model of
-  ``costmodel.py``.
+  ``costmodel.py``;
+- the selective recompute level (``TrainConfig.checkpoint`` ``"selective"``) from the memory
+  model's selective runs: each block's bytes kept selectively per sample
+  (``BlockCost.selective_per_sample``) and the peak of every setting with selective blocks
+  (``selective_peak_table``); its time is modelled, not timed (``costmodel.py``). Profiles
+  written before the level have neither and read the same.
 
 ``autotune profile WORKLOAD`` runs it and writes the JSON the simulator loads (no pickle).
 """
@@ -60,6 +65,7 @@ __all__ = [
     "memory_table",
     "peak_table_index",
     "relative_nnls",
+    "selective_table_index",
     "save_profile",
 ]
 
@@ -86,6 +92,9 @@ class BlockCost:
     reduced_per_sample: float
     input_per_sample: float
     time_share: float  # this block's share of all blocks' forward time (fp32)
+    #: What it keeps recomputed selectively besides its input, per sample (fp32; the memory
+    #: model's selective runs): None in profiles written before the level.
+    selective_per_sample: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +138,11 @@ class WorkloadProfile:
     #: Why the model cannot run in ``reduced`` precision on this machine (None: it can). Then the
     #: reduced figures are fp32's and every setting with a reduced block is infeasible.
     reduced_failure: str | None = None
+    #: Predicted peak bytes of every setting with selective blocks: index with
+    #: :func:`selective_table_index`; None in profiles written before the level.
+    selective_peak_table: tuple[int, ...] | None = None
+    #: A selective block's recompute time over a whole block's (None: ``costmodel.SELECTIVE_FRACTION``).
+    selective_fraction: float | None = None
 
     @property
     def model_state_bytes(self) -> int:
@@ -146,8 +160,9 @@ class WorkloadProfile:
         d["blocks"] = tuple(BlockCost(**b) for b in d["blocks"])
         for key in ("curve_samples", "curve_loss", "curve_b_noise"):
             d[key] = tuple(d[key])
-        if d.get("peak_table") is not None:
-            d["peak_table"] = tuple(int(x) for x in d["peak_table"])
+        for key in ("peak_table", "selective_peak_table"):
+            if d.get(key) is not None:
+                d[key] = tuple(int(x) for x in d[key])
         if d.get("version", 1) > PROFILE_VERSION:
             raise ConfigError(f"profile version must be <= {PROFILE_VERSION}, but got {d['version']}.")
         d["version"] = PROFILE_VERSION  # version 1 only lacks the (optional) peak table
@@ -192,11 +207,15 @@ def calibrate(
     curve_steps: int = 60,
     timing_rounds: int = 8,
     progress: Progress | None = None,
+    selective: bool = True,
 ) -> WorkloadProfile:
     """Measure ``workload`` on this machine (tens of seconds for the built-in workloads).
 
     ``timing_rounds``: interleaved steps per timed configuration (their median is used); fewer
     is faster and noisier (gpt-tiny, 1 thread: 8 rounds took 21 s of a 45 s calibration).
+    ``selective=False`` leaves the selective recompute level out of the memory table (two fake
+    runs per mode and 800 predictions fewer): for a profile only the shipped policy acts on, which
+    never moves the level.
 
     Example:
         >>> from autotune import load_workload
@@ -257,7 +276,11 @@ def calibrate(
     samples, losses, noise = _curves(workload, b0, curve_steps)
     _check_finite(workload, "loss", {f"step {i} of the loss curve": v for i, v in enumerate(losses)})
     say("peak memory of every knob setting (memory model)")
-    table = memory_table(workload, reduced=reduced, reduced_runs=failure is None)
+    table, selective_table, selective_bytes = memory_table(
+        workload, reduced=reduced, reduced_runs=failure is None, selective=selective
+    )
+    if selective:
+        blocks = [dataclasses.replace(b, selective_per_sample=x) for b, x in zip(blocks, selective_bytes, strict=True)]
     return WorkloadProfile(
         version=PROFILE_VERSION,
         workload=workload.source or workload.name,
@@ -283,6 +306,7 @@ def calibrate(
         peak_table=table,
         default_peak_bytes=default.memory.total,
         reduced_failure=failure,
+        selective_peak_table=selective_table if selective else None,
     )
 
 
@@ -295,24 +319,56 @@ def peak_table_index(levels: KnobLevels) -> int:
     )
 
 
-def memory_table(workload: Workload, *, reduced: Precision = "bf16", reduced_runs: bool = True) -> tuple[int, ...]:
+def selective_table_index(levels: KnobLevels) -> int:
+    """Where ``levels`` (with a selective level) sits in ``WorkloadProfile.selective_peak_table``:
+    micro-batch, precision, the checkpoint and selective levels (each pair with ``checkpoint +
+    selective <= 4`` and ``selective >= 1``, in order), and whether gradients accumulate."""
+    assert levels.selective > 0, "a setting without selective blocks is in peak_table"
+    pair = _SELECTIVE_PAIRS.index((levels.checkpoint, levels.selective))
+    return ((levels.micro * FRACTION_LEVELS + levels.precision) * len(_SELECTIVE_PAIRS) + pair) * 2 + (levels.accum > 0)
+
+
+#: The (checkpoint, selective) level pairs with a selective band: ten.
+_SELECTIVE_PAIRS = tuple(
+    (c, s) for c in range(FRACTION_LEVELS) for s in range(1, FRACTION_LEVELS) if c + s <= FRACTION_LEVELS - 1
+)
+
+
+def memory_table(
+    workload: Workload, *, reduced: Precision = "bf16", reduced_runs: bool = True, selective: bool = True
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
     """Predicted peak bytes of every knob setting the environments reach, in ``peak_table_index``
-    order, with blocks ranked as ``TrainingEnv`` ranks them. ``reduced_runs=False`` (the model
-    cannot run in ``reduced`` here): settings with a reduced block get :data:`INFEASIBLE_PEAK`."""
+    order, with blocks ranked as ``TrainingEnv`` ranks them; the same of every setting with
+    selective blocks, in ``selective_table_index`` order; and each block's bytes kept selectively
+    per sample (besides its input). ``reduced_runs=False`` (the model cannot run in ``reduced``
+    here): settings with a reduced block get :data:`INFEASIBLE_PEAK`. The selective runs are two
+    more fake runs per mode, and the selective table 800 more predictions from the profile:
+    ``selective=False`` leaves them out (the second and third parts then empty)."""
     ranking = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch).ranked()
     # No check step: calibrate() measures the default configuration for real anyway.
-    profile = profile_memory(workload, modes=("fp32", reduced) if reduced_runs else ("fp32",), verify=False)
+    modes = ("fp32", reduced) if reduced_runs else ("fp32",)
+    profile = profile_memory(workload, modes=modes, selective=selective, verify=False)
     table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)
-    for micro, precision, checkpoint, accum in itertools.product(
-        range(len(MICRO_LEVELS)), range(FRACTION_LEVELS), range(FRACTION_LEVELS), (0, 1)
+    banded = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * len(_SELECTIVE_PAIRS) * 2)
+    pairs = [(c, 0) for c in range(FRACTION_LEVELS)] + (list(_SELECTIVE_PAIRS) if selective else [])
+    for micro, precision, (checkpoint, sel), accum in itertools.product(
+        range(len(MICRO_LEVELS)), range(FRACTION_LEVELS), pairs, (0, 1)
     ):
-        levels = KnobLevels(micro=micro, precision=precision, checkpoint=checkpoint, accum=accum)
+        levels = KnobLevels(micro=micro, precision=precision, checkpoint=checkpoint, accum=accum, selective=sel)
+        into, index = (banded, selective_table_index(levels)) if sel else (table, peak_table_index(levels))
         if precision > 0 and not reduced_runs:
-            table[peak_table_index(levels)] = INFEASIBLE_PEAK
+            into[index] = INFEASIBLE_PEAK
             continue
         config = knobs_to_config(levels, ranking, reduced=reduced)
-        table[peak_table_index(levels)] = predict_memory(workload, config, profile=profile).total
-    return tuple(table)
+        into[index] = predict_memory(workload, config, profile=profile).total
+    if not selective:
+        return tuple(table), (), ()
+    small, large = profile.micro_batch_sizes
+    saves = profile.modes["fp32"].blocks
+    per_sample = tuple(
+        max(b - a, 0) / (large - small) for a, b in zip(saves[0].selective, saves[1].selective, strict=True)
+    )
+    return tuple(table), tuple(banded), per_sample
 
 
 def _block_bytes(workload: Workload, reduced: Precision, b1: int, b2: int) -> tuple[list[BlockCost], str | None]:

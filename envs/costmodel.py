@@ -1,13 +1,26 @@
 """Cost model of one training step from a calibrated WorkloadProfile: time and peak memory.
 
 Per micro-batch of b samples, with L blocks, block i of time share s_i, in reduced precision
-(set R) or recomputed (set C), phi the blocks' share of a micro-batch's time:
+(set R), recomputed whole (set C) or selectively (set S), phi the blocks' share of a
+micro-batch's time:
 
-    t_micro = (t_mf + b * t_ps) * ((1 - phi) + phi * sum_i s_i * x_i * (1 + rho * [i in C]))
+    t_micro = (t_mf + b * t_ps) * ((1 - phi) + phi * sum_i s_i * x_i * (1 + rho * [i in C] + sigma * rho * [i in S]))
     x_i     = slowdown if i in R else 1
     t_step  = t_fixed + k * t_micro
 
-    kept_i = b * in_i if i in C else f_i(R) + b * a_i(R)      (what block i saves)
+    kept_i = b * in_i if i in C
+             b * (in_i + sel_i) if i in S                        (its input and its matmul outputs)
+             f_i(R) + b * a_i(R) otherwise                      (what block i saves)
+
+A selective block recomputes only what is not matmul-like (norms, activations, dropout, residual
+sums: a few operations per element), so its recompute costs a fraction sigma of a whole block's
+(``WorkloadProfile.selective_fraction``, default :data:`SELECTIVE_FRACTION`): not calibrated
+from timed steps, because those ops' share of a block's time depends on the machine and the model
+far less than the time of the matmuls does, and a calibration runs no selective step. Its
+memory, ``sel_i`` per sample (``BlockCost.selective_per_sample``), comes from the memory model's
+selective runs; a profile written before them has none, and a selective block then counts as
+keeping what it would without recompute (its peak never below none's: the simulator never
+prefers a level it cannot see).
     start  = b * a_other + sum_i kept_i + b * temp (+ grads with accumulation)
     sweep  = max_j sum_{i<j} kept_i + full_j + grads_{>=j}    (backward, last block first)
     peak   = params + optimizer_state + max(start, sweep, grads)
@@ -45,13 +58,14 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
-from autotune.envs.calibration import WorkloadProfile, peak_table_index
+from autotune.envs.calibration import WorkloadProfile, peak_table_index, selective_table_index
 
 from autotune.knobs import ACCUM_LEVELS, FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, blocks_at_level
 from autotune.measurement.objective import per_gib
 
 __all__ = [
     "CPU_ZERO_OVERHEAD",
+    "SELECTIVE_FRACTION",
     "StepCost",
     "ranked_settings",
     "step_cost",
@@ -72,6 +86,12 @@ def ranking(profile: WorkloadProfile) -> tuple[int, ...]:
     """Blocks, hungriest (fp32 bytes per sample) first; the same order ``profile_blocks`` ranks."""
     return tuple(sorted(range(len(profile.blocks)), key=lambda i: (-profile.blocks[i].fp32_per_sample, i)))
 
+
+#: A selective block's recompute time over a whole block's (see the module docstring): the
+#: elementwise operations' share of a block's forward, a quarter on the GPT-style blocks (their
+#: matmuls and attention hold most of the time; Korthikanti et al. 2022 measured recomputing the
+#: attention's elementwise part alone at under a tenth of full recompute's overhead).
+SELECTIVE_FRACTION = 0.25
 
 #: Stage-3 step overhead on this machine's CPU ranks (see the module docstring).
 CPU_ZERO_OVERHEAD = 2.4
@@ -105,15 +125,18 @@ def step_seconds(
     accum_steps: int,
     reduced: Collection[int],
     recomputed: Collection[int],
+    selective: Collection[int] = (),
 ) -> float:
     """Seconds of one optimizer step on one rank: ``t_step`` of the module docstring, with the
-    blocks (indices in forward order) in reduced precision and recomputed given explicitly, so any
-    configuration (a study's trial, not only the environments' quarter levels) can be timed."""
+    blocks (indices in forward order) in reduced precision, recomputed whole and recomputed
+    selectively given explicitly, so any configuration (a study's trial, not only the
+    environments' quarter levels) can be timed."""
     b, k = micro_batch_size, accum_steps
+    sigma = SELECTIVE_FRACTION if p.selective_fraction is None else p.selective_fraction
     block_time = sum(
         blk.time_share
         * (p.reduced_slowdown if i in reduced else 1.0)
-        * (1.0 + p.recompute_fraction * (i in recomputed))
+        * (1.0 + p.recompute_fraction * ((i in recomputed) + sigma * (i in selective)))
         for i, blk in enumerate(p.blocks)
     )
     t_micro = (p.micro_fixed_seconds + b * p.micro_seconds_per_sample) * (
@@ -126,14 +149,23 @@ def _local_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
     order = ranking(p)
     low = blocks_at_level(knobs.precision, order)
     ckpt = blocks_at_level(knobs.checkpoint, order)
+    sel = blocks_at_level(knobs.checkpoint + knobs.selective, order) - ckpt
     b, k = knobs.micro_batch_size, knobs.accum_steps
-    seconds = step_seconds(p, micro_batch_size=b, accum_steps=k, reduced=low, recomputed=ckpt)
+    seconds = step_seconds(p, micro_batch_size=b, accum_steps=k, reduced=low, recomputed=ckpt, selective=sel)
 
     def full(i: int) -> float:
         blk = p.blocks[i]
         return blk.reduced_fixed + b * blk.reduced_per_sample if i in low else blk.fp32_fixed + b * blk.fp32_per_sample
 
-    kept = [b * blk.input_per_sample if i in ckpt else full(i) for i, blk in enumerate(p.blocks)]
+    def kept_by(i: int) -> float:
+        blk = p.blocks[i]
+        if i in ckpt:
+            return b * blk.input_per_sample
+        if i in sel and blk.selective_per_sample is not None:
+            return min(b * (blk.input_per_sample + blk.selective_per_sample), full(i))
+        return full(i)
+
+    kept = [kept_by(i) for i in range(len(p.blocks))]
     grads, n = float(p.gradients_bytes), len(p.blocks)
     # End of forward / start of backward: everything saved, plus the head's gradient temporaries.
     peak_act = b * p.other_activation_per_sample + sum(kept) + b * p.temporaries_per_sample
@@ -147,8 +179,13 @@ def _local_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
         g = grads if k > 1 else grads * (n - j) / n
         peak_act = max(peak_act, below + full(j) + g)
     peak = p.parameters_bytes + p.optimizer_state_bytes + max(peak_act, grads)
-    if p.peak_table is not None:
+    if p.peak_table is not None and not sel:
         peak = p.peak_table[peak_table_index(knobs)]
+    elif p.peak_table is not None and p.selective_peak_table is not None:
+        peak = p.selective_peak_table[selective_table_index(knobs)]
+    elif p.peak_table is not None:
+        # No selective figures: the selective blocks' peak as if they were not recomputed (a bound).
+        peak = p.peak_table[peak_table_index(dataclasses.replace(knobs, selective=0))]
     return StepCost(seconds=seconds, peak_bytes=int(peak))
 
 

@@ -20,6 +20,12 @@ the incumbent tried, the climb goes on from the next best step's. The climb acts
 environment's action space, as the policy does, so the episode's rewards, records and re-timing
 are the same for its steps.
 
+The climb also moves the selective recompute level (:attr:`~autotune.knobs.KnobLevels.selective`),
+which is outside the action space the shipped policy was trained on: its actions toward such a
+neighbour carry a sixth entry (:func:`~autotune.knobs.apply_action`), which the environments
+apply as they apply the policy's five. The pretrained policy itself never proposes the level
+(it would take a larger action space, and retraining).
+
 A move to more reduced-precision blocks is not the climb's where the environment measured a
 reduced-precision step at :data:`~autotune.search.precisions.DOMINATED_SLOWDOWN` times the fp32
 step or more at reset (the study's rule for leaving a precision out of its space): such a move
@@ -49,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Climb", "level_neighbours", "settled"]
 
-_FIELDS = ("accum", "micro", "precision", "checkpoint", "zero_stage")
+_FIELDS = ("accum", "micro", "precision", "checkpoint", "zero_stage", "selective")
 
 
 def _distance(a: KnobLevels, b: KnobLevels) -> int:
@@ -57,7 +63,7 @@ def _distance(a: KnobLevels, b: KnobLevels) -> int:
 
 
 def level_neighbours(
-    levels: KnobLevels, *, num_blocks: int, ranks: int = 1, max_zero_stage: int = 0
+    levels: KnobLevels, *, num_blocks: int, ranks: int = 1, max_zero_stage: int = 0, selective: bool = False
 ) -> list[KnobLevels]:
     """The knob levels one knob one level away from ``levels`` at the same effective batch:
     :func:`autotune.knobs.neighbours` through the level tables (their power-of-two splits,
@@ -71,6 +77,9 @@ def level_neighbours(
         num_blocks: The model's blocks.
         ranks: The run's ranks (the ZeRO stage moves only on more than one).
         max_zero_stage: The highest ZeRO stage a move may reach.
+        selective: Whether the selective recompute level moves too; its moves come after every
+            other (the climb's: its few steps go where they went before the level existed until
+            those are tried).
 
     Returns:
         The neighbours, each once.
@@ -83,7 +92,10 @@ def level_neighbours(
         block_counts=level_counts(num_blocks),
         zero_stages=range(max_zero_stage + 1) if ranks > 1 else (),
         outer=False,
+        selective=selective,
     )
+    here = levels.knobs(num_blocks, ranks=ranks).selective_blocks
+    around.sort(key=lambda k: k.selective_blocks != here)  # stable: each part in its order
     return [levels_near(k, levels, num_blocks) for k in around]
 
 
@@ -123,10 +135,18 @@ class Climb:
         (:func:`autotune.knobs.neighbours` through the environment's tables: its power-of-two
         splits, quarters of the blocks, its ZeRO stages on ranks; the outer parts stay fp32), in its
         order: a larger micro-batch, one recompute level less, one reduced-precision level more,
-        one ZeRO stage lower; then the reverses. Where two levels cover the same count of blocks
-        (a model of fewer than four), the move goes to the next count."""
+        one ZeRO stage lower; then the reverses; then the moves of the selective level in the same
+        order (a full level selective instead, one selective level less, and their reverses). The
+        selective moves come last so that the climb's few steps go where they went before the
+        level existed until those are tried: adding the level never takes a step from them. Where
+        two levels cover the same count of blocks (a model of fewer than four), the move goes to
+        the next count."""
         return level_neighbours(
-            levels, num_blocks=self.env.num_blocks, ranks=self.env.ranks, max_zero_stage=self.env.max_zero_stage
+            levels,
+            num_blocks=self.env.num_blocks,
+            ranks=self.env.ranks,
+            max_zero_stage=self.env.max_zero_stage,
+            selective=True,
         )
 
     def stepped(self, levels: KnobLevels) -> None:
@@ -162,14 +182,16 @@ class Climb:
 
     def _toward(self, current: KnobLevels, target: KnobLevels) -> tuple[int, ...] | None:
         """The action whose knobs come nearest ``target``, touching the fewest knobs (None if none
-        comes nearer than here). Every action of the space is tried: 324, no training."""
+        comes nearer than here). Every action of the space is tried, each with the sixth entry's
+        three selective moves: 972, no training. An action that keeps the selective level is the
+        policy's five entries."""
         nvec = [int(n) for n in self.env.action_space.nvec]  # type: ignore[attr-defined]
-        keep = (1, 1, 1, 1, current.zero_stage)
+        keep = (1, 1, 1, 1, current.zero_stage, 1)
         distance, _, action = min(
             (_distance(self.env.next_levels(a), target), sum(x != k for x, k in zip(a, keep, strict=True)), a)
-            for a in itertools.product(*(range(n) for n in nvec))
+            for a in itertools.product(*(range(n) for n in nvec), range(3))
         )
-        return action if distance < _distance(current, target) else None
+        return (action[:5] if action[5] == 1 else action) if distance < _distance(current, target) else None
 
 
 def settled(env: TuningEnv, action: Sequence[int]) -> bool:

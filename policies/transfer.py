@@ -36,7 +36,8 @@ def profile_for_tuning(workload: Workload, *, curve_steps: int = 12, timing_roun
     configurations and the memory table. Raises :class:`ProposalError` before any real step where
     the calibration would not fit where it runs."""
     _check_room(workload)
-    return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds)
+    # The shipped policy never moves the selective level: its memory table is left out (cost).
+    return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds, selective=False)
 
 
 def fine_tune(

@@ -10,7 +10,17 @@ import pytest
 
 from autotune import ConfigError, Knobs, TrainConfig
 from autotune.errors import SpecError, WorkloadError
-from autotune.knobs import KnobLevels, check_min_micro_batch, knobs_to_config, level_counts, levels_near, neighbours
+from autotune.knobs import (
+    KnobLevels,
+    apply_action,
+    check_min_micro_batch,
+    knobs_of_config,
+    knobs_to_config,
+    level_counts,
+    levels_near,
+    levels_of,
+    neighbours,
+)
 from autotune.search.space import SearchSpace
 
 RANKING = (2, 0, 3, 1)  # block 2 saves the most activation bytes, block 1 the least
@@ -188,3 +198,61 @@ def test_levels_near_picks_the_level_nearest_where_two_cover_the_same_count() ->
         checkpoint=3,
         zero_stage=2,  # one rank: the stage is the levels' own
     )
+
+
+def test_selective_blocks_follow_the_wholly_recomputed_ones_and_round_trip_through_a_config() -> None:
+    knobs = Knobs(batch_size=8, micro_batch_size=2, checkpoint_blocks=1, selective_blocks=2, low_precision_blocks=1)
+    assert knobs.describe() == "2x4 bf16:1 ckpt:1 sel:2"
+    config = knobs.to_config([3, 1, 0, 2])  # block 3 hungriest: full; blocks 1 and 0 selective
+    assert config.checkpoint == ("selective", "selective", False, True)
+    assert config.precision == ("fp32", "fp32", "fp32", "bf16")
+    assert knobs_of_config(config, 4) == knobs
+    every = Knobs(batch_size=8, micro_batch_size=8, selective_blocks=4).to_config([0, 1, 2, 3])
+    assert every.checkpoint == "selective"  # uniform: one value
+    assert knobs_of_config(every, 4) == Knobs(batch_size=8, micro_batch_size=8, selective_blocks=4)
+
+
+def test_more_recomputed_blocks_than_the_model_has_is_refused_with_both_counts() -> None:
+    knobs = Knobs(batch_size=8, micro_batch_size=8, checkpoint_blocks=3, selective_blocks=2)
+    message = "Knobs.checkpoint_blocks + selective_blocks must be <= the 4 blocks of the model, but got 3 + 2."
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        knobs.to_config([0, 1, 2, 3])
+    with pytest.raises(ConfigError, match=r"^Knobs\.selective_blocks must be an int >= 0, but got -1\.$"):
+        Knobs(batch_size=8, micro_batch_size=8, selective_blocks=-1)
+
+
+def test_the_neighbours_move_the_selective_level_when_asked() -> None:
+    tables = {"micro_batches": (2,), "block_counts": (0, 1, 2, 3), "low_precision": False}
+    here = _k(2, 0, 1, selective_blocks=1)  # block 0 full, block 1 selective, of 3
+    assert neighbours(here, **tables, selective=True) == [  # type: ignore[arg-type]
+        _k(2, 0, 0, selective_blocks=1),  # the band one count down: one recomputed count fewer
+        _k(2, 0, 0, selective_blocks=2),  # the full block selective instead
+        _k(2, 0, 1),  # one selective block fewer
+        _k(2, 0, 2, selective_blocks=1),  # then the reverses: the band one count up
+        _k(2, 0, 2),  # the selective block full instead
+        _k(2, 0, 1, selective_blocks=2),  # one selective block more
+    ]
+    # Without the level a selective block stays one: it moves with the band only.
+    assert neighbours(here, **tables) == [_k(2, 0, 0, selective_blocks=1), _k(2, 0, 2, selective_blocks=1)]  # type: ignore[arg-type]
+    # With none selective, the moves are the same as before the level, plus its two.
+    plain = neighbours(_k(2, 0, 1), **tables, selective=True)  # type: ignore[arg-type]
+    assert plain == [_k(2, 0, 0), _k(2, 0, 0, selective_blocks=1), _k(2, 0, 2), _k(2, 0, 1, selective_blocks=1)]
+
+
+def test_knob_levels_carry_the_selective_band_outside_the_action_space() -> None:
+    levels = KnobLevels(micro=1, accum=2, checkpoint=1, selective=2)
+    assert levels.knobs(8).checkpoint_blocks == 2 and levels.knobs(8).selective_blocks == 4
+    config = knobs_to_config(levels, ranking=tuple(range(8)))
+    assert config.checkpoint == (True, True, "selective", "selective", "selective", "selective", False, False)
+    assert levels_of(config, 8) == levels
+    assert levels_near(levels.knobs(8), KnobLevels(micro=1, accum=2), 8) == levels
+    message = "KnobLevels.checkpoint + selective must be <= 4, but got 3 + 2."
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        KnobLevels(checkpoint=3, selective=2)
+    # The policy's five entries keep the band; a sixth moves it; a full level up at the end takes
+    # one of its quarters.
+    assert apply_action(levels, (1, 1, 1, 1, 0), max_zero_stage=0) == levels
+    assert apply_action(levels, (1, 1, 1, 1, 0, 2), max_zero_stage=0).selective == 3
+    assert apply_action(levels, (1, 1, 1, 1, 0, 0), max_zero_stage=0).selective == 1
+    moved = apply_action(KnobLevels(checkpoint=1, selective=3), (1, 1, 1, 2, 0), max_zero_stage=0)
+    assert (moved.checkpoint, moved.selective) == (2, 2)

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from autotune.procs.session import RankSession
 
 
-__all__ = ["Adaptive", "decision_source"]
+__all__ = ["Adaptive", "decision_source", "selective_in_play"]
 
 PolicyArg = str | Path | TrainConfig | DecisionSource | None
 _NO_LOCAL_MODEL = (
@@ -96,6 +96,43 @@ def decision_source(policy: PolicyArg) -> DecisionSource | None:
         "policy must be 'pretrained', a policy directory, a TrainConfig, a DecisionSource or None, "
         f"but got {type(policy).__name__}."
     )
+
+
+def selective_in_play(source: DecisionSource | None, default: TrainConfig, num_blocks: int) -> bool:
+    """Whether a run may train a selectively recomputed block, so that its budget gate's memory
+    profile must hold the selective runs (two more fake runs per mode; without them a selective
+    configuration has no prediction and is measured before it counts).
+
+    Args:
+        source: The run's decision source (None: it stays on ``default``).
+        default: The run's own configuration.
+        num_blocks: The model's blocks.
+
+    Returns:
+        True where ``default`` has a selective block, where ``source`` is a fixed configuration
+        with one, and for a source of the user's own (it may propose anything); False for the
+        policy, which does not move the level.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> from autotune.adapt import decision_source
+        >>> plain = TrainConfig(micro_batch_size=4)
+        >>> selective_in_play(decision_source(plain), plain, 2)
+        False
+        >>> selective_in_play(decision_source(TrainConfig(micro_batch_size=4, checkpoint="selective")), plain, 2)
+        True
+    """
+    if "selective" in default.checkpoint_levels(num_blocks):
+        return True
+    if source is None:
+        return False
+    if isinstance(source, FixedConfig):
+        return "selective" in source.config.checkpoint_levels(num_blocks)
+    from autotune.adapt.policy_source import PolicySource
+
+    # The pretrained policy's action space has no selective level, and its neighbour moves leave
+    # it where it is: its run would pay for the selective runs without using them.
+    return not isinstance(source, PolicySource)
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -425,8 +462,11 @@ class Adaptive:
         self._device_type = device_type
         budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
         reduced = self.source is not None  # only a decision source proposes bf16 blocks
-        self.gate = BudgetGate.build(workload, budget, default, reduced_precision=reduced, device_type=device_type)
-        self.guard = ShapeGuard(workload, self.gate, reduced_precision=reduced)  # for step(batch)
+        selective = selective_in_play(self.source, default, len(workload.block_names()))
+        self.gate = BudgetGate.build(
+            workload, budget, default, reduced_precision=reduced, device_type=device_type, selective=selective
+        )
+        self.guard = ShapeGuard(workload, self.gate, reduced_precision=reduced, selective=selective)  # step(batch)
         # The local loop switches configuration in ~1 ms: a proposal is measured side by side there.
         self._hooks = _LoopHooks(paired=paired)
         self.controller = Controller(

@@ -52,10 +52,15 @@ class ShapeGuard:
         workload: The run's workload (its model is profiled, never trained, here).
         gate: The run's budget gate; a longer batch replaces its profile.
         reduced_precision: Whether the gate's profile holds bf16 blocks (a decision source's run).
+        selective: Whether it holds the selective recompute runs
+            (:func:`autotune.adapt.adaptive.selective_in_play`).
     """
 
-    def __init__(self, workload: Workload, gate: BudgetGate, *, reduced_precision: bool) -> None:
+    def __init__(
+        self, workload: Workload, gate: BudgetGate, *, reduced_precision: bool, selective: bool = False
+    ) -> None:
         self.workload, self.gate, self.reduced_precision = workload, gate, reduced_precision
+        self.selective = selective  # the gate's profile holds the selective runs: so must a new one
         self.largest: int | None = None  # bytes per sample the gate's profile covers (found lazily)
         self.batch: Any = None  # the batch at that shape (host copies), once one outgrew the worst case
 
@@ -115,7 +120,11 @@ class ShapeGuard:
         self.batch = map_tensors(lambda t: t.detach().cpu(), batch)
         at_shape = dataclasses.replace(self.workload, worst_case_batch=self.batch)
         profile, why = profile_or_reason(
-            at_shape, reduced_precision=self.reduced_precision, device_type=self.gate.device_type, stacklevel=4
+            at_shape,
+            reduced_precision=self.reduced_precision,
+            device_type=self.gate.device_type,
+            stacklevel=4,
+            selective=self.selective,
         )
         self.gate.replace_profile(profile, unprofiled=why)
 

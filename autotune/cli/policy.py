@@ -284,7 +284,7 @@ def _record(args: argparse.Namespace, budget: Any, episode: Any, workload: Any) 
     would open in ``--storage`` (created if absent)."""
     import sys
 
-    from autotune.knobs import Knobs
+    from autotune.knobs import knobs_of_config
     from autotune.search.spec import StudySpec
     from autotune.search.study import RunOptions, open_study, prepare, record_trial
 
@@ -292,13 +292,7 @@ def _record(args: argparse.Namespace, budget: Any, episode: Any, workload: Any) 
     if best is None:
         print(f"nothing recorded in {args.storage}: {episode.nothing_fits}", file=sys.stderr)
         return
-    c, n = best.config, len(workload.block_names())
-    knobs = Knobs(
-        batch_size=c.effective_batch_size,
-        micro_batch_size=c.micro_batch_size,
-        low_precision_blocks=sum(p != "fp32" for p in c.block_precisions(n)),
-        checkpoint_blocks=sum(c.block_checkpoints(n)),
-    )
+    knobs = knobs_of_config(best.config, len(workload.block_names()))  # its selective blocks kept
     # The study of the same objective: one of the other is refused (its recommendation means another thing).
     prepared = prepare(StudySpec(workload=args.workload, memory_budget=budget, objective=episode.objective))
     study = open_study(prepared, RunOptions(storage=args.storage))

@@ -56,6 +56,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-sizes", help="comma list: the effective batch becomes a knob, compared as goodput")
     p.add_argument("--precisions", help="comma list of precisions to try (default fp32,bf16)")
     p.add_argument("--ranks", help="comma list of data-parallel rank counts (> 1 needs the DeepSpeed runner)")
+    p.add_argument(
+        "--selective",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let the study recompute blocks selectively, the level between none and full (default: on, or "
+        "the spec's space.selective; off saves the memory model two fake runs per precision)",
+    )
     add_min_micro_batch_flag(p)
     p.add_argument("--steps", type=int, help="timed steps per trial (default 4)")
     p.add_argument("--warmup", type=int, help="warmup steps per trial (default 1)")
@@ -170,6 +177,8 @@ def _spec_from_args(args: argparse.Namespace) -> StudySpec:
         space["precisions"] = tuple(s.strip() for s in args.precisions.split(","))
     if args.ranks is not None:
         space["ranks"] = _ints(args.ranks, "--ranks")
+    if args.selective is not None:
+        space["selective"] = args.selective
     if min_micro_batch_of(args) is not None:
         space["min_micro_batch"] = args.min_micro_batch
     measure: dict[str, Any] = {

@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from autotune.adapt.adaptive import PolicyArg, decision_source
+from autotune.adapt.adaptive import PolicyArg, decision_source, selective_in_play
 from autotune.adapt.controller import Controller, check_saved_batch, check_saved_model, model_record
 from autotune.adapt.decider import Decider
 from autotune.adapt.records import Change
@@ -225,8 +225,14 @@ class FrameworkLoop:
         device = "cpu" if first is None else first.device.type
         self._device = None if first is None else first.device
         self.allocator = None if first is None else allocator_source(first.device)
+        selective = selective_in_play(self.source, default, len(workload.block_names()))
         gate = BudgetGate.build(
-            workload, self.budget, default, reduced_precision=self.source is not None, device_type=device
+            workload,
+            self.budget,
+            default,
+            reduced_precision=self.source is not None,
+            device_type=device,
+            selective=selective,
         )
         self._model, self._names = model, workload.block_names()
         self._model_id = model_record(workload)

@@ -99,9 +99,13 @@ def profile_or_reason(
     outer: Precision = "fp32",
     device_type: str = "cpu",
     stacklevel: int = 3,
+    selective: bool = False,
 ) -> tuple[MemoryProfile | None, str | None]:
     """:func:`memory_profile`, and why there is none: ``(profile, None)`` or ``(None, reason)``
-    (the :class:`PredictionError`'s message, also warned as a :class:`PredictionWarning`)."""
+    (the :class:`PredictionError`'s message, also warned as a :class:`PredictionWarning`).
+    ``selective``: with the runs of every block recomputed selectively (two more fake runs per
+    mode), where the run may move to a selective configuration; without them such a
+    configuration has no prediction and is measured before it counts."""
     from autotune.memory.predict import profile_memory
 
     modes: tuple[str, ...] = ("fp32",)
@@ -114,7 +118,7 @@ def profile_or_reason(
     # it costs minutes and tens of GB of host memory: there the device's own steps check it.
     verify = device_type == "cpu"
     try:
-        return profile_memory(workload, modes=modes, checkpointed=True, verify=verify), None
+        return profile_memory(workload, modes=modes, checkpointed=True, selective=selective, verify=verify), None
     except PredictionError as e:
         warnings.warn(PredictionWarning(f"{e}: only measured configurations will be admitted"), stacklevel=stacklevel)
         return None, str(e)
@@ -191,6 +195,7 @@ class BudgetGate:
         *,
         reduced_precision: bool,
         device_type: str = "cpu",
+        selective: bool = False,
     ) -> BudgetGate:
         """Profile ``workload`` and resolve ``budget`` into a gate.
 
@@ -201,6 +206,8 @@ class BudgetGate:
             default: The run's own configuration.
             reduced_precision: Whether the profile must cover bf16/fp16 blocks (only a decision
                 source proposes them).
+            selective: Whether the profile must cover selectively recomputed blocks (a decision
+                source may propose them: :func:`autotune.adapt.adaptive.selective_in_play`).
             device_type: ``"cpu"`` or ``"cuda"``.
 
         Returns:
@@ -218,6 +225,7 @@ class BudgetGate:
             outer=default.outer_precision,
             device_type=device_type,
             stacklevel=4,
+            selective=selective,
         )
         gate = cls(workload, 1, profile=profile, headroom=headroom_for(default), device_type=device_type)
         gate.unprofiled = why

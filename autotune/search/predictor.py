@@ -18,6 +18,11 @@ Cost: a prediction profiles the model under fake tensors, seconds per call, whic
 measuring a small model. When the memory model offers the pieces (``plan_of`` naming the
 profile modes a config needs, and ``predict_memory(..., profile=)``), one profile is made per
 study and reused, grown only when a config needs a mode it lacks; predictions are memoized.
+``selective=True`` (a study whose space recomputes blocks selectively) adds the runs with every
+block recomputed selectively to each mode from the first profile on: two more fake runs per
+mode (six instead of four), paid only where the space can produce a selective configuration;
+a selective configuration in another study (an enqueued one) grows the profile by them then,
+every mode profiled again.
 Its checks against real steps run where the study measures (``step``: the measuring child, on
 the study's device), never on the host for a GPU study, and stand for that device type only.
 
@@ -60,6 +65,7 @@ def load_memory_predictor(
     step: CheckStep | None = None,
     note: Callable[[str], None] | None = None,
     lazy: bool = False,
+    selective: bool = False,
 ) -> StudyPredictor | None:
     """``predict_memory`` from ``module`` as a memoized bytes-returning function, or None if absent.
 
@@ -72,6 +78,8 @@ def load_memory_predictor(
         note: Gets one line per profiling phase and check, with its seconds.
         lazy: Run no check step (where the workload's data is of one shape): the study's
             measured trials check the kinds instead (:meth:`StudyPredictor.trial_measured`).
+        selective: Profile the selective recompute level with every mode (the study's space
+            can produce it): two more fake runs per mode.
     """
     try:
         mod = importlib.import_module(module)
@@ -80,7 +88,9 @@ def load_memory_predictor(
     fn = getattr(mod, "predict_memory", None)
     if not callable(fn):
         return None
-    return StudyPredictor(fn, getattr(mod, "plan_of", None), device=device, step=step, note=note, lazy=lazy)
+    return StudyPredictor(
+        fn, getattr(mod, "plan_of", None), device=device, step=step, note=note, lazy=lazy, selective=selective
+    )
 
 
 class StudyPredictor:
@@ -96,8 +106,10 @@ class StudyPredictor:
         step: CheckStep | None,
         note: Callable[[str], None] | None,
         lazy: bool = False,
+        selective: bool = False,
     ) -> None:
         self.fn = fn
+        self.selective = selective
         self.device = device
         self.step = step
         self.note = note
@@ -164,12 +176,17 @@ class StudyPredictor:
         from autotune.memory.predict import profile_memory
 
         assert self.plan_of is not None
-        needed = set(self.plan_of(config, num_blocks=len(workload.block_names())).modes)
+        plan = self.plan_of(config, num_blocks=len(workload.block_names()))
+        needed = set(plan.modes)
         current = self.profiles.get(id(workload))
         have = set(current.modes) if current is not None else set()
+        # The selective runs: with every mode where the space can produce the level, else once a
+        # configuration needs them (every mode then profiled again with them).
+        held = current is not None and all(mode.selective is not None for mode in current.modes.values())
+        selective = self.selective or "selective" in plan.recompute or held
         if id(workload) in self.failures:
             raise self.failures[id(workload)]
-        if not needed <= have:
+        if not needed <= have or (selective and not held):
             modes = tuple(sorted(needed | have))
             lazy = self._lazy(workload)
             try:
@@ -178,6 +195,7 @@ class StudyPredictor:
                 grown = profile_memory(
                     workload,
                     modes=modes,
+                    selective=selective,
                     reuse=current,
                     verify=not lazy,
                     device=self.device,

@@ -277,8 +277,9 @@ class Refine:
         """The verified peaks of ``knobs`` with every block and with no block recomputed: where the
         fitted peak of a point between them may lie."""
         assert self.known_peak is not None
-        every = dataclasses.replace(knobs, checkpoint_blocks=self.space.num_blocks)
-        return self.known_peak(every), self.known_peak(dataclasses.replace(knobs, checkpoint_blocks=0))
+        every = dataclasses.replace(knobs, checkpoint_blocks=self.space.num_blocks, selective_blocks=0)
+        none = dataclasses.replace(knobs, checkpoint_blocks=0, selective_blocks=0)
+        return self.known_peak(every), self.known_peak(none)
 
     def _undominated(self, knobs: Knobs) -> Knobs:
         return knobs if self.known_peak is None else undominated(knobs, self.known_peak, self.space.num_blocks)

@@ -14,6 +14,13 @@ Where the space has a low precision, ``outer_low_precision`` (a categorical, Fal
 whether the parts outside the blocks run in it too. A study started before that parameter existed
 has trials without it: :meth:`SearchSpace.knobs_of` reads them back as its default (False: the
 outer parts in fp32, which is what they ran).
+
+Where the space recomputes selectively (``selective``, a study's unless its spec says
+``space.selective = false``), ``selective_blocks`` (an int in [0, L]) counts the blocks recomputed
+selectively after the ``checkpoint_blocks`` recomputed whole (:attr:`autotune.knobs.Knobs.selective_blocks`),
+at most the blocks left: a sampled value above them recomputes every one of those selectively (the
+parameter's range stays the same in every trial, which the samplers need). Trials of a study
+started before the parameter existed read back as 0, what they ran.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import PRECISIONS, Precision, TrainConfig
+from autotune.config import PRECISIONS, Checkpoint, Precision, TrainConfig
 from autotune.errors import SpecError
 from autotune.knobs import Knobs, check_min_micro_batch, neighbours, smallest_micro_batch
 from autotune.search.spec import BlockOverride
@@ -31,10 +38,12 @@ from autotune.search.spec import BlockOverride
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["OUTER_PARAM", "SearchSpace", "divisors"]
+__all__ = ["OUTER_PARAM", "SELECTIVE_PARAM", "SearchSpace", "divisors"]
 
 #: The trial parameter of :attr:`autotune.knobs.Knobs.outer_low_precision`.
 OUTER_PARAM = "outer_low_precision"
+#: The trial parameter of :attr:`autotune.knobs.Knobs.selective_blocks`.
+SELECTIVE_PARAM = "selective_blocks"
 
 
 def _precision(p: str) -> Precision:
@@ -62,6 +71,9 @@ class SearchSpace:
             (:attr:`autotune.Workload.micro_batch_floor`; None: the whole per-rank batch, no
             accumulation, for a model with BatchNorm).
         base: Config whose other fields (LR schedule, clipping, seed) every trial keeps.
+        selective: Whether blocks may be recomputed selectively (``selective_blocks``); off for a
+            space built by hand, on for a study's unless its spec turns it off
+            (:attr:`autotune.search.spec.SpaceSpec.selective`).
     """
 
     batch_sizes: tuple[int, ...]
@@ -73,6 +85,7 @@ class SearchSpace:
     max_micro_batch: int
     min_micro_batch: int | None = 1
     base: TrainConfig = field(default_factory=TrainConfig)
+    selective: bool = False
 
     def __post_init__(self) -> None:
         check_min_micro_batch(self.min_micro_batch, name="SearchSpace.min_micro_batch", error=SpecError)
@@ -120,25 +133,28 @@ class SearchSpace:
     def neighbours(self, knobs: Knobs) -> list[Knobs]:
         """The points one knob one step away from ``knobs`` in this space
         (:func:`autotune.knobs.neighbours` through its tables: its micro-batch choices, every count
-        of blocks, its ZeRO stages on ranks, the outer precision where it has a low precision)."""
+        of blocks, its ZeRO stages on ranks, the outer precision where it has a low precision, the
+        selective recompute level where it has it)."""
         return neighbours(
             knobs,
             micro_batches=self.micro_batch_choices(knobs.batch_size, knobs.ranks),
             block_counts=range(self.num_blocks + 1),
             zero_stages=self.zero_stages if knobs.ranks > 1 else (),
             low_precision=bool(self.low_precisions),
+            selective=self.selective,
         )
 
     def variants(self, knobs: Knobs) -> list[Knobs]:
         """Every point at ``knobs``' effective batch, ranks, ZeRO stage, reduced precision and outer
         precision: each
-        micro-batch, count of reduced-precision blocks and count of recomputed blocks."""
+        micro-batch, count of reduced-precision blocks and count of wholly recomputed blocks (the
+        selective ones kept, so the counts reach the blocks left)."""
         lows = range(self.num_blocks + 1) if self.low_precisions else range(1)
         return [
             dataclasses.replace(knobs, micro_batch_size=m, low_precision_blocks=n, checkpoint_blocks=c)
             for m in self.micro_batch_choices(knobs.batch_size, knobs.ranks)
             for n in lows
-            for c in range(self.num_blocks + 1)
+            for c in range(self.num_blocks + 1 - knobs.selective_blocks)
         ]
 
     # ---- trial <-> knobs <-> config ------------------------------------------------------------
@@ -165,6 +181,10 @@ class SearchSpace:
             n_low = trial.suggest_int("low_precision_blocks", 0, self.num_blocks)
             outer = trial.suggest_categorical(OUTER_PARAM, (False, True))
         n_ckpt = trial.suggest_int("checkpoint_blocks", 0, self.num_blocks)
+        n_sel = 0
+        if self.selective:
+            # One range in every trial (the samplers need it); at most the blocks left.
+            n_sel = min(trial.suggest_int(SELECTIVE_PARAM, 0, self.num_blocks), self.num_blocks - n_ckpt)
         return Knobs(
             batch_size=b,
             ranks=r,
@@ -173,12 +193,14 @@ class SearchSpace:
             low_precision=_precision(low),
             low_precision_blocks=n_low,
             checkpoint_blocks=n_ckpt,
+            selective_blocks=n_sel,
             outer_low_precision=bool(outer),
         )
 
     def knobs_of(self, params: Mapping[str, Any]) -> Knobs:
         """The point a trial's ``params`` stand for (what :meth:`suggest` read back), a parameter
-        this space added since the trial ran taking its default (``outer_low_precision``: False).
+        this space added since the trial ran taking its default (``outer_low_precision``: False;
+        ``selective_blocks``: 0).
 
         Raises:
             ValueError: ``params`` lack a parameter of this space that has no default (another space's).
@@ -188,10 +210,21 @@ class SearchSpace:
         filled = dict(params)
         if self.low_precisions:
             filled.setdefault(OUTER_PARAM, False)
+        if self.selective:
+            filled.setdefault(SELECTIVE_PARAM, 0)
         return self.suggest(optuna.trial.FixedTrial(filled))
 
     def params(self, knobs: Knobs) -> dict[str, Any]:
-        """The trial params that :meth:`suggest` reads back as ``knobs`` (for ``enqueue_trial``)."""
+        """The trial params that :meth:`suggest` reads back as ``knobs`` (for ``enqueue_trial``).
+
+        Raises:
+            SpecError: ``knobs`` recompute blocks selectively and this space does not.
+        """
+        if knobs.selective_blocks and not self.selective:
+            raise SpecError(
+                "this space recomputes no block selectively (space.selective = false), but got "
+                f"{knobs.selective_blocks} selective blocks ({knobs.describe()})."
+            )
         p: dict[str, Any] = {}
         if self.multi_batch:
             p["batch_size"] = knobs.batch_size
@@ -206,12 +239,15 @@ class SearchSpace:
             p["low_precision_blocks"] = knobs.low_precision_blocks
             p[OUTER_PARAM] = knobs.outer_low_precision
         p["checkpoint_blocks"] = knobs.checkpoint_blocks
+        if self.selective:
+            p[SELECTIVE_PARAM] = knobs.selective_blocks
         return p
 
     def config(self, knobs: Knobs) -> TrainConfig:
         """The TrainConfig a point stands for: the knobs' levels, then the spec's per-block pins."""
         low, ckpt = knobs.blocks(self.ranking)
-        precisions, checkpoints = list(low), list(ckpt)
+        precisions: list[Precision] = list(low)
+        checkpoints: list[Checkpoint] = list(ckpt)
         for i, o in self.overrides.items():
             if o.precision is not None:
                 precisions[i] = _precision(o.precision)

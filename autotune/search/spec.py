@@ -145,6 +145,10 @@ class SpaceSpec:
             allocator is configured once per process); ``autotune best`` says the exported
             configuration assumes it. On the CPU there is no caching allocator: it has no effect
             and the search space is the same either way.
+        selective: Whether the study may recompute blocks selectively (``selective_blocks``, the
+            level between none and full: ``TrainConfig.checkpoint`` ``"selective"``); ``false``
+            leaves the level out, and the memory model's profile without its two fake runs per
+            mode. A study stored before the option existed resumes with it on.
     """
 
     batch_size: int | None = None
@@ -155,6 +159,7 @@ class SpaceSpec:
     blocks: Mapping[int, BlockOverride] = field(default_factory=dict)
     expandable_segments: bool = False
     min_micro_batch: int | None = None
+    selective: bool = True
 
     def __post_init__(self) -> None:
         _tupled(self, "batch_sizes", "precisions", "ranks", "zero_stages")
@@ -162,6 +167,8 @@ class SpaceSpec:
             _check_int("space.min_micro_batch", self.min_micro_batch, low=1)
         if not isinstance(self.expandable_segments, bool):
             raise SpecError(f"space.expandable_segments must be true or false, but got {self.expandable_segments!r}.")
+        if not isinstance(self.selective, bool):
+            raise SpecError(f"space.selective must be true or false, but got {self.selective!r}.")
         if self.batch_size is not None:
             _check_int("space.batch_size", self.batch_size, low=1)
         if self.batch_sizes is not None:
@@ -274,6 +281,10 @@ def spec_to_dict(spec: StudySpec) -> dict[str, Any]:
         del data["space"]["expandable_segments"]
     if spec.space.min_micro_batch is None:
         del data["space"]["min_micro_batch"]  # the same: the workload's rule, as before the option
+    if spec.space.selective:
+        # On is the default: a study stored before the level existed resumes with it (its
+        # trials read back as no selective block, what they ran: ``SearchSpace.knobs_of``).
+        del data["space"]["selective"]
     if spec.objective == DEFAULT_OBJECTIVE:
         del data["objective"]  # the same: a study stored before the option was per GiB
     return {k: v for k, v in data.items() if v is not None}

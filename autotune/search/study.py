@@ -219,6 +219,7 @@ def prepare(spec: StudySpec) -> Prepared:
         max_micro_batch=n_data,
         min_micro_batch=workload.micro_batch_floor,
         base=TrainConfig(seed=spec.seed),
+        selective=spec.space.selective,
     )
     return Prepared(
         spec=spec,
@@ -521,7 +522,7 @@ def run_study(
     remaining = spec.trials - count_done(study)
     if remaining <= 0 or options.create_only:
         if not options.worker:  # no measuring child: what the memory model is checked by runs here
-            setup = _predictor(options, device_type, None, observer)
+            setup = _predictor(options, device_type, None, observer, selective=prepared.space.selective)
             _adopt_checks(study, prepared.workload, setup, device_type, observer.note)
             _enqueue(study, prepared, setup, observer, options)
         return 0
@@ -554,7 +555,7 @@ def run_study(
 
         # The memory model is checked by the study's measured trials (each kind by its first), and
         # by check steps in the measuring child, on the study's device, only for data of several shapes.
-        predictor = _predictor(options, device_type, check, observer)
+        predictor = _predictor(options, device_type, check, observer, selective=prepared.space.selective)
         prepared = screen_precisions(prepared, measurer, study=study, cache=cache, machine=machine, note=observer.note)
         _adopt_checks(study, prepared.workload, predictor, device_type, observer.note)
         if not options.worker:
@@ -605,13 +606,16 @@ def run_study(
 
 
 def _predictor(
-    options: RunOptions, device_type: str, step: CheckStep | None, observer: StudyObserver
+    options: RunOptions, device_type: str, step: CheckStep | None, observer: StudyObserver, *, selective: bool
 ) -> StudyPredictor | None:
     if options.memory_model is None:
         return None
     # Lazy: the study's trials are real, exactly tracked steps; the first measured trial of each
-    # kind of configuration checks it, so no check step delays the first trial.
-    return load_memory_predictor(options.memory_model, device=device_type, step=step, note=observer.note, lazy=True)
+    # kind of configuration checks it, so no check step delays the first trial. ``selective``:
+    # the space can produce the level, so the profile holds its runs from the start.
+    return load_memory_predictor(
+        options.memory_model, device=device_type, step=step, note=observer.note, lazy=True, selective=selective
+    )
 
 
 def stored_checks(study: optuna.Study, device_type: str) -> list[Verification]:

@@ -845,3 +845,25 @@ def test_the_users_lr_scheduler_sets_the_rate_each_step_runs_at() -> None:
         twin_sched.step()
     pairs = zip(model.parameters(), twin.parameters(), strict=True)
     assert all(torch.allclose(p, q, rtol=0, atol=1e-7) for p, q in pairs)
+
+
+def test_the_gate_profiles_the_selective_runs_only_where_the_run_may_move_there() -> None:
+    """A source that may propose a selective block gets a gate whose profile predicts it (checked
+    by its own real step, the ``selective`` kind); one that cannot, a profile without those runs."""
+    selective = TrainConfig(micro_batch_size=8, grad_accum_steps=4, checkpoint="selective")
+    plain = _tuner(TrainConfig(micro_batch_size=8, grad_accum_steps=4))
+    try:
+        assert plain.gate.profile is not None and plain.gate.profile.modes["fp32"].selective is None
+        assert plain.gate.estimate(selective) is None  # measured before it counts
+        assert plain.gate.unpredicted(selective) == "the memory profile has no selective runs"
+    finally:
+        plain.close()
+    moving = _tuner(selective)
+    try:
+        profile = moving.gate.profile
+        assert profile is not None and all(m.selective is not None for m in profile.modes.values())
+        estimate = moving.gate.estimate(selective)
+        assert estimate is not None and estimate.verified
+        assert "selective" in {v.kind for v in profile.checks}
+    finally:
+        moving.close()

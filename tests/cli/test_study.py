@@ -69,7 +69,7 @@ def test_help_lists_the_search_commands(tmp_path: Path) -> None:
         (
             ("study", "BAD_KEY"),
             "autotune study: error: BAD_KEY: unknown key 'space.rank' (known keys: batch_size, batch_sizes, blocks, "
-            "expandable_segments, min_micro_batch, precisions, ranks, zero_stages).",
+            "expandable_segments, min_micro_batch, precisions, ranks, selective, zero_stages).",
         ),
         (
             ("study", "BAD_TYPE"),
@@ -378,3 +378,14 @@ def test_a_storage_file_that_is_no_study_storage_is_refused_untouched(
     line = f"autotune {command[0]}: error: {path} is not a study storage ({why}): run autotune study first, or pass "
     assert (out.out, out.err) == ("", line + "--storage\n")
     assert path.read_bytes() == before
+
+
+def test_no_selective_stores_the_space_without_the_level_and_the_default_keeps_the_identity(tmp_path: Path) -> None:
+    for flag, stored in (("--selective", None), ("--no-selective", False)):
+        db = tmp_path / f"{flag}.db"
+        args = ["study", f"{TINY}:build", "--storage", str(db), "--create-only", "--no-policy-proposal", flag]
+        assert main(args) == 0
+        space = _study(db).user_attrs["spec"]["space"]
+        assert space.get("selective") == stored  # on, the default, is not stored: older studies resume
+        params = [set(t.system_attrs["fixed_params"]) for t in _study(db).trials]  # the enqueued baselines
+        assert all(("selective_blocks" in p) == (stored is None) for p in params)

@@ -182,6 +182,8 @@ def test_neighbours_in_order_at_the_ends_of_the_tables() -> None:
         KnobLevels(accum=0, micro=4, precision=0, checkpoint=3),
         KnobLevels(accum=0, micro=4, precision=1, checkpoint=4),
         KnobLevels(accum=1, micro=3, precision=0, checkpoint=4),
+        # The selective moves last: a full level selective instead.
+        KnobLevels(accum=0, micro=4, precision=0, checkpoint=3, selective=1),
     ]
     env.ranks, env.max_zero_stage = 2, 3  # ZeRO stages move on ranks
     middle = KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1)
@@ -194,6 +196,8 @@ def test_neighbours_in_order_at_the_ends_of_the_tables() -> None:
         KnobLevels(accum=1, micro=3, precision=2, checkpoint=3, zero_stage=1),
         KnobLevels(accum=1, micro=3, precision=1, checkpoint=2, zero_stage=1),
         KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=2),
+        KnobLevels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1, selective=1),
+        KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, selective=1),
     ]
 
 
@@ -204,7 +208,13 @@ def test_on_three_blocks_a_move_skips_the_level_that_covers_the_same_blocks() ->
     env.reset(seed=0)
     here = KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)
     around = Climb(env).neighbours(here)
-    assert [(k.checkpoint, k.precision) for k in around if k.micro == here.micro] == [(1, 0), (3, 1), (4, 0)]
+    assert [(k.checkpoint, k.precision, k.selective) for k in around if k.micro == here.micro] == [
+        (1, 0, 0),
+        (3, 1, 0),
+        (4, 0, 0),
+        (1, 0, 2),  # a full block selective instead: two of three levels
+        (3, 0, 1),  # one selective block more
+    ]
     assert len({knobs_to_config(k, (0, 1, 2)) for k in around} | {knobs_to_config(here, (0, 1, 2))}) == len(around) + 1
 
 
@@ -253,3 +263,29 @@ def test_the_climb_and_the_best_step_follow_the_objective(objective: str) -> Non
         assert (best.step, best.throughput, best.peak_bytes) == (3, 120.0, 2 * GIB)
     assert (4, 0, 1) not in [_knobs(k) for k in env.trained]
     assert episode.to_dict().get("objective") == (None if objective == "per-gib" else "throughput")
+
+
+def test_the_climb_reaches_the_selective_level_through_a_sixth_action_entry() -> None:
+    """Where every other neighbour is worse, the climb moves a full level to selective recompute:
+    an action outside the policy's space (its sixth entry), applied by the environment."""
+
+    def selective_pays(k: KnobLevels) -> float:
+        return 100.0 + 20 * k.selective - 5 * abs(k.micro - 2) - 3 * k.precision - 10 * (4 - k.checkpoint - k.selective)
+
+    env = _Terrain(selective_pays)
+    policy: Any = _Policy(lambda _: STAY)
+    episode = run_episode(env, policy, workload="w", seed=0, steps=6, refine=2)
+    # 8x2, one recompute level less, bf16, 2x8 (all worse); then a full level selective instead,
+    # better, and the same move again from there.
+    assert [(k.micro_batch_size, k.precision, k.checkpoint, k.selective) for k in env.trained] == [
+        (4, 0, 4, 0),
+        (8, 0, 4, 0),
+        (4, 0, 3, 0),
+        (4, 1, 4, 0),
+        (2, 0, 4, 0),
+        (4, 0, 3, 1),
+        (4, 0, 2, 2),
+    ]
+    # From 2x8: the split back and the band's move in one action; then the band's move alone.
+    assert [s.action for s in episode.steps[5:]] == [(0, 1, 1, 0, 0, 2), (1, 1, 1, 0, 0, 2)]
+    assert episode.best is not None and episode.best.throughput == 140.0

@@ -149,3 +149,56 @@ def test_a_trial_from_before_the_outer_precision_reads_back_with_it_off() -> Non
     assert space.knobs_of(older) == _knobs(low_precision_blocks=2, checkpoint_blocks=1)
     with pytest.raises(ValueError, match="checkpoint_blocks"):
         space.knobs_of({"micro_batch_size": 8, "low_precision_blocks": 2})  # another space's: no default
+
+
+def test_a_space_with_the_selective_level_samples_it_after_the_wholly_recomputed_blocks() -> None:
+    space = _space(selective=True, low_precisions=())
+    # The parameter's range is every count; above the blocks left, every one of those is selective.
+    assert space.suggest(
+        optuna.trial.FixedTrial({"micro_batch_size": 8, "checkpoint_blocks": 1, "selective_blocks": 2})
+    ) == (_knobs(checkpoint_blocks=1, selective_blocks=2, low_precision="fp32"))
+    clipped = space.suggest(
+        optuna.trial.FixedTrial({"micro_batch_size": 8, "checkpoint_blocks": 3, "selective_blocks": 4})
+    )
+    assert (clipped.checkpoint_blocks, clipped.selective_blocks) == (3, 1)
+    knobs = _knobs(checkpoint_blocks=1, selective_blocks=2, low_precision="fp32")
+    assert space.params(knobs) == {"micro_batch_size": 8, "checkpoint_blocks": 1, "selective_blocks": 2}
+    # Ranking (2, 0, 3, 1): block 2 recomputed whole, blocks 0 and 3 selectively.
+    assert space.config(knobs).checkpoint == ("selective", False, True, "selective")
+    # Sampled by a real sampler: the parameter is there, with its range.
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    space.suggest(trial)
+    assert trial.distributions["selective_blocks"] == optuna.distributions.IntDistribution(0, 4)
+
+
+def test_an_older_studys_trial_without_the_selective_parameter_reads_back_as_none_selective() -> None:
+    space = _space(selective=True)
+    older = {"micro_batch_size": 4, "low_precision_blocks": 1, "outer_low_precision": False, "checkpoint_blocks": 2}
+    assert space.knobs_of(older) == _knobs(micro_batch_size=4, low_precision_blocks=1, checkpoint_blocks=2)
+
+
+def test_a_space_without_the_selective_level_has_no_parameter_and_refuses_a_selective_point() -> None:
+    space = _space()
+    trial = optuna.create_study().ask()
+    space.suggest(trial)
+    assert "selective_blocks" not in trial.distributions
+    message = (
+        "this space recomputes no block selectively (space.selective = false), but got 1 selective blocks "
+        "(8x4 ckpt:1 sel:1)."
+    )
+    with pytest.raises(SpecError, match=f"^{re.escape(message)}$"):
+        space.params(_knobs(checkpoint_blocks=1, selective_blocks=1))
+
+
+def test_the_space_moves_the_selective_level_where_it_has_it() -> None:
+    here = _knobs(micro_batch_size=32, checkpoint_blocks=1, low_precision="fp32")
+    with_level = _space(selective=True, low_precisions=()).neighbours(here)
+    assert [(k.micro_batch_size, k.checkpoint_blocks, k.selective_blocks) for k in with_level] == [
+        (32, 0, 0),  # one recomputed count fewer
+        (32, 0, 1),  # the full block selective instead
+        (16, 1, 0),  # a smaller micro-batch
+        (32, 2, 0),  # one recomputed count more
+        (32, 1, 1),  # one selective block more
+    ]
+    assert [k.selective_blocks for k in _space(low_precisions=()).neighbours(here)] == [0, 0, 0]

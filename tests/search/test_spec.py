@@ -96,7 +96,7 @@ def test_the_shipped_specs_are_valid(name: str) -> None:
         (
             'workload = "x"\n[space]\nrank = [2]',
             "unknown key 'space.rank' (known keys: batch_size, batch_sizes, "
-            "blocks, expandable_segments, min_micro_batch, precisions, ranks, zero_stages).",
+            "blocks, expandable_segments, min_micro_batch, precisions, ranks, selective, zero_stages).",
         ),
         (
             'workload = "x"\n[measure]\nstep = 2',

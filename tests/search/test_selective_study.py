@@ -1,0 +1,96 @@
+"""The study moves the selective recompute level: its space samples it, its memory model profiles
+it only where the space can produce it, and a measured selective trial checks the level's kind."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune import TrainConfig, load_workload
+from autotune.errors import PredictionError
+from autotune.knobs import Knobs
+from autotune.memory import predict as predict_module
+from autotune.search.predictor import load_memory_predictor
+from autotune.search.record import ATTR
+from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
+from autotune.search.study import RunOptions, open_study, prepare, run_study, stored_checks
+from autotune.units import MemoryBudget
+from tests.paths import TINY_WORKLOAD
+
+
+def _counting_profiles(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[str, ...], bool]]:
+    """The modes and the selective flag of every fake-tensor profile the memory model takes."""
+    calls: list[tuple[tuple[str, ...], bool]] = []
+    real = predict_module.fake_profile
+
+    def counted(workload: Any, **kw: Any) -> Any:
+        calls.append((tuple(kw["modes"]), kw["selective"]))
+        return real(workload, **kw)
+
+    monkeypatch.setattr(predict_module, "fake_profile", counted)
+    return calls
+
+
+def test_the_predictor_profiles_the_selective_runs_only_where_they_are_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny = load_workload(f"{TINY_WORKLOAD}:build")
+    selective = TrainConfig(micro_batch_size=8, checkpoint="selective")
+    calls = _counting_profiles(monkeypatch)
+    # A space without the level: no selective runs, for plain and recomputed configurations alike.
+    plain = load_memory_predictor(lazy=True)
+    assert plain is not None
+    for config in (TrainConfig(micro_batch_size=8), TrainConfig(micro_batch_size=8, checkpoint=True)):
+        with pytest.raises(PredictionError, match=r"^unverified memory prediction"):
+            plain(tiny, config)
+    assert calls == [(("fp32",), False)]
+    # A selective configuration there (an enqueued one) grows the profile by them, once.
+    with pytest.raises(PredictionError, match=r"no measured trial on cpu has checked its kind of configuration yet$"):
+        plain(tiny, selective)
+    with pytest.raises(PredictionError, match=r"^unverified memory prediction"):
+        plain(tiny, TrainConfig(micro_batch_size=4, checkpoint=(True, "selective", False, False)))
+    assert calls == [(("fp32",), False), (("fp32",), True)]
+    # A space with the level: the first profile holds them, and no other is taken.
+    calls.clear()
+    with_level = load_memory_predictor(lazy=True, selective=True)
+    assert with_level is not None
+    for config in (TrainConfig(micro_batch_size=8), selective):
+        with pytest.raises(PredictionError, match=r"^unverified memory prediction"):
+            with_level(tiny, config)
+    assert calls == [(("fp32",), True)]
+
+
+def test_a_study_measures_an_enqueued_selective_trial_and_it_checks_the_selective_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = StudySpec(
+        workload="gpt-tiny",
+        trials=3,
+        memory_budget=MemoryBudget(bytes=2**30),
+        measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=300),
+        policy_proposal=False,
+        retime=False,
+        space=SpaceSpec(precisions=("fp32",)),
+    )
+    options = RunOptions(storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "a")
+    prepared = prepare(spec)
+    assert prepared.space.selective
+    knobs = Knobs(batch_size=32, micro_batch_size=8, checkpoint_blocks=2, selective_blocks=3)
+    params = prepared.space.params(knobs)
+    assert params == {"micro_batch_size": 8, "checkpoint_blocks": 2, "selective_blocks": 3}
+    study = open_study(prepared, options)
+    study.enqueue_trial(params)  # before the baselines: trial 0
+    run_study(prepared, study, options)
+    first = study.trials[0]
+    config = TrainConfig.from_dict(first.user_attrs[ATTR.CONFIG])
+    assert config == prepared.space.config(knobs)
+    assert config.checkpoint_levels(6).count("selective") == 3 and config.checkpoint_levels(6).count("full") == 2
+    checks = {v.kind: v for v in stored_checks(study, "cpu")}
+    assert (checks["selective"].trial, checks["selective"].config, checks["selective"].verified) == (0, config, True)
+    assert checks["selective"].measured == first.user_attrs[ATTR.PEAK]
+    lines = re.findall(r"^memory model checked by trial 0 .*$", capsys.readouterr().err, re.MULTILINE)
+    assert [re.sub(r"[\d.]+ (KiB|MiB)|[+-]\d+\.\d%", "#", line) for line in lines] == [
+        "memory model checked by trial 0 (fp32, recomputed, selectively recomputed on cpu, micro-batch 8): "
+        "predicted #, measured # (#), verified"
+    ]
