@@ -210,6 +210,7 @@ class TrainConfig:
         """Per-block recompute level (``none``, ``selective``, ``full``) for ``num_blocks`` blocks.
 
         Example:
+            >>> from autotune import TrainConfig
             >>> TrainConfig(checkpoint=(True, "selective", False)).checkpoint_levels(3)
             ('full', 'selective', 'none')
         """

@@ -42,6 +42,8 @@ class Tuned:
     Attributes:
         episode: Every step of the episode (the start first), its best steps re-timed side by side.
         final_knobs: The knobs the environment ended on.
+        compile_check: The best step's configuration timed eager and compiled side by side
+            (``tune(compile_check=True)``), or None where it was not.
 
     Example:
         >>> from autotune import load_workload
@@ -54,7 +56,6 @@ class Tuned:
 
     episode: Episode
     final_knobs: Knobs
-    #: The best step's configuration timed eager and compiled side by side (``compile_check``), or None.
     compile_check: CompileCheck | None = None
 
 

@@ -83,7 +83,11 @@ def recompute_note(config: TrainConfig, *, num_blocks: int) -> str | None:
     levels = config.checkpoint_levels(num_blocks)
     if set(levels) == {"none"}:
         return None
-    which = ", ".join(f"block {i} {'whole' if x == 'full' else x}" for i, x in enumerate(levels) if x != "none")
+    named = {"full": "whole", "selective": "selective"}
+    if len(set(levels)) == 1:
+        which = f"every block {named[levels[0]]}"
+    else:
+        which = ", ".join(f"block {i} {named[x]}" for i, x in enumerate(levels) if x != "none")
     return (
         f"the DeepSpeed config cannot say the per-block recompute ({which}): apply it in the training script "
         "with the Python export's apply(model) (autotune best --format python)"

@@ -17,7 +17,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import TrainConfig
-from autotune.search.export import allocator_note
+from autotune.search.export import allocator_note, recompute_note
 from autotune.zoo import BUILTINS
 from tests.paths import TINY_WORKLOAD, USER_WORKLOAD
 
@@ -255,14 +255,16 @@ def test_best_exports_json_deepspeed_and_python(tmp_path: Path, capsys: pytest.C
     for fmt in ("json", "deepspeed", "python"):
         assert main(["best", "tiny", "--storage", str(db), "--format", fmt]) == 0
         out[fmt], err[fmt] = capsys.readouterr()
-    # JSON has no comments: which allocator setting the DeepSpeed config assumes goes to stderr.
+    config = TrainConfig.from_json(out["json"])
+    # JSON has no comments: which allocator setting the DeepSpeed config assumes goes to stderr, and
+    # the per-block recompute it cannot say (which blocks the pick recomputes is measured).
+    recompute = recompute_note(config, num_blocks=4)
     assert err["deepspeed"] == (
         f"autotune best: {allocator_note(False)}\n"
         "autotune best: recommended for the most samples/s per GiB of peak within the memory budget "
-        "(objective per-gib)\n"
+        "(objective per-gib)\n" + ("" if recompute is None else f"autotune best: {recompute}\n")
     )
     assert "ALLOC_CONF = None" in out["python"]
-    config = TrainConfig.from_json(out["json"])
     assert config.effective_batch_size == 16
     ds = json.loads(out["deepspeed"])
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"]) == (16, config.micro_batch_size)
