@@ -12,8 +12,9 @@ spreads (:func:`~autotune.measurement.sidebyside.separated`) and its peak fits t
   saved what the compile cost;
 * peaks: the CUDA caching allocator's allocated peak over one untracked step of each. autotune's
   exact tracker (:mod:`autotune.measurement.tracker`) is a ``TorchDispatchMode``, under which
-  Dynamo runs the model eagerly, so on the CPU, which has no allocator to ask, a compiled step's
-  peak is not measured here (None) and the verdict rests on time alone.
+  Dynamo runs the model eagerly, so on the CPU, which has no caching allocator to ask, a compiled
+  step's peak is not measured here (None) and the verdict rests on time alone
+  (:func:`compiled_step_memory` counts it, and is not part of the verdict yet).
 
 The study's recommendation and ``tune``'s best call :func:`compare_compiled`;
 :func:`compile_line` is the one line they print.
