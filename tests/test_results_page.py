@@ -155,6 +155,7 @@ def _script(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve the module of their annotations
     spec.loader.exec_module(module)
     return module
 
@@ -186,3 +187,70 @@ def test_outer_precision_writes_its_first_table_with_the_recipe_charted(results:
         ("hf-gpt2", "blocks bf16 recomputed, outer bf16", "17.23 (2.5%)", "-", "None"),
     )
     assert record.chart is not None and record.chart.baseline == "fp32 (PyTorch default)"
+
+
+def _compile_check_rows() -> list[dict[str, object]]:
+    """Fake figures in the shape ``benchmarks/compile_check.py``'s run returns."""
+
+    def row(label: str, saved: int, peak: int | None, rate: float, compile_s: float | None) -> dict[str, object]:
+        return {
+            "configuration": label,
+            "saved_bytes": saved,
+            "allocated_peak_bytes": peak,
+            "samples_per_s": rate,
+            "spread": 0.0125,
+            "compile_seconds": compile_s,
+        }
+
+    return [
+        row("eager, no recompute", 37_748_736, 41_943_040, 40.0, None),
+        row("compiled, budget 0.1", 5_242_880, None, 52.5, 31.25),
+    ]
+
+
+def test_compile_check_writes_its_table_and_record(results: ModuleType, tmp_path: Path) -> None:
+    machine = {
+        "date": "2026-11-29",
+        "cpu": "x86_64",
+        "capability": "AVX512",
+        "cores": 2,
+        "threads": 2,
+        "model": "stream-lm",
+        "tiny": False,
+    }
+    script = _script("compile_check")
+    rows = _compile_check_rows()
+    script.write(tmp_path / "out", machine, rows)
+    assert json.loads((tmp_path / "out" / "compile_check.json").read_text()) == {"machine": machine, "rows": rows}
+    table = (tmp_path / "out" / "compile_check.md").read_text().splitlines()
+    assert table[0] == (
+        "# activation_memory_budget against per-block recompute (2026-11-29, stream-lm, CPU capability AVX512, "
+        "2 threads, built-in size)"
+    )
+    assert table[-2:] == [
+        "| eager, no recompute | 36.00 | 40.00 | 40.00 (1.2%) | - |",
+        "| compiled, budget 0.1 | 5.00 | - | 52.50 (1.2%) | 31.2 |",
+    ]
+    script.write_record(tmp_path / "compile-check.json", machine, rows, "python benchmarks/compile_check.py --out x")
+    record = results.Result.from_dict(json.loads((tmp_path / "compile-check.json").read_text()))
+    assert record.columns == (
+        "configuration",
+        "saved for backward, MiB",
+        "step peak, MiB",
+        "samples/s (spread)",
+        "compile, s",
+    )
+    assert record.rows == (
+        ("eager, no recompute", "36.00", "40.00", "40.00 (1.2%)", "-"),
+        ("compiled, budget 0.1", "5.00", "-", "52.50 (1.2%)", "31.2"),
+    )
+    assert (record.machine, record.capability) == ("x86_64, 2 cores, 2 threads", "CPU `AVX512`")
+    assert record.command == "python benchmarks/compile_check.py --out x"
+
+
+def test_compile_check_refuses_rounds_below_one_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _script("compile_check").main(["--out", str(tmp_path / "out"), "--rounds", "0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("error: --rounds must be >= 1, but got 0")
+    assert not (tmp_path / "out").exists()

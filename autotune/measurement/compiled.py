@@ -12,11 +12,19 @@ spreads (:func:`~autotune.measurement.sidebyside.separated`) and its peak fits t
   saved what the compile cost;
 * peaks: the CUDA caching allocator's allocated peak over one untracked step of each. autotune's
   exact tracker (:mod:`autotune.measurement.tracker`) is a ``TorchDispatchMode``, under which
-  Dynamo runs the model eagerly, so on the CPU, which has no allocator to ask, a compiled step's
-  peak is not measured here (None) and the verdict rests on time alone.
+  Dynamo runs the model eagerly, so on the CPU, which has no caching allocator to ask, a compiled
+  step's peak is not measured here (None) and the verdict rests on time alone
+  (:func:`compiled_step_memory` counts it, and is not part of the verdict yet).
 
 The study's recommendation and ``tune``'s best call :func:`compare_compiled`;
 :func:`compile_line` is the one line they print.
+
+:func:`compiled_step_memory` counts what one step holds without a dispatch mode, so a compiled step
+on the CPU is seen as it runs: the bytes autograd keeps for backward (``saved_tensors_hooks`` see
+the tensors AOTAutograd's compiled function saves, as they see eager autograd's), and the CPU
+allocator's own peak of the step under ``torch.profiler``. It is what
+``benchmarks/compile_check.py`` compares the compiler's recompute knob
+(``torch._functorch.config.activation_memory_budget``) with per-block recompute by.
 """
 
 from __future__ import annotations
@@ -31,10 +39,13 @@ from autotune.errors import ConfigError
 from autotune.measurement.sidebyside import Timing, retime, separated
 
 if TYPE_CHECKING:
+    import torch
+
     from autotune.config import TrainConfig
+    from autotune.train.local import Trainer
     from autotune.workload import Workload
 
-__all__ = ["CompileCheck", "compare_compiled", "compile_line", "payback_steps"]
+__all__ = ["CompileCheck", "StepMemory", "compare_compiled", "compile_line", "compiled_step_memory", "payback_steps"]
 
 MIB = 1024**2
 
@@ -245,3 +256,92 @@ def compare_compiled(
         rounds=result.rounds,
         other_cores=result.other_cores,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepMemory:
+    """What one training step held, counted without a dispatch mode (so a compiled step runs compiled).
+
+    Attributes:
+        saved: bytes autograd held for backward at the end of a forward: the unique storages the
+            step's saved tensors live in (each counted once, whatever views of it were saved), the
+            model's parameters and buffers left out (they are held anyway), the batch's tensors
+            counted where they are saved. The largest over the step's micro-batches (each one's are
+            freed by its backward). What recompute trades: full recompute of every block, or a
+            compiled graph partitioned with ``activation_memory_budget=0``, saves the least.
+        allocated_peak: the most bytes allocated within the step and alive at once, by the CPU
+            allocator's own count (``torch.profiler`` with ``profile_memory=True``): activations,
+            backward's temporaries and the gradients, over what was held before the step; None
+            where this torch's profiler does not expose its allocation events.
+    """
+
+    saved: int
+    allocated_peak: int | None
+
+
+class _SavedStorages:
+    """``saved_tensors_hooks``' pack hook: the unique storages saved per micro-batch."""
+
+    def __init__(self, held: set[int]) -> None:
+        self.held = held  # data pointers of the storages left out (parameters, buffers)
+        self.current: dict[int, int] = {}  # data pointer -> nbytes, this micro-batch
+        self.largest = 0
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        # A saved tensor keeps its storage alive until backward, so no other saved storage of the
+        # same forward can reuse its address.
+        if storage.data_ptr() not in self.held:
+            self.current[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    def next_micro_batch(self) -> None:
+        self.largest = max(self.largest, sum(self.current.values()))
+        self.current = {}
+
+
+def compiled_step_memory(trainer: Trainer) -> StepMemory:
+    """Run one real optimizer step of ``trainer`` as it runs (compiled where its configuration
+    compiles: no dispatch mode, unlike the exact tracker) and count what it held.
+
+    Run it after the compiling steps: a step that compiles counts the compiler's own allocations.
+    Cost: the profiler's per-operator record, a fraction of a step.
+
+    Returns:
+        :class:`StepMemory`: the bytes saved for backward and the allocator's peak of the step.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = trainer.model
+    held = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    saved = _SavedStorages(held)
+    with (
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+        torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda tensor: tensor),
+    ):
+        trainer.step(before_micro_batch=saved.next_micro_batch)
+    saved.next_micro_batch()
+    return StepMemory(saved=saved.largest, allocated_peak=_allocated_peak(prof))
+
+
+def _allocated_peak(prof: torch.profiler.profile) -> int | None:
+    """The largest ``total_allocated`` of the profile's allocation events: the CPU allocator's
+    count of the bytes allocated since the profiler started and not yet freed (blocks allocated
+    before it are in no event). The events are reached through the profiler's result tree, which
+    torch does not document: None where it is absent."""
+    import torch
+
+    allocation = getattr(torch._C._profiler, "_ExtraFields_Allocation", None)
+    results = None if prof.profiler is None else getattr(prof.profiler, "kineto_results", None)
+    tree = getattr(results, "experimental_event_tree", None)
+    if allocation is None or tree is None:
+        return None
+    peak = 0
+    stack = list(tree())
+    while stack:
+        event = stack.pop()
+        if isinstance(event.extra_fields, allocation):
+            peak = max(peak, int(event.extra_fields.total_allocated))
+        stack.extend(event.children)
+    return peak
