@@ -16,7 +16,9 @@ Run (nothing else on the machine):
 ``--models`` picks corpus models (default: every corpus language model and ``hf-vit``),
 ``--tiny`` builds each at its test size, ``--memory-only`` skips the timing (a check that the
 script runs, not a benchmark). Writes ``selective_recompute.json`` and ``selective_recompute.md``
-to ``--out``, rewritten after each model.
+to ``--out``, rewritten after each model; ``--result docs/results/selective-recompute.json`` also
+writes the results page's record (``benchmarks/results.py``; then
+``python benchmarks/render_results.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -123,9 +127,64 @@ def write(out: Path, machine: dict[str, Any], results: list[dict[str, Any]]) -> 
     (out / "selective_recompute.md").write_text("\n".join(lines) + "\n")
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_record(path: Path, machine: dict[str, Any], results: list[dict[str, Any]], command: str) -> None:
+    """The results page's record of the models that ran, timed (``benchmarks/results.py``)."""
+    from results import write_result
+
+    rows = []
+    for r in results:
+        base = {row["config"]: row for row in r["rows"]}
+        for row in r["rows"]:
+            precision = row["config"].split(" ")[0]
+            none = base[f"{precision} blocks, none"]
+            peak = row["peak_bytes"]
+            rows.append(
+                (
+                    r["model"],
+                    row["config"],
+                    "-" if peak is None else f"{peak / 2**20:.2f}",
+                    "-" if peak is None or not none["peak_bytes"] else f"{peak / none['peak_bytes']:.3f}",
+                    f"{row['samples/s']} ({row['spread']:.1%})" if "samples/s" in row else "-",
+                    row.get("per GiB", "-"),
+                )
+            )
+    write_result(
+        path,
+        title="Selective recompute against none and full",
+        claim=(
+            "Every block kept (none), recomputed selectively (its matmul-like outputs kept, the rest recomputed) or "
+            "recomputed whole (full), with fp32 and with bf16 blocks, at each model's built-in size and batch: the "
+            "exact peak of one tracked step (and its ratio to the same precision with nothing recomputed), samples/s "
+            "re-timed side by side on one loop (interleaved rounds, median and spread)."
+        ),
+        machine=f"{machine['cpu']}, {machine['cores']} cores, {machine['threads']} torch threads, nothing else running",
+        capability=f"CPU `{machine['capability']}`",
+        date=machine["date"],
+        command=command,
+        columns=("model", "configuration", "peak MiB", "peak / none", "samples/s (spread)", "samples/s per GiB"),
+        rows=rows,
+        note=(
+            "The outer parts (embeddings, head, loss) stay fp32 in every row, so no row is the Hugging Face recipe "
+            "(the whole model in bf16, every block recomputed): the outer precision's table has it."
+        ),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--result", type=Path, help="also write the results page's record here (docs/results/)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="each model at its test size")
@@ -142,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     machine = {
         "date": time.strftime("%Y-%m-%d"),
+        "cpu": _cpu_name(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "cores": os.cpu_count(),
@@ -153,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_model(name, tiny=args.tiny, rounds=args.rounds, timed=not args.memory_only))
         print(f"{name}: {results[-1]['ratios']}", flush=True)
         write(args.out, machine, results)
+    if args.result is not None:
+        command = "python benchmarks/selective_recompute.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        write_record(args.result, machine, results, command)
     return 0
 
 

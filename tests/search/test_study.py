@@ -107,12 +107,24 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
     assert t[0].system_attrs["constraints"] == [peak - budget]
     assert (t[1].user_attrs[ATTR.BASELINE], t[1].params) == (
         SEED_RECIPE,
-        {"micro_batch_size": 4, "low_precision_blocks": 4, "outer_low_precision": False, "checkpoint_blocks": 2},
+        {
+            "micro_batch_size": 4,
+            "low_precision_blocks": 4,
+            "outer_low_precision": False,
+            "checkpoint_blocks": 2,
+            "selective_blocks": 0,
+        },
     )
     # the HF recipe: the whole model in bf16, every block recomputed, the whole batch (it fits)
     assert (t[2].user_attrs[ATTR.BASELINE], t[2].params) == (
         HF_RECIPE,
-        {"micro_batch_size": 16, "low_precision_blocks": 4, "outer_low_precision": True, "checkpoint_blocks": 4},
+        {
+            "micro_batch_size": 16,
+            "low_precision_blocks": 4,
+            "outer_low_precision": True,
+            "checkpoint_blocks": 4,
+            "selective_blocks": 0,
+        },
     )
     assert t[3].user_attrs[ATTR.BASELINE] == POLICY_PROPOSAL
     assert (t[4].user_attrs[ATTR.BASELINE], t[4].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 8)
