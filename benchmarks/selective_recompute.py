@@ -154,6 +154,7 @@ def write_record(path: Path, machine: dict[str, Any], results: list[dict[str, An
                     r["model"],
                     row["config"],
                     "-" if peak is None else f"{peak / 2**20:.2f}",
+                    f"{row['predicted_bytes'] / 2**20:.2f}",
                     "-" if peak is None or not none["peak_bytes"] else f"{peak / none['peak_bytes']:.3f}",
                     f"{row['samples/s']} ({row['spread']:.1%})" if "samples/s" in row else "-",
                     row.get("per GiB", "-"),
@@ -165,14 +166,23 @@ def write_record(path: Path, machine: dict[str, Any], results: list[dict[str, An
         claim=(
             "Every block kept (none), recomputed selectively (its matmul-like outputs kept, the rest recomputed) or "
             "recomputed whole (full), with fp32 and with bf16 blocks, at each model's built-in size and batch: the "
-            "exact peak of one tracked step (and its ratio to the same precision with nothing recomputed), samples/s "
+            "exact peak of one tracked step beside the memory model's prediction (and its ratio to the same precision "
+            "with nothing recomputed), samples/s "
             "re-timed side by side on one loop (interleaved rounds, median and spread)."
         ),
         machine=f"{machine['cpu']}, {machine['cores']} cores, {machine['threads']} torch threads, nothing else running",
         capability=f"CPU `{machine['capability']}`",
         date=machine["date"],
         command=command,
-        columns=("model", "configuration", "peak MiB", "peak / none", "samples/s (spread)", "samples/s per GiB"),
+        columns=(
+            "model",
+            "configuration",
+            "peak MiB",
+            "predicted MiB",
+            "peak / none",
+            "samples/s (spread)",
+            "samples/s per GiB",
+        ),
         rows=rows,
         note=(
             "The outer parts (embeddings, head, loss) stay fp32 in every row, so no row is the Hugging Face recipe "
