@@ -36,7 +36,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import time
 import warnings
@@ -230,10 +229,11 @@ def write_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]]
 
 def machine_info(*, tiny: bool) -> dict[str, Any]:
     import torch
+    from results import cpu_name
 
     return {
         "date": time.strftime("%Y-%m-%d"),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),

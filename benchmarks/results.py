@@ -127,6 +127,20 @@ def current_commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what the platform says: the machine field
+    of a record names the processor, not just its architecture."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def write_result(
     path: Path,
     *,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -127,17 +126,6 @@ def write(out: Path, machine: dict[str, Any], results: list[dict[str, Any]]) -> 
     (out / "selective_recompute.md").write_text("\n".join(lines) + "\n")
 
 
-def _cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else the platform's."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def write_record(path: Path, machine: dict[str, Any], results: list[dict[str, Any]], command: str) -> None:
     """The results page's record of the models that ran, timed (``benchmarks/results.py``)."""
     from results import write_result
@@ -207,11 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--models must be corpus models ({', '.join(CORPUS)}), but got {unknown[0]!r}")
     import torch
+    from results import cpu_name
 
     args.out.mkdir(parents=True, exist_ok=True)
     machine = {
         "date": time.strftime("%Y-%m-%d"),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "cores": os.cpu_count(),

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import resource
 import subprocess
@@ -141,9 +140,10 @@ def write_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]]
         path,
         title="What a study costs before its first trial",
         claim=(
-            "The study's setup (loading, the block ranking, the memory model's fake-tensor profile, the baselines, "
-            "the proposal's room check) for GPT-2-shaped decoders (transformers `GPT2LMHeadModel`, sequence 1024, "
-            "batch 32), from the setup lines the study prints, and the study process's peak resident memory."
+            "The study's setup (loading, the block ranking, the budget, the measuring process, the baselines, the "
+            "proposal's room check; the memory model's fake-tensor profile is taken when the first measured trial "
+            "checks its kind) for GPT-2-shaped decoders (transformers `GPT2LMHeadModel`, sequence 1024, batch 32), "
+            "from the setup lines the study prints, and the study process's peak resident memory."
         ),
         machine=f"{machine['cpu']}, {machine['cores']} cores; the study's device: {device}",
         capability=f"CPU `{machine['capability']}`",
@@ -160,7 +160,11 @@ def write_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]]
             for r in rows
             if r["ok"]
         ],
-        note="A setup cost has no PyTorch default or Hugging Face recipe to stand beside.",
+        note=(
+            "A setup cost has no PyTorch default or Hugging Face recipe to stand beside. Earlier setups (memory "
+            "check steps before the first trial, then the two fake profiles of the baselines' predictions) are in "
+            "the [benchmark log](benchmark-log.md#a-studys-setup-at-real-size-cpu-2026-11-28)."
+        ),
     )
 
 
@@ -174,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per size")
     args = parser.parse_args(argv)
     import torch
+    from results import cpu_name
 
     sizes = args.sizes.split(",")
     unknown = sorted(set(sizes) - set(SIZES))
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     machine = {
         "date": time.strftime("%Y-%m-%d"),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "device": args.device,
