@@ -212,8 +212,9 @@ def write_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]]
         title="torch.compile's activation memory budget against per-block recompute",
         claim=(
             f"`{machine['model']}` ({'tiny size' if machine['tiny'] else 'built-in size'}, fp32) eager and compiled: "
-            "the bytes saved for backward and the step's peak (exact, `compiled_step_memory`), samples/s side by "
-            "side and compile seconds, with no recompute, per-block full recompute, and the compiler's "
+            "the bytes saved for backward (exact) and the step's allocator peak (the profiler's, "
+            "`compiled_step_memory`), samples/s side by side and compile seconds, with no recompute, per-block "
+            "full recompute, and the compiler's "
             "`activation_memory_budget` at " + " and ".join(str(b) for b in BUDGETS) + "."
         ),
         machine=f"{machine['cpu']}, {machine['cores']} cores, {machine['threads']} threads",
