@@ -329,6 +329,12 @@ class KnobLevels:
     sees the configuration as its ``checkpoint`` level; the climb that ends a ``tune`` episode
     moves it (:func:`apply_action`'s sixth entry).
 
+    ``outer`` is whether everything outside the blocks (embeddings, final norm, head, loss) runs
+    in the reduced precision too (:attr:`Knobs.outer_low_precision`, ``TrainConfig.outer_precision``).
+    Like ``selective`` it is outside the action space and the observation (the policy sees such a
+    configuration as its blocks' levels and never proposes it); the climb moves it
+    (:func:`apply_action`'s seventh entry).
+
     Example:
         >>> from autotune.envs import KnobLevels
         >>> levels = KnobLevels(accum=1, micro=3)
@@ -342,6 +348,7 @@ class KnobLevels:
     checkpoint: int = 0
     zero_stage: int = 0
     selective: int = 0
+    outer: bool = False
 
     def __post_init__(self) -> None:
         for name, n in (
@@ -360,6 +367,8 @@ class KnobLevels:
                 f"KnobLevels.checkpoint + selective must be <= {FRACTION_LEVELS - 1}, but got "
                 f"{self.checkpoint} + {self.selective}."
             )
+        if not isinstance(self.outer, bool):
+            raise ConfigError(f"KnobLevels.outer must be a bool, but got {self.outer!r}.")
 
     @property
     def accum_steps(self) -> int:
@@ -399,6 +408,7 @@ class KnobLevels:
             checkpoint_blocks=level_blocks(self.checkpoint, num_blocks),
             selective_blocks=level_blocks(self.checkpoint + self.selective, num_blocks)
             - level_blocks(self.checkpoint, num_blocks),
+            outer_low_precision=self.outer,
         )
 
 
@@ -461,7 +471,7 @@ def levels_near(knobs: Knobs, near: KnobLevels, num_blocks: int) -> KnobLevels:
     levels on a model of ``num_blocks`` blocks: where two levels cover the same count, the one
     nearest ``near``'s; on one rank the ZeRO stage is ``near``'s (Knobs keep 0 there). The
     selective level is the one whose band (:attr:`KnobLevels.selective`) ends at the full and
-    selective blocks together."""
+    selective blocks together; ``outer`` is ``knobs.outer_low_precision``."""
 
     def level(count: int, here: int, lowest: int = 0) -> int:
         matches = [lv for lv in range(lowest, FRACTION_LEVELS) if level_blocks(lv, num_blocks) == count]
@@ -478,6 +488,7 @@ def levels_near(knobs: Knobs, near: KnobLevels, num_blocks: int) -> KnobLevels:
         checkpoint=checkpoint,
         zero_stage=knobs.zero_stage if knobs.ranks > 1 else near.zero_stage,
         selective=band - checkpoint,
+        outer=knobs.outer_low_precision,
     )
 
 
@@ -503,13 +514,18 @@ def knobs_to_config(
 def levels_of(config: TrainConfig, num_blocks: int) -> KnobLevels | None:
     """``config`` as knob levels on a model of ``num_blocks`` blocks, or None when the tables
     cannot express it: a split that is not in them (a micro-batch or accumulation that is not a
-    power of two up to 128), or a reduced outer precision (the levels, what the environments and
-    the policy step through, keep the outer parts fp32). Per-block settings count as the nearest
-    quarter of the blocks they cover: the wholly recomputed ones the ``checkpoint`` level, and
-    the recomputed ones together (selective too) the band that ends the ``selective`` level."""
+    power of two up to 128). Per-block settings count as the nearest quarter of the blocks they
+    cover: the wholly recomputed ones the ``checkpoint`` level, and the recomputed ones together
+    (selective too) the band that ends the ``selective`` level; a reduced outer precision is
+    ``outer`` (the levels' reduced precision is the caller's, as in :func:`knobs_to_config`).
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> levels = levels_of(TrainConfig(micro_batch_size=8, precision="bf16", outer_precision="bf16"), 4)
+        >>> levels.precision, levels.outer
+        (4, True)
+    """
     if config.micro_batch_size not in MICRO_LEVELS or config.grad_accum_steps not in ACCUM_LEVELS:
-        return None
-    if config.outer_precision != "fp32":
         return None
     quarters = FRACTION_LEVELS - 1
     low = sum(p != "fp32" for p in config.block_precisions(num_blocks))
@@ -523,6 +539,7 @@ def levels_of(config: TrainConfig, num_blocks: int) -> KnobLevels | None:
         checkpoint=full,
         zero_stage=config.zero_stage,
         selective=band - full,
+        outer=config.outer_precision != "fp32",
     )
 
 
@@ -594,8 +611,9 @@ def apply_action(
     min_micro: int = 1,
 ) -> KnobLevels:
     """Apply a MultiDiscrete action ``(split, batch, precision, checkpoint, zero)``, or that with a
-    sixth entry, ``selective``, outside the action space (the shipped policy never proposes it; the
-    climb that ends a ``tune`` episode does, :mod:`autotune.policies.climb`).
+    sixth entry, ``selective``, and a seventh, ``outer``, outside the action space (the shipped
+    policy never proposes them; the climb that ends a ``tune`` episode does,
+    :mod:`autotune.policies.climb`).
 
     ``split`` (0: fewer, larger micro-batches; 1: keep; 2: more, smaller ones) doubles one of
     micro-batch and accumulation and halves the other, so the effective batch never changes; a
@@ -610,7 +628,9 @@ def apply_action(
     the blocks recomputed selectively after the wholly recomputed ones (:attr:`KnobLevels.selective`),
     clipped where the two together cover every block; a checkpoint level up there turns a
     selective quarter into a full one (the blocks recomputed at all stay). Without selective blocks
-    (every action of the policy) the checkpoint delta acts as it always did. Every action is
+    (every action of the policy) the checkpoint delta acts as it always did. ``outer`` (0: the
+    outer parts in fp32, 1: keep, 2: in the reduced precision) moves :attr:`KnobLevels.outer`;
+    without it (five or six entries) the outer precision stays where it is. Every action is
     valid: no masking in the action space.
 
     Example:
@@ -621,8 +641,8 @@ def apply_action(
         (4, 4, 16)
     """
     a_split, a_batch, a_prec, a_ckpt, a_zero, *extra = (int(x) for x in action)
-    assert len(extra) <= 1, f"an action has 5 entries, or 6 with the selective move: {tuple(action)}"
-    a_sel = extra[0] if extra else 1
+    assert len(extra) <= 2, f"an action has 5 entries, 6 with the selective move, 7 with the outer one: {tuple(action)}"
+    a_sel, a_outer = (*extra, 1, 1)[:2]
 
     def step(value: int, delta: int, n: int) -> int:
         return min(max(value + delta - 1, 0), n - 1)
@@ -657,4 +677,5 @@ def apply_action(
         checkpoint=checkpoint,
         zero_stage=min(a_zero, max_zero_stage),
         selective=selective,
+        outer=knobs.outer if a_outer == 1 else a_outer == 2,
     )

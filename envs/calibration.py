@@ -22,7 +22,13 @@
   model's selective runs: each block's bytes kept selectively per sample
   (``BlockCost.selective_per_sample``) and the peak of every setting with selective blocks
   (``selective_peak_table``); its time is modelled, not timed (``costmodel.py``). Profiles
-  written before the level have neither and read the same.
+  written before the level have neither and read the same;
+- the outer precision (``TrainConfig.outer_precision``: embeddings, final norm, head and loss in
+  ``reduced`` too) from the memory model's ``fp32@bf16`` and ``bf16@bf16`` modes (the blocks
+  in fp32 or ``reduced`` under a ``reduced`` outer autocast): the peak of every setting with the
+  outer parts reduced (``outer_peak_table``, ``outer_selective_peak_table``); its time is
+  modelled from the blocks' measured reduced speed (``costmodel.py``). A profile without them
+  (written before the knob, or a synthetic one) keeps the outer parts fp32.
 
 ``autotune profile WORKLOAD`` runs it and writes the JSON the simulator loads (no pickle).
 """
@@ -49,6 +55,7 @@ from autotune.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs_to_c
 from autotune.measurement.oom import is_out_of_memory
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.predict import predict_memory, profile_memory
+from autotune.memory.profile import outer_mode
 from autotune.procs.measure import measure
 from autotune.settings import TUNING
 from autotune.train import Trainer
@@ -143,6 +150,13 @@ class WorkloadProfile:
     selective_peak_table: tuple[int, ...] | None = None
     #: A selective block's recompute time over a whole block's (None: ``costmodel.SELECTIVE_FRACTION``).
     selective_fraction: float | None = None
+    #: Predicted peak bytes of every ``peak_table`` setting with the outer parts in ``reduced``
+    #: (:attr:`KnobLevels.outer`), indexed as ``peak_table``; None in profiles written before the
+    #: outer precision was a knob, which then model the outer parts in fp32 (memory and time).
+    outer_peak_table: tuple[int, ...] | None = None
+    #: The same of every ``selective_peak_table`` setting (None: where ``outer_peak_table`` is
+    #: given, a selective setting with the outer parts reduced is read from it without its band).
+    outer_selective_peak_table: tuple[int, ...] | None = None
 
     @property
     def model_state_bytes(self) -> int:
@@ -160,7 +174,7 @@ class WorkloadProfile:
         d["blocks"] = tuple(BlockCost(**b) for b in d["blocks"])
         for key in ("curve_samples", "curve_loss", "curve_b_noise"):
             d[key] = tuple(d[key])
-        for key in ("peak_table", "selective_peak_table"):
+        for key in ("peak_table", "selective_peak_table", "outer_peak_table", "outer_selective_peak_table"):
             if d.get(key) is not None:
                 d[key] = tuple(int(x) for x in d[key])
         if d.get("version", 1) > PROFILE_VERSION:
@@ -208,6 +222,7 @@ def calibrate(
     timing_rounds: int = 8,
     progress: Progress | None = None,
     selective: bool = True,
+    outer: bool = True,
 ) -> WorkloadProfile:
     """Measure ``workload`` on this machine (tens of seconds for the built-in workloads).
 
@@ -215,7 +230,8 @@ def calibrate(
     is faster and noisier (gpt-tiny, 1 thread: 8 rounds took 21 s of a 45 s calibration).
     ``selective=False`` leaves the selective recompute level out of the memory table (two fake
     runs per mode and 800 predictions fewer): for a profile only the shipped policy acts on, which
-    never moves the level.
+    never moves the level. ``outer=False`` likewise leaves the outer precision out (the reduced
+    outer modes' fake runs and their predictions); the profile then keeps the outer parts fp32.
 
     Example:
         >>> from autotune import load_workload
@@ -281,6 +297,14 @@ def calibrate(
     )
     if selective:
         blocks = [dataclasses.replace(b, selective_per_sample=x) for b, x in zip(blocks, selective_bytes, strict=True)]
+    outer_table: tuple[int, ...] | None = None
+    outer_selective: tuple[int, ...] | None = None
+    if outer:
+        say(f"peak memory of every knob setting with the outer parts in {reduced} (memory model)")
+        outer_table, banded, _ = memory_table(
+            workload, reduced=reduced, reduced_runs=failure is None, selective=selective, outer=True
+        )
+        outer_selective = banded if selective else None
     return WorkloadProfile(
         version=PROFILE_VERSION,
         workload=workload.source or workload.name,
@@ -307,6 +331,8 @@ def calibrate(
         default_peak_bytes=default.memory.total,
         reduced_failure=failure,
         selective_peak_table=selective_table if selective else None,
+        outer_peak_table=outer_table,
+        outer_selective_peak_table=outer_selective,
     )
 
 
@@ -335,7 +361,12 @@ _SELECTIVE_PAIRS = tuple(
 
 
 def memory_table(
-    workload: Workload, *, reduced: Precision = "bf16", reduced_runs: bool = True, selective: bool = True
+    workload: Workload,
+    *,
+    reduced: Precision = "bf16",
+    reduced_runs: bool = True,
+    selective: bool = True,
+    outer: bool = False,
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
     """Predicted peak bytes of every knob setting the environments reach, in ``peak_table_index``
     order, with blocks ranked as ``TrainingEnv`` ranks them; the same of every setting with
@@ -343,10 +374,23 @@ def memory_table(
     per sample (besides its input). ``reduced_runs=False`` (the model cannot run in ``reduced``
     here): settings with a reduced block get :data:`INFEASIBLE_PEAK`. The selective runs are two
     more fake runs per mode, and the selective table 800 more predictions from the profile:
-    ``selective=False`` leaves them out (the second and third parts then empty)."""
+    ``selective=False`` leaves them out (the second and third parts then empty).
+
+    ``outer=True``: the same settings with the outer parts in ``reduced`` too (``outer_peak_table``
+    and ``outer_selective_peak_table``; the bytes kept selectively are the fp32 blocks' under the
+    reduced outer autocast), from the memory model's ``fp32@reduced`` and ``reduced@reduced``
+    modes; with ``reduced_runs=False`` every one of them is :data:`INFEASIBLE_PEAK`."""
     ranking = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch).ranked()
     # No check step: calibrate() measures the default configuration for real anyway.
-    modes = ("fp32", reduced) if reduced_runs else ("fp32",)
+    if outer:
+        modes: tuple[str, ...] = (outer_mode("fp32", reduced), outer_mode(reduced, reduced))
+    else:
+        modes = ("fp32", reduced) if reduced_runs else ("fp32",)
+    if outer and not reduced_runs:
+        # Nothing of it can run here: no fake runs, every setting refused.
+        size = len(MICRO_LEVELS) * FRACTION_LEVELS * 2
+        banded_size = size * len(_SELECTIVE_PAIRS) if selective else 0
+        return (INFEASIBLE_PEAK,) * size * FRACTION_LEVELS, (INFEASIBLE_PEAK,) * banded_size, ()
     profile = profile_memory(workload, modes=modes, selective=selective, verify=False)
     table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)
     banded = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * len(_SELECTIVE_PAIRS) * 2)
@@ -359,12 +403,12 @@ def memory_table(
         if precision > 0 and not reduced_runs:
             into[index] = INFEASIBLE_PEAK
             continue
-        config = knobs_to_config(levels, ranking, reduced=reduced)
+        config = knobs_to_config(dataclasses.replace(levels, outer=outer), ranking, reduced=reduced)
         into[index] = predict_memory(workload, config, profile=profile).total
     if not selective:
         return tuple(table), (), ()
     small, large = profile.micro_batch_sizes
-    saves = profile.modes["fp32"].blocks
+    saves = profile.modes[modes[0]].blocks
     per_sample = tuple(
         max(b - a, 0) / (large - small) for a, b in zip(saves[0].selective, saves[1].selective, strict=True)
     )

@@ -4,8 +4,10 @@ Per micro-batch of b samples, with L blocks, block i of time share s_i, in reduc
 (set R), recomputed whole (set C) or selectively (set S), phi the blocks' share of a
 micro-batch's time:
 
-    t_micro = (t_mf + b * t_ps) * ((1 - phi) + phi * sum_i s_i * x_i * (1 + rho * [i in C] + sigma * rho * [i in S]))
+    t_micro = (t_mf + b * t_ps) * ((1 - phi) * x_o + phi * sum_i s_i * x_i * y_i)
+    y_i     = 1 + rho * [i in C] + sigma * rho * [i in S]
     x_i     = slowdown if i in R else 1
+    x_o     = slowdown if the outer parts are reduced (KnobLevels.outer) else 1
     t_step  = t_fixed + k * t_micro
 
     kept_i = b * in_i if i in C
@@ -21,6 +23,15 @@ memory, ``sel_i`` per sample (``BlockCost.selective_per_sample``), comes from th
 selective runs; a profile written before them has none, and a selective block then counts as
 keeping what it would without recompute (its peak never below none's: the simulator never
 prefers a level it cannot see).
+
+The outer parts (embeddings, final norm, head, loss: everything outside the blocks, 1 - phi of a
+micro-batch's time) in the reduced precision run at the speed the calibration measured for the
+blocks in it (x_o is the blocks' ``reduced_slowdown``): no outer step is timed, and the head and
+the loss are matmuls and elementwise work like the blocks'. Their memory is the memory model's
+prediction with the outer parts reduced (``outer_peak_table``, ``outer_selective_peak_table``).
+A profile without those tables (written before the outer precision was a knob, or a synthetic one
+of domain randomization) models the outer parts in fp32 whatever ``KnobLevels.outer`` says: the
+simulator neither prefers nor refuses what it cannot see.
     start  = b * a_other + sum_i kept_i + b * temp (+ grads with accumulation)
     sweep  = max_j sum_{i<j} kept_i + full_j + grads_{>=j}    (backward, last block first)
     peak   = params + optimizer_state + max(start, sweep, grads)
@@ -126,11 +137,13 @@ def step_seconds(
     reduced: Collection[int],
     recomputed: Collection[int],
     selective: Collection[int] = (),
+    outer: bool = False,
 ) -> float:
     """Seconds of one optimizer step on one rank: ``t_step`` of the module docstring, with the
     blocks (indices in forward order) in reduced precision, recomputed whole and recomputed
     selectively given explicitly, so any configuration (a study's trial, not only the
-    environments' quarter levels) can be timed."""
+    environments' quarter levels) can be timed; ``outer``: the outer parts in the reduced
+    precision (their share of the micro-batch at the blocks' reduced speed)."""
     b, k = micro_batch_size, accum_steps
     sigma = SELECTIVE_FRACTION if p.selective_fraction is None else p.selective_fraction
     block_time = sum(
@@ -140,7 +153,7 @@ def step_seconds(
         for i, blk in enumerate(p.blocks)
     )
     t_micro = (p.micro_fixed_seconds + b * p.micro_seconds_per_sample) * (
-        1.0 - p.blocks_fraction + p.blocks_fraction * block_time
+        (1.0 - p.blocks_fraction) * (p.reduced_slowdown if outer else 1.0) + p.blocks_fraction * block_time
     )
     return p.step_fixed_seconds + k * t_micro
 
@@ -151,7 +164,10 @@ def _local_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
     ckpt = blocks_at_level(knobs.checkpoint, order)
     sel = blocks_at_level(knobs.checkpoint + knobs.selective, order) - ckpt
     b, k = knobs.micro_batch_size, knobs.accum_steps
-    seconds = step_seconds(p, micro_batch_size=b, accum_steps=k, reduced=low, recomputed=ckpt, selective=sel)
+    outer = knobs.outer and p.outer_peak_table is not None  # without its figures: fp32 (module docstring)
+    seconds = step_seconds(
+        p, micro_batch_size=b, accum_steps=k, reduced=low, recomputed=ckpt, selective=sel, outer=outer
+    )
 
     def full(i: int) -> float:
         blk = p.blocks[i]
@@ -179,13 +195,16 @@ def _local_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
         g = grads if k > 1 else grads * (n - j) / n
         peak_act = max(peak_act, below + full(j) + g)
     peak = p.parameters_bytes + p.optimizer_state_bytes + max(peak_act, grads)
-    if p.peak_table is not None and not sel:
-        peak = p.peak_table[peak_table_index(knobs)]
-    elif p.peak_table is not None and p.selective_peak_table is not None:
-        peak = p.selective_peak_table[selective_table_index(knobs)]
-    elif p.peak_table is not None:
+    table, banded = (
+        (p.outer_peak_table, p.outer_selective_peak_table) if outer else (p.peak_table, p.selective_peak_table)
+    )
+    if table is not None and not sel:
+        peak = table[peak_table_index(knobs)]
+    elif table is not None and banded is not None:
+        peak = banded[selective_table_index(knobs)]
+    elif table is not None:
         # No selective figures: the selective blocks' peak as if they were not recomputed (a bound).
-        peak = p.peak_table[peak_table_index(dataclasses.replace(knobs, selective=0))]
+        peak = table[peak_table_index(dataclasses.replace(knobs, selective=0))]
     return StepCost(seconds=seconds, peak_bytes=int(peak))
 
 
@@ -234,6 +253,9 @@ def randomized_profile(p: WorkloadProfile, rng: np.random.Generator) -> Workload
         blocks_fraction=phi,
         reduced_slowdown=float(math.exp(rng.uniform(math.log(0.3), math.log(30.0)))),
         peak_table=None,  # another model: the block-sum model above
+        selective_peak_table=None,
+        outer_peak_table=None,  # and the outer parts fp32
+        outer_selective_peak_table=None,
     )
 
 

@@ -184,7 +184,7 @@ class SimulatedEnv(TuningEnv):
         )
 
     def _peak_bytes(self, knobs: KnobLevels) -> int:
-        if self.profile.reduced_failure and knobs.precision > 0:
+        if self.profile.reduced_failure and (knobs.precision > 0 or knobs.outer):
             return INFEASIBLE_PEAK  # refused like an over-budget setting, as TrainingEnv refuses it
         return self._cost(knobs).peak_bytes
 

@@ -290,7 +290,7 @@ class TrainingEnv(TuningEnv):
         prediction for a per-block mix, and refusing those would leave the policy nowhere to go."""
         if knobs in self._peaks or self.ranks > 1:
             return self._measured_peak(knobs)
-        if self._reduced_failure is not None and knobs.precision > 0:
+        if self._reduced_failure is not None and (knobs.precision > 0 or knobs.outer):
             self.infeasible[knobs] = self._reduced_failure
             return INFEASIBLE_PEAK
         if not self._admitted(knobs):

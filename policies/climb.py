@@ -26,11 +26,18 @@ neighbour carry a sixth entry (:func:`~autotune.knobs.apply_action`), which the 
 apply as they apply the policy's five. The pretrained policy itself never proposes the level
 (it would take a larger action space, and retraining).
 
-A move to more reduced-precision blocks is not the climb's where the environment measured a
-reduced-precision step at :data:`~autotune.search.precisions.DOMINATED_SLOWDOWN` times the fp32
-step or more at reset (the study's rule for leaving a precision out of its space): such a move
-loses at least the throughput it saves per GiB, and on a CPU without bf16 units it cost the climb
-one or two of its few steps (shared-encoder, docs/benchmark-log.md). The policy may still move there.
+It moves the outer precision the same way (:attr:`~autotune.knobs.KnobLevels.outer`: the
+embeddings, final norm, head and loss in the reduced precision too; every block and the outer
+parts in it is Hugging Face's ``bf16=True``), through a seventh action entry, its moves after
+every other (the selective ones included), so the climb's first steps are the ones it took before
+the outer precision was a knob.
+
+A move to more reduced-precision blocks, or of the outer parts into it, is not the climb's where
+the environment measured a reduced-precision step at
+:data:`~autotune.search.precisions.DOMINATED_SLOWDOWN` times the fp32 step or more at reset
+(the study's rule for leaving a precision out of its space): such a move loses at least the
+throughput it saves per GiB, and on a CPU without bf16 units it cost the climb one or two of its
+few steps (shared-encoder, docs/benchmark-log.md). The policy may still move there.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Climb", "level_neighbours", "settled"]
 
-_FIELDS = ("accum", "micro", "precision", "checkpoint", "zero_stage", "selective")
+_FIELDS = ("accum", "micro", "precision", "checkpoint", "zero_stage", "selective", "outer")
 
 
 def _distance(a: KnobLevels, b: KnobLevels) -> int:
@@ -63,13 +70,19 @@ def _distance(a: KnobLevels, b: KnobLevels) -> int:
 
 
 def level_neighbours(
-    levels: KnobLevels, *, num_blocks: int, ranks: int = 1, max_zero_stage: int = 0, selective: bool = False
+    levels: KnobLevels,
+    *,
+    num_blocks: int,
+    ranks: int = 1,
+    max_zero_stage: int = 0,
+    selective: bool = False,
+    outer: bool = False,
 ) -> list[KnobLevels]:
     """The knob levels one knob one level away from ``levels`` at the same effective batch:
     :func:`autotune.knobs.neighbours` through the level tables (their power-of-two splits,
-    quarters of the blocks, the ZeRO stages up to ``max_zero_stage`` on ranks; the outer parts
-    stay fp32), in its order. Where two levels cover the same count of blocks (a model of fewer
-    than four), the move goes to the next count. The climb's (:meth:`Climb.neighbours`) and an
+    quarters of the blocks, the ZeRO stages up to ``max_zero_stage`` on ranks), in its order.
+    Where two levels cover the same count of blocks (a model of fewer than four), the move goes
+    to the next count. The climb's (:meth:`Climb.neighbours`) and an
     adaptive run's policy source's (:class:`autotune.adapt.policy_source.PolicySource`).
 
     Args:
@@ -80,6 +93,10 @@ def level_neighbours(
         selective: Whether the selective recompute level moves too; its moves come after every
             other (the climb's: its few steps go where they went before the level existed until
             those are tried).
+        outer: Whether the outer precision moves too (:attr:`KnobLevels.outer`); its moves come
+            after every other, the selective ones included, for the same reason. Without it the
+            outer precision stays where ``levels`` has it (an adaptive run's policy source: the
+            policy's action space has no outer precision).
 
     Returns:
         The neighbours, each once.
@@ -91,11 +108,14 @@ def level_neighbours(
         micro_batches=micro,
         block_counts=level_counts(num_blocks),
         zero_stages=range(max_zero_stage + 1) if ranks > 1 else (),
-        outer=False,
+        outer=outer,
         selective=selective,
     )
-    here = levels.knobs(num_blocks, ranks=ranks).selective_blocks
-    around.sort(key=lambda k: k.selective_blocks != here)  # stable: each part in its order
+    here = levels.knobs(num_blocks, ranks=ranks)
+    # Stable: the old moves, then the selective ones, then the outer ones, each part in its order.
+    around.sort(
+        key=lambda k: (k.outer_low_precision != here.outer_low_precision, k.selective_blocks != here.selective_blocks)
+    )
     return [levels_near(k, levels, num_blocks) for k in around]
 
 
@@ -133,12 +153,13 @@ class Climb:
     def neighbours(self, levels: KnobLevels) -> list[KnobLevels]:
         """The knob levels one knob one level away from ``levels`` at the same effective batch
         (:func:`autotune.knobs.neighbours` through the environment's tables: its power-of-two
-        splits, quarters of the blocks, its ZeRO stages on ranks; the outer parts stay fp32), in its
-        order: a larger micro-batch, one recompute level less, one reduced-precision level more,
-        one ZeRO stage lower; then the reverses; then the moves of the selective level in the same
-        order (a full level selective instead, one selective level less, and their reverses). The
-        selective moves come last so that the climb's few steps go where they went before the
-        level existed until those are tried: adding the level never takes a step from them. Where
+        splits, quarters of the blocks, its ZeRO stages on ranks), in its order: a larger
+        micro-batch, one recompute level less, one reduced-precision level more, one ZeRO stage
+        lower; then the reverses; then the moves of the selective level in the same order (a full
+        level selective instead, one selective level less, and their reverses); then the outer
+        precision's one move (into the reduced precision, or back to fp32). The selective and outer
+        moves come last so that the climb's few steps go where they went before those knobs
+        existed until those are tried: adding them never takes a step from them. Where
         two levels cover the same count of blocks (a model of fewer than four), the move goes to
         the next count."""
         return level_neighbours(
@@ -147,6 +168,7 @@ class Climb:
             ranks=self.env.ranks,
             max_zero_stage=self.env.max_zero_stage,
             selective=True,
+            outer=True,
         )
 
     def stepped(self, levels: KnobLevels) -> None:
@@ -172,7 +194,8 @@ class Climb:
         for incumbent in ranked:
             candidates = self.neighbours(incumbent)
             for candidate in pattern_first(candidates, self._came_from.get(incumbent), incumbent):
-                if candidate in self.tried or (slow_reduced and candidate.precision > incumbent.precision):
+                more_reduced = candidate.precision > incumbent.precision or candidate.outer > incumbent.outer
+                if candidate in self.tried or (slow_reduced and more_reduced):
                     continue
                 self.tried.add(candidate)
                 if self.env.admits(candidate):
@@ -183,15 +206,22 @@ class Climb:
     def _toward(self, current: KnobLevels, target: KnobLevels) -> tuple[int, ...] | None:
         """The action whose knobs come nearest ``target``, touching the fewest knobs (None if none
         comes nearer than here). Every action of the space is tried, each with the sixth entry's
-        three selective moves: 972, no training. An action that keeps the selective level is the
+        three selective moves (and, where ``target``'s outer precision is not ``current``'s, the
+        seventh entry's): 972 (2,916), no training. The entries an action keeps at the end are
+        left off: an action that keeps the selective level and the outer precision is the
         policy's five entries."""
         nvec = [int(n) for n in self.env.action_space.nvec]  # type: ignore[attr-defined]
-        keep = (1, 1, 1, 1, current.zero_stage, 1)
+        keep = (1, 1, 1, 1, current.zero_stage, 1, 1)
+        outer = range(3) if target.outer != current.outer else (1,)
         distance, _, action = min(
             (_distance(self.env.next_levels(a), target), sum(x != k for x, k in zip(a, keep, strict=True)), a)
-            for a in itertools.product(*(range(n) for n in nvec), range(3))
+            for a in itertools.product(*(range(n) for n in nvec), range(3), outer)
         )
-        return (action[:5] if action[5] == 1 else action) if distance < _distance(current, target) else None
+        if distance >= _distance(current, target):
+            return None
+        while len(action) > 5 and action[-1] == 1:
+            action = action[:-1]
+        return action
 
 
 def settled(env: TuningEnv, action: Sequence[int]) -> bool:

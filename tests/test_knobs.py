@@ -126,13 +126,35 @@ def test_the_outer_low_precision_reaches_the_config_and_round_trips() -> None:
     assert space.suggest(optuna.trial.FixedTrial(space.params(recipe))) == recipe
 
 
-def test_the_levels_cannot_express_a_reduced_outer_precision() -> None:
+def test_knob_levels_carry_the_outer_precision_outside_the_action_space() -> None:
     from autotune.knobs import levels_of
 
     config = TrainConfig(micro_batch_size=8, precision="bf16")
     assert levels_of(config, 4) == KnobLevels(micro=3, precision=4)
-    assert levels_of(TrainConfig(micro_batch_size=8, precision="bf16", outer_precision="bf16"), 4) is None
-    assert KnobLevels(micro=3, precision=4).knobs(4).outer_low_precision is False  # the policy keeps it fp32
+    recipe = TrainConfig(micro_batch_size=8, precision="bf16", outer_precision="bf16", checkpoint=True)
+    levels = levels_of(recipe, 4)
+    assert levels == KnobLevels(micro=3, precision=4, checkpoint=4, outer=True)
+    # The round trip: levels -> knobs -> config -> levels, and knobs -> levels near any start.
+    assert levels.knobs(4).outer_low_precision is True
+    assert levels.knobs(4).describe() == "8x1 bf16:4+outer ckpt:4"
+    assert knobs_to_config(levels, RANKING) == recipe
+    assert levels_near(levels.knobs(4), KnobLevels(micro=3), 4) == levels
+    head_only = KnobLevels(accum=1, micro=2, outer=True)  # every block fp32, the outer parts bf16
+    head_config = knobs_to_config(head_only, RANKING)
+    assert (head_config.precision, head_config.outer_precision) == ("fp32", "bf16")
+    assert levels_of(head_config, 4) == head_only
+    assert KnobLevels(micro=3, precision=4).knobs(4).outer_low_precision is False  # the default keeps it fp32
+    # The policy's five entries and a sixth keep it; a seventh moves it (0: fp32, 2: reduced).
+    assert apply_action(levels, (1, 1, 1, 1, 0), max_zero_stage=0) == levels
+    assert apply_action(levels, (1, 1, 1, 1, 0, 1), max_zero_stage=0) == levels
+    assert apply_action(levels, (1, 1, 1, 1, 0, 1, 0), max_zero_stage=0) == KnobLevels(
+        micro=3, precision=4, checkpoint=4
+    )
+    assert apply_action(head_only, (1, 1, 1, 1, 0, 1, 2), max_zero_stage=0) == head_only
+    plain = KnobLevels(micro=3)
+    assert apply_action(plain, (1, 1, 1, 1, 0, 1, 2), max_zero_stage=0) == KnobLevels(micro=3, outer=True)
+    with pytest.raises(ConfigError, match=r"^KnobLevels\.outer must be a bool, but got 1\.$"):
+        KnobLevels(outer=1)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", [0, -1, True, 2.0, "2"])

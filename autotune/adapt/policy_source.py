@@ -244,6 +244,11 @@ class PolicySource(DecisionSource):
         levels = levels_of(observation.config, len(ranking))
         if levels is None:  # a split the level tables cannot express (not powers of two): keep it
             return None
+        if levels.outer:
+            # The policy's action space has no outer precision, and the levels carry no reduced
+            # precision of their own (bf16 where the run's may be fp16): a run whose outer parts
+            # are reduced (a callback's user flag) stays where it is, as before the levels kept it.
+            return None
         if self._first is None:
             self._first = observation
         action = tuple(int(a) for a in self.policy.act(self.observation(observation)))

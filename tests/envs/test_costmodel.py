@@ -5,13 +5,23 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from autotune.envs.calibration import load_profile, memory_table, peak_table_index, selective_table_index
+from autotune.envs.calibration import (
+    INFEASIBLE_PEAK,
+    load_profile,
+    memory_table,
+    peak_table_index,
+    selective_table_index,
+)
 from autotune.envs.costmodel import SELECTIVE_FRACTION, ranked_settings, step_cost
 from autotune.envs.simulated import PROFILE_DIR
 
 from autotune import load_workload
-from autotune.knobs import KnobLevels
+from autotune.knobs import KnobLevels, knobs_to_config
 from autotune.measurement.objective import per_gib
+from autotune.memory.blocks import profile_blocks
+from autotune.memory.predict import predict_memory, profile_memory
+from autotune.memory.profile import outer_mode
+from autotune.settings import TUNING
 from tests.paths import TINY_WORKLOAD
 
 PROFILE = load_profile(PROFILE_DIR / "gpt-tiny.json")  # batch 32
@@ -61,3 +71,44 @@ def test_the_memory_table_predicts_every_selective_setting_between_none_and_full
     none, full = (table[peak_table_index(KnobLevels(micro=3, checkpoint=c))] for c in (0, 4))
     every = selective[selective_table_index(KnobLevels(micro=3, selective=4))]
     assert full < every < none
+
+
+# ---- the outer precision (issue 40) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("slowdown", [0.5, 2.0])
+def test_the_outer_parts_reduced_follow_the_profile_s_table_and_the_blocks_reduced_speed(slowdown: float) -> None:
+    assert PROFILE.peak_table is not None
+    # A profile whose memory model says the outer parts in bf16 keep 1 MiB less at every setting.
+    profile = dataclasses.replace(
+        PROFILE, reduced_slowdown=slowdown, outer_peak_table=tuple(x - 2**20 for x in PROFILE.peak_table)
+    )
+    fp32, outer = (step_cost(profile, KnobLevels(micro=3, accum=2, checkpoint=2, outer=o)) for o in (False, True))
+    assert outer.peak_bytes == fp32.peak_bytes - 2**20
+    # The outer share of each micro-batch (1 - phi) at the blocks' reduced speed: 4 micro-batches of 8.
+    micro = profile.micro_fixed_seconds + 8 * profile.micro_seconds_per_sample
+    assert outer.seconds - fp32.seconds == pytest.approx(4 * micro * (1 - profile.blocks_fraction) * (slowdown - 1))
+    assert (outer.seconds < fp32.seconds) == (slowdown < 1)
+    # A selective setting without outer selective figures: the outer table without its band.
+    banded = step_cost(profile, KnobLevels(micro=3, accum=2, checkpoint=2, selective=1, outer=True))
+    assert banded.peak_bytes == outer.peak_bytes
+    # A profile without the outer figures (a shipped one, written before the knob): outer fp32.
+    plain = dataclasses.replace(PROFILE, reduced_slowdown=slowdown)
+    assert step_cost(plain, KnobLevels(micro=3, accum=2, outer=True)) == step_cost(plain, KnobLevels(micro=3, accum=2))
+
+
+def test_the_memory_table_with_the_outer_parts_reduced_is_the_memory_model_s_prediction() -> None:
+
+    workload = load_workload(f"{TINY_WORKLOAD}:build")
+    table, selective, _ = memory_table(workload, selective=False, outer=True)
+    assert len(table) == 8 * 5 * 5 * 2 and selective == ()
+    profile = profile_memory(workload, modes=(outer_mode("fp32", "bf16"), "bf16@bf16"), verify=False)
+
+    ranking = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch).ranked()
+    for levels in (KnobLevels(micro=3, outer=True), KnobLevels(micro=3, precision=4, checkpoint=4, outer=True)):
+        config = knobs_to_config(levels, ranking)
+        assert config.outer_precision == "bf16"
+        assert table[peak_table_index(levels)] == predict_memory(workload, config, profile=profile).total
+    # Where the model cannot run the reduced precision, every outer setting is refused.
+    refused, _, _ = memory_table(workload, selective=False, outer=True, reduced_runs=False)
+    assert set(refused) == {INFEASIBLE_PEAK}

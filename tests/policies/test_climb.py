@@ -182,8 +182,10 @@ def test_neighbours_in_order_at_the_ends_of_the_tables() -> None:
         KnobLevels(accum=0, micro=4, precision=0, checkpoint=3),
         KnobLevels(accum=0, micro=4, precision=1, checkpoint=4),
         KnobLevels(accum=1, micro=3, precision=0, checkpoint=4),
-        # The selective moves last: a full level selective instead.
+        # The selective moves after the old ones: a full level selective instead.
         KnobLevels(accum=0, micro=4, precision=0, checkpoint=3, selective=1),
+        # The outer precision's move last of all.
+        KnobLevels(accum=0, micro=4, precision=0, checkpoint=4, outer=True),
     ]
     env.ranks, env.max_zero_stage = 2, 3  # ZeRO stages move on ranks
     middle = KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1)
@@ -198,7 +200,12 @@ def test_neighbours_in_order_at_the_ends_of_the_tables() -> None:
         KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=2),
         KnobLevels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1, selective=1),
         KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, selective=1),
+        KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, outer=True),
     ]
+    # From the outer parts in bf16, the move back to fp32 (and every other move keeps them there).
+    outer = Climb(env).neighbours(KnobLevels(accum=0, micro=4, checkpoint=4, outer=True))
+    assert outer[-1] == corner
+    assert all(k.outer for k in outer[:-1])
 
 
 def test_on_three_blocks_a_move_skips_the_level_that_covers_the_same_blocks() -> None:
@@ -214,7 +221,9 @@ def test_on_three_blocks_a_move_skips_the_level_that_covers_the_same_blocks() ->
         (4, 0, 0),
         (1, 0, 2),  # a full block selective instead: two of three levels
         (3, 0, 1),  # one selective block more
+        (3, 0, 0),  # the outer parts in bf16 (the last move)
     ]
+    assert around[-1].outer and not any(k.outer for k in around[:-1])
     assert len({knobs_to_config(k, (0, 1, 2)) for k in around} | {knobs_to_config(here, (0, 1, 2))}) == len(around) + 1
 
 
@@ -289,3 +298,33 @@ def test_the_climb_reaches_the_selective_level_through_a_sixth_action_entry() ->
     # From 2x8: the split back and the band's move in one action; then the band's move alone.
     assert [s.action for s in episode.steps[5:]] == [(0, 1, 1, 0, 0, 2), (1, 1, 1, 0, 0, 2)]
     assert episode.best is not None and episode.best.throughput == 140.0
+
+
+def test_the_climb_reaches_the_outer_precision_through_a_seventh_action_entry_after_the_other_moves() -> None:
+    """Where the outer parts in bf16 pay and every other move is worse, the climb tries every
+    other neighbour first (the steps it took before the outer precision was a knob), then moves
+    the outer parts to bf16 with an action outside the policy's space (its seventh entry)."""
+
+    def outer_pays(k: KnobLevels) -> float:
+        return _less_recompute_is_faster(k) - 20 * (4 - k.checkpoint) - 30 * k.selective + 25 * k.outer
+
+    env = _Terrain(outer_pays)
+    policy: Any = _Policy(lambda _: STAY)
+    episode = run_episode(env, policy, workload="w", seed=0, steps=6, refine=2)
+    # 8x4 (worse), one recompute level less (worse), bf16 (worse), 2x8 (worse), the selective
+    # move (worse), then the outer parts in bf16: better, and the best step.
+    assert [(k.micro_batch_size, k.precision, k.checkpoint, k.selective, k.outer) for k in env.trained] == [
+        (4, 0, 4, 0, False),
+        (8, 0, 4, 0, False),
+        (4, 0, 3, 0, False),
+        (4, 1, 4, 0, False),
+        (2, 0, 4, 0, False),
+        (4, 0, 3, 1, False),
+        (4, 0, 4, 0, True),
+    ]
+    # From 2x8 the selective move (six entries); from there a full level up (which takes the
+    # selective quarter back) and the outer move in one action: seven entries, the sixth kept.
+    assert [s.action for s in episode.steps[5:]] == [(0, 1, 1, 0, 0, 2), (1, 1, 1, 2, 0, 1, 2)]
+    assert episode.best is not None and episode.best.throughput == 125.0
+    config = env.config_of(env.trained[-1])
+    assert (config.precision, config.outer_precision, config.checkpoint) == ("fp32", "bf16", True)
