@@ -567,7 +567,7 @@ def realsize_verdicts(rows: list[dict[str, Any]], studies: list[dict[str, Any]])
 def _per_gib_ratio(pick: dict[str, Any] | None, hf: dict[str, Any] | None) -> float | None:
     if pick is None or hf is None or not pick["per GiB"] or not hf["per GiB"]:
         return None
-    return round(pick["per GiB"] / hf["per GiB"], 3)
+    return round(float(pick["per GiB"]) / float(hf["per GiB"]), 3)
 
 
 def part_adapt() -> dict[str, Any]:
