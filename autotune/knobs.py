@@ -329,6 +329,14 @@ class KnobLevels:
     sees the configuration as its ``checkpoint`` level; the climb that ends a ``tune`` episode
     moves it (:func:`apply_action`'s sixth entry).
 
+    Attributes:
+        accum: Index into the accumulation levels (1, 2, 4, ... 128).
+        micro: Index into the micro-batch levels (1, 2, 4, ... 128).
+        precision: Quarters of the blocks in reduced precision, hungriest first (0-4).
+        checkpoint: Quarters of the blocks recomputed whole, hungriest first (0-4).
+        zero_stage: The ZeRO stage (0-3).
+        selective: Quarters of the blocks recomputed selectively after the whole ones (0-4).
+
     Example:
         >>> from autotune.envs import KnobLevels
         >>> levels = KnobLevels(accum=1, micro=3)
@@ -491,6 +499,16 @@ def knobs_to_config(
 ) -> TrainConfig:
     """The TrainConfig for ``levels`` on a model whose blocks rank as ``ranking`` (hungriest first).
 
+    Args:
+        levels: The knob levels.
+        ranking: The blocks' indices, hungriest first.
+        reduced: The precision of the blocks the precision level reduces.
+        ranks: Data-parallel ranks.
+        base: The configuration whose other fields it keeps (None: the defaults).
+
+    Returns:
+        The configuration.
+
     Example:
         >>> from autotune.envs import KnobLevels, knobs_to_config
         >>> config = knobs_to_config(KnobLevels(accum=1, micro=3, checkpoint=2), ranking=(2, 0, 1, 3))
@@ -593,9 +611,10 @@ def apply_action(
     min_batch: int = 1,
     min_micro: int = 1,
 ) -> KnobLevels:
-    """Apply a MultiDiscrete action ``(split, batch, precision, checkpoint, zero)``, or that with a
-    sixth entry, ``selective``, outside the action space (the shipped policy never proposes it; the
-    climb that ends a ``tune`` episode does, :mod:`autotune.policies.climb`).
+    """The knob levels after a MultiDiscrete action ``(split, batch, precision, checkpoint, zero)``.
+
+    The action may have a sixth entry, ``selective``, outside the action space (the shipped policy
+    never proposes it; the climb that ends a ``tune`` episode does, :mod:`autotune.policies.climb`).
 
     ``split`` (0: fewer, larger micro-batches; 1: keep; 2: more, smaller ones) doubles one of
     micro-batch and accumulation and halves the other, so the effective batch never changes; a
@@ -612,6 +631,17 @@ def apply_action(
     selective quarter into a full one (the blocks recomputed at all stay). Without selective blocks
     (every action of the policy) the checkpoint delta acts as it always did. Every action is
     valid: no masking in the action space.
+
+    Args:
+        knobs: The levels the action moves from.
+        action: ``(split, batch, precision, checkpoint, zero)``, or that and ``selective``.
+        max_zero_stage: The highest ZeRO stage the fifth entry reaches.
+        adapt_batch: Whether ``batch`` acts (otherwise it is ignored).
+        min_batch: The smallest effective batch (one rank's) ``batch`` may reach.
+        min_micro: The smallest micro-batch ``split`` may reach.
+
+    Returns:
+        The levels after the action.
 
     Example:
         >>> from autotune.envs import KnobLevels, apply_action
