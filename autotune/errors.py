@@ -93,9 +93,9 @@ class UnsupportedError(AutotuneError):
     knob a model cannot take); the message says what would run it.
 
     Example:
-        >>> from autotune import TrainConfig
-        >>> from autotune.train.deepspeed_config import engine_precision
-        >>> engine_precision(TrainConfig(precision="fp16", zero_stage=1), num_blocks=4, device_type="cpu")
+        >>> from autotune import TrainConfig, load_workload, predict_memory
+        >>> fp16_on_zero = TrainConfig(precision="fp16", zero_stage=1)  # valid, but not on a CPU engine
+        >>> predict_memory(load_workload("mlp-digits"), fp16_on_zero, device_type="cpu")
         Traceback (most recent call last):
         ...
         autotune.errors.UnsupportedError: TrainConfig.precision fp16 cannot run on a CPU DeepSpeed engine ...

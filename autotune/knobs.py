@@ -329,11 +329,18 @@ class KnobLevels:
     sees the configuration as its ``checkpoint`` level; the climb that ends a ``tune`` episode
     moves it (:func:`apply_action`'s sixth entry).
 
-    ``outer`` is whether everything outside the blocks (embeddings, final norm, head, loss) runs
-    in the reduced precision too (:attr:`Knobs.outer_low_precision`, ``TrainConfig.outer_precision``).
-    Like ``selective`` it is outside the action space and the observation (the policy sees such a
-    configuration as its blocks' levels and never proposes it); the climb moves it
-    (:func:`apply_action`'s seventh entry).
+    Attributes:
+        accum: Index into the accumulation levels (1, 2, 4, ... 128).
+        micro: Index into the micro-batch levels (1, 2, 4, ... 128).
+        precision: Quarters of the blocks in reduced precision, hungriest first (0-4).
+        checkpoint: Quarters of the blocks recomputed whole, hungriest first (0-4).
+        zero_stage: The ZeRO stage (0-3).
+        selective: Quarters of the blocks recomputed selectively after the whole ones (0-4).
+        outer: Whether everything outside the blocks (embeddings, final norm, head, loss) runs in
+            the reduced precision too (:attr:`Knobs.outer_low_precision`). Like ``selective`` it
+            is outside the action space and the observation (the policy sees such a
+            configuration as its blocks' levels and never proposes it); the climb moves it
+            (:func:`apply_action`'s seventh entry).
 
     Example:
         >>> from autotune.envs import KnobLevels
@@ -502,6 +509,16 @@ def knobs_to_config(
 ) -> TrainConfig:
     """The TrainConfig for ``levels`` on a model whose blocks rank as ``ranking`` (hungriest first).
 
+    Args:
+        levels: The knob levels.
+        ranking: The blocks' indices, hungriest first.
+        reduced: The precision of the blocks the precision level reduces.
+        ranks: Data-parallel ranks.
+        base: The configuration whose other fields it keeps (None: the defaults).
+
+    Returns:
+        The configuration.
+
     Example:
         >>> from autotune.envs import KnobLevels, knobs_to_config
         >>> config = knobs_to_config(KnobLevels(accum=1, micro=3, checkpoint=2), ranking=(2, 0, 1, 3))
@@ -610,9 +627,10 @@ def apply_action(
     min_batch: int = 1,
     min_micro: int = 1,
 ) -> KnobLevels:
-    """Apply a MultiDiscrete action ``(split, batch, precision, checkpoint, zero)``, or that with a
-    sixth entry, ``selective``, and a seventh, ``outer``, outside the action space (the shipped
-    policy never proposes them; the climb that ends a ``tune`` episode does,
+    """The knob levels after a MultiDiscrete action ``(split, batch, precision, checkpoint, zero)``.
+
+    The action may have a sixth entry, ``selective``, and a seventh, ``outer``, outside the action
+    space (the shipped policy never proposes them; the climb that ends a ``tune`` episode does,
     :mod:`autotune.policies.climb`).
 
     ``split`` (0: fewer, larger micro-batches; 1: keep; 2: more, smaller ones) doubles one of
@@ -632,6 +650,17 @@ def apply_action(
     outer parts in fp32, 1: keep, 2: in the reduced precision) moves :attr:`KnobLevels.outer`;
     without it (five or six entries) the outer precision stays where it is. Every action is
     valid: no masking in the action space.
+
+    Args:
+        knobs: The levels the action moves from.
+        action: ``(split, batch, precision, checkpoint, zero)``, or that and ``selective``, and ``outer``.
+        max_zero_stage: The highest ZeRO stage the fifth entry reaches.
+        adapt_batch: Whether ``batch`` acts (otherwise it is ignored).
+        min_batch: The smallest effective batch (one rank's) ``batch`` may reach.
+        min_micro: The smallest micro-batch ``split`` may reach.
+
+    Returns:
+        The levels after the action.
 
     Example:
         >>> from autotune.envs import KnobLevels, apply_action

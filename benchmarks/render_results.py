@@ -1,13 +1,15 @@
-"""Render the results page (docs/benchmarks.md) and its charts from the records in docs/results/.
+"""Render the results page, its charts and README's results table from the records in docs/results/.
 
-    python benchmarks/render_results.py           # rewrite docs/benchmarks.md and docs/images/results-*.svg
-    python benchmarks/render_results.py --check   # exit 1 if either differs from the records' rendering
+    python benchmarks/render_results.py           # rewrite docs/benchmarks.md, docs/images/results-*.svg, README
+    python benchmarks/render_results.py --check   # exit 1 if any differs from the records' rendering
 
 The page is never edited by hand: a figure changes in its record (``docs/results/NAME.json``,
 written by the benchmark that measured it with ``--result``), then this script runs, and
 ``tests/test_results_page.py`` fails when the committed page or a chart is not this rendering.
 The charts are SVG written here (no plotting library): bars of one value per group, each relative
-to the group's baseline (the PyTorch default), labelled with the table's own figure.
+to the group's baseline (the PyTorch default), labelled with the table's own figure. README's
+results table, between its two marker comments, is the ``adaptive-vs-study`` record's per-GiB
+figures.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from results import RESULTS_DIR, ROOT, Chart, Result, load_results
 
 PAGE = ROOT / "docs" / "benchmarks.md"
 IMAGES = ROOT / "docs" / "images"
+README = ROOT / "README.md"
+README_RECORD = "adaptive-vs-study"
+README_BEGIN = (
+    "<!-- results table: rendered by benchmarks/render_results.py from docs/results/adaptive-vs-study.json -->"
+)
+README_END = "<!-- end of the rendered results table -->"
+# What README says of each model beside its corpus name (the record names the model only).
+README_MODELS = {"hf-gpt2": "GPT-2, 6 layers", "hf-vit": "ViT, 6 layers", "lstm-lm": "4 LSTM blocks"}
 
 INTRO = """\
 # Benchmarks
@@ -145,10 +155,40 @@ def svg(result: Result) -> str:
     return "\n".join(out) + "\n"
 
 
+def readme_table(result: Result) -> list[str]:
+    """README's results table: per model, the per-GiB figure of the default, adaptive and the
+    study's best, and adaptive over the default (one decimal from 2x, two below, where a ratio
+    near 1 needs the second)."""
+    model, variant, value = (result.columns.index(c) for c in ("model", "variant", "settled samples/s per GiB"))
+    per_gib: dict[str, dict[str, str]] = {}
+    for row in result.rows:
+        per_gib.setdefault(row[model], {})[row[variant]] = row[value]
+    lines = [
+        "| model | PyTorch default | adaptive (no study) | study best | adaptive / default |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, figures in per_gib.items():
+        default, adaptive, study = (figures[v] for v in ("default", "adaptive", "study-best"))
+        ratio = float(adaptive) / float(default)
+        shown = f"{ratio:.{1 if ratio >= 2 else 2}f}x"
+        lines.append(f"| {name} ({README_MODELS[name]}) | {default} | {adaptive} | {study} | {shown} |")
+    return lines
+
+
+def readme(text: str, results: list[Result]) -> str:
+    """README ``text`` with its results table (between the marker comments) rendered from the record."""
+    record = next(r for r in results if r.name == README_RECORD)
+    head, begin, rest = text.partition(README_BEGIN + "\n")
+    _, end, tail = rest.partition(README_END)
+    assert begin and end, f"README.md must hold the marker comments {README_BEGIN!r} and {README_END!r}"
+    return head + begin + "\n".join(readme_table(record)) + "\n" + end + tail
+
+
 def rendered(results: list[Result]) -> dict[Path, str]:
-    """Every file the records render to, by path: the page and one chart per record with one."""
+    """Every file the records render to, by path: the page, one chart per record with one, and README."""
     files = {PAGE: page(results)}
     files |= {IMAGES / chart_name(r): svg(r) for r in results if r.chart is not None}
+    files[README] = readme(README.read_text(), results)
     return files
 
 

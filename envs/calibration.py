@@ -85,6 +85,17 @@ INFEASIBLE_PEAK = 2**62
 class BlockCost:
     """One block: activation bytes (fixed + per sample) per precision, input bytes, compute share.
 
+    Attributes:
+        name: The block's module name in the model.
+        fp32_fixed: Activation bytes it saves for backward in fp32, independent of the micro-batch.
+        fp32_per_sample: Activation bytes it saves for backward in fp32, per sample.
+        reduced_fixed: As ``fp32_fixed``, in the profile's reduced precision.
+        reduced_per_sample: As ``fp32_per_sample``, in the profile's reduced precision.
+        input_per_sample: Bytes of its input per sample: what it keeps when recomputed whole.
+        time_share: Its share of all blocks' forward time (fp32).
+        selective_per_sample: What it keeps recomputed selectively besides its input, per sample
+            (fp32; the memory model's selective runs); None in profiles written before the level.
+
     Example:
         >>> from autotune.envs import shipped_profiles
         >>> block = shipped_profiles()[0].blocks[0]
@@ -98,15 +109,52 @@ class BlockCost:
     reduced_fixed: float
     reduced_per_sample: float
     input_per_sample: float
-    time_share: float  # this block's share of all blocks' forward time (fp32)
-    #: What it keeps recomputed selectively besides its input, per sample (fp32; the memory
-    #: model's selective runs): None in profiles written before the level.
+    time_share: float
     selective_per_sample: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class WorkloadProfile:
     """Everything the simulator knows of one workload on one machine.
+
+    A step's time is ``step_fixed_seconds + accum * (micro_fixed_seconds + micro *
+    micro_seconds_per_sample)``, its blocks' part scaled by precision and recompute
+    (``envs/costmodel.py``).
+
+    Attributes:
+        version: The profile format's version (:data:`PROFILE_VERSION` when read).
+        workload: The workload's name (a corpus name or a reference).
+        machine: The machine it was measured on, in words.
+        reduced: The reduced precision measured (``bf16`` or ``fp16``).
+        num_parameters: The model's parameter count.
+        batch_size: The workload's reference batch (episodes start there).
+        parameters_bytes: Bytes of the parameters (fp32).
+        gradients_bytes: Bytes of the gradients.
+        optimizer_state_bytes: Bytes of the optimizer state (Adam's moments and step counters).
+        other_activation_per_sample: Activation bytes outside the blocks (embeddings, head, loss)
+            per sample.
+        temporaries_per_sample: Bytes of the step's temporaries per sample, beyond what is saved.
+        blocks: Each block's costs, in the model's order.
+        step_fixed_seconds: Per optimizer step: the optimizer, clipping, bookkeeping.
+        micro_fixed_seconds: Per micro-batch, independent of its size.
+        micro_seconds_per_sample: Per sample of a micro-batch (fp32, nothing recomputed).
+        blocks_fraction: The share of a micro-batch's time spent in the blocks (fp32).
+        reduced_slowdown: Reduced-precision block time over fp32 block time (above 1: slower).
+        recompute_fraction: The extra block time when recomputed, over the block time.
+        curve_samples: The loss curve's samples seen, one per point.
+        curve_loss: The loss curve's loss at each point.
+        curve_b_noise: The gradient noise scale (samples) at each point.
+        peak_table: Predicted peak bytes of every :class:`KnobLevels` setting: index with
+            :func:`peak_table_index`; None in profiles written before it.
+        default_peak_bytes: Measured (tracked) peak bytes of the default configuration, which
+            checks the table's prediction of it; None in profiles written before it was recorded.
+        reduced_failure: Why the model cannot run in ``reduced`` precision on this machine (None:
+            it can). Then the reduced figures are fp32's and every setting with a reduced block is
+            infeasible.
+        selective_peak_table: Predicted peak bytes of every setting with selective blocks: index
+            with :func:`selective_table_index`; None in profiles written before the level.
+        selective_fraction: A selective block's recompute time over a whole block's (None:
+            ``costmodel.SELECTIVE_FRACTION``).
 
     Example:
         >>> from autotune.envs import shipped_profiles
@@ -120,35 +168,26 @@ class WorkloadProfile:
     machine: str
     reduced: Precision
     num_parameters: int
-    batch_size: int  # the workload's reference batch (episodes start there)
+    batch_size: int
     parameters_bytes: int
     gradients_bytes: int
     optimizer_state_bytes: int
-    other_activation_per_sample: float  # activations outside blocks (embeddings, head, loss)
+    other_activation_per_sample: float
     temporaries_per_sample: float
     blocks: tuple[BlockCost, ...]
-    # time per optimizer step = step_fixed + accum * micro-batch time (see costmodel.py)
-    step_fixed_seconds: float  # optimizer step, clipping, bookkeeping
-    micro_fixed_seconds: float  # per micro-batch, independent of its size
+    step_fixed_seconds: float
+    micro_fixed_seconds: float
     micro_seconds_per_sample: float
-    blocks_fraction: float  # share of a micro-batch's time spent in the blocks (fp32)
-    reduced_slowdown: float  # reduced-precision block time / fp32 block time (>1: slower)
-    recompute_fraction: float  # extra block time when checkpointed / block time
+    blocks_fraction: float
+    reduced_slowdown: float
+    recompute_fraction: float
     curve_samples: tuple[float, ...]
     curve_loss: tuple[float, ...]
     curve_b_noise: tuple[float, ...]
-    #: Predicted peak bytes of every KnobLevels setting: index with :func:`peak_table_index`.
     peak_table: tuple[int, ...] | None = None
-    #: Measured (MemTracker) peak bytes of the default configuration, which checks the table's
-    #: prediction of it; None in profiles written before it was recorded.
     default_peak_bytes: int | None = None
-    #: Why the model cannot run in ``reduced`` precision on this machine (None: it can). Then the
-    #: reduced figures are fp32's and every setting with a reduced block is infeasible.
     reduced_failure: str | None = None
-    #: Predicted peak bytes of every setting with selective blocks: index with
-    #: :func:`selective_table_index`; None in profiles written before the level.
     selective_peak_table: tuple[int, ...] | None = None
-    #: A selective block's recompute time over a whole block's (None: ``costmodel.SELECTIVE_FRACTION``).
     selective_fraction: float | None = None
     #: Predicted peak bytes of every ``peak_table`` setting with the outer parts in ``reduced``
     #: (:attr:`KnobLevels.outer`), indexed as ``peak_table``; None in profiles written before the
@@ -186,6 +225,10 @@ class WorkloadProfile:
 def save_profile(profile: WorkloadProfile, path: Path) -> None:
     """Write ``profile`` to ``path`` as JSON (its folders created).
 
+    Args:
+        profile: The profile to write.
+        path: The JSON file to write.
+
     Example:
         >>> import tempfile
         >>> from pathlib import Path
@@ -202,6 +245,15 @@ def save_profile(profile: WorkloadProfile, path: Path) -> None:
 
 def load_profile(path: Path) -> WorkloadProfile:
     """The profile :func:`save_profile` (or ``autotune profile``) wrote to ``path``.
+
+    Args:
+        path: The profile's JSON file.
+
+    Returns:
+        The profile, in the current format.
+
+    Raises:
+        ConfigError: the file is of a newer profile version than this build reads.
 
     Example:
         >>> from autotune.envs import PROFILE_DIR, load_profile
@@ -226,12 +278,22 @@ def calibrate(
 ) -> WorkloadProfile:
     """Measure ``workload`` on this machine (tens of seconds for the built-in workloads).
 
-    ``timing_rounds``: interleaved steps per timed configuration (their median is used); fewer
-    is faster and noisier (gpt-tiny, 1 thread: 8 rounds took 21 s of a 45 s calibration).
-    ``selective=False`` leaves the selective recompute level out of the memory table (two fake
-    runs per mode and 800 predictions fewer): for a profile only the shipped policy acts on, which
-    never moves the level. ``outer=False`` likewise leaves the outer precision out (the reduced
-    outer modes' fake runs and their predictions); the profile then keeps the outer parts fp32.
+    Args:
+        workload: The workload to measure.
+        reduced: The reduced precision to measure beside fp32.
+        curve_steps: Optimizer steps of the loss and gradient-noise curve.
+        timing_rounds: Interleaved steps per timed configuration (their median is used); fewer is
+            faster and noisier (gpt-tiny, 1 thread: 8 rounds took 21 s of a 45 s calibration).
+        progress: Called with a line as each phase starts (None: silent).
+        selective: Whether the memory table holds the selective recompute level; ``False`` leaves
+            it out (two fake runs per mode and 800 predictions fewer): for a profile only the
+            shipped policy acts on, which never moves the level.
+        outer: Whether the memory table holds the reduced outer precision; ``False`` leaves it out
+            (the reduced outer modes' fake runs and their predictions), and the profile then keeps
+            the outer parts fp32.
+
+    Returns:
+        The workload's profile on this machine.
 
     Example:
         >>> from autotune import load_workload

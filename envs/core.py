@@ -63,6 +63,14 @@ RECONFIG_WEIGHT = 1.0
 class ModelDescriptor:
     """What a policy knows of the model, independent of its architecture.
 
+    Attributes:
+        num_parameters: The model's parameter count.
+        activation_bytes_per_sample: Activation bytes saved for backward per sample, whole model
+            (fp32, nothing recomputed).
+        num_blocks: How many blocks the model has.
+        top_quarter_share: The share of the blocks' activation bytes in the hungriest quarter of
+            blocks.
+
     Example:
         >>> from autotune.envs import ModelDescriptor
         >>> model = ModelDescriptor.describe(num_parameters=1_000_000, block_bytes=[300.0, 100.0, 100.0, 100.0])
@@ -71,9 +79,9 @@ class ModelDescriptor:
     """
 
     num_parameters: int
-    activation_bytes_per_sample: float  # fp32, no checkpointing, whole model
+    activation_bytes_per_sample: float
     num_blocks: int
-    top_quarter_share: float  # share of block activation bytes in the hungriest quarter of blocks
+    top_quarter_share: float
 
     @classmethod
     def describe(
@@ -104,8 +112,16 @@ def model_state_bytes(model: torch.nn.Module) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class MachineDescriptor:
-    """What a policy knows of the machine: measured, never assumed (on this project's machines bf16
-    was ~20x slower than fp32 on an AVX2 CPU with no bf16 units, and faster on an Ampere GPU).
+    """What a policy knows of the machine: measured, never assumed.
+
+    On this project's machines bf16 was ~20x slower than fp32 on an AVX2 CPU with no bf16 units,
+    and faster on an Ampere GPU.
+
+    Attributes:
+        reduced_speed: Throughput of a reduced-precision step relative to fp32.
+        budget_ratio: The memory budget over the model-state bytes (parameters, gradients and
+            optimizer state).
+        recompute_cost: Step time with every block recomputed over the plain step time, minus 1.
 
     Example:
         >>> from autotune.envs import MachineDescriptor
@@ -114,9 +130,9 @@ class MachineDescriptor:
         0.0
     """
 
-    reduced_speed: float  # throughput of a reduced-precision step relative to fp32
-    budget_ratio: float  # memory budget / model-state bytes (params + grads + optimizer state)
-    recompute_cost: float = 0.0  # step time with every block recomputed / plain step time - 1
+    reduced_speed: float
+    budget_ratio: float
+    recompute_cost: float = 0.0
 
 
 class Interval(NamedTuple):
@@ -212,6 +228,13 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Episode End
     Terminated on divergence; truncated by the registration's ``max_episode_steps``.
+
+    ## Arguments
+    - ``horizon``: episode length used to encode the fraction of the training budget used.
+    - ``max_zero_stage``: the highest ZeRO stage the ZeRO action reaches (0: one rank, or no ZeRO
+      runner).
+    - ``adapt_batch``: let the batch action grow the batch (never below B_0), with goodput in the
+      reward; off by default: the batch is the user's.
 
     ## Example
         >>> from autotune.envs import SimulatedEnv

@@ -45,15 +45,15 @@ def test_docstring_examples_run(name: str) -> None:
 
 
 #: The public API whose every parameter is described: ``autotune.__all__``, ``autotune.adapt.__all__``,
-#: the policies' and the two callbacks. Not ``autotune.envs`` yet: ``SimulatedEnv`` documents its
-#: arguments Gymnasium's way (an ``## Arguments`` section), and its records' fields are undocumented.
+#: ``autotune.envs.__all__``, the policies' and the two callbacks. The environments document their
+#: arguments Gymnasium's way (an ``## Arguments`` section of ``- ``name``:`` items).
 def _public() -> list[tuple[str, object]]:
     import autotune
     import autotune.adapt
 
     names = [(f"autotune.{n}", getattr(autotune, n)) for n in autotune.__all__]
     names += [(f"autotune.adapt.{n}", getattr(autotune.adapt, n)) for n in autotune.adapt.__all__]
-    for module in ("autotune.policies", "autotune.policies.tune"):
+    for module in ("autotune.envs", "autotune.policies", "autotune.policies.tune"):
         m = importlib.import_module(module)
         names += [(f"{module}.{n}", getattr(m, n)) for n in m.__all__ if callable(getattr(m, n))]
     for module in ("autotune.integrations.hf", "autotune.integrations.lightning"):
@@ -87,7 +87,8 @@ def test_public_names_document_every_parameter(name: str, obj: object) -> None:
         for p in inspect.signature(obj).parameters.values()
         if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"
     ]
-    missing = [p for p in params if not re.search(rf"^\s+{re.escape(p)}( \([^)]*\))?:", doc, re.MULTILINE)]
+    described = (rf"^\s+{re.escape(p)}( \([^)]*\))?:|^- ``{re.escape(p)}``:" for p in params)  # Google, Gymnasium
+    missing = [p for p, pattern in zip(params, described, strict=True) if not re.search(pattern, doc, re.MULTILINE)]
     assert not missing, f"{name}'s docstring does not describe {missing}"
 
 

@@ -3,6 +3,7 @@ one part's child process runs dry; mypy checks its calls into the library (``mak
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -121,15 +122,15 @@ def test_the_real_size_judge_runs_every_recipe_and_a_pick_through_its_snippet_on
 
     entry = CORPUS["hf-gpt2"]
     pick = TrainConfig(micro_batch_size=4, grad_accum_steps=2, precision="bf16", checkpoint=(True, False))
-    recipes = [*gpu_check.hf_recipes(8), gpu_check.pick_recipe("study pick (per-gib)", pick)]
+    recipes = [*gpu_check.hf_recipes(8), gpu_check.pick_recipe(gpu_check.PICK_PER_GIB, pick)]
     rows = gpu_check.judge(lambda: entry.build(**entry.tiny), recipes, device="cpu", steps=2, warmup=1)
-    assert [(r["recipe"], r["split"], r["config"], r["peak"]) for r in rows] == [
-        ("pytorch-default", "8x1", None, None),
-        ("hf bf16", "8x1", None, None),
-        ("hf bf16+gc", "8x1", None, None),
-        ("hf bf16 4x2", "4x2", None, None),
-        ("hf bf16 2x4", "2x4", None, None),
-        ("study pick (per-gib)", "4x2", pick.describe(), None),
+    assert [(r["recipe"], r["split"], r["config"], r["compiled"], r["peak"]) for r in rows] == [
+        ("pytorch-default", "8x1", None, False, None),
+        ("hf bf16", "8x1", None, False, None),
+        ("hf bf16+gc", "8x1", None, False, None),
+        ("hf bf16 4x2", "4x2", None, False, None),
+        ("hf bf16 2x4", "2x4", None, False, None),
+        ("study pick (per-gib, selective allowed)", "4x2", pick.describe(), False, None),
     ]
     assert all(r["samples/s"] > 0 for r in rows)
 
@@ -147,3 +148,97 @@ def test_the_real_size_predictions_are_verified_where_they_were_checked(gpu_chec
     predicted = gpu_check.predicted_peaks(lambda: entry.build(**entry.tiny), recipes, device="cpu")
     assert list(predicted) == [r.name for r in recipes]
     assert all(p["verified"] and p["predicted"] > 0 for p in predicted.values())
+
+
+def test_the_real_size_compiled_rows_compile_the_model_once_each_as_hf_and_the_snippet_do(
+    gpu_check: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HF's ``torch_compile=True`` and the pick compiled (its snippet's ``model.compile()``) each
+    compile the model in place, default mode, after the checkpointing and the pick's wrappers; the
+    compile is recorded here, not run (a real one costs the CPU a minute)."""
+    from autotune import TrainConfig
+    from autotune.zoo import CORPUS
+
+    compiled: list[tuple[str, tuple[object, ...], dict[str, object], bool]] = []
+
+    def fake_compile(self: torch.nn.Module, *args: object, **kwargs: object) -> None:
+        wrapped = any(getattr(m, "gradient_checkpointing", False) for m in self.modules())
+        compiled.append((type(self).__name__, args, kwargs, wrapped))
+
+    monkeypatch.setattr(torch.nn.Module, "compile", fake_compile)
+    entry = CORPUS["hf-gpt2"]
+    pick = TrainConfig(micro_batch_size=4, grad_accum_steps=2, precision="bf16", checkpoint=("selective", False))
+    recipes = [
+        gpu_check.compiled_pick_recipe(gpu_check.pick_recipe(gpu_check.PICK_PER_GIB, pick)),
+        gpu_check.hf_compiled_recipe(8),
+    ]
+    assert recipes[0].config == dataclasses.replace(pick, compile="default")
+    assert recipes[1].as_config() == TrainConfig(
+        micro_batch_size=8, precision="bf16", outer_precision="bf16", checkpoint=True, compile="default"
+    )
+    rows = gpu_check.judge(lambda: entry.build(**entry.tiny), recipes, device="cpu", steps=2, warmup=1)
+    assert [(r["recipe"], r["split"], r["config"], r["compiled"]) for r in rows] == [
+        ("study pick (per-gib, selective allowed) compiled", "4x2", recipes[0].config.describe(), True),
+        ("hf bf16+gc+compile", "8x1", None, True),
+    ]
+    assert recipes[0].config.describe().endswith(" | compile default")
+    # The pick's snippet compiles without HF's checkpointing flag; HF's recipe compiles after setting it.
+    assert compiled == [("GPT2LMHeadModel", (), {}, False), ("GPT2LMHeadModel", (), {}, True)]
+
+
+def test_a_compiled_row_without_the_time_left_or_that_fails_is_a_row_saying_so(
+    gpu_check: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.zoo import CORPUS
+
+    entry = CORPUS["hf-gpt2"]
+    recipes = [gpu_check.hf_compiled_recipe(8)]
+
+    def judge_in_time(now: float) -> list[dict[str, object]]:
+        return gpu_check.judge_in_time(
+            lambda: entry.build(**entry.tiny), recipes, device="cpu", deadline=100.0, row_s=75.0, clock=lambda: now
+        )
+
+    assert judge_in_time(60.0) == [{"recipe": "hf bf16+gc+compile", "status": "skipped: 40 s left, a row needs 75 s"}]
+
+    def failing_compile(self: torch.nn.Module) -> None:
+        raise RuntimeError("Dynamo failed to trace")
+
+    monkeypatch.setattr(torch.nn.Module, "compile", failing_compile)
+    assert judge_in_time(0.0) == [
+        {"recipe": "hf bf16+gc+compile", "status": "error: RuntimeError: Dynamo failed to trace"}
+    ]
+
+
+def test_the_real_size_verdicts_set_each_pick_beside_its_hf_recipe(gpu_check: ModuleType) -> None:
+    gib = 2**30
+
+    def row(name: str, samples: float, peak_gib: float, *, config: str | None = None, compiled: bool = False) -> dict:
+        peak = int(peak_gib * gib)
+        return {
+            "recipe": name,
+            "config": config,
+            "compiled": compiled,
+            "samples/s": samples,
+            "peak": peak,
+            "per GiB": round(samples / peak_gib, 3),
+        }
+
+    rows = [
+        row("pytorch-default", 40.0, 30.0),  # over the 20 GiB budget
+        row("hf bf16", 60.0, 18.0),
+        row("hf bf16+gc", 45.0, 9.0),
+        row(gpu_check.PICK_PER_GIB, 50.0, 8.0, config="pick"),
+        row(gpu_check.PICK_THROUGHPUT, 66.0, 19.0, config="pick"),
+        row(f"{gpu_check.PICK_PER_GIB} compiled", 60.0, 8.0, config="pick", compiled=True),
+        row("hf bf16+gc+compile", 75.0, 10.0, compiled=True),  # the fastest, but compiled: not an eager HF recipe
+    ]
+    verdicts = gpu_check.realsize_verdicts(rows, [])
+    assert {k: v for k, v in verdicts.items() if k not in ("judged", "studies")} == {
+        "per_gib_pick_vs_hf_gc": round(6.25 / 5.0, 3),
+        "per_gib_pick_compiled_vs_hf_gc_compiled": round(7.5 / 7.5, 3),
+        "fastest_hf_within_budget": "hf bf16",
+        "throughput_pick_vs_fastest_hf": 1.1,
+    }
+    skipped = [*rows[:-1], {"recipe": "hf bf16+gc+compile", "status": "skipped: 30 s left, a row needs 75 s"}]
+    assert gpu_check.realsize_verdicts(skipped, [])["per_gib_pick_compiled_vs_hf_gc_compiled"] is None

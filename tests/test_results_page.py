@@ -1,5 +1,5 @@
-"""The results page (docs/benchmarks.md) and its charts are the rendering of docs/results/*.json, and
-README's results table is the record it cites (benchmarks/results.py, benchmarks/render_results.py)."""
+"""The results page (docs/benchmarks.md), its charts and README's results table are the rendering of
+docs/results/*.json (benchmarks/results.py, benchmarks/render_results.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def render(results: ModuleType) -> ModuleType:
 def test_the_page_and_its_charts_are_the_rendering_of_the_records(render: ModuleType, results: ModuleType) -> None:
     files = render.rendered(results.load_results())
     assert sorted(p.name for p in files) == [
+        "README.md",
         "benchmarks.md",
         "results-adaptive-vs-study.svg",
         "results-outer-precision.svg",
@@ -126,27 +127,19 @@ def test_every_record_is_listed_once_in_the_order(results: ModuleType, tmp_path:
         results.load_results(tmp_path)
 
 
-def _readme_results_table() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Results") :]
-    lines = [line for line in section.splitlines() if line.startswith("|")]
-    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-
-
-def test_the_readme_results_table_is_the_adaptive_record(results: ModuleType) -> None:
+def test_the_readme_results_table_is_the_adaptive_records_rendering(render: ModuleType, results: ModuleType) -> None:
     record = {r.name: r for r in results.load_results()}["adaptive-vs-study"]
-    value = record.columns.index("settled samples/s per GiB")
-    per_gib = {(row[0], row[1]): row[value] for row in record.rows}
-    rows = _readme_results_table()
-    assert [row[0].split()[0] for row in rows] == ["hf-gpt2", "hf-vit", "lstm-lm"]
-    for model_cell, default, adaptive, study, ratio in rows:
-        model = model_cell.split()[0]
-        assert (default, adaptive, study) == tuple(per_gib[(model, v)] for v in ("default", "adaptive", "study-best"))
-        shown = ratio.removesuffix("x")
-        digits = len(shown.partition(".")[2])  # the ratio as README rounds it
-        assert round(int(adaptive) / int(default), digits) == float(shown), model
+    assert render.readme_table(record)[2:] == [
+        "| hf-gpt2 (GPT-2, 6 layers) | 1041 | 10161 | 9641 | 9.8x |",
+        "| hf-vit (ViT, 6 layers) | 32431 | 42941 | 47246 | 1.32x |",
+        "| lstm-lm (4 LSTM blocks) | 8630 | 43783 | 45869 | 5.1x |",
+    ]
     readme = (ROOT / "README.md").read_text()
+    table = "\n".join([render.README_BEGIN, *render.readme_table(record), render.README_END])
+    assert table in readme  # the committed README holds the rendering (the page test checks it whole)
     assert record.command in readme  # the command README gives for its table is the record's
+    stale = readme.replace("| 9.8x |", "| 9.9x |")
+    assert render.readme(stale, [record]) == readme  # only the text between the markers is rendered
 
 
 def _script(name: str) -> ModuleType:
