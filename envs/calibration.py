@@ -155,6 +155,13 @@ class WorkloadProfile:
             with :func:`selective_table_index`; None in profiles written before the level.
         selective_fraction: A selective block's recompute time over a whole block's (None:
             ``costmodel.SELECTIVE_FRACTION``).
+        outer_peak_table: Predicted peak bytes of every ``peak_table`` setting with the outer parts
+            in ``reduced`` (:attr:`KnobLevels.outer`), indexed as ``peak_table``; None in profiles
+            written before the outer precision was a knob, which then model the outer parts in fp32
+            (memory and time).
+        outer_selective_peak_table: The same of every ``selective_peak_table`` setting (None: where
+            ``outer_peak_table`` is given, a selective setting with the outer parts reduced is read
+            from it without its band).
 
     Example:
         >>> from autotune.envs import shipped_profiles
@@ -189,12 +196,7 @@ class WorkloadProfile:
     reduced_failure: str | None = None
     selective_peak_table: tuple[int, ...] | None = None
     selective_fraction: float | None = None
-    #: Predicted peak bytes of every ``peak_table`` setting with the outer parts in ``reduced``
-    #: (:attr:`KnobLevels.outer`), indexed as ``peak_table``; None in profiles written before the
-    #: outer precision was a knob, which then model the outer parts in fp32 (memory and time).
     outer_peak_table: tuple[int, ...] | None = None
-    #: The same of every ``selective_peak_table`` setting (None: where ``outer_peak_table`` is
-    #: given, a selective setting with the outer parts reduced is read from it without its band).
     outer_selective_peak_table: tuple[int, ...] | None = None
 
     @property
