@@ -105,7 +105,7 @@ def estimate_table(
     workload: str, config: TrainConfig, e: MemoryEstimate, budget: int | None, *, blocks: str | None = None
 ) -> Table:
     """A memory prediction as a table: the peak per rank and its categories; ``blocks``: which
-    modules are the blocks and why (:meth:`autotune.workload.BlockChoice.describe` without its
+    modules are the blocks and why (:meth:`autotune.block_detection.BlockChoice.describe` without its
     ``blocks:``)."""
     c = config
     table = Table(title=f"{workload}: predicted peak per rank at {e.ranks} ranks (not measured)", header_style="bold")

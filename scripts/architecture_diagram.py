@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "console",
         "config",
         "knobs",
+        "block_detection",
         "workload",
         "batches",
         "worst_case",

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from autotune import Workload, WorkloadError, load_workload
-from autotune.workload import BlockChoice, detect_blocks, find_blocks
+from autotune.block_detection import BlockChoice, detect_blocks, find_blocks
 
 DATA = Path(__file__).parent / "data"
 USER = DATA / "my_workload.py"

@@ -182,7 +182,7 @@ class Adaptive:
             at least this fraction, in (0, 1], of ``batch_size``'s per-sample progress.
         max_batch_size: With ``adapt_batch``: the largest effective batch (default 8 x
             ``batch_size``; at least ``batch_size``).
-        blocks: Block module names (default: auto-detected, see :func:`autotune.workload.find_blocks`).
+        blocks: Block module names (default: auto-detected, see :func:`autotune.block_detection.find_blocks`).
         device: Where batches go (default: the model's device).
         grad_clip: Max global gradient norm, as in :class:`~autotune.TrainConfig` (default None:
             no clipping, the user's loop decides that).
