@@ -130,7 +130,7 @@ def estimate_table(
     if v is None:
         table.add_row("verified", "no", "not checked against a real step")
     else:
-        from autotune.memory.check import describe_check
+        from autotune.memory.check_text import describe_check
 
         if v.kind in ("composition", "unchecked"):
             note = f"{v.reason}"

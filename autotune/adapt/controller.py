@@ -392,7 +392,7 @@ class Controller:
         """
         checks = self.gate.record(config, peak, allocator=allocator)
         if checks and step is not None:
-            from autotune.memory.check import trial_line
+            from autotune.memory.check_text import trial_line
 
             self.decider.note(
                 Change(

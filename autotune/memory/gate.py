@@ -295,7 +295,8 @@ class BudgetGate:
         """The kinds a measured step of ``config`` checks on this device, added to the profile's
         checks. Only a step a check step would have run counts: one process, no ZeRO, on data of
         one shape (elsewhere a step's batch need not be the worst case the profile predicts)."""
-        from autotune.memory.check import trial_checks, unverified_message
+        from autotune.memory.check import trial_checks
+        from autotune.memory.check_text import unverified_message
         from autotune.memory.model import plan_of
 
         if self.profile is None or estimate is None or peak_bytes <= 0:

@@ -638,7 +638,7 @@ def _adopt_checks(
     """Take the checks other workers' (or an earlier run's) trials stored, one line per trial."""
     if predictor is None:
         return
-    from autotune.memory.check import trial_line
+    from autotune.memory.check_text import trial_line
 
     taken = predictor.adopt(workload, stored_checks(study, device_type))
     for number in sorted({v.trial for v in taken if v.trial is not None}):
@@ -655,7 +655,7 @@ def _check_by_trial(
 ) -> None:
     """A finished trial's exactly tracked peak as the check of the kinds it is the first of
     (:meth:`StudyPredictor.trial_measured`), stored on the study for its other workers; one line."""
-    from autotune.memory.check import trial_line
+    from autotune.memory.check_text import trial_line
 
     _adopt_checks(study, workload, predictor, device_type, note)  # other workers' first: theirs may be older
     attrs = trial.user_attrs
