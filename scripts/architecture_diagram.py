@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "errors",
         "dependencies",
-        "settings",
+        "tuning",
         "units",
         "_lazy",
         "console",

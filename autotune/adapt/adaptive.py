@@ -37,7 +37,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.memory.gate import BudgetGate
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 from autotune.units import DEFAULT_PEAK, MemoryBudget
 from autotune.workload import Workload
 
