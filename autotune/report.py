@@ -105,7 +105,7 @@ def estimate_table(
     workload: str, config: TrainConfig, e: MemoryEstimate, budget: int | None, *, blocks: str | None = None
 ) -> Table:
     """A memory prediction as a table: the peak per rank and its categories; ``blocks``: which
-    modules are the blocks and why (:meth:`autotune.workload.BlockChoice.describe` without its
+    modules are the blocks and why (:meth:`autotune.block_detection.BlockChoice.describe` without its
     ``blocks:``)."""
     c = config
     table = Table(title=f"{workload}: predicted peak per rank at {e.ranks} ranks (not measured)", header_style="bold")
@@ -130,7 +130,7 @@ def estimate_table(
     if v is None:
         table.add_row("verified", "no", "not checked against a real step")
     else:
-        from autotune.memory.check import describe_check
+        from autotune.memory.check_text import describe_check
 
         if v.kind in ("composition", "unchecked"):
             note = f"{v.reason}"

@@ -428,7 +428,8 @@ def _study_pick(out: Path, objective: ObjectiveName, timeout: float) -> dict[str
     from autotune.policies.transfer import propose
 
     from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, summarize
-    from autotune.search.study import StudyObserver, open_study, prepare, run_study
+    from autotune.search.opening import open_study
+    from autotune.search.study import StudyObserver, prepare, run_study
     from autotune.units import MemoryBudget
 
     start = time.perf_counter()

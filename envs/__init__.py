@@ -16,7 +16,7 @@ from autotune.envs.simulated import PROFILE_DIR, SimulatedEnv, shipped_profiles
 from gymnasium.envs.registration import register, registry
 
 from autotune.knobs import KnobLevels, apply_action, knobs_to_config
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 
 __all__ = [
     "PROFILE_DIR",

@@ -57,8 +57,8 @@ from autotune.memory.blocks import profile_blocks
 from autotune.memory.predict import predict_memory, profile_memory
 from autotune.memory.profile import outer_mode
 from autotune.procs.measure import measure
-from autotune.settings import TUNING
 from autotune.train import Trainer
+from autotune.tuning import TUNING
 from autotune.workload import Workload
 from autotune.worst_case import profile_batch
 

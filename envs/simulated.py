@@ -19,7 +19,7 @@ from autotune.envs.costmodel import CPU_ZERO_OVERHEAD, StepCost, randomized_mach
 from autotune.errors import ConfigError
 from autotune.knobs import FRACTION_LEVELS, KnobLevels, check_min_micro_batch
 from autotune.measurement.goodput import statistical_efficiency
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 from autotune.units import MemoryBudget
 
 __all__ = ["SimulatedEnv", "PROFILE_DIR", "shipped_profiles"]

@@ -36,9 +36,9 @@ from autotune.memory.predict import profile_memory
 from autotune.memory.profile import MemoryProfile
 from autotune.procs.session import RankSession, SessionStep
 from autotune.resolve import load_workload
-from autotune.settings import TUNING
 from autotune.train.base import StepResult
 from autotune.train.local import Trainer, resolve_device
+from autotune.tuning import TUNING
 from autotune.units import MemoryBudget
 from autotune.workload import Workload
 

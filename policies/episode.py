@@ -18,7 +18,7 @@ import numpy as np
 
 from autotune.config import TrainConfig
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
     from autotune.envs.training import TrainingEnv

@@ -28,6 +28,7 @@ import torch
 from autotune.adapt.compiled import Recompiles, user_compiled
 from autotune.adapt.controller import Controller, check_saved_batch, check_saved_model, model_record
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
+from autotune.adapt.on_ranks import rank_start
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
 from autotune.adapt.shape_guard import ShapeGuard
 from autotune.adapt.sources import DecisionSource, FixedConfig
@@ -36,7 +37,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.memory.gate import BudgetGate
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 from autotune.units import DEFAULT_PEAK, MemoryBudget
 from autotune.workload import Workload
 
@@ -182,7 +183,7 @@ class Adaptive:
             at least this fraction, in (0, 1], of ``batch_size``'s per-sample progress.
         max_batch_size: With ``adapt_batch``: the largest effective batch (default 8 x
             ``batch_size``; at least ``batch_size``).
-        blocks: Block module names (default: auto-detected, see :func:`autotune.workload.find_blocks`).
+        blocks: Block module names (default: auto-detected, see :func:`autotune.block_detection.find_blocks`).
         device: Where batches go (default: the model's device).
         grad_clip: Max global gradient norm, as in :class:`~autotune.TrainConfig` (default None:
             no clipping, the user's loop decides that).
@@ -383,40 +384,21 @@ class Adaptive:
                     losses = [run.step().loss for _ in range(12)]
                 print(run.history)
         """
-        from autotune.adapt.ranks import RankLoop
-        from autotune.procs.session import check_configs, device_type_of
-        from autotune.resolve import load_workload
-
-        if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 2:
-            raise ConfigError(f"ranks must be an int >= 2 (one process: Adaptive(model, ...)), but got {ranks!r}.")
-        if session is not None and (session.closed or session.ranks != ranks):
-            state = "closed" if session.closed else f"of {session.ranks} ranks"
-            raise ConfigError(f"session must be an open RankSession of ranks={ranks}, but got one {state}.")
-        wl = load_workload(workload) if isinstance(workload, str) else workload
-        if wl.batch_size % ranks:
-            raise ConfigError(
-                f"the batch of workload {wl.name!r} ({wl.batch_size}) must divide evenly by ranks={ranks}."
-            )
-        default = TrainConfig(
-            micro_batch_size=wl.batch_size // ranks,
+        start = rank_start(
+            workload,
             ranks=ranks,
+            device=device,
             grad_clip=grad_clip,
-            lr_scaling=lr_scaling,  # type: ignore[arg-type]
+            lr_scaling=lr_scaling,
             seed=seed,
+            timeout=timeout,
+            session=session,
         )
-        device_type = device_type_of(device) if session is None else session.device_type
-        check_configs(wl, [default], device_type)  # a reference and a micro-batch the ranks can take
-
-        def loop(start: TrainConfig, noise: bool) -> AdaptLoop:
-            if session is not None:
-                return RankLoop(session, wl, start, owned=False)
-            return RankLoop.launch(wl, start, device_type=device_type, timeout=timeout)
-
         self = cls.__new__(cls)
         self._setup(
-            wl,
-            default,
-            loop,
+            start.workload,
+            start.default,
+            start.loop,
             memory_budget=memory_budget,
             policy=policy,
             decide_every=decide_every,
@@ -424,7 +406,7 @@ class Adaptive:
             min_efficiency=1.0,
             max_batch_size=None,
             track_memory=track_memory,
-            device_type=device_type,
+            device_type=start.device_type,
             objective=objective,
         )
         return self

@@ -41,7 +41,7 @@ from autotune.measurement.cuda_memory import reserved_with_headroom
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.memory.gate import admission
 from autotune.memory.start import first_within, start_candidates
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -392,7 +392,7 @@ class Controller:
         """
         checks = self.gate.record(config, peak, allocator=allocator)
         if checks and step is not None:
-            from autotune.memory.check import trial_line
+            from autotune.memory.check_text import trial_line
 
             self.decider.note(
                 Change(

@@ -41,7 +41,7 @@ from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunCon
 from autotune.knobs import smallest_micro_batch
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value, score
 from autotune.measurement.sidebyside import Timing, separated
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Decider", "SideBySide"]
 
-# The margins and step counts are autotune.settings.TUNING's (margin, trusted_steps, paired_steps,
+# The margins and step counts are autotune.tuning.TUNING's (margin, trusted_steps, paired_steps,
 # max_paired_steps): a trial's sides' spreads are median absolute deviations
 # (:func:`autotune.measurement.sidebyside.separated`).
 

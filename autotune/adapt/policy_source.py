@@ -30,7 +30,7 @@ from autotune.dependencies import install_command
 from autotune.errors import MissingDependencyError
 from autotune.knobs import ZERO_STAGES, apply_action, knobs_to_config, levels_of
 from autotune.measurement.probe import probe_workload
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -285,8 +285,9 @@ def _record(args: argparse.Namespace, budget: Any, episode: Any, workload: Any) 
     import sys
 
     from autotune.knobs import knobs_of_config
+    from autotune.search.opening import open_study
     from autotune.search.spec import StudySpec
-    from autotune.search.study import RunOptions, open_study, prepare, record_trial
+    from autotune.search.study import RunOptions, prepare, record_trial
 
     best = episode.best
     if best is None:

@@ -124,7 +124,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     from autotune.console import make_console
     from autotune.errors import PredictionError, PredictionWarning
-    from autotune.memory.check import unverified_message
+    from autotune.memory.check_text import unverified_message
     from autotune.memory.predict import budget_bytes, predict_memory
     from autotune.report import estimate_table
     from autotune.resolve import load_workload

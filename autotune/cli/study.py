@@ -234,7 +234,8 @@ def _quiet_optuna() -> None:
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
-    from autotune.search.study import open_study, prepare
+    from autotune.search.opening import open_study
+    from autotune.search.study import prepare
 
     _quiet_optuna()
     spec = _spec_from_args(args)  # validation first: bad input must write nothing
@@ -246,8 +247,9 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from autotune.search.opening import open_study, stored_spec
     from autotune.search.storage import load_existing_study
-    from autotune.search.study import open_study, prepare, stored_spec
+    from autotune.search.study import prepare
 
     _quiet_optuna()
     _check_device(args.device)
@@ -327,7 +329,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
     largest = study.user_attrs.get("largest_parameter")
     if largest is None:  # a study created before the attribute existed: rebuild its workload once
         from autotune.resolve import load_workload
-        from autotune.search.study import stored_spec
+        from autotune.search.opening import stored_spec
 
         largest = load_workload(stored_spec(study).workload).largest_parameter
     expandable = _expandable_segments(study)

@@ -99,7 +99,7 @@ class AutotuneCallback(Callback):
             bytes, ``"75%"``, or None (default: the default configuration's own peak).
         decide_every: Optimizer steps between decisions (>= 2).
         blocks: Block module names (default: auto-detected, see
-            :func:`autotune.workload.find_blocks`).
+            :func:`autotune.block_detection.find_blocks`).
         min_micro_batch: The smallest micro-batch a split may take (``Workload.min_micro_batch``);
             None: any, except for a model with BatchNorm layers in training (their statistics
             are the micro-batch's): then the loop's own.

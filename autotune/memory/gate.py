@@ -12,7 +12,7 @@ the study judges its memory model's predictions with :func:`admission` and
 re-exports it.
 
 The rule: a measured peak is judged as is; a prediction with the headroom of
-:func:`headroom_for` (:data:`~autotune.settings.TUNING`'s ``local_headroom`` in one process,
+:func:`headroom_for` (:data:`~autotune.tuning.TUNING`'s ``local_headroom`` in one process,
 ``ranks_headroom`` on DeepSpeed ranks); an unverified prediction, or none, counts as over the
 budget unless the configuration was measured. (A study's trial *is* that measurement, in an
 isolated child process where an out-of-memory error is a result: there an unverified
@@ -52,7 +52,7 @@ from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError, PredictionError, PredictionWarning
 from autotune.measurement.admission import Verdict, admission
 from autotune.measurement.cuda_memory import AllocatorStats
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 from autotune.units import MemoryBudget
 
 if TYPE_CHECKING:
@@ -295,7 +295,8 @@ class BudgetGate:
         """The kinds a measured step of ``config`` checks on this device, added to the profile's
         checks. Only a step a check step would have run counts: one process, no ZeRO, on data of
         one shape (elsewhere a step's batch need not be the worst case the profile predicts)."""
-        from autotune.memory.check import trial_checks, unverified_message
+        from autotune.memory.check import trial_checks
+        from autotune.memory.check_text import unverified_message
         from autotune.memory.model import plan_of
 
         if self.profile is None or estimate is None or peak_bytes <= 0:

@@ -20,11 +20,12 @@ from autotune._lazy import lazy_module_attributes
 
 if TYPE_CHECKING:
     from autotune.search.export import export_config
+    from autotune.search.opening import open_study
     from autotune.search.results import StudySummary, summarize
     from autotune.search.space import SearchSpace
     from autotune.search.spec import BlockOverride, MeasureSpec, SpaceSpec, StudySpec, load_spec
     from autotune.search.storage import DEFAULT_STORAGE, open_storage
-    from autotune.search.study import Prepared, RunOptions, count_done, open_study, prepare, run_study
+    from autotune.search.study import Prepared, RunOptions, count_done, prepare, run_study
     from autotune.search.trial import Objective
 
 # The public API: spec, space, objective and study entry points, and what the CLI uses of the
@@ -67,7 +68,7 @@ _LAZY = {
     "Prepared": "autotune.search.study",
     "RunOptions": "autotune.search.study",
     "count_done": "autotune.search.study",
-    "open_study": "autotune.search.study",
+    "open_study": "autotune.search.opening",
     "prepare": "autotune.search.study",
     "run_study": "autotune.search.study",
 }

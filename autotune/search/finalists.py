@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.measurement.sidebyside import Retimed, busy_note
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
     import optuna

@@ -49,7 +49,8 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import PredictionError, PredictionWarning
-from autotune.memory.check import CheckStep, Verification, not_chain_message
+from autotune.memory.check import CheckStep, Verification
+from autotune.memory.check_text import not_chain_message
 from autotune.workload import Workload
 
 __all__ = ["MemoryPredictor", "StudyPredictor", "load_memory_predictor", "predicted_bytes"]
@@ -159,7 +160,8 @@ class StudyPredictor:
         """Why a lazily checked ``config``'s prediction is unverified before any profile: it uses a
         kind no measured trial on this device checked (:func:`~autotune.memory.check.kinds_of`
         reads its plan); None where every kind was checked, or checks are not lazy."""
-        from autotune.memory.check import kinds_of, unchecked_reason
+        from autotune.memory.check import kinds_of
+        from autotune.memory.check_text import unchecked_reason
 
         if not self._lazy(workload):
             return None
@@ -249,7 +251,8 @@ class StudyPredictor:
         figures. A trial on ranks or under ZeRO is not a check step's run (one local process), nor
         is one of a workload whose data is not of one shape. Returns the new checks (``()``: none).
         """
-        from autotune.memory.check import trial_checks, unverified_message
+        from autotune.memory.check import trial_checks
+        from autotune.memory.check_text import unverified_message
 
         key = (id(workload), config.to_json())
         if not self._lazy(workload) or config.ranks != 1 or config.zero_stage != 0 or measured <= 0:

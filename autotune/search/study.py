@@ -19,13 +19,11 @@ import dataclasses
 import importlib.util
 import json
 import os
-import socket
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from autotune.config import Precision, TrainConfig
 from autotune.dependencies import install_command
@@ -35,19 +33,20 @@ from autotune.errors import (
     NonFiniteLossError,
     ProposalError,
     SpecError,
-    StudyError,
 )
 from autotune.measurement.cuda_memory import ALLOC_CONF_VAR, alloc_conf_with
 from autotune.measurement.objective import DEFAULT_OBJECTIVE
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
+from autotune.search.memory_checks import adopt_checks, check_by_trial
+from autotune.search.opening import recover_interrupted, stored_spec
 from autotune.search.precisions import screen_precisions
 from autotune.search.predictor import MemoryPredictor, StudyPredictor, load_memory_predictor
 from autotune.search.record import ATTR, GOODPUT_METRIC_NAMES, METRIC_NAMES, MIB
 from autotune.search.refine import Refine
 from autotune.search.space import SearchSpace
-from autotune.search.spec import StudySpec, spec_from_dict, spec_to_dict
-from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE, open_storage, redact, storage_url
+from autotune.search.spec import StudySpec, spec_to_dict
+from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
@@ -58,7 +57,7 @@ if TYPE_CHECKING:
     from autotune.knobs import Knobs
     from autotune.measurement.admission import Verdict
     from autotune.measurement.compiled import CompileCheck
-    from autotune.memory.check import CheckStep, StepPeak, Verification
+    from autotune.memory.check import CheckStep, StepPeak
     from autotune.procs.isolation import MeasurementProcess
     from autotune.workload import Workload
 
@@ -71,20 +70,10 @@ __all__ = [
     "count_done",
     "enqueue_baselines",
     "known_peak",
-    "open_study",
     "prepare",
-    "recover_interrupted",
     "run_study",
-    "stored_checks",
-    "stored_spec",
     "study_alloc_conf",
 ]
-
-_STUDY_ATTR = "autotune"  # study user attribute: what this study is (checked when resuming or joining)
-#: Study user attributes ``memory_check:<device>:<kind>``: the trial that checked the memory model's
-#: kind of configuration on that device type (:func:`stored_checks`), seen by every worker.
-MEMORY_CHECK_ATTR = "memory_check"
-_DIRECTIONS: tuple[Literal["maximize"], Literal["minimize"]] = ("maximize", "minimize")
 
 
 class Proposer(Protocol):
@@ -260,108 +249,6 @@ def _budget(spec: StudySpec, workload: Workload) -> int | None:
     return budget
 
 
-# ---- opening ----------------------------------------------------------------------------------------
-
-
-def open_study(prepared: Prepared, options: RunOptions) -> optuna.Study:
-    """Load the study (checking it is this one) or create it (:func:`run_study` enqueues the baselines)."""
-    import optuna
-
-    storage = open_storage(options.storage)
-    name = prepared.study_name
-    where = redact(storage_url(options.storage))
-    existing = _existing(storage, name)
-    if existing is not None:
-        _check_same(existing, prepared, where)
-        study = optuna.load_study(study_name=name, storage=storage, sampler=_sampler(prepared.spec, options))
-        if not options.worker:
-            study.set_user_attr("trials", prepared.spec.trials)  # a rerun may ask for more trials
-        return study
-    if options.worker:
-        raise StudyError(
-            f"study {name!r} does not exist in {where!r}: create it first (autotune study ... --create-only), "
-            "then start the workers"
-        )
-    study = optuna.create_study(
-        study_name=name, storage=storage, directions=list(_DIRECTIONS), sampler=_sampler(prepared.spec, options)
-    )
-    with warnings.catch_warnings():
-        # set_metric_names is experimental since Optuna 3.2 and still is in 5.0: it is the only
-        # way to name the objectives in the dashboard, so we accept the interface risk.
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names(list(prepared.metric_names))
-    study.set_user_attr(_STUDY_ATTR, prepared.identity)
-    study.set_user_attr("spec", spec_to_dict(prepared.spec))
-    study.set_user_attr("trials", prepared.spec.trials)
-    study.set_user_attr("blocks", list(prepared.workload.block_names()))  # for exports without the workload
-    study.set_user_attr("largest_parameter", prepared.workload.largest_parameter)  # DeepSpeed's bucket size
-    return study
-
-
-def _existing(storage: optuna.storages.BaseStorage, name: str) -> optuna.study.StudySummary | None:
-    import optuna
-
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        if summary.study_name == name:
-            return summary
-    return None
-
-
-def _check_same(existing: optuna.study.StudySummary, prepared: Prepared, where: str) -> None:
-    name = prepared.study_name
-    directions = tuple(d.name.lower() for d in existing.directions)
-    stored = existing.user_attrs.get(_STUDY_ATTR)
-    objectives = stored.get("objectives") if isinstance(stored, dict) else None
-    if directions != _DIRECTIONS or objectives != list(prepared.metric_names):
-        raise StudyError(
-            f"study {name!r} already exists in {where!r} with other objectives "
-            f"({', '.join(objectives or directions)}); pass --study-name to start another study"
-        )
-    assert isinstance(stored, dict)
-    # A study stored without an objective recommends per GiB (the default, and all there was before).
-    stored = {"objective": DEFAULT_OBJECTIVE, **stored}
-    for key, value in {"objective": DEFAULT_OBJECTIVE, **prepared.identity}.items():
-        if stored.get(key) != value:
-            # The fingerprint hashes the weights: a build() that draws them unseeded gives another
-            # one on every run, and the user's rerun of the same study is refused.
-            seed = (
-                "unseeded random weights change the fingerprint on every run (seed them: torch.manual_seed "
-                "in build()), or "
-                if key == "workload_fingerprint"
-                else ""
-            )
-            raise StudyError(
-                f"study {name!r} already exists in {where!r} with another {key.replace('_', ' ')} "
-                f"({stored.get(key)!r}, this run: {value!r}); {seed}pass --study-name to start another study"
-            )
-
-
-def _sampler(spec: StudySpec, options: RunOptions) -> optuna.samplers.BaseSampler:
-    import optuna
-
-    # Workers draw from distinct seeds, or identical samplers over identical history would
-    # propose identical trials on every machine.
-    seed = spec.seed + os.getpid() if options.worker else spec.seed
-    if spec.sampler == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)
-    if spec.sampler == "nsga2":
-        # A generation of the default 50 would leave a 20-trial study entirely random.
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, spec.trials // 4)))
-    if spec.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
-    return optuna.samplers.RandomSampler(seed=seed)
-
-
-def stored_spec(study: optuna.Study) -> StudySpec:
-    """The spec a study was created with (what ``autotune worker`` runs)."""
-    data = study.user_attrs.get("spec")
-    if not isinstance(data, dict):
-        raise StudyError(f"study {study.study_name!r} was not created by autotune study (no spec stored)")
-    spec = spec_from_dict(data)
-    trials = study.user_attrs.get("trials")
-    return dataclasses.replace(spec, trials=trials) if isinstance(trials, int) else spec
-
-
 # ---- trials ------------------------------------------------------------------------------------------
 
 
@@ -371,40 +258,6 @@ def count_done(study: optuna.Study) -> int:
 
     finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     return sum(1 for t in study.get_trials(deepcopy=False, states=finished) if not t.user_attrs.get(ATTR.INTERRUPTED))
-
-
-def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Fail this host's RUNNING trials whose process is gone, and enqueue their params again."""
-    from optuna.trial import TrialState
-
-    host = socket.gethostname()
-    storage = study._storage  # the public Study has no way to end another process's trial
-    recovered = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        pid = t.user_attrs.get(ATTR.PID)
-        if t.user_attrs.get(ATTR.HOST) != host or not isinstance(pid, int) or _alive(pid):
-            continue
-        storage.set_trial_user_attr(t._trial_id, ATTR.INTERRUPTED, True)
-        storage.set_trial_user_attr(t._trial_id, ATTR.REASON, f"interrupted: process {pid} ended during the trial")
-        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        attrs = {ATTR.RETRY_OF: t.number}
-        if t.user_attrs.get(ATTR.BASELINE):
-            attrs[ATTR.BASELINE] = t.user_attrs[ATTR.BASELINE]
-        study.enqueue_trial(t.params, user_attrs=attrs)
-        recovered.append(t.number)
-    return recovered
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 def enqueue_baselines(
@@ -523,7 +376,7 @@ def run_study(
     if remaining <= 0 or options.create_only:
         if not options.worker:  # no measuring child: what the memory model is checked by runs here
             setup = _predictor(options, device_type, None, observer, selective=prepared.space.selective)
-            _adopt_checks(study, prepared.workload, setup, device_type, observer.note)
+            adopt_checks(study, prepared.workload, setup, device_type, observer.note)
             _enqueue(study, prepared, setup, observer, options)
         return 0
     assert prepared.workload.source is not None  # load_workload always sets it
@@ -535,7 +388,7 @@ def run_study(
         nonlocal ran
         ran += 1
         if predictor is not None:  # before the display: its line says what the trial checked
-            _check_by_trial(study, trial, prepared.workload, predictor, device_type, observer.note)
+            check_by_trial(study, trial, prepared.workload, predictor, device_type, observer.note)
         observer.trial_finished(study, trial)
         if count_done(study) >= spec.trials:
             study.stop()  # other workers may have finished the rest
@@ -557,7 +410,7 @@ def run_study(
         # by check steps in the measuring child, on the study's device, only for data of several shapes.
         predictor = _predictor(options, device_type, check, observer, selective=prepared.space.selective)
         prepared = screen_precisions(prepared, measurer, study=study, cache=cache, machine=machine, note=observer.note)
-        _adopt_checks(study, prepared.workload, predictor, device_type, observer.note)
+        adopt_checks(study, prepared.workload, predictor, device_type, observer.note)
         if not options.worker:
             _enqueue(study, prepared, predictor, observer, options)
 
@@ -616,58 +469,6 @@ def _predictor(
     return load_memory_predictor(
         options.memory_model, device=device_type, step=step, note=observer.note, lazy=True, selective=selective
     )
-
-
-def stored_checks(study: optuna.Study, device_type: str) -> list[Verification]:
-    """The memory model's checks the study's trials made on ``device_type``, by any worker or run
-    (study user attributes ``memory_check:<device>:<kind>``), in trial order."""
-    from autotune.memory.check import Verification
-
-    prefix = f"{MEMORY_CHECK_ATTR}:{device_type}:"
-    checks = [Verification.from_dict(v) for k, v in study.user_attrs.items() if k.startswith(prefix)]
-    return sorted(checks, key=lambda v: (v.trial if v.trial is not None else -1, v.kind))
-
-
-def _adopt_checks(
-    study: optuna.Study,
-    workload: Workload,
-    predictor: StudyPredictor | None,
-    device_type: str,
-    note: Callable[[str], None],
-) -> None:
-    """Take the checks other workers' (or an earlier run's) trials stored, one line per trial."""
-    if predictor is None:
-        return
-    from autotune.memory.check import trial_line
-
-    taken = predictor.adopt(workload, stored_checks(study, device_type))
-    for number in sorted({v.trial for v in taken if v.trial is not None}):
-        note(trial_line([v for v in taken if v.trial == number]))
-
-
-def _check_by_trial(
-    study: optuna.Study,
-    trial: optuna.trial.FrozenTrial,
-    workload: Workload,
-    predictor: StudyPredictor,
-    device_type: str,
-    note: Callable[[str], None],
-) -> None:
-    """A finished trial's exactly tracked peak as the check of the kinds it is the first of
-    (:meth:`StudyPredictor.trial_measured`), stored on the study for its other workers; one line."""
-    from autotune.memory.check import trial_line
-
-    _adopt_checks(study, workload, predictor, device_type, note)  # other workers' first: theirs may be older
-    attrs = trial.user_attrs
-    peak, config = attrs.get(ATTR.PEAK), attrs.get(ATTR.CONFIG)
-    # "over_budget" stops after the tracked step: its peak is as exact as a completed trial's.
-    if attrs.get(ATTR.STATUS) not in ("ok", "over_budget") or not isinstance(peak, int) or config is None:
-        return
-    new = predictor.trial_measured(workload, TrainConfig.from_dict(config), peak, trial=trial.number)
-    for v in new:
-        study.set_user_attr(f"{MEMORY_CHECK_ATTR}:{v.device}:{v.kind}", v.to_dict())
-    if new:
-        note(trial_line(new))
 
 
 def _enqueue(

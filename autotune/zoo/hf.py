@@ -72,7 +72,7 @@ def _images(*, num_samples: int, image_size: int, seed: int) -> TensorDict:
 
 
 def _workload(name: str, model: nn.Module, dataset: TensorDict, batch_size: int) -> Workload:
-    # blocks=None: auto-detected from model._no_split_modules (see autotune.workload.find_blocks).
+    # blocks=None: auto-detected from model._no_split_modules (see autotune.block_detection.find_blocks).
     return Workload(name=name, model=model, dataset=dataset, loss_fn=hf_loss, batch_size=batch_size)
 
 

@@ -12,7 +12,7 @@ from autotune.adapt import BudgetGate, Change, Proposal, RunContext
 from autotune.adapt.decider import Decider
 from autotune.adapt.sources import DecisionSource, Observation
 from autotune.memory.blocks import profile_blocks
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 from tests.adapt.scripted import Scripted
 from tests.conftest import make_resmlp
 

@@ -11,7 +11,8 @@ import pytest
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autotune import TrainConfig, Workload, load_workload, measure, predict_memory
-from autotune.memory.check import check_configs, describe_check
+from autotune.memory.check import check_configs
+from autotune.memory.check_text import describe_check
 from autotune.memory.model import plan_of
 from autotune.memory.predict import profile_memory
 from autotune.memory.profile import MemoryProfile, _profile_run

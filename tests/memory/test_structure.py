@@ -12,7 +12,8 @@ import pytest
 
 from autotune import TrainConfig, Workload, measure, predict_memory
 from autotune.errors import PredictionWarning
-from autotune.memory.check import TOLERANCE, check_configs, unverified_message
+from autotune.memory.check import TOLERANCE, check_configs
+from autotune.memory.check_text import unverified_message
 from autotune.memory.gate import BudgetGate
 from autotune.memory.predict import profile_memory
 from autotune.memory.profile import MemoryProfile

@@ -12,8 +12,9 @@ from autotune.policies.ppo import load_policy
 
 from autotune.adapt import decision_source
 from autotune.cli import main
+from autotune.search.opening import open_study
 from autotune.search.spec import MeasureSpec, StudySpec
-from autotune.search.study import RunOptions, open_study, prepare, run_study
+from autotune.search.study import RunOptions, prepare, run_study
 from tests.paths import TINY_WORKLOAD
 
 TINY = f"{TINY_WORKLOAD}:build"

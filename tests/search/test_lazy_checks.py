@@ -17,10 +17,12 @@ from autotune.errors import PredictionError, PredictionWarning
 from autotune.memory.check import StepPeak, check_step
 from autotune.memory.predict import profile_memory
 from autotune.procs.isolation import MeasurementProcess
+from autotune.search.memory_checks import stored_checks
+from autotune.search.opening import open_study
 from autotune.search.predictor import load_memory_predictor
 from autotune.search.record import ATTR
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
-from autotune.search.study import RunOptions, open_study, prepare, run_study, stored_checks
+from autotune.search.study import RunOptions, prepare, run_study
 from autotune.units import MemoryBudget
 from tests.paths import TINY_WORKLOAD
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import optuna
 import pytest
 
+from autotune.search.opening import _sampler
 from autotune.search.space import SearchSpace
 from autotune.search.spec import StudySpec
-from autotune.search.study import RunOptions, _sampler
+from autotune.search.study import RunOptions
 from autotune.search.trial import set_constraints
 
 

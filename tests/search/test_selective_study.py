@@ -14,10 +14,12 @@ from autotune import TrainConfig, load_workload
 from autotune.errors import PredictionError
 from autotune.knobs import Knobs
 from autotune.memory import predict as predict_module
+from autotune.search.memory_checks import stored_checks
+from autotune.search.opening import open_study
 from autotune.search.predictor import load_memory_predictor
 from autotune.search.record import ATTR
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
-from autotune.search.study import RunOptions, open_study, prepare, run_study, stored_checks
+from autotune.search.study import RunOptions, prepare, run_study
 from autotune.units import MemoryBudget
 from tests.paths import TINY_WORKLOAD
 

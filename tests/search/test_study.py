@@ -21,6 +21,8 @@ from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.cache import MeasurementCache
+from autotune.search.memory_checks import stored_checks
+from autotune.search.opening import open_study, recover_interrupted
 from autotune.search.record import ATTR
 from autotune.search.results import summarize
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
@@ -28,11 +30,8 @@ from autotune.search.study import (
     RunOptions,
     count_done,
     enqueue_baselines,
-    open_study,
     prepare,
-    recover_interrupted,
     run_study,
-    stored_checks,
     study_alloc_conf,
 )
 from autotune.search.trial import Objective
@@ -297,7 +296,7 @@ def test_a_trial_of_a_dead_process_is_failed_and_retried(tmp_path: Path) -> None
 
 
 def test_spec_and_trials_are_stored_for_workers(tmp_path: Path) -> None:
-    from autotune.search.study import stored_spec
+    from autotune.search.opening import stored_spec
 
     options = _options(tmp_path, create_only=True)
     spec = _spec()

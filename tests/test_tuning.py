@@ -1,7 +1,7 @@
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.settings import TUNING, Tuning
+from autotune.tuning import TUNING, Tuning
 
 
 def test_the_defaults_are_valid_and_frozen() -> None:
