@@ -21,7 +21,7 @@ from autotune.measurement.objective import per_gib
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.predict import predict_memory, profile_memory
 from autotune.memory.profile import outer_mode
-from autotune.settings import TUNING
+from autotune.tuning import TUNING
 from tests.paths import TINY_WORKLOAD
 
 PROFILE = load_profile(PROFILE_DIR / "gpt-tiny.json")  # batch 32
