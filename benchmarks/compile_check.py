@@ -263,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     if args.result is not None:
-        command = "python benchmarks/compile_check.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        from results import command_line
+
+        command = command_line(__file__, argv)
         write_record(args.result, machine, rows, command)
     return 0
 

@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: speed x{results[-1]['outer_bf16_speed']}, peak x{results[-1]['outer_bf16_memory']}", flush=True)
         write(args.out, machine, results)
     if args.result is not None:
-        command = "python benchmarks/outer_precision.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        from results import command_line
+
+        command = command_line(__file__, argv)
         write_record(args.result, machine, results, command)
     return 0
 

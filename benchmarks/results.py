@@ -127,6 +127,14 @@ def current_commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """The command a record names: ``python benchmarks/SCRIPT`` with the arguments the run got
+    (``argv``, or this process's own when None), so the record says how to reproduce it."""
+    import sys
+
+    return " ".join(["python", f"benchmarks/{Path(script).name}", *(sys.argv[1:] if argv is None else argv)])
+
+
 def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what the platform says: the machine field
     of a record names the processor, not just its architecture."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -213,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {results[-1]['ratios']}", flush=True)
         write(args.out, machine, results)
     if args.result is not None:
-        command = "python benchmarks/selective_recompute.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        from results import command_line
+
+        command = command_line(__file__, argv)
         write_record(args.result, machine, results, command)
     return 0
 

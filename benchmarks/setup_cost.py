@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{size}: {'ok' if row['ok'] else 'FAILED'} {row.get('seconds', '-')} s", flush=True)
         write(args.out, machine, rows)
     if args.result is not None:
-        command = "python benchmarks/setup_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        from results import command_line
+
+        command = command_line(__file__, argv)
         write_record(args.result, machine, rows, command)
     return 0
 

@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     print(line.group(0) if line else "no recommendation printed")
     print(f"recommended / PyTorch default, throughput per GiB: {ratio.group(1) if ratio else '-'}x")
     if args.result is not None and line and ratio:
-        command = "python benchmarks/study_readme.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        from results import command_line
+
+        command = command_line(__file__, argv)
         recommended = line.group(0).removeprefix("recommended: ")
         write_record(
             args.result, spec=f"studies/{spec.name}", seconds=seconds, recommended=recommended, ratio=ratio.group(1),
