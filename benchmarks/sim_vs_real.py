@@ -22,12 +22,12 @@ import statistics
 
 import numpy as np
 import torch
+from autotune.envs._codec import MICRO_LEVELS, Levels, knobs_to_config
 from autotune.envs.calibration import interleaved_step_seconds
 from autotune.envs.costmodel import ranking, step_cost
 from autotune.envs.simulated import shipped_profiles
 
 from autotune import load_workload, measure
-from autotune.knobs import MICRO_LEVELS, KnobLevels, knobs_to_config
 
 
 def _spearman(a: list[float], b: list[float]) -> float:
@@ -53,7 +53,7 @@ def main() -> None:
         order = ranking(profile)
         b0 = MICRO_LEVELS.index(min(MICRO_LEVELS, key=lambda m: abs(m - wl.batch_size)))
         grid = [
-            KnobLevels(micro=m, precision=p, checkpoint=c)
+            Levels(micro=m, precision=p, checkpoint=c)
             for m, p, c in itertools.product((b0 - 2, b0), (0, 2, 4), (0, 2, 4))
         ]
         real_tpg, sim_tpg, real_thr, sim_thr, errors, block_sum = [], [], [], [], [], []

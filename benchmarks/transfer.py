@@ -42,6 +42,7 @@ from typing import Any
 
 import optuna
 import torch
+from autotune.envs._codec import FRACTION_LEVELS, MICRO_LEVELS, Levels
 from autotune.envs.calibration import interleaved_step_seconds
 from autotune.envs.training import TrainingEnv
 from autotune.policies.episode import run_episode
@@ -49,7 +50,6 @@ from autotune.policies.ppo import PRETRAINED_DIR, load_policy
 from autotune.policies.transfer import fine_tune, profile_for_tuning
 
 from autotune.config import TrainConfig
-from autotune.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels
 from autotune.measurement.tracker import tracked_step
 from autotune.memory.blocks import profile_blocks
 from autotune.train.local import Trainer
@@ -69,10 +69,10 @@ GIB = 1024**3
 class Bound:
     """When a grid configuration is dominated (see :func:`measure_grid`)."""
 
-    predicted: dict[KnobLevels, int]  # verified memory-model peaks (a config without one is measured)
+    predicted: dict[Levels, int]  # verified memory-model peaks (a config without one is measured)
     budget: int
     margin: float
-    keep: frozenset[KnobLevels]  # always measured in full (the policy's winner)
+    keep: frozenset[Levels]  # always measured in full (the policy's winner)
 
 
 def build(name: str) -> Workload:
@@ -84,19 +84,19 @@ def build(name: str) -> Workload:
     return dataclasses.replace(wl, source=f"{name}:tiny")
 
 
-def grid(b0: int) -> list[KnobLevels]:
-    start = KnobLevels.default_for(b0)
+def grid(b0: int) -> list[Levels]:
+    start = Levels.default_for(b0)
     total = start.micro + start.accum
     splits = [(m, total - m) for m in range(len(MICRO_LEVELS)) if 0 <= total - m < 8 and m <= total]
     return [
-        KnobLevels(micro=m, accum=a, precision=p, checkpoint=c)
+        Levels(micro=m, accum=a, precision=p, checkpoint=c)
         for (m, a), p, c in itertools.product(splits, range(FRACTION_LEVELS), range(FRACTION_LEVELS))
     ]
 
 
 def measure_grid(
-    wl: Workload, configs: dict[KnobLevels, TrainConfig], timed: int = 3, *, bound: Bound | None = None
-) -> dict[KnobLevels, Any]:
+    wl: Workload, configs: dict[Levels, TrainConfig], timed: int = 3, *, bound: Bound | None = None
+) -> dict[Levels, Any]:
     """(peak bytes, samples/s, why not) of every config on one live trainer, reconfigured between them.
 
     With ``bound``, fp32 configurations go first, and a configuration whose throughput per GiB,
@@ -105,7 +105,7 @@ def measure_grid(
     dominated (peak None, that optimistic samples/s kept for Optuna), without its tracked step
     (2-11x a step) and timed steps. It cannot be the optimum nor a finalist; on an emulated AVX2
     CPU, where bf16 steps are several times slower, this is what keeps the grid under an hour."""
-    out: dict[KnobLevels, Any] = {}
+    out: dict[Levels, Any] = {}
     order = sorted(configs, key=lambda k: k.precision) if bound is not None else list(configs)
     trainer = Trainer(wl, configs[order[0]], track_noise=False)
     best = 0.0
@@ -139,25 +139,25 @@ def measure_grid(
 
 
 def optuna_winner(
-    cells: dict[KnobLevels, Any],
-    predicted: dict[KnobLevels, int],
+    cells: dict[Levels, Any],
+    predicted: dict[Levels, int],
     budget: int,
     seed: int,
-    start: KnobLevels,
-    aliases: dict[KnobLevels, KnobLevels],
-) -> tuple[KnobLevels, int]:
+    start: Levels,
+    aliases: dict[Levels, Levels],
+) -> tuple[Levels, int]:
     splits = sorted({(k.micro, k.accum) for k in predicted})
     sampler = optuna.samplers.TPESampler(seed=seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     study.enqueue_trial({"split": splits.index((start.micro, start.accum)), "precision": 0, "checkpoint": 0})
-    seen: set[KnobLevels] = set()
-    best: tuple[float, KnobLevels] | None = None
+    seen: set[Levels] = set()
+    best: tuple[float, Levels] | None = None
     for _ in range(200):
         if len(seen) >= STEPS:
             break
         trial = study.ask()
         m, a = splits[trial.suggest_int("split", 0, len(splits) - 1)]
-        k = KnobLevels(
+        k = Levels(
             micro=m,
             accum=a,
             precision=trial.suggest_int("precision", 0, FRACTION_LEVELS - 1),
@@ -181,11 +181,11 @@ def optuna_winner(
 def run_model(name: str, policy: Any, fine_tune_seconds: float, seed: int, margin: float | None) -> dict[str, Any]:
     wl = build(name)
     b0 = wl.batch_size
-    start = KnobLevels.default_for(b0)
+    start = Levels.default_for(b0)
     ranking = profile_blocks(wl, micro_batch_size=2).ranked()
     env = TrainingEnv(workloads=[wl], memory_budget=BUDGET, steps_per_action=4, horizon=STEPS)
     env._ranking = ranking  # the order reset() ranks the blocks in (the same call)
-    configs: dict[KnobLevels, TrainConfig] = {}
+    configs: dict[Levels, TrainConfig] = {}
     for k in grid(b0):  # levels that give the same config on a shallow model: measured once
         if env.config_of(k) not in configs.values():
             configs[k] = env.config_of(k)

@@ -15,22 +15,18 @@ from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, Tun
 from autotune.envs.simulated import PROFILE_DIR, SimulatedEnv, shipped_profiles
 from gymnasium.envs.registration import register, registry
 
-from autotune.knobs import KnobLevels, apply_action, knobs_to_config
 from autotune.tuning import TUNING
 
 __all__ = [
     "PROFILE_DIR",
     "BlockCost",
     "Interval",
-    "KnobLevels",
     "MachineDescriptor",
     "ModelDescriptor",
     "SimulatedEnv",
     "TuningEnv",
     "WorkloadProfile",
-    "apply_action",
     "calibrate",
-    "knobs_to_config",
     "load_profile",
     "save_profile",
     "shipped_profiles",

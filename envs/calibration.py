@@ -48,10 +48,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from autotune.envs._codec import FRACTION_LEVELS, MICRO_LEVELS, Levels, knobs_to_config
 
 from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, TrainingError, one_line
-from autotune.knobs import FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, knobs_to_config
 from autotune.measurement.oom import is_out_of_memory
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.predict import predict_memory, profile_memory
@@ -144,7 +144,7 @@ class WorkloadProfile:
         curve_samples: The loss curve's samples seen, one per point.
         curve_loss: The loss curve's loss at each point.
         curve_b_noise: The gradient noise scale (samples) at each point.
-        peak_table: Predicted peak bytes of every :class:`KnobLevels` setting: index with
+        peak_table: Predicted peak bytes of every :class:`Levels` setting: index with
             :func:`peak_table_index`; None in profiles written before it.
         default_peak_bytes: Measured (tracked) peak bytes of the default configuration, which
             checks the table's prediction of it; None in profiles written before it was recorded.
@@ -156,7 +156,7 @@ class WorkloadProfile:
         selective_fraction: A selective block's recompute time over a whole block's (None:
             ``costmodel.SELECTIVE_FRACTION``).
         outer_peak_table: Predicted peak bytes of every ``peak_table`` setting with the outer parts
-            in ``reduced`` (:attr:`KnobLevels.outer`), indexed as ``peak_table``; None in profiles
+            in ``reduced`` (:attr:`Levels.outer`), indexed as ``peak_table``; None in profiles
             written before the outer precision was a knob, which then model the outer parts in fp32
             (memory and time).
         outer_selective_peak_table: The same of every ``selective_peak_table`` setting (None: where
@@ -400,7 +400,7 @@ def calibrate(
     )
 
 
-def peak_table_index(levels: KnobLevels) -> int:
+def peak_table_index(levels: Levels) -> int:
     """Where ``levels`` sits in ``WorkloadProfile.peak_table``: micro-batch, precision and
     checkpoint levels, and whether gradients accumulate (any accumulation > 1 holds the same:
     the gradients live through every forward; the step count does not change the peak)."""
@@ -409,7 +409,7 @@ def peak_table_index(levels: KnobLevels) -> int:
     )
 
 
-def selective_table_index(levels: KnobLevels) -> int:
+def selective_table_index(levels: Levels) -> int:
     """Where ``levels`` (with a selective level) sits in ``WorkloadProfile.selective_peak_table``:
     micro-batch, precision, the checkpoint and selective levels (each pair with ``checkpoint +
     selective <= 4`` and ``selective >= 1``, in order), and whether gradients accumulate."""
@@ -462,7 +462,7 @@ def memory_table(
     for micro, precision, (checkpoint, sel), accum in itertools.product(
         range(len(MICRO_LEVELS)), range(FRACTION_LEVELS), pairs, (0, 1)
     ):
-        levels = KnobLevels(micro=micro, precision=precision, checkpoint=checkpoint, accum=accum, selective=sel)
+        levels = Levels(micro=micro, precision=precision, checkpoint=checkpoint, accum=accum, selective=sel)
         into, index = (banded, selective_table_index(levels)) if sel else (table, peak_table_index(levels))
         if precision > 0 and not reduced_runs:
             into[index] = INFEASIBLE_PEAK

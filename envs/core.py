@@ -15,20 +15,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
-
-from autotune.errors import ConfigError, NonFiniteLossError
-from autotune.knobs import (
+from autotune.envs._codec import (
     ACCUM_LEVELS,
     FRACTION_LEVELS,
     MICRO_LEVELS,
     ZERO_STAGES,
-    KnobLevels,
-    Knobs,
+    Levels,
     apply_action,
     knobs_to_config,
-    smallest_micro_batch,
 )
+from gymnasium import spaces
+
+from autotune.errors import ConfigError, NonFiniteLossError
+from autotune.knobs import Knobs, smallest_micro_batch
 from autotune.measurement.objective import score
 from autotune.measurement.trend import loss_slope
 from autotune.memory.gate import Verdict, admission
@@ -254,7 +253,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
             raise ConfigError(f"adapt_batch must be a bool, but got {adapt_batch!r}.")
         self.adapt_batch = adapt_batch
         self.ranks = 1  # data-parallel ranks the episode trains on (ZeRO needs more than one)
-        self.levels = KnobLevels()
+        self.levels = Levels()
         self._t = 0
         self._first: Interval | None = None
         self._last: Interval | None = None
@@ -274,15 +273,15 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     # ---- what a subclass provides ---------------------------------------------------------------
 
     @abstractmethod
-    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
+    def _begin_episode(self) -> tuple[Levels, ModelDescriptor, MachineDescriptor, int]:
         """Pick the episode's model (with ``self.np_random``); return start knobs, descriptors, budget."""
 
     @abstractmethod
-    def _peak_bytes(self, knobs: KnobLevels) -> int:
+    def _peak_bytes(self, knobs: Levels) -> int:
         """Peak memory of ``knobs`` (measured once and cached, or predicted) before training on it."""
 
     @abstractmethod
-    def _train(self, knobs: KnobLevels) -> Interval:
+    def _train(self, knobs: Levels) -> Interval:
         """Switch to ``knobs`` (if they changed) and train one interval."""
 
     # ---- the Gymnasium API --------------------------------------------------------------------------
@@ -338,7 +337,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         terms = {"score": score, "score0": score0, "reconfig": reconfig}
         return self._observation(result), float(reward), False, False, self._info(result, reward_terms=terms)
 
-    def _start(self, default: KnobLevels) -> KnobLevels:
+    def _start(self, default: Levels) -> Levels:
         """Where an episode whose ``default`` is over the budget starts (see Starting State):
         THE search of :mod:`autotune.memory.start`, through the level tables."""
         if self.verdict(default).admitted:
@@ -350,7 +349,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         found, _ = first_within(candidates, lambda c: self.verdict(self._levels_at(default, c)))
         return default if found is None else self._levels_at(default, found[0])
 
-    def _levels_at(self, levels: KnobLevels, config: TrainConfig) -> KnobLevels:
+    def _levels_at(self, levels: Levels, config: TrainConfig) -> Levels:
         """``levels`` at ``config``'s split (in the tables) and uniform recompute."""
         everywhere = all(config.block_checkpoints(self.num_blocks))
         return dataclasses.replace(
@@ -362,7 +361,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     # ---- what a driver may ask (a policy's episode, its climb) --------------------------------------
 
-    def next_levels(self, action: np.ndarray | tuple[int, ...]) -> KnobLevels:
+    def next_levels(self, action: np.ndarray | tuple[int, ...]) -> Levels:
         """The knobs ``action`` moves to from the current ones (before the budget is checked)."""
         return apply_action(
             self.levels,
@@ -373,19 +372,19 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
             min_micro=smallest_micro_batch(self._levels_batch0, self.micro_floor),
         )
 
-    def admits(self, knobs: KnobLevels) -> bool:
+    def admits(self, knobs: Levels) -> bool:
         """Whether :meth:`step` would train on ``knobs`` rather than refuse them as over the budget
         (a real environment may measure the peak of ``knobs`` once to say so; it is cached)."""
         return self.verdict(knobs).admitted
 
-    def verdict(self, knobs: KnobLevels) -> Verdict:
+    def verdict(self, knobs: Levels) -> Verdict:
         """The admission rule (:func:`autotune.memory.gate.admission`) on the peak of ``knobs``
         (:meth:`_peak_bytes`: one measured, or the simulator's exact one), with the figures."""
         return admission(budget=self._budget, headroom=0.0, measured=self._peak_bytes(knobs))
 
     # ---- shared pieces ------------------------------------------------------------------------------
 
-    def _global_batch(self, levels: KnobLevels) -> int:
+    def _global_batch(self, levels: Levels) -> int:
         """Samples per optimizer step over all ranks (what gradient noise and Pollux compare with)."""
         return levels.effective_batch_size * self.ranks
 
@@ -459,7 +458,7 @@ def observation_vector(
     losses: list[float],
     t: int,
     horizon: int,
-    levels: KnobLevels,
+    levels: Levels,
     model: ModelDescriptor,
     machine: MachineDescriptor,
     budget: int,

@@ -7,7 +7,7 @@ micro-batch's time:
     t_micro = (t_mf + b * t_ps) * ((1 - phi) * x_o + phi * sum_i s_i * x_i * y_i)
     y_i     = 1 + rho * [i in C] + sigma * rho * [i in S]
     x_i     = slowdown if i in R else 1
-    x_o     = slowdown if the outer parts are reduced (KnobLevels.outer) else 1
+    x_o     = slowdown if the outer parts are reduced (Levels.outer) else 1
     t_step  = t_fixed + k * t_micro
 
     kept_i = b * in_i if i in C
@@ -30,7 +30,7 @@ blocks in it (x_o is the blocks' ``reduced_slowdown``): no outer step is timed, 
 the loss are matmuls and elementwise work like the blocks'. Their memory is the memory model's
 prediction with the outer parts reduced (``outer_peak_table``, ``outer_selective_peak_table``).
 A profile without those tables (written before the outer precision was a knob, or a synthetic one
-of domain randomization) models the outer parts in fp32 whatever ``KnobLevels.outer`` says: the
+of domain randomization) models the outer parts in fp32 whatever ``Levels.outer`` says: the
 simulator neither prefers nor refuses what it cannot see.
     start  = b * a_other + sum_i kept_i + b * temp (+ grads with accumulation)
     sweep  = max_j sum_{i<j} kept_i + full_j + grads_{>=j}    (backward, last block first)
@@ -69,9 +69,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
+from autotune.envs._codec import ACCUM_LEVELS, FRACTION_LEVELS, MICRO_LEVELS, Levels, blocks_at_level
 from autotune.envs.calibration import WorkloadProfile, peak_table_index, selective_table_index
 
-from autotune.knobs import ACCUM_LEVELS, FRACTION_LEVELS, MICRO_LEVELS, KnobLevels, blocks_at_level
 from autotune.measurement.objective import per_gib
 
 __all__ = [
@@ -110,7 +110,7 @@ _OVERHEAD_SHARE = {0: 0.0, 1: 0.1, 2: 0.3, 3: 1.0}
 
 
 def step_cost(
-    p: WorkloadProfile, knobs: KnobLevels, *, ranks: int = 1, bandwidth: float = 1e9, zero_overhead: float = 0.0
+    p: WorkloadProfile, knobs: Levels, *, ranks: int = 1, bandwidth: float = 1e9, zero_overhead: float = 0.0
 ) -> StepCost:
     """Seconds of one optimizer step and peak bytes per rank; ``bandwidth`` in bytes/s per rank,
     ``zero_overhead`` the stage-3 step's extra time relative to the local step."""
@@ -158,7 +158,7 @@ def step_seconds(
     return p.step_fixed_seconds + k * t_micro
 
 
-def _local_cost(p: WorkloadProfile, knobs: KnobLevels) -> StepCost:
+def _local_cost(p: WorkloadProfile, knobs: Levels) -> StepCost:
     order = ranking(p)
     low = blocks_at_level(knobs.precision, order)
     ckpt = blocks_at_level(knobs.checkpoint, order)
@@ -272,18 +272,18 @@ def randomized_machine(p: WorkloadProfile, rng: np.random.Generator) -> Workload
     )
 
 
-def ranked_settings(p: WorkloadProfile, batch_size: int, *, reduced: bool = True) -> list[tuple[float, KnobLevels]]:
+def ranked_settings(p: WorkloadProfile, batch_size: int, *, reduced: bool = True) -> list[tuple[float, Levels]]:
     """Every one-rank knob setting of effective batch ``batch_size`` that the level tables express
     (micro-batch x accumulation splits, precision and checkpoint quarters; fp32 only unless
     ``reduced``), with its simulated samples/s per GiB of peak, best first (ties: less memory)."""
-    out: list[tuple[float, int, KnobLevels]] = []
+    out: list[tuple[float, int, Levels]] = []
     for micro, m in enumerate(MICRO_LEVELS):
         if batch_size % m or batch_size // m not in ACCUM_LEVELS:
             continue
         accum = ACCUM_LEVELS.index(batch_size // m)
         for precision in range(FRACTION_LEVELS if reduced else 1):
             for checkpoint in range(FRACTION_LEVELS):
-                levels = KnobLevels(accum=accum, micro=micro, precision=precision, checkpoint=checkpoint)
+                levels = Levels(accum=accum, micro=micro, precision=precision, checkpoint=checkpoint)
                 cost = step_cost(p, levels)
                 value = per_gib(batch_size / cost.seconds, cost.peak_bytes)  # the one objective
                 out.append((value, cost.peak_bytes, levels))

@@ -12,12 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from autotune.envs._codec import FRACTION_LEVELS, Levels
 from autotune.envs.calibration import INFEASIBLE_PEAK, WorkloadProfile, load_profile
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
 from autotune.envs.costmodel import CPU_ZERO_OVERHEAD, StepCost, randomized_machine, randomized_profile, step_cost
 
 from autotune.errors import ConfigError
-from autotune.knobs import FRACTION_LEVELS, KnobLevels, check_min_micro_batch
+from autotune.knobs import check_min_micro_batch
 from autotune.measurement.goodput import statistical_efficiency
 from autotune.tuning import TUNING
 from autotune.units import MemoryBudget
@@ -126,7 +127,7 @@ class SimulatedEnv(TuningEnv):
         self.profile = self.profiles[0]
         self._progress = 0.0
 
-    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
+    def _begin_episode(self) -> tuple[Levels, ModelDescriptor, MachineDescriptor, int]:
         rng = self.np_random
         profile = self.profiles[int(rng.integers(len(self.profiles)))]
         if self.randomize:
@@ -140,13 +141,13 @@ class SimulatedEnv(TuningEnv):
             self.bandwidth = float(math.exp(rng.uniform(math.log(1e9), math.log(1e11))))
         if self.zero_overhead_arg is None and self.randomize:
             self.zero_overhead = float(math.exp(rng.uniform(math.log(0.05), math.log(4.0))))
-        start = KnobLevels.default_for(self.profile.batch_size)
+        start = Levels.default_for(self.profile.batch_size)
         default_peak = self._peak_bytes(start)
         # The least memory any knob setting reaches: micro-batch 1, every block recomputed and in
         # reduced precision (at ZeRO-3 with several ranks). A budget below it would make every
         # step a penalty (model states alone can exceed a budget), which teaches nothing.
         smallest = self._cost(
-            KnobLevels(
+            Levels(
                 micro=0, precision=FRACTION_LEVELS - 1, checkpoint=FRACTION_LEVELS - 1, zero_stage=self.max_zero_stage
             )
         )
@@ -167,7 +168,7 @@ class SimulatedEnv(TuningEnv):
 
     def _machine_descriptor(self, budget: int) -> MachineDescriptor:
         # The same two ratios TrainingEnv measures at reset, at the episode's starting knobs.
-        plain = KnobLevels.default_for(self.profile.batch_size)
+        plain = Levels.default_for(self.profile.batch_size)
         full = dataclasses.replace(plain, precision=FRACTION_LEVELS - 1)
         ckpt = dataclasses.replace(plain, checkpoint=FRACTION_LEVELS - 1)
         t = _local_seconds(self.profile, plain)
@@ -178,17 +179,17 @@ class SimulatedEnv(TuningEnv):
             recompute_cost=_local_seconds(self.profile, ckpt) / t - 1.0,
         )
 
-    def _cost(self, knobs: KnobLevels) -> StepCost:
+    def _cost(self, knobs: Levels) -> StepCost:
         return step_cost(
             self.profile, knobs, ranks=self.ranks, bandwidth=self.bandwidth, zero_overhead=self.zero_overhead
         )
 
-    def _peak_bytes(self, knobs: KnobLevels) -> int:
+    def _peak_bytes(self, knobs: Levels) -> int:
         if self.profile.reduced_failure and (knobs.precision > 0 or knobs.outer):
             return INFEASIBLE_PEAK  # refused like an over-budget setting, as TrainingEnv refuses it
         return self._cost(knobs).peak_bytes
 
-    def _train(self, knobs: KnobLevels) -> Interval:
+    def _train(self, knobs: Levels) -> Interval:
         p = self.profile
         cost = self._cost(knobs)
         batch = self._global_batch(knobs)
@@ -214,5 +215,5 @@ class SimulatedEnv(TuningEnv):
         return float(np.interp(self._progress, self.profile.curve_samples, values))
 
 
-def _local_seconds(p: WorkloadProfile, knobs: KnobLevels) -> float:
+def _local_seconds(p: WorkloadProfile, knobs: Levels) -> float:
     return step_cost(p, knobs).seconds

@@ -20,12 +20,12 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from autotune.envs._codec import ACCUM_LEVELS, FRACTION_LEVELS, Levels, knobs_to_config
 from autotune.envs.calibration import INFEASIBLE_PEAK
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv, model_state_bytes
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionError, one_line
-from autotune.knobs import ACCUM_LEVELS, FRACTION_LEVELS, KnobLevels, knobs_to_config
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.probe import probe_speeds
 from autotune.measurement.tracker import tracked_step
@@ -73,7 +73,7 @@ class TrainingEnv(TuningEnv):
     carries the training state over (fp32 parameters, Adam's moments and step, the LR schedule's
     position, the data stream's position), so training goes on where it was; every other knob
     changes on the live engine. The rebuild's seconds count in the reward's reconfiguration term.
-    With ``ranks == 1`` every stage maps to 0 (:func:`~autotune.knobs.apply_action`; no
+    With ``ranks == 1`` every stage maps to 0 (the codec's ``apply_action``; no
     action is invalid, so none is masked): ZeRO partitions model states *across* ranks, and at
     one rank stages 1-2 only add DeepSpeed's fp32 master copy (measured: 24 MB more for a
     12.6M-parameter GPT, nothing saved).
@@ -123,9 +123,9 @@ class TrainingEnv(TuningEnv):
         self.session: RankSession | None = None  # ranks > 1
         self.workload: Workload | None = None
         self._ranking: tuple[int, ...] = ()
-        self._peaks: dict[KnobLevels, int] = {}
+        self._peaks: dict[Levels, int] = {}
         #: Knob settings the model could not run on this machine this episode, with the reason.
-        self.infeasible: dict[KnobLevels, str] = {}
+        self.infeasible: dict[Levels, str] = {}
         self._workloads: dict[int, Workload] = {}
         self._memory: MemoryProfile | None = None  # the memory model's profile of this episode's model
         self._gate: BudgetGate | None = None  # this episode's admission (one rank)
@@ -133,9 +133,9 @@ class TrainingEnv(TuningEnv):
         #: Whether the memory model predicted this episode's starting peak within 5% (verified).
         self.prediction_verified = False
         #: Every peak measured by a real step this episode (including reset's), in order.
-        self.measured_peaks: list[tuple[KnobLevels, int]] = []
+        self.measured_peaks: list[tuple[Levels, int]] = []
 
-    def config_of(self, knobs: KnobLevels) -> TrainConfig:
+    def config_of(self, knobs: Levels) -> TrainConfig:
         """The training configuration that ``knobs`` (knob levels) encode for the current workload."""
         return knobs_to_config(knobs, self._ranking, ranks=self.ranks)
 
@@ -144,7 +144,7 @@ class TrainingEnv(TuningEnv):
         assert loop is not None, "reset() starts the training loop"
         return loop
 
-    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
+    def _begin_episode(self) -> tuple[Levels, ModelDescriptor, MachineDescriptor, int]:
         i = int(self.np_random.integers(len(self.workload_refs)))
         if i not in self._workloads:
             ref = self.workload_refs[i]
@@ -154,7 +154,7 @@ class TrainingEnv(TuningEnv):
         profile = profile_blocks(wl, micro_batch_size=TUNING.profile_micro_batch)
         self._ranking = profile.ranked()
         # Data parallelism splits the workload's batch over the ranks (so its LR applies as is).
-        start = KnobLevels.default_for(max(1, wl.batch_size // self.ranks))
+        start = Levels.default_for(max(1, wl.batch_size // self.ranks))
         if self.ranks == 1:
             self.close()
             self.trainer = Trainer(wl, self.config_of(start), device=self.device)
@@ -182,7 +182,7 @@ class TrainingEnv(TuningEnv):
         )
         return start, model, machine, budget
 
-    def _verify_memory_model(self, wl: Workload, start: KnobLevels, measured: int) -> None:
+    def _verify_memory_model(self, wl: Workload, start: Levels, measured: int) -> None:
         """Profile the model for the memory model (fake tensors, checked against real steps of a
         copy of it, as an adaptive run's gate does), build the episode's gate, and compare its
         prediction of the starting configuration with the peak just measured. A model whose reduced
@@ -213,14 +213,14 @@ class TrainingEnv(TuningEnv):
         predicted = self._predicted_peak(start)
         self.prediction_verified = predicted is not None and abs(predicted - measured) <= TOLERANCE * measured
 
-    def _predicted_peak(self, knobs: KnobLevels) -> int | None:
+    def _predicted_peak(self, knobs: Levels) -> int | None:
         """The memory model's verified peak of ``knobs``, or None where it has none (no profile, a
         precision it could not profile, an unverified prediction: one of a per-block mix on blocks
         that are not a chain is never verified)."""
         predicted = self._prediction(knobs)
         return predicted[0] if predicted is not None and predicted[1] else None
 
-    def _prediction(self, knobs: KnobLevels) -> tuple[int, bool] | None:
+    def _prediction(self, knobs: Levels) -> tuple[int, bool] | None:
         """The memory model's peak of ``knobs`` and whether it is verified; None without one."""
         if self._gate is None:
             return None
@@ -229,7 +229,7 @@ class TrainingEnv(TuningEnv):
         except ConfigError:  # the profile lacks the reduced-precision mode
             return None
 
-    def _admitted(self, knobs: KnobLevels) -> bool:
+    def _admitted(self, knobs: Levels) -> bool:
         """Whether ``knobs`` may run: the episode's gate admits it (measured within the budget, or
         predicted within it with the headroom by a verified memory model). One rank, after
         :meth:`_verify_memory_model` (on ranks every setting is measured, :meth:`_peak_bytes`)."""
@@ -239,7 +239,7 @@ class TrainingEnv(TuningEnv):
         except ConfigError:  # the profile lacks the reduced-precision mode: unknown, not measured
             return False
 
-    def _probe_machine(self, knobs: KnobLevels) -> tuple[float, float]:
+    def _probe_machine(self, knobs: Levels) -> tuple[float, float]:
         """Step throughput with every block in reduced precision relative to fp32, and the extra
         time of recomputing every block (:func:`autotune.measurement.probe.probe_speeds`, two real
         steps each): the simulator's definitions (``SimulatedEnv``), so a policy sees the same
@@ -281,7 +281,7 @@ class TrainingEnv(TuningEnv):
         assert self.trainer is not None
         self.trainer.optimizer.zero_grad(set_to_none=True)
 
-    def _peak_bytes(self, knobs: KnobLevels) -> int:
+    def _peak_bytes(self, knobs: Levels) -> int:
         """The measured peak of ``knobs`` (one rank): measured if the memory model admits it, and
         also where its prediction is unverified (or there is none) but not over the budget, as an
         adaptive run measures the first step of a configuration it cannot trust (the study
@@ -303,7 +303,7 @@ class TrainingEnv(TuningEnv):
                 return max(predicted[0], self._budget + 1)
         return self._measured_peak(knobs)
 
-    def _measured_peak(self, knobs: KnobLevels) -> int:
+    def _measured_peak(self, knobs: Levels) -> int:
         """Measured once per knob setting (a real training step under MemTracker), then cached.
 
         With ranks > 1, measuring another ZeRO stage builds its engines and then the current ones
@@ -345,7 +345,7 @@ class TrainingEnv(TuningEnv):
         assert self.trainer is not None
         return tracked_step(self.trainer).at_peak.total
 
-    def _train(self, knobs: KnobLevels) -> Interval:
+    def _train(self, knobs: Levels) -> Interval:
         loop = self._loop()
         t0 = time.perf_counter()
         config = self.config_of(knobs)

@@ -20,13 +20,13 @@ the incumbent tried, the climb goes on from the next best step's. The climb acts
 environment's action space, as the policy does, so the episode's rewards, records and re-timing
 are the same for its steps.
 
-The climb also moves the selective recompute level (:attr:`~autotune.knobs.KnobLevels.selective`),
+The climb also moves the selective recompute level (:attr:`~autotune.knobs.Knobs.selective_blocks`),
 which is outside the action space the shipped policy was trained on: its actions toward such a
-neighbour carry a sixth entry (:func:`~autotune.knobs.apply_action`), which the environments
+neighbour carry a sixth entry (the codec's ``apply_action``), which the environments
 apply as they apply the policy's five. The pretrained policy itself never proposes the level
 (it would take a larger action space, and retraining).
 
-It moves the outer precision the same way (:attr:`~autotune.knobs.KnobLevels.outer`: the
+It moves the outer precision the same way (:attr:`~autotune.knobs.Knobs.outer_low_precision`: the
 embeddings, final norm, head and loss in the reduced precision too; every block and the outer
 parts in it is Hugging Face's ``bf16=True``), through a seventh action entry, its moves after
 every other (the selective ones included), so the climb's first steps are the ones it took before
@@ -46,14 +46,9 @@ import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from autotune.knobs import (
-    ACCUM_LEVELS,
-    MICRO_LEVELS,
-    KnobLevels,
-    level_counts,
-    levels_near,
-    neighbours,
-)
+from autotune.envs._codec import ACCUM_LEVELS, MICRO_LEVELS, Levels, level_counts, levels_near
+
+from autotune.knobs import neighbours
 from autotune.search.precisions import DOMINATED_SLOWDOWN
 from autotune.search.refine import pattern_first
 
@@ -65,19 +60,19 @@ __all__ = ["Climb", "level_neighbours", "settled"]
 _FIELDS = ("accum", "micro", "precision", "checkpoint", "zero_stage", "selective", "outer")
 
 
-def _distance(a: KnobLevels, b: KnobLevels) -> int:
+def _distance(a: Levels, b: Levels) -> int:
     return sum(abs(getattr(a, f) - getattr(b, f)) for f in _FIELDS)
 
 
 def level_neighbours(
-    levels: KnobLevels,
+    levels: Levels,
     *,
     num_blocks: int,
     ranks: int = 1,
     max_zero_stage: int = 0,
     selective: bool = False,
     outer: bool = False,
-) -> list[KnobLevels]:
+) -> list[Levels]:
     """The knob levels one knob one level away from ``levels`` at the same effective batch:
     :func:`autotune.knobs.neighbours` through the level tables (their power-of-two splits,
     quarters of the blocks, the ZeRO stages up to ``max_zero_stage`` on ranks), in its order.
@@ -93,7 +88,7 @@ def level_neighbours(
         selective: Whether the selective recompute level moves too; its moves come after every
             other (the climb's: its few steps go where they went before the level existed until
             those are tried).
-        outer: Whether the outer precision moves too (:attr:`KnobLevels.outer`); its moves come
+        outer: Whether the outer precision moves too (:attr:`Levels.outer`); its moves come
             after every other, the selective ones included, for the same reason. Without it the
             outer precision stays where ``levels`` has it (an adaptive run's policy source: the
             policy's action space has no outer precision).
@@ -130,12 +125,12 @@ class Climb:
 
     def __init__(self, env: TuningEnv) -> None:
         self.env = env
-        self.tried: set[KnobLevels] = set()  # visited, refused, or chosen as a target
-        self.target: KnobLevels | None = None
-        self._came_from: dict[KnobLevels, KnobLevels] = {}  # a target -> the incumbent it neighbours
-        self._expected: KnobLevels | None = None
+        self.tried: set[Levels] = set()  # visited, refused, or chosen as a target
+        self.target: Levels | None = None
+        self._came_from: dict[Levels, Levels] = {}  # a target -> the incumbent it neighbours
+        self._expected: Levels | None = None
 
-    def action(self, measured: Sequence[tuple[KnobLevels, float | None]]) -> tuple[int, ...] | None:
+    def action(self, measured: Sequence[tuple[Levels, float | None]]) -> tuple[int, ...] | None:
         """The next action toward the incumbent's first untried admitted neighbour; None when there
         is none (every neighbour tried or over the budget) or nothing measured counts yet."""
         self.tried.update(levels for levels, _ in measured)
@@ -150,7 +145,7 @@ class Climb:
             self.target = self._next_target(measured)  # unreachable from here in the tables
         return None
 
-    def neighbours(self, levels: KnobLevels) -> list[KnobLevels]:
+    def neighbours(self, levels: Levels) -> list[Levels]:
         """The knob levels one knob one level away from ``levels`` at the same effective batch
         (:func:`autotune.knobs.neighbours` through the environment's tables: its power-of-two
         splits, quarters of the blocks, its ZeRO stages on ranks), in its order: a larger
@@ -171,7 +166,7 @@ class Climb:
             outer=True,
         )
 
-    def stepped(self, levels: KnobLevels) -> None:
+    def stepped(self, levels: Levels) -> None:
         """The environment is on ``levels`` after the step: a move it refused is never tried again."""
         if self._expected is not None and levels != self._expected:
             self.tried.add(self._expected)
@@ -179,13 +174,13 @@ class Climb:
         self.tried.add(levels)
         self._expected = None
 
-    def _next_target(self, measured: Sequence[tuple[KnobLevels, float | None]]) -> KnobLevels | None:
+    def _next_target(self, measured: Sequence[tuple[Levels, float | None]]) -> Levels | None:
         counted = [(value, -i, levels) for i, (levels, value) in enumerate(measured) if value is not None]
         # The best value first (the earliest step on a tie); when every neighbour of the best
         # is tried, the next best's: one noisy step can make a setting the best whose neighbours
         # are all worse (lstm-lm: 2x8 over 4x4, whose recompute neighbours were the grid's best),
         # and the episode's remaining steps are better spent next to the runner-up than refused.
-        ranked: list[KnobLevels] = []
+        ranked: list[Levels] = []
         for _, _, levels in sorted(counted, reverse=True):
             if levels not in ranked:
                 ranked.append(levels)
@@ -203,7 +198,7 @@ class Climb:
                     return candidate
         return None
 
-    def _toward(self, current: KnobLevels, target: KnobLevels) -> tuple[int, ...] | None:
+    def _toward(self, current: Levels, target: Levels) -> tuple[int, ...] | None:
         """The action whose knobs come nearest ``target``, touching the fewest knobs (None if none
         comes nearer than here). Every action of the space is tried, each with the sixth entry's
         three selective moves (and, where ``target``'s outer precision is not ``current``'s, the

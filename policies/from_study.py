@@ -98,9 +98,9 @@ def fine_tune_from_study(
     before anything is profiled or written: bad input raises :class:`StudyError` or
     :class:`~autotune.errors.ConfigError` and writes nothing.
     """
+    from autotune.envs._codec import Levels
     from autotune.envs.costmodel import step_cost
 
-    from autotune.knobs import KnobLevels
     from autotune.resolve import load_workload
     from autotune.search.storage import load_existing_study
 
@@ -111,7 +111,7 @@ def fine_tune_from_study(
     profile = profile_for_tuning(loaded)
     fitted = fit_time_terms(profile, measured)
     budget = found.user_attrs["autotune"].get("memory_budget")
-    default_peak = step_cost(fitted, KnobLevels.default_for(fitted.batch_size)).peak_bytes
+    default_peak = step_cost(fitted, Levels.default_for(fitted.batch_size)).peak_bytes
     fraction = 1.0 if budget is None else budget / default_peak
     tuned = fine_tune(
         base,

@@ -123,9 +123,8 @@ def quick_profile(workload: Workload) -> WorkloadProfile:
     nothing). A loss that is not finite is not the profiler's failure but the model's:
     :class:`NonFiniteLossError` passes through (a study goes on without a proposal and prunes the
     trials; an adaptive run stops)."""
+    from autotune.envs._codec import Levels
     from autotune.envs.costmodel import step_cost
-
-    from autotune.knobs import KnobLevels
 
     try:
         profile = profile_for_tuning(workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS)
@@ -133,7 +132,7 @@ def quick_profile(workload: Workload) -> WorkloadProfile:
         raise
     except (AutotuneError, RuntimeError) as e:  # the user's model failed a profiling step
         raise ProposalError(f"{workload.name} cannot be profiled for the simulator: {one_line(e)}") from None
-    default_peak = step_cost(profile, KnobLevels.default_for(profile.batch_size)).peak_bytes
+    default_peak = step_cost(profile, Levels.default_for(profile.batch_size)).peak_bytes
     measured = profile.default_peak_bytes
     if measured is not None and abs(default_peak - measured) > TOLERANCE * measured:
         raise ProposalError(

@@ -13,13 +13,14 @@ import re
 
 import pytest
 import torch
+from autotune.envs._codec import Levels, Move, apply_action
 from torch import nn
 
 from autotune import TrainConfig, Workload
 from autotune.adapt import Adaptive
 from autotune.adapt.shape_guard import splits
 from autotune.errors import WorkloadError
-from autotune.knobs import KnobLevels, Move, apply_action, smallest_micro_batch
+from autotune.knobs import smallest_micro_batch
 from autotune.search.space import SearchSpace
 
 BATCH = 16
@@ -114,7 +115,7 @@ def test_the_study_space_offers_only_micro_batches_at_or_above_the_floor() -> No
 
 
 def test_an_agent_s_split_never_goes_below_the_floor() -> None:
-    start = KnobLevels.default_for(BATCH)  # 16 x 1
+    start = Levels.default_for(BATCH)  # 16 x 1
     smaller = Move.SMALLER_MICRO_BATCH.action
     assert apply_action(start, smaller, max_zero_stage=0).micro_batch_size == 8
     assert apply_action(start, smaller, max_zero_stage=0, min_micro=16) == start
@@ -217,6 +218,6 @@ def test_an_episode_over_the_budget_starts_recomputed_where_the_split_is_closed(
         (default, default_peak), (start, start_peak) = env.measured_peaks[:2]
         assert default_peak > info["budget_bytes"] >= start_peak == info["peak_bytes"]
         assert (start.micro_batch_size, start.checkpoint) == (BATCH, 4)  # every block recomputed
-        assert default == KnobLevels.default_for(BATCH)
+        assert default == Levels.default_for(BATCH)
     finally:
         env.close()

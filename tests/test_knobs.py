@@ -7,20 +7,11 @@ import re
 
 import optuna
 import pytest
+from autotune.envs._codec import Levels, apply_action, knobs_to_config, level_counts, levels_near, levels_of
 
 from autotune import ConfigError, Knobs, TrainConfig
 from autotune.errors import SpecError, WorkloadError
-from autotune.knobs import (
-    KnobLevels,
-    apply_action,
-    check_min_micro_batch,
-    knobs_of_config,
-    knobs_to_config,
-    level_counts,
-    levels_near,
-    levels_of,
-    neighbours,
-)
+from autotune.knobs import check_min_micro_batch, knobs_of_config, neighbours
 from autotune.search.space import SearchSpace
 
 RANKING = (2, 0, 3, 1)  # block 2 saves the most activation bytes, block 1 the least
@@ -88,12 +79,12 @@ def test_counts_beyond_the_model_are_refused() -> None:
 @pytest.mark.parametrize(
     "levels",
     [
-        KnobLevels(),
-        KnobLevels(accum=2, micro=3, precision=2, checkpoint=1),
-        KnobLevels(accum=4, micro=0, precision=4, checkpoint=3),
+        Levels(),
+        Levels(accum=2, micro=3, precision=2, checkpoint=1),
+        Levels(accum=4, micro=0, precision=4, checkpoint=3),
     ],
 )
-def test_an_environment_configuration_is_a_study_trial(levels: KnobLevels) -> None:
+def test_an_environment_configuration_is_a_study_trial(levels: Levels) -> None:
     """What an agent reaches (levels) is a point of the study's space: enqueue it, read it back."""
     knobs = levels.knobs(len(RANKING))
     assert knobs.to_config(RANKING) == knobs_to_config(levels, RANKING)
@@ -104,9 +95,9 @@ def test_an_environment_configuration_is_a_study_trial(levels: KnobLevels) -> No
 
 
 def test_levels_on_ranks_scale_the_effective_batch() -> None:
-    knobs = KnobLevels(accum=1, micro=3, zero_stage=2).knobs(4, ranks=2)
+    knobs = Levels(accum=1, micro=3, zero_stage=2).knobs(4, ranks=2)
     assert (knobs.batch_size, knobs.grad_accum_steps, knobs.zero_stage) == (32, 2, 2)
-    assert KnobLevels(zero_stage=2).knobs(4).zero_stage == 0  # one rank: no ZeRO (it only adds a master copy)
+    assert Levels(zero_stage=2).knobs(4).zero_stage == 0  # one rank: no ZeRO (it only adds a master copy)
 
 
 # ---- the outer precision (issue 40) ----------------------------------------------------------------
@@ -127,34 +118,32 @@ def test_the_outer_low_precision_reaches_the_config_and_round_trips() -> None:
 
 
 def test_knob_levels_carry_the_outer_precision_outside_the_action_space() -> None:
-    from autotune.knobs import levels_of
+    from autotune.envs._codec import levels_of
 
     config = TrainConfig(micro_batch_size=8, precision="bf16")
-    assert levels_of(config, 4) == KnobLevels(micro=3, precision=4)
+    assert levels_of(config, 4) == Levels(micro=3, precision=4)
     recipe = TrainConfig(micro_batch_size=8, precision="bf16", outer_precision="bf16", checkpoint=True)
     levels = levels_of(recipe, 4)
-    assert levels == KnobLevels(micro=3, precision=4, checkpoint=4, outer=True)
+    assert levels == Levels(micro=3, precision=4, checkpoint=4, outer=True)
     # The round trip: levels -> knobs -> config -> levels, and knobs -> levels near any start.
     assert levels.knobs(4).outer_low_precision is True
     assert levels.knobs(4).describe() == "8x1 bf16:4+outer ckpt:4"
     assert knobs_to_config(levels, RANKING) == recipe
-    assert levels_near(levels.knobs(4), KnobLevels(micro=3), 4) == levels
-    head_only = KnobLevels(accum=1, micro=2, outer=True)  # every block fp32, the outer parts bf16
+    assert levels_near(levels.knobs(4), Levels(micro=3), 4) == levels
+    head_only = Levels(accum=1, micro=2, outer=True)  # every block fp32, the outer parts bf16
     head_config = knobs_to_config(head_only, RANKING)
     assert (head_config.precision, head_config.outer_precision) == ("fp32", "bf16")
     assert levels_of(head_config, 4) == head_only
-    assert KnobLevels(micro=3, precision=4).knobs(4).outer_low_precision is False  # the default keeps it fp32
+    assert Levels(micro=3, precision=4).knobs(4).outer_low_precision is False  # the default keeps it fp32
     # The policy's five entries and a sixth keep it; a seventh moves it (0: fp32, 2: reduced).
     assert apply_action(levels, (1, 1, 1, 1, 0), max_zero_stage=0) == levels
     assert apply_action(levels, (1, 1, 1, 1, 0, 1), max_zero_stage=0) == levels
-    assert apply_action(levels, (1, 1, 1, 1, 0, 1, 0), max_zero_stage=0) == KnobLevels(
-        micro=3, precision=4, checkpoint=4
-    )
+    assert apply_action(levels, (1, 1, 1, 1, 0, 1, 0), max_zero_stage=0) == Levels(micro=3, precision=4, checkpoint=4)
     assert apply_action(head_only, (1, 1, 1, 1, 0, 1, 2), max_zero_stage=0) == head_only
-    plain = KnobLevels(micro=3)
-    assert apply_action(plain, (1, 1, 1, 1, 0, 1, 2), max_zero_stage=0) == KnobLevels(micro=3, outer=True)
-    with pytest.raises(ConfigError, match=r"^KnobLevels\.outer must be a bool, but got 1\.$"):
-        KnobLevels(outer=1)  # type: ignore[arg-type]
+    plain = Levels(micro=3)
+    assert apply_action(plain, (1, 1, 1, 1, 0, 1, 2), max_zero_stage=0) == Levels(micro=3, outer=True)
+    with pytest.raises(ConfigError, match=r"^Levels\.outer must be a bool, but got 1\.$"):
+        Levels(outer=1)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", [0, -1, True, 2.0, "2"])
@@ -212,9 +201,9 @@ def test_the_neighbours_move_the_zero_stage_where_there_are_stages() -> None:
 def test_levels_near_picks_the_level_nearest_where_two_cover_the_same_count() -> None:
     assert level_counts(3) == (0, 1, 2, 3)  # levels 2 and 3 both cover 2 of 3 blocks
     two = Knobs(batch_size=8, micro_batch_size=2, checkpoint_blocks=2)
-    assert levels_near(two, KnobLevels(micro=1, accum=2, checkpoint=1), 3).checkpoint == 2
-    assert levels_near(two, KnobLevels(micro=1, accum=2, checkpoint=4), 3).checkpoint == 3
-    assert levels_near(two, KnobLevels(micro=1, accum=2, checkpoint=4, zero_stage=2), 3) == KnobLevels(
+    assert levels_near(two, Levels(micro=1, accum=2, checkpoint=1), 3).checkpoint == 2
+    assert levels_near(two, Levels(micro=1, accum=2, checkpoint=4), 3).checkpoint == 3
+    assert levels_near(two, Levels(micro=1, accum=2, checkpoint=4, zero_stage=2), 3) == Levels(
         micro=1,
         accum=2,
         checkpoint=3,
@@ -262,19 +251,19 @@ def test_the_neighbours_move_the_selective_level_when_asked() -> None:
 
 
 def test_knob_levels_carry_the_selective_band_outside_the_action_space() -> None:
-    levels = KnobLevels(micro=1, accum=2, checkpoint=1, selective=2)
+    levels = Levels(micro=1, accum=2, checkpoint=1, selective=2)
     assert levels.knobs(8).checkpoint_blocks == 2 and levels.knobs(8).selective_blocks == 4
     config = knobs_to_config(levels, ranking=tuple(range(8)))
     assert config.checkpoint == (True, True, "selective", "selective", "selective", "selective", False, False)
     assert levels_of(config, 8) == levels
-    assert levels_near(levels.knobs(8), KnobLevels(micro=1, accum=2), 8) == levels
-    message = "KnobLevels.checkpoint + selective must be <= 4, but got 3 + 2."
+    assert levels_near(levels.knobs(8), Levels(micro=1, accum=2), 8) == levels
+    message = "Levels.checkpoint + selective must be <= 4, but got 3 + 2."
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
-        KnobLevels(checkpoint=3, selective=2)
+        Levels(checkpoint=3, selective=2)
     # The policy's five entries keep the band; a sixth moves it; a full level up at the end takes
     # one of its quarters.
     assert apply_action(levels, (1, 1, 1, 1, 0), max_zero_stage=0) == levels
     assert apply_action(levels, (1, 1, 1, 1, 0, 2), max_zero_stage=0).selective == 3
     assert apply_action(levels, (1, 1, 1, 1, 0, 0), max_zero_stage=0).selective == 1
-    moved = apply_action(KnobLevels(checkpoint=1, selective=3), (1, 1, 1, 2, 0), max_zero_stage=0)
+    moved = apply_action(Levels(checkpoint=1, selective=3), (1, 1, 1, 2, 0), max_zero_stage=0)
     assert (moved.checkpoint, moved.selective) == (2, 2)

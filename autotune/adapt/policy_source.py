@@ -3,7 +3,7 @@
 The policy sees the observation vector of the tuning environments (:class:`autotune.envs.core.TuningEnv`'s
 table: gradient noise, memory pressure, loss trend, throughput, knob levels, model and machine
 descriptors) built from what the user's run measured, and answers with a ``MultiDiscrete`` action.
-Its actions mean what they mean in the environments (:func:`autotune.knobs.apply_action`):
+Its actions mean what they mean in the environments (the codec's ``apply_action``, ``autotune/envs/_codec.py``):
 the split of the user's effective batch moves (micro-batch x2 and accumulation /2, or the
 reverse), never the batch; precision and checkpointing move by quarters of the blocks, hungriest
 first; the ZeRO stage is the action's on DeepSpeed ranks and 0 on one process. A split the
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
 from autotune.dependencies import install_command
+from autotune.envs._codec import ZERO_STAGES, apply_action, knobs_to_config, levels_of
 from autotune.errors import MissingDependencyError
-from autotune.knobs import ZERO_STAGES, apply_action, knobs_to_config, levels_of
 from autotune.measurement.probe import probe_workload
 from autotune.tuning import TUNING
 
@@ -38,9 +38,10 @@ if TYPE_CHECKING:
     import numpy as np
 
     from autotune.config import TrainConfig
+    from autotune.envs._codec import Levels
     from autotune.envs.calibration import WorkloadProfile
     from autotune.envs.core import MachineDescriptor, ModelDescriptor
-    from autotune.knobs import KnobLevels, Knobs
+    from autotune.knobs import Knobs
 
 __all__ = ["PolicySource"]
 
@@ -273,14 +274,14 @@ class PolicySource(DecisionSource):
             )
         return Proposal(config=config, reason=f"policy action {action}")
 
-    def _rated(self, moved: KnobLevels, levels: KnobLevels, batch: int) -> float | None:
+    def _rated(self, moved: Levels, levels: Levels, batch: int) -> float | None:
         """``moved``'s simulated samples/s per GiB over ``levels``' on the plan's calibrated
         simulator, or None without one (no plan, or on ranks, whose collectives it does not model)."""
         if self._profile is None or self._ranks != 1:
             return None
         return self._simulated(moved, batch) / self._simulated(levels, batch)
 
-    def _simulated(self, knobs: KnobLevels, batch: int) -> float:
+    def _simulated(self, knobs: Levels, batch: int) -> float:
         from autotune.envs.costmodel import step_cost
         from autotune.measurement.objective import per_gib
 
@@ -288,7 +289,7 @@ class PolicySource(DecisionSource):
         cost = step_cost(self._profile, knobs)
         return per_gib(batch / cost.seconds, cost.peak_bytes)
 
-    def _neighbour(self, observation: Observation, levels: KnobLevels, why: str) -> Proposal | None:
+    def _neighbour(self, observation: Observation, levels: Levels, why: str) -> Proposal | None:
         """When the policy has nothing new (its action keeps the configuration, or proposes one
         it proposed before, which the run measured or refused): the untried neighbour (one knob
         moved by one level: :func:`autotune.knobs.neighbours` through the level tables, as the

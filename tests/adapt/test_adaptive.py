@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from autotune.envs._codec import Levels
 from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, TuningEnv
 
 from autotune import Knobs, TrainConfig
 from autotune.adapt import Adaptive, FixedConfig, Observation, Proposal, RunContext
 from autotune.adapt.batch import grow_batch
 from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning
-from autotune.knobs import KnobLevels
 from autotune.measurement.record import Measurement, MemoryBreakdown
 from autotune.memory.blocks import profile_blocks
 from autotune.train.gns import NoiseEstimate
@@ -281,14 +281,14 @@ class _Replay(TuningEnv):
         super().__init__(horizon=4)
         self.intervals = intervals
 
-    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
+    def _begin_episode(self) -> tuple[Levels, ModelDescriptor, MachineDescriptor, int]:
         model = ModelDescriptor(num_parameters=1, activation_bytes_per_sample=1.0, num_blocks=4, top_quarter_share=0.5)
-        return KnobLevels.default_for(BATCH), model, MachineDescriptor(reduced_speed=1.0, budget_ratio=2.0), 2**40
+        return Levels.default_for(BATCH), model, MachineDescriptor(reduced_speed=1.0, budget_ratio=2.0), 2**40
 
-    def _peak_bytes(self, knobs: KnobLevels) -> int:
+    def _peak_bytes(self, knobs: Levels) -> int:
         return 0
 
-    def _train(self, knobs: KnobLevels) -> Interval:
+    def _train(self, knobs: Levels) -> Interval:
         return self.intervals.pop(0)
 
 
@@ -516,11 +516,11 @@ def test_a_source_s_plan_is_where_the_run_starts_if_the_gate_admits_it() -> None
 def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbours_best_simulated_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from autotune.envs._codec import Move, apply_action, knobs_to_config, levels_of
     from autotune.envs.costmodel import step_cost
     from autotune.policies import transfer
 
     from autotune.adapt.policy_source import _NEIGHBOUR_WITHIN, PolicySource
-    from autotune.knobs import Move, apply_action, knobs_to_config, levels_of
 
     wl, opt = _user_objects()
     # Fixed time terms (the memory table is the memory model's): the same simulator on any CPU.
@@ -617,16 +617,17 @@ def test_the_untried_neighbours_are_the_level_tables_and_more_reduced_precision_
 ) -> None:
     from types import SimpleNamespace
 
+    from autotune.envs._codec import knobs_to_config, levels_of
+
     from autotune.adapt.policy_source import PolicySource
-    from autotune.knobs import knobs_to_config, levels_of
 
     ranking = (0, 1, 2, 3)
-    here = knobs_to_config(KnobLevels(accum=1, micro=3, precision=2), ranking)  # 8x2, half the blocks bf16
+    here = knobs_to_config(Levels(accum=1, micro=3, precision=2), ranking)  # 8x2, half the blocks bf16
     levels = levels_of(here, len(ranking))
     assert levels is not None
     obs = Observation(step=5, config=here, throughput=1.0, peak_bytes=1, b_noise=None, losses=(1.0,))
 
-    def proposed(reduced_ok: bool) -> list[KnobLevels]:
+    def proposed(reduced_ok: bool) -> list[Levels]:
         source = PolicySource(plan=False)
         source._context = SimpleNamespace(ranking=ranking, admits=lambda config: True)  # type: ignore[assignment]
         source._profile = object()  # type: ignore[assignment]  # a plan's simulator: the stand-in rates
@@ -642,12 +643,12 @@ def test_the_untried_neighbours_are_the_level_tables_and_more_reduced_precision_
 
     # One knob one level away (knobs.neighbours through the level tables): the ZeRO stage stays.
     others = {
-        KnobLevels(accum=0, micro=4, precision=2),  # 16x1
-        KnobLevels(accum=2, micro=2, precision=2),  # 4x4
-        KnobLevels(accum=1, micro=3, precision=2, checkpoint=1),
-        KnobLevels(accum=1, micro=3, precision=1),
+        Levels(accum=0, micro=4, precision=2),  # 16x1
+        Levels(accum=2, micro=2, precision=2),  # 4x4
+        Levels(accum=1, micro=3, precision=2, checkpoint=1),
+        Levels(accum=1, micro=3, precision=1),
     }
-    more_reduced = KnobLevels(accum=1, micro=3, precision=3)
+    more_reduced = Levels(accum=1, micro=3, precision=3)
     everything = proposed(reduced_ok=True)
     assert everything[0] == more_reduced and set(everything) == others | {more_reduced} and len(everything) == 5
     # Where the machine probe found no usable bf16: less of it, never more.

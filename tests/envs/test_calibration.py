@@ -49,10 +49,10 @@ def test_a_model_that_cannot_run_in_reduced_precision_gets_an_fp32_profile_and_t
     # under autocast on every CPU. Calibration used to raise there, so `autotune tune` crashed.
     import dataclasses
 
+    from autotune.envs._codec import Levels
     from autotune.envs.calibration import INFEASIBLE_PEAK, calibrate, peak_table_index
     from autotune.envs.simulated import SimulatedEnv
 
-    from autotune.knobs import KnobLevels
     from autotune.resolve import load_workload
     from tests.paths import DATA
 
@@ -64,7 +64,7 @@ def test_a_model_that_cannot_run_in_reduced_precision_gets_an_fp32_profile_and_t
         (b.fp32_fixed, b.fp32_per_sample) for b in profile.blocks
     ]
     assert profile.peak_table is not None
-    plain = KnobLevels.default_for(profile.batch_size)
+    plain = Levels.default_for(profile.batch_size)
     low = dataclasses.replace(plain, precision=1)
     assert profile.peak_table[peak_table_index(low)] == INFEASIBLE_PEAK
     assert profile.peak_table[peak_table_index(plain)] == pytest.approx(profile.default_peak_bytes, rel=0.05)

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from autotune.envs._codec import Levels
 from autotune.envs.core import (
     OBSERVATION_SIZE,
     Interval,
@@ -17,7 +18,6 @@ from autotune.envs.core import (
 )
 
 from autotune.errors import NonFiniteLossError
-from autotune.knobs import KnobLevels
 
 
 def _interval(loss: float) -> Interval:
@@ -36,7 +36,7 @@ def _observe(*, loss: float = 1.0, first: float = 2.0, losses: tuple[float, ...]
         losses=list(losses),
         t=1,
         horizon=8,
-        levels=KnobLevels(),
+        levels=Levels(),
         model=model,
         machine=MachineDescriptor(reduced_speed=1.0, budget_ratio=2.0),
         budget=2000,
@@ -75,14 +75,14 @@ class _Peaks(TuningEnv):
         super().__init__(horizon=4)
         self.start_within_budget, self.micro_floor = True, floor
 
-    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
+    def _begin_episode(self) -> tuple[Levels, ModelDescriptor, MachineDescriptor, int]:
         model = ModelDescriptor(num_parameters=1, activation_bytes_per_sample=1.0, num_blocks=4, top_quarter_share=0.5)
-        return KnobLevels.default_for(16), model, MachineDescriptor(reduced_speed=1.0, budget_ratio=2.0), 100
+        return Levels.default_for(16), model, MachineDescriptor(reduced_speed=1.0, budget_ratio=2.0), 100
 
-    def _peak_bytes(self, knobs: KnobLevels) -> int:
+    def _peak_bytes(self, knobs: Levels) -> int:
         return 10 * knobs.micro_batch_size + (0 if knobs.checkpoint else 50)
 
-    def _train(self, knobs: KnobLevels) -> Interval:
+    def _train(self, knobs: Levels) -> Interval:
         return Interval(
             batch=16, throughput=1.0, peak_bytes=1, b_noise=None, loss=1.0, train_seconds=1.0, reconfig_seconds=0.0
         )
@@ -91,13 +91,13 @@ class _Peaks(TuningEnv):
 @pytest.mark.parametrize(
     ("floor", "start"),
     [
-        (1, KnobLevels(micro=2, accum=2)),  # 4 x 4: 90 B, the first smaller micro-batch within
-        (8, KnobLevels(micro=3, accum=1, checkpoint=4)),  # 8 x 2 at most: then every block recomputed
-        (None, KnobLevels(micro=4, accum=0)),  # no split and 160 B recomputed: none fits, the default
+        (1, Levels(micro=2, accum=2)),  # 4 x 4: 90 B, the first smaller micro-batch within
+        (8, Levels(micro=3, accum=1, checkpoint=4)),  # 8 x 2 at most: then every block recomputed
+        (None, Levels(micro=4, accum=0)),  # no split and 160 B recomputed: none fits, the default
     ],
 )
-def test_an_episode_over_the_budget_starts_where_an_adaptive_run_would(floor: int | None, start: KnobLevels) -> None:
+def test_an_episode_over_the_budget_starts_where_an_adaptive_run_would(floor: int | None, start: Levels) -> None:
     env = _Peaks(floor)
     env.reset(seed=0)
     assert env.levels == start
-    assert env.verdict(KnobLevels.default_for(16)).reason == "measured 210 B > budget 100 B"
+    assert env.verdict(Levels.default_for(16)).reason == "measured 210 B > budget 100 B"

@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from autotune.envs import SimulatedEnv, WorkloadProfile, calibrate, load_profile, save_profile, shipped_profiles
+from autotune.envs._codec import Levels, knobs_to_config
 from autotune.envs.calibration import peak_table_index
 from autotune.envs.core import OBSERVATION_SIZE
 from autotune.envs.costmodel import step_cost
@@ -16,7 +17,6 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from autotune import measure
-from autotune.knobs import KnobLevels, knobs_to_config
 from autotune.memory.blocks import profile_blocks
 from tests.conftest import make_resmlp
 
@@ -58,11 +58,11 @@ def test_shipped_profiles_cover_the_built_in_workloads_and_generated_ones() -> N
 
 def test_cost_model_orders_memory_like_the_knobs() -> None:
     p = next(p for p in shipped_profiles() if p.workload == "gpt-tiny")
-    base = step_cost(p, KnobLevels(micro=5))
-    assert step_cost(p, KnobLevels(micro=5, checkpoint=4)).peak_bytes < base.peak_bytes
-    assert step_cost(p, KnobLevels(micro=5, precision=4)).peak_bytes < base.peak_bytes
-    assert step_cost(p, KnobLevels(micro=4)).peak_bytes < base.peak_bytes
-    assert step_cost(p, KnobLevels(micro=5, checkpoint=4)).seconds > base.seconds  # recompute costs time
+    base = step_cost(p, Levels(micro=5))
+    assert step_cost(p, Levels(micro=5, checkpoint=4)).peak_bytes < base.peak_bytes
+    assert step_cost(p, Levels(micro=5, precision=4)).peak_bytes < base.peak_bytes
+    assert step_cost(p, Levels(micro=4)).peak_bytes < base.peak_bytes
+    assert step_cost(p, Levels(micro=5, checkpoint=4)).seconds > base.seconds  # recompute costs time
 
 
 def test_calibration_round_trips_through_json(tmp_path: Path) -> None:
@@ -87,14 +87,14 @@ def test_calibrated_memory_is_the_measured_peak(tmp_path: Path) -> None:
     profile = calibrate(workload, curve_steps=4)
     assert profile.peak_table is not None and len(profile.peak_table) == 8 * 5 * 5 * 2
     ranking = profile_blocks(workload, micro_batch_size=2).ranked()
-    for levels in (KnobLevels(micro=3), KnobLevels(micro=4, checkpoint=2), KnobLevels(micro=3, accum=1, checkpoint=4)):
+    for levels in (Levels(micro=3), Levels(micro=4, checkpoint=2), Levels(micro=3, accum=1, checkpoint=4)):
         measured = measure(workload, knobs_to_config(levels, ranking), steps=1, warmup=1).peak_bytes
         assert measured is not None
         simulated = step_cost(profile, levels).peak_bytes
         assert simulated == profile.peak_table[peak_table_index(levels)]
         assert 0 <= measured - simulated <= 32, (levels, measured, simulated)
     untabled = dataclasses.replace(profile, peak_table=None)  # a synthetic model's fallback
-    assert step_cost(untabled, KnobLevels(micro=3)).peak_bytes != step_cost(profile, KnobLevels(micro=3)).peak_bytes
+    assert step_cost(untabled, Levels(micro=3)).peak_bytes != step_cost(profile, Levels(micro=3)).peak_bytes
 
 
 def test_zero_action_is_live_with_ranks_and_mapped_without() -> None:

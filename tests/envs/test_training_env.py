@@ -11,13 +11,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from autotune.envs._codec import FRACTION_LEVELS, Levels
 from autotune.envs.core import OBSERVATION_SIZE
 from autotune.envs.training import TrainingEnv
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from autotune import Knobs
-from autotune.knobs import FRACTION_LEVELS, KnobLevels
 from autotune.measurement.tracker import tracked_step
 from tests.paths import ZERO_WORKLOADS
 from tests.processes import alive
@@ -46,7 +46,7 @@ def test_registered_with_time_limit() -> None:
     assert env.spec is not None and env.spec.max_episode_steps == 16 and env.spec.nondeterministic
     obs, info = env.reset(seed=0)
     assert obs.shape == (OBSERVATION_SIZE,) and obs.dtype == np.float32
-    assert info["levels"] == KnobLevels.default_for(32)
+    assert info["levels"] == Levels.default_for(32)
     assert info["knobs"] == Knobs(batch_size=32, micro_batch_size=32)  # the study's encoding
     env.close()
 
@@ -67,7 +67,7 @@ def test_reconfiguring_keeps_weights_and_optimizer_state_and_training_goes_on() 
     }
     # Raise reduced precision and checkpointing to the next level, as an action does; compare
     # right after the change, before any training step.
-    new = KnobLevels(micro=env.levels.micro, precision=2, checkpoint=2)
+    new = Levels(micro=env.levels.micro, precision=2, checkpoint=2)
     trainer.reconfigure(env.config_of(new))
     assert all(torch.equal(a, b) for a, b in zip(params, trainer.model.parameters(), strict=True))
     for k, v in trainer.optimizer.state.items():
@@ -131,7 +131,7 @@ def test_with_two_ranks_passes_the_gymnasium_check_without_warnings(ranked_env: 
 
 def test_a_zero_action_on_two_ranks_changes_the_stage_and_the_measured_peak(ranked_env: TrainingEnv) -> None:
     _, start = ranked_env.reset(seed=0)
-    assert start["levels"] == KnobLevels.default_for(16)  # the workload's batch of 32 over 2 ranks
+    assert start["levels"] == Levels.default_for(16)  # the workload's batch of 32 over 2 ranks
     assert start["knobs"] == Knobs(batch_size=32, micro_batch_size=16, ranks=2)
     _, reward, terminated, _, info = ranked_env.step(np.array([1, 1, 1, 1, 3]))
     assert info["levels"] == dataclasses.replace(start["levels"], zero_stage=3)
@@ -192,9 +192,8 @@ def test_bad_arguments_are_refused_before_any_training(kwargs: dict[str, object]
 def test_a_knob_the_model_cannot_take_is_infeasible_not_a_crash() -> None:
     """bf16 that raises (a kernel this CPU lacks): reset measures its speed as 0, and an action into
     it is refused like an over-budget one, with the reason kept; the run goes on in fp32."""
+    from autotune.envs._codec import FRACTION_LEVELS
     from autotune.envs.core import OVER_BUDGET_PENALTY
-
-    from autotune.knobs import FRACTION_LEVELS
 
     env = TrainingEnv(
         workloads=["tests.data.no_low_precision:build"], steps_per_action=2, horizon=4, memory_budget=1 << 40

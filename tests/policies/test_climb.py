@@ -7,16 +7,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from autotune.envs._codec import Levels, knobs_to_config
 from autotune.envs.core import OVER_BUDGET_PENALTY, Interval, MachineDescriptor, ModelDescriptor, TuningEnv
 from autotune.policies.climb import Climb
 from autotune.policies.episode import run_episode
 
 from autotune.config import TrainConfig
-from autotune.knobs import KnobLevels, knobs_to_config
 
 GIB = 2**30
 STAY = (1, 1, 1, 1, 0)
-START = KnobLevels(micro=2, accum=2, precision=0, checkpoint=4)  # 4 x 4, every block recomputed
+START = Levels(micro=2, accum=2, precision=0, checkpoint=4)  # 4 x 4, every block recomputed
 
 
 class _Terrain(TuningEnv):
@@ -26,10 +26,10 @@ class _Terrain(TuningEnv):
 
     def __init__(
         self,
-        throughput: Callable[[KnobLevels], float],
-        over: frozenset[KnobLevels] = frozenset(),
+        throughput: Callable[[Levels], float],
+        over: frozenset[Levels] = frozenset(),
         reduced_speed: float = 1.0,
-        peak: Callable[[KnobLevels], int] = lambda _: GIB,
+        peak: Callable[[Levels], int] = lambda _: GIB,
         blocks: int = 4,
     ) -> None:
         super().__init__(horizon=8)
@@ -38,21 +38,21 @@ class _Terrain(TuningEnv):
         self.over = over
         self.peak = peak
         self.reduced_speed = reduced_speed
-        self.trained: list[KnobLevels] = []
+        self.trained: list[Levels] = []
 
-    def config_of(self, knobs: KnobLevels) -> TrainConfig:
+    def config_of(self, knobs: Levels) -> TrainConfig:
         return knobs_to_config(knobs, tuple(range(self.blocks)))
 
-    def _begin_episode(self) -> tuple[KnobLevels, ModelDescriptor, MachineDescriptor, int]:
+    def _begin_episode(self) -> tuple[Levels, ModelDescriptor, MachineDescriptor, int]:
         model = ModelDescriptor(
             num_parameters=1, activation_bytes_per_sample=1.0, num_blocks=self.blocks, top_quarter_share=0.5
         )
         return START, model, MachineDescriptor(reduced_speed=self.reduced_speed, budget_ratio=2.0), 2 * GIB
 
-    def _peak_bytes(self, knobs: KnobLevels) -> int:
+    def _peak_bytes(self, knobs: Levels) -> int:
         return 3 * GIB if knobs in self.over else self.peak(knobs)
 
-    def _train(self, knobs: KnobLevels) -> Interval:
+    def _train(self, knobs: Levels) -> Interval:
         self.trained.append(knobs)
         return Interval(
             batch=knobs.effective_batch_size,
@@ -75,12 +75,12 @@ class _Policy:
         return np.asarray(self.actions(self.calls))
 
 
-def _less_recompute_is_faster(k: KnobLevels) -> float:
+def _less_recompute_is_faster(k: Levels) -> float:
     """Each recompute level less: +10; a micro-batch level away from 4: -5; each bf16 level: -3."""
     return 100.0 + 10 * (4 - k.checkpoint) - 5 * abs(k.micro - 2) - 3 * k.precision
 
 
-def _knobs(k: KnobLevels) -> tuple[int, int, int]:
+def _knobs(k: Levels) -> tuple[int, int, int]:
     return (k.micro_batch_size, k.precision, k.checkpoint)
 
 
@@ -130,7 +130,7 @@ def test_a_moving_policy_keeps_all_but_the_last_quarter() -> None:
 
 
 def test_a_policy_move_the_environment_refuses_hands_over_at_once() -> None:
-    less_recompute = KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)
+    less_recompute = Levels(micro=2, accum=2, precision=0, checkpoint=3)
     env = _Terrain(_less_recompute_is_faster, over=frozenset({less_recompute}))
     policy: Any = _Policy(lambda _: (1, 1, 1, 0, 0))  # one recompute level less: over the budget
     episode = run_episode(env, policy, workload="w", seed=0, steps=4, refine=1)
@@ -143,7 +143,7 @@ def test_a_policy_move_the_environment_refuses_hands_over_at_once() -> None:
 
 
 def test_the_climb_skips_a_neighbour_over_the_budget() -> None:
-    over = frozenset({KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)})
+    over = frozenset({Levels(micro=2, accum=2, precision=0, checkpoint=3)})
     env = _Terrain(_less_recompute_is_faster, over=over)
     policy: Any = _Policy(lambda _: STAY)
     run_episode(env, policy, workload="w", seed=0, steps=3, refine=1)
@@ -155,7 +155,7 @@ def test_the_climb_skips_a_neighbour_over_the_budget() -> None:
 def test_where_a_reduced_step_measured_twice_the_fp32_step_the_climb_adds_no_reduced_block(
     reduced_speed: float,
 ) -> None:
-    over = frozenset({KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)})
+    over = frozenset({Levels(micro=2, accum=2, precision=0, checkpoint=3)})
     env = _Terrain(_less_recompute_is_faster, over=over, reduced_speed=reduced_speed)
     policy: Any = _Policy(lambda _: STAY)
     run_episode(env, policy, workload="w", seed=0, steps=3, refine=1)
@@ -177,33 +177,33 @@ def test_with_every_neighbour_tried_the_step_is_the_policy_s() -> None:
 def test_neighbours_in_order_at_the_ends_of_the_tables() -> None:
     env = _Terrain(lambda k: 100.0)
     env.reset(seed=0)
-    corner = KnobLevels(accum=0, micro=4, precision=0, checkpoint=4)  # 16 x 1, every block recomputed
+    corner = Levels(accum=0, micro=4, precision=0, checkpoint=4)  # 16 x 1, every block recomputed
     assert Climb(env).neighbours(corner) == [
-        KnobLevels(accum=0, micro=4, precision=0, checkpoint=3),
-        KnobLevels(accum=0, micro=4, precision=1, checkpoint=4),
-        KnobLevels(accum=1, micro=3, precision=0, checkpoint=4),
+        Levels(accum=0, micro=4, precision=0, checkpoint=3),
+        Levels(accum=0, micro=4, precision=1, checkpoint=4),
+        Levels(accum=1, micro=3, precision=0, checkpoint=4),
         # The selective moves after the old ones: a full level selective instead.
-        KnobLevels(accum=0, micro=4, precision=0, checkpoint=3, selective=1),
+        Levels(accum=0, micro=4, precision=0, checkpoint=3, selective=1),
         # The outer precision's move last of all.
-        KnobLevels(accum=0, micro=4, precision=0, checkpoint=4, outer=True),
+        Levels(accum=0, micro=4, precision=0, checkpoint=4, outer=True),
     ]
     env.ranks, env.max_zero_stage = 2, 3  # ZeRO stages move on ranks
-    middle = KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1)
+    middle = Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1)
     assert Climb(env).neighbours(middle) == [
-        KnobLevels(accum=0, micro=4, precision=2, checkpoint=2, zero_stage=1),
-        KnobLevels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1),
-        KnobLevels(accum=1, micro=3, precision=3, checkpoint=2, zero_stage=1),
-        KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=0),
-        KnobLevels(accum=2, micro=2, precision=2, checkpoint=2, zero_stage=1),
-        KnobLevels(accum=1, micro=3, precision=2, checkpoint=3, zero_stage=1),
-        KnobLevels(accum=1, micro=3, precision=1, checkpoint=2, zero_stage=1),
-        KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=2),
-        KnobLevels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1, selective=1),
-        KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, selective=1),
-        KnobLevels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, outer=True),
+        Levels(accum=0, micro=4, precision=2, checkpoint=2, zero_stage=1),
+        Levels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1),
+        Levels(accum=1, micro=3, precision=3, checkpoint=2, zero_stage=1),
+        Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=0),
+        Levels(accum=2, micro=2, precision=2, checkpoint=2, zero_stage=1),
+        Levels(accum=1, micro=3, precision=2, checkpoint=3, zero_stage=1),
+        Levels(accum=1, micro=3, precision=1, checkpoint=2, zero_stage=1),
+        Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=2),
+        Levels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1, selective=1),
+        Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, selective=1),
+        Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, outer=True),
     ]
     # From the outer parts in bf16, the move back to fp32 (and every other move keeps them there).
-    outer = Climb(env).neighbours(KnobLevels(accum=0, micro=4, checkpoint=4, outer=True))
+    outer = Climb(env).neighbours(Levels(accum=0, micro=4, checkpoint=4, outer=True))
     assert outer[-1] == corner
     assert all(k.outer for k in outer[:-1])
 
@@ -213,7 +213,7 @@ def test_on_three_blocks_a_move_skips_the_level_that_covers_the_same_blocks() ->
     # next count (level 1, one block), never the same configuration under another level.
     env = _Terrain(lambda k: 100.0, blocks=3)
     env.reset(seed=0)
-    here = KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)
+    here = Levels(micro=2, accum=2, precision=0, checkpoint=3)
     around = Climb(env).neighbours(here)
     assert [(k.checkpoint, k.precision, k.selective) for k in around if k.micro == here.micro] == [
         (1, 0, 0),
@@ -246,12 +246,12 @@ def test_with_every_neighbour_of_the_best_tried_the_climb_goes_on_from_the_runne
     action = climb.action(measured)
     # Every neighbour of START was tried: the runner-up's first untried one, its larger
     # micro-batch, reached from START in one action (split and recompute at once).
-    assert runner_up == KnobLevels(micro=2, accum=2, precision=0, checkpoint=3)
-    target = KnobLevels(micro=3, accum=1, precision=0, checkpoint=3)
+    assert runner_up == Levels(micro=2, accum=2, precision=0, checkpoint=3)
+    target = Levels(micro=3, accum=1, precision=0, checkpoint=3)
     assert action is not None and env.next_levels(action) == climb.target == target
 
 
-def _recompute_saves_half_a_gib(k: KnobLevels) -> int:
+def _recompute_saves_half_a_gib(k: Levels) -> int:
     """1 GiB with every block recomputed (level 4), half a GiB more for each level less: level 1
     (2.5 GiB) is over the 2 GiB budget."""
     return GIB + (4 - k.checkpoint) * GIB // 2
@@ -278,7 +278,7 @@ def test_the_climb_reaches_the_selective_level_through_a_sixth_action_entry() ->
     """Where every other neighbour is worse, the climb moves a full level to selective recompute:
     an action outside the policy's space (its sixth entry), applied by the environment."""
 
-    def selective_pays(k: KnobLevels) -> float:
+    def selective_pays(k: Levels) -> float:
         return 100.0 + 20 * k.selective - 5 * abs(k.micro - 2) - 3 * k.precision - 10 * (4 - k.checkpoint - k.selective)
 
     env = _Terrain(selective_pays)
@@ -305,7 +305,7 @@ def test_the_climb_reaches_the_outer_precision_through_a_seventh_action_entry_af
     other neighbour first (the steps it took before the outer precision was a knob), then moves
     the outer parts to bf16 with an action outside the policy's space (its seventh entry)."""
 
-    def outer_pays(k: KnobLevels) -> float:
+    def outer_pays(k: Levels) -> float:
         return _less_recompute_is_faster(k) - 20 * (4 - k.checkpoint) - 30 * k.selective + 25 * k.outer
 
     env = _Terrain(outer_pays)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from autotune.envs._codec import Move
 from autotune.policies.transfer import propose
 
 from autotune import Knobs
 from autotune.errors import ProposalError
-from autotune.knobs import Move
 from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.opening import open_study
 from autotune.search.record import ATTR

@@ -9,10 +9,11 @@ from collections.abc import Callable
 
 import optuna
 import pytest
+from autotune.envs._codec import Levels
 
 from autotune.config import TrainConfig
 from autotune.errors import MeasurementFailed
-from autotune.knobs import KnobLevels, Knobs
+from autotune.knobs import Knobs
 from autotune.measurement.admission import Verdict, admission
 from autotune.measurement.sidebyside import Retimed, Timing
 from autotune.search.record import ATTR
@@ -234,8 +235,8 @@ def test_pattern_first_repeats_the_move_that_reached_the_incumbent() -> None:
         _knobs(1, 0, 0)
     )
     # On the environments' levels a split is one move: micro-batch up and accumulation down.
-    up, recompute = KnobLevels(micro=3, accum=1), KnobLevels(micro=2, accum=2, checkpoint=1)
-    assert pattern_first([recompute, up], KnobLevels(micro=1, accum=3), KnobLevels(micro=2, accum=2)) == [up, recompute]
+    up, recompute = Levels(micro=3, accum=1), Levels(micro=2, accum=2, checkpoint=1)
+    assert pattern_first([recompute, up], Levels(micro=1, accum=3), Levels(micro=2, accum=2)) == [up, recompute]
 
 
 def test_an_infeasible_trial_is_never_the_incumbent_and_a_finished_study_is_left_alone() -> None:
