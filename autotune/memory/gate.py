@@ -58,7 +58,7 @@ from autotune.units import MemoryBudget
 if TYPE_CHECKING:
     from autotune.memory.check import Verification
     from autotune.memory.model import MemoryEstimate, Plan
-    from autotune.memory.profile import MemoryProfile
+    from autotune.memory.profile_record import MemoryProfile
     from autotune.workload import Workload
 
 __all__ = ["BudgetGate", "Verdict", "admission", "headroom_for", "memory_profile", "profile_or_reason"]
