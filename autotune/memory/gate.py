@@ -7,7 +7,7 @@ THE ``admits(config) -> Verdict`` of adaptive runs, the callbacks, the policy so
 the training environment (a gate per episode). The simulator's peaks are its memory table's,
 exact, judged by :func:`admission` without headroom (:meth:`autotune.envs.core.TuningEnv.verdict`);
 the study judges its memory model's predictions with :func:`admission` and
-``unverified="measure"`` (:func:`autotune.search.study.admits`). It lives below ``search/``,
+``unverified="measure"`` (:func:`autotune.search.budget.admits`). It lives below ``search/``,
 ``envs/`` and ``adapt/`` so that all of them can import it; ``autotune.adapt.BudgetGate``
 re-exports it.
 
