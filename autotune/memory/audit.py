@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from autotune.measurement.record import Measurement
-    from autotune.memory.profile import MemoryProfile
+    from autotune.memory.profile_record import MemoryProfile
     from autotune.workload import Workload
 
 __all__ = ["AuditRow", "audit_predictions", "draw_configs", "same_state_after_recompute"]

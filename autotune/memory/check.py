@@ -44,11 +44,11 @@ from autotune.config import REDUCED_PRECISIONS, Checkpoint, Precision, TrainConf
 from autotune.errors import ConfigError, PredictionWarning, one_line
 from autotune.memory.check_text import check_line, not_chain_message, unchecked_reason, unverified_message
 from autotune.memory.model import compose_memory
-from autotune.memory.profile import mode_precisions, outer_mode
+from autotune.memory.profile_record import mode_precisions, outer_mode
 
 if TYPE_CHECKING:
     from autotune.memory.model import Plan
-    from autotune.memory.profile import MemoryProfile
+    from autotune.memory.profile_record import MemoryProfile
     from autotune.workload import Workload
 
 __all__ = [

@@ -15,7 +15,7 @@ from autotune.config import REDUCED_PRECISIONS, Precision
 
 if TYPE_CHECKING:
     from autotune.memory.check import Verification
-    from autotune.memory.profile import MemoryProfile
+    from autotune.memory.profile_record import MemoryProfile
 
 __all__ = [
     "check_line",

@@ -45,12 +45,12 @@ from autotune.config import RecomputeLevel, TrainConfig
 from autotune.errors import ConfigError
 from autotune.measurement.cuda_memory import reserved_of
 from autotune.measurement.record import MEMORY_CATEGORIES, MemoryBreakdown
-from autotune.memory.profile import outer_mode
+from autotune.memory.profile_record import outer_mode
 from autotune.train.deepspeed_config import DEFAULT_BUCKET, bucket_elements, engine_precision
 
 if TYPE_CHECKING:
     from autotune.memory.check import Verification
-    from autotune.memory.profile import BlockSaves, MemoryProfile, Moment, Windows
+    from autotune.memory.profile_record import BlockSaves, MemoryProfile, Moment, Windows
     from autotune.workload import Workload
 
 __all__ = ["MemoryEstimate", "Plan", "compose_memory", "plan_of"]
@@ -476,7 +476,7 @@ def _lin(values: tuple[int, int], sizes: tuple[int, int], m: int) -> int:
 def _at(windows: Windows, w: int, part: int, sizes: tuple[int, int], m: int) -> Moment:
     """Moment ``part`` (see :class:`Window`) of window ``w`` at micro-batch ``m``: of the window's
     candidates, each category linear in ``m``, the highest by that part's measure."""
-    from autotune.memory.profile import Moment
+    from autotune.memory.profile_record import Moment
 
     candidates = [
         Moment(*(_lin((a, b), sizes, m) for a, b in zip(x, y, strict=True)))

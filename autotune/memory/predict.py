@@ -19,7 +19,8 @@ from autotune.memory.check import CheckStep, covering, unverified_check, verify_
 
 # plan_of is also part of the contract a study loads from this module (search/predictor.py).
 from autotune.memory.model import MemoryEstimate, compose_memory, plan_of
-from autotune.memory.profile import MODES, MemoryProfile, fake_profile
+from autotune.memory.profile import fake_profile
+from autotune.memory.profile_record import MODES, MemoryProfile
 
 if TYPE_CHECKING:
     from autotune.units import MemoryBudget

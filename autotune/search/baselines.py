@@ -65,7 +65,7 @@ def baselines(
 ) -> tuple[Baseline, ...]:
     """The baselines at effective batch ``batch_size``: the PyTorch default, the seed recipe and,
     where the space offers bf16, the HF recipe. ``admits`` (the admission rule on a memory
-    prediction, :func:`autotune.search.study.admits`) picks the largest admitted micro-batch for
+    prediction, :func:`autotune.search.budget.admits`) picks the largest admitted micro-batch for
     the PyTorch default and the HF recipe up front, when a memory model exists."""
     out = [_pytorch_default(space, batch_size, admits), _seed_recipe(space, batch_size)]
     if "bf16" in space.low_precisions:

@@ -151,7 +151,7 @@ class Refine:
     Args:
         space: The study's space (decodes trials into knobs and back).
         trials: The study's total trials.
-        admits: The admission rule on a point's memory prediction (:func:`autotune.search.study.admits`;
+        admits: The admission rule on a point's memory prediction (:func:`autotune.search.budget.admits`;
             None: every point is tried).
         counted: How many trials count toward ``trials`` so far (the study's own count).
         note: Gets one line per enqueued refinement.

@@ -1,8 +1,10 @@
 """Running a study: validate, open or create it, enqueue baselines, recover, optimize.
 
 Everything that can be wrong with the input (workload, spec, budget) is checked in
-:func:`prepare`, before the storage is opened; an existing study is checked against this run
-(objectives, workload, budget, space) before anything is written. So bad input writes nothing.
+:func:`~autotune.search.prepared.prepare`, before the storage is opened; an existing study is
+checked against this run (objectives, workload, budget, space) before anything is written. So bad
+input writes nothing. The baselines and the policy's proposal are enqueued by
+:mod:`autotune.search.enqueue`, each point judged against the budget by :mod:`autotune.search.budget`.
 
 Resume: rerunning the same command loads the study and runs only the trials still missing. A
 trial left RUNNING by a process that died (SIGKILL, power loss) on this host is marked failed
@@ -15,51 +17,35 @@ once the study has its number of trials; each may overshoot by the one trial it 
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any
 
-from autotune.config import Precision, TrainConfig
-from autotune.dependencies import install_command
-from autotune.errors import (
-    ConfigError,
-    MissingDependencyError,
-    NonFiniteLossError,
-    ProposalError,
-    SpecError,
-)
+from autotune.config import TrainConfig
 from autotune.measurement.cuda_memory import ALLOC_CONF_VAR, alloc_conf_with
-from autotune.measurement.objective import DEFAULT_OBJECTIVE
-from autotune.search.baselines import POLICY_PROPOSAL, baselines
-from autotune.search.cache import MeasurementCache, machine_fingerprint, workload_fingerprint
+from autotune.search.budget import admits, known_peak
+from autotune.search.cache import MeasurementCache, machine_fingerprint
+from autotune.search.enqueue import Proposer, enqueue_baselines
 from autotune.search.memory_checks import adopt_checks, check_by_trial
+from autotune.search.observer import StudyObserver
 from autotune.search.opening import recover_interrupted, stored_spec
 from autotune.search.precisions import screen_precisions
 from autotune.search.predictor import MemoryPredictor, StudyPredictor, load_memory_predictor
-from autotune.search.record import ATTR, GOODPUT_METRIC_NAMES, METRIC_NAMES, MIB
+from autotune.search.prepared import Prepared, prepare, since
+from autotune.search.record import ATTR, MIB
 from autotune.search.refine import Refine
-from autotune.search.space import SearchSpace
-from autotune.search.spec import StudySpec, spec_to_dict
+from autotune.search.spec import StudySpec
 from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE
-from autotune.units import format_bytes
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import optuna
 
-    from autotune.knobs import Knobs
-    from autotune.measurement.admission import Verdict
     from autotune.measurement.compiled import CompileCheck
     from autotune.memory.check import CheckStep, StepPeak
     from autotune.procs.isolation import MeasurementProcess
-    from autotune.workload import Workload
+    from autotune.search.trial import Objective
 
 __all__ = [
     "Prepared",
@@ -74,15 +60,6 @@ __all__ = [
     "run_study",
     "study_alloc_conf",
 ]
-
-
-class Proposer(Protocol):
-    """The pretrained policy's proposal for a workload within a budget
-    (:func:`autotune.policies.transfer.propose`): the policies sit above the study, so the caller
-    hands it in (``RunOptions.propose``). Raises ``ProposalError``, ``ConfigError`` or
-    ``NonFiniteLossError`` where there is none, ``ImportError`` where the policy cannot load."""
-
-    def __call__(self, workload: Workload, *, memory_budget: int | None) -> Knobs: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,137 +95,6 @@ class RunOptions:
     compile_check: bool | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Prepared:
-    """A validated spec with what it needs from the workload."""
-
-    spec: StudySpec
-    workload: Workload
-    space: SearchSpace
-    fingerprint: str
-    study_name: str
-    reference_batch: int
-    memory_budget: int | None  # spec.memory_budget in bytes per rank (a percentage resolved)
-    notes: tuple[str, ...] = ()  # one line per setup phase, with its seconds (said by run_study)
-
-    @property
-    def identity(self) -> dict[str, Any]:
-        """What must match for a run to resume or join this study."""
-        identity = {
-            "objectives": list(self.metric_names),
-            "workload": self.spec.workload,
-            "workload_fingerprint": self.fingerprint,
-            "memory_budget": self.memory_budget,
-            "space": json.loads(json.dumps(spec_to_dict(self.spec)["space"])),
-            "reference_batch": self.reference_batch,
-        }
-        if self.spec.objective != DEFAULT_OBJECTIVE:  # the default is not stored (_check_same reads it so)
-            identity["objective"] = self.spec.objective
-        return identity
-
-    @property
-    def metric_names(self) -> tuple[str, str]:
-        return GOODPUT_METRIC_NAMES if self.space.multi_batch else METRIC_NAMES
-
-
-class StudyObserver:
-    """Hooks for a progress display; the default prints notes to stderr and nothing else."""
-
-    def note(self, message: str) -> None:
-        """One line about the study itself (e.g. the policy's proposal, or why there is none)."""
-        print(message, file=sys.stderr)
-
-    def trial_started(self, number: int, config: TrainConfig, baseline: str | None) -> None:
-        pass
-
-    def trial_finished(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        pass
-
-
-def prepare(spec: StudySpec) -> Prepared:
-    """Load the workload and check the spec against it; writes nothing anywhere. What each phase
-    cost is in ``Prepared.notes``, which :func:`run_study` says first."""
-    from autotune.memory.blocks import profile_blocks
-    from autotune.resolve import load_workload
-
-    # Said when the study runs, once the spec and the storage are known to be good: a user mistake
-    # stays one line.
-    lines: list[str] = []
-    say = lines.append
-    if max(spec.space.ranks) > 1 and importlib.util.find_spec("deepspeed") is None:
-        # Refused before anything runs: every trial on ranks would fail on the import.
-        raise MissingDependencyError(
-            f"ranks {max(spec.space.ranks)}: several ranks run on DeepSpeed, which is not installed: "
-            f"{install_command('zero')}"
-        )
-    start = time.perf_counter()
-    workload = load_workload(spec.workload)
-    blocks = len(workload.block_names())
-    say(f"workload {workload.name} loaded: {workload.num_parameters:,} parameters, {blocks} blocks ({_since(start)})")
-    say(workload.block_choice().describe())
-    if spec.space.min_micro_batch is not None:
-        workload = dataclasses.replace(workload, min_micro_batch=spec.space.min_micro_batch)
-    batches = spec.space.effective_batch_sizes or (workload.batch_size,)
-    reference = spec.space.batch_size or workload.batch_size
-    start = time.perf_counter()
-    budget = _budget(spec, workload)
-    if budget is not None:
-        say(f"memory budget {format_bytes(budget)} per rank ({_since(start)})")
-    n_data = workload.dataset_size or max(batches)  # an iterable dataset's size is unknown
-    start = time.perf_counter()
-    ranking = profile_blocks(workload).ranked()
-    say(f"blocks ranked by the activation bytes they save (one fake-tensor forward, {_since(start)})")
-    space = SearchSpace(
-        batch_sizes=batches,
-        ranks=spec.space.ranks,
-        zero_stages=spec.space.zero_stages,
-        low_precisions=tuple(cast("Precision", p) for p in spec.space.precisions if p != "fp32"),  # validated
-        ranking=ranking,
-        overrides=spec.space.blocks,
-        max_micro_batch=n_data,
-        min_micro_batch=workload.micro_batch_floor,
-        base=TrainConfig(seed=spec.seed),
-        selective=spec.space.selective,
-    )
-    return Prepared(
-        spec=spec,
-        workload=workload,
-        space=space,
-        fingerprint=workload_fingerprint(workload),
-        study_name=spec.study_name(workload.name),
-        reference_batch=reference,
-        memory_budget=budget,
-        notes=tuple(lines),
-    )
-
-
-def _since(start: float) -> str:
-    return f"{time.perf_counter() - start:.1f} s"
-
-
-def _budget(spec: StudySpec, workload: Workload) -> int | None:
-    """The budget in bytes, checked against the least memory any rank can hold.
-
-    A percentage is of the memory model's predicted peak of the PyTorch default configuration
-    (:func:`autotune.memory.predict.budget_bytes`) at the space's smallest rank count: a
-    prediction, because the budget must be known before the first (baseline) trial runs.
-    """
-    from autotune.memory.predict import budget_bytes
-
-    budget = budget_bytes(spec.memory_budget, workload, ranks=min(spec.space.ranks))
-    if budget is None:
-        return None
-    params = sum(p.numel() * p.element_size() for p in workload.model.parameters())
-    # ZeRO-3 splits the parameters across ranks: the least any rank can hold.
-    floor = params // max(spec.space.ranks) if max(spec.space.ranks) > 1 and 3 in spec.space.zero_stages else params
-    if budget < floor:
-        raise SpecError(
-            f"memory_budget must be at least the parameter memory of workload {workload.name!r} "
-            f"({format_bytes(floor)}), but got {format_bytes(budget)}."
-        )
-    return budget
-
-
 # ---- trials ------------------------------------------------------------------------------------------
 
 
@@ -260,99 +106,6 @@ def count_done(study: optuna.Study) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False, states=finished) if not t.user_attrs.get(ATTR.INTERRUPTED))
 
 
-def enqueue_baselines(
-    study: optuna.Study,
-    prepared: Prepared,
-    predictor: MemoryPredictor | None,
-    *,
-    policy_proposal: bool = False,
-    propose: Proposer | None = None,
-    note: Callable[[str], None] | None = None,
-) -> list[str]:
-    """Enqueue each baseline not yet tried, waiting or running (first run, or after a crash), and
-    with ``policy_proposal`` the proposal of ``propose`` (baseline name ``policy``). ``note``
-    gets one line saying what the proposal is, what it cost, or why there is none."""
-    from optuna.trial import TrialState
-
-    present = {
-        t.user_attrs.get(ATTR.BASELINE)
-        for t in study.get_trials(deepcopy=False)
-        if not (t.state == TrialState.FAIL and t.user_attrs.get(ATTR.INTERRUPTED))
-    }
-    start = time.perf_counter()
-    verdict = admits(prepared, predictor)
-    reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
-    added = []
-    for b in baselines(prepared.space, batch_size=reference, admits=verdict):
-        if b.name not in present:
-            study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
-            added.append(b.name)
-    if added:
-        line = f"baselines enqueued: {', '.join(added)} ({_since(start)})"
-        (note or StudyObserver().note)(line)
-    if policy_proposal and POLICY_PROPOSAL not in present:
-        enqueued, message = _enqueue_proposal(study, prepared, propose)
-        if enqueued:
-            added.append(POLICY_PROPOSAL)
-        (note or StudyObserver().note)(message)
-    return added
-
-
-def admits(prepared: Prepared, predictor: MemoryPredictor | None) -> Callable[[Knobs], Verdict] | None:
-    """The admission rule on a point of the study's space under its budget (:func:`admission`, with
-    the gate's headroom for where it runs): its verified prediction judged, and a point without one
-    (an unverified prediction, an optional model that failed) admitted to be measured in its trial
-    (``unverified="measure"``); None without a model or a budget: every point is measured."""
-    budget = prepared.memory_budget
-    peak = known_peak(prepared, predictor)
-    if peak is None or budget is None:
-        return None
-
-    def verdict(knobs: Knobs) -> Verdict:
-        from autotune.memory.gate import admission, headroom_for
-
-        config = prepared.space.config(knobs)
-        return admission(
-            budget=budget, headroom=headroom_for(config), predicted=peak(knobs), verified=True, unverified="measure"
-        )
-
-    return verdict
-
-
-def known_peak(prepared: Prepared, predictor: MemoryPredictor | None) -> Callable[[Knobs], int | None] | None:
-    """The memory model's verified peak of a point of the study's space, None where it has none
-    (an unverified prediction, a model that cannot profile the workload); None without a model."""
-    if predictor is None:
-        return None
-
-    def peak(knobs: Knobs) -> int | None:
-        try:
-            return predictor(prepared.workload, prepared.space.config(knobs))
-        except Exception:  # an optional model's failure or an unverified prediction: no known peak
-            return None
-
-    return peak
-
-
-def _enqueue_proposal(study: optuna.Study, prepared: Prepared, propose: Proposer | None) -> tuple[bool, str]:
-    """Enqueue the policy's proposal: whether it was, and the one line to show (what, or why not)."""
-    if propose is None:
-        return False, "no policy proposal: none was given (RunOptions.propose)"
-    start = time.perf_counter()
-    try:
-        knobs = propose(prepared.workload, memory_budget=prepared.memory_budget)
-        params = prepared.space.params(knobs)
-    except ImportError as e:  # stable-baselines3 / gymnasium: in the base install, unless it is broken
-        return False, f"no policy proposal: the policy cannot be imported ({e}): {install_command()} installs it"
-    # ConfigError: the proposal lies outside this study's space; NonFiniteLossError: the model's
-    # loss is NaN (its trials prune on it).
-    except (ProposalError, ConfigError, NonFiniteLossError) as e:
-        return False, f"no policy proposal: {e} ({_since(start)})"
-    study.enqueue_trial(params, user_attrs={ATTR.BASELINE: POLICY_PROPOSAL})
-    seconds = time.perf_counter() - start
-    return True, f"policy proposal enqueued: {knobs.describe()} ({seconds:.0f} s to profile the model and simulate)"
-
-
 def run_study(
     prepared: Prepared,
     study: optuna.Study,
@@ -362,8 +115,6 @@ def run_study(
     """Run trials until the study has ``spec.trials`` counted trials (or the timeout). Returns
     the number of trials this process ran."""
     from autotune.procs.isolation import MeasurementProcess
-    from autotune.search.dashboard import note_saver
-    from autotune.search.trial import Objective, TrialFailed
     from autotune.train.local import resolve_device
 
     observer = observer or StudyObserver()
@@ -380,6 +131,42 @@ def run_study(
             _enqueue(study, prepared, setup, observer, options)
         return 0
     assert prepared.workload.source is not None  # load_workload always sets it
+    alloc_conf = study_alloc_conf(spec, options.device)
+    machine = machine_fingerprint(threads=spec.measure.threads, device=options.device or "auto", alloc_conf=alloc_conf)
+    cache = MeasurementCache(options.cache)
+    with MeasurementProcess(
+        prepared.workload.source, threads=spec.measure.threads, device=options.device, alloc_conf=alloc_conf
+    ) as measurer:
+        start = time.perf_counter()
+        measurer.start()
+        observer.note(f"measuring process ready on {device_type}: workload built, one warm-up step ({since(start)})")
+        where = _Measuring(measurer, device_type, machine, cache)
+        return _optimize(prepared, study, options, observer, where, remaining)
+
+
+@dataclass(frozen=True)
+class _Measuring:
+    """Where a study's trials are measured: the child, its device, the machine and the cache."""
+
+    measurer: MeasurementProcess
+    device_type: str
+    machine: str
+    cache: MeasurementCache
+
+
+def _optimize(
+    prepared: Prepared,
+    study: optuna.Study,
+    options: RunOptions,
+    observer: StudyObserver,
+    where: _Measuring,
+    remaining: int,
+) -> int:
+    """``remaining`` trials in ``where``'s measuring child, then the study's end (re-timing,
+    compile check): the number of trials this process ran."""
+    from autotune.search.trial import TrialFailed
+
+    spec, measurer, device_type = prepared.spec, where.measurer, where.device_type
     ran = 0
 
     predictor: StudyPredictor | None = None
@@ -393,69 +180,82 @@ def run_study(
         if count_done(study) >= spec.trials:
             study.stop()  # other workers may have finished the rest
 
-    alloc_conf = study_alloc_conf(spec, options.device)
-    machine = machine_fingerprint(threads=spec.measure.threads, device=options.device or "auto", alloc_conf=alloc_conf)
-    cache = MeasurementCache(options.cache)
-    with MeasurementProcess(
-        prepared.workload.source, threads=spec.measure.threads, device=options.device, alloc_conf=alloc_conf
-    ) as measurer:
-        start = time.perf_counter()
-        measurer.start()
-        observer.note(f"measuring process ready on {device_type}: workload built, one warm-up step ({_since(start)})")
+    def check(config: TrainConfig, predicted: int) -> StepPeak:
+        return measurer.check(config, predicted=predicted, timeout=spec.measure.trial_timeout)
 
-        def check(config: TrainConfig, predicted: int) -> StepPeak:
-            return measurer.check(config, predicted=predicted, timeout=spec.measure.trial_timeout)
-
-        # The memory model is checked by the study's measured trials (each kind by its first), and
-        # by check steps in the measuring child, on the study's device, only for data of several shapes.
-        predictor = _predictor(options, device_type, check, observer, selective=prepared.space.selective)
-        prepared = screen_precisions(prepared, measurer, study=study, cache=cache, machine=machine, note=observer.note)
-        adopt_checks(study, prepared.workload, predictor, device_type, observer.note)
-        if not options.worker:
-            _enqueue(study, prepared, predictor, observer, options)
-
-        def duel(configs: list[TrainConfig], scales: list[float]) -> Any:
-            return measurer.retime(configs, scales=scales, timeout=len(configs) * spec.measure.trial_timeout)
-
-        refine = Refine(
-            space=prepared.space,
-            trials=spec.trials,
-            admits=admits(prepared, predictor),
-            counted=count_done,
-            note=observer.note,
-            known_peak=known_peak(prepared, predictor),
-            budget_bytes=prepared.memory_budget,
-            duel=duel if spec.retime else None,  # no re-timing asked: first measurements decide
-        )
-        objective = Objective(
-            space=prepared.space,
-            measurer=measurer,
-            workload=prepared.workload,
-            workload_id=prepared.fingerprint,
-            machine=machine,
-            cache=cache,
-            memory_budget=prepared.memory_budget,
-            steps=spec.measure.steps,
-            warmup=spec.measure.warmup,
-            trial_timeout=spec.measure.trial_timeout,
-            base_batch_size=prepared.reference_batch,
-            predictor=predictor,
-            on_start=observer.trial_started,
-            note=note_saver() if options.dashboard else None,
-        )
-        study.optimize(
-            objective,
-            n_trials=remaining,
-            timeout=spec.timeout,
-            catch=(TrialFailed,),
-            callbacks=[after_trial, refine],
-            gc_after_trial=False,
-        )
-        if count_done(study) >= spec.trials and spec.retime:
-            _retime(study, measurer, spec, observer)
-        if count_done(study) >= spec.trials and _compile_wanted(options.compile_check, device_type):
-            _check_compile(study, measurer, spec, prepared.memory_budget, observer)
+    # The memory model is checked by the study's measured trials (each kind by its first), and
+    # by check steps in the measuring child, on the study's device, only for data of several shapes.
+    predictor = _predictor(options, device_type, check, observer, selective=prepared.space.selective)
+    prepared = screen_precisions(
+        prepared, measurer, study=study, cache=where.cache, machine=where.machine, note=observer.note
+    )
+    adopt_checks(study, prepared.workload, predictor, device_type, observer.note)
+    if not options.worker:
+        _enqueue(study, prepared, predictor, observer, options)
+    study.optimize(
+        _objective(prepared, options, observer, where, predictor),
+        n_trials=remaining,
+        timeout=spec.timeout,
+        catch=(TrialFailed,),
+        callbacks=[after_trial, _refine(prepared, measurer, predictor, observer)],
+        gc_after_trial=False,
+    )
+    if count_done(study) >= spec.trials and spec.retime:
+        _retime(study, measurer, spec, observer)
+    if count_done(study) >= spec.trials and _compile_wanted(options.compile_check, device_type):
+        _check_compile(study, measurer, spec, prepared.memory_budget, observer)
     return ran
+
+
+def _refine(
+    prepared: Prepared, measurer: MeasurementProcess, predictor: StudyPredictor | None, observer: StudyObserver
+) -> Refine:
+    """The study's last trials, the untried neighbours of its best (:mod:`autotune.search.refine`)."""
+    spec = prepared.spec
+
+    def duel(configs: list[TrainConfig], scales: list[float]) -> Any:
+        return measurer.retime(configs, scales=scales, timeout=len(configs) * spec.measure.trial_timeout)
+
+    return Refine(
+        space=prepared.space,
+        trials=spec.trials,
+        admits=admits(prepared, predictor),
+        counted=count_done,
+        note=observer.note,
+        known_peak=known_peak(prepared, predictor),
+        budget_bytes=prepared.memory_budget,
+        duel=duel if spec.retime else None,  # no re-timing asked: first measurements decide
+    )
+
+
+def _objective(
+    prepared: Prepared,
+    options: RunOptions,
+    observer: StudyObserver,
+    where: _Measuring,
+    predictor: StudyPredictor | None,
+) -> Objective:
+    """The function Optuna calls for each trial (:class:`autotune.search.trial.Objective`)."""
+    from autotune.search.dashboard import note_saver
+    from autotune.search.trial import Objective
+
+    spec = prepared.spec
+    return Objective(
+        space=prepared.space,
+        measurer=where.measurer,
+        workload=prepared.workload,
+        workload_id=prepared.fingerprint,
+        machine=where.machine,
+        cache=where.cache,
+        memory_budget=prepared.memory_budget,
+        steps=spec.measure.steps,
+        warmup=spec.measure.warmup,
+        trial_timeout=spec.measure.trial_timeout,
+        base_batch_size=prepared.reference_batch,
+        predictor=predictor,
+        on_start=observer.trial_started,
+        note=note_saver() if options.dashboard else None,
+    )
 
 
 def _predictor(

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from autotune import ConfigError, MemoryEstimate, TrainConfig, Workload, load_workload, measure, predict_memory
+from autotune.memory.fake_run import profile_run
 from autotune.memory.predict import profile_memory
-from autotune.memory.profile import MemoryProfile, _profile_run
+from autotune.memory.profile import MemoryProfile
 from tests.paths import PLAIN_MLP, ROOT, USER_WORKLOAD
 
 TINY = f"{USER_WORKLOAD}:build"
@@ -142,7 +143,7 @@ def test_mixed_blocks_compose_into_exactly_the_fake_run_of_the_config(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     n = len(resnet.block_names())
-    run = _profile_run(
+    run = profile_run(
         resnet,
         FakeTensorMode(allow_non_fake_inputs=False),
         config.micro_batch_size,
@@ -256,7 +257,7 @@ def test_a_plain_mlp_is_composed_exactly_and_within_tolerance_of_a_real_step(
 ) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    run = _profile_run(
+    run = profile_run(
         plain,
         FakeTensorMode(allow_non_fake_inputs=False),
         config.micro_batch_size,

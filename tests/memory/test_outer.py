@@ -13,9 +13,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from autotune import TrainConfig, Workload, load_workload, measure, predict_memory
 from autotune.memory.check import check_configs
 from autotune.memory.check_text import describe_check
+from autotune.memory.fake_run import profile_run
 from autotune.memory.model import plan_of
 from autotune.memory.predict import profile_memory
-from autotune.memory.profile import MemoryProfile, _profile_run
+from autotune.memory.profile import MemoryProfile
 
 F, B = "fp32", "bf16"
 MODES = ("fp32", "fp32@bf16", "bf16@bf16")
@@ -85,7 +86,7 @@ def test_blocks_under_outer_bf16_compose_into_exactly_the_fake_run_of_the_config
     gpt: Workload, gpt_profile: MemoryProfile, config: TrainConfig
 ) -> None:
     n = len(gpt.block_names())
-    run = _profile_run(
+    run = profile_run(
         gpt,
         FakeTensorMode(allow_non_fake_inputs=False),
         config.micro_batch_size,

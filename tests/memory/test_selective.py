@@ -10,9 +10,10 @@ import pytest
 
 from autotune import ConfigError, TrainConfig, Workload, load_workload, measure, predict_memory
 from autotune.memory.check import check_configs, kinds_of
+from autotune.memory.fake_run import profile_run
 from autotune.memory.model import plan_of
 from autotune.memory.predict import profile_memory
-from autotune.memory.profile import MemoryProfile, _profile_run
+from autotune.memory.profile import MemoryProfile
 from autotune.zoo import CORPUS
 
 #: The memory model's target (autotune.memory.check.TOLERANCE).
@@ -65,7 +66,7 @@ def _exact(workload: Workload, config: TrainConfig) -> int:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     n = len(workload.block_names())
-    run = _profile_run(
+    run = profile_run(
         workload,
         FakeTensorMode(allow_non_fake_inputs=False),
         config.micro_batch_size,

@@ -1,0 +1,93 @@
+"""What a study runs first: the baselines not yet tried and the policy's proposal
+(:func:`enqueue_baselines`, the proposal from a :class:`Proposer` its caller hands in)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from autotune.dependencies import install_command
+from autotune.errors import ConfigError, NonFiniteLossError, ProposalError
+from autotune.search.baselines import POLICY_PROPOSAL, baselines
+from autotune.search.budget import admits
+from autotune.search.observer import StudyObserver
+from autotune.search.predictor import MemoryPredictor
+from autotune.search.prepared import since
+from autotune.search.record import ATTR
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import optuna
+
+    from autotune.knobs import Knobs
+    from autotune.search.prepared import Prepared
+    from autotune.workload import Workload
+
+__all__ = ["Proposer", "enqueue_baselines"]
+
+
+class Proposer(Protocol):
+    """The pretrained policy's proposal for a workload within a budget
+    (:func:`autotune.policies.transfer.propose`): the policies sit above the study, so the caller
+    hands it in (``RunOptions.propose``). Raises ``ProposalError``, ``ConfigError`` or
+    ``NonFiniteLossError`` where there is none, ``ImportError`` where the policy cannot load."""
+
+    def __call__(self, workload: Workload, *, memory_budget: int | None) -> Knobs: ...
+
+
+def enqueue_baselines(
+    study: optuna.Study,
+    prepared: Prepared,
+    predictor: MemoryPredictor | None,
+    *,
+    policy_proposal: bool = False,
+    propose: Proposer | None = None,
+    note: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Enqueue each baseline not yet tried, waiting or running (first run, or after a crash), and
+    with ``policy_proposal`` the proposal of ``propose`` (baseline name ``policy``). ``note``
+    gets one line saying what the proposal is, what it cost, or why there is none."""
+    from optuna.trial import TrialState
+
+    present = {
+        t.user_attrs.get(ATTR.BASELINE)
+        for t in study.get_trials(deepcopy=False)
+        if not (t.state == TrialState.FAIL and t.user_attrs.get(ATTR.INTERRUPTED))
+    }
+    start = time.perf_counter()
+    verdict = admits(prepared, predictor)
+    reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
+    added = []
+    for b in baselines(prepared.space, batch_size=reference, admits=verdict):
+        if b.name not in present:
+            study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
+            added.append(b.name)
+    if added:
+        line = f"baselines enqueued: {', '.join(added)} ({since(start)})"
+        (note or StudyObserver().note)(line)
+    if policy_proposal and POLICY_PROPOSAL not in present:
+        enqueued, message = _enqueue_proposal(study, prepared, propose)
+        if enqueued:
+            added.append(POLICY_PROPOSAL)
+        (note or StudyObserver().note)(message)
+    return added
+
+
+def _enqueue_proposal(study: optuna.Study, prepared: Prepared, propose: Proposer | None) -> tuple[bool, str]:
+    """Enqueue the policy's proposal: whether it was, and the one line to show (what, or why not)."""
+    if propose is None:
+        return False, "no policy proposal: none was given (RunOptions.propose)"
+    start = time.perf_counter()
+    try:
+        knobs = propose(prepared.workload, memory_budget=prepared.memory_budget)
+        params = prepared.space.params(knobs)
+    except ImportError as e:  # stable-baselines3 / gymnasium: in the base install, unless it is broken
+        return False, f"no policy proposal: the policy cannot be imported ({e}): {install_command()} installs it"
+    # ConfigError: the proposal lies outside this study's space; NonFiniteLossError: the model's
+    # loss is NaN (its trials prune on it).
+    except (ProposalError, ConfigError, NonFiniteLossError) as e:
+        return False, f"no policy proposal: {e} ({since(start)})"
+    study.enqueue_trial(params, user_attrs={ATTR.BASELINE: POLICY_PROPOSAL})
+    seconds = time.perf_counter() - start
+    return True, f"policy proposal enqueued: {knobs.describe()} ({seconds:.0f} s to profile the model and simulate)"
