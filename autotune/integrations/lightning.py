@@ -85,7 +85,7 @@ def _step_loss(module: torch.nn.Module, batch: Any) -> torch.Tensor:
         if getattr(module, "_compiler_ctx", None) is not None:
             # trainer.fit(torch.compile(module)): Lightning set the compiled steps as attributes bound to
             # the fitted module, which a copy keeps; the profile's copies run their own eager step.
-            out = type(module).training_step(module, batch, 0)
+            out = type(module).training_step(module, batch, 0)  # type: ignore[attr-defined]  # a LightningModule's
         else:
             out = module.training_step(batch, 0)  # type: ignore[operator]  # a LightningModule's
     loss: torch.Tensor = out["loss"] if isinstance(out, dict) else out
