@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from autotune.config import TrainConfig
 
-__all__ = ["STEADY_STEPS", "Recompiles", "recompile_limit", "user_compiled"]
+__all__ = ["STEADY_STEPS", "Recompiles", "loop_compiled", "recompile_limit", "user_compiled"]
 
 STEADY_STEPS = 2  # steps after the recompiling one whose median is the steady step
 
@@ -45,6 +45,27 @@ def user_compiled(model: torch.nn.Module) -> bool:
     from torch._dynamo.eval_frame import OptimizedModule
 
     return isinstance(model, OptimizedModule) or getattr(model, "_compiled_call_impl", None) is not None
+
+
+def loop_compiled(model: torch.nn.Module, *, flag: bool = False) -> bool:
+    """Whether a framework's loop runs ``model`` compiled, though the callback is handed it eager.
+
+    Hugging Face's ``TrainingArguments(torch_compile=True)`` (``flag``) has accelerate wrap the
+    model in ``torch.compile`` while the callbacks get the unwrapped model; Lightning unwraps a
+    ``torch.compile``-d LightningModule and keeps its compile in ``_compiler_ctx``; a user may
+    compile a submodule (``self.backbone = torch.compile(backbone)``, ``backbone.compile()``).
+    Any of them puts the blocks under Dynamo, whose guards see each change of block knobs.
+
+    Args:
+        model: The model (or LightningModule) the loop trains.
+        flag: The loop's own compile flag (Hugging Face's ``args.torch_compile``).
+
+    Returns:
+        True if the loop compiles it, it was compiled, or any of its submodules is.
+    """
+    if flag or getattr(model, "_compiler_ctx", None) is not None:
+        return True
+    return any(user_compiled(module) for module in model.modules())
 
 
 def recompile_limit() -> int:
@@ -147,6 +168,26 @@ class Recompiles:
         self.costs.append(cost)
         self._waiting = None
         return False, (waiting[0], cost)
+
+    def describe(self) -> str:
+        """One line: what the run's recompiles cost so far, and how many block-knob sets it tried.
+
+        Example:
+            >>> r = Recompiles(num_blocks=2, horizon=50, limit=8)
+            >>> r.costs += [11.5, 12.5]
+            >>> print(r.describe())  # doctest: +NORMALIZE_WHITESPACE
+            the model is compiled: 2 recompiles measured, 24.0 s in all (median 12.0 s), each move's
+            counted against the seconds it saves; 0 of at most 7 block-knob sets tried (Dynamo's
+            recompile limit 8)
+        """
+        tried = f"{len(self.seen)} of at most {self.cap} block-knob sets tried (Dynamo's recompile limit {self.limit})"
+        if not self.costs:
+            return f"the model is compiled: no recompile measured; {tried}"
+        n = len(self.costs)
+        return (
+            f"the model is compiled: {n} recompile{'s' if n > 1 else ''} measured, {sum(self.costs):.1f} s in all "
+            f"(median {statistics.median(self.costs):.1f} s), each move's counted against the seconds it saves; {tried}"
+        )
 
     def _seen(self, knobs: BlockKnobs) -> None:
         if knobs not in self.seen:

@@ -62,6 +62,7 @@ from typing import Any
 import torch
 
 from autotune.adapt.adaptive import PolicyArg, decision_source, selective_in_play
+from autotune.adapt.compiled import Recompiles
 from autotune.adapt.controller import Controller, check_saved_batch, check_saved_model, model_record
 from autotune.adapt.decider import Decider
 from autotune.adapt.records import Change
@@ -143,6 +144,8 @@ class FrameworkLoop:
         self.precision = LoopPrecision()
         #: The model's own checkpointing flags, taken over at :meth:`begin` (None before).
         self.checkpointing: ModelCheckpointing | None = None
+        #: How the loop compiles the model (``"torch_compile=True"``; set at :meth:`begin`), None: eager.
+        self.compiled: str | None = None
 
     # ---- what the callbacks read ----------------------------------------------------------------------
 
@@ -182,6 +185,7 @@ class FrameworkLoop:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         precision: LoopPrecision | None = None,
         checkpoint_flag: str = "the model's own activation checkpointing",
+        compiled: str | None = None,
     ) -> None:
         """Read the user's flags, profile the model (a copy of it), resolve the budget, and put the
         run where the budget and the source's plan say (a split in the plan waits for the next
@@ -191,11 +195,14 @@ class FrameworkLoop:
         ``collate_fn``: the framework's DataLoader's, so the profile runs on batches as it trains on.
         ``precision``: the loop's own autocast, from the user's flags (None: none).
         ``checkpoint_flag``: how the user turned the model's checkpointing on, for the start line.
+        ``compiled``: how the loop compiles the model (:func:`autotune.adapt.compiled.loop_compiled`),
+        in words for the start line; None: eager. Each change of block knobs then recompiles: the
+        controller measures it from the steps' wall seconds and counts it in its decisions.
 
         Raises:
             ConfigError: nothing this loop can take fits the memory budget (the controller's rule).
         """
-        self.split = split
+        self.split, self.compiled = split, compiled
         self.precision = precision if precision is not None else LoopPrecision()
         workload = Workload(
             name=name,
@@ -246,6 +253,11 @@ class FrameworkLoop:
             min_micro_batch=workload.micro_batch_floor,
             micro_why=workload.micro_batch_reason,
             objective=self.objective,
+            recompiles=(
+                Recompiles(num_blocks=len(self._names), horizon=self.decide_every)
+                if self.compiled is not None
+                else None
+            ),
         )
         say()
         self.controller.begin(workload, device_type=device)
@@ -268,6 +280,11 @@ class FrameworkLoop:
         """One line, in the history (source ``"flags"``) and as a warning: the flags taken over."""
         assert self.controller is not None and self.checkpointing is not None
         parts = [self.checkpointing.describe(checkpoint_flag), self.precision.describe()]
+        if self.compiled is not None:
+            parts.append(
+                f"the model is compiled ({self.compiled}): each change of per-block knobs recompiles, measured "
+                "(its first step over the steady ones) and counted in each decision"
+            )
         said = "; ".join(p for p in parts if p)
         if not said:
             return
@@ -388,14 +405,17 @@ class FrameworkLoop:
     def step_end(self, step: int, loss: float | None) -> None:
         """Optimizer step ``step`` (1-based, the framework's global step) ended."""
         assert self.controller is not None, "begin() first"
-        config, throughput = self.controller.config, None
+        config, throughput, seconds = self.controller.config, None, None
         if self._started is not None:
             seconds, self._started = time.perf_counter() - self._started, None
             if self._warm and seconds > 0:
                 throughput = config.effective_batch_size / seconds
             self._warm = True
         peak = self.measure_peak(config) if self.measure_peak is not None else None
-        self.controller.after_step(step - 1, config=config, loss=loss, throughput=throughput, peak=peak)
+        # The wall seconds: on a compiled model the first step after a change of block knobs is its recompile.
+        self.controller.after_step(
+            step - 1, config=config, loss=loss, throughput=throughput, peak=peak, seconds=seconds
+        )
 
     def before_optimizer_step(self, step: int, parameters: Iterable[torch.nn.Parameter]) -> None:
         """The framework's optimizer step ``step`` (1-based) is about to run: a NaN or infinite
@@ -538,6 +558,24 @@ class FrameworkLoop:
         else:
             self._wrappers = apply_config(self._model, self._names, config, device_type=device)
         self._warm = False
+
+    def finish(self, step: int) -> None:
+        """The loop's training ended at optimizer step ``step``: on a compiled model, what its
+        recompiles cost is noted last in the history (source ``"compile"``, nothing applied)."""
+        controller = self.controller
+        if controller is None or controller.recompiles is None:
+            return
+        config = controller.config
+        controller.decider.note(
+            Change(
+                step=step,
+                source="compile",
+                before=config,
+                after=config,
+                applied=False,
+                reason=controller.recompiles.describe(),
+            )
+        )
 
     def remove(self) -> None:
         """Take the wrappers off (and a tracker an evaluation that failed left) and set the model's

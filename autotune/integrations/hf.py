@@ -21,6 +21,10 @@ What it changes mid-run, and what it cannot:
   ``checkpoint``; autotune's per-block wrappers recompute them and the model's own flags are off
   until ``on_train_end`` sets them back (a module it recomputes that is not a block: the model
   keeps its checkpointing and the checkpoint knob does not move).
+* ``torch_compile=True``, or a model (or a submodule) you compiled: each change of per-block knobs
+  recompiles; the callback measures it from the steps' wall seconds, counts it in each decision as
+  :class:`autotune.Adaptive` does (:mod:`autotune.adapt.compiled`), and notes what the recompiles
+  cost last in the history (source ``"compile"``).
 * ``bf16=True`` / ``fp16=True``: accelerate's autocast around the model's forward is the outer
   precision (``outer_precision="bf16"`` / ``"fp16"``, the blocks in it): autotune never wraps the
   forward again and never moves it; a block may become an fp32 exception. Under ``fp16=True``
@@ -57,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override  # typing.override from Python 3.12 (typing_extensions: a torch dependency)
 
 from autotune.adapt.adaptive import PolicyArg
+from autotune.adapt.compiled import loop_compiled
 from autotune.config import TrainConfig
 from autotune.errors import MissingDependencyError, UnsupportedError
 from autotune.integrations._flags import LoopPrecision
@@ -220,6 +225,7 @@ class AutotuneCallback(TrainerCallback, ExportableState):
             collate_fn=getattr(train_dataloader, "collate_fn", None),
             precision=loop_precision(args),
             checkpoint_flag=_checkpoint_flag(args),
+            compiled=_compiled(args, model),
         )
 
     @override
@@ -283,7 +289,9 @@ class AutotuneCallback(TrainerCallback, ExportableState):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        """Take the per-block wrappers off the model: it is left as it was given."""
+        """Note what recompiles cost on a compiled model; take the per-block wrappers off the model:
+        it is left as it was given."""
+        self.loop.finish(state.global_step)
         self.loop.remove()
 
 
@@ -301,6 +309,14 @@ def loop_precision(args: TrainingArguments) -> LoopPrecision:
     if args.fp16:
         return LoopPrecision(outer="fp16", flag="fp16=True")
     return LoopPrecision()
+
+
+def _compiled(args: TrainingArguments, model: torch.nn.Module) -> str | None:
+    """How the Trainer runs ``model`` compiled, in words (None: eager): ``torch_compile=True`` (accelerate
+    compiles the model the callbacks are handed unwrapped), or the user's own compile."""
+    if args.torch_compile:
+        return "torch_compile=True"
+    return "your torch.compile" if loop_compiled(model) else None
 
 
 def _checkpoint_flag(args: TrainingArguments) -> str:

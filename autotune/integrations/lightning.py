@@ -28,7 +28,11 @@ What it changes mid-fit, and what it cannot (as the Hugging Face callback, :mod:
 other (``"bf16-true"``: 16-bit weights, which no ``TrainConfig`` expresses) leaves every precision
 knob where it is. A model inside the module whose checkpointing you enabled
 (``activation_checkpointing_enable()``) starts with those blocks recomputed, by autotune's wrappers
-(the model's own flags are off until ``on_train_end``).
+(the model's own flags are off until ``on_train_end``). A compiled module
+(``trainer.fit(torch.compile(module))``, or a submodule you compiled): each change of per-block knobs
+recompiles; the callback measures it from the steps' wall seconds, counts it in each decision as
+:class:`autotune.Adaptive` does (:mod:`autotune.adapt.compiled`), and notes what the recompiles cost
+last in the history (source ``"compile"``).
 
 The loss the memory model profiles is ``training_step(batch, 0)`` (its ``"loss"`` if it returns a
 dict), run on copies of the module, where ``self.log`` has no trainer: its warning is silenced there.
@@ -54,6 +58,7 @@ import torch
 from typing_extensions import override  # typing.override from Python 3.12 (typing_extensions: a torch dependency)
 
 from autotune.adapt.adaptive import PolicyArg
+from autotune.adapt.compiled import loop_compiled
 from autotune.config import Precision
 from autotune.errors import AutotuneWarning, MissingDependencyError
 from autotune.integrations._flags import LoopPrecision
@@ -77,7 +82,12 @@ __all__ = ["AutotuneCallback"]
 def _step_loss(module: torch.nn.Module, batch: Any) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*self\.log\(\).*")
-        out = module.training_step(batch, 0)  # type: ignore[operator]  # a LightningModule's
+        if getattr(module, "_compiler_ctx", None) is not None:
+            # trainer.fit(torch.compile(module)): Lightning set the compiled steps as attributes bound to
+            # the fitted module, which a copy keeps; the profile's copies run their own eager step.
+            out = type(module).training_step(module, batch, 0)  # type: ignore[attr-defined]  # a LightningModule's
+        else:
+            out = module.training_step(batch, 0)  # type: ignore[operator]  # a LightningModule's
     loss: torch.Tensor = out["loss"] if isinstance(out, dict) else out
     return loss
 
@@ -203,6 +213,8 @@ class AutotuneCallback(Callback):
             split=why is None,
             collate_fn=loader.collate_fn,
             precision=loop_precision(str(trainer.precision)),
+            # trainer.fit(torch.compile(module)) hands the callbacks the module, its compile in _compiler_ctx.
+            compiled="your torch.compile" if loop_compiled(pl_module) else None,
         )
         controller = self.loop.controller
         assert controller is not None
@@ -302,12 +314,13 @@ class AutotuneCallback(Callback):
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Refuse a split still pending, undo a staged reload, and take the per-block wrappers off the
-        model: it is left as it was given."""
+        """Refuse a split still pending, undo a staged reload, note what recompiles cost on a compiled
+        module, and take the per-block wrappers off the model: it is left as it was given."""
         if self._reload is not None:  # a reload was asked for an epoch that never came
             trainer.reload_dataloaders_every_n_epochs, self._reload = self._reload, None  # type: ignore[attr-defined]  # set by its DataConnector
             lightning_setattr(pl_module, "batch_size", self._batch_size)
         self.loop.take_split(trainer.global_step, None)  # a change still pending is refused, logged
+        self.loop.finish(trainer.global_step)
         self.loop.remove()
 
 

@@ -12,7 +12,7 @@ import torch
 
 from autotune import TrainConfig
 from autotune.adapt import BudgetGate
-from autotune.adapt.compiled import Recompiles, recompile_limit, user_compiled
+from autotune.adapt.compiled import Recompiles, loop_compiled, recompile_limit, user_compiled
 from autotune.adapt.controller import Controller
 from autotune.adapt.records import Change
 from tests.adapt.scripted import Scripted
@@ -36,6 +36,44 @@ def test_a_compiled_model_is_told_from_an_eager_one() -> None:
     model.compile()
     assert user_compiled(model)
     assert recompile_limit() == 8  # torch's default
+
+
+@pytest.mark.filterwarnings(IMPORT_WARNING)
+def test_a_framework_loop_s_model_is_compiled_by_its_flag_its_wrapper_or_a_submodule() -> None:
+    def model() -> torch.nn.Sequential:
+        return torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+
+    assert not loop_compiled(model())
+    assert loop_compiled(model(), flag=True)  # Hugging Face's torch_compile=True: accelerate compiles it later
+    lit = model()
+    lit._compiler_ctx = {"compiler": "dynamo"}  # type: ignore[assignment]  # Lightning's from_compiled
+    assert loop_compiled(lit)
+    lit._compiler_ctx = None  # type: ignore[assignment]  # Lightning's to_uncompiled
+    assert not loop_compiled(lit)
+    inner = model()
+    inner[1] = torch.compile(inner[1])  # type: ignore[assignment]
+    assert loop_compiled(inner)
+    called = model()
+    called[0].compile()
+    assert loop_compiled(called)
+    assert loop_compiled(torch.compile(model()))  # type: ignore[arg-type]
+
+
+def test_what_the_recompiles_cost_is_one_line() -> None:
+    r = Recompiles(num_blocks=4, horizon=50, limit=8)
+    r.started(A)
+    assert r.describe() == (
+        "the model is compiled: no recompile measured; 1 of at most 7 block-knob sets tried "
+        "(Dynamo's recompile limit 8)"
+    )
+    r.moved(A, B, 1)
+    r.costs.append(11.875)
+    assert r.describe() == (
+        "the model is compiled: 1 recompile measured, 11.9 s in all (median 11.9 s), each move's counted against "
+        "the seconds it saves; 2 of at most 7 block-knob sets tried (Dynamo's recompile limit 8)"
+    )
+    r.costs += [2.0, 3.0]
+    assert r.describe().startswith("the model is compiled: 3 recompiles measured, 16.9 s in all (median 3.0 s), ")
 
 
 def test_a_recompile_is_the_first_untracked_step_over_the_steady_ones() -> None:

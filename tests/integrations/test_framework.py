@@ -9,7 +9,7 @@ import re
 import pytest
 
 from autotune import TrainConfig
-from autotune.errors import ConfigError
+from autotune.errors import AutotuneWarning, ConfigError
 from autotune.integrations import _framework
 from autotune.integrations._framework import FrameworkLoop
 from tests.adapt.scripted import Scripted
@@ -101,3 +101,65 @@ def test_an_unknown_objective_is_one_line() -> None:
     message = "objective must be one of ('per-gib', 'throughput'), but got 'speed'."
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         FrameworkLoop(policy=None, memory_budget=None, decide_every=5, blocks=None, objective="speed")  # type: ignore[arg-type]
+
+
+def test_on_a_compiled_model_a_change_s_recompile_is_measured_counted_and_summed_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wl = make_resmlp(n=64)
+    live = FrameworkLoop(policy=Scripted([B]), memory_budget=None, decide_every=5, blocks=None)
+    with pytest.warns(AutotuneWarning) as caught:
+        live.begin(
+            wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=2, name="resmlp", compiled="torch_compile=True"
+        )
+    said = (
+        "starting from your flags: the model is compiled (torch_compile=True): each change of per-block knobs "
+        "recompiles, measured (its first step over the steady ones) and counted in each decision"
+    )
+    assert [str(w.message) for w in caught] == [f"autotune: {said}: {A.describe()}"]
+    assert live.controller is not None and live.controller.recompiles is not None
+    assert live.controller.recompiles.horizon == 5
+    # The loop's clock: A steps in 0.1 s, B (every block recomputed) in 1 s, and B's first step
+    # recompiles: 6 s, 5 s over its steady steps.
+    clock = [0.0]
+    monkeypatch.setattr(_framework.time, "perf_counter", lambda: clock[0])
+    seconds = {A: [0.1] * 5, B: [6.0] + [1.0] * 9}
+    for step in range(1, 16):
+        live.step_begin()
+        clock[0] += seconds[live.config].pop(0)
+        live.step_end(step, loss=1.0)
+    live.finish(15)
+    flags, went, back, summary = live.history
+    assert (flags.source, flags.reason, flags.recompile_seconds) == ("flags", said, None)
+    assert (went.step, went.after, went.applied, went.recompile_seconds) == (5, B, True, 5.0)
+    # An eager loop goes back to A (test above); here going back recompiles too, and the 0.9 s a
+    # step it saves over the 5 steps to the next decision do not pay the 5 s back: the run stays.
+    assert (back.step, back.source, back.after, back.applied) == (10, "measured", A, False)
+    assert back.reason.endswith(
+        "back to it; the model is compiled: the move recompiles (~5.0 s measured) and saves 900.0 ms a step, "
+        "4.5 s over the 5 steps to the next decision"
+    )
+    assert live.config == B
+    assert (summary.step, summary.source, summary.applied, summary.after) == (15, "compile", False, B)
+    assert summary.reason == (
+        "the model is compiled: 1 recompile measured, 5.0 s in all (median 5.0 s), each move's counted against "
+        "the seconds it saves; 2 of at most 7 block-knob sets tried (Dynamo's recompile limit 8)"
+    )
+    live.remove()
+
+
+def test_an_eager_model_counts_no_recompiles_and_notes_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    wl = make_resmlp(n=64)
+    live = FrameworkLoop(policy=Scripted([B]), memory_budget=None, decide_every=5, blocks=None)
+    live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=2, name="resmlp")
+    assert live.controller is not None and live.controller.recompiles is None
+    clock = [0.0]
+    monkeypatch.setattr(_framework.time, "perf_counter", lambda: clock[0])
+    for step in range(1, 8):
+        live.step_begin()
+        clock[0] += 6.0 if step == 6 else 0.1
+        live.step_end(step, loss=1.0)
+    live.finish(7)
+    [went] = live.history
+    assert (went.after, went.recompile_seconds) == (B, None)
+    live.remove()

@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from autotune import TrainConfig
-from autotune.errors import NonFiniteLossError, NonFiniteLossWarning, UnsupportedError
+from autotune.errors import AutotuneWarning, NonFiniteLossError, NonFiniteLossWarning, UnsupportedError
 from autotune.integrations.hf import AutotuneCallback
 from autotune.zoo import CORPUS
 from tests.adapt.scripted import Scripted
@@ -392,3 +392,51 @@ def test_a_budget_object_is_saved_as_the_text_the_callback_is_rebuilt_from() -> 
         for b in (MemoryBudget(fraction=0.1), MemoryBudget(bytes=5), "80%", None)
     ]
     assert saved == ["10%", 5, "80%", None]  # a fraction as str(MemoryBudget), bytes as the int
+
+
+def test_torch_compile_true_yields_a_controller_that_counts_each_change_s_recompile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Trainer's hooks driven one by one on a scripted clock (a real ``torch_compile=True`` run
+    would compile for minutes on the CPU: tests/adapt/test_compiled.py's slow test does once)."""
+    from autotune.integrations import _framework
+
+    wl = _gpt2_tiny()
+    start = TrainConfig(micro_batch_size=4, grad_clip=None)
+    recompute = TrainConfig(micro_batch_size=4, checkpoint=True, grad_clip=None)
+    callback = AutotuneCallback(policy=Scripted([recompute]), decide_every=2, memory_budget="1GiB")
+    args = _args(str(tmp_path), 4, 6, torch_compile=True)
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    loader = torch.utils.data.DataLoader(wl.dataset, batch_size=4)
+    with pytest.warns(AutotuneWarning, match=r"the model is compiled \(torch_compile=True\): each change"):
+        callback.on_train_begin(args, state, control, model=wl.model, train_dataloader=loader)
+    controller = callback.loop.controller
+    assert controller is not None and controller.recompiles is not None
+    assert (controller.recompiles.horizon, controller.recompiles.seen) == (2, [controller.recompiles.knobs(start)])
+    clock = [0.0]
+    monkeypatch.setattr(_framework.time, "perf_counter", lambda: clock[0])
+    for seconds in [0.5, 0.5, 8.0, 0.5, 0.75, 0.5]:  # the third step, the first recomputed, recompiles
+        callback.on_step_begin(args, state, control)
+        clock[0] += seconds
+        state.global_step += 1
+        callback.on_step_end(args, state, control)
+    callback.on_train_end(args, state, control, model=wl.model)
+    went = [c for c in callback.history if c.applied and c.after == recompute]
+    assert [(c.step, c.recompile_seconds) for c in went] == [(2, 7.375)]  # 8.0 - median(0.5, 0.75)
+    summary = callback.history[-1]
+    assert (summary.step, summary.source, summary.applied) == (6, "compile", False)
+    assert summary.reason.startswith("the model is compiled: 1 recompile measured, 7.4 s in all (median 7.4 s), ")
+    assert controller.decider._timed[recompute] == [8.0, 4 / 0.75, 8.0]  # the recompiling step is not timed
+    assert all("forward" not in m.__dict__ for m in wl.model.modules())
+
+
+# torch.compile's first use imports inductor, whose import warns: torch's noise (as in tests/adapt/test_compiled.py).
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\.script_method:DeprecationWarning")
+def test_a_model_compiled_by_the_user_is_told_without_the_flag(tmp_path: Path) -> None:
+    from autotune.integrations.hf import _compiled
+
+    wl = _gpt2_tiny()
+    assert _compiled(_args(str(tmp_path), 4, 1), wl.model) is None
+    assert _compiled(_args(str(tmp_path), 4, 1, torch_compile=True), wl.model) == "torch_compile=True"
+    wl.model.transformer.h[0].compile()  # lazy: nothing compiles until it runs
+    assert _compiled(_args(str(tmp_path), 4, 1), wl.model) == "your torch.compile"

@@ -354,3 +354,58 @@ def test_a_bf16_mixed_fit_starts_from_its_flags_and_runs_what_it_reports() -> No
     assert set(runs.calls) == {(torch.bfloat16, True)}
     assert runs.outer == [False] * 3
     assert wl.model.is_activation_checkpointing  # given back at the end
+
+
+class LitPlain(LitLM):
+    """No ``self.log`` in the step: Lightning's log reads the step's signature, which Dynamo cannot trace."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss: torch.Tensor = self.loss_fn(self.net, batch)
+        return loss
+
+
+# torch.compile's first use imports inductor, whose import warns: torch's noise (as in tests/adapt/test_compiled.py).
+@pytest.mark.slow  # a real fit with Dynamo: about 8 s on 2 cores
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\.script_method:DeprecationWarning")
+def test_a_compiled_module_s_fit_measures_and_counts_each_change_s_recompile() -> None:
+    """``trainer.fit(torch.compile(module))`` really compiled, with Dynamo's ``eager`` backend
+    (Dynamo's guards and recompiles without inductor's code generation: seconds, not minutes)."""
+    from tests.adapt.scripted import Scripted
+    from tests.conftest import make_resmlp
+
+    wl = make_resmlp(depth=2, d=32, n=64, seq=8)
+    module = LitPlain(wl.model, wl.loss_fn)
+    recompute = TrainConfig(micro_batch_size=8, checkpoint=True, grad_clip=None)
+    callback = AutotuneCallback(policy=Scripted([recompute]), decide_every=4, memory_budget=1 << 40)
+    trainer = L.Trainer(
+        max_steps=8,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
+    with pytest.warns(AutotuneWarning) as caught:
+        trainer.fit(torch.compile(module, backend="eager"), torch.utils.data.DataLoader(wl.dataset, batch_size=8))
+    assert trainer.lightning_module is module and module._compiler_ctx is not None
+    controller = callback.loop.controller
+    assert controller is not None and controller.recompiles is not None
+    said = [str(w.message) for w in caught if isinstance(w.message, AutotuneWarning)]
+    assert said[0].startswith(
+        "autotune: starting from your flags: the model is compiled (your torch.compile): each change of per-block "
+        "knobs recompiles, measured (its first step over the steady ones) and counted in each decision: "
+    )
+    # Step 4 moves to recompute: step 5 recompiles, steps 6 and 7 are its steady steps, measured at step 7.
+    [went] = [c for c in callback.history if c.applied and c.after == recompute]
+    assert went.step == 4 and went.recompile_seconds is not None and went.recompile_seconds >= 0.0
+    assert controller.recompiles.costs == [went.recompile_seconds]
+    summary = callback.history[-1]
+    assert (summary.step, summary.source, summary.applied) == (8, "compile", False)
+    assert summary.reason.startswith(
+        f"the model is compiled: 1 recompile measured, {went.recompile_seconds:.1f} s in all "
+        f"(median {went.recompile_seconds:.1f} s), each move's counted against the seconds it saves; "
+    )
+    # The blocks' wrappers are off (the module's own forward is Lightning's compiled one: its __dict__).
+    assert all("forward" not in m.__dict__ for m in module.net.modules())
