@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -247,3 +248,101 @@ def test_compile_check_refuses_rounds_below_one_in_one_line(tmp_path: Path, caps
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith("error: --rounds must be >= 1, but got 0")
     assert not (tmp_path / "out").exists()
+
+
+# A machine as results.cpu_machine() takes it: the records' machine fields are built from it alone.
+CPU_MACHINE = {
+    "date": "2026-11-29",
+    "cpu": "AMD EPYC 7B13",
+    "cores": 2,
+    "threads": 1,
+    "torch": "2.13.0+cpu",
+    "capability": "AVX512",
+    "bf16_units": ["avx512_bf16"],
+}
+
+
+def test_the_machine_fields_name_the_cpu_threads_torch_and_bf16_units(results: ModuleType) -> None:
+    assert results.machine_fields(CPU_MACHINE) == {
+        "machine": "AMD EPYC 7B13, 2 cores, 1 torch thread; torch 2.13.0+cpu",
+        "capability": "CPU `AVX512` (avx512_bf16)",
+        "date": "2026-11-29",
+    }
+    avx2 = results.machine_fields(CPU_MACHINE | {"threads": 2, "capability": "AVX2", "bf16_units": []})
+    assert (avx2["machine"], avx2["capability"]) == (
+        "AMD EPYC 7B13, 2 cores, 2 torch threads; torch 2.13.0+cpu",
+        "CPU `AVX2` (no bf16 units)",
+    )
+
+
+def test_the_command_names_the_environment_that_shapes_the_run(results: ModuleType) -> None:
+    environ = {"OMP_NUM_THREADS": "1", "HOME": "/root", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert results.command_line("/x/benchmarks/overhead.py", ["--steps", "3"], environ) == (
+        "OMP_NUM_THREADS=1 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/overhead.py --steps 3"
+    )
+    assert results.command_line("overhead.py", [], {}) == "python benchmarks/overhead.py"
+
+
+def _written(results: ModuleType, path: Path) -> Any:
+    return results.Result.from_dict(json.loads(path.read_text()))
+
+
+def test_overhead_writes_each_variant_over_the_plain_step(results: ModuleType, tmp_path: Path) -> None:
+    rows = [
+        {"workload": "mlp-digits", "config": "micro 32, accum 1", "plain_ms": 6.94, "noise": 1.0604, "memory": 10.97},
+        {"workload": "gpt-tiny", "config": "micro 8, accum 4", "plain_ms": 611.87, "noise": 0.9112, "memory": 4.41},
+    ]
+    path = tmp_path / "instrumentation-overhead.json"
+    _script("overhead").write_record(path, CPU_MACHINE, rows, "python benchmarks/overhead.py --steps 40")
+    record = _written(results, path)
+    stored = {r.name: r for r in results.load_results()}["instrumentation-overhead"]
+    assert (record.name, record.title, record.claim, record.columns, record.chart) == (
+        stored.name,
+        stored.title,
+        stored.claim,
+        stored.columns,
+        stored.chart,
+    )
+    assert record.rows == (
+        ("mlp-digits", "micro 32, accum 1", "6.9 ms", "1.060x", "11.0x"),
+        ("gpt-tiny", "micro 8, accum 4", "611.9 ms", "0.911x", "4.4x"),
+    )
+    assert (record.machine, record.capability, record.date, record.command) == (
+        "AMD EPYC 7B13, 2 cores, 1 torch thread; torch 2.13.0+cpu",
+        "CPU `AVX512` (avx512_bf16)",
+        "2026-11-29",
+        "python benchmarks/overhead.py --steps 40",
+    )
+
+
+def test_prediction_error_writes_the_errors_as_percentages_and_names_its_grid(
+    results: ModuleType, tmp_path: Path
+) -> None:
+    rows = [
+        {"workload": "hf-gpt2", "configs": 24, "median": 0.0004, "p90": 0.0019, "max": 0.00264, "verified": "yes"},
+        {"workload": "hf-llama", "configs": 24, "median": 0.0157, "p90": 0.0362, "max": 0.0492, "verified": "yes"},
+        {"workload": "hf-t5", "configs": 0, "verified": "no: the fake pass failed"},
+    ]
+    script = _script("prediction_error")
+    path = tmp_path / "memory-model-corpus.json"
+    script.write_record(
+        path, CPU_MACHINE, rows, "python benchmarks/prediction_error.py --bf16", micro=[2, 8], bf16=True
+    )
+    record = _written(results, path)
+    stored = {r.name: r for r in results.load_results()}["memory-model-corpus"]
+    assert (record.title, record.claim, record.columns) == (stored.title, stored.claim, stored.columns)
+    assert record.rows == (
+        ("hf-gpt2", "0.04%", "0.19%", "0.26%", "yes"),
+        ("hf-llama", "1.57%", "3.62%", "4.92%", "yes"),
+        ("hf-t5", "-", "-", "-", "no: the fake pass failed"),
+    )
+    assert record.note.startswith("hf-llama's predictions sit over its measured peak")
+    assert script.markdown_row(rows[0]) == "| hf-gpt2 | 24 | 0.04% | 0.19% | 0.26% | yes |"
+    script.write_record(path, CPU_MACHINE, rows[2:], "python x.py", micro=[2], bf16=False)
+    other = _written(results, path)
+    assert other.title == "The memory model on the corpus models (CPU)"
+    assert (
+        "6 configurations each (micro-batch 2 x no, alternate or every block checkpointed x accumulation 1 and 2, fp32)"
+        in other.claim
+    )
+    assert not other.note.startswith("hf-llama")
