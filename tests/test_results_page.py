@@ -346,3 +346,46 @@ def test_prediction_error_writes_the_errors_as_percentages_and_names_its_grid(
         in other.claim
     )
     assert not other.note.startswith("hf-llama")
+
+
+def test_adaptive_writes_the_settled_figures_of_its_three_runs(results: ModuleType, tmp_path: Path) -> None:
+    from autotune import TrainConfig
+
+    def run(thr: float, steps: int, peak: int, config: TrainConfig) -> dict[str, object]:
+        return {
+            "settled_thr": thr,
+            "settled_steps": steps,
+            "settled_peak": peak,
+            "settled_gib": thr / (peak / 2**30),
+            "settled": config,
+        }
+
+    default = TrainConfig(micro_batch_size=32)
+    bf16 = TrainConfig(micro_batch_size=4, grad_accum_steps=8, precision="bf16", checkpoint=(True, True, True, False))
+    runs = {
+        "default": run(165.84, 79, 171_000_000, default),
+        "adaptive": run(174.2, 41, 18_412_000, bf16),
+        "study-best": run(207.25, 79, 23_080_000, bf16),
+    }
+    script = _script("adaptive")
+    seen = script.policy_seen(["hf-gpt2", "hf-vit", "lstm-lm"], "small", ["hf-gpt2:tiny", "lstm-lm:tiny", "gpt-tiny"])
+    assert seen == {"hf-gpt2": "another size", "hf-vit": "held out", "lstm-lm": "another size"}
+    path = tmp_path / "adaptive-vs-study.json"
+    command = "OMP_NUM_THREADS=1 python benchmarks/adaptive.py --size small"
+    results_by_model = {"hf-gpt2": runs, "hf-vit": runs, "lstm-lm": runs}
+    batches = {"hf-gpt2": 32, "hf-vit": 32, "lstm-lm": 32}
+    script.write_record(path, CPU_MACHINE, results_by_model, command, batches=batches, study_trials=24, seen=seen)
+    record = _written(results, path)
+    stored = {r.name: r for r in results.load_results()}["adaptive-vs-study"]
+    assert (record.title, record.claim, record.columns, record.chart) == (
+        stored.title,
+        stored.claim,
+        stored.columns,
+        stored.chart,
+    )
+    assert record.rows[:3] == (
+        ("hf-gpt2", "default", "165.8 (79)", "163.08", "1041", "32x1x1, fp32, ckpt none, ZeRO 0"),
+        ("hf-gpt2", "adaptive", "174.2 (41)", "17.56", "10159", "4x8x1, bf16, ckpt 3/4, ZeRO 0"),
+        ("hf-gpt2", "study-best", "207.2 (79)", "22.01", "9642", "4x8x1, bf16, ckpt 3/4, ZeRO 0"),
+    )
+    assert len(record.rows) == 9 and record.command == command
