@@ -389,3 +389,43 @@ def test_adaptive_writes_the_settled_figures_of_its_three_runs(results: ModuleTy
         ("hf-gpt2", "study-best", "207.2 (79)", "22.01", "9642", "4x8x1, bf16, ckpt 3/4, ZeRO 0"),
     )
     assert len(record.rows) == 9 and record.command == command
+
+
+def test_transfer_writes_each_model_and_the_median_and_min(results: ModuleType, tmp_path: Path) -> None:
+    def row(model: str, policy: float, optuna: float, *, batch: int = 16, over: int = 0) -> dict[str, object]:
+        return {
+            "model": model,
+            "batch": batch,
+            "policy_over_optimum": policy,
+            "optuna_over_optimum": optuna,
+            "policy_steps_over_budget": over,
+            "batch_held": batch == 16,
+        }
+
+    rows = [
+        row("hf-llama", 1.0, 0.434),
+        row("random:3", 0.8612, 0.6249, over=1),
+        row("random:7", 0.94, 0.57, batch=128),
+    ]
+    script = _script("transfer")
+    path = tmp_path / "policy-held-out.json"
+    command = "OMP_NUM_THREADS=1 python benchmarks/transfer.py --fine-tune-seconds 20"
+    script.write_record(path, CPU_MACHINE, rows, command, fine_tune_seconds=20.0, dominance_margin=None)
+    record = _written(results, path)
+    stored = {r.name: r for r in results.load_results()}["policy-held-out"]
+    assert (record.title, record.claim, record.columns, record.chart) == (
+        stored.title,
+        stored.claim,
+        stored.columns,
+        stored.chart,
+    )
+    # The hand transcription's note said whose commit it named; the rest the script writes.
+    assert record.note == stored.note.removeprefix("The commit is the one that recorded these figures. ")
+    assert record.rows == (
+        ("hf-llama", "1.00", "0.43", "0", "yes"),
+        ("random:3", "0.86", "0.62", "1", "yes"),
+        ("random:7 (batch 128)", "0.94", "0.57", "0", "no"),
+        ("**median / min**", "**0.94 / 0.86**", "**0.57 / 0.43**", "", ""),
+    )
+    script.write_record(path, CPU_MACHINE, rows, command, fine_tune_seconds=20.0, dominance_margin=2.0)
+    assert "a grid (configurations under 1/2 of the best so far left as dominated)" in _written(results, path).claim
