@@ -20,7 +20,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "docs" / "results"
@@ -190,7 +190,15 @@ def cpu_machine() -> dict[str, Any]:
     }
 
 
-def machine_fields(machine: dict[str, Any]) -> dict[str, str]:
+class MachineFields(TypedDict):
+    """A record's ``machine``, ``capability`` and ``date``, as :func:`write_result` takes them."""
+
+    machine: str
+    capability: str
+    date: str
+
+
+def machine_fields(machine: dict[str, Any]) -> MachineFields:
     """The ``machine``, ``capability`` and ``date`` of a record from :func:`cpu_machine`'s values,
     e.g. ``AMD EPYC 7B13, 2 cores, 1 torch thread; torch 2.13.0+cpu`` and ``CPU `AVX512` (avx512_bf16)``."""
     threads = machine["threads"]
