@@ -30,10 +30,13 @@ run's includes the configurations it left), samples/s per GiB of it; "settled": 
 of the run's last steps, the median samples/s of its untracked steps (how many in brackets) and
 its measured peak, and samples/s per GiB of that; the mean loss
 of the last 5 steps (same effective batch: equal steps are equal samples); the number and wall
-time of reconfigurations. ``--out`` writes every run's decision history and judged configurations as JSON.
+time of reconfigurations. ``--out`` writes every run's decision history and judged configurations as JSON;
+``--result docs/results/adaptive-vs-study.json`` the results page's record of the settled figures
+(``benchmarks/results.py``; then ``python benchmarks/render_results.py``, which renders README's
+results table from it too).
 
 Run: python benchmarks/adaptive.py [--size small] [--steps 60] [--decide-every 10] [--threads 1]
-     [--study-trials 24] [--storage studies.db] [--out adaptive.json] [--observation-only]
+     [--study-trials 24] [--storage studies.db] [--out adaptive.json] [--result PATH] [--observation-only]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -278,6 +282,119 @@ def _row(name: str, label: str, r: dict[str, Any]) -> str:
     )
 
 
+# ---- the results page's record -----------------------------------------------------------------------
+
+NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def policy_seen(models: list[str], size: str, trained_on: list[str]) -> dict[str, str]:
+    """Whether the shipped policy trained on each model (its ``trained_on`` names ``model:size``):
+    ``held out``, ``another size`` or ``this size``."""
+    seen = {}
+    for name in models:
+        sizes = {t.partition(":")[2] for t in trained_on if t == name or t.startswith(name + ":")}
+        seen[name] = "held out" if not sizes else "this size" if size in sizes else "another size"
+    return seen
+
+
+def _seen_text(seen: dict[str, str]) -> str:
+    """``hf-vit is held out from the policy's training, hf-gpt2 and lstm-lm were trained on at another size.``"""
+    phrases = {
+        "held out": ("is", "are", "held out from the policy's training"),
+        "another size": ("was", "were", "trained on at another size"),
+        "this size": ("was", "were", "trained on at this size"),
+    }
+    parts = []
+    for kind, (one, many, what) in phrases.items():
+        names = [n for n, k in seen.items() if k == kind]
+        if names:
+            listed = ", ".join(names[:-1]) + " and " * (len(names) > 1) + names[-1]
+            parts.append(f"{listed} {one if len(names) == 1 else many} {what}")
+    return ", ".join(parts) + "." if parts else ""
+
+
+def config_cell(config: TrainConfig) -> str:
+    """A configuration as a table cell: ``4x8x1, bf16, ckpt 3/4, ZeRO 0`` (no pipes)."""
+    return config.describe().removeprefix("micro x acc x ranks ").replace(" | ", ", ")
+
+
+def record_rows(results: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, ...]]:
+    """Each model's variants, settled: samples/s (steps), peak MiB, samples/s per GiB, configuration."""
+    return [
+        (
+            name,
+            label,
+            f"{r['settled_thr']:.1f} ({r['settled_steps']})",
+            f"{r['settled_peak'] / 2**20:.2f}",
+            f"{r['settled_gib']:.0f}",
+            config_cell(r["settled"]),
+        )
+        for name, runs in results.items()
+        for label in VARIANTS
+        for r in (runs[label],)
+    ]
+
+
+def write_record(
+    path: Path,
+    machine: dict[str, Any],
+    results: dict[str, dict[str, dict[str, Any]]],
+    command: str,
+    *,
+    batches: dict[str, int],
+    study_trials: int,
+    seen: dict[str, str],
+) -> None:
+    """The results page's record of the settled figures (``benchmarks/results.py``), charted per GiB.
+
+    Args:
+        results: per model, its three runs (:func:`_summary`'s figures) by variant.
+        batches: each model's effective batch.
+        study_trials: the trials of each model's study.
+        seen: :func:`policy_seen` of the models.
+    """
+    from results import Chart, machine_fields, write_result
+
+    batch = " and ".join(dict.fromkeys(str(b) for b in batches.values()))
+    count = NUMBERS[len(results)] if len(results) < len(NUMBERS) else str(len(results))
+    write_result(
+        path,
+        title="Adaptive training and a study against the PyTorch default",
+        claim=(
+            f"Samples/s per GiB of measured peak at the same effective batch ({batch}) and memory budget (the "
+            f"PyTorch default's peak) on {count} corpus model{'s' * (len(results) != 1)}: the PyTorch default, "
+            f"`Adaptive` with the shipped policy and no study, and the best configuration of a {study_trials}-trial "
+            "Optuna study, run fixed. The three runs interleave their steps in one process; each figure is the run's "
+            "settled configuration (its last stint: median samples/s, steps in brackets, and its exactly measured "
+            f"peak). {_seen_text(seen)} README.md's results table is this one."
+        ).replace("  ", " "),
+        **machine_fields(machine),
+        command=command,
+        columns=(
+            "model",
+            "variant",
+            "settled samples/s (steps)",
+            "settled peak MiB",
+            "settled samples/s per GiB",
+            "settled config",
+        ),
+        rows=record_rows(results),
+        note=(
+            "The Hugging Face recipe (bf16 with every block recomputed) was not a variant of this run: the [outer "
+            "precision](#the-hugging-face-recipe-against-the-pytorch-default) table has it beside the PyTorch default "
+            "on four corpus models. Whole-run figures (run peak) and 300-step runs: [benchmark "
+            "log](benchmark-log.md#adaptive-training-against-a-study)."
+        ),
+        chart=Chart(
+            group="model",
+            series="variant",
+            value="settled samples/s per GiB",
+            baseline="default",
+            shown=VARIANTS,
+        ),
+    )
+
+
 # ---- observation cost -----------------------------------------------------------------------------
 
 
@@ -297,7 +414,7 @@ def _observation_cost(name: str, size: str, steps: int, decide_every: int) -> fl
     return sum(times["observe"]) / sum(times["plain"]) - 1.0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="hf-gpt2,hf-vit,lstm-lm")
     parser.add_argument("--size", choices=("tiny", "small"), default="small")
@@ -316,7 +433,10 @@ def main() -> None:
         "PolicySource's, on for CPU runs)",
     )
     parser.add_argument("--observation-only", action="store_true", help="measure only the observation cost")
-    args = parser.parse_args()
+    parser.add_argument("--result", type=Path, help="also write the results page's record here (docs/results/)")
+    args = parser.parse_args(argv)
+    if args.observation_only and args.result is not None:
+        parser.error("--result writes the three runs' record: it cannot go with --observation-only")
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
@@ -330,8 +450,8 @@ def main() -> None:
         for name in args.workloads.split(","):
             cost = _observation_cost(name, args.size, args.steps, args.decide_every)
             print(f"| {name} | {cost:+.1%} of step time |", flush=True)
-        return
-    rows, out = [], {}
+        return 0
+    rows, out, settled, batches = [], {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="autotune-adaptive-") as tmp:
         for name in args.workloads.split(","):
             study = _study(name, args.size, args, Path(tmp))
@@ -343,6 +463,8 @@ def main() -> None:
             )
             runs = _compare(name, args.size, args, study["config"])
             rows += [_row(name, label, runs[label]) for label in VARIANTS]
+            settled[name] = runs
+            batches[name] = _sizes(name, args.size)["batch_size"]
             ratio = {k: runs["adaptive"][k] / runs["study-best"][k] for k in ("thr_gib", "settled_gib")}
             print(
                 f"{name}: adaptive / study-best samples/s per GiB: whole run {ratio['thr_gib']:.2f}, "
@@ -366,7 +488,23 @@ def main() -> None:
     print("\n".join(rows))
     if args.out:
         args.out.write_text(json.dumps(out, indent=1))
+    if args.result is not None:
+        from autotune.policies.ppo import PRETRAINED_DIR, load_policy
+        from results import command_line, cpu_machine
+
+        seen = policy_seen(list(settled), args.size, list(load_policy(PRETRAINED_DIR).metadata["trained_on"]))
+        command = command_line(__file__, argv)
+        write_record(
+            args.result,
+            cpu_machine(),
+            settled,
+            command,
+            batches=batches,
+            study_trials=args.study_trials,
+            seen=seen,
+        )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

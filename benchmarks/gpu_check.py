@@ -33,7 +33,10 @@ reported, exception text included, and the others still run):
 6. ``hf``: the Hugging Face ``Trainer`` with ``AutotuneCallback``, 20 steps.
 
 Writes ``report.json`` and ``report.md`` to ``--out`` (and each part's JSON and log under
-``parts/``), the report rewritten after each part. Without CUDA it says so in one line and exits 0.
+``parts/``), the report rewritten after each part; with ``--result docs/results/memory-model-gpu.json``
+also the results page's record of the ``measure`` part (the memory model over each tracked peak;
+``benchmarks/results.py``, then ``python benchmarks/render_results.py``). Without CUDA it says so
+in one line and exits 0.
 ``--parts a,b`` runs some parts only. ``--dry-run`` runs the plan, the imports and the report
 writer on fake results, on any machine, in seconds (tests/test_gpu_check.py,
 which also runs one part's child process dry).
@@ -120,6 +123,17 @@ def _ref(builder: Callable[[], Any]) -> str:
     return f"{SCRIPT}:{builder.__name__}"
 
 
+# The measure part's models and micro-batches; its record's row label of each.
+MEASURED: tuple[tuple[Callable[[], Any], int], ...] = ((decoder_lm, 16), (vision_model, 64), (lstm_lm, 32))
+MEASURED_LABELS = {
+    "decoder_lm": f"decoder (hf-llama, {DECODER['layers']} x {DECODER['width']})",
+    "vision_model": f"ViT (hf-vit, {VISION['layers']} x {VISION['width']})",
+    "lstm_lm": "LSTM (lstm-lm)",
+}
+# The record's column of each of _configs' configurations, in its order.
+CONFIG_COLUMNS = ("fp32", "bf16", "fp32, every block recomputed", "fp16")
+
+
 def _configs(batch: int) -> list[Any]:
     """The PyTorch default, bf16 everywhere, every block recomputed, fp16 with the loss scaler."""
     from autotune import TrainConfig
@@ -204,7 +218,7 @@ def part_measure() -> dict[str, Any]:
     from autotune.memory.predict import predict_memory, profile_memory
 
     rows: list[dict[str, Any]] = []
-    for builder, batch in ((decoder_lm, 16), (vision_model, 64), (lstm_lm, 32)):
+    for builder, batch in MEASURED:
         wl = _load(builder)
         # No CPU verification step (seconds at these sizes): each prediction is checked here, on the GPU.
         profile = profile_memory(wl, modes=("fp32", "bf16", "fp16"), checkpointed=True, verify=False)
@@ -868,7 +882,73 @@ def _machine(dry_run: bool) -> dict[str, Any]:
     import torch
 
     name = "dry run" if dry_run else torch.cuda.get_device_name(0)
-    return {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "dry_run": dry_run}
+    capability = None if dry_run else ".".join(map(str, torch.cuda.get_device_capability(0)))
+    return {
+        "device": name,
+        "capability": capability,
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": _version("transformers"),
+        "deepspeed": _version("deepspeed"),
+        "dry_run": dry_run,
+    }
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def memory_record_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The measure part's rows as the record's: per model, the memory model's prediction over the
+    tracked peak of each configuration (``-`` where it has no measurement)."""
+    out = []
+    for builder, batch in MEASURED:
+        mine = {r["config"]: r for r in rows if r.get("model") == builder.__name__}
+        if not mine:
+            continue
+        cells = []
+        for config in _configs(batch):
+            r = mine.get(config.describe(), {})
+            ok = r.get("status") == "ok" and r.get("predicted") and r.get("tracked")
+            cells.append(f"{r['predicted'] / r['tracked']:.3f}" if ok else "-")
+        out.append((MEASURED_LABELS[builder.__name__], *cells))
+    return out
+
+
+def write_memory_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]], command: str) -> None:
+    """The results page's record of the measure part (``benchmarks/results.py``)."""
+    from results import write_result
+
+    (_, decoder_batch), (_, vision_batch), (_, lstm_batch) = MEASURED
+    packages = [f"{p} {machine[p]}" for p in ("transformers", "deepspeed") if machine.get(p)]
+    write_result(
+        path,
+        title="The memory model on a GPU",
+        claim=(
+            "The memory model (profiled on the host, under fake tensors) over the tracked peak of the real CUDA step, "
+            f"micro-batch {decoder_batch} (decoder), {vision_batch} (ViT, {VISION['image_size']} px images, "
+            f"patch {VISION['patch_size']}) and {lstm_batch} (LSTM {LSTM['layers']} x {LSTM['width']}, "
+            f"{LSTM['seq_len']} tokens): 1.000 is exact, under 1 a prediction below the real step."
+        ),
+        machine="; ".join([f"One {machine['device']}", ", ".join([f"torch {machine['torch']}", *packages])]),
+        capability=f"GPU: {machine['device']} (capability {machine['capability']})",
+        date=machine["date"],
+        command=command,
+        columns=("model", *CONFIG_COLUMNS),
+        rows=memory_record_rows(rows),
+        note=(
+            "Where a CUDA kernel saves what its CPU counterpart saves the prediction is exact; the decoder's fp32 "
+            "step and cuDNN's LSTM workspaces differ, and the budget gate learns that error from the first real "
+            "steps (`BudgetGate.device_error`). Every GPU run: [benchmark "
+            "log](benchmark-log.md#the-third-gpu-run-one-h200-2026-11-27-later)."
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -879,7 +959,14 @@ def main(argv: list[str] | None = None) -> int:
         "--parts", default=",".join(p.name for p in PLAN), help="comma-separated parts to run (default: all)"
     )
     parser.add_argument("--part", choices=[p.name for p in PLAN], help=argparse.SUPPRESS)  # one part, in a child
+    parser.add_argument(
+        "--result", type=Path, help="also write the measure part's record of the memory model here (docs/results/)"
+    )
     args = parser.parse_args(argv)
+    if args.result is not None and "measure" not in args.parts.split(","):
+        parser.error(f"--result writes the measure part's record, but --parts is {args.parts!r}")
+    if args.result is not None and args.dry_run:
+        parser.error("--result writes measured figures: it cannot go with --dry-run")
     import torch
 
     if not args.dry_run and not torch.cuda.is_available():
@@ -908,6 +995,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{part.name}: {'ok' if entry['ok'] else 'FAILED'} in {entry['seconds']} s", flush=True)
         write_report(args.out, _machine(args.dry_run), entries)  # after each part: a cut-off run keeps what it did
     print(f"report: {args.out / 'report.md'}")
+    if args.result is not None:
+        from results import command_line
+
+        measured = next(e for e in entries if e["name"] == "measure")
+        if not measured["ok"]:
+            print(f"no record written to {args.result}: the measure part failed")
+            return 1
+        command = command_line(__file__, argv)
+        write_memory_record(args.result, _machine(False), measured["result"]["rows"], command)
+        print(f"record: {args.result}")
     return 0
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "docs" / "results"
@@ -127,12 +129,21 @@ def current_commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def command_line(script: str, argv: Sequence[str] | None) -> str:
+# The environment variables that change what a run measures (torch's threads, an emulated CPU):
+# a command names those set, before ``python``, so that it reproduces the run.
+RUN_ENVIRONMENT = ("OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def command_line(script: str, argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> str:
     """The command a record names: ``python benchmarks/SCRIPT`` with the arguments the run got
-    (``argv``, or this process's own when None), so the record says how to reproduce it."""
+    (``argv``, or this process's own when None), after the variables of :data:`RUN_ENVIRONMENT`
+    set in ``environ`` (this process's environment when None), so the record says how to reproduce it."""
     import sys
 
-    return " ".join(["python", f"benchmarks/{Path(script).name}", *(sys.argv[1:] if argv is None else argv)])
+    env = os.environ if environ is None else environ
+    assignments = [f"{name}={env[name]}" for name in RUN_ENVIRONMENT if name in env]
+    arguments = sys.argv[1:] if argv is None else argv
+    return " ".join([*assignments, "python", f"benchmarks/{Path(script).name}", *arguments])
 
 
 def cpu_name() -> str:
@@ -147,6 +158,59 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def bf16_units() -> tuple[str, ...]:
+    """The CPU's bf16 instruction sets (``avx512_bf16``, ``amx_bf16``) from ``/proc/cpuinfo``'s
+    flags: torch's capability (``AVX512``) does not say whether bf16 is native, and it decides
+    which precision is fast."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return tuple(sorted(f for f in line.split(":", 1)[1].split() if f.endswith("bf16")))
+    except OSError:
+        pass
+    return ()
+
+
+def cpu_machine() -> dict[str, Any]:
+    """What a CPU record says of the machine it ran on, taken now (after the script set torch's
+    threads): the date, the CPU, its cores, torch's threads and version, its capability and bf16
+    units. :func:`machine_fields` turns it into the record's fields."""
+    import torch
+
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "bf16_units": list(bf16_units()),
+    }
+
+
+class MachineFields(TypedDict):
+    """A record's ``machine``, ``capability`` and ``date``, as :func:`write_result` takes them."""
+
+    machine: str
+    capability: str
+    date: str
+
+
+def machine_fields(machine: dict[str, Any]) -> MachineFields:
+    """The ``machine``, ``capability`` and ``date`` of a record from :func:`cpu_machine`'s values,
+    e.g. ``AMD EPYC 7B13, 2 cores, 1 torch thread; torch 2.13.0+cpu`` and ``CPU `AVX512` (avx512_bf16)``."""
+    threads = machine["threads"]
+    units = machine["bf16_units"]
+    return {
+        "machine": (
+            f"{machine['cpu']}, {machine['cores']} cores, {threads} torch thread{'s' * (threads != 1)}; "
+            f"torch {machine['torch']}"
+        ),
+        "capability": f"CPU `{machine['capability']}`" + (f" ({', '.join(units)})" if units else " (no bf16 units)"),
+        "date": machine["date"],
+    }
 
 
 def write_result(

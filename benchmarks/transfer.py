@@ -25,7 +25,10 @@ CPUs without fast bf16 (an AVX2 CPU, or one emulated with ``ATEN_CPU_CAPABILITY=
 ONEDNN_MAX_CPU_ISA=AVX2``), where the bf16 half of the grid would take hours.
 
 Run: OMP_NUM_THREADS=1 python benchmarks/transfer.py [--models ...] [--fine-tune-seconds 20]
-     [--dominance-margin 2] [--out transfer.json]
+     [--dominance-margin 2] [--out transfer.json] [--result docs/results/policy-held-out.json]
+
+``--result`` writes the results page's record of the table (``benchmarks/results.py``; then
+``python benchmarks/render_results.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import itertools
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -249,7 +253,73 @@ def run_model(name: str, policy: Any, fine_tune_seconds: float, seed: int, margi
     }
 
 
-def main() -> None:
+def record_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The table's rows (a model at another batch than ``BATCH`` says it), then the median / min row."""
+    out = [
+        (
+            r["model"] + (f" (batch {r['batch']})" if r["batch"] != BATCH else ""),
+            f"{r['policy_over_optimum']:.2f}",
+            f"{r['optuna_over_optimum']:.2f}",
+            str(r["policy_steps_over_budget"]),
+            "yes" if r["batch_held"] else "no",
+        )
+        for r in rows
+    ]
+    p = [r["policy_over_optimum"] for r in rows]
+    o = [r["optuna_over_optimum"] for r in rows]
+    median_min = (
+        f"**{statistics.median(p):.2f} / {min(p):.2f}**",
+        f"**{statistics.median(o):.2f} / {min(o):.2f}**",
+    )
+    return [*out, ("**median / min**", *median_min, "", "")]
+
+
+def write_record(
+    path: Path,
+    machine: dict[str, Any],
+    rows: list[dict[str, Any]],
+    command: str,
+    *,
+    fine_tune_seconds: float,
+    dominance_margin: float | None,
+) -> None:
+    """The results page's record of the table (``benchmarks/results.py``)."""
+    from results import machine_fields, write_result
+
+    grid_is = "an exhaustive grid"
+    if dominance_margin is not None:  # a grid point under 1/M of the best so far was never measured in full
+        grid_is = f"a grid (configurations under 1/{dominance_margin:g} of the best so far left as dominated)"
+
+    write_result(
+        path,
+        title="The pretrained policy on models it never trained on",
+        claim=(
+            f"Throughput per GiB relative to the best configuration of {grid_is} at the user's batch (its "
+            f"{FINALISTS} best re-timed side by side with the two winners), for `tune`'s procedure (profile, "
+            f"{fine_tune_seconds:g} s fine-tune, {STEPS} real steps) and for Optuna's TPE after {STEPS} measured "
+            "configurations (the PyTorch default enqueued first), on held-out corpus models at their tiny presets "
+            f"(batch {BATCH}) and generated architectures whose seeds the policy never saw; budget {BUDGET:.0%} of "
+            "the PyTorch default's measured peak."
+        ),
+        **machine_fields(machine),
+        command=command,
+        columns=(
+            "model (held out)",
+            "policy / optimum",
+            f"Optuna at {STEPS} measured / optimum",
+            "policy steps over budget",
+            "effective batch held",
+        ),
+        rows=record_rows(rows),
+        note=(
+            '"Optimum" is the best of the finalists re-timed together, not a noise-free maximum. No PyTorch default '
+            "or Hugging Face recipe column: the ratios are to the grid's best. The same on emulated AVX2: [benchmark "
+            "log](benchmark-log.md#the-pretrained-policy-on-models-it-never-trained-on)."
+        ),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=list(HELD_OUT))
     parser.add_argument("--policy", type=Path, default=PRETRAINED_DIR)
@@ -264,7 +334,8 @@ def main() -> None:
         "of the best so far (default: measure every one)",
     )
     parser.add_argument("--out", type=Path, help="write the rows as JSON here too")
-    args = parser.parse_args()
+    parser.add_argument("--result", type=Path, help="also write the results page's record here (docs/results/)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     policy = load_policy(args.policy)
@@ -315,7 +386,20 @@ def main() -> None:
             )
         )
     assert all(math.isfinite(x) for x in p + o)
+    if args.result is not None:
+        from results import command_line, cpu_machine
+
+        command = command_line(__file__, argv)
+        write_record(
+            args.result,
+            cpu_machine(),
+            rows,
+            command,
+            fine_tune_seconds=args.fine_tune_seconds,
+            dominance_margin=args.dominance_margin,
+        )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

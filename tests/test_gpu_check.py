@@ -242,3 +242,107 @@ def test_the_real_size_verdicts_set_each_pick_beside_its_hf_recipe(gpu_check: Mo
     }
     skipped = [*rows[:-1], {"recipe": "hf bf16+gc+compile", "status": "skipped: 30 s left, a row needs 75 s"}]
     assert gpu_check.realsize_verdicts(skipped, [])["per_gib_pick_compiled_vs_hf_gc_compiled"] is None
+
+
+def _measured(model: str, config: object, predicted: int, tracked: int) -> dict[str, object]:
+    """A row as the measure part writes it (the figures the record reads, the others left out)."""
+    return {"model": model, "config": config, "status": "ok", "tracked": tracked, "predicted": predicted}
+
+
+def test_the_record_is_the_memory_model_over_each_tracked_peak(gpu_check: ModuleType, tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its shared writer by its name
+    import results
+
+    decoder = [c.describe() for c in gpu_check._configs(16)]
+    lstm = [c.describe() for c in gpu_check._configs(32)]
+    rows = [
+        _measured("decoder_lm", decoder[0], 864, 1000),
+        _measured("decoder_lm", decoder[1], 2**30, 2**30),
+        _measured("decoder_lm", decoder[2], 1910, 2000),
+        _measured("decoder_lm", decoder[3], 5000, 5000),
+        _measured("lstm_lm", lstm[0], 14_764, 10_000),
+        {"model": "lstm_lm", "config": lstm[1], "status": "error: CUDA out of memory"},
+        _measured("lstm_lm", lstm[2], 3, 3),
+    ]
+    machine = {
+        "device": "NVIDIA H200",
+        "capability": "9.0",
+        "date": "2026-11-27",
+        "torch": "2.11.0+cu130",
+        "transformers": "5.17.0",
+        "deepspeed": "0.19.8",
+    }
+    path = tmp_path / "memory-model-gpu.json"
+    gpu_check.write_memory_record(path, machine, rows, "python benchmarks/gpu_check.py --out /tmp/gc")
+    record = results.Result.from_dict(json.loads(path.read_text()))
+    stored = {r.name: r for r in results.load_results()}["memory-model-gpu"]
+    assert (record.title, record.columns, record.chart) == (stored.title, stored.columns, stored.chart)
+    assert record.rows == (
+        ("decoder (hf-llama, 8 x 768)", "0.864", "1.000", "0.955", "1.000"),
+        ("LSTM (lstm-lm)", "1.476", "-", "1.000", "-"),
+    )
+    assert record.claim == (
+        "The memory model (profiled on the host, under fake tensors) over the tracked peak of the real CUDA step, "
+        "micro-batch 16 (decoder), 64 (ViT, 64 px images, patch 4) and 32 (LSTM 4 x 1024, 256 tokens): 1.000 is "
+        "exact, under 1 a prediction below the real step."
+    )
+    assert (record.machine, record.capability, record.date) == (
+        "One NVIDIA H200; torch 2.11.0+cu130, transformers 5.17.0, deepspeed 0.19.8",
+        "GPU: NVIDIA H200 (capability 9.0)",
+        "2026-11-27",
+    )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            ["--parts", "device", "--result", "r.json"],
+            "--result writes the measure part's record, but --parts is 'device'",
+        ),
+        (["--dry-run", "--result", "r.json"], "--result writes measured figures: it cannot go with --dry-run"),
+    ],
+)
+def test_a_result_without_the_measure_part_is_refused_in_one_line(
+    gpu_check: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check.main(["--out", str(tmp_path / "out"), *arguments])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_record_is_written_from_the_measure_part_after_the_run_and_not_when_it_failed(
+    gpu_check: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import results
+
+    rows = [_measured("decoder_lm", c.describe(), 3, 4) for c in gpu_check._configs(16)]
+    machine = {"device": "NVIDIA H200", "capability": "9.0", "date": "2026-11-27", "torch": "2.11.0+cu130"}
+    part = next(p for p in gpu_check.PLAN if p.name == "measure")
+    outcome = {"ok": True}
+
+    def run_part(part_: object, out: Path) -> dict[str, object]:  # the part as its child would report it
+        if outcome["ok"]:
+            return gpu_check._entry(part, seconds=1.0, result={"summary": "4/4", "rows": rows})
+        return gpu_check._entry(part, seconds=1.0, error="timed out after 95 s")
+
+    for name in results.RUN_ENVIRONMENT:  # the command names them where set
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "run_part", run_part)
+    monkeypatch.setattr(gpu_check, "_machine", lambda dry_run: machine)
+    path = tmp_path / "memory-model-gpu.json"
+    arguments = ["--out", str(tmp_path / "out"), "--parts", "measure", "--result", str(path)]
+    assert gpu_check.main(arguments) == 0
+    record = results.Result.from_dict(json.loads(path.read_text()))
+    assert record.rows == (("decoder (hf-llama, 8 x 768)", "0.750", "0.750", "0.750", "0.750"),)
+    assert record.command == "python benchmarks/gpu_check.py " + " ".join(arguments)
+    path.unlink()
+    outcome["ok"] = False
+    capsys.readouterr()
+    assert gpu_check.main(arguments) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == f"no record written to {path}: the measure part failed"
+    assert not path.exists()

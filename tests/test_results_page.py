@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -247,3 +248,184 @@ def test_compile_check_refuses_rounds_below_one_in_one_line(tmp_path: Path, caps
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith("error: --rounds must be >= 1, but got 0")
     assert not (tmp_path / "out").exists()
+
+
+# A machine as results.cpu_machine() takes it: the records' machine fields are built from it alone.
+CPU_MACHINE = {
+    "date": "2026-11-29",
+    "cpu": "AMD EPYC 7B13",
+    "cores": 2,
+    "threads": 1,
+    "torch": "2.13.0+cpu",
+    "capability": "AVX512",
+    "bf16_units": ["avx512_bf16"],
+}
+
+
+def test_the_machine_fields_name_the_cpu_threads_torch_and_bf16_units(results: ModuleType) -> None:
+    assert results.machine_fields(CPU_MACHINE) == {
+        "machine": "AMD EPYC 7B13, 2 cores, 1 torch thread; torch 2.13.0+cpu",
+        "capability": "CPU `AVX512` (avx512_bf16)",
+        "date": "2026-11-29",
+    }
+    avx2 = results.machine_fields(CPU_MACHINE | {"threads": 2, "capability": "AVX2", "bf16_units": []})
+    assert (avx2["machine"], avx2["capability"]) == (
+        "AMD EPYC 7B13, 2 cores, 2 torch threads; torch 2.13.0+cpu",
+        "CPU `AVX2` (no bf16 units)",
+    )
+
+
+def test_the_command_names_the_environment_that_shapes_the_run(results: ModuleType) -> None:
+    environ = {"OMP_NUM_THREADS": "1", "HOME": "/root", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert results.command_line("/x/benchmarks/overhead.py", ["--steps", "3"], environ) == (
+        "OMP_NUM_THREADS=1 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/overhead.py --steps 3"
+    )
+    assert results.command_line("overhead.py", [], {}) == "python benchmarks/overhead.py"
+
+
+def _written(results: ModuleType, path: Path) -> Any:
+    return results.Result.from_dict(json.loads(path.read_text()))
+
+
+def test_overhead_writes_each_variant_over_the_plain_step(results: ModuleType, tmp_path: Path) -> None:
+    rows = [
+        {"workload": "mlp-digits", "config": "micro 32, accum 1", "plain_ms": 6.94, "noise": 1.0604, "memory": 10.97},
+        {"workload": "gpt-tiny", "config": "micro 8, accum 4", "plain_ms": 611.87, "noise": 0.9112, "memory": 4.41},
+    ]
+    path = tmp_path / "instrumentation-overhead.json"
+    _script("overhead").write_record(path, CPU_MACHINE, rows, "python benchmarks/overhead.py --steps 40")
+    record = _written(results, path)
+    stored = {r.name: r for r in results.load_results()}["instrumentation-overhead"]
+    assert (record.name, record.title, record.claim, record.columns, record.chart) == (
+        stored.name,
+        stored.title,
+        stored.claim,
+        stored.columns,
+        stored.chart,
+    )
+    assert record.rows == (
+        ("mlp-digits", "micro 32, accum 1", "6.9 ms", "1.060x", "11.0x"),
+        ("gpt-tiny", "micro 8, accum 4", "611.9 ms", "0.911x", "4.4x"),
+    )
+    assert (record.machine, record.capability, record.date, record.command) == (
+        "AMD EPYC 7B13, 2 cores, 1 torch thread; torch 2.13.0+cpu",
+        "CPU `AVX512` (avx512_bf16)",
+        "2026-11-29",
+        "python benchmarks/overhead.py --steps 40",
+    )
+
+
+def test_prediction_error_writes_the_errors_as_percentages_and_names_its_grid(
+    results: ModuleType, tmp_path: Path
+) -> None:
+    rows = [
+        {"workload": "hf-gpt2", "configs": 24, "median": 0.0004, "p90": 0.0019, "max": 0.00264, "verified": "yes"},
+        {"workload": "hf-llama", "configs": 24, "median": 0.0157, "p90": 0.0362, "max": 0.0492, "verified": "yes"},
+        {"workload": "hf-t5", "configs": 0, "verified": "no: the fake pass failed"},
+    ]
+    script = _script("prediction_error")
+    path = tmp_path / "memory-model-corpus.json"
+    script.write_record(
+        path, CPU_MACHINE, rows, "python benchmarks/prediction_error.py --bf16", micro=[2, 8], bf16=True
+    )
+    record = _written(results, path)
+    stored = {r.name: r for r in results.load_results()}["memory-model-corpus"]
+    assert (record.title, record.claim, record.columns) == (stored.title, stored.claim, stored.columns)
+    assert record.rows == (
+        ("hf-gpt2", "0.04%", "0.19%", "0.26%", "yes"),
+        ("hf-llama", "1.57%", "3.62%", "4.92%", "yes"),
+        ("hf-t5", "-", "-", "-", "no: the fake pass failed"),
+    )
+    assert record.note.startswith("hf-llama's predictions sit over its measured peak")
+    assert script.markdown_row(rows[0]) == "| hf-gpt2 | 24 | 0.04% | 0.19% | 0.26% | yes |"
+    script.write_record(path, CPU_MACHINE, rows[2:], "python x.py", micro=[2], bf16=False)
+    other = _written(results, path)
+    assert other.title == "The memory model on the corpus models (CPU)"
+    assert (
+        "6 configurations each (micro-batch 2 x no, alternate or every block checkpointed x accumulation 1 and 2, fp32)"
+        in other.claim
+    )
+    assert not other.note.startswith("hf-llama")
+
+
+def test_adaptive_writes_the_settled_figures_of_its_three_runs(results: ModuleType, tmp_path: Path) -> None:
+    from autotune import TrainConfig
+
+    def run(thr: float, steps: int, peak: int, config: TrainConfig) -> dict[str, object]:
+        return {
+            "settled_thr": thr,
+            "settled_steps": steps,
+            "settled_peak": peak,
+            "settled_gib": thr / (peak / 2**30),
+            "settled": config,
+        }
+
+    default = TrainConfig(micro_batch_size=32)
+    bf16 = TrainConfig(micro_batch_size=4, grad_accum_steps=8, precision="bf16", checkpoint=(True, True, True, False))
+    runs = {
+        "default": run(165.84, 79, 171_000_000, default),
+        "adaptive": run(174.2, 41, 18_412_000, bf16),
+        "study-best": run(207.25, 79, 23_080_000, bf16),
+    }
+    script = _script("adaptive")
+    seen = script.policy_seen(["hf-gpt2", "hf-vit", "lstm-lm"], "small", ["hf-gpt2:tiny", "lstm-lm:tiny", "gpt-tiny"])
+    assert seen == {"hf-gpt2": "another size", "hf-vit": "held out", "lstm-lm": "another size"}
+    path = tmp_path / "adaptive-vs-study.json"
+    command = "OMP_NUM_THREADS=1 python benchmarks/adaptive.py --size small"
+    results_by_model = {"hf-gpt2": runs, "hf-vit": runs, "lstm-lm": runs}
+    batches = {"hf-gpt2": 32, "hf-vit": 32, "lstm-lm": 32}
+    script.write_record(path, CPU_MACHINE, results_by_model, command, batches=batches, study_trials=24, seen=seen)
+    record = _written(results, path)
+    stored = {r.name: r for r in results.load_results()}["adaptive-vs-study"]
+    assert (record.title, record.claim, record.columns, record.chart) == (
+        stored.title,
+        stored.claim,
+        stored.columns,
+        stored.chart,
+    )
+    assert record.rows[:3] == (
+        ("hf-gpt2", "default", "165.8 (79)", "163.08", "1041", "32x1x1, fp32, ckpt none, ZeRO 0"),
+        ("hf-gpt2", "adaptive", "174.2 (41)", "17.56", "10159", "4x8x1, bf16, ckpt 3/4, ZeRO 0"),
+        ("hf-gpt2", "study-best", "207.2 (79)", "22.01", "9642", "4x8x1, bf16, ckpt 3/4, ZeRO 0"),
+    )
+    assert len(record.rows) == 9 and record.command == command
+
+
+def test_transfer_writes_each_model_and_the_median_and_min(results: ModuleType, tmp_path: Path) -> None:
+    def row(model: str, policy: float, optuna: float, *, batch: int = 16, over: int = 0) -> dict[str, object]:
+        return {
+            "model": model,
+            "batch": batch,
+            "policy_over_optimum": policy,
+            "optuna_over_optimum": optuna,
+            "policy_steps_over_budget": over,
+            "batch_held": batch == 16,
+        }
+
+    rows = [
+        row("hf-llama", 1.0, 0.434),
+        row("random:3", 0.8612, 0.6249, over=1),
+        row("random:7", 0.94, 0.57, batch=128),
+    ]
+    script = _script("transfer")
+    path = tmp_path / "policy-held-out.json"
+    command = "OMP_NUM_THREADS=1 python benchmarks/transfer.py --fine-tune-seconds 20"
+    script.write_record(path, CPU_MACHINE, rows, command, fine_tune_seconds=20.0, dominance_margin=None)
+    record = _written(results, path)
+    stored = {r.name: r for r in results.load_results()}["policy-held-out"]
+    assert (record.title, record.claim, record.columns, record.chart) == (
+        stored.title,
+        stored.claim,
+        stored.columns,
+        stored.chart,
+    )
+    # The hand transcription's note said whose commit it named; the rest the script writes.
+    assert record.note == stored.note.removeprefix("The commit is the one that recorded these figures. ")
+    assert record.rows == (
+        ("hf-llama", "1.00", "0.43", "0", "yes"),
+        ("random:3", "0.86", "0.62", "1", "yes"),
+        ("random:7 (batch 128)", "0.94", "0.57", "0", "no"),
+        ("**median / min**", "**0.94 / 0.86**", "**0.57 / 0.43**", "", ""),
+    )
+    script.write_record(path, CPU_MACHINE, rows, command, fine_tune_seconds=20.0, dominance_margin=2.0)
+    assert "a grid (configurations under 1/2 of the best so far left as dominated)" in _written(results, path).claim
