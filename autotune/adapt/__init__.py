@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from autotune.adapt.controller import Controller as Controller  # internals: by name, not in __all__
     from autotune.adapt.controller import FrontEnd as FrontEnd
     from autotune.adapt.decider import Decider as Decider
-    from autotune.adapt.decider import SideBySide as SideBySide
+    from autotune.adapt.trial import SideBySide as SideBySide
     from autotune.adapt.policy_source import PolicySource
     from autotune.adapt.records import AdaptStep, Change, OverBudgetStep
     from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
@@ -49,7 +49,7 @@ _LAZY = {
     "Controller": "autotune.adapt.controller",
     "FrontEnd": "autotune.adapt.controller",
     "Decider": "autotune.adapt.decider",
-    "SideBySide": "autotune.adapt.decider",
+    "SideBySide": "autotune.adapt.trial",
     "BudgetGate": "autotune.memory.gate",
     "Verdict": "autotune.memory.gate",
     "AdaptStep": "autotune.adapt.records",
