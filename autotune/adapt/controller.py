@@ -13,7 +13,7 @@ owns what an adaptive run decides and the order it decides it in:
    then the decision source's plan;
 2. **each step** (:meth:`Controller.after_step`): a non-finite loss stops a run that decides;
    a step measured over the budget is recorded, warned of and left at once for the configuration
-   before it; a side-by-side trial (:class:`~autotune.adapt.decider.SideBySide`, where the loop
+   before it; a side-by-side trial (:class:`~autotune.adapt.trial.SideBySide`, where the loop
    can switch every step) goes on to its verdict; every ``decide_every`` steps, one decision;
 3. **resume** (:meth:`Controller.state_dict`, :meth:`Controller.restore`).
 
