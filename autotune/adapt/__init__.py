@@ -17,11 +17,11 @@ from autotune._lazy import lazy_module_attributes
 if TYPE_CHECKING:
     from autotune.adapt.adaptive import Adaptive, decision_source
     from autotune.adapt.controller import Controller as Controller  # internals: by name, not in __all__
-    from autotune.adapt.controller import FrontEnd as FrontEnd
     from autotune.adapt.decider import Decider as Decider
-    from autotune.adapt.decider import SideBySide as SideBySide
+    from autotune.adapt.frontend import FrontEnd as FrontEnd
     from autotune.adapt.policy_source import PolicySource
     from autotune.adapt.records import AdaptStep, Change, OverBudgetStep
+    from autotune.adapt.side_by_side import SideBySide as SideBySide
     from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
     from autotune.memory.gate import BudgetGate as BudgetGate
     from autotune.memory.gate import Verdict as Verdict
@@ -47,9 +47,9 @@ _LAZY = {
     "Adaptive": "autotune.adapt.adaptive",
     "decision_source": "autotune.adapt.adaptive",
     "Controller": "autotune.adapt.controller",
-    "FrontEnd": "autotune.adapt.controller",
+    "FrontEnd": "autotune.adapt.frontend",
     "Decider": "autotune.adapt.decider",
-    "SideBySide": "autotune.adapt.decider",
+    "SideBySide": "autotune.adapt.side_by_side",
     "BudgetGate": "autotune.memory.gate",
     "Verdict": "autotune.memory.gate",
     "AdaptStep": "autotune.adapt.records",

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.adapt.compiled import Recompiles, user_compiled
-from autotune.adapt.controller import Controller, check_saved_batch, check_saved_model, model_record
+from autotune.adapt.controller import Controller
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
 from autotune.adapt.on_ranks import rank_start
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
+from autotune.adapt.saved import check_saved_batch, check_saved_model, model_record
 from autotune.adapt.shape_guard import ShapeGuard
 from autotune.adapt.sources import DecisionSource, FixedConfig
 from autotune.batches import batch_size

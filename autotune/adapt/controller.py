@@ -13,11 +13,11 @@ owns what an adaptive run decides and the order it decides it in:
    then the decision source's plan;
 2. **each step** (:meth:`Controller.after_step`): a non-finite loss stops a run that decides;
    a step measured over the budget is recorded, warned of and left at once for the configuration
-   before it; a side-by-side trial (:class:`~autotune.adapt.decider.SideBySide`, where the loop
+   before it; a side-by-side trial (:class:`~autotune.adapt.side_by_side.SideBySide`, where the loop
    can switch every step) goes on to its verdict; every ``decide_every`` steps, one decision;
 3. **resume** (:meth:`Controller.state_dict`, :meth:`Controller.restore`).
 
-What differs between the loops is a :class:`FrontEnd`: how a configuration is applied (a
+What differs between the loops is a :class:`~autotune.adapt.frontend.FrontEnd`: how a configuration is applied (a
 reconfiguration of the trainer, block wrappers on a framework's model, a split that waits for
 the framework's next epoch), whether the loop can switch every step, what of a configuration
 it can take, and how a peak is measured (a tracked step, the caching allocator's statistics).
@@ -29,63 +29,30 @@ import dataclasses
 import math
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from autotune.adapt.budget_start import budget_start
 from autotune.adapt.decider import Decider
+from autotune.adapt.losses import Losses
 from autotune.adapt.records import Change, OverBudgetStep
 from autotune.adapt.sources import Observation, RunContext
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, NonFiniteLossError, NonFiniteLossWarning, OverBudgetWarning
-from autotune.knobs import smallest_micro_batch
+from autotune.errors import OverBudgetWarning
 from autotune.measurement.cuda_memory import reserved_with_headroom
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
-from autotune.memory.gate import admission
-from autotune.memory.start import first_within, start_candidates
 from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from autotune.adapt.compiled import Recompiles
+    from autotune.adapt.frontend import FrontEnd
     from autotune.adapt.sources import DecisionSource
     from autotune.measurement.cuda_memory import AllocatorStats
     from autotune.memory.gate import BudgetGate, Verdict
     from autotune.workload import Workload
 
-__all__ = ["Controller", "FrontEnd", "check_saved_batch", "check_saved_model", "model_record"]
-
-
-class FrontEnd(Protocol):
-    """What a loop tells the controller about itself: the hooks where the loops differ.
-
-    Attributes:
-        paired: The loop can switch configuration every step cheaply (the local loop): a
-            proposal is then measured side by side with the configuration it replaced.
-        splits_now: The loop can take another micro-batch x accumulation before its first step
-            (the start search may use smaller micro-batches).
-    """
-
-    paired: bool
-    splits_now: bool
-
-    def takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
-        """What of ``proposed`` the loop can run from ``current`` (``current`` if nothing)."""
-        ...
-
-    def apply(self, change: Change) -> Change | None:
-        """Make ``change`` now and return it (its reason may say what it cost), or None: it waits
-        for the loop (a split at the next epoch boundary), which reports it later with
-        :meth:`Controller.made`. Before the loop's first step it only sets where it starts."""
-        ...
-
-    def b_noise(self) -> float | None:
-        """The gradient noise scale at a decision, where the loop estimates it."""
-        ...
-
-    def run_stats(self) -> AllocatorStats | None:
-        """The caching allocator's statistics of the run so far, read at each decision (None:
-        none, or the peaks are measured step by step)."""
-        ...
+__all__ = ["Controller"]
 
 
 class Controller:
@@ -160,9 +127,8 @@ class Controller:
         self.config = default  # the configuration the loop runs
         self.pending: Change | None = None  # a change that waits for the loop (see FrontEnd.apply)
         self._pending_logged = False  # the pending change is a revert, already in the history
-        self.losses: list[float] = []  # the recent losses an observation carries
+        self.losses = Losses()  # the recent losses an observation carries, and the NaN rule
         self.over_budget: list[OverBudgetStep] = []
-        self._warned_nonfinite = False
 
     @property
     def history(self) -> list[Change]:
@@ -253,46 +219,13 @@ class Controller:
         Raises:
             ConfigError: no configuration fits the budget.
         """
-        default = self.default
-        verdict = self.gate.admits(default)
-        if self._admits(default, verdict):
-            return default, "", None
-        batch = default.micro_batch_size
-        floor = min(batch, smallest_micro_batch(batch * default.grad_accum_steps, self.decider.min_micro_batch))
-        candidates = start_candidates(
-            default, min_micro_batch=self.decider.min_micro_batch, stages=range(4) if default.ranks > 1 else (0,)
-        )
-        found, tried = first_within(
-            (
-                c
-                for c in candidates
-                if c == self.frontend.takes(default, c) and (c.micro_batch_size == batch or self.frontend.splits_now)
-            ),
-            self.gate.admits,
-        )
-        if found is not None:
-            config, candidate = found
-            return config, f"the default {_over(verdict)}; {candidate.reason}", candidate.predicted
-        per_rank = " per rank" if default.ranks > 1 else ""
-        split = "" if self.frontend.splits_now else f" at the loop's split {batch} x {default.grad_accum_steps}"
-        if floor > 1 and self.frontend.splits_now:
-            split = f" with micro-batches of at least {floor} ({self.decider.micro_why})"
-        fitting = [v for v in tried if v.predicted is not None and self._would_fit(v.predicted)]
-        if fitting:  # small enough, but predicted by a memory model that was not verified for it
-            raise ConfigError(
-                f"no fp32 configuration of batch {default.effective_batch_size}{split} is known to fit memory_budget "
-                f"{self.gate.budget} B{per_rank}: {fitting[0].reason}"
-            )
-        smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
-        if smallest is None:  # nothing could be predicted: say why, not a missing number
-            raise ConfigError(
-                f"no fp32 configuration of batch {default.effective_batch_size}{split} is known to fit memory_budget "
-                f"{self.gate.budget} B{per_rank}: {(tried[0] if tried else verdict).reason}"
-            )
-        raise ConfigError(
-            f"memory_budget {self.gate.budget} B{per_rank} is below every fp32 configuration of batch "
-            f"{default.effective_batch_size}{split} (smallest predicted peak {smallest} B, "
-            f"+{self.gate.headroom:.0%} headroom): raise the budget."
+        return budget_start(
+            self.default,
+            gate=self.gate,
+            frontend=self.frontend,
+            min_micro_batch=self.decider.min_micro_batch,
+            micro_why=self.decider.micro_why,
+            whole=self.fraction is not None and self.fraction >= 1.0,
         )
 
     # ---- each step ----------------------------------------------------------------------------------
@@ -345,16 +278,11 @@ class Controller:
         """
         step = index + 1
         if self.recompiles is not None and seconds is not None:
-            recompiled, measured = self.recompiles.stepped(config, seconds, tracked=peak is not None)
-            if recompiled:
-                throughput = None  # the step that recompiled: not the configuration's speed
-            if measured is not None:
-                at, cost = measured
-                self.history[at] = dataclasses.replace(self.history[at], recompile_seconds=cost)
+            throughput = self._recompiled(config, seconds, tracked=peak is not None, throughput=throughput)
         if throughput is not None:
             self.decider.timed(config, throughput)
         if loss is not None:
-            self.losses = [*self.losses[-(TUNING.observed_losses - 1) :], loss]
+            self.losses.add(loss)
         if (loss is not None and not math.isfinite(loss)) or skipped:
             self.diverged(index, config=config, loss=loss, skipped=skipped)
         over = None
@@ -375,6 +303,18 @@ class Controller:
         change = self.decider.on_step(step, config, due=due, observe=lambda: self._observe(step, config))
         if change is not None:
             self._make(change)
+
+    def _recompiled(
+        self, config: TrainConfig, seconds: float, *, tracked: bool, throughput: float | None
+    ) -> float | None:
+        """On a compiled model: the step's throughput, None where it recompiled (not the
+        configuration's speed); a measured recompile goes in the history of the change that caused it."""
+        assert self.recompiles is not None, "a compiled model's run"
+        recompiled, measured = self.recompiles.stepped(config, seconds, tracked=tracked)
+        if measured is not None:
+            at, cost = measured
+            self.history[at] = dataclasses.replace(self.history[at], recompile_seconds=cost)
+        return None if recompiled else throughput
 
     def measured(
         self, config: TrainConfig, peak: int, allocator: AllocatorStats | None = None, *, step: int | None = None
@@ -451,7 +391,7 @@ class Controller:
         if stats is not None:
             self.gate.observe(stats)  # the run's peaks so far: they scale the gate's predictions
         return self.decider.observation(
-            step=step, config=config, b_noise=self.frontend.b_noise(), losses=tuple(self.losses)
+            step=step, config=config, b_noise=self.frontend.b_noise(), losses=tuple(self.losses.recent)
         )
 
     def _over(self, index: int, config: TrainConfig, peak: int) -> None:
@@ -483,18 +423,7 @@ class Controller:
             NonFiniteLossError: in a run that decides; a run that does not decide warns once
                 (:class:`NonFiniteLossWarning`) and goes on.
         """
-        if loss is not None and not math.isfinite(loss):
-            what = f"step {index}: the loss is {loss}"
-        else:
-            what = f"step {index}: a gradient is not finite" + ("" if loss is None else f" (the loss is {loss})")
-        what = f"{what} under {config.describe()}"
-        if skipped:
-            what = f"{what} (its update skipped: the weights and optimizer state are the step before's)"
-        if self.decides:
-            raise NonFiniteLossError(f"{what}: an adaptive run stops at a diverged step")
-        if not self._warned_nonfinite:
-            self._warned_nonfinite = True
-            warnings.warn(NonFiniteLossWarning(f"{what}; training goes on"), stacklevel=4)
+        self.losses.diverged(index, config=config, loss=loss, skipped=skipped, decides=self.decides)
 
     def refused(self, step: int, source: str, reason: str) -> bool:
         """Log what the loop forbids, once: a refused change that stays where the run is.
@@ -527,7 +456,7 @@ class Controller:
             "decider": self.decider.state_dict(),
             "source": self.source.state_dict() if self.source is not None else {},
             "over_budget": [o.to_dict() for o in self.over_budget],
-            "losses": list(self.losses),
+            "losses": list(self.losses.recent),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -550,8 +479,7 @@ class Controller:
         Args:
             losses: Every step's loss, oldest first.
         """
-        self.losses = list(losses)[-TUNING.observed_losses :]
-        self._warned_nonfinite = not all(math.isfinite(v) for v in losses)
+        self.losses.resume(losses)
 
     def restore(self, saved: TrainConfig, *, step: int, run: str) -> TrainConfig:
         """Put a resumed run at its saved configuration if this run's gate admits it.
@@ -580,81 +508,9 @@ class Controller:
             self.config = target
         return target
 
-    def _would_fit(self, predicted: int) -> bool:
-        """Whether the gate would admit ``predicted`` bytes were the prediction verified."""
-        return admission(
-            budget=self.gate.budget, headroom=self.gate.headroom, predicted=predicted, verified=True
-        ).admitted
-
     def _admits(self, config: TrainConfig, verdict: Verdict) -> bool:
         """Whether a run may start (or resume) at ``config``: the gate admits it, or it is the
         default under a budget of at least the default's own peak (``"100%"``: the prediction's
         headroom must not refuse the very configuration the budget was taken from)."""
         whole = self.fraction is not None and self.fraction >= 1.0
         return verdict.admitted or (config == self.default and whole)
-
-
-def model_record(workload: Workload) -> dict[str, Any]:
-    """Which model a saved state is of, as plain values: its parameter layout's hash
-    (:attr:`Workload.fingerprint`) and its parameter count, for :func:`check_saved_model`."""
-    return {"fingerprint": workload.fingerprint, "parameters": workload.num_parameters}
-
-
-def check_saved_model(
-    saved: Mapping[str, Any] | None, here: Mapping[str, Any], *, state: str, run: str, fix: str
-) -> None:
-    """Refuse a state saved for another model: another model's configuration and measurements are
-    not this one's. Every front end's resume runs it.
-
-    Args:
-        saved: The state's :func:`model_record` (None: a state from before it was kept, not checked).
-        here: This run's :func:`model_record`.
-        state: Whose state it is, as the message names it (``"Adaptive"``).
-        run: What this run is called (``"run"``, ``"fit"``).
-        fix: What to do instead, the message's end.
-
-    Raises:
-        ConfigError: the fingerprints differ.
-    """
-    if saved is not None and saved["fingerprint"] != here["fingerprint"]:
-        raise ConfigError(
-            f"{state} state was saved for another model ({saved['parameters']:,} parameters, fingerprint "
-            f"{saved['fingerprint']}), but this {run}'s model has {here['parameters']:,} parameters (fingerprint "
-            f"{here['fingerprint']}): {fix}."
-        )
-
-
-def check_saved_batch(
-    saved: TrainConfig, here: TrainConfig, *, adapt_batch: bool, state: str, run: str, fix: str
-) -> None:
-    """Refuse a state saved at another effective batch: the batch is the user's (the learning rate
-    and the data order follow it), and only a run that adapts it may resume at another. Every
-    front end's resume runs it.
-
-    Args:
-        saved: The configuration the state was saved at.
-        here: This run's configuration.
-        adapt_batch: Whether this run adapts the effective batch (then any saved one resumes).
-        state: Whose state it is, as the message names it (``"Adaptive"``).
-        run: What this run is called (``"run"``, ``"fit"``).
-        fix: What to do instead, the message's end.
-
-    Raises:
-        ConfigError: the effective batches differ and this run does not adapt its batch.
-    """
-    if not adapt_batch and saved.effective_batch_size != here.effective_batch_size:
-        raise ConfigError(
-            f"{state} state's effective batch must be this {run}'s ({here.effective_batch_size}), but got "
-            f"{saved.effective_batch_size}: {fix}."
-        )
-
-
-def _split(config: TrainConfig, micro: int, checkpoint: bool, zero_stage: int = 0) -> TrainConfig:
-    accum = config.micro_batch_size * config.grad_accum_steps // micro  # per rank: the ranks stay
-    return dataclasses.replace(
-        config, micro_batch_size=micro, grad_accum_steps=accum, checkpoint=checkpoint, zero_stage=zero_stage
-    )
-
-
-def _over(verdict: Verdict) -> str:
-    return f"is over the budget ({verdict.reason})"

@@ -63,9 +63,10 @@ import torch
 
 from autotune.adapt.adaptive import PolicyArg, decision_source, selective_in_play
 from autotune.adapt.compiled import Recompiles
-from autotune.adapt.controller import Controller, check_saved_batch, check_saved_model, model_record
+from autotune.adapt.controller import Controller
 from autotune.adapt.decider import Decider
 from autotune.adapt.records import Change
+from autotune.adapt.saved import check_saved_batch, check_saved_model, model_record
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneWarning, ConfigError, OverBudgetWarning
 from autotune.integrations._flags import LoopPrecision, ModelCheckpointing
@@ -91,7 +92,7 @@ _STATE_VERSION = 3
 
 
 class FrameworkLoop:
-    """A framework's loop as the controller's front-end (:class:`autotune.adapt.controller.FrontEnd`):
+    """A framework's loop as the controller's front-end (:class:`autotune.adapt.frontend.FrontEnd`):
     decisions every ``decide_every`` optimizer steps, applied to the model as block wrappers, a
     split change pending until the loop takes it."""
 

@@ -166,7 +166,7 @@ def test_the_controller_measures_a_change_and_does_not_time_its_recompiling_step
     assert change.describe() == (
         f"step 4: applied {B.describe()} (scripted: scripted; measured 1073741824 B <= budget 4294967296 B{MEASURED})"
     )
-    assert controller.decider._timed[B] == [64.0, 32 / 0.75]  # the recompiling step is not B's speed
+    assert controller.decider.ledger.timed[B] == [64.0, 32 / 0.75]  # the recompiling step is not B's speed
     assert Change.from_dict(change.to_dict()) == change
 
 

@@ -9,8 +9,9 @@ import pytest
 
 from autotune import TrainConfig
 from autotune.adapt import BudgetGate, RunContext
-from autotune.adapt.controller import Controller, check_saved_batch
+from autotune.adapt.controller import Controller
 from autotune.adapt.records import Change
+from autotune.adapt.saved import check_saved_batch
 from autotune.adapt.sources import DecisionSource, Observation, Proposal
 from autotune.errors import ConfigError
 from autotune.memory.gate import Verdict
