@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: install demo test test-avx2 readme docs architecture examples wheel-check lint typecheck bench gpu-check
+.PHONY: install demo test test-avx2 readme docs architecture examples wheel-check lint typecheck bench gpu-check policy
 
 $(BIN)/.installed: requirements/dev.txt requirements/constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,16 @@ install: $(BIN)/.installed
 
 demo: install
 	$(BIN)/autotune study studies/gpt-tiny.toml
+
+# The shipped policy (policies/pretrained), retrained as its policy.json records it: 120000 PPO
+# steps, seed 0, 8 simulated environments, domain randomization over the 12 shipped profiles (the
+# ranks drawn and the 8-step episodes are the code's, RANK_CHOICES and EPISODE_STEPS). Minutes on a quiet
+# machine, and the policy the tests and `tune` load: run it after the profiles are regenerated.
+# POLICY_OUT=/tmp/p POLICY_TIMESTEPS=2000 checks the command end to end in seconds.
+POLICY_OUT ?= policies/pretrained
+POLICY_TIMESTEPS ?= 120000
+policy: install
+	$(BIN)/autotune train-policy --timesteps $(POLICY_TIMESTEPS) --seed 0 --envs 8 --profiles $(sort $(wildcard envs/profiles/*.json)) --out $(POLICY_OUT) --overwrite
 
 # mypy cannot follow setuptools' package-dir mapping (envs/ -> autotune.envs, policies/ ->
 # autotune.policies), so it checks a staged copy laid out the way the package installs, and the

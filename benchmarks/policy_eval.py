@@ -15,6 +15,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 from autotune.envs import SimulatedEnv, WorkloadProfile, shipped_profiles
+from autotune.envs._codec import Move
 from autotune.policies.ppo import EPISODE_STEPS, PRETRAINED_DIR, RANK_CHOICES, evaluate, load_policy
 
 
@@ -42,11 +43,11 @@ def main() -> None:
         rng = np.random.default_rng(0)
 
         def random_action(_: np.ndarray, rng: np.random.Generator = rng) -> np.ndarray:
-            return rng.integers(0, [3, 3, 3, 3, 4])
+            return rng.integers(0, [3, 3, 3, 3, 4, 3, 3])  # the action space
 
         scores = [
             evaluate(fn, env, episodes=args.episodes, seed=10_000)
-            for fn in (policy.act, lambda o: np.array([1, 1, 1, 1, 0]), random_action)
+            for fn in (policy.act, lambda o: np.array(Move.KEEP.action), random_action)
         ]
         print(f"{label:<28} {scores[0]:>8.2f} {scores[1]:>8.2f} {scores[2]:>8.2f}")
 

@@ -5,8 +5,10 @@ whose seeds are not either), at the workload's own effective batch B_0 and a bud
 PyTorch default's measured peak:
 
 1. the optimum: every configuration of the grid at B_0 (micro-batch split x 5 levels of bf16 x 5
-   levels of recompute, one rank) measured on the real loop (exact peak under MemTracker, median
-   of timed steps); the best throughput per GiB within the budget;
+   levels of recompute, one rank; no selective recompute, the outer parts fp32) measured on the
+   real loop (exact peak under MemTracker, median of timed steps); the best throughput per GiB
+   within the budget (the policy's winner among the candidates: the policy also moves the
+   selective level and the outer precision, and a winner off the grid is measured beside it);
 2. the policy as ``autotune tune`` runs it: profile the model, fine-tune on its calibrated
    simulator (``--fine-tune-seconds``), then at most 8 real env steps; its winner is the best
    measured step within the budget;
@@ -46,7 +48,7 @@ from typing import Any
 
 import optuna
 import torch
-from autotune.envs._codec import FRACTION_LEVELS, MICRO_LEVELS, Levels
+from autotune.envs._codec import FRACTION_LEVELS, MICRO_LEVELS, Levels, levels_of
 from autotune.envs.calibration import interleaved_step_seconds
 from autotune.envs.training import TrainingEnv
 from autotune.policies.episode import run_episode
@@ -199,6 +201,11 @@ def run_model(name: str, policy: Any, fine_tune_seconds: float, seed: int, margi
     tuned = fine_tune(policy, profile, memory_budget=BUDGET, seconds=fine_tune_seconds, seed=seed)
     try:
         episode = run_episode(env, tuned, workload=name, seed=seed, steps=STEPS)
+        policy_best = next((k for k, c in configs.items() if c == episode.best.config), None)
+        if policy_best is None:  # selective recompute or the outer parts reduced: off the grid
+            policy_best = levels_of(episode.best.config, len(ranking))
+            assert policy_best is not None, "an episode's configuration is in the level tables"
+            configs[policy_best] = episode.best.config
         budget = episode.budget_bytes
         over = sum(peak > budget for _, peak in env.measured_peaks[1:])
         predicted = {k: env._predicted_peak(k) or 2**62 for k in configs}
@@ -207,7 +214,6 @@ def run_model(name: str, policy: Any, fine_tune_seconds: float, seed: int, margi
         env.close()
     policy_seconds = time.perf_counter() - t0
     held = all(s.batch == b0 for s in episode.steps)
-    policy_best = next(k for k, c in configs.items() if c == episode.best.config)
     # --- the optimum: the whole grid, measured (with a verified memory model, not the configs it
     # predicts 5% or more over the budget: they cannot be the optimum and would not run on a GPU)
     runnable = {k: c for k, c in configs.items() if not verified or predicted[k] <= 1.05 * budget or k == policy_best}

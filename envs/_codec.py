@@ -46,10 +46,8 @@ class Levels:
     ``checkpoint`` is the level of the blocks recomputed whole, and ``selective`` that of the
     ones recomputed selectively after them (:attr:`Knobs.selective_blocks`): together at most
     all of the blocks (``checkpoint + selective <= 4``), the first ``round((c + s)/4 L)`` blocks
-    recomputed at all. ``selective`` is outside the environments' action space and observation
-    (the shipped policy's): no action of the policy moves it, and where it is not 0 the policy
-    sees the configuration as its ``checkpoint`` level; the climb that ends a ``tune`` episode
-    moves it (:func:`apply_action`'s sixth entry).
+    recomputed at all. The policy moves it (:func:`apply_action`'s sixth entry) and sees it (the
+    observation's entry 20), as it moves and sees ``outer`` (the seventh entry, observation 21).
 
     Attributes:
         accum: Index into the accumulation levels (1, 2, 4, ... 128).
@@ -59,10 +57,7 @@ class Levels:
         zero_stage: The ZeRO stage (0-3).
         selective: Quarters of the blocks recomputed selectively after the whole ones (0-4).
         outer: Whether everything outside the blocks (embeddings, final norm, head, loss) runs in
-            the reduced precision too (:attr:`Knobs.outer_low_precision`). Like ``selective`` it
-            is outside the action space and the observation (the policy sees such a
-            configuration as its blocks' levels and never proposes it); the climb moves it
-            (:func:`apply_action`'s seventh entry).
+            the reduced precision too (:attr:`Knobs.outer_low_precision`).
 
     Example:
         >>> from autotune.envs._codec import Levels
@@ -247,14 +242,17 @@ def levels_of(config: TrainConfig, num_blocks: int) -> Levels | None:
 
 class Action(NamedTuple):
     """One ``MultiDiscrete`` action of the environments and the policy (:func:`apply_action`):
-    ``split``, ``batch``, ``precision`` and ``checkpoint`` are 0 (down), 1 (keep) or 2 (up);
-    ``zero`` is the ZeRO stage itself, not a move."""
+    ``split``, ``batch``, ``precision``, ``checkpoint`` and ``selective`` are 0 (down), 1 (keep)
+    or 2 (up); ``zero`` is the ZeRO stage itself, not a move; ``outer`` is 0 (fp32), 1 (keep) or
+    2 (the reduced precision)."""
 
     split: int
     batch: int
     precision: int
     checkpoint: int
     zero: int
+    selective: int = 1
+    outer: int = 1
 
 
 class Move(enum.Enum):
@@ -267,6 +265,10 @@ class Move(enum.Enum):
     MORE_RECOMPUTE = Action(split=1, batch=1, precision=1, checkpoint=2, zero=0)
     LESS_REDUCED_PRECISION = Action(split=1, batch=1, precision=0, checkpoint=1, zero=0)
     MORE_REDUCED_PRECISION = Action(split=1, batch=1, precision=2, checkpoint=1, zero=0)
+    LESS_SELECTIVE = Action(split=1, batch=1, precision=1, checkpoint=1, zero=0, selective=0)
+    MORE_SELECTIVE = Action(split=1, batch=1, precision=1, checkpoint=1, zero=0, selective=2)
+    OUTER_FP32 = Action(split=1, batch=1, precision=1, checkpoint=1, zero=0, outer=0)
+    OUTER_REDUCED = Action(split=1, batch=1, precision=1, checkpoint=1, zero=0, outer=2)
 
     @property
     def action(self) -> Action:
@@ -283,11 +285,9 @@ def apply_action(
     min_batch: int = 1,
     min_micro: int = 1,
 ) -> Levels:
-    """The knob levels after a MultiDiscrete action ``(split, batch, precision, checkpoint, zero)``.
-
-    The action may have a sixth entry, ``selective``, and a seventh, ``outer``, outside the action
-    space (the shipped policy never proposes them; the climb that ends a ``tune`` episode does,
-    :mod:`autotune.policies.climb`).
+    """The knob levels after a MultiDiscrete action ``(split, batch, precision, checkpoint, zero,
+    selective, outer)`` (the environments' action space; a shorter action, the first five entries
+    or six, keeps the knobs of the entries it leaves off).
 
     ``split`` (0: fewer, larger micro-batches; 1: keep; 2: more, smaller ones) doubles one of
     micro-batch and accumulation and halves the other, so the effective batch never changes; a
@@ -302,14 +302,13 @@ def apply_action(
     the blocks recomputed selectively after the wholly recomputed ones (:attr:`Levels.selective`),
     clipped where the two together cover every block; a checkpoint level up there turns a
     selective quarter into a full one (the blocks recomputed at all stay). Without selective blocks
-    (every action of the policy) the checkpoint delta acts as it always did. ``outer`` (0: the
-    outer parts in fp32, 1: keep, 2: in the reduced precision) moves :attr:`Levels.outer`;
-    without it (five or six entries) the outer precision stays where it is. Every action is
+    the checkpoint delta acts as it did before the level existed. ``outer`` (0: the outer parts
+    in fp32, 1: keep, 2: in the reduced precision) moves :attr:`Levels.outer`. Every action is
     valid: no masking in the action space.
 
     Args:
         knobs: The levels the action moves from.
-        action: ``(split, batch, precision, checkpoint, zero)``, or that and ``selective``, and ``outer``.
+        action: ``(split, batch, precision, checkpoint, zero, selective, outer)``, or its first five or six entries.
         max_zero_stage: The highest ZeRO stage the fifth entry reaches.
         adapt_batch: Whether ``batch`` acts (otherwise it is ignored).
         min_batch: The smallest effective batch (one rank's) ``batch`` may reach.
@@ -321,12 +320,12 @@ def apply_action(
     Example:
         >>> from autotune.envs._codec import Levels, apply_action
         >>> levels = Levels(accum=1, micro=3)  # 8 x 2
-        >>> after = apply_action(levels, (2, 1, 1, 1, 0), max_zero_stage=0)  # more, smaller micro-batches
+        >>> after = apply_action(levels, (2, 1, 1, 1, 0, 1, 1), max_zero_stage=0)  # more, smaller micro-batches
         >>> after.micro_batch_size, after.accum_steps, after.effective_batch_size
         (4, 4, 16)
     """
     a_split, a_batch, a_prec, a_ckpt, a_zero, *extra = (int(x) for x in action)
-    assert len(extra) <= 2, f"an action has 5 entries, 6 with the selective move, 7 with the outer one: {tuple(action)}"
+    assert len(extra) <= 2, f"an action has 7 entries (or its first 5 or 6): {tuple(action)}"
     a_sel, a_outer = (*extra, 1, 1)[:2]
 
     def step(value: int, delta: int, n: int) -> int:

@@ -28,7 +28,8 @@
   in fp32 or ``reduced`` under a ``reduced`` outer autocast): the peak of every setting with the
   outer parts reduced (``outer_peak_table``, ``outer_selective_peak_table``); its time is
   modelled from the blocks' measured reduced speed (``costmodel.py``). A profile without them
-  (written before the knob, or a synthetic one) keeps the outer parts fp32.
+  (written before the knob) keeps the outer parts fp32; a synthetic one (no table at all) models
+  them from its blocks' bytes (``costmodel.py``'s block-sum model).
 
 ``autotune profile WORKLOAD`` runs it and writes the JSON the simulator loads (no pickle).
 """

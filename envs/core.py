@@ -52,7 +52,7 @@ __all__ = [
     "DIVERGENCE_PENALTY",
 ]
 
-OBSERVATION_SIZE = 20
+OBSERVATION_SIZE = 22
 OVER_BUDGET_PENALTY = 1.0
 DIVERGENCE_PENALTY = 2.0
 RECONFIG_WEIGHT = 1.0
@@ -164,7 +164,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     OSDI'21): a larger batch only pays if the gradient noise scale supports it.
 
     ## Action Space
-    ``MultiDiscrete([3, 3, 3, 3, 4])``:
+    ``MultiDiscrete([3, 3, 3, 3, 4, 3, 3])``:
 
     | index | knob | values |
     |---|---|---|
@@ -173,11 +173,17 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     | 2 | blocks in reduced precision: level l puts round(l/4 L) blocks, hungriest first | 0 down, 1 keep, 2 up |
     | 3 | blocks checkpointed (recomputed), same levels and order | 0 down, 1 keep, 2 up |
     | 4 | ZeRO stage 0-3 | min(stage, max_zero_stage): 0 with one rank (where stages 1-2 only add memory) |
+    | 5 | blocks recomputed selectively after the checkpointed ones (both together at most all) | 0 down, 1 keep, 2 up |
+    | 6 | outer precision: embeddings, final norm, head and loss | 0 fp32, 1 keep, 2 the blocks' reduced precision |
 
     A move the tables cannot take keeps that knob, so every action is valid (no action masking).
+    A checkpoint level up where the checkpointed and selective blocks already cover every block
+    turns a selective quarter into a full one. Where the simulator's profile has no figures for a
+    knob (no selective peaks, no outer-precision tables) the move changes the configuration but
+    not the simulated cost (:mod:`autotune.envs.costmodel`): harmless, never preferred.
 
     ## Observation Space
-    ``Box(-1, 1, (20,), float32)``, each entry normalized and clipped:
+    ``Box(-1, 1, (22,), float32)``, each entry normalized and clipped:
 
     | index | observation | encoding |
     |---|---|---|
@@ -198,6 +204,8 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     | 17 | machine: data-parallel ranks R (ZeRO divides model states by R) | log2(R) / 3 |
     | 18 | machine: cost of recomputing every block (measured at reset) | 2 c - 1, c = t_ckpt / t - 1 |
     | 19 | batch adaptation: -1 when off, else the batch vs the user's | log2(B / B_0) / 4 |
+    | 20 | knobs: selective recompute level | 2 level / 4 - 1 |
+    | 21 | knobs: outer precision reduced | 1 if reduced, else -1 |
 
     ## Rewards
     With G = throughput / peak GiB at the fixed batch, or, with ``adapt_batch``, goodput / peak
@@ -239,13 +247,13 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         >>> from autotune.envs import SimulatedEnv
         >>> env = SimulatedEnv(horizon=16)
         >>> env.action_space, env.observation_space.shape
-        (MultiDiscrete([3 3 3 3 4]), (20,))
+        (MultiDiscrete([3 3 3 3 4 3 3]), (22,))
     """
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's convention)
 
     def __init__(self, *, horizon: int, max_zero_stage: int = 0, adapt_batch: bool = False) -> None:
-        self.action_space = spaces.MultiDiscrete([3, 3, 3, 3, ZERO_STAGES])
+        self.action_space = spaces.MultiDiscrete([3, 3, 3, 3, ZERO_STAGES, 3, 3])
         self.observation_space = spaces.Box(-1.0, 1.0, (OBSERVATION_SIZE,), dtype=np.float32)
         self.horizon = horizon
         self.max_zero_stage = max_zero_stage
@@ -501,6 +509,8 @@ def observation_vector(
         math.log2(ranks) / 3,
         2.0 * mach.recompute_cost - 1.0,
         math.log2(batch / batch0) / 4 if adapt_batch else -1.0,
+        2.0 * k.selective / (FRACTION_LEVELS - 1) - 1.0,
+        1.0 if k.outer else -1.0,
     ]
     vector = np.clip(np.asarray(obs, dtype=np.float32), -1.0, 1.0)
     assert np.isfinite(vector).all(), f"a finite loss leaves only measured, finite values: {obs}"

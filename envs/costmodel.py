@@ -29,10 +29,15 @@ micro-batch's time) in the reduced precision run at the speed the calibration me
 blocks in it (x_o is the blocks' ``reduced_slowdown``): no outer step is timed, and the head and
 the loss are matmuls and elementwise work like the blocks'. Their memory is the memory model's
 prediction with the outer parts reduced (``outer_peak_table``, ``outer_selective_peak_table``).
-A profile without those tables (written before the outer precision was a knob, or a synthetic one
-of domain randomization) models the outer parts in fp32 whatever ``Levels.outer`` says: the
-simulator neither prefers nor refuses what it cannot see.
-    start  = b * a_other + sum_i kept_i + b * temp (+ grads with accumulation)
+A calibrated profile without those tables (written before the outer precision was a knob) models
+the outer parts in fp32 whatever ``Levels.outer`` says: the simulator neither prefers nor refuses
+what it cannot see. A profile with no memory table at all (a synthetic one of domain
+randomization) models them in the block-sum model below: their activations and temporaries at the
+blocks' own reduced-over-fp32 bytes (r_o = sum_i reduced_i / sum_i fp32_i, per sample), their time
+at the blocks' reduced speed.
+
+    start  = b * (a_other + temp) * (r_o if the outer parts are reduced else 1)
+             + sum_i kept_i (+ grads with accumulation)
     sweep  = max_j sum_{i<j} kept_i + full_j + grads_{>=j}    (backward, last block first)
     peak   = params + optimizer_state + max(start, sweep, grads)
 
@@ -70,13 +75,14 @@ from dataclasses import dataclass
 
 import numpy as np
 from autotune.envs._codec import ACCUM_LEVELS, FRACTION_LEVELS, MICRO_LEVELS, Levels, blocks_at_level
-from autotune.envs.calibration import WorkloadProfile, peak_table_index, selective_table_index
+from autotune.envs.calibration import BlockCost, WorkloadProfile, peak_table_index, selective_table_index
 
 from autotune.measurement.objective import per_gib
 
 __all__ = [
     "CPU_ZERO_OVERHEAD",
     "SELECTIVE_FRACTION",
+    "SYNTHETIC_SELECTIVE_SHARE",
     "StepCost",
     "ranked_settings",
     "step_cost",
@@ -164,7 +170,9 @@ def _local_cost(p: WorkloadProfile, knobs: Levels) -> StepCost:
     ckpt = blocks_at_level(knobs.checkpoint, order)
     sel = blocks_at_level(knobs.checkpoint + knobs.selective, order) - ckpt
     b, k = knobs.micro_batch_size, knobs.accum_steps
-    outer = knobs.outer and p.outer_peak_table is not None  # without its figures: fp32 (module docstring)
+    # Without its figures fp32 (module docstring): a calibrated profile's tables have none, a
+    # synthetic profile (no table at all) is modelled by the block sums below.
+    outer = knobs.outer and (p.outer_peak_table is not None or p.peak_table is None)
     seconds = step_seconds(
         p, micro_batch_size=b, accum_steps=k, reduced=low, recomputed=ckpt, selective=sel, outer=outer
     )
@@ -184,7 +192,8 @@ def _local_cost(p: WorkloadProfile, knobs: Levels) -> StepCost:
     kept = [kept_by(i) for i in range(len(p.blocks))]
     grads, n = float(p.gradients_bytes), len(p.blocks)
     # End of forward / start of backward: everything saved, plus the head's gradient temporaries.
-    peak_act = b * p.other_activation_per_sample + sum(kept) + b * p.temporaries_per_sample
+    outer_ratio = _reduced_ratio(p) if outer else 1.0
+    peak_act = b * (p.other_activation_per_sample + p.temporaries_per_sample) * outer_ratio + sum(kept)
     peak_act += grads if k > 1 else 0.0  # with accumulation, gradients live through every forward
     # Backward sweep, last block first: blocks before j still hold what they saved, block j
     # holds its full activations (rebuilt if it was checkpointed), gradients of blocks >= j exist
@@ -208,17 +217,53 @@ def _local_cost(p: WorkloadProfile, knobs: Levels) -> StepCost:
     return StepCost(seconds=seconds, peak_bytes=int(peak))
 
 
+def _reduced_ratio(p: WorkloadProfile) -> float:
+    """The blocks' activation bytes per sample in the reduced precision over fp32's: ``r_o`` of the
+    module docstring, the block-sum model's reduced outer parts."""
+    fp32 = sum(b.fp32_per_sample for b in p.blocks)
+    return sum(b.reduced_per_sample for b in p.blocks) / fp32 if fp32 > 0 else 1.0
+
+
+#: A synthetic block's selective bytes (what it keeps beyond its input, recomputed selectively)
+#: as a share of what it saves beyond its input without recompute, where its profile has no
+#: selective figures: drawn uniformly in this range per synthetic model. On a 5M-parameter GPT the
+#: memory model measured 0.67 (72.1 MiB of activations selective, 102.2 none, 12.0 every block
+#: recomputed: /work/shared/NOTES.md); attention without a fused kernel keeps more, an MLP less.
+SYNTHETIC_SELECTIVE_SHARE = (0.4, 0.9)
+
+
 def randomized_profile(p: WorkloadProfile, rng: np.random.Generator) -> WorkloadProfile:
     """Domain randomization (Tobin et al. 2017): a synthetic model and machine around ``p``.
 
     Depth is resampled (blocks drawn with replacement, 2-32 of them), bytes and times scaled by
     log-uniform factors in [1/4, 4], and the reduced-precision slowdown drawn log-uniformly in
     [0.3, 30]: from a GPU's tensor cores (bf16 ~3x faster) to this AVX2 CPU (~20x slower).
+
+    The synthetic model has no memory tables (another model: the block-sum model of the module
+    docstring), so both knobs the tables carry for a calibrated profile come from block figures
+    there: a block's selective bytes are its profile's, scaled with the rest, or where the profile
+    has none a share of what it saves beyond its input drawn in :data:`SYNTHETIC_SELECTIVE_SHARE`;
+    a selective block's recompute time over a whole block's (``selective_fraction``) is drawn
+    log-uniformly in [1/2, 2] x its profile's (or :data:`SELECTIVE_FRACTION`), capped at 1; and the
+    outer parts in the reduced precision keep the blocks' reduced share of their bytes (``r_o``).
     """
     depth = int(rng.integers(2, 33))
     picks = rng.integers(0, len(p.blocks), size=depth)
     mem, tim = (float(math.exp(rng.uniform(math.log(0.25), math.log(4.0)))) for _ in range(2))
     blocks = [p.blocks[int(i)] for i in picks]
+    reduced_slowdown = float(math.exp(rng.uniform(math.log(0.3), math.log(30.0))))
+    # Drawn after the draws above, so a seed's depth, blocks, scales and slowdown are what they
+    # were before the selective recompute was the policy's.
+    share = float(rng.uniform(*SYNTHETIC_SELECTIVE_SHARE))
+    sigma = (SELECTIVE_FRACTION if p.selective_fraction is None else p.selective_fraction) * float(
+        math.exp(rng.uniform(math.log(0.5), math.log(2.0)))
+    )
+
+    def selective(b: BlockCost) -> float:
+        if b.selective_per_sample is not None:
+            return b.selective_per_sample * mem
+        return share * max(b.fp32_per_sample - b.input_per_sample, 0.0) * mem
+
     total_share = sum(b.time_share for b in blocks) or 1.0
     scale_params = depth / len(p.blocks)
     # deeper: the blocks' share of the time grows with their number
@@ -232,6 +277,7 @@ def randomized_profile(p: WorkloadProfile, rng: np.random.Generator) -> Workload
             reduced_per_sample=b.reduced_per_sample * mem,
             input_per_sample=b.input_per_sample * mem,
             time_share=b.time_share / total_share,
+            selective_per_sample=selective(b),
         )
         for b in blocks
     )
@@ -251,10 +297,11 @@ def randomized_profile(p: WorkloadProfile, rng: np.random.Generator) -> Workload
         * tim
         * (1.0 - p.blocks_fraction + p.blocks_fraction * scale_params),
         blocks_fraction=phi,
-        reduced_slowdown=float(math.exp(rng.uniform(math.log(0.3), math.log(30.0)))),
-        peak_table=None,  # another model: the block-sum model above
+        reduced_slowdown=reduced_slowdown,
+        selective_fraction=min(sigma, 1.0),
+        peak_table=None,  # another model: the block-sum model above, the outer parts' r_o included
         selective_peak_table=None,
-        outer_peak_table=None,  # and the outer parts fp32
+        outer_peak_table=None,
         outer_selective_peak_table=None,
     )
 

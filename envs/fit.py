@@ -46,22 +46,34 @@ class MeasuredConfig(NamedTuple):
     throughput: float
 
 
-def _block_sets(profile: WorkloadProfile, config: TrainConfig) -> tuple[frozenset[int], frozenset[int]]:
+class _BlockSets(NamedTuple):
+    reduced: frozenset[int]
+    recomputed: frozenset[int]
+    selective: frozenset[int]
+    outer: bool
+
+
+def _block_sets(profile: WorkloadProfile, config: TrainConfig) -> _BlockSets:
+    """``config``'s blocks in reduced precision, recomputed whole and selectively, and whether its
+    outer parts are reduced: what the time model (``step_seconds``) times, as the simulator does."""
     n = len(profile.blocks)
-    reduced = frozenset(i for i, p in enumerate(config.block_precisions(n)) if p != "fp32")
-    recomputed = frozenset(i for i, c in enumerate(config.block_checkpoints(n)) if c)
-    return reduced, recomputed
+    levels = config.checkpoint_levels(n)
+    return _BlockSets(
+        reduced=frozenset(i for i, p in enumerate(config.block_precisions(n)) if p != "fp32"),
+        recomputed=frozenset(i for i, c in enumerate(levels) if c == "full"),
+        selective=frozenset(i for i, c in enumerate(levels) if c == "selective"),
+        outer=config.outer_precision != "fp32",
+    )
 
 
 def simulated_throughput(profile: WorkloadProfile, config: TrainConfig) -> float:
-    """Samples/s the profile's time model gives ``config`` (one rank, its exact per-block knobs)."""
-    reduced, recomputed = _block_sets(profile, config)
+    """Samples/s the profile's time model gives ``config`` (one rank, its exact per-block knobs,
+    selective recompute and outer precision included)."""
     seconds = step_seconds(
         profile,
         micro_batch_size=config.micro_batch_size,
         accum_steps=config.grad_accum_steps,
-        reduced=reduced,
-        recomputed=recomputed,
+        **_block_sets(profile, config)._asdict(),
     )
     return config.effective_batch_size / seconds
 
@@ -128,13 +140,8 @@ def _fit_linear(p: WorkloadProfile, seconds: np.ndarray, measured: Sequence[Meas
     unit = dataclasses.replace(p, step_fixed_seconds=0.0, micro_fixed_seconds=1.0, micro_seconds_per_sample=0.0)
     for m in measured:
         c = m.config
-        reduced, recomputed = _block_sets(p, c)
         k_a = step_seconds(
-            unit,
-            micro_batch_size=c.micro_batch_size,
-            accum_steps=c.grad_accum_steps,
-            reduced=reduced,
-            recomputed=recomputed,
+            unit, micro_batch_size=c.micro_batch_size, accum_steps=c.grad_accum_steps, **_block_sets(p, c)._asdict()
         )  # = k * A
         rows.append([1.0, k_a, k_a * c.micro_batch_size])
     t_fixed, t_mf, t_ps = (float(v) for v in relative_nnls(np.array(rows), seconds))

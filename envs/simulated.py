@@ -80,7 +80,7 @@ class SimulatedEnv(TuningEnv):
         >>> env = gym.make("autotune/Simulated-v0")
         >>> observation, info = env.reset(seed=0)
         >>> observation.shape
-        (20,)
+        (22,)
         >>> observation, reward, terminated, truncated, info = env.step(env.action_space.sample())
         >>> isinstance(reward, float), terminated or truncated
         (True, False)

@@ -20,17 +20,12 @@ the incumbent tried, the climb goes on from the next best step's. The climb acts
 environment's action space, as the policy does, so the episode's rewards, records and re-timing
 are the same for its steps.
 
-The climb also moves the selective recompute level (:attr:`~autotune.knobs.Knobs.selective_blocks`),
-which is outside the action space the shipped policy was trained on: its actions toward such a
-neighbour carry a sixth entry (the codec's ``apply_action``), which the environments
-apply as they apply the policy's five. The pretrained policy itself never proposes the level
-(it would take a larger action space, and retraining).
-
-It moves the outer precision the same way (:attr:`~autotune.knobs.Knobs.outer_low_precision`: the
-embeddings, final norm, head and loss in the reduced precision too; every block and the outer
-parts in it is Hugging Face's ``bf16=True``), through a seventh action entry, its moves after
-every other (the selective ones included), so the climb's first steps are the ones it took before
-the outer precision was a knob.
+The climb also moves the selective recompute level (:attr:`~autotune.knobs.Knobs.selective_blocks`,
+the action's sixth entry) and the outer precision (:attr:`~autotune.knobs.Knobs.outer_low_precision`:
+the embeddings, final norm, head and loss in the reduced precision too; every block and the outer
+parts in it is Hugging Face's ``bf16=True``; the seventh entry), ordinary entries of the action
+space as the policy's are. Their moves come after every other, the outer one last, so the climb's
+first steps are the ones it took before those knobs existed.
 
 A move to more reduced-precision blocks, or of the outer parts into it, is not the climb's where
 the environment measured a reduced-precision step at
@@ -90,8 +85,7 @@ def level_neighbours(
             those are tried).
         outer: Whether the outer precision moves too (:attr:`Levels.outer`); its moves come
             after every other, the selective ones included, for the same reason. Without it the
-            outer precision stays where ``levels`` has it (an adaptive run's policy source: the
-            policy's action space has no outer precision).
+            outer precision stays where ``levels`` has it.
 
     Returns:
         The neighbours, each once.
@@ -200,22 +194,18 @@ class Climb:
 
     def _toward(self, current: Levels, target: Levels) -> tuple[int, ...] | None:
         """The action whose knobs come nearest ``target``, touching the fewest knobs (None if none
-        comes nearer than here). Every action of the space is tried, each with the sixth entry's
-        three selective moves (and, where ``target``'s outer precision is not ``current``'s, the
-        seventh entry's): 972 (2,916), no training. The entries an action keeps at the end are
-        left off: an action that keeps the selective level and the outer precision is the
-        policy's five entries."""
-        nvec = [int(n) for n in self.env.action_space.nvec]  # type: ignore[attr-defined]
+        comes nearer than here). Every action of the space is tried, the outer entry's three only
+        where ``target``'s outer precision is not ``current``'s (otherwise it keeps): 972
+        (2,916) actions, no training."""
+        *nvec, _ = (int(n) for n in self.env.action_space.nvec)  # type: ignore[attr-defined]
         keep = (1, 1, 1, 1, current.zero_stage, 1, 1)
         outer = range(3) if target.outer != current.outer else (1,)
         distance, _, action = min(
             (_distance(self.env.next_levels(a), target), sum(x != k for x, k in zip(a, keep, strict=True)), a)
-            for a in itertools.product(*(range(n) for n in nvec), range(3), outer)
+            for a in itertools.product(*(range(n) for n in nvec), outer)
         )
         if distance >= _distance(current, target):
             return None
-        while len(action) > 5 and action[-1] == 1:
-            action = action[:-1]
         return action
 
 

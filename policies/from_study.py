@@ -51,7 +51,8 @@ class StudyFineTune:
 
 def measured_trials(study: optuna.Study, workload: Workload) -> list[MeasuredConfig]:
     """The study's completed trials as measured configurations, checked to be ``workload``'s:
-    one rank, no ZeRO, fp32 or bf16 blocks (what the simulator's single-rank time model covers)."""
+    one rank, no ZeRO, fp32 or bf16 blocks and outer parts (what the simulator's single-rank time
+    model covers: selective recompute and the outer precision included)."""
     from autotune.search.cache import workload_fingerprint
     from autotune.search.record import trial_record
 
@@ -68,7 +69,7 @@ def measured_trials(study: optuna.Study, workload: Workload) -> list[MeasuredCon
         c = r.config
         if r.state != "COMPLETE" or r.status != "ok" or c is None or not r.throughput:
             continue
-        if c.ranks == 1 and c.zero_stage == 0 and set(c.block_precisions(n)) <= {"fp32", REDUCED}:
+        if c.ranks == 1 and c.zero_stage == 0 and {*c.block_precisions(n), c.outer_precision} <= {"fp32", REDUCED}:
             measured.append(MeasuredConfig(config=c, throughput=r.throughput))
     if len(measured) < MIN_TRIALS:
         raise StudyError(

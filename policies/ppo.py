@@ -39,7 +39,9 @@ __all__ = [
     "EPISODE_STEPS",
 ]
 
-POLICY_FORMAT = 2  # 2: the batch is the user's (split and batch actions), 20 observations
+#: 2: the batch is the user's (split and batch actions), 20 observations; 3: the selective
+#: recompute level and the outer precision in the action space and the observation (22).
+POLICY_FORMAT = 3
 #: Real env steps of an episode at ``tune`` (each trains a few optimizer steps): the policy is
 #: trained on episodes of this length, so its time observation means the same there.
 EPISODE_STEPS = 8
@@ -60,9 +62,9 @@ class Policy:
     Example:
         >>> import numpy as np
         >>> from autotune.policies import load_policy
-        >>> action = load_policy().act(np.zeros(20, dtype=np.float32))
+        >>> action = load_policy().act(np.zeros(22, dtype=np.float32))
         >>> action.shape
-        (5,)
+        (7,)
     """
 
     network: Any  # stable_baselines3 ActorCriticPolicy
@@ -217,7 +219,7 @@ def load_policy(directory: Path = PRETRAINED_DIR) -> Policy:
         >>> from autotune.policies import PRETRAINED_DIR, load_policy
         >>> policy = load_policy(PRETRAINED_DIR)  # the shipped policy, the default
         >>> [int(n) for n in policy.metadata["action_nvec"]]
-        [3, 3, 3, 3, 4]
+        [3, 3, 3, 3, 4, 3, 3]
     """
     from gymnasium import spaces
     from stable_baselines3.common.policies import ActorCriticPolicy

@@ -36,8 +36,8 @@ def profile_for_tuning(workload: Workload, *, curve_steps: int = 12, timing_roun
     configurations and the memory table. Raises :class:`ProposalError` before any real step where
     the calibration would not fit where it runs."""
     _check_room(workload)
-    # The shipped policy never moves the selective level: its memory table is left out (cost).
-    return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds, selective=False)
+    # The policy moves the selective level and the outer precision: their memory tables are in.
+    return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds)
 
 
 def fine_tune(

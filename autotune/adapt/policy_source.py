@@ -5,9 +5,11 @@ table: gradient noise, memory pressure, loss trend, throughput, knob levels, mod
 descriptors) built from what the user's run measured, and answers with a ``MultiDiscrete`` action.
 Its actions mean what they mean in the environments (the codec's ``apply_action``, ``autotune/envs/_codec.py``):
 the split of the user's effective batch moves (micro-batch x2 and accumulation /2, or the
-reverse), never the batch; precision and checkpointing move by quarters of the blocks, hungriest
-first; the ZeRO stage is the action's on DeepSpeed ranks and 0 on one process. A split the
-environments' level tables cannot express (a batch that is not a power of two) gets no proposal.
+reverse), never the batch; precision, checkpointing and selective recompute move by quarters of
+the blocks, hungriest first, and the outer parts (embeddings, final norm, head, loss) between fp32
+and the run's reduced precision; the ZeRO stage is the action's on DeepSpeed ranks and 0 on one
+process. A split the environments' level tables cannot express (a batch that is not a power of
+two) gets no proposal.
 
 With a start plan (on the CPU by default) the source also holds the model's calibrated simulator:
 the run starts at its best configuration; a policy action the simulator rates well below where
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from autotune.config import TrainConfig
+    from autotune.config import Precision, TrainConfig
     from autotune.envs._codec import Levels
     from autotune.envs.calibration import WorkloadProfile
     from autotune.envs.core import MachineDescriptor, ModelDescriptor
@@ -49,6 +51,15 @@ __all__ = ["PolicySource"]
 #: least this fraction of the run's configuration: below it, tried neighbours measured worse and
 #: raised the run's peak (docs/benchmark-log.md, "Why the run starts at the simulator's plan").
 _NEIGHBOUR_WITHIN = 0.9
+
+
+def _reduced(config: TrainConfig) -> Precision:
+    """The reduced precision ``config`` runs (its blocks' or its outer parts'; bf16 where it runs
+    none): what a move to more reduced precision, or of the outer parts, reduces to. The levels
+    carry no precision of their own, and a run in fp16 stays in fp16."""
+    blocks = config.precision if isinstance(config.precision, tuple) else (config.precision,)
+    low = [p for p in (*blocks, config.outer_precision) if p != "fp32"]
+    return low[0] if low else "bf16"
 
 
 def _load(directory: Path | None) -> Any:
@@ -245,11 +256,6 @@ class PolicySource(DecisionSource):
         levels = levels_of(observation.config, len(ranking))
         if levels is None:  # a split the level tables cannot express (not powers of two): keep it
             return None
-        if levels.outer:
-            # The policy's action space has no outer precision, and the levels carry no reduced
-            # precision of their own (bf16 where the run's may be fp16): a run whose outer parts
-            # are reduced (a callback's user flag) stays where it is, as before the levels kept it.
-            return None
         if self._first is None:
             self._first = observation
         action = tuple(int(a) for a in self.policy.act(self.observation(observation)))
@@ -258,8 +264,10 @@ class PolicySource(DecisionSource):
         # effective batch never does (no batch adaptation here); ZeRO only on ranks.
         moved = apply_action(levels, action, max_zero_stage=ZERO_STAGES - 1 if self._ranks > 1 else 0)
         if not self._reduced_ok:  # a reduced precision this machine cannot run is never proposed
-            moved = dataclasses.replace(moved, precision=0)
-        config = knobs_to_config(moved, ranking, ranks=self._ranks, base=observation.config)
+            moved = dataclasses.replace(moved, precision=0, outer=False)
+        config = knobs_to_config(
+            moved, ranking, reduced=_reduced(observation.config), ranks=self._ranks, base=observation.config
+        )
         if config == observation.config or config in self._proposed:
             return self._neighbour(observation, levels, "")
         self._proposed.add(config)
@@ -310,14 +318,14 @@ class PolicySource(DecisionSource):
         from autotune.policies.climb import level_neighbours
 
         ranking = self._context.ranking
-        around = level_neighbours(levels, num_blocks=len(ranking))
+        around = level_neighbours(levels, num_blocks=len(ranking), selective=True, outer=True)
         if not self._reduced_ok:  # a reduced precision this machine cannot run is never proposed
-            around = [moved for moved in around if moved.precision <= levels.precision]
+            around = [m for m in around if m.precision <= levels.precision and m.outer <= levels.outer]
         batch = observation.config.effective_batch_size
         floor = _NEIGHBOUR_WITHIN * self._simulated(levels, batch)
         ranked: list[tuple[float, TrainConfig]] = []
         for moved in around:
-            config = knobs_to_config(moved, ranking, base=observation.config)
+            config = knobs_to_config(moved, ranking, reduced=_reduced(observation.config), base=observation.config)
             if config in self._proposed or config == observation.config or not self._context.admits(config):
                 continue
             value = self._simulated(moved, batch)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ def register(sub: Any) -> None:
     p.add_argument("--profiles", nargs="*", type=Path, help="profile JSONs (default: the shipped ones)")
     p.add_argument("--no-randomize", action="store_true", help="no domain randomization")
     p.add_argument("--seed", type=int, default=0, help="seed of PPO and the simulated environments (default 0)")
+    p.add_argument("--envs", type=int, default=4, help="simulated environments PPO steps together (default 4)")
     p.add_argument("--out", type=Path, default=Path("policy"), help="output directory (default: ./policy)")
     p.add_argument("--overwrite", action="store_true", help="replace the policy --out already holds")
     p.set_defaults(func=_cmd_train_policy)
@@ -147,16 +149,26 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
 
     from autotune.envs.calibration import load_profile
     from autotune.envs.simulated import shipped_profiles
-    from autotune.policies.ppo import RANK_CHOICES, save_policy, train_policy
+    from autotune.errors import ConfigError
+    from autotune.policies.ppo import EPISODE_STEPS, RANK_CHOICES, save_policy, train_policy
 
+    if args.envs < 1:
+        raise ConfigError(f"--envs must be >= 1, but got {args.envs}.")
     _check_out(args.out, overwrite=args.overwrite)  # before minutes of training
     # A 64x64 MLP on batches of 256: one thread does it; a second only contends with the
     # environments' Python (measured on 2 cores shared with other processes: two threads can be slower than one).
     torch.set_num_threads(1)
     profiles = [load_profile(p) for p in args.profiles] if args.profiles else shipped_profiles()
+    started = time.perf_counter()
     model = train_policy(
-        timesteps=args.timesteps, profiles=profiles, randomize=not args.no_randomize, seed=args.seed, verbose=1
+        timesteps=args.timesteps,
+        profiles=profiles,
+        randomize=not args.no_randomize,
+        n_envs=args.envs,
+        seed=args.seed,
+        verbose=1,
     )
+    seconds = time.perf_counter() - started
     save_policy(
         model,
         args.out,
@@ -166,6 +178,9 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
             "randomize": not args.no_randomize,
             "seed": args.seed,
             "ranks": list(RANK_CHOICES) if not args.no_randomize else [1],
+            "episode_steps": EPISODE_STEPS,
+            "n_envs": args.envs,
+            "train_seconds": round(seconds),
         },
     )
     print(f"saved {args.out}/policy.safetensors and {args.out}/policy.json")

@@ -538,7 +538,7 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
 
     class Keep:
         def act(self, observation: np.ndarray) -> np.ndarray:
-            return np.array([1, 1, 1, 1, 0])  # the action that changes nothing
+            return np.array(Move.KEEP.action)  # the action that changes nothing
 
     source.policy = Keep()
     tuner = Adaptive(wl.model, opt, wl.loss_fn, wl.dataset, batch_size=BATCH, policy=source, decide_every=5)
@@ -562,16 +562,26 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
         Move.MORE_REDUCED_PRECISION,
         Move.LESS_RECOMPUTE,
         Move.MORE_RECOMPUTE,
+        Move.LESS_SELECTIVE,
+        Move.MORE_SELECTIVE,
+        Move.OUTER_FP32,
+        Move.OUTER_REDUCED,
     ]
     moves = [tuple(m.action) for m in named]  # as the history prints them
     assert moves == [
-        (0, 1, 1, 1, 0),
-        (2, 1, 1, 1, 0),
-        (1, 1, 0, 1, 0),
-        (1, 1, 2, 1, 0),
-        (1, 1, 1, 0, 0),
-        (1, 1, 1, 2, 0),
+        (0, 1, 1, 1, 0, 1, 1),
+        (2, 1, 1, 1, 0, 1, 1),
+        (1, 1, 0, 1, 0, 1, 1),
+        (1, 1, 2, 1, 0, 1, 1),
+        (1, 1, 1, 0, 0, 1, 1),
+        (1, 1, 1, 2, 0, 1, 1),
+        (1, 1, 1, 1, 0, 0, 1),
+        (1, 1, 1, 1, 0, 2, 1),
+        (1, 1, 1, 1, 0, 1, 0),
+        (1, 1, 1, 1, 0, 1, 2),
     ]
+    # and a wholly recomputed quarter recomputed selectively instead, and back: one action each
+    moves += [(1, 1, 1, 0, 0, 2, 1), (1, 1, 1, 2, 0, 0, 1)]
     moved = [apply_action(levels, m, max_zero_stage=0) for m in moves]
     neighbours = {knobs_to_config(lv, ranking, base=here) for lv in moved} - {here}
     floor = _NEIGHBOUR_WITHIN * simulated(here)

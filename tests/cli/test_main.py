@@ -210,7 +210,7 @@ def bad_policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (
             ("tune", "TINY", "--policy", "P/other-actions"),
             "autotune tune: error: policy 'P/other-actions' chooses actions from MultiDiscrete([3, 3, 3]), but the "
-            "environment's action space is MultiDiscrete([3 3 3 3 4]).",
+            "environment's action space is MultiDiscrete([3 3 3 3 4 3 3]).",
         ),
         (
             ("tune", "TINY", "--memory-budget", "0"),

@@ -112,3 +112,56 @@ def test_the_memory_table_with_the_outer_parts_reduced_is_the_memory_model_s_pre
     # Where the model cannot run the reduced precision, every outer setting is refused.
     refused, _, _ = memory_table(workload, selective=False, outer=True, reduced_runs=False)
     assert set(refused) == {INFEASIBLE_PEAK}
+
+
+# ---- domain randomization of the selective level and the outer precision (issues 42, 40) ----------
+
+
+def test_a_synthetic_profile_models_the_outer_parts_by_its_blocks_reduced_bytes() -> None:
+    """No memory table at all (a synthetic profile): the outer activations and temporaries at the
+    blocks' reduced-over-fp32 bytes, their time at the blocks' reduced speed."""
+    profile = dataclasses.replace(PROFILE, peak_table=None, reduced_slowdown=2.0)
+    fp32, outer = (step_cost(profile, Levels(micro=3, accum=0, outer=o)) for o in (False, True))
+    ratio = sum(b.reduced_per_sample for b in PROFILE.blocks) / sum(b.fp32_per_sample for b in PROFILE.blocks)
+    outer_bytes = 8 * (PROFILE.other_activation_per_sample + PROFILE.temporaries_per_sample)
+    assert 0 < ratio < 1
+    assert fp32.peak_bytes - outer.peak_bytes == pytest.approx(outer_bytes * (1 - ratio), abs=1)
+    micro = PROFILE.micro_fixed_seconds + 8 * PROFILE.micro_seconds_per_sample
+    assert outer.seconds - fp32.seconds == pytest.approx(micro * (1 - PROFILE.blocks_fraction) * (2.0 - 1))
+
+
+def test_domain_randomization_draws_selective_figures_and_keeps_a_profile_s_own() -> None:
+    import numpy as np
+    from autotune.envs.costmodel import SYNTHETIC_SELECTIVE_SHARE, randomized_profile
+
+    assert PROFILE.blocks[0].selective_per_sample is None  # the shipped profile has none
+    shares, sigmas = set(), set()
+    for seed in range(20):
+        synthetic = randomized_profile(PROFILE, np.random.default_rng(seed))
+        assert synthetic.peak_table is None and synthetic.outer_peak_table is None
+        assert synthetic.selective_fraction is not None
+        assert SELECTIVE_FRACTION / 2 <= synthetic.selective_fraction <= min(2 * SELECTIVE_FRACTION, 1.0)
+        sigmas.add(synthetic.selective_fraction)
+        for b in synthetic.blocks:
+            assert b.selective_per_sample is not None
+            rest = b.fp32_per_sample - b.input_per_sample
+            if rest > 0:
+                share = b.selective_per_sample / rest
+                assert SYNTHETIC_SELECTIVE_SHARE[0] <= share <= SYNTHETIC_SELECTIVE_SHARE[1]
+                shares.add(round(share, 9))
+        # So a selective level saves memory there and costs a fraction of recompute's time.
+        none, selective, full = (
+            step_cost(synthetic, Levels(micro=3, checkpoint=c, selective=s)) for c, s in ((0, 0), (0, 4), (4, 0))
+        )
+        assert full.peak_bytes <= selective.peak_bytes < none.peak_bytes
+        assert none.seconds < selective.seconds < full.seconds
+    assert len(shares) == 20 and len(sigmas) == 20  # one draw per synthetic model
+    # A profile's own selective figures are scaled with its other bytes, not drawn.
+    measured = dataclasses.replace(
+        PROFILE, blocks=tuple(dataclasses.replace(b, selective_per_sample=1000.0) for b in PROFILE.blocks)
+    )
+    synthetic = randomized_profile(measured, np.random.default_rng(0))
+    scale = synthetic.blocks[0].input_per_sample / next(
+        b.input_per_sample for b in PROFILE.blocks if b.name == synthetic.blocks[0].name
+    )
+    assert synthetic.blocks[0].selective_per_sample == pytest.approx(1000.0 * scale)

@@ -114,3 +114,38 @@ def test_zero_action_is_live_with_ranks_and_mapped_without() -> None:
     single.reset(seed=0)
     _, _, _, _, info = single.step(stage3)
     assert info["knobs"].zero_stage == 0 and info["levels"].zero_stage == 0
+
+
+def test_on_a_profile_without_their_tables_the_selective_and_outer_actions_are_harmless() -> None:
+    """The shipped profiles were written before the selective level and the outer precision were
+    actions: the outer move changes the configuration and nothing simulated (the outer parts stay
+    fp32 there), the selective move costs its recompute time and saves no memory (never preferred),
+    and neither is refused; where the model cannot run the reduced precision, the outer move is."""
+    from autotune.envs._codec import Move
+
+    profile = next(p for p in shipped_profiles() if p.workload == "gpt-tiny")
+    assert profile.outer_peak_table is None and profile.selective_peak_table is None
+
+    def stepped(move: Move, p: WorkloadProfile = profile) -> tuple[float, dict[str, object]]:
+        env = SimulatedEnv(profiles=[p], memory_budget=1.0, noise=0.0)
+        env.reset(seed=0)
+        env.levels = dataclasses.replace(env.levels, checkpoint=2)  # recomputed quarters to move from
+        _, reward, _, _, info = env.step(np.array(move.action))
+        return reward, info
+
+    keep_reward, keep = stepped(Move.KEEP)
+    outer_reward, outer = stepped(Move.OUTER_REDUCED)
+    assert outer["knobs"].outer_low_precision and not keep["knobs"].outer_low_precision
+    assert (outer_reward, outer["throughput"], outer["peak_bytes"]) == (
+        keep_reward,
+        keep["throughput"],
+        keep["peak_bytes"],
+    )
+    selective_reward, selective = stepped(Move.MORE_SELECTIVE)
+    assert selective["knobs"].selective_blocks > 0 and selective["reward_terms"].get("over_budget") is None
+    assert selective["peak_bytes"] == keep["peak_bytes"] and selective["throughput"] < keep["throughput"]
+    assert selective_reward < keep_reward
+    failing = dataclasses.replace(profile, reduced_failure="no bf16 here")
+    refused_reward, refused = stepped(Move.OUTER_REDUCED, failing)
+    assert refused_reward == -1.0 and refused["reward_terms"] == {"over_budget": 1.0}
+    assert not refused["knobs"].outer_low_precision

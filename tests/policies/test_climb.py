@@ -15,7 +15,7 @@ from autotune.policies.episode import run_episode
 from autotune.config import TrainConfig
 
 GIB = 2**30
-STAY = (1, 1, 1, 1, 0)
+STAY = (1, 1, 1, 1, 0, 1, 1)
 START = Levels(micro=2, accum=2, precision=0, checkpoint=4)  # 4 x 4, every block recomputed
 
 
@@ -105,7 +105,7 @@ def test_a_settled_policy_hands_over_and_the_climb_walks_to_no_recompute() -> No
     assert [s.source for s in episode.steps] == [None] + ["climb"] * 8
     assert episode.best is not None and (episode.best.step, episode.best.throughput) == (5, 140.0)
     # Every climb step moved one knob: the action touches the split or one of precision and recompute.
-    assert [s.action for s in episode.steps[1:3]] == [(0, 1, 1, 1, 0), (2, 1, 1, 0, 0)]
+    assert [s.action for s in episode.steps[1:3]] == [(0, 1, 1, 1, 0, 1, 1), (2, 1, 1, 0, 0, 1, 1)]
 
 
 def test_without_refine_the_policy_acts_alone() -> None:
@@ -276,7 +276,7 @@ def test_the_climb_and_the_best_step_follow_the_objective(objective: str) -> Non
 
 def test_the_climb_reaches_the_selective_level_through_a_sixth_action_entry() -> None:
     """Where every other neighbour is worse, the climb moves a full level to selective recompute:
-    an action outside the policy's space (its sixth entry), applied by the environment."""
+    the action's sixth entry, applied by the environment."""
 
     def selective_pays(k: Levels) -> float:
         return 100.0 + 20 * k.selective - 5 * abs(k.micro - 2) - 3 * k.precision - 10 * (4 - k.checkpoint - k.selective)
@@ -296,14 +296,14 @@ def test_the_climb_reaches_the_selective_level_through_a_sixth_action_entry() ->
         (4, 0, 2, 2),
     ]
     # From 2x8: the split back and the band's move in one action; then the band's move alone.
-    assert [s.action for s in episode.steps[5:]] == [(0, 1, 1, 0, 0, 2), (1, 1, 1, 0, 0, 2)]
+    assert [s.action for s in episode.steps[5:]] == [(0, 1, 1, 0, 0, 2, 1), (1, 1, 1, 0, 0, 2, 1)]
     assert episode.best is not None and episode.best.throughput == 140.0
 
 
 def test_the_climb_reaches_the_outer_precision_through_a_seventh_action_entry_after_the_other_moves() -> None:
     """Where the outer parts in bf16 pay and every other move is worse, the climb tries every
     other neighbour first (the steps it took before the outer precision was a knob), then moves
-    the outer parts to bf16 with an action outside the policy's space (its seventh entry)."""
+    the outer parts to bf16 with the action's seventh entry."""
 
     def outer_pays(k: Levels) -> float:
         return _less_recompute_is_faster(k) - 20 * (4 - k.checkpoint) - 30 * k.selective + 25 * k.outer
@@ -322,9 +322,9 @@ def test_the_climb_reaches_the_outer_precision_through_a_seventh_action_entry_af
         (4, 0, 3, 1, False),
         (4, 0, 4, 0, True),
     ]
-    # From 2x8 the selective move (six entries); from there a full level up (which takes the
-    # selective quarter back) and the outer move in one action: seven entries, the sixth kept.
-    assert [s.action for s in episode.steps[5:]] == [(0, 1, 1, 0, 0, 2), (1, 1, 1, 2, 0, 1, 2)]
+    # From 2x8 the split back and the selective move; from there a full level up (which takes the
+    # selective quarter back) and the outer move in one action, the selective entry kept.
+    assert [s.action for s in episode.steps[5:]] == [(0, 1, 1, 0, 0, 2, 1), (1, 1, 1, 2, 0, 1, 2)]
     assert episode.best is not None and episode.best.throughput == 125.0
     config = env.config_of(env.trained[-1])
     assert (config.precision, config.outer_precision, config.checkpoint) == ("fp32", "bf16", True)

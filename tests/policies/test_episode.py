@@ -27,7 +27,7 @@ def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:
     steps = episode["steps"]
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert steps[0]["action"] is None and steps[0]["reward"] is None
-    assert all(len(s["action"]) == 5 and isinstance(s["reward"], float) for s in steps[1:])
+    assert all(len(s["action"]) == 7 and isinstance(s["reward"], float) for s in steps[1:])
     assert episode["return"] == pytest.approx(sum(s["reward"] for s in steps[1:]))
     assert TrainConfig.from_dict(episode["start_config"]) == TrainConfig.from_dict(steps[0]["config"])
     assert TrainConfig.from_dict(episode["final_config"]) == TrainConfig.from_dict(steps[-1]["config"])

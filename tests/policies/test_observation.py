@@ -7,6 +7,8 @@ is left is the model's own description (parameters, block profile) and the run's
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -120,7 +122,13 @@ def test_the_policy_sees_what_it_saw_before(name: str, monkeypatch: pytest.Monke
         b_noise=128.0,
         losses=(3.0, 2.9, 2.8, 2.7, 2.5, 2.4),
     )
-    np.testing.assert_array_equal(source.observation(obs), np.asarray(BEFORE[name], dtype=np.float32))
+    # Format 3 appended the selective level (none: -1) and the outer precision (fp32: -1).
+    expected = np.asarray([*BEFORE[name], -1.0, -1.0], dtype=np.float32)
+    np.testing.assert_array_equal(source.observation(obs), expected)
+    # A configuration with the outer parts reduced and a selective quarter reads there alone.
+    mixed = dataclasses.replace(later, checkpoint=("selective", *[True] * (len(wl.block_names()) - 1)))
+    moved = source.observation(dataclasses.replace(obs, config=dataclasses.replace(mixed, outer_precision="bf16")))
+    assert moved[20:].tolist() == [-0.5, 1.0]
 
 
 def test_the_simulator_shows_what_it_showed_before() -> None:
@@ -128,4 +136,4 @@ def test_the_simulator_shows_what_it_showed_before() -> None:
 
     env = SimulatedEnv(profiles=[ROOT / "envs" / "profiles" / "gpt-tiny.json"], memory_budget=0.8, noise=0.0)
     obs, _ = env.reset(seed=0)
-    np.testing.assert_array_equal(obs, np.asarray(SIMULATED_BEFORE, dtype=np.float32))
+    np.testing.assert_array_equal(obs, np.asarray([*SIMULATED_BEFORE, -1.0, -1.0], dtype=np.float32))

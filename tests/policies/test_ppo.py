@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,18 @@ import torch
 from autotune.envs import SimulatedEnv, shipped_profiles
 from autotune.envs.core import OBSERVATION_SIZE
 from autotune.policies import transfer
-from autotune.policies.ppo import EPISODE_STEPS, evaluate, load_policy, save_policy, simulated_venv, train_policy
+from autotune.policies.ppo import (
+    EPISODE_STEPS,
+    PRETRAINED_DIR,
+    evaluate,
+    load_policy,
+    save_policy,
+    simulated_venv,
+    train_policy,
+)
 from autotune.policies.transfer import fine_tune
+
+from autotune.errors import ConfigError
 
 
 def _env() -> gym.Env[np.ndarray, np.ndarray]:
@@ -22,8 +33,8 @@ def test_ppo_beats_random_and_always_keep_on_the_simulator(tmp_path: Path) -> No
     model = train_policy(timesteps=12_000, randomize=False, seed=0)
     rng = np.random.default_rng(0)
     ppo = evaluate(lambda o: model.predict(o, deterministic=True)[0], _env(), episodes=40, seed=1000)
-    rand = evaluate(lambda o: rng.integers(0, [3, 3, 3, 3, 4]), _env(), episodes=40, seed=1000)
-    keep = evaluate(lambda o: np.array([1, 1, 1, 1, 0]), _env(), episodes=40, seed=1000)
+    rand = evaluate(lambda o: rng.integers(0, [3, 3, 3, 3, 4, 3, 3]), _env(), episodes=40, seed=1000)
+    keep = evaluate(lambda o: np.array([1, 1, 1, 1, 0, 1, 1]), _env(), episodes=40, seed=1000)
     assert ppo > max(keep, rand), (ppo, keep, rand)
     # the saved policy (safetensors + JSON, no pickle) acts exactly like the trained one
     save_policy(model, tmp_path / "p", trained_on=["shipped profiles"], timesteps=12_000)
@@ -38,9 +49,9 @@ def test_the_shipped_policy_loads_and_beats_always_keep() -> None:
     on the calibrated profiles (the README's table has the full evaluation)."""
     policy = load_policy()
     assert policy.metadata["observation_size"] == OBSERVATION_SIZE
-    assert policy.metadata["action_nvec"] == [3, 3, 3, 3, 4]
+    assert policy.metadata["action_nvec"] == [3, 3, 3, 3, 4, 3, 3]
     shipped = evaluate(policy.act, _env(), episodes=24, seed=2000)
-    keep = evaluate(lambda o: np.array([1, 1, 1, 1, 0]), _env(), episodes=24, seed=2000)
+    keep = evaluate(lambda o: np.array([1, 1, 1, 1, 0, 1, 1]), _env(), episodes=24, seed=2000)
     assert shipped > keep, (shipped, keep)
 
 
@@ -54,7 +65,7 @@ def test_the_shipped_policy_loads_without_unpickling(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(pickle, "loads", refuse)
     monkeypatch.setattr(torch, "load", refuse)
     policy = load_policy()
-    assert policy.act(np.zeros(OBSERVATION_SIZE, dtype=np.float32)).shape == (5,)
+    assert policy.act(np.zeros(OBSERVATION_SIZE, dtype=np.float32)).shape == (7,)
 
 
 def test_fine_tuning_on_one_profile_is_bounded_and_keeps_the_spaces() -> None:
@@ -62,7 +73,7 @@ def test_fine_tuning_on_one_profile_is_bounded_and_keeps_the_spaces() -> None:
     profile = next(p for p in shipped_profiles() if p.workload == "mlp-digits")
     tuned = fine_tune(policy, profile, memory_budget=0.75, seconds=0.5, n_envs=1)
     assert tuned.metadata["fine_tuned"]["on"] == "mlp-digits" and tuned.metadata["fine_tuned"]["steps"] >= 256
-    assert tuned.act(np.zeros(OBSERVATION_SIZE, dtype=np.float32)).shape == (5,)
+    assert tuned.act(np.zeros(OBSERVATION_SIZE, dtype=np.float32)).shape == (7,)
     assert fine_tune(policy, profile, memory_budget=0.75, seconds=0) is policy
 
 
@@ -84,3 +95,19 @@ def test_fine_tuning_trains_where_the_run_is_floored_and_starts(
     fine_tune(load_policy(), profile, memory_budget=0.75, seconds=0.1, n_envs=2, **kwargs)
     envs = [env.unwrapped for env in made[0].envs]
     assert [(e.micro_floor, e.start_within_budget) for e in envs] == [(floor, start)] * 2
+
+
+def test_a_format_2_policy_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A policy trained before the selective level and the outer precision were actions (format 2:
+    five actions, 20 observations) cannot act in these spaces: one line says which format it is."""
+    old = tmp_path / "format-2"
+    old.mkdir()
+    meta = json.loads((PRETRAINED_DIR / "policy.json").read_text())
+    old_meta = {**meta, "format": 2, "observation_size": 20, "action_nvec": [3, 3, 3, 3, 4]}
+    (old / "policy.json").write_text(json.dumps(old_meta))
+    (old / "policy.safetensors").write_bytes((PRETRAINED_DIR / "policy.safetensors").read_bytes())
+    with pytest.raises(ConfigError) as raised:
+        load_policy(old)
+    assert str(raised.value) == (
+        f"policy '{old}' has format 2 and observation size 20; this autotune reads format 3 with size 22."
+    )
