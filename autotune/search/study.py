@@ -168,6 +168,7 @@ class StudyObserver:
 def prepare(spec: StudySpec) -> Prepared:
     """Load the workload and check the spec against it; writes nothing anywhere. What each phase
     cost is in ``Prepared.notes``, which :func:`run_study` says first."""
+    from autotune.measurement.progress import loaded_line
     from autotune.memory.blocks import profile_blocks
     from autotune.resolve import load_workload
 
@@ -183,8 +184,7 @@ def prepare(spec: StudySpec) -> Prepared:
         )
     start = time.perf_counter()
     workload = load_workload(spec.workload)
-    blocks = len(workload.block_names())
-    say(f"workload {workload.name} loaded: {workload.num_parameters:,} parameters, {blocks} blocks ({_since(start)})")
+    say(loaded_line(workload, start))
     say(workload.block_choice().describe())
     if spec.space.min_micro_batch is not None:
         workload = dataclasses.replace(workload, min_micro_batch=spec.space.min_micro_batch)
@@ -223,7 +223,9 @@ def prepare(spec: StudySpec) -> Prepared:
 
 
 def _since(start: float) -> str:
-    return f"{time.perf_counter() - start:.1f} s"
+    from autotune.measurement.progress import since
+
+    return since(start)
 
 
 def _budget(spec: StudySpec, workload: Workload) -> int | None:
@@ -349,8 +351,7 @@ def _enqueue_proposal(study: optuna.Study, prepared: Prepared, propose: Proposer
     except (ProposalError, ConfigError, NonFiniteLossError) as e:
         return False, f"no policy proposal: {e} ({_since(start)})"
     study.enqueue_trial(params, user_attrs={ATTR.BASELINE: POLICY_PROPOSAL})
-    seconds = time.perf_counter() - start
-    return True, f"policy proposal enqueued: {knobs.describe()} ({seconds:.0f} s to profile the model and simulate)"
+    return True, f"policy proposal enqueued: {knobs.describe()} (profile of the model and simulation, {_since(start)})"
 
 
 def run_study(
@@ -409,7 +410,12 @@ def run_study(
         # The memory model is checked by the study's measured trials (each kind by its first), and
         # by check steps in the measuring child, on the study's device, only for data of several shapes.
         predictor = _predictor(options, device_type, check, observer, selective=prepared.space.selective)
+        start = time.perf_counter()
+        screened = prepared.space.low_precisions
         prepared = screen_precisions(prepared, measurer, study=study, cache=cache, machine=machine, note=observer.note)
+        if screened:  # a step of each beside fp32 in the child, unless the study or the cache knows
+            kept = ", ".join(prepared.space.low_precisions) or "none"
+            observer.note(f"reduced precisions screened: {kept} kept ({_since(start)})")
         adopt_checks(study, prepared.workload, predictor, device_type, observer.note)
         if not options.worker:
             _enqueue(study, prepared, predictor, observer, options)
