@@ -185,7 +185,7 @@ class TrainingEnv(TuningEnv):
         )
         start_s = time.perf_counter()
         speed, recompute = self._probe_machine(start)
-        self._say(phase_line(f"machine probed: bf16 speed {speed:.2f}x fp32, recompute +{recompute:.0%}", start_s))
+        self._say(phase_line(f"machine probed: bf16 speed {speed:.2f}x fp32, recompute {recompute:+.0%}", start_s))
         machine = MachineDescriptor(
             reduced_speed=speed, budget_ratio=budget / model_state_bytes(wl.model), recompute_cost=recompute
         )

@@ -260,7 +260,7 @@ def tune(
         with show("re-timing the best steps side by side"):
             episode = retime_best(episode, workload, threads=torch.get_num_threads())
         if episode.retimed is not None:
-            say(phase_line(f"best steps {episode.retimed['steps']} re-timed side by side", start))
+            say(phase_line("best steps re-timed side by side", start, f"steps {episode.retimed['steps']}"))
     measured: tuple[TunedBaseline, ...] = ()
     if baselines and finite:
         if ranks > 1:
