@@ -50,6 +50,13 @@ class TunedBaseline:
         throughput: Its samples/s, or None where no micro-batch of it fit or it failed.
         peak_bytes: Its measured peak, or None where nothing was measured.
         reason: Why it is infeasible (None when it ran within the budget).
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> from autotune.policies.tune import TunedBaseline
+        >>> config = TrainConfig(micro_batch_size=32)
+        >>> TunedBaseline(name="pytorch-default", config=config, throughput=64.0, peak_bytes=2**30).per_gib
+        64.0
     """
 
     name: str
