@@ -257,6 +257,7 @@ def tune(
             steps=steps,
             refine=refine_trials(steps) if refine else 0,
             objective=objective,
+            note=say,
         )
         final_knobs = env.knobs
     finally:

@@ -26,6 +26,9 @@ TUNE_PHASES = [
     "memory model",
     "memory check bf16 on cpu",
     "machine probed",
+    "step 0 (start)",
+    "step 1 (policy)",
+    "step 2 (",  # the policy's, or the climb's (below)
     "best steps re-timed side by side",
     "baseline pytorch-default measured",
     "baseline hf-recipe measured",
@@ -67,7 +70,11 @@ def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
     ]
     # Every phase said in one line ending with its seconds, in order.
     assert all(re.search(r"(\(|, )\d+\.\d s\)$", line) for line in notes), notes
-    assert [re.split(r":| \(", line)[0] for line in notes] == TUNE_PHASES
+    heads = [re.split(r":| \(", line)[0] for line in notes]
+    assert heads == [re.split(r":| \(", head)[0] for head in TUNE_PHASES]
+    assert [line.split(":")[0] for line in notes if line.startswith("step ")] == [
+        f"step {s.step} ({s.source or 'start'})" for s in episode.steps
+    ]
     # The study's baselines (one implementation): the PyTorch default over the budget at the whole
     # batch, measured at the next smaller micro-batch; the HF recipe, bf16 with every block recomputed,
     # the whole batch in one micro-batch.
