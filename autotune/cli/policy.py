@@ -256,7 +256,21 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy or PRETRAINED_DIR)
     start = time.perf_counter()
     workload = load_workload(args.workload)
-    print(loaded_line(workload, start), file=sys.stderr)
+    # Said with the first phase: a user mistake tune() finds before any (the episode's length, a
+    # policy of another action space) stays one line.
+    pending = [loaded_line(workload, start)]
+    console = make_console(stderr=True)
+
+    def say(line: str) -> None:
+        while pending:
+            print(pending.pop(0), file=sys.stderr)
+        print(line, file=sys.stderr)
+
+    def status(message: str) -> Any:
+        while pending:
+            print(pending.pop(0), file=sys.stderr)
+        return console.status(message)
+
     if min_micro is not None:
         workload = dataclasses.replace(workload, min_micro_batch=min_micro)
     warn_if_busy(threads)
@@ -274,7 +288,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         retime=args.retime,
         compile_check=args.compile_check,
         baselines=args.baselines,
-        status=make_console(stderr=True).status,
+        status=status,
+        note=say,
         objective=objective,
     )
     episode = tuned.episode

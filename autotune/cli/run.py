@@ -137,8 +137,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         _check_writable(args.export_deepspeed, flag="--export-deepspeed")  # before minutes of profiling
     start = time.perf_counter()
     workload = load_workload(args.workload)
-    print(loaded_line(workload, start), file=sys.stderr)
+    loaded = loaded_line(workload, start)
     config = config_from_args(args, num_blocks=len(workload.block_names()))
+    _say(loaded)  # after the flags are checked against the model: a mistake in them stays one line
     status = f"profiling {workload.name} (fake tensors, then one real step to check)"
     try:
         # The check's warning is printed below as the command's own line, not as a Python warning.
