@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: install demo test test-avx2 readme docs architecture examples wheel-check lint typecheck bench gpu-check policy
+.PHONY: install demo test test-avx2 readme docs architecture examples wheel-check lint typecheck bench gpu-check policy profiles
 
 $(BIN)/.installed: requirements/dev.txt requirements/constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,9 @@ typecheck: install
 	cp benchmarks/picks.py build/typecheck/picks.py
 	cp benchmarks/results.py build/typecheck/results.py
 	cp scripts/architecture_diagram.py build/typecheck/architecture_diagram.py
+	cp scripts/regenerate_profiles.py build/typecheck/regenerate_profiles.py
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p autotune
-	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml gpu_check.py picks.py results.py architecture_diagram.py
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml gpu_check.py picks.py results.py architecture_diagram.py regenerate_profiles.py
 
 lint: install typecheck
 	$(BIN)/ruff check .
@@ -104,3 +105,9 @@ bench: install
 # rank, the Hugging Face callback. Writes report.json and report.md; without CUDA it says so, exit 0.
 gpu-check: install
 	$(BIN)/python benchmarks/gpu_check.py --out build/gpu-check
+
+# The simulator profiles autotune ships (envs/profiles/*.json), regenerated as they were made
+# (scripts/regenerate_profiles.py: same workloads, presets, batches, one thread). It times real
+# steps: run it on a quiet machine (about 20-40 minutes on 2 cores), then retrain the policy.
+profiles: install
+	$(BIN)/python scripts/regenerate_profiles.py

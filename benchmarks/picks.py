@@ -420,6 +420,7 @@ def _run_tune(workload: Workload, p: Plan, budget: int) -> dict[str, Any]:
         memory_budget=BUDGET_FRACTION,
         steps=p.tune_steps,
         fine_tune_seconds=p.fine_tune_seconds,
+        baselines=False,  # the pick alone: the study beside it measures the baselines
     )
     episode = tuned.episode
     if episode.budget_bytes != budget:

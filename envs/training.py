@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from autotune.envs._codec import ACCUM_LEVELS, FRACTION_LEVELS, Levels, knobs_to_config
 from autotune.envs.calibration import INFEASIBLE_PEAK
@@ -28,6 +28,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionError, one_line
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.probe import probe_speeds
+from autotune.measurement.progress import phase_line
 from autotune.measurement.tracker import tracked_step
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.check import TOLERANCE
@@ -108,6 +109,8 @@ class TrainingEnv(TuningEnv):
             raise ConfigError(f"ranks must be an int >= 1, but got {ranks!r}.")
         super().__init__(horizon=horizon, max_zero_stage=_MAX_ZERO_STAGE if ranks > 1 else 0, adapt_batch=adapt_batch)
         self.start_within_budget = True  # as an adaptive run starts (TuningEnv's Starting State)
+        #: Gets one line per phase of a reset, with its seconds (``tune`` says them); None: silent.
+        self.note: Callable[[str], None] | None = None
         if not workloads:
             raise ConfigError("TrainingEnv needs at least one workload reference, but got none.")
         if steps_per_action < 2:
@@ -151,8 +154,11 @@ class TrainingEnv(TuningEnv):
             self._workloads[i] = ref if isinstance(ref, Workload) else load_workload(ref)
         wl = self.workload = self._workloads[i]
         self.micro_floor = wl.micro_batch_floor  # a BatchNorm model's micro-batch stays its batch
+        start_s = time.perf_counter()
         profile = profile_blocks(wl, micro_batch_size=TUNING.profile_micro_batch)
         self._ranking = profile.ranked()
+        self._say(phase_line("blocks ranked by the activation bytes they save", start_s, "one fake-tensor forward"))
+        start_s = time.perf_counter()
         # Data parallelism splits the workload's batch over the ranks (so its LR applies as is).
         start = Levels.default_for(max(1, wl.batch_size // self.ranks))
         if self.ranks == 1:
@@ -171,12 +177,15 @@ class TrainingEnv(TuningEnv):
         # peak: a first step's peak leaves it out (gpt-tiny: 34.0 MB vs 44.1 MB from then on).
         self._loop().step()
         default_peak = self._measured_peak(start)
+        self._say(phase_line("training loop ready: the default configuration's first steps", start_s))
         budget = self._budget = self.memory_budget.resolve(lambda: default_peak)
         self._verify_memory_model(wl, start, default_peak)
         model = ModelDescriptor.describe(
             num_parameters=wl.num_parameters, block_bytes=profile.saved_bytes, samples=profile.micro_batch_size
         )
+        start_s = time.perf_counter()
         speed, recompute = self._probe_machine(start)
+        self._say(phase_line(f"machine probed: bf16 speed {speed:.2f}x fp32, recompute {recompute:+.0%}", start_s))
         machine = MachineDescriptor(
             reduced_speed=speed, budget_ratio=budget / model_state_bytes(wl.model), recompute_cost=recompute
         )
@@ -194,13 +203,13 @@ class TrainingEnv(TuningEnv):
         # The checks run where the episode trains (on a GPU: milliseconds, never host steps).
         device = resolve_device(self.device).type
         try:
-            self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True, device=device)
+            self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True, device=device, note=self.note)
         except PredictionError:  # no memory model for this model
             pass
         else:  # grown by bf16: its passes and its check only
             try:
                 self._memory = profile_memory(
-                    wl, modes=("fp32", "bf16"), checkpointed=True, reuse=self._memory, device=device
+                    wl, modes=("fp32", "bf16"), checkpointed=True, reuse=self._memory, device=device, note=self.note
                 )
             except PredictionError as e:
                 self._reduced_failure = one_line(e).rpartition("under fake tensors: ")[2]
@@ -275,6 +284,10 @@ class TrainingEnv(TuningEnv):
         if speeds.reduced_failure is not None:
             self.infeasible[dataclasses.replace(plain, precision=full)] = speeds.reduced_failure
         return speeds.reduced_speed, speeds.recompute_cost
+
+    def _say(self, line: str) -> None:
+        if self.note is not None:
+            self.note(line)
 
     def _discard_failed_step(self) -> None:
         """Drop what a step that raised half-way left behind: partial gradients of its micro-batches."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,7 @@ import numpy as np
 
 from autotune.config import TrainConfig
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
+from autotune.measurement.progress import phase_line
 from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
@@ -173,6 +176,7 @@ def run_episode(
     steps: int,
     refine: int = 0,
     objective: ObjectiveName = DEFAULT_OBJECTIVE,
+    note: Callable[[str], None] | None = None,
 ) -> Episode:
     """Reset ``env`` with ``seed`` and let ``policy`` act for at most ``steps`` steps (fewer if the
     episode terminates). Each step trains the real model ``env.steps_per_action`` optimizer steps.
@@ -182,11 +186,14 @@ def run_episode(
     so far by ``objective`` instead (:class:`~autotune.policies.climb.Climb`; ``tune`` passes a
     quarter of its steps); a step the climb has no move for is the policy's. ``refine=0`` is the
     policy alone. The policy acts on its observation and reward either way (the environment's
-    reward is per GiB); ``objective`` decides the climb's incumbent and the episode's best."""
+    reward is per GiB); ``objective`` decides the climb's incumbent and the episode's best.
+    ``note`` gets one line per step (who chose it, where it went, what it measured, its seconds)."""
     from autotune.policies.climb import Climb, settled
 
+    start = time.perf_counter()
     obs, info = env.reset(seed=seed)
     records = [_record(env, 0, None, info, None, None)]
+    _say(note, records[-1], start)
     levels = [info["levels"]]
     climb = Climb(env) if refine > 0 else None
     climbing = False
@@ -212,6 +219,7 @@ def run_episode(
                 if chosen is not None:
                     action, source = chosen, "climb"
         assert action is not None
+        start = time.perf_counter()
         obs, reward, terminated, _, info = env.step(np.asarray(action))
         if climb is not None:
             climb.stepped(info["levels"])
@@ -221,6 +229,7 @@ def run_episode(
             # bf16 blocks six steps running (the picks benchmark, docs/benchmark-log.md).
             climbing = climbing or (source == "policy" and info["levels"] == levels[-1])
         records.append(_record(env, t, action, info, float(reward), source))
+        _say(note, records[-1], start)
         levels.append(info["levels"])
         if terminated:
             break
@@ -231,6 +240,15 @@ def run_episode(
         adapt_batch=env.adapt_batch,
         objective=objective,
     )
+
+
+def _say(note: Callable[[str], None] | None, s: EpisodeStep, start: float) -> None:
+    """A step's line: ``step 1 (policy): 8x4 ckpt:2: 12.0 samples/s, peak 39.35 MiB (2.1 s)``."""
+    from autotune.units import format_bytes
+
+    if note is not None:
+        what = f"step {s.step} ({s.source or 'start'}): {s.knobs}: {s.throughput:.1f} samples/s"
+        note(phase_line(f"{what}, peak {format_bytes(s.peak_bytes)}", start))
 
 
 def _record(

@@ -113,6 +113,13 @@ def register(sub: Any) -> None:
         "(default: on where the loop runs on CUDA, off on the CPU, where a compile costs a minute or more)",
     )
     p.add_argument(
+        "--baselines",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the episode, measure the PyTorch default and the HF recipe (bf16 + every block recomputed) "
+        "at the budget, and say how the best compares with both (default: on; one rank; seconds)",
+    )
+    p.add_argument(
         "--refine",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -238,10 +245,13 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     import math
+    import sys
+    import time
 
     from autotune.cli.flags import min_micro_batch_of, objective_arg, set_threads, warn_if_busy
     from autotune.console import make_console
     from autotune.errors import ConfigError, NonFiniteLossError
+    from autotune.measurement.progress import loaded_line
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
     from autotune.policies.tune import tune
     from autotune.resolve import load_workload
@@ -259,7 +269,23 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         check_storage(args.storage)  # it records the episode after minutes of training
     threads = set_threads(args.threads, ranks=args.ranks)
     policy = load_policy(args.policy or PRETRAINED_DIR)
+    start = time.perf_counter()
     workload = load_workload(args.workload)
+    # Said with the first phase: a user mistake tune() finds before any (the episode's length, a
+    # policy of another action space) stays one line.
+    pending = [loaded_line(workload, start)]
+    console = make_console(stderr=True)
+
+    def say(line: str) -> None:
+        while pending:
+            print(pending.pop(0), file=sys.stderr)
+        print(line, file=sys.stderr)
+
+    def status(message: str) -> Any:
+        while pending:
+            print(pending.pop(0), file=sys.stderr)
+        return console.status(message)
+
     if min_micro is not None:
         workload = dataclasses.replace(workload, min_micro_batch=min_micro)
     warn_if_busy(threads)
@@ -276,7 +302,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         refine=args.refine,
         retime=args.retime,
         compile_check=args.compile_check,
-        status=make_console(stderr=True).status,
+        baselines=args.baselines,
+        status=status,
+        note=say,
         objective=objective,
     )
     episode = tuned.episode
@@ -286,6 +314,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(episode.to_json())
     else:
         _print_episode(episode, tuned.final_knobs)
+        make_console().print(tuned.recommended_line(), markup=False, highlight=False)
     diverged = next((s for s in episode.steps if not math.isfinite(s.loss)), None)
     if diverged is not None:  # the environment ended the episode there; its output says what ran before
         raise NonFiniteLossError(

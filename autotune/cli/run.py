@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     from autotune.console import make_console
     from autotune.errors import PredictionError, PredictionWarning
+    from autotune.measurement.progress import loaded_line
     from autotune.memory.check_text import unverified_message
     from autotune.memory.predict import budget_bytes, predict_memory
     from autotune.report import estimate_table
@@ -133,15 +135,18 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     budget = parse_memory_budget(args.memory_budget) if args.memory_budget else None
     if args.export_deepspeed is not None:
         _check_writable(args.export_deepspeed, flag="--export-deepspeed")  # before minutes of profiling
+    start = time.perf_counter()
     workload = load_workload(args.workload)
+    loaded = loaded_line(workload, start)
     config = config_from_args(args, num_blocks=len(workload.block_names()))
+    _say(loaded)  # after the flags are checked against the model: a mistake in them stays one line
     status = f"profiling {workload.name} (fake tensors, then one real step to check)"
     try:
         # The check's warning is printed below as the command's own line, not as a Python warning.
         with make_console(stderr=True).status(status), warnings.catch_warnings():
             warnings.simplefilter("ignore", PredictionWarning)
-            budget_b = budget_bytes(budget, workload, ranks=config.ranks, device_type=args.device)
-            estimate = predict_memory(workload, config, device_type=args.device)
+            budget_b = budget_bytes(budget, workload, ranks=config.ranks, device_type=args.device, note=_say)
+            estimate = predict_memory(workload, config, device_type=args.device, note=_say)
     except PredictionError as e:
         if args.json:
             print(json.dumps({"workload": workload.name, "verified": False, "reason": str(e)}, indent=2))
@@ -160,6 +165,11 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             f"autotune predict: UNVERIFIED: {unverified_message(workload.name, estimate.verification)}", file=sys.stderr
         )
     return 0
+
+
+def _say(line: str) -> None:
+    """A phase's line on stderr (stdout holds the table or the JSON)."""
+    print(line, file=sys.stderr)
 
 
 def _check_writable(path: Path, *, flag: str) -> None:

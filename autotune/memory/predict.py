@@ -98,6 +98,7 @@ def predict_memory(
     profile: MemoryProfile | None = None,
     device_type: str = "cpu",
     verify: bool = True,
+    note: Callable[[str], None] | None = None,
 ) -> MemoryEstimate:
     """Predict the peak tensor bytes per rank of ``config``, by category, before running it.
 
@@ -121,6 +122,8 @@ def predict_memory(
         verify: With a profile taken here, check it against real steps of a copy of the model
             on ``device_type`` (two steps at a small micro-batch per kind of configuration);
             ``False`` skips them and leaves the estimate unverified.
+        note: Gets one line per phase of a profile taken here (the fake-tensor profile, each
+            check), with its seconds.
 
     Returns:
         The predicted peak by category (:class:`~autotune.memory.model.MemoryEstimate`;
@@ -152,6 +155,7 @@ def predict_memory(
             selective="selective" in plan.recompute,
             verify=verify,
             device=device_type,
+            note=note,
         )
     estimate = compose_memory(workload, config, profile, device_type=device_type)
     check = covering(profile, config, plan, estimate.total, device_type=device_type)
@@ -162,7 +166,12 @@ def predict_memory(
 
 
 def budget_bytes(
-    budget: MemoryBudget | None, workload: Workload, *, ranks: int = 1, device_type: str = "cpu"
+    budget: MemoryBudget | None,
+    workload: Workload,
+    *,
+    ranks: int = 1,
+    device_type: str = "cpu",
+    note: Callable[[str], None] | None = None,
 ) -> int | None:
     """``budget`` in bytes per rank, for ``measure``, ``predict`` and ``study``.
 
@@ -171,13 +180,16 @@ def budget_bytes(
     micro-batch each, nothing recomputed, ZeRO stage 0 (what ``autotune tune`` starts from, and
     measures instead). A prediction runs no real compute, so the budget is known before anything
     runs or is written; on the local runner it equals the measured peak within a few hundred bytes.
+    ``note`` gets the profile's line, as :func:`predict_memory`'s.
     """
     if budget is None:
         return None
     per_rank = max(1, min(workload.batch_size // ranks, workload.dataset_size or workload.batch_size))
     default = TrainConfig(micro_batch_size=per_rank, ranks=ranks)
     # The total does not depend on the check: no real step for a figure the check cannot change.
-    return budget.resolve(lambda: predict_memory(workload, default, device_type=device_type, verify=False).total)
+    return budget.resolve(
+        lambda: predict_memory(workload, default, device_type=device_type, verify=False, note=note).total
+    )
 
 
 def _device_available(device_type: str) -> bool:

@@ -24,12 +24,13 @@ step under the same name).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from autotune.knobs import Knobs
 from autotune.search.space import SearchSpace
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.measurement.admission import Verdict
@@ -42,6 +43,7 @@ __all__ = [
     "RETRIED",
     "SEED_RECIPE",
     "baselines",
+    "recommended_line",
     "smaller_micro_batch",
 ]
 
@@ -52,6 +54,8 @@ HF_RECIPE = "hf-recipe"
 #: theirs did not (the objective's retry, ``accelerate.find_executable_batch_size``'s loop).
 RETRIED: tuple[str, ...] = (PYTORCH_DEFAULT, HF_RECIPE)
 POLICY_PROPOSAL = "policy"
+#: The baselines a recommendation is compared with, in the words its line uses.
+COMPARED: tuple[tuple[str, str], ...] = ((PYTORCH_DEFAULT, "PyTorch default"), (HF_RECIPE, "HF recipe"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,3 +143,51 @@ def smaller_micro_batch(space: SearchSpace, knobs: Knobs) -> Knobs | None:
     """The same point with the next smaller micro-batch, or None at the smallest."""
     smaller = [m for m in space.micro_batch_choices(knobs.batch_size, knobs.ranks) if m < knobs.micro_batch_size]
     return replace(knobs, micro_batch_size=max(smaller)) if smaller else None
+
+
+def recommended_line(
+    where: str,
+    summary: str,
+    *,
+    throughput: float | None,
+    peak_bytes: int | None,
+    per_gib: float | None,
+    objective: str,
+    ratios: Mapping[str, float | None],
+) -> str:
+    """THE recommendation line of ``study`` and ``tune``, and how it compares with the baselines.
+
+    Args:
+        where: Which measurement is recommended (``"trial 7"``, ``"step 3"``).
+        summary: Its configuration in one line (:meth:`autotune.TrainConfig.describe`).
+        throughput: Its samples/s.
+        peak_bytes: Its peak.
+        per_gib: Its samples/s per GiB of peak.
+        objective: ``"per-gib"`` or ``"throughput"``: which ratio the comparison gives.
+        ratios: Per baseline measured (or meant to be), the recommendation's value over the
+            baseline's under ``objective``; None where the baseline was infeasible.
+
+    Returns:
+        ``recommended: trial 7: ...: 65.9 samples/s, peak 31.46 MiB, 2145.1 samples/s per GiB
+        (2.04x the PyTorch default and 1.10x the HF recipe per GiB)``.
+    """
+    per = objective == "per-gib"
+    head = "recommended" if per else "recommended for the most samples/s within the budget"
+    line = (
+        f"{head}: {where}: {summary}: {_num(throughput)} samples/s, "
+        f"peak {format_bytes(peak_bytes)}, {_num(per_gib)} samples/s per GiB"
+    )
+    versus = [
+        f"{r:.2f}x the {what}" if per else f"{r:.2f}x the {what}'s"
+        for name, what in COMPARED
+        if (r := ratios.get(name)) is not None
+    ]
+    if versus:
+        line += f" ({' and '.join(versus)} {'per GiB' if per else 'samples/s'})"
+    if HF_RECIPE in ratios and ratios[HF_RECIPE] is None:
+        line += "; the HF recipe (bf16 + checkpointing) was infeasible"
+    return line
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"

@@ -20,7 +20,7 @@ from rich.text import Text
 from autotune.config import TrainConfig
 from autotune.console import make_console
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value
-from autotune.search.baselines import HF_RECIPE, PYTORCH_DEFAULT
+from autotune.search.baselines import recommended_line
 from autotune.search.record import TrialRecord, trial_record
 from autotune.search.results import StudySummary
 from autotune.search.study import StudyObserver, count_done
@@ -168,20 +168,20 @@ def _improvement_table(s: StudySummary) -> Table:
 def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
     if r is None or r.config is None:
         return "no feasible trial yet: nothing to recommend"
-    head = "recommended" if s.objective == DEFAULT_OBJECTIVE else "recommended for the most samples/s within the budget"
-    line = (
-        f"{head}: trial {r.number}: {config_summary(r.config)}: {_num(r.objective)} samples/s, "
-        f"peak {format_bytes(r.peak_bytes)}, {_num(r.per_gib)} samples/s per GiB"
+    ratios = {
+        name: None if (i := s.improvement(name)) is None else i.per_gib if s.objective == "per-gib" else i.throughput
+        for name, b in s.baselines.items()
+        if b.state not in ("WAITING", "RUNNING")  # not measured yet: neither compared nor infeasible
+    }
+    line = recommended_line(
+        f"trial {r.number}",
+        config_summary(r.config),
+        throughput=r.objective,
+        peak_bytes=r.peak_bytes,
+        per_gib=r.per_gib,
+        objective=s.objective,
+        ratios=ratios,
     )
-    versus = [
-        f"{i.per_gib:.2f}x the {what}" if s.objective == "per-gib" else f"{i.throughput:.2f}x the {what}'s"
-        for name, what in ((PYTORCH_DEFAULT, "PyTorch default"), (HF_RECIPE, "HF recipe"))
-        if (i := s.improvement(name)) is not None
-    ]
-    if versus:
-        line += f" ({' and '.join(versus)} {'per GiB' if s.objective == 'per-gib' else 'samples/s'})"
-    if HF_RECIPE in s.baselines and s.improvement(HF_RECIPE) is None:
-        line += "; the HF recipe (bf16 + checkpointing) was infeasible"
     f = s.retimed.get(r.number)
     if f is not None:
         retimed = (

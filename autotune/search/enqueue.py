@@ -12,7 +12,7 @@ from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.budget import admits
 from autotune.search.observer import StudyObserver
 from autotune.search.predictor import MemoryPredictor
-from autotune.search.prepared import since
+from autotune.measurement.progress import since
 from autotune.search.record import ATTR
 
 if TYPE_CHECKING:
@@ -89,5 +89,4 @@ def _enqueue_proposal(study: optuna.Study, prepared: Prepared, propose: Proposer
     except (ProposalError, ConfigError, NonFiniteLossError) as e:
         return False, f"no policy proposal: {e} ({since(start)})"
     study.enqueue_trial(params, user_attrs={ATTR.BASELINE: POLICY_PROPOSAL})
-    seconds = time.perf_counter() - start
-    return True, f"policy proposal enqueued: {knobs.describe()} ({seconds:.0f} s to profile the model and simulate)"
+    return True, f"policy proposal enqueued: {knobs.describe()} (profile of the model and simulation, {since(start)})"

@@ -18,6 +18,7 @@ from autotune.errors import (
     SpecError,
 )
 from autotune.measurement.objective import DEFAULT_OBJECTIVE
+from autotune.measurement.progress import loaded_line, since
 from autotune.search.cache import workload_fingerprint
 from autotune.search.record import GOODPUT_METRIC_NAMES, METRIC_NAMES
 from autotune.search.space import SearchSpace
@@ -81,8 +82,7 @@ def prepare(spec: StudySpec) -> Prepared:
         )
     start = time.perf_counter()
     workload = load_workload(spec.workload)
-    blocks = len(workload.block_names())
-    say(f"workload {workload.name} loaded: {workload.num_parameters:,} parameters, {blocks} blocks ({since(start)})")
+    say(loaded_line(workload, start))
     say(workload.block_choice().describe())
     if spec.space.min_micro_batch is not None:
         workload = dataclasses.replace(workload, min_micro_batch=spec.space.min_micro_batch)
@@ -118,10 +118,6 @@ def prepare(spec: StudySpec) -> Prepared:
         memory_budget=budget,
         notes=tuple(lines),
     )
-
-
-def since(start: float) -> str:
-    return f"{time.perf_counter() - start:.1f} s"
 
 
 def _budget(spec: StudySpec, workload: Workload) -> int | None:

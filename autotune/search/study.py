@@ -33,7 +33,8 @@ from autotune.search.observer import StudyObserver
 from autotune.search.opening import recover_interrupted, stored_spec
 from autotune.search.precisions import screen_precisions
 from autotune.search.predictor import MemoryPredictor, StudyPredictor, load_memory_predictor
-from autotune.search.prepared import Prepared, prepare, since
+from autotune.measurement.progress import since
+from autotune.search.prepared import Prepared, prepare
 from autotune.search.record import ATTR, MIB
 from autotune.search.refine import Refine
 from autotune.search.spec import StudySpec
@@ -186,9 +187,14 @@ def _optimize(
     # The memory model is checked by the study's measured trials (each kind by its first), and
     # by check steps in the measuring child, on the study's device, only for data of several shapes.
     predictor = _predictor(options, device_type, check, observer, selective=prepared.space.selective)
+    start = time.perf_counter()
+    screened = prepared.space.low_precisions
     prepared = screen_precisions(
         prepared, measurer, study=study, cache=where.cache, machine=where.machine, note=observer.note
     )
+    if screened:  # a step of each beside fp32 in the child, unless the study or the cache knows
+        kept = ", ".join(prepared.space.low_precisions) or "none"
+        observer.note(f"reduced precisions screened: {kept} kept ({since(start)})")
     adopt_checks(study, prepared.workload, predictor, device_type, observer.note)
     if not options.worker:
         _enqueue(study, prepared, predictor, observer, options)

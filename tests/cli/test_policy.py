@@ -3,6 +3,7 @@ nothing written, before any training (issue 19)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,20 @@ def test_tune_refuses_an_unknown_objective_in_one_line(capsys: pytest.CaptureFix
     assert main(["tune", TINY, "--objective", "bogus"]) == 2
     line = "autotune tune: error: objective must be one of ('per-gib', 'throughput'), but got 'bogus'.\n"
     assert capsys.readouterr() == ("", line)
+
+
+def test_tune_says_each_phase_and_ends_with_the_studys_recommendation_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["tune", TINY, "--steps", "1", "--steps-per-action", "2", "--fine-tune-seconds", "0", "--no-retime"]
+    assert main([*args, "--threads", "1"]) == 0
+    out, err = capsys.readouterr()
+    phases = [line for line in err.splitlines() if not line.startswith("busy machine:")]
+    assert phases[0].startswith("workload tiny loaded: 34,340 parameters, 4 blocks (")
+    assert all(re.search(r"(\(|, )\d+\.\d s\)$", line) for line in phases), phases
+    baselines = [line.split(":")[0] for line in phases[-2:]]
+    assert baselines == ["baseline pytorch-default measured", "baseline hf-recipe measured"]
+    last = out.splitlines()[-1]
+    assert re.fullmatch(
+        r"recommended: step \d: micro x acc x ranks .+: \d+\.\d samples/s, peak .+, \d+\.\d samples/s per GiB "
+        r"\(\d+\.\d\dx the PyTorch default and \d+\.\d\dx the HF recipe per GiB\)",
+        last,
+    ), last

@@ -3,6 +3,7 @@ the picks benchmark both call it), on a real training loop."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,6 +16,24 @@ from autotune.errors import ConfigError
 from autotune.resolve import load_workload
 from tests.paths import DATA, TINY_WORKLOAD
 
+#: The lines ``tune`` says before, and after, its episode on the tiny workload (no fine-tuning).
+TUNE_PHASES = [
+    "blocks ranked by the activation bytes they save",
+    "training loop ready",
+    "memory model",
+    "memory check fp32 on cpu",
+    "memory check recomputed on cpu",
+    "memory model",
+    "memory check bf16 on cpu",
+    "machine probed",
+    "step 0 (start)",
+    "step 1 (policy)",
+    "step 2 (",  # the policy's, or the climb's (below)
+    "best steps re-timed side by side",
+    "baseline pytorch-default measured",
+    "baseline hf-recipe measured",
+]
+
 
 def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
     workload = load_workload(f"{TINY_WORKLOAD}:build")
@@ -25,7 +44,16 @@ def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
         shown.append(message)
         yield
 
-    tuned = tune(workload, load_policy(PRETRAINED_DIR), steps=2, steps_per_action=2, fine_tune_seconds=0, status=status)
+    notes: list[str] = []
+    tuned = tune(
+        workload,
+        load_policy(PRETRAINED_DIR),
+        steps=2,
+        steps_per_action=2,
+        fine_tune_seconds=0,
+        status=status,
+        note=notes.append,
+    )
     episode = tuned.episode
     assert [s.step for s in episode.steps] == [0, 1, 2]
     assert [s.source for s in episode.steps] in ([None, "policy", "climb"], [None, "policy", "policy"])
@@ -34,7 +62,37 @@ def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
     # (16x1): the episode starts where an adaptive run would, at the first smaller micro-batch within it.
     assert episode.steps[0].knobs == "8x2" and episode.steps[0].peak_bytes <= episode.budget_bytes
     assert tuned.final_knobs.describe() == episode.steps[-1].knobs
-    assert shown == ["re-timing the best steps side by side"]  # no fine-tuning asked for
+    # No fine-tuning asked for; the baselines after the episode.
+    assert shown == [
+        "re-timing the best steps side by side",
+        "measuring the baseline pytorch-default",
+        "measuring the baseline hf-recipe",
+    ]
+    # Every phase said in one line ending with its seconds, in order.
+    assert all(re.search(r"(\(|, )\d+\.\d s\)$", line) for line in notes), notes
+    heads = [re.split(r":| \(", line)[0] for line in notes]
+    assert heads == [re.split(r":| \(", head)[0] for head in TUNE_PHASES]
+    assert [line.split(":")[0] for line in notes if line.startswith("step ")] == [
+        f"step {s.step} ({s.source or 'start'})" for s in episode.steps
+    ]
+    # The study's baselines (one implementation): the PyTorch default over the budget at the whole
+    # batch, measured at the next smaller micro-batch; the HF recipe, bf16 with every block recomputed,
+    # the whole batch in one micro-batch.
+    assert [(b.name, b.config.describe(), b.reason) for b in tuned.baselines] == [
+        ("pytorch-default", "micro x acc x ranks 8x2x1 | fp32 | ckpt none | ZeRO 0", None),
+        ("hf-recipe", "micro x acc x ranks 16x1x1 | bf16, outer bf16 | ckpt all | ZeRO 0", None),
+    ]
+    assert all(b.throughput and b.peak_bytes and b.peak_bytes <= episode.budget_bytes for b in tuned.baselines)
+    best = episode.best
+    assert best is not None
+    ratios = tuned.ratios()
+    assert ratios == {b.name: episode.per_gib(best) / b.per_gib for b in tuned.baselines if b.per_gib}
+    line = tuned.recommended_line()
+    assert re.fullmatch(
+        rf"recommended: step {best.step}: {re.escape(best.config.describe())}: \d+\.\d samples/s, peak [\d.]+ [KM]iB, "
+        r"\d+\.\d samples/s per GiB \(\d+\.\d\dx the PyTorch default and \d+\.\d\dx the HF recipe per GiB\)",
+        line,
+    ), line
 
 
 def test_tune_fine_tunes_on_a_model_that_cannot_run_in_reduced_precision() -> None:
@@ -131,8 +189,10 @@ def test_the_compile_check_times_the_best_step_where_asked(asked: bool | None, m
         retime=False,
         refine=False,
         compile_check=asked,
+        baselines=False,
         note=notes.append,
     )
+    notes = [n for n in notes if n.startswith("torch.compile")]  # the reset's phases said before
     if asked is None:  # the CPU: not checked, nothing said
         assert (calls, notes, tuned.compile_check) == ([], [], None)
         return

@@ -7,7 +7,14 @@ from dataclasses import replace
 
 from autotune import Knobs
 from autotune.measurement.admission import Verdict, admission
-from autotune.search.baselines import HF_RECIPE, PYTORCH_DEFAULT, SEED_RECIPE, baselines, smaller_micro_batch
+from autotune.search.baselines import (
+    HF_RECIPE,
+    PYTORCH_DEFAULT,
+    SEED_RECIPE,
+    baselines,
+    recommended_line,
+    smaller_micro_batch,
+)
 from autotune.search.space import SearchSpace
 
 
@@ -126,3 +133,27 @@ def test_the_hf_recipe_needs_bf16_in_the_space() -> None:
     ]
     assert [b.name for b in baselines(_space(low_precisions=()), batch_size=32)] == [PYTORCH_DEFAULT, SEED_RECIPE]
     assert [b.name for b in baselines(_space(), batch_size=32)] == [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE]
+
+
+def test_the_recommendation_line_compares_with_both_baselines_under_the_objective() -> None:
+    def line(objective: str, ratios: dict[str, float | None]) -> str:
+        return recommended_line(
+            "step 3",
+            "8x4",
+            throughput=65.94,
+            peak_bytes=32 * 2**20,
+            per_gib=2110.0,
+            objective=objective,
+            ratios=ratios,
+        )
+
+    head = "step 3: 8x4: 65.9 samples/s, peak 32 MiB, 2110.0 samples/s per GiB"
+    assert line("per-gib", {"pytorch-default": 2.044, "hf-recipe": 1.1, "seed-recipe": 3.0}) == (
+        f"recommended: {head} (2.04x the PyTorch default and 1.10x the HF recipe per GiB)"
+    )
+    assert line("throughput", {"pytorch-default": 1.5, "hf-recipe": None}) == (
+        f"recommended for the most samples/s within the budget: {head} (1.50x the PyTorch default's samples/s); "
+        "the HF recipe (bf16 + checkpointing) was infeasible"
+    )
+    # A baseline not measured (none given) is neither compared nor called infeasible.
+    assert line("per-gib", {}) == f"recommended: {head}"

@@ -88,7 +88,9 @@ def test_two_workers_share_one_study(postgres_url: str, tmp_path: Path) -> None:
         "blocks ranked by the activation bytes they save",
         "baselines enqueued: pytorch-default, seed-recipe, hf-recipe",  # no budget: no memory model consulted
     ]
-    assert re.fullmatch(r"policy proposal enqueued: .+ \(\d+ s to profile the model and simulate\)", proposal), proposal
+    assert re.fullmatch(r"policy proposal enqueued: .+ \(profile of the model and simulation, \d+\.\d s\)", proposal), (
+        proposal
+    )
     assert ready == "study 'tiny' ready: 4 trials enqueued; start the workers now"
     workers = [
         subprocess.Popen(

@@ -99,3 +99,15 @@ def test_a_study_stored_without_an_objective_recommends_per_gib() -> None:
     assert objective_of(study) == "per-gib"
     summary = summarize(study)
     assert summary.recommended is not None and summary.recommended.number == 0
+
+
+def test_a_baseline_still_waiting_is_not_called_infeasible() -> None:
+    study = _study("per-gib")
+    study.enqueue_trial({}, user_attrs={ATTR.BASELINE: "hf-recipe"})  # a study stopped before it ran
+    console = Console(record=True, width=300)
+    console.print(summary_view(summarize(study)))
+    line = next(line for line in console.export_text().splitlines() if line.startswith("recommended"))
+    assert line == (
+        "recommended: trial 0: micro x acc x ranks 2x8x1 | fp32 | ckpt none | ZeRO 0: 100.0 samples/s, "
+        "peak 1 GiB, 100.0 samples/s per GiB"
+    )

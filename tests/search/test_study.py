@@ -164,7 +164,9 @@ def test_the_proposal_is_the_callers_proposer_and_none_given_is_said(tmp_path: P
     study = open_study(prepared, options)
     enqueue_baselines(study, prepared, None, policy_proposal=True, propose=proposer, note=notes.append)
     assert asked == [(prepared.workload.name, None)]
-    assert notes[-1] == "policy proposal enqueued: 8x2 ckpt:1 (0 s to profile the model and simulate)"
+    assert re.fullmatch(
+        r"policy proposal enqueued: 8x2 ckpt:1 \(profile of the model and simulation, \d+\.\d s\)", notes[-1]
+    ), notes[-1]
     enqueued = study.trials[-1]  # waiting: its parameters are the fixed ones it will run
     assert (enqueued.user_attrs[ATTR.BASELINE], enqueued.system_attrs["fixed_params"]["micro_batch_size"]) == (
         POLICY_PROPOSAL,
