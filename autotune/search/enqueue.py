@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from autotune.dependencies import install_command
 from autotune.errors import ConfigError, NonFiniteLossError, ProposalError
+from autotune.measurement.progress import since
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.budget import admits
 from autotune.search.observer import StudyObserver
 from autotune.search.predictor import MemoryPredictor
-from autotune.measurement.progress import since
 from autotune.search.record import ATTR
 
 if TYPE_CHECKING:

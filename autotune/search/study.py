@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.measurement.cuda_memory import ALLOC_CONF_VAR, alloc_conf_with
+from autotune.measurement.progress import since
 from autotune.search.budget import admits, known_peak
 from autotune.search.cache import MeasurementCache, machine_fingerprint
 from autotune.search.enqueue import Proposer, enqueue_baselines
@@ -33,7 +34,6 @@ from autotune.search.observer import StudyObserver
 from autotune.search.opening import recover_interrupted, stored_spec
 from autotune.search.precisions import screen_precisions
 from autotune.search.predictor import MemoryPredictor, StudyPredictor, load_memory_predictor
-from autotune.measurement.progress import since
 from autotune.search.prepared import Prepared, prepare
 from autotune.search.record import ATTR, MIB
 from autotune.search.refine import Refine
