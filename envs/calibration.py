@@ -356,21 +356,7 @@ def calibrate(
     say("loss and gradient-noise curves")
     samples, losses, noise = _curves(workload, b0, curve_steps)
     _check_finite(workload, "loss", {f"step {i} of the loss curve": v for i, v in enumerate(losses)})
-    say("peak memory of every knob setting (memory model)")
-    table, selective_table, selective_bytes = memory_table(
-        workload, reduced=reduced, reduced_runs=failure is None, selective=selective
-    )
-    if selective:
-        blocks = [dataclasses.replace(b, selective_per_sample=x) for b, x in zip(blocks, selective_bytes, strict=True)]
-    outer_table: tuple[int, ...] | None = None
-    outer_selective: tuple[int, ...] | None = None
-    if outer:
-        say(f"peak memory of every knob setting with the outer parts in {reduced} (memory model)")
-        outer_table, banded, _ = memory_table(
-            workload, reduced=reduced, reduced_runs=failure is None, selective=selective, outer=True
-        )
-        outer_selective = banded if selective else None
-    return WorkloadProfile(
+    timed = WorkloadProfile(
         version=PROFILE_VERSION,
         workload=workload.source or workload.name,
         machine=_machine_name(),
@@ -392,9 +378,69 @@ def calibrate(
         curve_samples=samples,
         curve_loss=losses,
         curve_b_noise=noise,
-        peak_table=table,
         default_peak_bytes=default.memory.total,
         reduced_failure=failure,
+    )
+    return with_memory_tables(timed, workload, selective=selective, outer=outer, progress=progress)
+
+
+def with_memory_tables(
+    profile: WorkloadProfile,
+    workload: Workload,
+    *,
+    selective: bool = True,
+    outer: bool = True,
+    progress: Progress | None = None,
+) -> WorkloadProfile:
+    """``profile`` with its memory tables (``peak_table``, and where asked the selective and
+    outer ones and the blocks' selective bytes) predicted by the memory model for ``workload``:
+    the last phase of :func:`calibrate`, and all that refreshing a profile's tables takes.
+
+    Fake tensors only, nothing timed: the tables of a profile measured elsewhere can be redone on
+    any machine (``scripts/regenerate_profiles.py --memory-only``), its timed terms kept as they
+    were measured.
+
+    Args:
+        profile: The profile whose tables to (re)write; its other fields are kept.
+        workload: The workload it profiles, at its batch size.
+        selective: Whether to write the selective recompute level's table and bytes.
+        outer: Whether to write the tables with the outer parts in the reduced precision.
+        progress: Called with a line as each phase starts (None: silent).
+
+    Returns:
+        The profile with its tables.
+
+    Raises:
+        ConfigError: ``workload`` is not at the profile's batch size.
+    """
+    if workload.batch_size != profile.batch_size:
+        raise ConfigError(
+            f"{workload.name}: the profile is at batch {profile.batch_size}, but the workload is at "
+            f"batch {workload.batch_size}: its tables would index other micro-batches."
+        )
+    say = progress or (lambda _: None)
+    reduced, runs = profile.reduced, profile.reduced_failure is None
+    say("peak memory of every knob setting (memory model)")
+    table, selective_table, selective_bytes = memory_table(
+        workload, reduced=reduced, reduced_runs=runs, selective=selective
+    )
+    blocks = profile.blocks
+    if selective:
+        blocks = tuple(
+            dataclasses.replace(b, selective_per_sample=x) for b, x in zip(blocks, selective_bytes, strict=True)
+        )
+    outer_table: tuple[int, ...] | None = None
+    outer_selective: tuple[int, ...] | None = None
+    if outer:
+        say(f"peak memory of every knob setting with the outer parts in {reduced} (memory model)")
+        outer_table, banded, _ = memory_table(
+            workload, reduced=reduced, reduced_runs=runs, selective=selective, outer=True
+        )
+        outer_selective = banded if selective else None
+    return dataclasses.replace(
+        profile,
+        blocks=blocks,
+        peak_table=table,
         selective_peak_table=selective_table if selective else None,
         outer_peak_table=outer_table,
         outer_selective_peak_table=outer_selective,

@@ -14,7 +14,11 @@ minutes a profile on 2 cores)::
     make profiles                                   # or: python scripts/regenerate_profiles.py
     python scripts/regenerate_profiles.py --only mlp-digits --out /tmp/profiles   # one, elsewhere
 
-One line per profile, with its seconds.
+One line per profile, with its seconds. ``--memory-only`` redoes only the memory tables of the
+files already there (the memory model's predictions under fake tensors, nothing timed: any machine,
+any load, seconds a profile), their timed terms kept as they were measured::
+
+    python scripts/regenerate_profiles.py --memory-only
 """
 
 from __future__ import annotations
@@ -71,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=PROFILES, help="directory to write to (default envs/profiles)")
     parser.add_argument("--only", help="comma list of profile names (file names without .json) to regenerate")
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="redo only the memory tables of the profiles in --out (fake tensors, nothing timed)",
+    )
     args = parser.parse_args(argv)
     chosen = SHIPPED
     if args.only:
@@ -86,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import torch
-    from autotune.envs.calibration import calibrate, save_profile
+    from autotune.envs.calibration import calibrate, load_profile, save_profile, with_memory_tables
 
     from autotune.measurement.progress import phase_line
 
@@ -94,11 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter()
     for shipped in chosen:
         start = time.perf_counter()
-        profile = calibrate(shipped.build(), curve_steps=shipped.curve_steps)
+        if args.memory_only:
+            profile = with_memory_tables(load_profile(args.out / shipped.file), shipped.build())
+        else:
+            profile = calibrate(shipped.build(), curve_steps=shipped.curve_steps)
         save_profile(profile, args.out / shipped.file)
         print(phase_line(f"{args.out / shipped.file}: {profile.workload}, batch {profile.batch_size}", start))
         sys.stdout.flush()
-    print(phase_line(f"{len(chosen)} profiles regenerated", total))
+    what = "memory tables redone" if args.memory_only else "profiles regenerated"
+    print(phase_line(f"{len(chosen)} profiles' {what}" if args.memory_only else f"{len(chosen)} {what}", total))
     return 0
 
 

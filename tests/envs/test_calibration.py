@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -78,3 +79,30 @@ def test_a_model_that_cannot_run_in_reduced_precision_gets_an_fp32_profile_and_t
     for seed in range(4):
         env.reset(seed=seed)
         assert env._peak_bytes(low) == INFEASIBLE_PEAK
+
+
+def test_a_shipped_profile_s_memory_tables_are_redone_without_timing_and_its_timed_terms_kept() -> None:
+    from pathlib import Path
+
+    from autotune.envs.calibration import load_profile, memory_table, with_memory_tables
+
+    from autotune.errors import ConfigError
+    from autotune.resolve import load_workload
+
+    shipped = load_profile(Path(__file__).parents[2] / "envs" / "profiles" / "mlp-digits.json")
+    stripped = dataclasses.replace(
+        shipped, selective_peak_table=None, outer_peak_table=None, outer_selective_peak_table=None
+    )
+    workload = load_workload("mlp-digits")
+    redone = with_memory_tables(stripped, workload)
+    table, selective, selective_bytes = memory_table(workload, reduced=shipped.reduced)
+    assert redone.peak_table == table and redone.selective_peak_table == selective
+    assert tuple(b.selective_per_sample for b in redone.blocks) == selective_bytes
+    assert redone.outer_peak_table is not None and len(redone.outer_peak_table) == len(table)
+    timed = ("step_fixed_seconds", "micro_fixed_seconds", "micro_seconds_per_sample", "reduced_slowdown", "curve_loss")
+    assert all(getattr(redone, f) == getattr(shipped, f) for f in timed)
+    assert [b.time_share for b in redone.blocks] == [b.time_share for b in shipped.blocks]
+    with pytest.raises(
+        ConfigError, match=re.escape("mlp-digits: the profile is at batch 32, but the workload is at batch 16")
+    ):
+        with_memory_tables(shipped, dataclasses.replace(workload, batch_size=16))

@@ -84,5 +84,6 @@ def test_study_exports_and_tune(name: str, tmp_path: Path, capsys: pytest.Captur
         "75%",
         "--fine-tune-seconds",
         "0",
+        "--no-baselines",  # tests/policies/test_tune.py measures them; here they would add seconds per model
     )
     assert "final config" in out
