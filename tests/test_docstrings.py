@@ -25,6 +25,7 @@ MODULES = (
     "autotune.knobs",
     "autotune.workload",
     "autotune.adapt.adaptive",
+    "autotune.adapt.source_choice",
     "autotune.adapt.sources",
     "autotune.search.export",
     "autotune.train.wrappers",

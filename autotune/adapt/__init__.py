@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING
 from autotune._lazy import lazy_module_attributes
 
 if TYPE_CHECKING:
-    from autotune.adapt.adaptive import Adaptive, decision_source
+    from autotune.adapt.adaptive import Adaptive
     from autotune.adapt.controller import Controller as Controller  # internals: by name, not in __all__
     from autotune.adapt.decider import Decider as Decider
     from autotune.adapt.frontend import FrontEnd as FrontEnd
     from autotune.adapt.policy_source import PolicySource
     from autotune.adapt.records import AdaptStep, Change, OverBudgetStep
     from autotune.adapt.side_by_side import SideBySide as SideBySide
+    from autotune.adapt.source_choice import decision_source
     from autotune.adapt.sources import DecisionSource, FixedConfig, Observation, Proposal, RunContext
     from autotune.memory.gate import BudgetGate as BudgetGate
     from autotune.memory.gate import Verdict as Verdict
@@ -45,7 +46,7 @@ __all__ = [
 
 _LAZY = {
     "Adaptive": "autotune.adapt.adaptive",
-    "decision_source": "autotune.adapt.adaptive",
+    "decision_source": "autotune.adapt.source_choice",
     "Controller": "autotune.adapt.controller",
     "FrontEnd": "autotune.adapt.frontend",
     "Decider": "autotune.adapt.decider",

@@ -17,26 +17,24 @@ applied or refused, is in :attr:`Adaptive.history`.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autotune.adapt.arguments import check_decisions, check_int, check_optimizer, optimizer_like, track_mode
 from autotune.adapt.compiled import Recompiles, user_compiled
 from autotune.adapt.controller import Controller
-from autotune.adapt.loop import AdaptLoop, InPlaceTrainer
+from autotune.adapt.loop import AdaptLoop, InPlaceTrainer, LoopHooks, in_place
 from autotune.adapt.on_ranks import rank_start
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
 from autotune.adapt.saved import check_saved_batch, check_saved_model, model_record
 from autotune.adapt.shape_guard import ShapeGuard
-from autotune.adapt.sources import DecisionSource, FixedConfig
+from autotune.adapt.source_choice import PolicyArg, decision_source, selective_in_play
 from autotune.batches import batch_size
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, UnsupportedError
-from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.memory.gate import BudgetGate
 from autotune.tuning import TUNING
 from autotune.units import DEFAULT_PEAK, MemoryBudget
@@ -47,13 +45,13 @@ if TYPE_CHECKING:
 
     from torch.utils.data import Dataset
 
-    from autotune.measurement.cuda_memory import AllocatorStats
     from autotune.procs.session import RankSession
+    from autotune.train.base import StepResult
 
 
-__all__ = ["Adaptive", "decision_source", "selective_in_play"]
+# decision_source and selective_in_play stay importable from here, where they were first.
+__all__ = ["Adaptive", "PolicyArg", "decision_source", "selective_in_play"]
 
-PolicyArg = str | Path | TrainConfig | DecisionSource | None
 _NO_LOCAL_MODEL = (
     "Adaptive.on_ranks trains the model in the rank processes: there is no model or optimizer object in this one."
 )
@@ -62,94 +60,6 @@ _NO_LOCAL_STATE = (
     "Adaptive(model, ...) in one process."
 )
 _STATE_VERSION = 3  # of state_dict(): a change to its keys bumps it (3: model, 2: shape_guard; 1, 2 still read)
-
-
-def decision_source(policy: PolicyArg) -> DecisionSource | None:
-    """The decision source an adaptive run's ``policy=`` argument stands for.
-
-    Args:
-        policy: ``"pretrained"`` (the shipped policy), a policy directory (``str`` or ``Path``), a
-            :class:`~autotune.TrainConfig` (a :class:`FixedConfig` of it), a
-            :class:`DecisionSource` (itself), or None.
-
-    Returns:
-        The source, or None: no decisions, the run stays where it starts.
-
-    Raises:
-        ConfigError: ``policy`` is none of these types.
-
-    Example:
-        >>> from autotune import TrainConfig
-        >>> from autotune.adapt import decision_source
-        >>> decision_source(TrainConfig(micro_batch_size=4)).name
-        'fixed'
-        >>> decision_source(None) is None
-        True
-    """
-    if policy is None or isinstance(policy, DecisionSource):
-        return policy
-    if isinstance(policy, TrainConfig):
-        return FixedConfig(policy)
-    if isinstance(policy, (str, Path)):
-        from autotune.adapt.policy_source import PolicySource
-
-        return PolicySource(None if policy == "pretrained" else Path(policy))
-    raise ConfigError(
-        "policy must be 'pretrained', a policy directory, a TrainConfig, a DecisionSource or None, "
-        f"but got {type(policy).__name__}."
-    )
-
-
-def selective_in_play(source: DecisionSource | None, default: TrainConfig, num_blocks: int) -> bool:
-    """Whether a run may train a selectively recomputed block, so that its budget gate's memory
-    profile must hold the selective runs (two more fake runs per mode; without them a selective
-    configuration has no prediction and is measured before it counts).
-
-    Args:
-        source: The run's decision source (None: it stays on ``default``).
-        default: The run's own configuration.
-        num_blocks: The model's blocks.
-
-    Returns:
-        True where ``default`` has a selective block, where ``source`` is a fixed configuration
-        with one, and for a source of the user's own (it may propose anything); False for the
-        policy, which does not move the level.
-
-    Example:
-        >>> from autotune import TrainConfig
-        >>> from autotune.adapt import decision_source
-        >>> plain = TrainConfig(micro_batch_size=4)
-        >>> selective_in_play(decision_source(plain), plain, 2)
-        False
-        >>> selective_in_play(decision_source(TrainConfig(micro_batch_size=4, checkpoint="selective")), plain, 2)
-        True
-    """
-    if "selective" in default.checkpoint_levels(num_blocks):
-        return True
-    if source is None:
-        return False
-    if isinstance(source, FixedConfig):
-        return "selective" in source.config.checkpoint_levels(num_blocks)
-    from autotune.adapt.policy_source import PolicySource
-
-    # The pretrained policy's action space has no selective level, and its neighbour moves leave
-    # it where it is: its run would pay for the selective runs without using them.
-    return not isinstance(source, PolicySource)
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{name} must be an int >= {low}, but got {value!r}.")
-
-
-def _like(optimizer: torch.optim.Optimizer) -> Callable[[Any], torch.optim.Optimizer]:
-    """A factory for the user's optimizer class and defaults: the memory model counts *its* state.
-
-    Only the defaults its constructor takes (torch's AdamW keeps ``decoupled_weight_decay`` in its
-    defaults without accepting it)."""
-    accepted = inspect.signature(type(optimizer)).parameters
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    return lambda params: type(optimizer)(params, **defaults)
 
 
 class Adaptive:
@@ -267,37 +177,24 @@ class Adaptive:
         min_micro_batch: int | None = None,
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> None:
-        _check_int("batch_size", batch_size, 1)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ConfigError(f"optimizer must be a torch.optim.Optimizer, but got {type(optimizer).__name__}.")
+        check_int("batch_size", batch_size, 1)
+        check_optimizer(optimizer)
         workload = Workload(
             name=name,
             model=model,
             dataset=dataset,
             loss_fn=loss_fn,
             blocks=blocks,
-            optimizer=_like(optimizer),
+            optimizer=optimizer_like(optimizer),
             batch_size=batch_size,
             collate_fn=collate_fn,
             worst_case_batch=worst_case_batch,
             min_micro_batch=min_micro_batch,
         )
-        size = workload.dataset_size or batch_size
-        default = TrainConfig(
-            micro_batch_size=min(batch_size, size),
-            grad_clip=grad_clip,
-            lr_scaling=lr_scaling,  # type: ignore[arg-type]
-            seed=seed,
-        )
-
-        def loop(start: TrainConfig, noise: bool) -> AdaptLoop:
-            return InPlaceTrainer(workload, start, model=model, optimizer=optimizer, device=device, track_noise=noise)
-
-        device_type = next((p.device.type for p in model.parameters()), "cpu")
         self._setup(
             workload,
-            default,
-            loop,
+            _default_config(workload, grad_clip=grad_clip, lr_scaling=lr_scaling, seed=seed),
+            in_place(workload, model=model, optimizer=optimizer, device=device),
             memory_budget=memory_budget,
             policy=policy,
             decide_every=decide_every,
@@ -305,7 +202,7 @@ class Adaptive:
             min_efficiency=min_efficiency,
             max_batch_size=max_batch_size,
             track_memory=track_memory,
-            device_type=device_type,
+            device_type=next((p.device.type for p in model.parameters()), "cpu"),
             paired=True,
             objective=objective,
             compiled=user_compiled(model),
@@ -431,43 +328,23 @@ class Adaptive:
         compiled: bool = False,
     ) -> None:
         """What both loops share: the source, the gate, the starting config, then ``loop(start, noise)``."""
-        batch_size = workload.batch_size
-        _check_int("decide_every", decide_every, 2)
-        objective = check_objective(objective)
-        if not 0.0 < min_efficiency <= 1.0:
-            raise ConfigError(f"min_efficiency must be in (0, 1], but got {min_efficiency!r}.")
-        self.max_batch_size = 8 * batch_size if max_batch_size is None else max_batch_size
-        _check_int("max_batch_size", self.max_batch_size, batch_size)
+        objective, self.max_batch_size = check_decisions(
+            batch_size=workload.batch_size,
+            decide_every=decide_every,
+            objective=objective,
+            min_efficiency=min_efficiency,
+            max_batch_size=max_batch_size,
+        )
         self.workload = workload
         self.source = decision_source(policy)
         self.decide_every, self.adapt_batch, self.min_efficiency = decide_every, adapt_batch, min_efficiency
-        self.track_memory = _track_mode(track_memory)
+        self.track_memory = track_mode(track_memory)
         self._device_type = device_type
         budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
-        reduced = self.source is not None  # only a decision source proposes bf16 blocks
-        selective = selective_in_play(self.source, default, len(workload.block_names()))
-        self.gate = BudgetGate.build(
-            workload, budget, default, reduced_precision=reduced, device_type=device_type, selective=selective
-        )
-        self.guard = ShapeGuard(workload, self.gate, reduced_precision=reduced, selective=selective)  # step(batch)
+        self._build_gate(budget, default, device_type)
         # The local loop switches configuration in ~1 ms: a proposal is measured side by side there.
-        self._hooks = _LoopHooks(paired=paired)
-        self.controller = Controller(
-            frontend=self._hooks,
-            source=self.source,
-            gate=self.gate,
-            default=default,
-            fraction=budget.fraction,
-            decide_every=decide_every,
-            adapt_batch=adapt_batch,
-            min_efficiency=min_efficiency,
-            max_batch_size=self.max_batch_size,
-            min_micro_batch=workload.micro_batch_floor,
-            micro_why=workload.micro_batch_reason,
-            objective=objective,
-            # The user's compiled model: each change of block knobs recompiles (adapt/compiled.py).
-            recompiles=Recompiles(num_blocks=len(workload.block_names()), horizon=decide_every) if compiled else None,
-        )
+        self._hooks = LoopHooks(paired=paired)
+        self.controller = self._controller(default, budget.fraction, objective=objective, compiled=compiled)
         self.decider = self.controller.decider
         start = self.controller.begin(workload, device_type=device_type)  # raises if nothing fits
         wants_noise = adapt_batch or (self.source is not None and self.source.needs_noise)
@@ -475,6 +352,39 @@ class Adaptive:
         self._noise = self._hooks.noise = wants_noise and self.trainer.noise is not None
         self.steps: list[AdaptStep] = []
         self._ran: set[TrainConfig] = set()  # configurations that ran a step in this process
+
+    def _build_gate(self, budget: MemoryBudget, default: TrainConfig, device_type: str) -> None:
+        """The budget gate, and the shape guard of ``step(batch)`` over it."""
+        reduced = self.source is not None  # only a decision source proposes bf16 blocks
+        selective = selective_in_play(self.source, default, len(self.workload.block_names()))
+        self.gate = BudgetGate.build(
+            self.workload, budget, default, reduced_precision=reduced, device_type=device_type, selective=selective
+        )
+        self.guard = ShapeGuard(self.workload, self.gate, reduced_precision=reduced, selective=selective)
+
+    def _controller(
+        self, default: TrainConfig, fraction: float | None, *, objective: ObjectiveName, compiled: bool
+    ) -> Controller:
+        """The run's controller over its hooks, source and gate."""
+        workload = self.workload
+        return Controller(
+            frontend=self._hooks,
+            source=self.source,
+            gate=self.gate,
+            default=default,
+            fraction=fraction,
+            decide_every=self.decide_every,
+            adapt_batch=self.adapt_batch,
+            min_efficiency=self.min_efficiency,
+            max_batch_size=self.max_batch_size,
+            min_micro_batch=workload.micro_batch_floor,
+            micro_why=workload.micro_batch_reason,
+            objective=objective,
+            # The user's compiled model: each change of block knobs recompiles (adapt/compiled.py).
+            recompiles=(
+                Recompiles(num_blocks=len(workload.block_names()), horizon=self.decide_every) if compiled else None
+            ),
+        )
 
     # ---- the run ------------------------------------------------------------------------------------
 
@@ -564,18 +474,43 @@ class Adaptive:
         """
         t = self.trainer
         if batch is not None:
-            if self.adapt_batch:
-                raise ConfigError(
-                    "step(batch) trains the batch it is given, so the effective batch cannot grow: "
-                    "adapt_batch must be False, but got True."
-                )
-            batch_size(batch)  # a malformed batch is refused before anything changes
+            self._check_batch(batch)
         want = self.controller.before_step()  # a side-by-side trial alternates configurations
         if want is not None and want != t.config:
             t.reconfigure(want)
         if batch is not None:
             self.guard.apply(batch, t, self.decider)  # a batch longer than any seen: checked before it runs
             t.feed(batch)
+        record, result, throughput = self._run_step(t)
+        peak = record.peak_bytes
+        self.controller.after_step(
+            record.step,
+            config=record.config,
+            loss=result.loss,
+            throughput=throughput,
+            peak=peak,
+            allocator=t.allocator_stats if peak is not None else None,
+            skipped=result.skipped,
+            seconds=result.seconds,
+        )
+        return record
+
+    def _check_batch(self, batch: Any) -> None:
+        """Refuse a user's batch before anything changes (see :meth:`step`'s Raises)."""
+        if self.adapt_batch:
+            raise ConfigError(
+                "step(batch) trains the batch it is given, so the effective batch cannot grow: "
+                "adapt_batch must be False, but got True."
+            )
+        batch_size(batch)  # a malformed batch is refused before anything changes
+
+    def _run_step(self, t: AdaptLoop) -> tuple[AdaptStep, StepResult, float | None]:
+        """The loop's next step under its configuration: tracked, split for the noise estimate, or
+        plain; recorded in :attr:`steps`.
+
+        Returns:
+            Its record, its result and its throughput (a timed step; else None).
+        """
         config, index, peak, throughput = t.config, t.step_count, None, None
         if t.noise is not None:
             # The noise estimate folds in only the last steps before a decision (see SampledNoise).
@@ -602,17 +537,7 @@ class Adaptive:
             peak_bytes=peak,
         )
         self.steps.append(record)
-        self.controller.after_step(
-            index,
-            config=config,
-            loss=result.loss,
-            throughput=throughput,
-            peak=peak,
-            allocator=t.allocator_stats if peak is not None else None,
-            skipped=result.skipped,
-            seconds=result.seconds,
-        )
-        return record
+        return record, result, throughput
 
     def _tracks(self, config: TrainConfig) -> bool:
         if self.track_memory == "unverified":
@@ -726,39 +651,12 @@ class Adaptive:
         self.close()
 
 
-def _track_mode(value: object) -> str:
-    modes = {True: "all", False: "none", "all": "all", "unverified": "unverified", "none": "none"}
-    if isinstance(value, (bool, str)) and value in modes:
-        return modes[value]
-    raise ConfigError(f"track_memory must be 'unverified', True or 'all', False or 'none', but got {value!r}.")
-
-
-class _LoopHooks:
-    """Adaptive's front-end for the controller: its own loop (local, or DeepSpeed ranks) takes
-    every configuration, at any step (a reconfiguration: new block wrappers and micro-batch, on
-    ranks new engines where the ZeRO stage or engine precision changes)."""
-
-    splits_now = True
-
-    def __init__(self, *, paired: bool) -> None:
-        self.paired = paired
-        self.trainer: AdaptLoop | None = None  # built at the configuration the controller starts in
-        self.noise = False
-
-    def takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
-        return proposed
-
-    def apply(self, change: Change) -> Change | None:
-        if self.trainer is None:  # before the loop is built: it is built at change.after
-            return change
-        rebuilt = self.trainer.reconfigure(change.after)
-        if rebuilt is not None:  # new DeepSpeed engines, the state carried over: what the seconds paid for
-            change = dataclasses.replace(change, reason=f"{change.reason}; new engines: {rebuilt.partition(':')[0]}")
-        return change
-
-    def b_noise(self) -> float | None:
-        noise = self.trainer.noise if self.trainer is not None else None
-        return noise.estimate().b_simple if self.noise and noise is not None else None
-
-    def run_stats(self) -> AllocatorStats | None:
-        return None  # tracked steps measure each configuration's peak
+def _default_config(workload: Workload, *, grad_clip: float | None, lr_scaling: str, seed: int) -> TrainConfig:
+    """The local run's own configuration: the user's batch in one micro-batch (at most the dataset), fp32."""
+    batch_size = workload.batch_size
+    return TrainConfig(
+        micro_batch_size=min(batch_size, workload.dataset_size or batch_size),
+        grad_clip=grad_clip,
+        lr_scaling=lr_scaling,  # type: ignore[arg-type]
+        seed=seed,
+    )

@@ -53,7 +53,6 @@ def budget_start(
     if verdict.admitted or whole:
         return default, "", None
     batch = default.micro_batch_size
-    floor = min(batch, smallest_micro_batch(batch * default.grad_accum_steps, min_micro_batch))
     candidates = start_candidates(
         default, min_micro_batch=min_micro_batch, stages=range(4) if default.ranks > 1 else (0,)
     )
@@ -68,23 +67,48 @@ def budget_start(
     if found is not None:
         config, candidate = found
         return config, f"the default {_over(verdict)}; {candidate.reason}", candidate.predicted
+    raise _nothing_fits(
+        default,
+        gate=gate,
+        frontend=frontend,
+        verdict=verdict,
+        tried=tried,
+        min_micro_batch=min_micro_batch,
+        micro_why=micro_why,
+    )
+
+
+def _nothing_fits(
+    default: TrainConfig,
+    *,
+    gate: BudgetGate,
+    frontend: FrontEnd,
+    verdict: Verdict,
+    tried: list[Verdict],
+    min_micro_batch: int | None,
+    micro_why: str,
+) -> ConfigError:
+    """Why no candidate fits: the first one small enough but not verified, else why none could be
+    predicted, else the smallest predicted peak against the budget."""
+    batch = default.micro_batch_size
+    floor = min(batch, smallest_micro_batch(batch * default.grad_accum_steps, min_micro_batch))
     per_rank = " per rank" if default.ranks > 1 else ""
     split = "" if frontend.splits_now else f" at the loop's split {batch} x {default.grad_accum_steps}"
     if floor > 1 and frontend.splits_now:
         split = f" with micro-batches of at least {floor} ({micro_why})"
     fitting = [v for v in tried if v.predicted is not None and _would_fit(gate, v.predicted)]
     if fitting:  # small enough, but predicted by a memory model that was not verified for it
-        raise ConfigError(
+        return ConfigError(
             f"no fp32 configuration of batch {default.effective_batch_size}{split} is known to fit memory_budget "
             f"{gate.budget} B{per_rank}: {fitting[0].reason}"
         )
     smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
     if smallest is None:  # nothing could be predicted: say why, not a missing number
-        raise ConfigError(
+        return ConfigError(
             f"no fp32 configuration of batch {default.effective_batch_size}{split} is known to fit memory_budget "
             f"{gate.budget} B{per_rank}: {(tried[0] if tried else verdict).reason}"
         )
-    raise ConfigError(
+    return ConfigError(
         f"memory_budget {gate.budget} B{per_rank} is below every fp32 configuration of batch "
         f"{default.effective_batch_size}{split} (smallest predicted peak {smallest} B, "
         f"+{gate.headroom:.0%} headroom): raise the budget."

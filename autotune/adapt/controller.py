@@ -28,17 +28,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from autotune.adapt.budget_start import budget_start
 from autotune.adapt.decider import Decider
 from autotune.adapt.losses import Losses
+from autotune.adapt.peaks import Peaks
 from autotune.adapt.records import Change, OverBudgetStep
 from autotune.adapt.sources import Observation, RunContext
 from autotune.config import TrainConfig
-from autotune.errors import OverBudgetWarning
-from autotune.measurement.cuda_memory import reserved_with_headroom
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.tuning import TUNING
 
@@ -49,7 +47,7 @@ if TYPE_CHECKING:
     from autotune.adapt.frontend import FrontEnd
     from autotune.adapt.sources import DecisionSource
     from autotune.measurement.cuda_memory import AllocatorStats
-    from autotune.memory.gate import BudgetGate, Verdict
+    from autotune.memory.gate import BudgetGate
     from autotune.workload import Workload
 
 __all__ = ["Controller"]
@@ -128,12 +126,17 @@ class Controller:
         self.pending: Change | None = None  # a change that waits for the loop (see FrontEnd.apply)
         self._pending_logged = False  # the pending change is a revert, already in the history
         self.losses = Losses()  # the recent losses an observation carries, and the NaN rule
-        self.over_budget: list[OverBudgetStep] = []
+        self.peaks = Peaks(gate=gate, decider=self.decider, default=default, fraction=fraction)
 
     @property
     def history(self) -> list[Change]:
         """Every decision so far, applied or refused, in order."""
         return self.decider.history
+
+    @property
+    def over_budget(self) -> list[OverBudgetStep]:
+        """Every step measured over the budget, in order."""
+        return self.peaks.over_budget
 
     @property
     def decides(self) -> bool:
@@ -204,13 +207,8 @@ class Controller:
         return self.config
 
     def start(self) -> tuple[TrainConfig, str, int | None]:
-        """Where the budget puts the run, before any decision source has a say.
-
-        The default if it fits (or the budget is at least the default's own peak), else the
-        first of smaller micro-batches (only where the loop takes a new split before its first
-        step; on ranks: each at the lowest ZeRO stage that fits), then recompute on every block,
-        that the gate admits: THE search of :mod:`autotune.memory.start`, which the training
-        environment's reset runs too.
+        """Where the budget puts the run, before any decision source has a say: THE search of
+        :mod:`autotune.memory.start`, as :func:`~autotune.adapt.budget_start.budget_start` runs it.
 
         Returns:
             The configuration, why (empty: the default) and its predicted peak in bytes (None
@@ -225,7 +223,7 @@ class Controller:
             frontend=self.frontend,
             min_micro_batch=self.decider.min_micro_batch,
             micro_why=self.decider.micro_why,
-            whole=self.fraction is not None and self.fraction >= 1.0,
+            whole=self.peaks.whole,
         )
 
     # ---- each step ----------------------------------------------------------------------------------
@@ -287,11 +285,11 @@ class Controller:
             self.diverged(index, config=config, loss=loss, skipped=skipped)
         over = None
         if peak is not None:
-            self.measured(config, peak, allocator, step=step)
+            self.peaks.measured(config, peak, allocator, step=step)
             # Over the budget as the gate reads a measurement (on CUDA: reserved memory with headroom).
             over = peak if not self.gate.admits(config).admitted else None
         if over is not None:
-            self._over(index, config, over)
+            self.peaks.over(index, config, over)
         if over is not None and config != self.decider.previous:
             # A measured step put the config over the budget (its prediction was off): go back at once.
             back = self.decider.revert(config, over, step)
@@ -315,42 +313,6 @@ class Controller:
             at, cost = measured
             self.history[at] = dataclasses.replace(self.history[at], recompile_seconds=cost)
         return None if recompiled else throughput
-
-    def measured(
-        self, config: TrainConfig, peak: int, allocator: AllocatorStats | None = None, *, step: int | None = None
-    ) -> None:
-        """Record a measured peak of ``config``; the default's also sets a percentage budget.
-
-        Args:
-            config: The configuration measured.
-            peak: Its peak tensor bytes.
-            allocator: On CUDA, the caching allocator's peaks over that step.
-            step: Optimizer steps done, for a step of the run (None: a resumed measurement). Where
-                the step checked the memory model on the device (the first of a kind there,
-                :meth:`~autotune.memory.gate.BudgetGate.record`), the history says so (source
-                ``"memory"``, nothing applied).
-        """
-        checks = self.gate.record(config, peak, allocator=allocator)
-        if checks and step is not None:
-            from autotune.memory.check_text import trial_line
-
-            self.decider.note(
-                Change(
-                    step=step,
-                    source="memory",
-                    before=config,
-                    after=config,
-                    applied=False,
-                    reason=trial_line(checks),
-                    measured_bytes=peak,
-                )
-            )
-        if config == self.default and self.fraction is not None:
-            # A percentage is of the default's peak: its measurement replaces its prediction
-            # (they differ by a few hundred bytes on the local runner). On CUDA it is of the
-            # default's reserved peak with its headroom: 100% must admit the default.
-            basis = peak if allocator is None else reserved_with_headroom(allocator.reserved_peak)
-            self.gate.budget = max(self.gate.budget, int(basis * self.fraction))
 
     def made(self, step: int, taken: bool, why: str = "") -> None:
         """The loop reached the point a pending change waited for (:meth:`FrontEnd.apply` returned None).
@@ -393,20 +355,6 @@ class Controller:
         return self.decider.observation(
             step=step, config=config, b_noise=self.frontend.b_noise(), losses=tuple(self.losses.recent)
         )
-
-    def _over(self, index: int, config: TrainConfig, peak: int) -> None:
-        """A measured step over the budget: recorded, and said at once (the run exceeded the
-        memory it was given, if only for one step)."""
-        predicted = self.gate.predict(config)
-        over = OverBudgetStep(
-            step=index,
-            config=config,
-            peak_bytes=peak,
-            budget_bytes=self.gate.budget,
-            predicted_bytes=None if predicted is None else predicted[0],
-        )
-        self.over_budget.append(over)
-        warnings.warn(OverBudgetWarning(over.describe()), stacklevel=4)
 
     def diverged(self, index: int, *, config: TrainConfig, loss: float | None, skipped: bool) -> None:
         """The NaN rule: step ``index``'s loss (or, with a finite or unread ``loss``, a gradient) is
@@ -466,11 +414,11 @@ class Controller:
             state: What :meth:`state_dict` returned.
         """
         for m in state.get("measured", []):
-            self.measured(TrainConfig.from_dict(m["config"]), m["peak_bytes"])
+            self.peaks.measured(TrainConfig.from_dict(m["config"]), m["peak_bytes"])
         self.decider.load_state_dict(state["decider"])
         if self.source is not None:
             self.source.load_state_dict(state["source"])
-        self.over_budget = [OverBudgetStep.from_dict(o) for o in state.get("over_budget", [])]
+        self.peaks.over_budget = [OverBudgetStep.from_dict(o) for o in state.get("over_budget", [])]
         self.resume_losses(state.get("losses", []))
 
     def resume_losses(self, losses: list[float]) -> None:
@@ -492,14 +440,7 @@ class Controller:
         Returns:
             ``saved``, or where this run started (a ``budget`` change in the history).
         """
-        verdict = self.gate.admits(saved)
-        target = saved
-        if not self._admits(saved, verdict):
-            reason = f"resumed under a budget it is over ({verdict.reason}): back to where this {run} starts"
-            self.decider.note(
-                Change(step=step, source="budget", before=saved, after=self.config, applied=True, reason=reason)
-            )
-            self.decider.previous, self.decider.trial, target = self.config, None, self.config
+        target = self.peaks.resumed(saved, current=self.config, step=step, run=run)
         if target != self.config:
             made = self.frontend.apply(
                 Change(step=step, source="resume", before=self.config, after=target, applied=True, reason="resumed")
@@ -507,10 +448,3 @@ class Controller:
             assert made is not None, "a resumed configuration is within the loop's split"
             self.config = target
         return target
-
-    def _admits(self, config: TrainConfig, verdict: Verdict) -> bool:
-        """Whether a run may start (or resume) at ``config``: the gate admits it, or it is the
-        default under a budget of at least the default's own peak (``"100%"``: the prediction's
-        headroom must not refuse the very configuration the budget was taken from)."""
-        whole = self.fraction is not None and self.fraction >= 1.0
-        return verdict.admitted or (config == self.default and whole)

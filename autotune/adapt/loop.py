@@ -4,15 +4,19 @@
 memory tracking, a reconfiguration, and the gradient-noise hooks where the backend has them. Two
 backends implement it: :class:`InPlaceTrainer` (the local Trainer on the user's own model and
 optimizer, with a data stream that keeps its place) and :class:`autotune.adapt.ranks.RankLoop`
-(the rank session's DeepSpeed ranks).
+(the rank session's DeepSpeed ranks). :class:`LoopHooks` is the adaptive run's front-end for the
+controller over either.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
+from autotune.adapt.records import Change
 from autotune.config import TrainConfig
 from autotune.measurement.cuda_memory import AllocatorStats, StatsSource, allocator_source
 from autotune.measurement.tracker import tracked_step
@@ -22,7 +26,7 @@ from autotune.train.local import Trainer
 from autotune.train.stream import workload_stream
 from autotune.workload import Workload
 
-__all__ = ["AdaptLoop", "InPlaceTrainer", "SampledNoise"]
+__all__ = ["AdaptLoop", "InPlaceTrainer", "LoopHooks", "SampledNoise", "in_place"]
 
 
 class SampledNoise:
@@ -142,3 +146,45 @@ class InPlaceTrainer(Trainer):
         if self.allocator is not None:
             self.allocator_stats = AllocatorStats.read(self.allocator, self.device)
         return tracked.result, tracked.at_peak.total
+
+
+def in_place(
+    workload: Workload, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: str | torch.device | None
+) -> Callable[[TrainConfig, bool], AdaptLoop]:
+    """The local loop over the user's objects, built at the start the controller picks: ``loop(start, noise)``."""
+
+    def loop(start: TrainConfig, noise: bool) -> AdaptLoop:
+        return InPlaceTrainer(workload, start, model=model, optimizer=optimizer, device=device, track_noise=noise)
+
+    return loop
+
+
+class LoopHooks:
+    """Adaptive's front-end for the controller: its own loop (local, or DeepSpeed ranks) takes
+    every configuration, at any step (a reconfiguration: new block wrappers and micro-batch, on
+    ranks new engines where the ZeRO stage or engine precision changes)."""
+
+    splits_now = True
+
+    def __init__(self, *, paired: bool) -> None:
+        self.paired = paired
+        self.trainer: AdaptLoop | None = None  # built at the configuration the controller starts in
+        self.noise = False
+
+    def takes(self, current: TrainConfig, proposed: TrainConfig) -> TrainConfig:
+        return proposed
+
+    def apply(self, change: Change) -> Change | None:
+        if self.trainer is None:  # before the loop is built: it is built at change.after
+            return change
+        rebuilt = self.trainer.reconfigure(change.after)
+        if rebuilt is not None:  # new DeepSpeed engines, the state carried over: what the seconds paid for
+            change = dataclasses.replace(change, reason=f"{change.reason}; new engines: {rebuilt.partition(':')[0]}")
+        return change
+
+    def b_noise(self) -> float | None:
+        noise = self.trainer.noise if self.trainer is not None else None
+        return noise.estimate().b_simple if self.noise and noise is not None else None
+
+    def run_stats(self) -> AllocatorStats | None:
+        return None  # tracked steps measure each configuration's peak

@@ -53,7 +53,7 @@ class ShapeGuard:
         gate: The run's budget gate; a longer batch replaces its profile.
         reduced_precision: Whether the gate's profile holds bf16 blocks (a decision source's run).
         selective: Whether it holds the selective recompute runs
-            (:func:`autotune.adapt.adaptive.selective_in_play`).
+            (:func:`autotune.adapt.source_choice.selective_in_play`).
     """
 
     def __init__(

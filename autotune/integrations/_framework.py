@@ -61,12 +61,12 @@ from typing import Any
 
 import torch
 
-from autotune.adapt.adaptive import PolicyArg, decision_source, selective_in_play
 from autotune.adapt.compiled import Recompiles
 from autotune.adapt.controller import Controller
 from autotune.adapt.decider import Decider
 from autotune.adapt.records import Change
 from autotune.adapt.saved import check_saved_batch, check_saved_model, model_record
+from autotune.adapt.source_choice import PolicyArg, decision_source, selective_in_play
 from autotune.config import TrainConfig
 from autotune.errors import AutotuneWarning, ConfigError, OverBudgetWarning
 from autotune.integrations._flags import LoopPrecision, ModelCheckpointing

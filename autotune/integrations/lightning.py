@@ -57,8 +57,8 @@ from typing import Any
 import torch
 from typing_extensions import override  # typing.override from Python 3.12 (typing_extensions: a torch dependency)
 
-from autotune.adapt.adaptive import PolicyArg
 from autotune.adapt.compiled import loop_compiled
+from autotune.adapt.source_choice import PolicyArg
 from autotune.config import Precision
 from autotune.errors import AutotuneWarning, MissingDependencyError
 from autotune.integrations._flags import LoopPrecision

@@ -179,7 +179,7 @@ class BudgetGate(GatePredictions):
             reduced_precision: Whether the profile must cover bf16/fp16 blocks (only a decision
                 source proposes them).
             selective: Whether the profile must cover selectively recomputed blocks (a decision
-                source may propose them: :func:`autotune.adapt.adaptive.selective_in_play`).
+                source may propose them: :func:`autotune.adapt.source_choice.selective_in_play`).
             device_type: ``"cpu"`` or ``"cuda"``.
 
         Returns:

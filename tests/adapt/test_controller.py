@@ -87,7 +87,7 @@ def test_the_run_context_reads_the_gate_budget_after_it_changes() -> None:
     assert controller.begin(workload, device_type="cpu") == default
     assert source.context is not None and source.context.budget_bytes == 1500
     # A percentage budget is re-based on the default's measured peak (half of 4000 B here).
-    controller.measured(default, 4000)
+    controller.peaks.measured(default, 4000)
     assert gate.budget == 2000 and source.context.budget_bytes == 2000
     gate.budget = 3072
     assert source.context.budget_bytes == 3072
