@@ -69,8 +69,9 @@ of both against measurement is reported by benchmarks/sim_vs_real.py (README).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -319,20 +320,48 @@ def randomized_machine(p: WorkloadProfile, rng: np.random.Generator) -> Workload
     )
 
 
-def ranked_settings(p: WorkloadProfile, batch_size: int, *, reduced: bool = True) -> list[tuple[float, Levels]]:
+def ranked_settings(
+    p: WorkloadProfile, batch_size: int, *, reduced: bool = True, selective: bool = False, outer: bool = False
+) -> list[tuple[float, Levels]]:
     """Every one-rank knob setting of effective batch ``batch_size`` that the level tables express
     (micro-batch x accumulation splits, precision and checkpoint quarters; fp32 only unless
-    ``reduced``), with its simulated samples/s per GiB of peak, best first (ties: less memory)."""
+    ``reduced``), with its simulated samples/s per GiB of peak, best first (ties: less memory,
+    then the order below).
+
+    ``selective`` adds the selective recompute levels after each checkpoint level (every band of
+    :attr:`Levels.selective` the tables allow), and ``outer`` the outer parts in the reduced
+    precision (only with ``reduced``: the same rule as the blocks'). Each such setting follows the
+    one without it, so on a tie the setting without it ranks first: a calibrated profile without
+    their tables (written before they were knobs) sees neither save memory, and models the outer
+    parts in fp32 (``_local_cost``), so neither is ever preferred there.
+    """
     out: list[tuple[float, int, Levels]] = []
+    for levels in _settings(batch_size, reduced=reduced, selective=selective, outer=outer):
+        cost = step_cost(p, levels)
+        value = per_gib(batch_size / cost.seconds, cost.peak_bytes)  # the one objective
+        out.append((value, cost.peak_bytes, levels))
+    out.sort(key=lambda t: (-t[0], t[1]))  # stable: a tie keeps the order of _settings
+    return [(value, levels) for value, _, levels in out]
+
+
+def _settings(batch_size: int, *, reduced: bool, selective: bool, outer: bool) -> Iterator[Levels]:
+    """:func:`ranked_settings`' candidates, each setting with a selective band or the outer parts
+    reduced right after the same setting without."""
+    outers = (False, True) if outer and reduced else (False,)
     for micro, m in enumerate(MICRO_LEVELS):
         if batch_size % m or batch_size // m not in ACCUM_LEVELS:
             continue
         accum = ACCUM_LEVELS.index(batch_size // m)
-        for precision in range(FRACTION_LEVELS if reduced else 1):
-            for checkpoint in range(FRACTION_LEVELS):
-                levels = Levels(accum=accum, micro=micro, precision=precision, checkpoint=checkpoint)
-                cost = step_cost(p, levels)
-                value = per_gib(batch_size / cost.seconds, cost.peak_bytes)  # the one objective
-                out.append((value, cost.peak_bytes, levels))
-    out.sort(key=lambda t: (-t[0], t[1]))
-    return [(value, levels) for value, _, levels in out]
+        for precision, checkpoint in itertools.product(
+            range(FRACTION_LEVELS if reduced else 1), range(FRACTION_LEVELS)
+        ):
+            bands = range(FRACTION_LEVELS - checkpoint if selective else 1)
+            for band, reduced_outer in itertools.product(bands, outers):
+                yield Levels(
+                    accum=accum,
+                    micro=micro,
+                    precision=precision,
+                    checkpoint=checkpoint,
+                    selective=band,
+                    outer=reduced_outer,
+                )

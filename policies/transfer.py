@@ -180,17 +180,29 @@ def _check_room(workload: Workload) -> None:
 
 
 def simulated_best(
-    profile: WorkloadProfile, *, batch_size: int, admits: Callable[[Knobs], bool], reduced: bool = True
+    profile: WorkloadProfile,
+    *,
+    batch_size: int,
+    admits: Callable[[Knobs], bool],
+    reduced: bool = True,
+    selective: bool = False,
+    outer: bool = False,
 ) -> tuple[Knobs, float] | None:
     """The knob setting of effective batch ``batch_size`` (one rank) with the most simulated
     samples/s per GiB among those ``admits`` passes, and that value; None when it passes none.
     A planner on the calibrated simulator, the policy's own training ground: exhaustive over the
-    level tables (~150 settings, milliseconds), so it cannot stop short of the simulator's optimum
-    the way one policy episode can (from the default it walks toward less memory a quarter of the
-    blocks at a time, and its best step is where it happened to be)."""
+    level tables (~150 settings, ~900 with both ``selective`` and ``outer``: milliseconds), so it
+    cannot stop short of the simulator's optimum the way one policy episode can (from the default
+    it walks toward less memory a quarter of the blocks at a time, and its best step is where it
+    happened to be).
+
+    ``reduced``, ``selective`` and ``outer`` say which knobs it searches besides the split and the
+    whole-block recompute (:func:`autotune.envs.costmodel.ranked_settings`): the blocks' reduced
+    precision, the selective recompute level, and the outer parts in the reduced precision (only
+    with ``reduced``)."""
     from autotune.envs.costmodel import ranked_settings
 
-    for value, levels in ranked_settings(profile, batch_size, reduced=reduced):
+    for value, levels in ranked_settings(profile, batch_size, reduced=reduced, selective=selective, outer=outer):
         knobs = levels.knobs(len(profile.blocks), reduced=profile.reduced)
         if admits(knobs):
             return knobs, value

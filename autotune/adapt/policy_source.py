@@ -163,7 +163,10 @@ class PolicySource(DecisionSource):
     def plan(self, context: RunContext) -> Proposal | None:
         """Where the run starts: the best configuration on the model's calibrated simulator
         (:func:`autotune.policies.transfer.simulated_best` over a quick profile on copies of the
-        model, seconds) that the run's budget gate admits, fp32 only where the machine probe
+        model, seconds) that the run's budget gate admits, over the split, the blocks' precision,
+        whole and selective recompute (where
+        :func:`~autotune.adapt.source_choice.selective_in_play` says the run's gate profiles it)
+        and the outer parts' precision; fp32 only (blocks and outer parts) where the machine probe
         found no usable bf16. The run then starts near its optimum instead of walking there one
         decision at a time from the default, whose peak it would hold first; the policy and the
         run's measurements take it from there. One process only; None when the model cannot be
@@ -183,6 +186,7 @@ class PolicySource(DecisionSource):
         wanted = context.device_type == "cpu" if self.plan_start is None else self.plan_start
         if not wanted or context.start.ranks != 1:
             return None
+        from autotune.adapt.source_choice import selective_in_play
         from autotune.errors import ProposalError
         from autotune.policies.transfer import quick_profile, simulated_best
 
@@ -201,7 +205,18 @@ class PolicySource(DecisionSource):
             return context.admits(knobs.to_config(context.ranking, base=context.start))
 
         batch = context.start.effective_batch_size
-        best = simulated_best(profile, batch_size=batch, admits=admits, reduced=self._reduced_ok)
+        # The policy moves the selective level and the outer precision, so the run may start at
+        # them: the selective level where the run's gate profiles it (the rule the gate is built
+        # by), the outer parts where the blocks' reduced precision may run (the probe's rule).
+        selective = selective_in_play(self, context.start, len(context.ranking))
+        best = simulated_best(
+            profile,
+            batch_size=batch,
+            admits=admits,
+            reduced=self._reduced_ok,
+            selective=selective,
+            outer=self._reduced_ok,
+        )
         if best is None:
             return None
         self._profile = profile

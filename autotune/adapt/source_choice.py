@@ -67,8 +67,9 @@ def selective_in_play(source: DecisionSource | None, default: TrainConfig, num_b
 
     Returns:
         True where ``default`` has a selective block, where ``source`` is a fixed configuration
-        with one, and for a source of the user's own (it may propose anything); False for the
-        policy, which does not move the level.
+        with one, for the policy (its actions, its neighbours and its start plan move the
+        level), and for a source of the user's own (it may propose anything); False without a
+        source or for a fixed configuration without one.
 
     Example:
         >>> from autotune import TrainConfig
@@ -85,8 +86,6 @@ def selective_in_play(source: DecisionSource | None, default: TrainConfig, num_b
         return False
     if isinstance(source, FixedConfig):
         return "selective" in source.config.checkpoint_levels(num_blocks)
-    from autotune.adapt.policy_source import PolicySource
-
-    # The pretrained policy's action space has no selective level, and its neighbour moves leave
-    # it where it is: its run would pay for the selective runs without using them.
-    return not isinstance(source, PolicySource)
+    # The policy's action space has the selective level (its sixth entry) and its neighbours and
+    # plan move it: without the selective runs the gate would refuse each such proposal unpredicted.
+    return True

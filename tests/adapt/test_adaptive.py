@@ -163,6 +163,98 @@ def test_the_plan_is_off_on_a_gpu_unless_asked_for() -> None:
     assert PolicySource(plan=False).plan(dataclasses.replace(context, device_type="cpu")) is None
 
 
+#: The shipped profile with the selective and outer memory tables, its timed terms set so that a
+#: step's time is its micro-batches' (one second each, times the blocks' slowdowns): which knob
+#: wins is then a matter of the machine parameters each case sets, not of the calibration's timings.
+_PLAN_MACHINES = {
+    # bf16 hopeless, a whole block's recompute three times its forward, a selective one free.
+    "selective": {"reduced_slowdown": 100.0, "recompute_fraction": 3.0, "selective_fraction": 0.0},
+    # bf16 twice as fast as fp32, recompute as dear as the forward (selective too).
+    "outer": {"reduced_slowdown": 0.5, "recompute_fraction": 1.0, "selective_fraction": 1.0},
+}
+_PLAN_TABLES = ("selective_peak_table", "outer_peak_table", "outer_selective_peak_table")
+
+
+def _planned(monkeypatch: pytest.MonkeyPatch, machine: str, *, tables: bool) -> Proposal | None:
+    """The policy source's start plan for a 6-block model at batch 32 on gpt-tiny's profile with
+    ``machine``'s parameters (its selective and outer tables dropped unless ``tables``), every
+    configuration admitted."""
+    from autotune.envs.calibration import load_profile
+    from autotune.envs.simulated import PROFILE_DIR
+    from autotune.policies import transfer
+
+    from autotune.adapt.policy_source import PolicySource
+
+    shipped = load_profile(PROFILE_DIR / "gpt-tiny.json")
+    assert all(getattr(shipped, t) is not None for t in _PLAN_TABLES)
+    dropped = {} if tables else dict.fromkeys(_PLAN_TABLES)
+    profile = dataclasses.replace(
+        shipped,
+        step_fixed_seconds=0.0,
+        micro_fixed_seconds=1.0,
+        micro_seconds_per_sample=0.0,
+        **_PLAN_MACHINES[machine],
+        **dropped,
+    )
+    monkeypatch.setattr(transfer, "quick_profile", lambda workload: profile)
+    wl = make_resmlp(depth=6)
+    context = RunContext(
+        workload=wl,
+        start=TrainConfig(micro_batch_size=32, grad_clip=None),
+        budget=lambda: 2**30,
+        blocks=profile_blocks(wl),
+        device_type="cpu",
+        admits=lambda c: True,
+    )
+    return PolicySource().plan(context)
+
+
+@pytest.mark.parametrize(
+    ("machine", "config", "value"),
+    [
+        ("selective", TrainConfig(micro_batch_size=32, checkpoint="selective", grad_clip=None), 346),
+        (
+            "outer",
+            TrainConfig(micro_batch_size=32, precision="bf16", checkpoint=True, outer_precision="bf16", grad_clip=None),
+            988,
+        ),
+    ],
+)
+def test_the_plan_starts_at_selective_recompute_or_the_outer_precision_where_the_simulator_rates_it_best(
+    monkeypatch: pytest.MonkeyPatch, machine: str, config: TrainConfig, value: int
+) -> None:
+    plan = _planned(monkeypatch, machine, tables=True)
+    assert plan is not None and plan.config == config
+    assert re.fullmatch(
+        rf"the best of the calibrated simulator \({value} samples/s per GiB simulated; \d+ s\)", plan.reason
+    )
+
+
+@pytest.mark.parametrize(
+    ("machine", "config"),
+    [
+        # Without the tables a selective block saves nothing and costs its recompute; the outer parts
+        # are fp32 to the simulator (a tie that the setting without them wins).
+        ("selective", TrainConfig(micro_batch_size=32, grad_clip=None)),
+        ("outer", TrainConfig(micro_batch_size=32, precision="bf16", checkpoint=True, grad_clip=None)),
+    ],
+)
+def test_the_plan_never_starts_at_selective_recompute_or_the_outer_precision_without_their_tables(
+    monkeypatch: pytest.MonkeyPatch, machine: str, config: TrainConfig
+) -> None:
+    plan = _planned(monkeypatch, machine, tables=False)
+    assert plan is not None and plan.config == config
+
+
+def test_a_policy_run_s_gate_profiles_the_selective_level_the_policy_moves() -> None:
+    from autotune.adapt import decision_source
+    from autotune.adapt.source_choice import selective_in_play
+
+    assert selective_in_play(decision_source("pretrained"), _fp32(BATCH), 4)
+    assert not selective_in_play(decision_source(_fp32(8)), _fp32(BATCH), 4)
+    assert not selective_in_play(None, _fp32(BATCH), 4)
+
+
 def test_a_model_the_simulator_cannot_profile_starts_without_a_plan_and_says_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -44,6 +44,21 @@ def test_without_reduced_precision_only_fp32_settings_are_ranked() -> None:
     assert len(ranked) == 6 * 5 and {lv.precision for _, lv in ranked} == {0}
 
 
+def test_the_selective_bands_and_the_outer_precision_are_ranked_where_asked_for() -> None:
+    ranked = ranked_settings(PROFILE, 32, selective=True, outer=True)
+    # Each checkpoint level c with every selective band 0..4-c (15 pairs), each with the outer parts
+    # in fp32 and in bf16.
+    assert len(ranked) == 6 * 5 * 15 * 2 and len(set(ranked)) == len(ranked)
+    assert {(lv.checkpoint, lv.selective) for _, lv in ranked} == {(c, s) for c in range(5) for s in range(5 - c)}
+    for value, levels in ranked:
+        cost = step_cost(PROFILE, levels)
+        assert value == per_gib(32 / cost.seconds, cost.peak_bytes)
+    # The outer parts move with the blocks' reduced precision only.
+    fp32 = ranked_settings(PROFILE, 32, reduced=False, selective=True, outer=True)
+    assert len(fp32) == 6 * 15 and not any(lv.outer or lv.precision for _, lv in fp32)
+    assert ranked_settings(PROFILE, 32, selective=False, outer=False) == ranked_settings(PROFILE, 32)
+
+
 def test_a_selective_block_costs_a_fraction_of_recompute_and_keeps_between_none_and_full() -> None:
     # The block-sum model (a synthetic profile's): each block keeps its input and a third of the rest.
     blocks = tuple(
