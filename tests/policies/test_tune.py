@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from autotune.policies.episode import FINALISTS
 from autotune.policies.ppo import PRETRAINED_DIR, load_policy
 from autotune.policies.tune import tune
 
@@ -29,15 +30,25 @@ TUNE_PHASES = [
     "step 0 (start)",
     "step 1 (policy)",
     "step 2 (",  # the policy's, or the climb's (below)
-    "best steps re-timed side by side",
     "baseline pytorch-default measured",
     "baseline hf-recipe measured",
+    "best steps and baselines re-timed side by side",
 ]
 
 
-def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
+def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.measurement import sidebyside
+
     workload = load_workload(f"{TINY_WORKLOAD}:build")
     shown: list[str] = []
+    retimed: list[list[Any]] = []  # the configurations of each side-by-side run (the real one runs)
+
+    def retime_configs(workload: Any, configs: Any, **kwargs: Any) -> Any:
+        retimed.append(list(configs))
+        return real_retime(workload, configs, **kwargs)
+
+    real_retime = sidebyside.retime_configs
+    monkeypatch.setattr(sidebyside, "retime_configs", retime_configs)
 
     @contextmanager
     def status(message: str) -> Iterator[None]:
@@ -64,9 +75,9 @@ def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
     assert tuned.final_knobs.describe() == episode.steps[-1].knobs
     # No fine-tuning asked for; the baselines after the episode.
     assert shown == [
-        "re-timing the best steps side by side",
         "measuring the baseline pytorch-default",
         "measuring the baseline hf-recipe",
+        "re-timing the best steps and the baselines side by side",
     ]
     # Every phase said in one line ending with its seconds, in order.
     assert all(re.search(r"(\(|, )\d+\.\d s\)$", line) for line in notes), notes
@@ -84,15 +95,25 @@ def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
     ]
     assert all(b.throughput and b.peak_bytes and b.peak_bytes <= episode.budget_bytes for b in tuned.baselines)
     best = episode.best
-    assert best is not None
-    ratios = tuned.ratios()
-    assert ratios == {b.name: episode.per_gib(best) / b.per_gib for b in tuned.baselines if b.per_gib}
+    assert best is not None and episode.retimed is not None
+    # One side-by-side run: the best steps, then each baseline within the budget not among them
+    # (the PyTorch default's 8x2 is the start's configuration: timed once, for both).
+    chosen = [s.config for s in episode.ranked()[:FINALISTS]]
+    assert episode.retimed["steps"] == [s.step for s in episode.ranked()[:FINALISTS]]
+    assert retimed == [chosen + [b.config for b in tuned.baselines if b.config not in chosen]]
+    assert all(b.retimed_throughput and b.retimed_spread is not None for b in tuned.baselines)
+    assert tuned.side_by_side
+    i = episode.retimed["steps"].index(best.step)
+    mine = episode.retimed["retimed_per_gib"][i]
+    assert tuned.ratios() == {b.name: mine / b.retimed_per_gib for b in tuned.baselines if b.retimed_per_gib}
     line = tuned.recommended_line()
     assert re.fullmatch(
         rf"recommended: step {best.step}: {re.escape(best.config.describe())}: \d+\.\d samples/s, peak [\d.]+ [KM]iB, "
-        r"\d+\.\d samples/s per GiB \(\d+\.\d\dx the PyTorch default and \d+\.\d\dx the HF recipe per GiB\)",
+        r"\d+\.\d samples/s per GiB \(\d+\.\d\dx the PyTorch default and \d+\.\d\dx the HF recipe per GiB, "
+        r"timed side by side\)",
         line,
     ), line
+    assert f"{episode.retimed['retimed_throughput'][i]:.1f} samples/s" in line  # the re-timed figures
 
 
 def test_tune_fine_tunes_on_a_model_that_cannot_run_in_reduced_precision() -> None:
