@@ -12,7 +12,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from autotune.policies.ppo import Policy
 
     from autotune.measurement.objective import Score
+    from autotune.measurement.sidebyside import Timing
     from autotune.workload import Workload
 
 __all__ = ["FINALISTS", "Episode", "EpisodeStep", "retime_best", "run_episode"]
@@ -274,30 +275,66 @@ def _record(
     )
 
 
-def retime_best(episode: Episode, workload: Workload, *, device: str | None = None, threads: int = 1) -> Episode:
+def retime_best(
+    episode: Episode,
+    workload: Workload,
+    *,
+    beside: Sequence[tuple[TrainConfig, float]] = (),
+    device: str | None = None,
+    threads: int = 1,
+) -> tuple[Episode, tuple[Timing, ...]]:
     """``episode`` with its best :data:`FINALISTS` distinct configurations re-timed side by side
     (:func:`autotune.measurement.sidebyside.retime_configs`, valued by the episode's objective:
     per GiB of each step's measured peak, or samples/s; the re-timed value per GiB is recorded
     either way): one step of an episode is one stint, and on a busy machine one configuration measured
-    10.2 and 126.6 samples/s in two steps of one episode. Unchanged with fewer than two (or a
-    ZeRO configuration among them: those run on ranks). Cost: each finalist's warm-up and 6-12
-    steps on one training loop."""
-    from autotune.measurement.sidebyside import busy_note, retime_configs
+    10.2 and 126.6 samples/s in two steps of one episode.
+
+    Args:
+        episode: The episode whose best steps are re-timed.
+        workload: Its workload (a private copy of its model is trained).
+        beside: Other configurations timed in the same interleaved run, each with the scale
+            that turns its samples/s into the value compared (``tune``'s baselines: 1 / GiB of
+            its peak, or 1): they compete for the rounds but never for the episode's best. One
+            equal to a best step's configuration is that step's timing, not timed twice.
+        device: Where the loop runs (None: CUDA when available).
+        threads: torch's threads, for the busy-machine note.
+
+    Returns:
+        The episode (its ``retimed`` record: the steps, their re-timed samples/s, spread and
+        value per GiB, the winner among them and whether it was separated from the runner-up)
+        and the timings of ``beside`` in order. Unchanged, and no timings, with no step within
+        the budget, with a ZeRO configuration among the best (those run on ranks), or with one
+        best step and nothing beside it. Cost: each configuration's warm-up and 6-12 steps on
+        one training loop.
+    """
+    from autotune.measurement.sidebyside import busy_note, retime_configs, separated
 
     chosen = episode.ranked()[:FINALISTS]
-    if len(chosen) < 2 or any(s.config.on_deepspeed for s in chosen):
-        return episode
+    if not chosen or len(chosen) + len(beside) < 2 or any(s.config.on_deepspeed for s in chosen):
+        return episode, ()
+    configs = [s.config for s in chosen]
     scales = [episode.value(s) / s.throughput for s in chosen]
+    where = []  # beside[j]'s index among the configurations timed
+    for config, scale in beside:
+        if config not in configs:
+            configs.append(config)
+            scales.append(scale)
+        where.append(configs.index(config))
     per_gib = [episode.per_gib(s) / s.throughput for s in chosen]
-    result = retime_configs(workload, [s.config for s in chosen], scales=scales, device=device)
+    result = retime_configs(workload, configs, scales=scales, device=device)
+    steps = result.timings[: len(chosen)]
+    order = sorted(range(len(chosen)), key=lambda i: (-steps[i].median * scales[i], chosen[i].step))
+    decided = len(order) == 1 or separated(
+        steps[order[0]], steps[order[1]], scale_a=scales[order[0]], scale_b=scales[order[1]]
+    )
     record = {
         "steps": [s.step for s in chosen],
-        "retimed_throughput": [t.median for t in result.timings],
-        "retimed_spread": [t.relative_spread for t in result.timings],
-        "retimed_per_gib": [t.median * k for t, k in zip(result.timings, per_gib, strict=True)],
-        "winner": chosen[result.winner].step,
-        "decided": result.decided,
+        "retimed_throughput": [t.median for t in steps],
+        "retimed_spread": [t.relative_spread for t in steps],
+        "retimed_per_gib": [t.median * k for t, k in zip(steps, per_gib, strict=True)],
+        "winner": chosen[order[0]].step,
+        "decided": decided,
         "rounds": result.rounds,
         "note": busy_note(result.other_cores, threads=threads),
     }
-    return dataclasses.replace(episode, retimed=record)
+    return dataclasses.replace(episode, retimed=record), tuple(result.timings[i] for i in where)

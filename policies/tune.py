@@ -10,67 +10,32 @@ phase says one line with its seconds through ``note``.
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import math
 import sys
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotune.policies.tune_baselines import Status, TunedBaseline, measure_baselines
+
 from autotune.errors import ConfigError, ProposalError
-from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective, per_gib
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
 from autotune.measurement.progress import phase_line
-from autotune.units import MemoryBudget, format_bytes
+from autotune.units import MemoryBudget
 
 if TYPE_CHECKING:
+    from autotune.envs.training import TrainingEnv
     from autotune.policies.episode import Episode
     from autotune.policies.ppo import Policy
 
-    from autotune.config import TrainConfig
     from autotune.knobs import Knobs
     from autotune.measurement.compiled import CompileCheck
     from autotune.workload import Workload
 
 __all__ = ["TunedBaseline", "Tuned", "tune"]
-
-#: ``status(message)``: a context shown while a long part runs (a console spinner in the CLI).
-Status = Callable[[str], AbstractContextManager[Any]]
-
-
-@dataclass(frozen=True, kw_only=True)
-class TunedBaseline:
-    """One of the study's baselines measured on the workload after the episode, to compare with.
-
-    Attributes:
-        name: ``"pytorch-default"`` or ``"hf-recipe"`` (:mod:`autotune.search.baselines`).
-        config: The configuration measured: the baseline at the largest micro-batch that fit the
-            episode's budget (the whole batch first, as the study's objective retries).
-        throughput: Its samples/s, or None where no micro-batch of it fit or it failed.
-        peak_bytes: Its measured peak, or None where nothing was measured.
-        reason: Why it is infeasible (None when it ran within the budget).
-
-    Example:
-        >>> from autotune import TrainConfig
-        >>> from autotune.policies.tune import TunedBaseline
-        >>> config = TrainConfig(micro_batch_size=32)
-        >>> TunedBaseline(name="pytorch-default", config=config, throughput=64.0, peak_bytes=2**30).per_gib
-        64.0
-    """
-
-    name: str
-    config: TrainConfig
-    throughput: float | None
-    peak_bytes: int | None
-    reason: str | None = None
-
-    @property
-    def per_gib(self) -> float | None:
-        """Samples/s per GiB of its peak, None where it is infeasible."""
-        if self.throughput is None or not self.peak_bytes:
-            return None
-        return per_gib(self.throughput, self.peak_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,37 +67,77 @@ class Tuned:
     compile_check: CompileCheck | None = None
     baselines: tuple[TunedBaseline, ...] = ()
 
+    @property
+    def side_by_side(self) -> bool:
+        """Whether :meth:`ratios` come from one interleaved run: the best step re-timed, and beside
+        it every baseline within the budget (there is at least one)."""
+        retimed, best = self.episode.retimed, self.episode.best
+        within = [b for b in self.baselines if b.within_budget]
+        return (
+            retimed is not None
+            and best is not None
+            and best.step in retimed["steps"]
+            and bool(within)
+            and all(b.retimed_throughput is not None for b in within)
+        )
+
+    def _best_figures(self) -> tuple[float, float]:
+        """The best step's samples/s and value per GiB: re-timed where :attr:`side_by_side`."""
+        best, retimed = self.episode.best, self.episode.retimed
+        assert best is not None
+        if self.side_by_side:
+            assert retimed is not None
+            i = retimed["steps"].index(best.step)
+            return float(retimed["retimed_throughput"][i]), float(retimed["retimed_per_gib"][i])
+        return best.throughput, self.episode.per_gib(best)
+
     def ratios(self) -> dict[str, float | None]:
         """The best step's value over each baseline's under the episode's objective (per GiB, or
-        samples/s), None where the baseline is infeasible; empty without a best step."""
-        best = self.episode.best
-        if best is None:
+        samples/s), None where the baseline is infeasible; empty without a best step. Both
+        re-timed in one run where :attr:`side_by_side`, else each its own first measurement."""
+        if self.episode.best is None:
             return {}
-        per = self.episode.objective == "per-gib"
-        mine = self.episode.per_gib(best) if per else best.throughput
+        objective = self.episode.objective
+        throughput, per = self._best_figures()
+        mine = per if objective == "per-gib" else throughput
         out: dict[str, float | None] = {}
         for b in self.baselines:
-            theirs = b.per_gib if per else b.throughput
+            theirs = b.value(objective, retimed=self.side_by_side) if b.within_budget else None
             out[b.name] = None if not theirs else mine / theirs
         return out
 
     def recommended_line(self) -> str:
         """The study's recommendation line for the best step (:func:`autotune.search.baselines.recommended_line`),
-        or why there is none."""
+        its figures re-timed where :attr:`side_by_side`, or why there is none."""
         from autotune.search.baselines import recommended_line
 
         best = self.episode.best
         if best is None:
             return self.episode.nothing_fits or "nothing measured within the budget: nothing to recommend"
+        throughput, per = self._best_figures()
         return recommended_line(
             f"step {best.step}",
             best.config.describe(),
-            throughput=best.throughput,
+            throughput=throughput,
             peak_bytes=best.peak_bytes,
-            per_gib=self.episode.per_gib(best),
+            per_gib=per,
             objective=self.episode.objective,
             ratios=self.ratios(),
+            side_by_side=self.side_by_side,
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` form: the episode's (:meth:`Episode.to_dict`), then ``baselines``
+        (:meth:`TunedBaseline.to_dict` each), ``ratios`` and ``side_by_side``."""
+        return {
+            **self.episode.to_dict(),
+            "baselines": [b.to_dict() for b in self.baselines],
+            "ratios": self.ratios(),
+            "side_by_side": self.side_by_side,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
 
 
 def tune(
@@ -200,18 +205,12 @@ def tune(
         >>> len(tuned.episode.steps)  # the start, then 2 steps
         3
     """
-    import torch
     from autotune.envs.training import TrainingEnv
-    from autotune.policies.episode import retime_best, run_episode
+    from autotune.policies.episode import run_episode
 
     from autotune.search.refine import refine_trials
-    from autotune.train.local import resolve_device
 
-    finite = isinstance(fine_tune_seconds, (int, float)) and math.isfinite(fine_tune_seconds)
-    if not (finite and fine_tune_seconds >= 0):
-        raise ConfigError(f"fine_tune_seconds must be a finite number >= 0, but got {fine_tune_seconds!r}.")
-    budget = MemoryBudget.parse(memory_budget, fractions=True)
-    objective = check_objective(objective)
+    budget, objective = _checked(fine_tune_seconds, memory_budget, objective)
     show = status or (lambda _message: nullcontext())
     say = note or _stderr
     env = TrainingEnv(
@@ -226,63 +225,135 @@ def tune(
     try:
         policy.check_action_space(env.action_space)  # before profiling and fine-tuning (seconds)
         if fine_tune_seconds > 0:
-            from autotune.policies.transfer import fine_tune, profile_for_tuning
-
-            start = time.perf_counter()
-            try:
-                with show(f"profiling {workload.name} for the simulator"):
-                    profile = profile_for_tuning(workload)
-            except ProposalError as e:  # at real size: the policy as shipped, and one line says why
-                say(phase_line(f"no fine-tuning: {e}", start))
-            else:
-                say(phase_line(f"{workload.name} profiled for the simulator", start, "calibrated timings and memory"))
-                start = time.perf_counter()
-                with show(f"fine-tuning the policy on {workload.name}'s simulator ({fine_tune_seconds:g} s)"):
-                    policy = fine_tune(
-                        policy,
-                        profile,
-                        memory_budget=budget,
-                        seconds=fine_tune_seconds,
-                        seed=seed,
-                        adapt_batch=adapt_batch,
-                        min_micro_batch=workload.micro_batch_floor,
-                        start_within_budget=env.start_within_budget,  # the real environment's start
-                    )
-                say(phase_line(f"policy fine-tuned on {workload.name}'s simulator", start))
+            policy = _fine_tuned(policy, workload, env, budget, fine_tune_seconds, seed=seed, show=show, say=say)
+        refined = refine_trials(steps) if refine else 0
         episode = run_episode(
-            env,
-            policy,
-            workload=workload.name,
-            seed=seed,
-            steps=steps,
-            refine=refine_trials(steps) if refine else 0,
-            objective=objective,
-            note=say,
+            env, policy, workload=workload.name, seed=seed, steps=steps, refine=refined, objective=objective, note=say
         )
         final_knobs = env.knobs
     finally:
         env.close()
     finite = all(math.isfinite(s.loss) for s in episode.steps)
-    if retime and finite:
-        start = time.perf_counter()
-        with show("re-timing the best steps side by side"):
-            episode = retime_best(episode, workload, threads=torch.get_num_threads())
-        if episode.retimed is not None:
-            say(phase_line("best steps re-timed side by side", start, f"steps {episode.retimed['steps']}"))
-    measured: tuple[TunedBaseline, ...] = ()
-    if baselines and finite:
-        if ranks > 1:
-            say("baselines: not measured on ranks (the PyTorch default and the HF recipe are one-rank loops here)")
-        else:
-            measured = _measure_baselines(workload, budget=episode.budget_bytes, device=env.device, show=show, say=say)
+    if not finite:  # the environment ended the episode there: nothing to compare or re-time
+        return Tuned(episode=episode, final_knobs=final_knobs)
+    measured = _baselines(workload, episode, asked=baselines, ranks=ranks, device=env.device, show=show, say=say)
+    if retime:
+        episode, measured = _retime(episode, workload, measured, device=env.device, show=show, say=say)
     checked = None
-    best = episode.best
-    on_cuda = resolve_device(env.device).type == "cuda"
-    if (on_cuda if compile_check is None else compile_check) and finite and best is not None:
+    if episode.best is not None and _wants_compile_check(compile_check, env.device):
         # No budget given to the check: the compiled peak is the allocator's, which the episode's
         # budget (exact tracked bytes, or a fraction of them) does not measure alike.
-        checked = _compile_check(workload, best.config, device=env.device, show=show, note=note or _stderr)
+        checked = _compile_check(workload, episode.best.config, device=env.device, show=show, note=say)
     return Tuned(episode=episode, final_knobs=final_knobs, compile_check=checked, baselines=measured)
+
+
+def _checked(
+    fine_tune_seconds: float, memory_budget: MemoryBudget | str | int | float, objective: object
+) -> tuple[MemoryBudget, ObjectiveName]:
+    """The arguments :func:`tune` checks before anything trains: the budget parsed, the objective."""
+    finite = isinstance(fine_tune_seconds, (int, float)) and math.isfinite(fine_tune_seconds)
+    if not (finite and fine_tune_seconds >= 0):
+        raise ConfigError(f"fine_tune_seconds must be a finite number >= 0, but got {fine_tune_seconds!r}.")
+    return MemoryBudget.parse(memory_budget, fractions=True), check_objective(objective)
+
+
+def _fine_tuned(
+    policy: Policy,
+    workload: Workload,
+    env: TrainingEnv,
+    budget: MemoryBudget,
+    seconds: float,
+    *,
+    seed: int,
+    show: Status,
+    say: Callable[[str], None],
+) -> Policy:
+    """``policy`` fine-tuned ``seconds`` on ``workload``'s calibrated simulator at ``env``'s start,
+    or as it is (and a line says why) where the workload cannot be profiled at its real size."""
+    from autotune.policies.transfer import fine_tune, profile_for_tuning
+
+    start = time.perf_counter()
+    try:
+        with show(f"profiling {workload.name} for the simulator"):
+            profile = profile_for_tuning(workload)
+    except ProposalError as e:  # at real size: the policy as shipped, and one line says why
+        say(phase_line(f"no fine-tuning: {e}", start))
+        return policy
+    say(phase_line(f"{workload.name} profiled for the simulator", start, "calibrated timings and memory"))
+    start = time.perf_counter()
+    with show(f"fine-tuning the policy on {workload.name}'s simulator ({seconds:g} s)"):
+        policy = fine_tune(
+            policy,
+            profile,
+            memory_budget=budget,
+            seconds=seconds,
+            seed=seed,
+            adapt_batch=env.adapt_batch,
+            min_micro_batch=workload.micro_batch_floor,
+            start_within_budget=env.start_within_budget,  # the real environment's start
+        )
+    say(phase_line(f"policy fine-tuned on {workload.name}'s simulator", start))
+    return policy
+
+
+def _baselines(
+    workload: Workload,
+    episode: Episode,
+    *,
+    asked: bool,
+    ranks: int,
+    device: str | None,
+    show: Status,
+    say: Callable[[str], None],
+) -> tuple[TunedBaseline, ...]:
+    """The baselines measured at ``episode``'s budget (:func:`autotune.policies.tune_baselines.measure_baselines`)
+    where ``asked``; none, and a line, on ranks."""
+    if not asked:
+        return ()
+    if ranks > 1:
+        say("baselines: not measured on ranks (the PyTorch default and the HF recipe are one-rank loops here)")
+        return ()
+    return measure_baselines(workload, budget=episode.budget_bytes, device=device, show=show, say=say)
+
+
+def _retime(
+    episode: Episode,
+    workload: Workload,
+    measured: tuple[TunedBaseline, ...],
+    *,
+    device: str | None,
+    show: Status,
+    say: Callable[[str], None],
+) -> tuple[Episode, tuple[TunedBaseline, ...]]:
+    """The best steps and the baselines within the budget re-timed side by side in one run
+    (:func:`autotune.policies.episode.retime_best`), one line; the baselines with their timings."""
+    import torch
+    from autotune.policies.episode import retime_best
+
+    beside = [b for b in measured if b.within_budget]
+    start = time.perf_counter()
+    what = "the best steps and the baselines" if beside else "the best steps"
+    with show(f"re-timing {what} side by side"):
+        episode, timings = retime_best(
+            episode,
+            workload,
+            beside=[(b.config, b.scale(episode.objective)) for b in beside],
+            device=device,
+            threads=torch.get_num_threads(),
+        )
+    if episode.retimed is None:
+        return episode, measured
+    timed = {b.name: t for b, t in zip(beside, timings, strict=False)}  # empty: no baseline re-timed
+    detail = f"steps {episode.retimed['steps']}" + (f", baselines {', '.join(timed)}" if timed else "")
+    say(phase_line(f"best steps{' and baselines' if timed else ''} re-timed side by side", start, detail))
+    return episode, tuple(b.with_timing(timed[b.name]) if b.name in timed else b for b in measured)
+
+
+def _wants_compile_check(asked: bool | None, device: str | None) -> bool:
+    """``asked``, or by default whether the loop runs on CUDA (a compile costs minutes of a CPU)."""
+    from autotune.train.local import resolve_device
+
+    return resolve_device(device).type == "cuda" if asked is None else asked
 
 
 def _compile_check(
@@ -298,60 +369,6 @@ def _compile_check(
         check = compare_compiled(workload, config, device=device)
     note(compile_line(check))
     return check
-
-
-def _measure_baselines(
-    workload: Workload, *, budget: int, device: str | None, show: Status, say: Callable[[str], None]
-) -> tuple[TunedBaseline, ...]:
-    """The study's PyTorch default and HF recipe (:func:`autotune.search.baselines.baselines`: one
-    implementation) at the workload's batch, each measured at its whole batch first and, while over
-    ``budget``, the next smaller micro-batch (the study's retry), one line each."""
-    from autotune.config import TrainConfig
-    from autotune.errors import TrainingError
-    from autotune.measurement.schedule import measure_local
-    from autotune.search.baselines import HF_RECIPE, PYTORCH_DEFAULT, baselines, smaller_micro_batch
-    from autotune.search.space import SearchSpace
-
-    n = len(workload.block_names())
-    space = SearchSpace(
-        batch_sizes=(workload.batch_size,),
-        # Both baselines hold every block or none: the ranking does not change them.
-        ranking=tuple(range(n)),
-        max_micro_batch=workload.dataset_size or workload.batch_size,
-        min_micro_batch=workload.micro_batch_floor,
-        base=TrainConfig(),
-    )
-    out = []
-    for b in baselines(space, batch_size=workload.batch_size):
-        if b.name not in (PYTORCH_DEFAULT, HF_RECIPE):
-            continue
-        start = time.perf_counter()
-        knobs: Knobs | None = b.knobs
-        result = TunedBaseline(name=b.name, config=space.config(b.knobs), throughput=None, peak_bytes=None)
-        with show(f"measuring the baseline {b.name}"):
-            while knobs is not None:
-                config = space.config(knobs)
-                try:
-                    m = measure_local(workload, config, steps=4, warmup=1, memory_budget=budget, device=device)
-                except TrainingError as e:  # bf16 this machine cannot run (oneDNN's LSTM on AVX2)
-                    result = TunedBaseline(
-                        name=b.name, config=config, throughput=None, peak_bytes=None, reason=str(e).splitlines()[0]
-                    )
-                    break
-                result = TunedBaseline(
-                    name=b.name, config=config, throughput=m.throughput, peak_bytes=m.peak_bytes, reason=m.reason
-                )
-                if m.ok:
-                    break
-                knobs = smaller_micro_batch(space, knobs) if m.status == "over_budget" else None
-        if result.throughput is not None and result.reason is None:
-            what = f"{result.throughput:.1f} samples/s, peak {format_bytes(result.peak_bytes)}"
-        else:
-            result = dataclasses.replace(result, throughput=None)
-            what = f"infeasible: {result.reason}"
-        say(phase_line(f"baseline {b.name} measured: {result.config.describe()}: {what}", start))
-        out.append(result)
-    return tuple(out)
 
 
 def _stderr(line: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ def register(sub: Any) -> None:
     add_objective_flag(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the episode's reset (default 0)")
     p.add_argument(
-        "--json", action="store_true", help="print the episode as JSON: each step's action, config, measures, reward"
+        "--json", action="store_true", help="print as JSON: each step's action, config, measures; baselines, ratios"
     )
     p.add_argument(
         "--retime",
@@ -245,47 +246,24 @@ def _cmd_fine_tune_policy(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     import math
-    import sys
     import time
 
-    from autotune.cli.flags import min_micro_batch_of, objective_arg, set_threads, warn_if_busy
+    from autotune.cli.flags import warn_if_busy
     from autotune.console import make_console
-    from autotune.errors import ConfigError, NonFiniteLossError
+    from autotune.errors import NonFiniteLossError
     from autotune.measurement.progress import loaded_line
     from autotune.policies.ppo import PRETRAINED_DIR, load_policy
     from autotune.policies.tune import tune
     from autotune.resolve import load_workload
-    from autotune.units import parse_memory_budget
 
     # Everything the user gave is checked before the first real training step (seconds to minutes).
-    if not (math.isfinite(args.fine_tune_seconds) and args.fine_tune_seconds >= 0):
-        raise ConfigError(f"--fine-tune-seconds must be a finite number >= 0, but got {args.fine_tune_seconds!r}.")
-    budget = parse_memory_budget(args.memory_budget)
-    min_micro = min_micro_batch_of(args)
-    objective = objective_arg(args)
-    if args.storage:
-        from autotune.search.storage import check_storage
-
-        check_storage(args.storage)  # it records the episode after minutes of training
-    threads = set_threads(args.threads, ranks=args.ranks)
+    budget, min_micro, objective, threads = _tune_inputs(args)
     policy = load_policy(args.policy or PRETRAINED_DIR)
     start = time.perf_counter()
     workload = load_workload(args.workload)
     # Said with the first phase: a user mistake tune() finds before any (the episode's length, a
     # policy of another action space) stays one line.
-    pending = [loaded_line(workload, start)]
-    console = make_console(stderr=True)
-
-    def say(line: str) -> None:
-        while pending:
-            print(pending.pop(0), file=sys.stderr)
-        print(line, file=sys.stderr)
-
-    def status(message: str) -> Any:
-        while pending:
-            print(pending.pop(0), file=sys.stderr)
-        return console.status(message)
-
+    say, status = _progress([loaded_line(workload, start)])
     if min_micro is not None:
         workload = dataclasses.replace(workload, min_micro_batch=min_micro)
     warn_if_busy(threads)
@@ -311,7 +289,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.storage:
         _record(args, budget, episode, workload)
     if args.json:
-        print(episode.to_json())
+        print(tuned.to_json())
     else:
         _print_episode(episode, tuned.final_knobs)
         make_console().print(tuned.recommended_line(), markup=False, highlight=False)
@@ -321,6 +299,51 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             f"the loss was {diverged.loss} at step {diverged.step} ({diverged.knobs}): the episode ended there"
         )
     return 0
+
+
+def _tune_inputs(args: argparse.Namespace) -> tuple[Any, int | None, Any, int]:
+    """``tune``'s arguments checked before anything loads or trains: the budget, the smallest
+    micro-batch, the objective, the threads set (a storage it could not record in is refused here,
+    not after minutes of training)."""
+    import math
+
+    from autotune.cli.flags import min_micro_batch_of, objective_arg, set_threads
+    from autotune.errors import ConfigError
+    from autotune.units import parse_memory_budget
+
+    if not (math.isfinite(args.fine_tune_seconds) and args.fine_tune_seconds >= 0):
+        raise ConfigError(f"--fine-tune-seconds must be a finite number >= 0, but got {args.fine_tune_seconds!r}.")
+    budget = parse_memory_budget(args.memory_budget)
+    min_micro = min_micro_batch_of(args)
+    objective = objective_arg(args)
+    if args.storage:
+        from autotune.search.storage import check_storage
+
+        check_storage(args.storage)
+    return budget, min_micro, objective, set_threads(args.threads, ranks=args.ranks)
+
+
+def _progress(pending: list[str]) -> tuple[Callable[[str], None], Callable[[str], Any]]:
+    """``tune``'s ``note`` and ``status`` on stderr, each printing the ``pending`` lines first."""
+    import sys
+
+    from autotune.console import make_console
+
+    console = make_console(stderr=True)
+
+    def flush() -> None:
+        while pending:
+            print(pending.pop(0), file=sys.stderr)
+
+    def say(line: str) -> None:
+        flush()
+        print(line, file=sys.stderr)
+
+    def status(message: str) -> Any:
+        flush()
+        return console.status(message)
+
+    return say, status
 
 
 def _record(args: argparse.Namespace, budget: Any, episode: Any, workload: Any) -> None:

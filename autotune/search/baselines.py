@@ -154,6 +154,7 @@ def recommended_line(
     per_gib: float | None,
     objective: str,
     ratios: Mapping[str, float | None],
+    side_by_side: bool = False,
 ) -> str:
     """THE recommendation line of ``study`` and ``tune``, and how it compares with the baselines.
 
@@ -166,6 +167,8 @@ def recommended_line(
         objective: ``"per-gib"`` or ``"throughput"``: which ratio the comparison gives.
         ratios: Per baseline measured (or meant to be), the recommendation's value over the
             baseline's under ``objective``; None where the baseline was infeasible.
+        side_by_side: The ratios come from one run timing the recommendation and the baselines
+            side by side (``tune``'s re-timing); the line says so.
 
     Returns:
         ``recommended: trial 7: ...: 65.9 samples/s, peak 31.46 MiB, 2145.1 samples/s per GiB
@@ -183,7 +186,8 @@ def recommended_line(
         if (r := ratios.get(name)) is not None
     ]
     if versus:
-        line += f" ({' and '.join(versus)} {'per GiB' if per else 'samples/s'})"
+        timed = ", timed side by side" if side_by_side else ""
+        line += f" ({' and '.join(versus)} {'per GiB' if per else 'samples/s'}{timed})"
     if HF_RECIPE in ratios and ratios[HF_RECIPE] is None:
         line += "; the HF recipe (bf16 + checkpointing) was infeasible"
     return line

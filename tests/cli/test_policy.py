@@ -3,6 +3,7 @@ nothing written, before any training (issue 19)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -99,3 +100,13 @@ def test_tune_says_each_phase_and_ends_with_the_studys_recommendation_line(capsy
         r"\(\d+\.\d\dx the PyTorch default and \d+\.\d\dx the HF recipe per GiB\)",
         last,
     ), last
+
+
+def test_tune_json_without_baselines_compares_with_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["tune", TINY, "--steps", "1", "--steps-per-action", "2", "--fine-tune-seconds", "0", "--no-retime"]
+    assert main([*args, "--no-baselines", "--json", "--threads", "1"]) == 0
+    out, err = capsys.readouterr()
+    tuned = json.loads(out)
+    assert list(tuned)[-3:] == ["baselines", "ratios", "side_by_side"]
+    assert (tuned["baselines"], tuned["ratios"], tuned["side_by_side"], tuned["retimed"]) == ([], {}, False, None)
+    assert "baseline" not in err and "re-timed" not in err

@@ -41,6 +41,17 @@ def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:
     # Step 1 is the policy's unless it proposed to stay; step 2, the last quarter, the climb's
     # unless no neighbour of the best step was left to try (tests/policies/test_climb.py: exact).
     assert steps[0]["source"] is None and {s["source"] for s in steps[1:]} <= {"policy", "climb"}
+    # Then the baselines (within the budget here), re-timed in the best steps' run, and the ratios from it.
+    assert list(episode)[-3:] == ["baselines", "ratios", "side_by_side"]
+    baselines = episode["baselines"]
+    assert [b["name"] for b in baselines] == ["pytorch-default", "hf-recipe"]
+    keys = ["name", "config", "throughput", "peak_bytes", "per_gib", "within_budget", "reason"]
+    assert all(list(b) == [*keys, "retimed_throughput", "retimed_spread", "retimed_per_gib"] for b in baselines)
+    assert all(b["within_budget"] is True and b["peak_bytes"] <= episode["budget_bytes"] for b in baselines)
+    assert all(b["retimed_throughput"] > 0 and b["reason"] is None for b in baselines)
+    assert episode["side_by_side"] is True
+    mine = episode["retimed"]["retimed_per_gib"][episode["retimed"]["steps"].index(episode["best_step"])]
+    assert episode["ratios"] == {b["name"]: mine / b["retimed_per_gib"] for b in baselines}
 
 
 def test_tune_no_refine_is_the_policy_alone(capsys: pytest.CaptureFixture[str]) -> None:
@@ -244,3 +255,29 @@ def test_the_best_step_is_the_most_per_gib_or_the_fastest_within_the_budget() ->
     assert per_gib.best is not None and fastest.best is not None
     assert (per_gib.best.step, fastest.best.step) == (0, 1)
     assert "objective" not in per_gib.to_dict() and fastest.to_dict()["objective"] == "throughput"
+
+
+def test_one_best_step_is_re_timed_only_beside_other_configurations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``retime_best``'s ``beside`` (``tune``'s baselines): timed in the best steps' run, a
+    configuration equal to a best step's timed once for both; the side-by-side run faked."""
+    from autotune.policies.episode import Episode, retime_best
+
+    from autotune.measurement import sidebyside
+    from autotune.measurement.sidebyside import Retimed, Timing
+
+    calls: list[list[TrainConfig]] = []
+
+    def retime_configs(workload: Any, configs: Any, *, scales: Any, device: Any) -> Retimed:
+        calls.append(list(configs))
+        timings = tuple(Timing(rates=(10.0 * (i + 1),)) for i in range(len(configs)))
+        return Retimed(timings=timings, ranking=(0,), decided=True, rounds=3, warmup=(1,), other_cores=None)
+
+    monkeypatch.setattr(sidebyside, "retime_configs", retime_configs)
+    episode = Episode(workload="w", budget_bytes=2**30, steps=(_step(0, 2**29),))
+    assert retime_best(episode, None) == (episode, ())  # type: ignore[arg-type]  # one step alone: nothing to time
+    other = TrainConfig(micro_batch_size=8, grad_accum_steps=2)
+    same = episode.steps[0].config
+    retimed, timings = retime_best(episode, None, beside=[(other, 1.0), (same, 2.0)])  # type: ignore[arg-type]
+    assert calls == [[same, other]]
+    assert timings == (Timing(rates=(20.0,)), Timing(rates=(10.0,)))  # the step's own timing for `same`
+    assert retimed.retimed is not None and (retimed.retimed["steps"], retimed.retimed["winner"]) == ([0], 0)

@@ -3,18 +3,23 @@ the picks benchmark both call it), on a real training loop."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from autotune.policies.episode import FINALISTS
 from autotune.policies.ppo import PRETRAINED_DIR, load_policy
 from autotune.policies.tune import tune
 
 from autotune.errors import ConfigError
 from autotune.resolve import load_workload
 from tests.paths import DATA, TINY_WORKLOAD
+
+TINY = f"{TINY_WORKLOAD}:build"
 
 #: The lines ``tune`` says before, and after, its episode on the tiny workload (no fine-tuning).
 TUNE_PHASES = [
@@ -29,15 +34,25 @@ TUNE_PHASES = [
     "step 0 (start)",
     "step 1 (policy)",
     "step 2 (",  # the policy's, or the climb's (below)
-    "best steps re-timed side by side",
     "baseline pytorch-default measured",
     "baseline hf-recipe measured",
+    "best steps and baselines re-timed side by side",
 ]
 
 
-def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
+def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.measurement import sidebyside
+
     workload = load_workload(f"{TINY_WORKLOAD}:build")
     shown: list[str] = []
+    retimed: list[list[Any]] = []  # the configurations of each side-by-side run (the real one runs)
+
+    def retime_configs(workload: Any, configs: Any, **kwargs: Any) -> Any:
+        retimed.append(list(configs))
+        return real_retime(workload, configs, **kwargs)
+
+    real_retime = sidebyside.retime_configs
+    monkeypatch.setattr(sidebyside, "retime_configs", retime_configs)
 
     @contextmanager
     def status(message: str) -> Iterator[None]:
@@ -64,9 +79,9 @@ def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
     assert tuned.final_knobs.describe() == episode.steps[-1].knobs
     # No fine-tuning asked for; the baselines after the episode.
     assert shown == [
-        "re-timing the best steps side by side",
         "measuring the baseline pytorch-default",
         "measuring the baseline hf-recipe",
+        "re-timing the best steps and the baselines side by side",
     ]
     # Every phase said in one line ending with its seconds, in order.
     assert all(re.search(r"(\(|, )\d+\.\d s\)$", line) for line in notes), notes
@@ -84,15 +99,25 @@ def test_tune_runs_one_episode_and_names_the_knobs_it_ended_on() -> None:
     ]
     assert all(b.throughput and b.peak_bytes and b.peak_bytes <= episode.budget_bytes for b in tuned.baselines)
     best = episode.best
-    assert best is not None
-    ratios = tuned.ratios()
-    assert ratios == {b.name: episode.per_gib(best) / b.per_gib for b in tuned.baselines if b.per_gib}
+    assert best is not None and episode.retimed is not None
+    # One side-by-side run: the best steps, then each baseline within the budget not among them
+    # (the PyTorch default's 8x2 is the start's configuration: timed once, for both).
+    chosen = [s.config for s in episode.ranked()[:FINALISTS]]
+    assert episode.retimed["steps"] == [s.step for s in episode.ranked()[:FINALISTS]]
+    assert retimed == [chosen + [b.config for b in tuned.baselines if b.config not in chosen]]
+    assert all(b.retimed_throughput and b.retimed_spread is not None for b in tuned.baselines)
+    assert tuned.side_by_side
+    i = episode.retimed["steps"].index(best.step)
+    mine = episode.retimed["retimed_per_gib"][i]
+    assert tuned.ratios() == {b.name: mine / b.retimed_per_gib for b in tuned.baselines if b.retimed_per_gib}
     line = tuned.recommended_line()
     assert re.fullmatch(
         rf"recommended: step {best.step}: {re.escape(best.config.describe())}: \d+\.\d samples/s, peak [\d.]+ [KM]iB, "
-        r"\d+\.\d samples/s per GiB \(\d+\.\d\dx the PyTorch default and \d+\.\d\dx the HF recipe per GiB\)",
+        r"\d+\.\d samples/s per GiB \(\d+\.\d\dx the PyTorch default and \d+\.\d\dx the HF recipe per GiB, "
+        r"timed side by side\)",
         line,
     ), line
+    assert f"{episode.retimed['retimed_throughput'][i]:.1f} samples/s" in line  # the re-timed figures
 
 
 def test_tune_fine_tunes_on_a_model_that_cannot_run_in_reduced_precision() -> None:
@@ -218,3 +243,166 @@ def test_a_best_step_on_deepspeed_ranks_is_not_compile_checked() -> None:
     checked = _compile_check(workload, config, device=None, show=lambda _m: nullcontext(), note=notes.append)
     assert checked is None
     assert notes == ["torch.compile: not checked (the best configuration runs on DeepSpeed ranks)"]
+
+
+def _step(step: int, micro: int, throughput: float, peak: int) -> Any:
+    from autotune.policies.episode import EpisodeStep
+
+    from autotune.config import TrainConfig
+
+    return EpisodeStep(
+        step=step,
+        action=None if step == 0 else (1, 1, 1, 1, 1, 1, 1),
+        knobs=f"{micro}x{16 // micro}",
+        batch=16,
+        config=TrainConfig(micro_batch_size=micro, grad_accum_steps=16 // micro),
+        throughput=throughput,
+        peak_bytes=peak,
+        b_noise=None,
+        loss=1.0,
+        reward=None if step == 0 else 0.0,
+        source=None if step == 0 else "policy",
+    )
+
+
+def _baselines() -> tuple[Any, ...]:
+    from autotune.policies.tune import TunedBaseline
+
+    from autotune.config import TrainConfig
+
+    over = TunedBaseline(
+        name="pytorch-default",
+        config=TrainConfig(micro_batch_size=1, grad_accum_steps=16),
+        throughput=None,
+        peak_bytes=3 * GIB,
+        reason="over budget",
+        within_budget=False,
+    )
+    hf = TrainConfig(micro_batch_size=16, precision="bf16", outer_precision="bf16", checkpoint=True)
+    return over, TunedBaseline(name="hf-recipe", config=hf, throughput=5.0, peak_bytes=GIB // 4)
+
+
+GIB = 2**30
+
+
+def test_the_baselines_within_the_budget_are_re_timed_in_the_best_steps_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The side-by-side run faked (its figures exact): the best steps and the HF recipe in one
+    run, the PyTorch default over the budget kept with its peak and compared with nothing."""
+    from contextlib import nullcontext
+
+    from autotune.policies.episode import Episode
+    from autotune.policies.tune import Tuned, _retime
+
+    from autotune.measurement import sidebyside
+    from autotune.measurement.sidebyside import Retimed, Timing
+
+    episode = Episode(
+        workload="fake",
+        budget_bytes=2 * GIB,
+        # Step 2 over the budget; step 3 the start's configuration again: two best steps.
+        steps=(_step(0, 8, 10.0, GIB), _step(1, 4, 8.0, GIB // 2), _step(2, 16, 30.0, 4 * GIB), _step(3, 8, 9.0, GIB)),
+    )
+    calls: list[tuple[list[Any], list[float]]] = []
+    rates = (12.0, 20.0, 4.0)  # 4x4 (0.5 GiB), 8x2 (1 GiB), the HF recipe (0.25 GiB)
+
+    def retime_configs(workload: Any, configs: Any, *, scales: Any, device: Any) -> Retimed:
+        calls.append((list(configs), list(scales)))
+        timings = tuple(Timing(rates=(r, r)) for r in rates)
+        return Retimed(timings=timings, ranking=(1, 0, 2), decided=True, rounds=3, warmup=(2, 2, 2), other_cores=None)
+
+    monkeypatch.setattr(sidebyside, "retime_configs", retime_configs)
+    measured = _baselines()
+    notes: list[str] = []
+    retimed, baselines = _retime(
+        episode,
+        load_workload(f"{TINY_WORKLOAD}:build"),
+        measured,
+        device=None,
+        show=lambda _m: nullcontext(),
+        say=notes.append,
+    )
+    hf = measured[1]
+    # The best steps by their first measurement (step 1, then step 0; step 3 is step 0's
+    # configuration, step 2 over the budget), then the HF recipe, each with its scale (1 / GiB).
+    assert calls == [([episode.steps[1].config, episode.steps[0].config, hf.config], [2.0, 1.0, 4.0])]
+    assert retimed.retimed is not None
+    assert {k: v for k, v in retimed.retimed.items() if k != "retimed_spread"} == {
+        "steps": [1, 0],
+        "retimed_throughput": [12.0, 20.0],
+        "retimed_per_gib": [24.0, 20.0],
+        "winner": 1,  # 24 per GiB against 20: the HF recipe's 16 competes for no step's place
+        "decided": True,
+        "rounds": 3,
+        "note": None,
+    }
+    assert baselines == (measured[0], dataclasses.replace(hf, retimed_throughput=4.0, retimed_spread=0.0))
+    assert re.fullmatch(
+        r"best steps and baselines re-timed side by side \(steps \[1, 0\], baselines hf-recipe, \d+\.\d s\)", notes[0]
+    )
+    tuned = Tuned(episode=retimed, final_knobs=None, baselines=baselines)  # type: ignore[arg-type]
+    assert tuned.side_by_side
+    assert tuned.ratios() == {"pytorch-default": None, "hf-recipe": 1.5}  # 24 / 16 per GiB, one run
+    assert tuned.recommended_line() == (
+        f"recommended: step 1: {episode.steps[1].config.describe()}: 12.0 samples/s, peak 512 MiB, "
+        "24.0 samples/s per GiB (1.50x the HF recipe per GiB, timed side by side)"
+    )
+    # Without the re-timing, each its own first measurement: not side by side.
+    first = Tuned(episode=episode, final_knobs=None, baselines=measured)  # type: ignore[arg-type]
+    assert not first.side_by_side
+    assert first.ratios() == {"pytorch-default": None, "hf-recipe": 16.0 / 20.0}  # step 1's 8 / 0.5 GiB, 5 / 0.25
+
+
+def test_tune_json_holds_the_episode_the_baselines_and_the_ratios() -> None:
+    from autotune.policies.episode import Episode
+    from autotune.policies.tune import Tuned
+
+    from autotune.config import TrainConfig
+
+    over, hf = _baselines()
+    hf = dataclasses.replace(hf, retimed_throughput=4.0, retimed_spread=0.0)
+
+    episode = Episode(
+        workload="fake",
+        budget_bytes=2 * GIB,
+        steps=(_step(0, 8, 10.0, GIB),),
+        retimed={
+            "steps": [0],
+            "retimed_throughput": [20.0],
+            "retimed_spread": [0.0],
+            "retimed_per_gib": [20.0],
+            "winner": 0,
+            "decided": True,
+            "rounds": 3,
+            "note": None,
+        },
+    )
+    tuned = Tuned(episode=episode, final_knobs=None, baselines=(over, hf))  # type: ignore[arg-type]
+    d = json.loads(tuned.to_json())
+    assert list(d) == [*episode.to_dict(), "baselines", "ratios", "side_by_side"]
+    assert d["baselines"] == [
+        {
+            "name": "pytorch-default",
+            "config": TrainConfig(micro_batch_size=1, grad_accum_steps=16).to_dict(),
+            "throughput": None,
+            "peak_bytes": 3 * GIB,
+            "per_gib": None,
+            "within_budget": False,
+            "reason": "over budget",
+            "retimed_throughput": None,
+            "retimed_spread": None,
+            "retimed_per_gib": None,
+        },
+        {
+            "name": "hf-recipe",
+            "config": hf.config.to_dict(),
+            "throughput": 5.0,
+            "peak_bytes": GIB // 4,
+            "per_gib": 20.0,
+            "within_budget": True,
+            "reason": None,
+            "retimed_throughput": 4.0,
+            "retimed_spread": 0.0,
+            "retimed_per_gib": 16.0,
+        },
+    ]
+    assert (d["ratios"], d["side_by_side"]) == ({"pytorch-default": None, "hf-recipe": 1.25}, True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
+
 from autotune import Knobs
 from autotune.measurement.admission import Verdict, admission
 from autotune.search.baselines import (
@@ -157,3 +159,27 @@ def test_the_recommendation_line_compares_with_both_baselines_under_the_objectiv
     )
     # A baseline not measured (none given) is neither compared nor called infeasible.
     assert line("per-gib", {}) == f"recommended: {head}"
+
+
+@pytest.mark.parametrize("objective", ["per-gib", "throughput"])
+def test_the_recommendation_line_says_when_its_ratios_were_timed_side_by_side(objective: str) -> None:
+    line = recommended_line(
+        "step 3",
+        "8x4",
+        throughput=65.94,
+        peak_bytes=32 * 2**20,
+        per_gib=2110.0,
+        objective=objective,
+        ratios={"pytorch-default": 2.044, "hf-recipe": 1.1},
+        side_by_side=True,
+    )
+    head = "step 3: 8x4: 65.9 samples/s, peak 32 MiB, 2110.0 samples/s per GiB"
+    if objective == "per-gib":
+        assert line == (
+            f"recommended: {head} (2.04x the PyTorch default and 1.10x the HF recipe per GiB, timed side by side)"
+        )
+    else:
+        assert line == (
+            f"recommended for the most samples/s within the budget: {head} "
+            "(2.04x the PyTorch default's and 1.10x the HF recipe's samples/s, timed side by side)"
+        )
