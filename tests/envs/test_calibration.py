@@ -106,3 +106,17 @@ def test_a_shipped_profile_s_memory_tables_are_redone_without_timing_and_its_tim
         ConfigError, match=re.escape("mlp-digits: the profile is at batch 32, but the workload is at batch 16")
     ):
         with_memory_tables(shipped, dataclasses.replace(workload, batch_size=16))
+
+
+def test_every_shipped_profile_has_the_selective_and_outer_tables() -> None:
+    from pathlib import Path
+
+    from autotune.envs.calibration import load_profile
+
+    files = sorted((Path(__file__).parents[2] / "envs" / "profiles").glob("*.json"))
+    assert len(files) == 12
+    for path in files:
+        p = load_profile(path)
+        assert p.selective_peak_table is not None and p.outer_peak_table is not None, path.name
+        assert p.outer_selective_peak_table is not None, path.name
+        assert all(b.selective_per_sample is not None for b in p.blocks), path.name
