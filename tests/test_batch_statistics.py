@@ -217,7 +217,7 @@ def test_an_episode_over_the_budget_starts_recomputed_where_the_split_is_closed(
         _, info = env.reset(seed=0)
         (default, default_peak), (start, start_peak) = env.measured_peaks[:2]
         assert default_peak > info["budget_bytes"] >= start_peak == info["peak_bytes"]
-        assert (start.micro_batch_size, start.checkpoint) == (BATCH, 4)  # every block recomputed
-        assert default == Levels.default_for(BATCH)
+        assert (start.micro_batch_size, start.checkpoint_blocks) == (BATCH, env.num_blocks)  # every block recomputed
+        assert default == env._levels_knobs(Levels.default_for(BATCH))
     finally:
         env.close()
