@@ -22,7 +22,7 @@ import torch
 from autotune import TrainConfig, Workload, measure, predict_memory
 from autotune.memory.fake_branches import RealBranches
 from autotune.memory.predict import profile_memory
-from autotune.zoo.hf import hf_loss
+from autotune.zoo.transformers_models import hf_loss
 
 _COMMON = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64}
 #: (config class, model class, extra config) by name: small, and as their configs spell sizes.

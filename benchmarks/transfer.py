@@ -48,7 +48,7 @@ from typing import Any
 
 import optuna
 import torch
-from autotune.envs._codec import FRACTION_LEVELS, MICRO_LEVELS, Levels, levels_of
+from autotune.envs._codec import FRACTION_LEVELS, MICRO_LEVELS, Levels, knobs_to_config, levels_of
 from autotune.envs.calibration import interleaved_step_seconds
 from autotune.envs.training import TrainingEnv
 from autotune.policies.episode import run_episode
@@ -193,8 +193,8 @@ def run_model(name: str, policy: Any, fine_tune_seconds: float, seed: int, margi
     env._ranking = ranking  # the order reset() ranks the blocks in (the same call)
     configs: dict[Levels, TrainConfig] = {}
     for k in grid(b0):  # levels that give the same config on a shallow model: measured once
-        if env.config_of(k) not in configs.values():
-            configs[k] = env.config_of(k)
+        if knobs_to_config(k, ranking) not in configs.values():
+            configs[k] = knobs_to_config(k, ranking)
     t0 = time.perf_counter()
     # --- the policy, as tune runs it
     profile = profile_for_tuning(wl)
@@ -224,7 +224,7 @@ def run_model(name: str, policy: Any, fine_tune_seconds: float, seed: int, margi
     cells = measure_grid(wl, runnable, bound=bound)
     fits = {k: v for k, v in cells.items() if v[0] is not None and v[0] <= budget}
     # --- Optuna at equal measured configurations
-    aliases = {k: next(j for j, c in configs.items() if c == env.config_of(k)) for k in grid(b0)}
+    aliases = {k: next(j for j, c in configs.items() if c == knobs_to_config(k, ranking)) for k in grid(b0)}
     opt_best, opt_measured = optuna_winner(cells, predicted, budget, seed, start, aliases)
     if cells[opt_best][0] is None and cells[opt_best][1] > 0:  # a dominated winner: its exact peak too
         cells[opt_best] = measure_grid(wl, {opt_best: configs[opt_best]})[opt_best]

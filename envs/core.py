@@ -23,6 +23,7 @@ from autotune.envs._codec import (
     Levels,
     apply_action,
     knobs_to_config,
+    levels_near,
 )
 from gymnasium import spaces
 
@@ -261,7 +262,10 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
             raise ConfigError(f"adapt_batch must be a bool, but got {adapt_batch!r}.")
         self.adapt_batch = adapt_batch
         self.ranks = 1  # data-parallel ranks the episode trains on (ZeRO needs more than one)
-        self.levels = Levels()
+        # The codec's cursor: the level the episode is on. Public state is :attr:`knobs`; the
+        # cursor is kept beside it because on fewer than four blocks two levels cover the same
+        # count of blocks, and an action moves from the level, as the policy was trained.
+        self._cursor = Levels()
         self._t = 0
         self._first: Interval | None = None
         self._last: Interval | None = None
@@ -298,14 +302,14 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
-        self.levels, self._model, self._machine, self._budget = self._begin_episode()
+        self._cursor, self._model, self._machine, self._budget = self._begin_episode()
         if self.start_within_budget:
-            self.levels = self._start(self.levels)
+            self._cursor = self._start(self._cursor)
         self._t = 0
         self._losses = []
-        self._batch0 = self._global_batch(self.levels)
-        self._levels_batch0 = self.levels.effective_batch_size
-        first = self._train(self.levels)
+        self._batch0 = self._global_batch(self._cursor)
+        self._levels_batch0 = self._cursor.effective_batch_size
+        first = self._train(self._cursor)
         if not math.isfinite(first.loss):  # no episode from a diverged start: every reward would be NaN
             raise NonFiniteLossError(
                 f"the loss is {first.loss} at the episode's start ({self.knobs.describe()}): "
@@ -318,8 +322,8 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         assert self._first is not None and self._last is not None, "call reset() before step()"
         self._t += 1
-        new = self.next_levels(action)
-        if not self.admits(new):  # also when staying on an over-budget config
+        new = self._next_levels(action)
+        if not self._verdict(new).admitted:  # also when staying on an over-budget config
             return (
                 self._observation(self._last),
                 -OVER_BUDGET_PENALTY,
@@ -328,7 +332,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
                 self._info(self._last, reward_terms={"over_budget": 1.0}),
             )
         result = self._train(new)
-        self.levels = new
+        self._cursor = new
         if not math.isfinite(result.loss):
             return (
                 self._observation(self._last),
@@ -348,13 +352,13 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     def _start(self, default: Levels) -> Levels:
         """Where an episode whose ``default`` is over the budget starts (see Starting State):
         THE search of :mod:`autotune.memory.start`, through the level tables."""
-        if self.verdict(default).admitted:
+        if self._verdict(default).admitted:
             return default
         config = knobs_to_config(default, tuple(range(self.num_blocks)), ranks=self.ranks)
         candidates = start_candidates(
             config, min_micro_batch=self.micro_floor, stages=(config.zero_stage,), max_accum=ACCUM_LEVELS[-1]
         )
-        found, _ = first_within(candidates, lambda c: self.verdict(self._levels_at(default, c)))
+        found, _ = first_within(candidates, lambda c: self._verdict(self._levels_at(default, c)))
         return default if found is None else self._levels_at(default, found[0])
 
     def _levels_at(self, levels: Levels, config: TrainConfig) -> Levels:
@@ -369,10 +373,26 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     # ---- what a driver may ask (a policy's episode, its climb) --------------------------------------
 
-    def next_levels(self, action: np.ndarray | tuple[int, ...]) -> Levels:
+    def next_knobs(self, action: np.ndarray | tuple[int, ...]) -> Knobs:
         """The knobs ``action`` moves to from the current ones (before the budget is checked)."""
+        return self._knobs_of(self._next_levels(action))
+
+    def admits(self, knobs: Knobs) -> bool:
+        """Whether :meth:`step` would train on ``knobs`` rather than refuse them as over the budget
+        (a real environment may measure the peak of ``knobs`` once to say so; it is cached)."""
+        return self.verdict(knobs).admitted
+
+    def verdict(self, knobs: Knobs) -> Verdict:
+        """The admission rule (:func:`autotune.memory.gate.admission`) on the peak of ``knobs``
+        (:meth:`_peak_bytes`: one measured, or the simulator's exact one), with the figures."""
+        return self._verdict(self._levels_near(knobs))
+
+    # ---- the codec's side: levels, private to the environments and their climb ---------------------
+
+    def _next_levels(self, action: np.ndarray | tuple[int, ...]) -> Levels:
+        """The level ``action`` moves the cursor to (:func:`~autotune.envs._codec.apply_action`)."""
         return apply_action(
-            self.levels,
+            self._cursor,
             tuple(int(a) for a in action),
             max_zero_stage=self.max_zero_stage,
             adapt_batch=self.adapt_batch,
@@ -380,15 +400,15 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
             min_micro=smallest_micro_batch(self._levels_batch0, self.micro_floor),
         )
 
-    def admits(self, knobs: Levels) -> bool:
-        """Whether :meth:`step` would train on ``knobs`` rather than refuse them as over the budget
-        (a real environment may measure the peak of ``knobs`` once to say so; it is cached)."""
-        return self.verdict(knobs).admitted
+    def _verdict(self, levels: Levels) -> Verdict:
+        return admission(budget=self._budget, headroom=0.0, measured=self._peak_bytes(levels))
 
-    def verdict(self, knobs: Levels) -> Verdict:
-        """The admission rule (:func:`autotune.memory.gate.admission`) on the peak of ``knobs``
-        (:meth:`_peak_bytes`: one measured, or the simulator's exact one), with the figures."""
-        return admission(budget=self._budget, headroom=0.0, measured=self._peak_bytes(knobs))
+    def _levels_near(self, knobs: Knobs) -> Levels:
+        """``knobs`` as levels, the cursor's where two levels cover the same blocks."""
+        return levels_near(knobs, self._cursor, self.num_blocks)
+
+    def _knobs_of(self, levels: Levels) -> Knobs:
+        return levels.knobs(self.num_blocks, ranks=self.ranks)
 
     # ---- shared pieces ------------------------------------------------------------------------------
 
@@ -411,7 +431,7 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
     def knobs(self) -> Knobs:
         """The current configuration in the encoding the Optuna study shares (:mod:`autotune.knobs`):
         ``SearchSpace.params(env.knobs)`` enqueues it in a study."""
-        return self.levels.knobs(self.num_blocks, ranks=self.ranks)
+        return self._knobs_of(self._cursor)
 
     def score(self, r: Interval) -> float:
         """log(throughput per GiB of peak) at the user's batch; log(goodput per GiB) with
@@ -435,11 +455,11 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
             losses=self._losses,
             t=self._t,
             horizon=self.horizon,
-            levels=self.levels,
+            levels=self._cursor,
             model=self._model,
             machine=self._machine,
             budget=self._budget,
-            batch=self._global_batch(self.levels),
+            batch=self._global_batch(self._cursor),
             batch0=self._batch0,
             ranks=self.ranks,
             adapt_batch=self.adapt_batch,
@@ -447,9 +467,8 @@ class TuningEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _info(self, r: Interval, *, reward_terms: dict[str, float] | None) -> dict[str, Any]:
         return {
-            "levels": self.levels,
             "knobs": self.knobs,
-            "batch": self._global_batch(self.levels),
+            "batch": self._global_batch(self._cursor),
             "throughput": r.throughput,
             "peak_bytes": r.peak_bytes,
             "b_noise": r.b_noise,

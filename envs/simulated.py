@@ -208,7 +208,7 @@ class SimulatedEnv(TuningEnv):
             train_seconds=self.steps_per_action * cost.seconds,
             # Knob changes are free in the local loop; a ZeRO change rebuilds the engine: charged
             # as one step's time (state gathered and scattered again: one pass over the states).
-            reconfig_seconds=cost.seconds if knobs.zero_stage != self.levels.zero_stage else 0.0,
+            reconfig_seconds=cost.seconds if knobs.zero_stage != self._cursor.zero_stage else 0.0,
         )
 
     def _curve(self, values: Sequence[float]) -> float:

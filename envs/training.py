@@ -26,6 +26,7 @@ from autotune.envs.core import Interval, MachineDescriptor, ModelDescriptor, Tun
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionError, one_line
+from autotune.knobs import Knobs
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.probe import probe_speeds
 from autotune.measurement.progress import phase_line
@@ -128,7 +129,7 @@ class TrainingEnv(TuningEnv):
         self._ranking: tuple[int, ...] = ()
         self._peaks: dict[Levels, int] = {}
         #: Knob settings the model could not run on this machine this episode, with the reason.
-        self.infeasible: dict[Levels, str] = {}
+        self.infeasible: dict[Knobs, str] = {}
         self._workloads: dict[int, Workload] = {}
         self._memory: MemoryProfile | None = None  # the memory model's profile of this episode's model
         self._gate: BudgetGate | None = None  # this episode's admission (one rank)
@@ -136,11 +137,20 @@ class TrainingEnv(TuningEnv):
         #: Whether the memory model predicted this episode's starting peak within 5% (verified).
         self.prediction_verified = False
         #: Every peak measured by a real step this episode (including reset's), in order.
-        self.measured_peaks: list[tuple[Levels, int]] = []
+        self.measured_peaks: list[tuple[Knobs, int]] = []
 
-    def config_of(self, knobs: Levels) -> TrainConfig:
-        """The training configuration that ``knobs`` (knob levels) encode for the current workload."""
-        return knobs_to_config(knobs, self._ranking, ranks=self.ranks)
+    def config_of(self, knobs: Knobs) -> TrainConfig:
+        """The training configuration ``knobs`` stand for on the current workload (its blocks
+        ranked by the activation bytes they save, hungriest first)."""
+        return knobs.to_config(self._ranking)
+
+    def _config(self, levels: Levels) -> TrainConfig:
+        """The training configuration ``levels`` encode for the current workload."""
+        return knobs_to_config(levels, self._ranking, ranks=self.ranks)
+
+    def _levels_knobs(self, levels: Levels) -> Knobs:
+        """``levels`` as Knobs (during reset too, before the episode's model descriptor is set)."""
+        return levels.knobs(len(self._ranking), ranks=self.ranks)
 
     def _loop(self) -> Trainer | RankSession:
         loop = self.trainer if self.ranks == 1 else self.session
@@ -163,16 +173,16 @@ class TrainingEnv(TuningEnv):
         start = Levels.default_for(max(1, wl.batch_size // self.ranks))
         if self.ranks == 1:
             self.close()
-            self.trainer = Trainer(wl, self.config_of(start), device=self.device)
+            self.trainer = Trainer(wl, self._config(start), device=self.device)
         else:
             if self.session is None or self.session.closed:  # first episode, or a rank failed
                 self.session = RankSession(ranks=self.ranks, device=self.device)
-            self.session.start(wl, self.config_of(start))  # a fresh model, in the running ranks
+            self.session.start(wl, self._config(start))  # a fresh model, in the running ranks
         self._peaks = {}
         self.infeasible = {}
         self.measured_peaks = []
-        self._ran: set[TrainConfig] = {self.config_of(start)}  # configurations that ran a step in this loop
-        self.levels = start
+        self._ran: set[TrainConfig] = {self._config(start)}  # configurations that ran a step in this loop
+        self._cursor = start
         # Adam (and ZeRO's optimizers) create their state in the first step, after the activation
         # peak: a first step's peak leaves it out (gpt-tiny: 34.0 MB vs 44.1 MB from then on).
         self._loop().step()
@@ -213,12 +223,12 @@ class TrainingEnv(TuningEnv):
                 )
             except PredictionError as e:
                 self._reduced_failure = one_line(e).rpartition("under fake tensors: ")[2]
-        config = self.config_of(start)
+        config = self._config(start)
         self._gate = BudgetGate(
             wl, self._budget, profile=self._memory, headroom=headroom_for(config), device_type=device
         )
         for levels, peak in self._peaks.items():
-            self._gate.record(self.config_of(levels), peak)
+            self._gate.record(self._config(levels), peak)
         predicted = self._predicted_peak(start)
         self.prediction_verified = predicted is not None and abs(predicted - measured) <= TOLERANCE * measured
 
@@ -234,7 +244,7 @@ class TrainingEnv(TuningEnv):
         if self._gate is None:
             return None
         try:
-            return self._gate.predict(self.config_of(knobs))
+            return self._gate.predict(self._config(knobs))
         except ConfigError:  # the profile lacks the reduced-precision mode
             return None
 
@@ -244,7 +254,7 @@ class TrainingEnv(TuningEnv):
         :meth:`_verify_memory_model` (on ranks every setting is measured, :meth:`_peak_bytes`)."""
         assert self._gate is not None, "one rank, after reset() built the episode's gate"
         try:
-            return self._gate.admits(self.config_of(knobs)).admitted
+            return self._gate.admits(self._config(knobs)).admitted
         except ConfigError:  # the profile lacks the reduced-precision mode: unknown, not measured
             return False
 
@@ -259,7 +269,7 @@ class TrainingEnv(TuningEnv):
         full = FRACTION_LEVELS - 1
         probes = [(0, 0), (0, full)] + ([(full, 0)] if self._reduced_failure is None else [])
         if self._reduced_failure is not None:
-            self.infeasible[dataclasses.replace(knobs, precision=full)] = self._reduced_failure
+            self.infeasible[self._levels_knobs(dataclasses.replace(knobs, precision=full))] = self._reduced_failure
         base = knobs
         while self.ranks == 1 and not all(
             self._admitted(dataclasses.replace(base, precision=p, checkpoint=c)) for p, c in probes
@@ -274,15 +284,15 @@ class TrainingEnv(TuningEnv):
         # config_of's reduced precision (bf16); on ranks a failing rank ends the session: no recovery
         speeds = probe_speeds(
             loop,
-            self.config_of(plain),
+            self._config(plain),
             reduced="bf16",
             probe_reduced=self._reduced_failure is None,
             recover=None if self.session is not None else self._discard_failed_step,
         )
         if base != knobs:  # back on the starting knobs (the probes ran at a smaller micro-batch)
-            loop.reconfigure(self.config_of(knobs))
+            loop.reconfigure(self._config(knobs))
         if speeds.reduced_failure is not None:
-            self.infeasible[dataclasses.replace(plain, precision=full)] = speeds.reduced_failure
+            self.infeasible[self._levels_knobs(dataclasses.replace(plain, precision=full))] = speeds.reduced_failure
         return speeds.reduced_speed, speeds.recompute_cost
 
     def _say(self, line: str) -> None:
@@ -304,7 +314,7 @@ class TrainingEnv(TuningEnv):
         if knobs in self._peaks or self.ranks > 1:
             return self._measured_peak(knobs)
         if self._reduced_failure is not None and (knobs.precision > 0 or knobs.outer):
-            self.infeasible[knobs] = self._reduced_failure
+            self.infeasible[self._levels_knobs(knobs)] = self._reduced_failure
             return INFEASIBLE_PEAK
         if not self._admitted(knobs):
             predicted = self._prediction(knobs)
@@ -324,10 +334,10 @@ class TrainingEnv(TuningEnv):
         """
         if knobs not in self._peaks:
             loop = self._loop()
-            loop.reconfigure(self.config_of(knobs))
+            loop.reconfigure(self._config(knobs))
             try:
                 self._peaks[knobs] = self._tracked_step()
-                self.measured_peaks.append((knobs, self._peaks[knobs]))
+                self.measured_peaks.append((self._levels_knobs(knobs), self._peaks[knobs]))
             except Exception as e:
                 # INFEASIBLE_PEAK bytes: certainly over any budget, so the env refuses the setting with the
                 # over-budget penalty. A rank's out-of-memory ends its session with a SessionError
@@ -336,19 +346,21 @@ class TrainingEnv(TuningEnv):
                 # lacks), not a bug in the user's code.
                 if is_out_of_memory(e):
                     self._peaks[knobs] = INFEASIBLE_PEAK
-                elif self.session is None and knobs != self.levels:
+                elif self.session is None and knobs != self._cursor:
                     self._discard_failed_step()
-                    self.infeasible[knobs] = one_line(e)
+                    self.infeasible[self._levels_knobs(knobs)] = one_line(e)
                     self._peaks[knobs] = INFEASIBLE_PEAK
                 else:
                     raise
             finally:
-                loop.reconfigure(self.config_of(self.levels))
+                loop.reconfigure(self._config(self._cursor))
             if self._gate is not None:
                 if self._peaks[knobs] == INFEASIBLE_PEAK:  # failed: no peak, nothing to learn of its kinds
-                    self._gate.record_failure(self.config_of(knobs), self.infeasible.get(knobs, "out of memory"))
+                    self._gate.record_failure(
+                        self._config(knobs), self.infeasible.get(self._levels_knobs(knobs), "out of memory")
+                    )
                 else:
-                    self._gate.record(self.config_of(knobs), self._peaks[knobs])
+                    self._gate.record(self._config(knobs), self._peaks[knobs])
         return self._peaks[knobs]
 
     def _tracked_step(self) -> int:
@@ -361,7 +373,7 @@ class TrainingEnv(TuningEnv):
     def _train(self, knobs: Levels) -> Interval:
         loop = self._loop()
         t0 = time.perf_counter()
-        config = self.config_of(knobs)
+        config = self._config(knobs)
         if config != loop.config:
             loop.reconfigure(config)  # with ranks > 1 a ZeRO stage change rebuilds the engines here
         reconfig = time.perf_counter() - t0

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from autotune.envs._codec import ACCUM_LEVELS, MICRO_LEVELS, Levels, level_counts, levels_near
 
-from autotune.knobs import neighbours
+from autotune.knobs import Knobs, neighbours
 from autotune.search.precisions import DOMINATED_SLOWDOWN
 from autotune.search.refine import pattern_first
 
@@ -109,38 +109,52 @@ def level_neighbours(
 
 
 class Climb:
-    """Chooses the climb's actions on ``env`` (:class:`~autotune.envs.core.TuningEnv`).
+    """Chooses the climb's actions on ``env`` (:class:`~autotune.envs.core.TuningEnv`), after its reset.
 
     Call :meth:`action` before each climb step with every step's knobs and value by the episode's
     objective so far (:meth:`autotune.policies.episode.Episode.value`; None where the step did not
     count: over the budget or a non-finite loss), and
-    :meth:`stepped` after it with the knobs the environment is on.
+    :meth:`stepped` after every step with the knobs the environment is on.
+
+    Its public surface speaks :class:`~autotune.knobs.Knobs`; inside, it compares the
+    environment's levels (its codec's cursor, ``autotune/envs/_codec.py``), as it always has: on a
+    model of fewer than four blocks two levels cover the same blocks, and an action moves from
+    the level the environment is on.
     """
 
     def __init__(self, env: TuningEnv) -> None:
         self.env = env
-        self.tried: set[Levels] = set()  # visited, refused, or chosen as a target
-        self.target: Levels | None = None
+        self._tried: set[Levels] = set()  # visited, refused, or chosen as a target
+        self._target: Levels | None = None
         self._came_from: dict[Levels, Levels] = {}  # a target -> the incumbent it neighbours
         self._expected: Levels | None = None
+        self._seen: dict[Knobs, Levels] = {}  # knobs -> the level the environment was last on there
+        self._trail: list[Levels] = []  # the level of each step since the climb was made
+        self._trail.append(self._seen_levels(env))
 
-    def action(self, measured: Sequence[tuple[Levels, float | None]]) -> tuple[int, ...] | None:
+    @property
+    def target(self) -> Knobs | None:
+        """The knobs the climb is moving toward (None before its first action, or with none left)."""
+        return None if self._target is None else self._knobs(self._target)
+
+    def action(self, measured: Sequence[tuple[Knobs, float | None]]) -> tuple[int, ...] | None:
         """The next action toward the incumbent's first untried admitted neighbour; None when there
         is none (every neighbour tried or over the budget) or nothing measured counts yet."""
-        self.tried.update(levels for levels, _ in measured)
-        current = self.env.levels
-        if self.target is None or self.target == current:
-            self.target = self._next_target(measured)
-        while self.target is not None:
-            action = self._toward(current, self.target)
+        levelled = [(levels, value) for levels, (_, value) in zip(self._levels_of(measured), measured, strict=True)]
+        self._tried.update(levels for levels, _ in levelled)
+        current = self.env._cursor
+        if self._target is None or self._target == current:
+            self._target = self._next_target(levelled)
+        while self._target is not None:
+            action = self._toward(current, self._target)
             if action is not None:
-                self._expected = self.env.next_levels(action)
+                self._expected = self.env._next_levels(action)
                 return action
-            self.target = self._next_target(measured)  # unreachable from here in the tables
+            self._target = self._next_target(levelled)  # unreachable from here in the tables
         return None
 
-    def neighbours(self, levels: Levels) -> list[Levels]:
-        """The knob levels one knob one level away from ``levels`` at the same effective batch
+    def neighbours(self, knobs: Knobs) -> list[Knobs]:
+        """The knobs one knob one level away from ``knobs`` at the same effective batch
         (:func:`autotune.knobs.neighbours` through the environment's tables: its power-of-two
         splits, quarters of the blocks, its ZeRO stages on ranks), in its order: a larger
         micro-batch, one recompute level less, one reduced-precision level more, one ZeRO stage
@@ -151,6 +165,46 @@ class Climb:
         existed until those are tried: adding them never takes a step from them. Where
         two levels cover the same count of blocks (a model of fewer than four), the move goes to
         the next count."""
+        return [self._knobs(levels) for levels in self._neighbours(self._levels(knobs))]
+
+    def stepped(self, knobs: Knobs) -> None:
+        """The environment is on ``knobs`` after the step: a move it refused is never tried again."""
+        levels = self._seen_levels(self.env)
+        self._trail.append(levels)
+        assert self._knobs(levels) == knobs, f"stepped({knobs}) but the environment is on {self.env.knobs}"
+        if self._expected is not None and levels != self._expected:
+            self._tried.add(self._expected)
+            self._target = None
+        self._tried.add(levels)
+        self._expected = None
+
+    # ---- the levels, private -------------------------------------------------------------------------
+
+    def _seen_levels(self, env: TuningEnv) -> Levels:
+        """The environment's cursor, remembered as the level its knobs were last seen at."""
+        levels = env._cursor
+        self._seen[self._knobs(levels)] = levels
+        return levels
+
+    def _levels_of(self, measured: Sequence[tuple[Knobs, float | None]]) -> list[Levels]:
+        """The levels of ``measured``'s steps: the ones the environment was on, where ``measured``
+        is the episode's steps since the climb was made (two steps on the same knobs may be on two
+        levels, and each keeps its own neighbours); else each knobs' own (:meth:`_levels`)."""
+        knobs = [k for k, _ in measured]
+        if knobs == [self._knobs(levels) for levels in self._trail]:
+            return list(self._trail)
+        return [self._levels(k) for k in knobs]
+
+    def _levels(self, knobs: Knobs) -> Levels:
+        """``knobs`` as the level the environment was on when it was on them (else the nearest
+        the environment's cursor)."""
+        seen = self._seen.get(knobs)
+        return seen if seen is not None else levels_near(knobs, self.env._cursor, self.env.num_blocks)
+
+    def _knobs(self, levels: Levels) -> Knobs:
+        return levels.knobs(self.env.num_blocks, ranks=self.env.ranks)
+
+    def _neighbours(self, levels: Levels) -> list[Levels]:
         return level_neighbours(
             levels,
             num_blocks=self.env.num_blocks,
@@ -159,14 +213,6 @@ class Climb:
             selective=True,
             outer=True,
         )
-
-    def stepped(self, levels: Levels) -> None:
-        """The environment is on ``levels`` after the step: a move it refused is never tried again."""
-        if self._expected is not None and levels != self._expected:
-            self.tried.add(self._expected)
-            self.target = None
-        self.tried.add(levels)
-        self._expected = None
 
     def _next_target(self, measured: Sequence[tuple[Levels, float | None]]) -> Levels | None:
         counted = [(value, -i, levels) for i, (levels, value) in enumerate(measured) if value is not None]
@@ -181,13 +227,13 @@ class Climb:
         machine = self.env.machine
         slow_reduced = machine is not None and machine.reduced_speed * DOMINATED_SLOWDOWN <= 1.0
         for incumbent in ranked:
-            candidates = self.neighbours(incumbent)
+            candidates = self._neighbours(incumbent)
             for candidate in pattern_first(candidates, self._came_from.get(incumbent), incumbent):
                 more_reduced = candidate.precision > incumbent.precision or candidate.outer > incumbent.outer
-                if candidate in self.tried or (slow_reduced and more_reduced):
+                if candidate in self._tried or (slow_reduced and more_reduced):
                     continue
-                self.tried.add(candidate)
-                if self.env.admits(candidate):
+                self._tried.add(candidate)
+                if self.env._verdict(candidate).admitted:
                     self._came_from[candidate] = incumbent
                     return candidate
         return None
@@ -201,7 +247,7 @@ class Climb:
         keep = (1, 1, 1, 1, current.zero_stage, 1, 1)
         outer = range(3) if target.outer != current.outer else (1,)
         distance, _, action = min(
-            (_distance(self.env.next_levels(a), target), sum(x != k for x, k in zip(a, keep, strict=True)), a)
+            (_distance(self.env._next_levels(a), target), sum(x != k for x, k in zip(a, keep, strict=True)), a)
             for a in itertools.product(*(range(n) for n in nvec), outer)
         )
         if distance >= _distance(current, target):
@@ -210,5 +256,6 @@ class Climb:
 
 
 def settled(env: TuningEnv, action: Sequence[int]) -> bool:
-    """Whether ``action`` keeps ``env`` on the knobs it is on (the policy proposes to stay)."""
-    return env.next_levels(tuple(int(a) for a in action)) == env.levels
+    """Whether ``action`` keeps ``env`` on the level it is on (the policy proposes to stay; on a
+    model of fewer than four blocks an action may move the level and not the knobs: not settled)."""
+    return env._next_levels(tuple(int(a) for a in action)) == env._cursor

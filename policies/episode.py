@@ -195,7 +195,7 @@ def run_episode(
     obs, info = env.reset(seed=seed)
     records = [_record(env, 0, None, info, None, None)]
     _say(note, records[-1], start)
-    levels = [info["levels"]]
+    knobs = [info["knobs"]]
     climb = Climb(env) if refine > 0 else None
     climbing = False
     for t in range(1, steps + 1):
@@ -214,7 +214,7 @@ def run_episode(
                 )
                 counted = {s.step for s in partial.ranked(distinct=False)}
                 measured = [
-                    (lv, partial.value(s) if s.step in counted else None) for lv, s in zip(levels, records, strict=True)
+                    (k, partial.value(s) if s.step in counted else None) for k, s in zip(knobs, records, strict=True)
                 ]
                 chosen = climb.action(measured)
                 if chosen is not None:
@@ -223,15 +223,15 @@ def run_episode(
         start = time.perf_counter()
         obs, reward, terminated, _, info = env.step(np.asarray(action))
         if climb is not None:
-            climb.stepped(info["levels"])
+            climb.stepped(info["knobs"])
             # A move the environment refused (over the budget, a precision this machine cannot
             # run) leaves the run where it was, as staying does, and the policy, seeing nearly
             # the same observation, proposes it again: on lstm-lm on an AVX2 CPU it asked for
             # bf16 blocks six steps running (the picks benchmark, docs/benchmark-log.md).
-            climbing = climbing or (source == "policy" and info["levels"] == levels[-1])
+            climbing = climbing or (source == "policy" and "over_budget" in info["reward_terms"])
         records.append(_record(env, t, action, info, float(reward), source))
         _say(note, records[-1], start)
-        levels.append(info["levels"])
+        knobs.append(info["knobs"])
         if terminated:
             break
     return Episode(
@@ -265,7 +265,7 @@ def _record(
         action=action,
         knobs=env.knobs.describe(),
         batch=int(info["batch"]),
-        config=env.config_of(env.levels),
+        config=env.config_of(env.knobs),
         throughput=float(info["throughput"]),
         peak_bytes=int(info["peak_bytes"]),
         b_noise=None if info["b_noise"] is None else float(info["b_noise"]),

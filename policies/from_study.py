@@ -54,7 +54,7 @@ def measured_trials(study: optuna.Study, workload: Workload) -> list[MeasuredCon
     one rank, no ZeRO, fp32 or bf16 blocks and outer parts (what the simulator's single-rank time
     model covers: selective recompute and the outer precision included)."""
     from autotune.search.cache import workload_fingerprint
-    from autotune.search.record import trial_record
+    from autotune.search.trial_record import trial_record
 
     identity = study.user_attrs.get("autotune")
     if not isinstance(identity, dict):

@@ -130,11 +130,11 @@ def test_the_simulated_env_keeps_the_split_of_a_batchnorm_model() -> None:
 
     env = SimulatedEnv(memory_budget=1.0, noise=0.0, min_micro_batch=None)
     env.reset(seed=0)
-    start = env.levels
-    assert env.next_levels(Move.SMALLER_MICRO_BATCH.action) == start
+    start = env._cursor
+    assert env._next_levels(Move.SMALLER_MICRO_BATCH.action) == start
     free = SimulatedEnv(memory_budget=1.0, noise=0.0)
     free.reset(seed=0)
-    assert free.next_levels(Move.SMALLER_MICRO_BATCH.action).micro_batch_size == free.levels.micro_batch_size // 2
+    assert free._next_levels(Move.SMALLER_MICRO_BATCH.action).micro_batch_size == free._cursor.micro_batch_size // 2
 
 
 def test_the_shape_guard_splits_down_to_the_floor_then_recomputes() -> None:
@@ -195,15 +195,15 @@ def test_the_training_env_keeps_the_split_of_a_batchnorm_model() -> None:
     env = TrainingEnv(workloads=[_bn_workload()], memory_budget=1.0, steps_per_action=2, horizon=2)
     try:
         env.reset(seed=0)
-        assert env.levels.micro_batch_size == BATCH
-        assert env.next_levels(Move.SMALLER_MICRO_BATCH.action) == env.levels
-        assert env.next_levels(Move.MORE_RECOMPUTE.action).checkpoint == env.levels.checkpoint + 1
+        assert env._cursor.micro_batch_size == BATCH
+        assert env._next_levels(Move.SMALLER_MICRO_BATCH.action) == env._cursor
+        assert env._next_levels(Move.MORE_RECOMPUTE.action).checkpoint == env._cursor.checkpoint + 1
     finally:
         env.close()
     free = TrainingEnv(workloads=[_bn_workload(min_micro_batch=1)], memory_budget=1.0, steps_per_action=2, horizon=2)
     try:
         free.reset(seed=0)
-        assert free.next_levels(Move.SMALLER_MICRO_BATCH.action).micro_batch_size == BATCH // 2
+        assert free._next_levels(Move.SMALLER_MICRO_BATCH.action).micro_batch_size == BATCH // 2
     finally:
         free.close()
 
@@ -217,7 +217,7 @@ def test_an_episode_over_the_budget_starts_recomputed_where_the_split_is_closed(
         _, info = env.reset(seed=0)
         (default, default_peak), (start, start_peak) = env.measured_peaks[:2]
         assert default_peak > info["budget_bytes"] >= start_peak == info["peak_bytes"]
-        assert (start.micro_batch_size, start.checkpoint) == (BATCH, 4)  # every block recomputed
-        assert default == Levels.default_for(BATCH)
+        assert (start.micro_batch_size, start.checkpoint_blocks) == (BATCH, env.num_blocks)  # every block recomputed
+        assert default == env._levels_knobs(Levels.default_for(BATCH))
     finally:
         env.close()

@@ -8,8 +8,8 @@ from autotune.config import TrainConfig
 from autotune.console import OFF_TERMINAL_WIDTH, make_console
 from autotune.search.display import ProgressDisplay, summary_view
 from autotune.search.finalists import Finalist
-from autotune.search.record import TrialRecord
 from autotune.search.results import Improvement, StudySummary
+from autotune.search.trial_record import TrialRecord
 
 MIB = 2**20
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.adapt.arguments import check_decisions, check_int, check_optimizer, optimizer_like, track_mode
-from autotune.adapt.compiled import Recompiles, user_compiled
 from autotune.adapt.controller import Controller
 from autotune.adapt.loop import AdaptLoop, InPlaceTrainer, LoopHooks, in_place
 from autotune.adapt.on_ranks import rank_start
+from autotune.adapt.recompiles import Recompiles, user_compiled
 from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
 from autotune.adapt.saved import check_saved_batch, check_saved_model, model_record
 from autotune.adapt.shape_guard import ShapeGuard
@@ -380,7 +380,7 @@ class Adaptive:
             min_micro_batch=workload.micro_batch_floor,
             micro_why=workload.micro_batch_reason,
             objective=objective,
-            # The user's compiled model: each change of block knobs recompiles (adapt/compiled.py).
+            # The user's compiled model: each change of block knobs recompiles (adapt/recompiles.py).
             recompiles=(
                 Recompiles(num_blocks=len(workload.block_names()), horizon=self.decide_every) if compiled else None
             ),

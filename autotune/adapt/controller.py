@@ -43,8 +43,8 @@ from autotune.tuning import TUNING
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from autotune.adapt.compiled import Recompiles
     from autotune.adapt.frontend import FrontEnd
+    from autotune.adapt.recompiles import Recompiles
     from autotune.adapt.sources import DecisionSource
     from autotune.measurement.cuda_memory import AllocatorStats
     from autotune.memory.gate import BudgetGate
@@ -74,7 +74,7 @@ class Controller:
         micro_why: Why, in a few words (:attr:`~autotune.Workload.micro_batch_reason`).
         objective: As for :class:`autotune.Adaptive`.
         recompiles: On a user's compiled model, its recompiles measured, capped and counted
-            (:mod:`autotune.adapt.compiled`); None: an eager model.
+            (:mod:`autotune.adapt.recompiles`); None: an eager model.
 
     Example:
         The loops drive it in this order (the callbacks' hooks do the same; see

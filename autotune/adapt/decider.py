@@ -45,7 +45,7 @@ from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from autotune.adapt.compiled import Recompiles
+    from autotune.adapt.recompiles import Recompiles
     from autotune.config import TrainConfig
     from autotune.memory.gate import BudgetGate
 
@@ -80,7 +80,7 @@ class Decider:
         micro_why: Why (:attr:`autotune.Workload.micro_batch_reason`), for the history.
         objective: Which measured configuration within the budget is better: the most samples/s
             per GiB of peak (``"per-gib"``) or the most samples/s (``"throughput"``).
-        recompiles: On a user's compiled model, its recompiles (:mod:`autotune.adapt.compiled`):
+        recompiles: On a user's compiled model, its recompiles (:mod:`autotune.adapt.recompiles`):
             a change of block knobs past the cap, or one whose measured gain does not pay its
             measured recompile back, is refused; no side-by-side trials (each switch would
             reinstall the block wrappers).

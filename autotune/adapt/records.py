@@ -93,7 +93,7 @@ class Change:
         seconds: Wall time of the reconfiguration itself (wrappers, data stream).
         reverted: The run went back from ``after`` because a measured step exceeded the budget.
         recompile_seconds: On a compiled model, what the change's recompile took: its first
-            compiled step over the steady step (:mod:`autotune.adapt.compiled`); None where not
+            compiled step over the steady step (:mod:`autotune.adapt.recompiles`); None where not
             measured (no recompile, an eager model, or not measured yet).
 
     Example:

@@ -19,8 +19,8 @@ from autotune.tuning import TUNING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from autotune.adapt.compiled import Recompiles
     from autotune.adapt.ledger import Ledger
+    from autotune.adapt.recompiles import Recompiles
     from autotune.adapt.sources import Observation, Proposal
     from autotune.config import TrainConfig
     from autotune.measurement.objective import ObjectiveName

@@ -61,9 +61,9 @@ from typing import Any
 
 import torch
 
-from autotune.adapt.compiled import Recompiles
 from autotune.adapt.controller import Controller
 from autotune.adapt.decider import Decider
+from autotune.adapt.recompiles import Recompiles
 from autotune.adapt.records import Change
 from autotune.adapt.saved import check_saved_batch, check_saved_model, model_record
 from autotune.adapt.source_choice import PolicyArg, decision_source, selective_in_play
@@ -196,7 +196,7 @@ class FrameworkLoop:
         ``collate_fn``: the framework's DataLoader's, so the profile runs on batches as it trains on.
         ``precision``: the loop's own autocast, from the user's flags (None: none).
         ``checkpoint_flag``: how the user turned the model's checkpointing on, for the start line.
-        ``compiled``: how the loop compiles the model (:func:`autotune.adapt.compiled.loop_compiled`),
+        ``compiled``: how the loop compiles the model (:func:`autotune.adapt.recompiles.loop_compiled`),
         in words for the start line; None: eager. Each change of block knobs then recompiles: the
         controller measures it from the steps' wall seconds and counts it in its decisions.
 

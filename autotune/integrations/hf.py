@@ -23,7 +23,7 @@ What it changes mid-run, and what it cannot:
   keeps its checkpointing and the checkpoint knob does not move).
 * ``torch_compile=True``, or a model (or a submodule) you compiled: each change of per-block knobs
   recompiles; the callback measures it from the steps' wall seconds, counts it in each decision as
-  :class:`autotune.Adaptive` does (:mod:`autotune.adapt.compiled`), and notes what the recompiles
+  :class:`autotune.Adaptive` does (:mod:`autotune.adapt.recompiles`), and notes what the recompiles
   cost last in the history (source ``"compile"``).
 * ``bf16=True`` / ``fp16=True``: accelerate's autocast around the model's forward is the outer
   precision (``outer_precision="bf16"`` / ``"fp16"``, the blocks in it): autotune never wraps the
@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override  # typing.override from Python 3.12 (typing_extensions: a torch dependency)
 
-from autotune.adapt.compiled import loop_compiled
+from autotune.adapt.recompiles import loop_compiled
 from autotune.adapt.source_choice import PolicyArg
 from autotune.config import TrainConfig
 from autotune.errors import MissingDependencyError, UnsupportedError
@@ -77,7 +77,7 @@ except ImportError as e:  # optional dependency: name it
         f"autotune.integrations.hf needs transformers: pip install 'torch-autotune[hf]' ({e})."
     ) from None
 
-from autotune.zoo.hf import hf_loss  # after the check above: it imports transformers
+from autotune.zoo.transformers_models import hf_loss  # after the check above: it imports transformers
 
 if TYPE_CHECKING:
     import torch

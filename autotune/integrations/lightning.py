@@ -31,7 +31,7 @@ knob where it is. A model inside the module whose checkpointing you enabled
 (the model's own flags are off until ``on_train_end``). A compiled module
 (``trainer.fit(torch.compile(module))``, or a submodule you compiled): each change of per-block knobs
 recompiles; the callback measures it from the steps' wall seconds, counts it in each decision as
-:class:`autotune.Adaptive` does (:mod:`autotune.adapt.compiled`), and notes what the recompiles cost
+:class:`autotune.Adaptive` does (:mod:`autotune.adapt.recompiles`), and notes what the recompiles cost
 last in the history (source ``"compile"``).
 
 The loss the memory model profiles is ``training_step(batch, 0)`` (its ``"loss"`` if it returns a
@@ -57,7 +57,7 @@ from typing import Any
 import torch
 from typing_extensions import override  # typing.override from Python 3.12 (typing_extensions: a torch dependency)
 
-from autotune.adapt.compiled import loop_compiled
+from autotune.adapt.recompiles import loop_compiled
 from autotune.adapt.source_choice import PolicyArg
 from autotune.config import Precision
 from autotune.errors import AutotuneWarning, MissingDependencyError

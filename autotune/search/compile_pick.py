@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.config import TrainConfig
-    from autotune.search.record import TrialRecord
+    from autotune.search.trial_record import TrialRecord
 
 __all__ = ["COMPILE_CHECK", "CompilePick", "check_recommendation", "read_compile_pick"]
 

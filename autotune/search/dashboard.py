@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.dependencies import install_command
 from autotune.errors import MissingDependencyError
 from autotune.search.export import export_config
-from autotune.search.record import TrialRecord
 from autotune.search.results import StudySummary
+from autotune.search.trial_record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna

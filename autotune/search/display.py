@@ -21,9 +21,9 @@ from autotune.config import TrainConfig
 from autotune.console import make_console
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value
 from autotune.search.baselines import recommended_line
-from autotune.search.record import TrialRecord, trial_record
 from autotune.search.results import StudySummary
 from autotune.search.study import StudyObserver, count_done
+from autotune.search.trial_record import TrialRecord, trial_record
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.budget import admits
 from autotune.search.observer import StudyObserver
 from autotune.search.predictor import MemoryPredictor
-from autotune.search.record import ATTR
+from autotune.search.trial_record import ATTR
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.config import TrainConfig
-    from autotune.search.record import TrialRecord
+    from autotune.search.trial_record import TrialRecord
 
 __all__ = [
     "FINALISTS",
@@ -131,8 +131,8 @@ def finalists(records: tuple[TrialRecord, ...], objective: ObjectiveName = DEFAU
 def to_retime(study: optuna.Study) -> list[TrialRecord]:
     """The finalists still to re-time: none with fewer than two, or if these very trials were
     re-timed already (the study's ``retimed`` record names them)."""
-    from autotune.search.record import trial_record
     from autotune.search.spec import objective_of
+    from autotune.search.trial_record import trial_record
 
     # The summary's records (results.summarize reads them the same way, and reads this module).
     chosen = finalists(tuple(trial_record(t) for t in study.get_trials(deepcopy=False)), objective_of(study))

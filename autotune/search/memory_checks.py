@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.config import TrainConfig
-from autotune.search.record import ATTR
+from autotune.search.trial_record import ATTR
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -9,7 +9,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.measurement.record import Measurement
-from autotune.search.record import ATTR
+from autotune.search.trial_record import ATTR
 from autotune.units import format_bytes
 
 __all__ = ["trial_note"]

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Literal
 
 from autotune.errors import StudyError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE
-from autotune.search.record import ATTR
 from autotune.search.spec import StudySpec, spec_from_dict, spec_to_dict
 from autotune.search.storage import open_storage, redact, storage_url
+from autotune.search.trial_record import ATTR
 
 if TYPE_CHECKING:
     import optuna

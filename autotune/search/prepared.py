@@ -20,9 +20,9 @@ from autotune.errors import (
 from autotune.measurement.objective import DEFAULT_OBJECTIVE
 from autotune.measurement.progress import loaded_line, since
 from autotune.search.cache import workload_fingerprint
-from autotune.search.record import GOODPUT_METRIC_NAMES, METRIC_NAMES
 from autotune.search.space import SearchSpace
 from autotune.search.spec import StudySpec, spec_to_dict
+from autotune.search.trial_record import GOODPUT_METRIC_NAMES, METRIC_NAMES
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:

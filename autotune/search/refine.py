@@ -52,10 +52,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.knobs import Knobs
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value
-from autotune.search.record import ATTR, trial_record
 from autotune.search.space import SearchSpace
 from autotune.search.spec import objective_of
 from autotune.search.surface import Estimate, fit_surface, ranked
+from autotune.search.trial_record import ATTR, trial_record
 
 if TYPE_CHECKING:
     import optuna

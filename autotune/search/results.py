@@ -14,8 +14,8 @@ from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.compile_pick import CompilePick, read_compile_pick
 from autotune.search.finalists import Finalist, read_retimed
-from autotune.search.record import TrialRecord, trial_record
 from autotune.search.spec import objective_of
+from autotune.search.trial_record import TrialRecord, trial_record
 
 if TYPE_CHECKING:
     import optuna

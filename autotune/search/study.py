@@ -35,10 +35,10 @@ from autotune.search.opening import recover_interrupted, stored_spec
 from autotune.search.precisions import screen_precisions
 from autotune.search.predictor import MemoryPredictor, StudyPredictor, load_memory_predictor
 from autotune.search.prepared import Prepared, prepare
-from autotune.search.record import ATTR, MIB
 from autotune.search.refine import Refine
 from autotune.search.spec import StudySpec
 from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE
+from autotune.search.trial_record import ATTR, MIB
 
 if TYPE_CHECKING:
     import optuna

@@ -35,8 +35,8 @@ from autotune.measurement.record import Measurement
 from autotune.search.baselines import RETRIED, smaller_micro_batch
 from autotune.search.cache import MeasurementCache, cache_key
 from autotune.search.predictor import MemoryPredictor
-from autotune.search.record import ATTR, MIB
 from autotune.search.space import SearchSpace
+from autotune.search.trial_record import ATTR, MIB
 
 if TYPE_CHECKING:
     import optuna

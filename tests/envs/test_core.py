@@ -99,5 +99,5 @@ class _Peaks(TuningEnv):
 def test_an_episode_over_the_budget_starts_where_an_adaptive_run_would(floor: int | None, start: Levels) -> None:
     env = _Peaks(floor)
     env.reset(seed=0)
-    assert env.levels == start
-    assert env.verdict(Levels.default_for(16)).reason == "measured 210 B > budget 100 B"
+    assert env._cursor == start
+    assert env._verdict(Levels.default_for(16)).reason == "measured 210 B > budget 100 B"

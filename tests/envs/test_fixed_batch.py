@@ -64,7 +64,7 @@ def test_no_action_sequence_changes_the_batch_of_a_real_loop() -> None:
     try:
         batch0, infos = _random_walk(env, 0, 8)
         assert batch0 == 32
-        assert all(i["batch"] == batch0 and env.config_of(i["levels"]).micro_batch_size > 0 for i in infos)
+        assert all(i["batch"] == batch0 and env.config_of(i["knobs"]).micro_batch_size > 0 for i in infos)
         assert all(i["knobs"].batch_size == batch0 for i in infos)
     finally:
         env.close()
@@ -78,7 +78,7 @@ def test_a_budget_below_the_default_peak_is_never_exceeded_after_the_first_step(
         default, default_peak = env.measured_peaks[0]  # the PyTorch default, measured for the budget
         assert default == Levels.default_for(32) and default_peak > budget
         # The episode starts where an adaptive run would: the first smaller micro-batch within it.
-        assert info["peak_bytes"] <= budget and env.levels.micro_batch_size < default.micro_batch_size
+        assert info["peak_bytes"] <= budget and env._cursor.micro_batch_size < default.micro_batch_size
         assert env.prediction_verified  # the memory model predicted the default within 5%
         rng = np.random.default_rng(0)
         for t in range(12):

@@ -113,7 +113,7 @@ def test_zero_action_is_live_with_ranks_and_mapped_without() -> None:
     single = SimulatedEnv(ranks=1)
     single.reset(seed=0)
     _, _, _, _, info = single.step(stage3)
-    assert info["knobs"].zero_stage == 0 and info["levels"].zero_stage == 0
+    assert info["knobs"].zero_stage == 0
 
 
 def test_on_a_profile_without_their_tables_the_selective_and_outer_actions_are_harmless() -> None:
@@ -136,7 +136,7 @@ def test_on_a_profile_without_their_tables_the_selective_and_outer_actions_are_h
     def stepped(move: Move, p: WorkloadProfile = profile) -> tuple[float, dict[str, object]]:
         env = SimulatedEnv(profiles=[p], memory_budget=1.0, noise=0.0)
         env.reset(seed=0)
-        env.levels = dataclasses.replace(env.levels, checkpoint=2)  # recomputed quarters to move from
+        env._cursor = dataclasses.replace(env._cursor, checkpoint=2)  # recomputed quarters to move from
         _, reward, _, _, info = env.step(np.array(move.action))
         return reward, info
 

@@ -46,7 +46,7 @@ def test_registered_with_time_limit() -> None:
     assert env.spec is not None and env.spec.max_episode_steps == 16 and env.spec.nondeterministic
     obs, info = env.reset(seed=0)
     assert obs.shape == (OBSERVATION_SIZE,) and obs.dtype == np.float32
-    assert info["levels"] == Levels.default_for(32)
+    assert info["knobs"] == env._levels_knobs(Levels.default_for(32))
     assert info["knobs"] == Knobs(batch_size=32, micro_batch_size=32)  # the study's encoding
     env.close()
 
@@ -67,17 +67,17 @@ def test_reconfiguring_keeps_weights_and_optimizer_state_and_training_goes_on() 
     }
     # Raise reduced precision and checkpointing to the next level, as an action does; compare
     # right after the change, before any training step.
-    new = Levels(micro=env.levels.micro, precision=2, checkpoint=2)
-    trainer.reconfigure(env.config_of(new))
+    new = Levels(micro=env._cursor.micro, precision=2, checkpoint=2)
+    trainer.reconfigure(env._config(new))
     assert all(torch.equal(a, b) for a, b in zip(params, trainer.model.parameters(), strict=True))
     for k, v in trainer.optimizer.state.items():
         assert all(torch.equal(state[k][n], t) for n, t in v.items() if isinstance(t, torch.Tensor))
-    trainer.reconfigure(env.config_of(env.levels))
+    trainer.reconfigure(env.config_of(env.knobs))
     for _ in range(5):
         _, _, terminated, _, info = env.step(np.array([1, 1, 2, 2, 0]))  # more bf16 + recompute each step
         assert not terminated
         losses.append(info["loss"])
-    assert env.levels.precision == 4 and env.levels.checkpoint == 4
+    assert env._cursor.precision == 4 and env._cursor.checkpoint == 4
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
     env.close()
 
@@ -85,12 +85,12 @@ def test_reconfiguring_keeps_weights_and_optimizer_state_and_training_goes_on() 
 def test_over_budget_step_is_not_run_and_penalized() -> None:
     env = _env(memory_budget=1.0)  # exactly the default's peak
     env.reset(seed=0)
-    before = env.levels
+    before = env._cursor
     # smaller micro-batches: accumulating, the gradients live through every forward (more memory here)
     _, reward, terminated, _, info = env.step(np.array([2, 1, 1, 1, 0]))
     assert reward == -1.0 and not terminated
     assert info["reward_terms"] == {"over_budget": 1.0}
-    assert env.levels == before
+    assert env._cursor == before
     env.close()
 
 
@@ -100,7 +100,7 @@ def test_rewards_are_finite(action: list[int]) -> None:
     env.reset(seed=1)
     _, reward, _, _, _ = env.step(np.array(action))
     assert np.isfinite(reward)
-    assert env.levels.zero_stage == 0  # one rank: stages map to 0
+    assert env._cursor.zero_stage == 0  # one rank: stages map to 0
     env.close()
 
 
@@ -131,10 +131,9 @@ def test_with_two_ranks_passes_the_gymnasium_check_without_warnings(ranked_env: 
 
 def test_a_zero_action_on_two_ranks_changes_the_stage_and_the_measured_peak(ranked_env: TrainingEnv) -> None:
     _, start = ranked_env.reset(seed=0)
-    assert start["levels"] == Levels.default_for(16)  # the workload's batch of 32 over 2 ranks
     assert start["knobs"] == Knobs(batch_size=32, micro_batch_size=16, ranks=2)
     _, reward, terminated, _, info = ranked_env.step(np.array([1, 1, 1, 1, 3]))
-    assert info["levels"] == dataclasses.replace(start["levels"], zero_stage=3)
+    assert info["knobs"] == dataclasses.replace(start["knobs"], zero_stage=3)
     assert info["knobs"] == dataclasses.replace(start["knobs"], zero_stage=3)
     assert ranked_env.session is not None and ranked_env.session.config is not None
     assert ranked_env.session.config.zero_stage == 3  # the ranks train at stage 3 now
@@ -200,13 +199,13 @@ def test_a_knob_the_model_cannot_take_is_infeasible_not_a_crash() -> None:
     )
     try:
         obs, _ = env.reset(seed=0)
-        all_bf16 = dataclasses.replace(env.levels, precision=FRACTION_LEVELS - 1)
+        all_bf16 = dataclasses.replace(env._cursor, precision=FRACTION_LEVELS - 1)
         reason = "RuntimeError: could not create a primitive descriptor for this op in reduced precision"
-        assert env.infeasible == {all_bf16: reason}
+        assert env.infeasible == {env._levels_knobs(all_bf16): reason}
         assert obs[15] == -1.0  # log2 of the reduced-precision speed, clipped: the slowest it knows
-        start = env.levels
+        start = env._cursor
         _, reward, terminated, _, info = env.step(np.array([1, 1, 2, 1, 0]))  # one more level of bf16
-        assert (reward, terminated, env.levels) == (-OVER_BUDGET_PENALTY, False, start)
+        assert (reward, terminated, env._cursor) == (-OVER_BUDGET_PENALTY, False, start)
         assert info["reward_terms"] == {"over_budget": 1.0}
         assert len(env.infeasible) == 2
         _, reward, _, _, _ = env.step(np.array([1, 1, 1, 2, 0]))  # recompute more: fp32 still trains
@@ -227,20 +226,20 @@ def test_a_per_block_mix_on_blocks_that_are_not_a_chain_is_measured_not_trusted(
     with pytest.warns(PredictionWarning, match="configurations that treat blocks differently are predicted unverified"):
         env.reset(seed=0)
     try:
-        start = env.levels
+        start = env._cursor
         every = dataclasses.replace(start, checkpoint=FRACTION_LEVELS - 1)
         some = dataclasses.replace(start, checkpoint=1)
-        assert env.config_of(some).block_checkpoints(5) not in ((False,) * 5, (True,) * 5)
+        assert env._config(some).block_checkpoints(5) not in ((False,) * 5, (True,) * 5)
         assert env._predicted_peak(every) is not None and env._admitted(every)
         assert env._predicted_peak(some) is None and not env._admitted(some)
         measured = len(env.measured_peaks)
-        assert env.admits(some)  # within the budget on its measured peak
-        assert env.measured_peaks[measured:] == [(some, env._peaks[some])] and env._admitted(some)
+        assert env.admits(env._levels_knobs(some))  # within the budget on its measured peak
+        assert env.measured_peaks[measured:] == [(env._levels_knobs(some), env._peaks[some])] and env._admitted(some)
         # Another mix, unverified and predicted over a lower budget: refused, nothing runs.
         other = dataclasses.replace(start, checkpoint=2)
         prediction = env._prediction(other)
         assert prediction is not None and not prediction[1]
         env._budget = env._gate.budget = prediction[0] - 1  # type: ignore[union-attr]
-        assert not env.admits(other) and len(env.measured_peaks) == measured + 1
+        assert not env.admits(env._levels_knobs(other)) and len(env.measured_peaks) == measured + 1
     finally:
         env.close()

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from autotune.envs._codec import Levels, knobs_to_config
 from autotune.envs.core import OVER_BUDGET_PENALTY, Interval, MachineDescriptor, ModelDescriptor, TuningEnv
-from autotune.policies.climb import Climb
+from autotune.policies.climb import Climb, level_neighbours
 from autotune.policies.episode import run_episode
 
 from autotune.config import TrainConfig
+from autotune.knobs import Knobs
 
 GIB = 2**30
 STAY = (1, 1, 1, 1, 0, 1, 1)
@@ -40,8 +41,8 @@ class _Terrain(TuningEnv):
         self.reduced_speed = reduced_speed
         self.trained: list[Levels] = []
 
-    def config_of(self, knobs: Levels) -> TrainConfig:
-        return knobs_to_config(knobs, tuple(range(self.blocks)))
+    def config_of(self, knobs: Knobs) -> TrainConfig:
+        return knobs.to_config(tuple(range(self.blocks)))
 
     def _begin_episode(self) -> tuple[Levels, ModelDescriptor, MachineDescriptor, int]:
         model = ModelDescriptor(
@@ -63,6 +64,15 @@ class _Terrain(TuningEnv):
             train_seconds=1.0,
             reconfig_seconds=0.0,
         )
+
+
+def _k(env: TuningEnv, levels: Levels) -> Knobs:
+    """``levels`` as the knobs they stand for on ``env``'s model."""
+    return levels.knobs(env.num_blocks, ranks=env.ranks)
+
+
+def _ks(env: TuningEnv, levels: list[Levels]) -> list[Knobs]:
+    return [_k(env, x) for x in levels]
 
 
 class _Policy:
@@ -169,43 +179,49 @@ def test_with_every_neighbour_tried_the_step_is_the_policy_s() -> None:
     env = _Terrain(lambda k: 100.0)
     env.reset(seed=0)
     climb = Climb(env)
-    tried = [(n, None) for n in climb.neighbours(START)]  # tried, none counted
-    assert climb.action([(START, 100.0), *tried]) is None
-    assert climb.action([(START, None)]) is None  # nothing counted yet: no incumbent
+    tried = [(n, None) for n in climb.neighbours(_k(env, START))]  # tried, none counted
+    assert climb.action([(_k(env, START), 100.0), *tried]) is None
+    assert climb.action([(_k(env, START), None)]) is None  # nothing counted yet: no incumbent
 
 
 def test_neighbours_in_order_at_the_ends_of_the_tables() -> None:
     env = _Terrain(lambda k: 100.0)
     env.reset(seed=0)
     corner = Levels(accum=0, micro=4, precision=0, checkpoint=4)  # 16 x 1, every block recomputed
-    assert Climb(env).neighbours(corner) == [
-        Levels(accum=0, micro=4, precision=0, checkpoint=3),
-        Levels(accum=0, micro=4, precision=1, checkpoint=4),
-        Levels(accum=1, micro=3, precision=0, checkpoint=4),
-        # The selective moves after the old ones: a full level selective instead.
-        Levels(accum=0, micro=4, precision=0, checkpoint=3, selective=1),
-        # The outer precision's move last of all.
-        Levels(accum=0, micro=4, precision=0, checkpoint=4, outer=True),
-    ]
+    assert Climb(env).neighbours(_k(env, corner)) == _ks(
+        env,
+        [
+            Levels(accum=0, micro=4, precision=0, checkpoint=3),
+            Levels(accum=0, micro=4, precision=1, checkpoint=4),
+            Levels(accum=1, micro=3, precision=0, checkpoint=4),
+            # The selective moves after the old ones: a full level selective instead.
+            Levels(accum=0, micro=4, precision=0, checkpoint=3, selective=1),
+            # The outer precision's move last of all.
+            Levels(accum=0, micro=4, precision=0, checkpoint=4, outer=True),
+        ],
+    )
     env.ranks, env.max_zero_stage = 2, 3  # ZeRO stages move on ranks
     middle = Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1)
-    assert Climb(env).neighbours(middle) == [
-        Levels(accum=0, micro=4, precision=2, checkpoint=2, zero_stage=1),
-        Levels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1),
-        Levels(accum=1, micro=3, precision=3, checkpoint=2, zero_stage=1),
-        Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=0),
-        Levels(accum=2, micro=2, precision=2, checkpoint=2, zero_stage=1),
-        Levels(accum=1, micro=3, precision=2, checkpoint=3, zero_stage=1),
-        Levels(accum=1, micro=3, precision=1, checkpoint=2, zero_stage=1),
-        Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=2),
-        Levels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1, selective=1),
-        Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, selective=1),
-        Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, outer=True),
-    ]
+    assert Climb(env).neighbours(_k(env, middle)) == _ks(
+        env,
+        [
+            Levels(accum=0, micro=4, precision=2, checkpoint=2, zero_stage=1),
+            Levels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1),
+            Levels(accum=1, micro=3, precision=3, checkpoint=2, zero_stage=1),
+            Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=0),
+            Levels(accum=2, micro=2, precision=2, checkpoint=2, zero_stage=1),
+            Levels(accum=1, micro=3, precision=2, checkpoint=3, zero_stage=1),
+            Levels(accum=1, micro=3, precision=1, checkpoint=2, zero_stage=1),
+            Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=2),
+            Levels(accum=1, micro=3, precision=2, checkpoint=1, zero_stage=1, selective=1),
+            Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, selective=1),
+            Levels(accum=1, micro=3, precision=2, checkpoint=2, zero_stage=1, outer=True),
+        ],
+    )
     # From the outer parts in bf16, the move back to fp32 (and every other move keeps them there).
-    outer = Climb(env).neighbours(Levels(accum=0, micro=4, checkpoint=4, outer=True))
-    assert outer[-1] == corner
-    assert all(k.outer for k in outer[:-1])
+    outer = Climb(env).neighbours(_k(env, Levels(accum=0, micro=4, checkpoint=4, outer=True)))
+    assert outer[-1] == _k(env, corner)
+    assert all(k.outer_low_precision for k in outer[:-1])
 
 
 def test_on_three_blocks_a_move_skips_the_level_that_covers_the_same_blocks() -> None:
@@ -214,7 +230,7 @@ def test_on_three_blocks_a_move_skips_the_level_that_covers_the_same_blocks() ->
     env = _Terrain(lambda k: 100.0, blocks=3)
     env.reset(seed=0)
     here = Levels(micro=2, accum=2, precision=0, checkpoint=3)
-    around = Climb(env).neighbours(here)
+    around = level_neighbours(here, num_blocks=3, selective=True, outer=True)  # the climb's, in levels
     assert [(k.checkpoint, k.precision, k.selective) for k in around if k.micro == here.micro] == [
         (1, 0, 0),
         (3, 1, 0),
@@ -240,15 +256,15 @@ def test_with_every_neighbour_of_the_best_tried_the_climb_goes_on_from_the_runne
     env = _Terrain(lambda k: 100.0)
     env.reset(seed=0)
     climb = Climb(env)
-    around = climb.neighbours(START)
+    around = climb.neighbours(_k(env, START))
     runner_up = around[1]  # one recompute level less than START
-    measured = [(START, 100.0)] + [(n, 95.0 if n == runner_up else None) for n in around]
+    measured = [(_k(env, START), 100.0)] + [(n, 95.0 if n == runner_up else None) for n in around]
     action = climb.action(measured)
     # Every neighbour of START was tried: the runner-up's first untried one, its larger
     # micro-batch, reached from START in one action (split and recompute at once).
-    assert runner_up == Levels(micro=2, accum=2, precision=0, checkpoint=3)
+    assert runner_up == _k(env, Levels(micro=2, accum=2, precision=0, checkpoint=3))
     target = Levels(micro=3, accum=1, precision=0, checkpoint=3)
-    assert action is not None and env.next_levels(action) == climb.target == target
+    assert action is not None and env.next_knobs(action) == climb.target == _k(env, target)
 
 
 def _recompute_saves_half_a_gib(k: Levels) -> int:
@@ -326,5 +342,5 @@ def test_the_climb_reaches_the_outer_precision_through_a_seventh_action_entry_af
     # selective quarter back) and the outer move in one action, the selective entry kept.
     assert [s.action for s in episode.steps[5:]] == [(0, 1, 1, 0, 0, 2, 1), (1, 1, 1, 2, 0, 1, 2)]
     assert episode.best is not None and episode.best.throughput == 125.0
-    config = env.config_of(env.trained[-1])
+    config = env.config_of(_k(env, env.trained[-1]))
     assert (config.precision, config.outer_precision, config.checkpoint) == ("fp32", "bf16", True)

@@ -65,7 +65,7 @@ def test_tune_no_refine_is_the_policy_alone(capsys: pytest.CaptureFixture[str]) 
 def test_tune_records_its_best_step_as_a_study_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import optuna
 
-    from autotune.search.record import ATTR
+    from autotune.search.trial_record import ATTR
 
     storage = f"sqlite:///{tmp_path / 's.db'}"
     code = main(

@@ -15,9 +15,9 @@ from autotune import Knobs
 from autotune.errors import ProposalError
 from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.opening import open_study
-from autotune.search.record import ATTR
 from autotune.search.spec import MeasureSpec, StudySpec
 from autotune.search.study import RunOptions, prepare, run_study
+from autotune.search.trial_record import ATTR
 from autotune.units import format_bytes
 from tests.conftest import make_resmlp
 from tests.paths import DATA, TINY_WORKLOAD

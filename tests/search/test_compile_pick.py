@@ -22,8 +22,8 @@ from autotune.procs import isolation
 from autotune.procs.channel import decode, encode
 from autotune.search.compile_pick import COMPILE_CHECK, CompilePick, check_recommendation
 from autotune.search.display import summary_view
-from autotune.search.record import ATTR
 from autotune.search.results import summarize
+from autotune.search.trial_record import ATTR
 from tests.paths import TINY_WORKLOAD
 
 GIB = 1024**3

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from autotune.config import TrainConfig
 from autotune.search.display import ProgressDisplay, config_summary
-from autotune.search.record import ATTR
+from autotune.search.trial_record import ATTR
 
 
 def test_uniform_knobs() -> None:

@@ -16,9 +16,9 @@ from autotune.config import TrainConfig
 from autotune.measurement.sidebyside import Retimed, Timing
 from autotune.search.display import summary_view
 from autotune.search.finalists import RETIMED, TRIAL_ATTRS, retime_finalists, set_finished_trial_attrs, to_retime
-from autotune.search.record import ATTR
 from autotune.search.results import summarize
 from autotune.search.spec import StudySpec, spec_to_dict
+from autotune.search.trial_record import ATTR
 
 GIB = 1024**3
 

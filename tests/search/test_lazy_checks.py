@@ -20,9 +20,9 @@ from autotune.procs.isolation import MeasurementProcess
 from autotune.search.memory_checks import stored_checks
 from autotune.search.opening import open_study
 from autotune.search.predictor import load_memory_predictor
-from autotune.search.record import ATTR
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
 from autotune.search.study import RunOptions, prepare, run_study
+from autotune.search.trial_record import ATTR
 from autotune.units import MemoryBudget
 from tests.paths import TINY_WORKLOAD
 

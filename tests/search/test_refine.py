@@ -16,7 +16,6 @@ from autotune.errors import MeasurementFailed
 from autotune.knobs import Knobs
 from autotune.measurement.admission import Verdict, admission
 from autotune.measurement.sidebyside import Retimed, Timing
-from autotune.search.record import ATTR
 from autotune.search.refine import (
     BEATEN_BY,
     REFINED_FROM,
@@ -28,6 +27,7 @@ from autotune.search.refine import (
 )
 from autotune.search.space import SearchSpace
 from autotune.search.spec import StudySpec, spec_to_dict
+from autotune.search.trial_record import ATTR
 
 MIB = 2**20
 SPACE = SearchSpace(batch_sizes=(16,), ranking=(0, 1, 2, 3), max_micro_batch=16)

@@ -8,9 +8,9 @@ from rich.console import Console
 
 from autotune.config import TrainConfig
 from autotune.search.display import summary_view
-from autotune.search.record import ATTR, TrialRecord
 from autotune.search.results import pareto_front, summarize
 from autotune.search.spec import StudySpec, objective_of, spec_to_dict
+from autotune.search.trial_record import ATTR, TrialRecord
 
 GIB = 1024**3
 

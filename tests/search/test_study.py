@@ -23,7 +23,6 @@ from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAUL
 from autotune.search.cache import MeasurementCache
 from autotune.search.memory_checks import stored_checks
 from autotune.search.opening import open_study, recover_interrupted
-from autotune.search.record import ATTR
 from autotune.search.results import summarize
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
 from autotune.search.study import (
@@ -35,6 +34,7 @@ from autotune.search.study import (
     study_alloc_conf,
 )
 from autotune.search.trial import Objective
+from autotune.search.trial_record import ATTR
 from autotune.units import MemoryBudget
 from tests.paths import TINY_WORKLOAD
 

@@ -1,4 +1,4 @@
-"""A user's compiled model under an adaptive run (autotune.adapt.compiled): recompiles measured from
+"""A user's compiled model under an adaptive run (autotune.adapt.recompiles): recompiles measured from
 injected step seconds, capped below Dynamo's limit, counted in the decisions. The real compile runs
 only in the slow test at the end."""
 
@@ -12,8 +12,8 @@ import torch
 
 from autotune import TrainConfig
 from autotune.adapt import BudgetGate
-from autotune.adapt.compiled import Recompiles, loop_compiled, recompile_limit, user_compiled
 from autotune.adapt.controller import Controller
+from autotune.adapt.recompiles import Recompiles, loop_compiled, recompile_limit, user_compiled
 from autotune.adapt.records import Change
 from tests.adapt.scripted import Scripted
 from tests.conftest import make_resmlp
