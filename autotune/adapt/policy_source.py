@@ -186,7 +186,6 @@ class PolicySource(DecisionSource):
         wanted = context.device_type == "cpu" if self.plan_start is None else self.plan_start
         if not wanted or context.start.ranks != 1:
             return None
-        from autotune.adapt.source_choice import selective_in_play
         from autotune.errors import ProposalError
         from autotune.policies.transfer import quick_profile, simulated_best
 
@@ -206,9 +205,9 @@ class PolicySource(DecisionSource):
 
         batch = context.start.effective_batch_size
         # The policy moves the selective level and the outer precision, so the run may start at
-        # them: the selective level where the run's gate profiles it (the rule the gate is built
-        # by), the outer parts where the blocks' reduced precision may run (the probe's rule).
-        selective = selective_in_play(self, context.start, len(context.ranking))
+        # them: the selective level always (a policy run's gate profiles it: selective_in_play),
+        # the outer parts where the blocks' reduced precision may run (the probe's rule).
+        selective = True
         best = simulated_best(
             profile,
             batch_size=batch,

@@ -743,17 +743,20 @@ def test_the_untried_neighbours_are_the_level_tables_and_more_reduced_precision_
             out.append(moved)
         return out
 
-    # One knob one level away (knobs.neighbours through the level tables): the ZeRO stage stays.
+    # One knob one level away (knobs.neighbours through the level tables, the selective level and
+    # the outer precision included: the policy moves both): the ZeRO stage stays.
     others = {
         Levels(accum=0, micro=4, precision=2),  # 16x1
         Levels(accum=2, micro=2, precision=2),  # 4x4
         Levels(accum=1, micro=3, precision=2, checkpoint=1),
+        Levels(accum=1, micro=3, precision=2, selective=1),  # a quarter recomputed selectively
         Levels(accum=1, micro=3, precision=1),
     }
-    more_reduced = Levels(accum=1, micro=3, precision=3)
+    more_reduced = {Levels(accum=1, micro=3, precision=3), Levels(accum=1, micro=3, precision=2, outer=True)}
     everything = proposed(reduced_ok=True)
-    assert everything[0] == more_reduced and set(everything) == others | {more_reduced} and len(everything) == 5
-    # Where the machine probe found no usable bf16: less of it, never more.
+    assert everything[0] == Levels(accum=1, micro=3, precision=3)  # rated best (the stand-in)
+    assert set(everything) == others | more_reduced and len(everything) == 7
+    # Where the machine probe found no usable bf16: less of it, never more (the outer parts too).
     assert set(proposed(reduced_ok=False)) == others
 
 

@@ -205,7 +205,7 @@ def bad_policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (
             ("tune", "TINY", "--policy", "P/wrong-nvec"),
             "autotune tune: error: policy 'P/wrong-nvec': policy.safetensors does not match policy.json (action_nvec "
-            "[3, 3, 3, 3, 5], net_arch [64, 64]): action_net.bias has shape (16,), expected (17,).",
+            "[3, 3, 3, 3, 5], net_arch [64, 64]): action_net.bias has shape (22,), expected (17,).",
         ),
         (
             ("tune", "TINY", "--policy", "P/other-actions"),

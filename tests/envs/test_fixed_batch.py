@@ -76,7 +76,7 @@ def test_a_budget_below_the_default_peak_is_never_exceeded_after_the_first_step(
         _, info = env.reset(seed=0)
         budget = info["budget_bytes"]
         default, default_peak = env.measured_peaks[0]  # the PyTorch default, measured for the budget
-        assert default == Levels.default_for(32) and default_peak > budget
+        assert default == env._levels_knobs(Levels.default_for(32)) and default_peak > budget
         # The episode starts where an adaptive run would: the first smaller micro-batch within it.
         assert info["peak_bytes"] <= budget and env._cursor.micro_batch_size < default.micro_batch_size
         assert env.prediction_verified  # the memory model predicted the default within 5%

@@ -46,7 +46,7 @@ def test_registered_with_time_limit() -> None:
     assert env.spec is not None and env.spec.max_episode_steps == 16 and env.spec.nondeterministic
     obs, info = env.reset(seed=0)
     assert obs.shape == (OBSERVATION_SIZE,) and obs.dtype == np.float32
-    assert info["knobs"] == env._levels_knobs(Levels.default_for(32))
+    assert info["knobs"] == env.unwrapped._levels_knobs(Levels.default_for(32))  # type: ignore[attr-defined]
     assert info["knobs"] == Knobs(batch_size=32, micro_batch_size=32)  # the study's encoding
     env.close()
 

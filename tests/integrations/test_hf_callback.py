@@ -426,7 +426,7 @@ def test_torch_compile_true_yields_a_controller_that_counts_each_change_s_recomp
     summary = callback.history[-1]
     assert (summary.step, summary.source, summary.applied) == (6, "compile", False)
     assert summary.reason.startswith("the model is compiled: 1 recompile measured, 7.4 s in all (median 7.4 s), ")
-    assert controller.decider._timed[recompute] == [8.0, 4 / 0.75, 8.0]  # the recompiling step is not timed
+    assert controller.decider.ledger.timed[recompute] == [8.0, 4 / 0.75, 8.0]  # the recompiling step is not timed
     assert all("forward" not in m.__dict__ for m in wl.model.modules())
 
 
