@@ -211,11 +211,7 @@ def run_episode(
                     adapt_batch=env.adapt_batch,
                     objective=objective,
                 )
-                counted = {s.step for s in partial.ranked(distinct=False)}
-                measured = [
-                    (lv, partial.value(s) if s.step in counted else None) for lv, s in zip(levels, records, strict=True)
-                ]
-                chosen = climb.action(measured)
+                chosen = climb.action(_measured(partial, levels))
                 if chosen is not None:
                     action, source = chosen, "climb"
         assert action is not None
@@ -240,6 +236,13 @@ def run_episode(
         adapt_batch=env.adapt_batch,
         objective=objective,
     )
+
+
+def _measured(partial: Episode, levels: list[Any]) -> list[tuple[Any, float | None]]:
+    """Each step's levels with its value by the episode's objective, None for a step its ranking
+    does not count (what the climb chooses its incumbent among)."""
+    counted = {s.step for s in partial.ranked(distinct=False)}
+    return [(lv, partial.value(s) if s.step in counted else None) for lv, s in zip(levels, partial.steps, strict=True)]
 
 
 def _say(note: Callable[[str], None] | None, s: EpisodeStep, start: float) -> None:
