@@ -50,6 +50,25 @@ def measurement_table(m: Measurement) -> Table:
     table.add_row("step time", f"{_num(m.step_seconds and m.step_seconds * 1e3, '.1f')} ms", "median")
     table.add_row("peak memory", format_bytes(m.peak_bytes), "tensor bytes, exact (by storage)")
     table.add_row("throughput per GiB", f"{_num(m.throughput_per_gib, '.1f')}", "samples/s per GiB of peak")
+    _memory_rows(table, m)
+    n = m.noise
+    table.add_row(
+        "gradient noise scale", _num(n.b_simple, ".4g"), f"B_simple = tr(Sigma)/|G|^2, samples; {n.steps} steps pooled"
+    )
+    table.add_row("  tr(Sigma)", _num(n.trace_sigma), "per-sample gradient variance")
+    table.add_row("  |G|^2", _num(n.grad_sq_norm), "squared true-gradient norm")
+    table.add_row("  sigma^2", _num(n.sigma2), "micro-batch gradient variance (seed eq. 7)")
+    if m.losses:
+        table.add_row("loss", f"{m.losses[0]:.4g} -> {m.losses[-1]:.4g}", f"{len(m.losses)} optimizer steps")
+    table.add_row("loss slope", _num(m.loss_slope, ".3g"), "per step, EMA-smoothed")
+    if c.uses_fp16:
+        table.add_row("fp16 overflow steps", str(m.overflow_steps), "skipped by the loss scaler")
+    table.add_row("learning rate", _num(m.lr, ".3g"), f"{c.lr_scaling} scaling, {c.lr_schedule}")
+    return table
+
+
+def _memory_rows(table: Table, m: Measurement) -> None:
+    """The memory rows below the peak: each category, each rank, the CUDA allocator, the budget."""
     if m.memory is not None and m.category_peaks is not None:
         for f in fields(m.memory):
             at_peak, own = getattr(m.memory, f.name), getattr(m.category_peaks, f.name)
@@ -76,20 +95,6 @@ def measurement_table(m: Measurement) -> Table:
         table.add_row(
             "memory budget", format_bytes(m.memory_budget), "fits" if m.status != "over_budget" else "DOES NOT FIT"
         )
-    n = m.noise
-    table.add_row(
-        "gradient noise scale", _num(n.b_simple, ".4g"), f"B_simple = tr(Sigma)/|G|^2, samples; {n.steps} steps pooled"
-    )
-    table.add_row("  tr(Sigma)", _num(n.trace_sigma), "per-sample gradient variance")
-    table.add_row("  |G|^2", _num(n.grad_sq_norm), "squared true-gradient norm")
-    table.add_row("  sigma^2", _num(n.sigma2), "micro-batch gradient variance (seed eq. 7)")
-    if m.losses:
-        table.add_row("loss", f"{m.losses[0]:.4g} -> {m.losses[-1]:.4g}", f"{len(m.losses)} optimizer steps")
-    table.add_row("loss slope", _num(m.loss_slope, ".3g"), "per step, EMA-smoothed")
-    if c.uses_fp16:
-        table.add_row("fp16 overflow steps", str(m.overflow_steps), "skipped by the loss scaler")
-    table.add_row("learning rate", _num(m.lr, ".3g"), f"{c.lr_scaling} scaling, {c.lr_schedule}")
-    return table
 
 
 def _states(b: MemoryBreakdown) -> str:

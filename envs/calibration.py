@@ -54,6 +54,7 @@ from autotune.envs._codec import FRACTION_LEVELS, MICRO_LEVELS, Levels, knobs_to
 from autotune.config import Precision, TrainConfig
 from autotune.errors import ConfigError, NonFiniteLossError, TrainingError, one_line
 from autotune.measurement.oom import is_out_of_memory
+from autotune.measurement.record import Measurement
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.predict import predict_memory, profile_memory
 from autotune.memory.profile import outer_mode
@@ -309,11 +310,7 @@ def calibrate(
     b0 = workload.batch_size
     b_small = max(1, b0 // 4)
     say("memory of the default configuration")
-    default = measure(workload, TrainConfig(micro_batch_size=b0), steps=1, warmup=1)
-    if default.status == "diverged":
-        raise NonFiniteLossError(f"{workload.name}: the default configuration's {default.reason}: nothing to calibrate")
-    if not default.ok:  # out of memory: no budget was given, so nothing else
-        raise TrainingError(f"{workload.name}: the default configuration failed: {default.reason}")
+    default = _default_measured(workload, b0)
     assert default.memory is not None and default.category_peaks is not None
     say("per-block activation bytes")
     blocks, failure = _block_bytes(workload, reduced, b_small, b0)
@@ -324,35 +321,10 @@ def calibrate(
     shares, block_fraction = _block_forward_shares(workload, b0)
     say("step times under six configurations")
     tiny_accum = min(4, b_small)  # several micro-batches of one sample: their cost dominates the step
-    configs = {
-        "small": TrainConfig(micro_batch_size=b_small),
-        "default": TrainConfig(micro_batch_size=b0),
-        "reduced": TrainConfig(micro_batch_size=b0, precision=reduced),
-        "checkpoint": TrainConfig(micro_batch_size=b0, checkpoint=True),
-        "accum": TrainConfig(micro_batch_size=b_small, grad_accum_steps=2),
-        "tiny": TrainConfig(micro_batch_size=1, grad_accum_steps=tiny_accum),
-    }
-    if failure is not None:
-        del configs["reduced"]
-    times = interleaved_step_seconds(workload, configs, rounds=timing_rounds)
-    _check_finite(workload, "step time", {f"the {key!r} configuration": v for key, v in times.items()})
-    # Solve the linear time terms t = t_fixed + k * (t_mf + b * t_ps) from the four fp32 step
-    # times (one more micro-batch of b_small, ``accum``, separates the per-step fixed cost) by
-    # non-negative least squares on relative errors. The micro-batch-of-one point is measured, not
-    # extrapolated: from b_small and b0 alone, noise set the per-micro-batch cost to 0 on a 4-block
-    # GPT-2 (2 timing rounds), the simulator then read micro-batch 1 as free and the policy's plan
-    # went to 1 x 32, measured far slower.
-    fp32 = [(b_small, 1, "small"), (b0, 1, "default"), (b_small, 2, "accum"), (1, tiny_accum, "tiny")]
-    rows = np.array([[1.0, k, k * b] for b, k, _ in fp32])
-    step_fixed, micro_fixed, per_sample = (
-        float(v) for v in relative_nnls(rows, np.array([times[key] for _, _, key in fp32]))
-    )
+    times = _step_times(workload, reduced, b0, b_small, tiny_accum, failure=failure, rounds=timing_rounds)
+    step_fixed, micro_fixed, per_sample = _linear_time_terms(times, b0, b_small, tiny_accum)
     micro_default = max(micro_fixed + b0 * per_sample, 1e-9)
-    # Precision and recompute change only block time, a fraction of the micro-batch time.
-    block_time = max(block_fraction * micro_default, 1e-9)
-    # Unused where reduced precision cannot run: every such setting is infeasible.
-    slowdown = 1.0 + (times["reduced"] - times["default"]) / block_time if failure is None else 1.0
-    recompute = (times["checkpoint"] - times["default"]) / block_time
+    slowdown, recompute = _block_time_ratios(times, block_fraction * micro_default, failure=failure)
     say("loss and gradient-noise curves")
     samples, losses, noise = _curves(workload, b0, curve_steps)
     _check_finite(workload, "loss", {f"step {i} of the loss curve": v for i, v in enumerate(losses)})
@@ -382,6 +354,76 @@ def calibrate(
         reduced_failure=failure,
     )
     return with_memory_tables(timed, workload, selective=selective, outer=outer, progress=progress)
+
+
+def _default_measured(workload: Workload, b0: int) -> Measurement:
+    """The default configuration measured once (its memory is the profile's).
+
+    Raises:
+        NonFiniteLossError: its loss is NaN or infinite.
+        TrainingError: it failed (out of memory: no budget was given, so nothing else).
+    """
+    default = measure(workload, TrainConfig(micro_batch_size=b0), steps=1, warmup=1)
+    if default.status == "diverged":
+        raise NonFiniteLossError(f"{workload.name}: the default configuration's {default.reason}: nothing to calibrate")
+    if not default.ok:  # out of memory: no budget was given, so nothing else
+        raise TrainingError(f"{workload.name}: the default configuration failed: {default.reason}")
+    return default
+
+
+def _step_times(
+    workload: Workload,
+    reduced: Precision,
+    b0: int,
+    b_small: int,
+    tiny_accum: int,
+    *,
+    failure: str | None,
+    rounds: int,
+) -> dict[str, float]:
+    """:func:`calibrate`'s step times under six configurations (five where ``reduced`` cannot run),
+    interleaved, each checked finite."""
+    configs = {
+        "small": TrainConfig(micro_batch_size=b_small),
+        "default": TrainConfig(micro_batch_size=b0),
+        "reduced": TrainConfig(micro_batch_size=b0, precision=reduced),
+        "checkpoint": TrainConfig(micro_batch_size=b0, checkpoint=True),
+        "accum": TrainConfig(micro_batch_size=b_small, grad_accum_steps=2),
+        "tiny": TrainConfig(micro_batch_size=1, grad_accum_steps=tiny_accum),
+    }
+    if failure is not None:
+        del configs["reduced"]
+    times = interleaved_step_seconds(workload, configs, rounds=rounds)
+    _check_finite(workload, "step time", {f"the {key!r} configuration": v for key, v in times.items()})
+    return times
+
+
+def _linear_time_terms(times: dict[str, float], b0: int, b_small: int, tiny_accum: int) -> tuple[float, float, float]:
+    """The step's fixed seconds, each micro-batch's fixed seconds and its seconds per sample, from
+    :func:`_step_times`'s fp32 configurations."""
+    # Solve the linear time terms t = t_fixed + k * (t_mf + b * t_ps) from the four fp32 step
+    # times (one more micro-batch of b_small, ``accum``, separates the per-step fixed cost) by
+    # non-negative least squares on relative errors. The micro-batch-of-one point is measured, not
+    # extrapolated: from b_small and b0 alone, noise set the per-micro-batch cost to 0 on a 4-block
+    # GPT-2 (2 timing rounds), the simulator then read micro-batch 1 as free and the policy's plan
+    # went to 1 x 32, measured far slower.
+    fp32 = [(b_small, 1, "small"), (b0, 1, "default"), (b_small, 2, "accum"), (1, tiny_accum, "tiny")]
+    rows = np.array([[1.0, k, k * b] for b, k, _ in fp32])
+    step_fixed, micro_fixed, per_sample = (
+        float(v) for v in relative_nnls(rows, np.array([times[key] for _, _, key in fp32]))
+    )
+    return step_fixed, micro_fixed, per_sample
+
+
+def _block_time_ratios(times: dict[str, float], blocks_seconds: float, *, failure: str | None) -> tuple[float, float]:
+    """The reduced precision's slowdown and the recompute's cost, each relative to the blocks' time
+    (``blocks_seconds``: their share of the default's micro-batch time)."""
+    # Precision and recompute change only block time, a fraction of the micro-batch time.
+    block_time = max(blocks_seconds, 1e-9)
+    # Unused where reduced precision cannot run: every such setting is infeasible.
+    slowdown = 1.0 + (times["reduced"] - times["default"]) / block_time if failure is None else 1.0
+    recompute = (times["checkpoint"] - times["default"]) / block_time
+    return slowdown, recompute
 
 
 def with_memory_tables(

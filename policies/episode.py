@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from autotune.envs.training import TrainingEnv
     from autotune.policies.ppo import Policy
 
+    from autotune.knobs import Knobs
     from autotune.measurement.objective import Score
     from autotune.measurement.sidebyside import Timing
     from autotune.workload import Workload
@@ -212,11 +213,7 @@ def run_episode(
                     adapt_batch=env.adapt_batch,
                     objective=objective,
                 )
-                counted = {s.step for s in partial.ranked(distinct=False)}
-                measured = [
-                    (k, partial.value(s) if s.step in counted else None) for k, s in zip(knobs, records, strict=True)
-                ]
-                chosen = climb.action(measured)
+                chosen = climb.action(_measured(partial, knobs))
                 if chosen is not None:
                     action, source = chosen, "climb"
         assert action is not None
@@ -241,6 +238,13 @@ def run_episode(
         adapt_batch=env.adapt_batch,
         objective=objective,
     )
+
+
+def _measured(partial: Episode, knobs: list[Knobs]) -> list[tuple[Knobs, float | None]]:
+    """Each step's knobs with its value by the episode's objective, None for a step its ranking
+    does not count (what the climb chooses its incumbent among)."""
+    counted = {s.step for s in partial.ranked(distinct=False)}
+    return [(k, partial.value(s) if s.step in counted else None) for k, s in zip(knobs, partial.steps, strict=True)]
 
 
 def _say(note: Callable[[str], None] | None, s: EpisodeStep, start: float) -> None:

@@ -17,23 +17,22 @@ applied or refused, is in :attr:`Adaptive.history`.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autotune.adapt.arguments import check_decisions, check_int, check_optimizer, optimizer_like, track_mode
 from autotune.adapt.controller import Controller
-from autotune.adapt.loop import AdaptLoop, InPlaceTrainer, LoopHooks, in_place
+from autotune.adapt.loop import AdaptLoop, LoopHooks, in_place
 from autotune.adapt.on_ranks import rank_start
 from autotune.adapt.recompiles import Recompiles, user_compiled
-from autotune.adapt.records import AdaptStep, Change, ConfigRecord, OverBudgetStep
-from autotune.adapt.saved import check_saved_batch, check_saved_model, model_record
+from autotune.adapt.records import AdaptStep
+from autotune.adapt.run_resume import RunResume
 from autotune.adapt.shape_guard import ShapeGuard
 from autotune.adapt.source_choice import PolicyArg, decision_source, selective_in_play
 from autotune.batches import batch_size
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, UnsupportedError
+from autotune.errors import ConfigError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.memory.gate import BudgetGate
 from autotune.tuning import TUNING
@@ -41,7 +40,7 @@ from autotune.units import DEFAULT_PEAK, MemoryBudget
 from autotune.workload import Workload
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Sequence
 
     from torch.utils.data import Dataset
 
@@ -52,17 +51,8 @@ if TYPE_CHECKING:
 # decision_source and selective_in_play stay importable from here, where they were first.
 __all__ = ["Adaptive", "PolicyArg", "decision_source", "selective_in_play"]
 
-_NO_LOCAL_MODEL = (
-    "Adaptive.on_ranks trains the model in the rank processes: there is no model or optimizer object in this one."
-)
-_NO_LOCAL_STATE = (
-    "Adaptive.on_ranks keeps its training state in the rank processes: state_dict() and load_state_dict() need "
-    "Adaptive(model, ...) in one process."
-)
-_STATE_VERSION = 3  # of state_dict(): a change to its keys bumps it (3: model, 2: shape_guard; 1, 2 still read)
 
-
-class Adaptive:
+class Adaptive(RunResume):
     """Train ``model`` with ``optimizer`` in place, adapting how each step is computed.
 
     Every ``decide_every`` steps the decision source may propose another configuration
@@ -228,24 +218,15 @@ class Adaptive:
     ) -> Adaptive:
         """Train a workload on ``ranks`` DeepSpeed ranks, adapting its configuration, ZeRO stage included.
 
-        The model lives in the rank processes, each rebuilding it from the workload's reference
-        (a built-in name such as ``"gpt-tiny"``, ``"path/to/file.py:build"``, ``"package.module:build"``,
-        or a :class:`Workload` from :func:`autotune.load_workload`), so this takes a reference, not
-        model and optimizer objects: the trained state stays in the ranks (no ``model`` here).
-
-        The workload's batch is the effective batch over all ranks, split evenly (it must divide
-        by ``ranks``). Decisions, the budget gate and :attr:`history` are the local run's; the
-        memory budget is per rank (a percentage: of the default configuration's predicted peak
-        per rank: fp32, one micro-batch per rank, ZeRO stage 0) and the gate predicts each config
-        with ZeRO's partitioning. A ZeRO stage (or bf16-engine) change builds new engines with
-        the training state carried over; its seconds are in the history's ``seconds``. No batch
-        adaptation and no gradient noise (ZeRO reduces gradients inside the engine). The ranks
-        start after every argument is checked (~10 s on 2 CPU cores) and end at :meth:`close`,
-        on an error, Ctrl-C, or when the parent dies.
+        The model lives in the rank processes, each rebuilding it from the workload's reference, so
+        this takes a reference and there is no ``model`` here. The workload's batch is the effective
+        batch over all ranks; the budget and the gate's predictions are per rank. How the ranks
+        share the batch, the budget and the decisions: "On DeepSpeed ranks" in the adaptive
+        training guide (``docs/adaptive.md``).
 
         Args:
-            workload: A workload reference, or a :class:`~autotune.Workload` loaded from one
-                (its ``source`` is what the ranks rebuild).
+            workload: A workload reference (``"gpt-tiny"``, ``"path/to/file.py:build"``,
+                ``"package.module:build"``), or a :class:`~autotune.Workload` loaded from one.
             ranks: DeepSpeed data-parallel ranks, >= 2 (one process: construct :class:`Adaptive`).
             memory_budget: Per rank, as for :class:`Adaptive` (a percentage: of the default
                 configuration's predicted peak per rank).
@@ -255,14 +236,10 @@ class Adaptive:
             grad_clip: As for :class:`Adaptive`.
             lr_scaling: As for :class:`Adaptive`.
             seed: As for :class:`Adaptive`.
+            track_memory: As for :class:`Adaptive`, but every configuration by default.
             timeout: Seconds one command to the ranks (a step, a reconfiguration) may take.
             session: A running :class:`~autotune.procs.session.RankSession` of ``ranks`` ranks to
-                train in instead of starting one (a start costs ~10 s: runs can share one, as the
-                environment's episodes do); what it trained before ends, its device is used, and
-                :meth:`close` leaves it open for its owner.
-            track_memory: As for :class:`Adaptive`, but every configuration by default: on ranks
-                the memory model's predictions of configurations it was not checked on are off by
-                up to a few percent (the gate's ranks headroom).
+                train in instead of starting one; :meth:`close` leaves it open for its owner.
             objective: As for :class:`Adaptive`.
 
         Returns:
@@ -275,8 +252,8 @@ class Adaptive:
             UnsupportedError: a device the DeepSpeed runner does not run on.
 
         Example:
-            What a user writes (it starts DeepSpeed processes, so it runs in CI as
-            ``examples/ranks.py``, in ``make examples``, not as a doctest)::
+            It starts DeepSpeed processes, so it runs in CI as ``examples/ranks.py``
+            (``make examples``), not as a doctest::
 
                 with Adaptive.on_ranks("path/to/file.py:build", ranks=2, memory_budget="85%") as run:
                     losses = [run.step().loss for _ in range(12)]
@@ -350,8 +327,8 @@ class Adaptive:
         wants_noise = adapt_batch or (self.source is not None and self.source.needs_noise)
         self.trainer = self._hooks.trainer = loop(start, wants_noise)  # the ranks start here: after every check
         self._noise = self._hooks.noise = wants_noise and self.trainer.noise is not None
-        self.steps: list[AdaptStep] = []
-        self._ran: set[TrainConfig] = set()  # configurations that ran a step in this process
+        self.steps = []
+        self._ran = set()
 
     def _build_gate(self, budget: MemoryBudget, default: TrainConfig, device_type: str) -> None:
         """The budget gate, and the shape guard of ``step(batch)`` over it."""
@@ -385,62 +362,6 @@ class Adaptive:
                 Recompiles(num_blocks=len(workload.block_names()), horizon=self.decide_every) if compiled else None
             ),
         )
-
-    # ---- the run ------------------------------------------------------------------------------------
-
-    @property
-    def config(self) -> TrainConfig:
-        """The configuration the next step runs under."""
-        return self.trainer.config
-
-    @property
-    def history(self) -> tuple[Change, ...]:
-        """Every decision so far: applied, refused by the budget gate, or reverted."""
-        return tuple(self.decider.history)
-
-    @property
-    def over_budget_steps(self) -> tuple[OverBudgetStep, ...]:
-        """Every step whose measured peak was over the budget; empty if the run kept to its budget.
-
-        Each was also warned of with an :class:`~autotune.errors.OverBudgetWarning`.
-        """
-        return tuple(self.controller.over_budget)
-
-    @property
-    def configs(self) -> tuple[ConfigRecord, ...]:
-        """Every configuration judged so far (known peak and throughput), in the order first run."""
-        return tuple(self.decider.judged.values())
-
-    @property
-    def best(self) -> ConfigRecord | None:
-        """The judged configuration within the budget with the most throughput per GiB of peak
-        (the ``throughput`` objective: the most throughput).
-
-        Goodput with ``adapt_batch``: what a study would recommend among them. None before any
-        configuration is judged.
-        """
-        return self.decider.best
-
-    @property
-    def budget_bytes(self) -> int:
-        """The memory budget in bytes (per rank on ranks)."""
-        return self.gate.budget
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The user's model (on ranks there is none here: each rank trains its own copy)."""
-        return self._in_place().model
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """The user's optimizer (on ranks there is none here, as for :attr:`model`)."""
-        return self._in_place().optimizer
-
-    def _in_place(self, refusal: str = _NO_LOCAL_MODEL) -> InPlaceTrainer:
-        """The local loop; on ranks (the training lives in the rank processes) ``refusal``."""
-        if not isinstance(self.trainer, InPlaceTrainer):
-            raise UnsupportedError(refusal)
-        return self.trainer
 
     def step(self, batch: Any = None) -> AdaptStep:
         """One optimizer step of the user's model; every ``decide_every`` steps, one decision.
@@ -543,98 +464,6 @@ class Adaptive:
         if self.track_memory == "unverified":
             return not self.gate.trusts(config)
         return self.track_memory == "all"
-
-    # ---- resume ---------------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs, as plain values (``torch.load(weights_only=True)`` reads them).
-
-        The configuration, the step count, every step and decision, the measured peaks and
-        throughputs, a side-by-side trial under way, the decision source's state, the data
-        stream's position and the largest batch shape seen (with that batch, as tensors:
-        :meth:`autotune.adapt.shape_guard.ShapeGuard.state_dict`). Not the model and optimizer
-        (yours: save their ``state_dict()`` beside it) nor the gradient noise estimate (it starts again).
-
-        Returns:
-            A dict of plain values, for :meth:`load_state_dict`.
-
-        Raises:
-            UnsupportedError: on ranks (the training state lives in the rank processes).
-
-        Example:
-            Saved beside the model and optimizer::
-
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                            "tuner": tuner.state_dict()}, path)
-        """
-        t = self._in_place(_NO_LOCAL_STATE)
-        return {
-            "version": _STATE_VERSION,
-            "config": t.config.to_dict(),
-            "step_count": t.step_count,
-            "steps": [s.to_dict() for s in self.steps],
-            **self.controller.state_dict(),  # measured, decider, source, over_budget, losses
-            "stream": t.stream.state_dict() if t.stream is not None else None,
-            # Which configurations have run: a resumed run decides as the uninterrupted one would
-            # (its first step after the restart pays the new process's one-time costs, one
-            # outlier in a median of at least ``TUNING.trusted_steps`` timed steps).
-            "ran": sorted((c.to_dict() for c in self._ran), key=lambda d: json.dumps(d, sort_keys=True)),
-            # The largest batch shape seen: a resumed run does not profile it again at every step's check.
-            "shape_guard": self.guard.state_dict(),
-            # Which model the state is of: another model's configuration and measurements are not this one's.
-            "model": model_record(self.workload),
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue the run :meth:`state_dict` saved.
-
-        Call it on an Adaptive built as that one was (the
-        model and optimizer loaded with their own state): the next step runs at the saved
-        configuration, with the saved step count (the LR schedule's) and data position, and
-        nothing measured or refused before is explored again. The restored configuration passes
-        this run's budget gate first: a smaller budget it does not fit puts the run where this
-        run's own start put it (a ``budget`` change in :attr:`history`).
-
-        Args:
-            state: What :meth:`state_dict` returned.
-
-        Raises:
-            ConfigError: a state of another version, another effective batch or another model (its
-                parameters' names, shapes and ``requires_grad`` differ: another width, depth or
-                architecture; a state saved before version 3 is not checked).
-            UnsupportedError: on ranks.
-        """
-        t = self._in_place(_NO_LOCAL_STATE)
-        if state.get("version") not in (1, 2, _STATE_VERSION):  # 1: no shape guard's state; 2: no model's
-            raise ConfigError(
-                f"Adaptive state must be version 1, 2 or {_STATE_VERSION}, but got {state.get('version')!r}."
-            )
-        check_saved_model(
-            state.get("model"),
-            model_record(self.workload),
-            state="Adaptive",
-            run="run",
-            fix="load it into an Adaptive over the model it was saved from",
-        )
-        restored, start = TrainConfig.from_dict(state["config"]), t.config
-        check_saved_batch(
-            restored,
-            start,
-            adapt_batch=self.adapt_batch,
-            state="Adaptive",
-            run="run",
-            fix="resume it with the batch_size it was saved at, or with adapt_batch=True",
-        )
-        # Before the measurements: a profile at the saved largest shape forgets those of smaller ones.
-        self.guard.load_state_dict(state.get("shape_guard", {}))
-        self.controller.load_state_dict(state)
-        self.steps = [AdaptStep.from_dict(s) for s in state["steps"]]
-        self.controller.resume_losses([s.loss for s in self.steps])
-        self._ran = {TrainConfig.from_dict(c) for c in state["ran"]}
-        t.step_count = state["step_count"]
-        if t.stream is not None and state["stream"] is not None:
-            t.stream.load_state_dict(state["stream"])
-        self.controller.restore(restored, step=t.step_count, run="run")
 
     def close(self) -> None:
         """Remove every wrapper and hook from the user's model: it is exactly as it was given.

@@ -24,12 +24,23 @@ __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
+    _add_profile(sub)
+    _add_train_policy(sub)
+    _add_fine_tune_policy(sub)
+    _add_tune(sub)
+
+
+def _add_profile(sub: Any) -> None:
+    """The ``profile`` command and its arguments."""
     p = sub.add_parser("profile", help="measure a workload's per-block profile for the simulator (JSON)")
     p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
     p.add_argument("--out", type=Path, help="output JSON (default: <workload>.profile.json)")
     p.add_argument("--curve-steps", type=int, default=60, help="steps of the recorded loss/noise curve")
     p.set_defaults(func=_cmd_profile)
 
+
+def _add_train_policy(sub: Any) -> None:
+    """The ``train-policy`` command and its arguments."""
     p = sub.add_parser("train-policy", help="train PPO on the simulator and save it (safetensors + JSON)")
     p.add_argument("--timesteps", type=int, default=200_000, help="PPO environment steps to train for (default 200000)")
     p.add_argument("--profiles", nargs="*", type=Path, help="profile JSONs (default: the shipped ones)")
@@ -40,6 +51,9 @@ def register(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace the policy --out already holds")
     p.set_defaults(func=_cmd_train_policy)
 
+
+def _add_fine_tune_policy(sub: Any) -> None:
+    """The ``fine-tune-policy`` command and its arguments."""
     p = sub.add_parser(
         "fine-tune-policy",
         help="fit a workload's simulator to a finished study's trials and fine-tune the policy on it",
@@ -57,6 +71,9 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of PPO and the simulated environments (default 0)")
     p.set_defaults(func=_cmd_fine_tune_policy)
 
+
+def _add_tune(sub: Any) -> None:
+    """The ``tune`` command and its arguments."""
     p = sub.add_parser(
         "tune",
         help="run a policy for one episode on the real training loop of a workload",
@@ -100,6 +117,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--json", action="store_true", help="print as JSON: each step's action, config, measures; baselines, ratios"
     )
+    _add_tune_after_episode(p)
+    p.set_defaults(func=_cmd_tune)
+
+
+def _add_tune_after_episode(p: Any) -> None:
+    """``tune``'s arguments of what runs after the episode: re-timing, the compile check, the baselines, the
+    refinement climb."""
     p.add_argument(
         "--retime",
         action=argparse.BooleanOptionalAction,
@@ -127,7 +151,6 @@ def register(sub: Any) -> None:
         help="the last quarter of the steps, and every step after the policy first proposes to stay, climb "
         "from the best step measured to its untried neighbours (default: on; --no-refine: the policy alone)",
     )
-    p.set_defaults(func=_cmd_tune)
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:

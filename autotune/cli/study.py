@@ -37,6 +37,14 @@ _FORMATS = ("json", "deepspeed", "python")
 
 def register(subparsers: Any) -> None:
     """Add the search commands to the ``autotune`` parser."""
+    _add_study(subparsers)
+    _add_worker(subparsers)
+    _add_best(subparsers)
+    _add_dashboard(subparsers)
+
+
+def _add_study(subparsers: Any) -> None:
+    """The ``study`` command and its arguments."""
     p = subparsers.add_parser(
         "study",
         help="search the knobs with Optuna: max throughput, min peak memory, within a memory budget",
@@ -96,12 +104,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--create-only", action="store_true", help="create the study and enqueue the baselines, then exit")
     p.set_defaults(func=_cmd_study)
 
+
+def _add_worker(subparsers: Any) -> None:
+    """The ``worker`` command and its arguments."""
     p = subparsers.add_parser("worker", help="join an existing study and run its trials (one per machine)")
     p.add_argument("study", metavar="STUDY", help="study name")
     p.add_argument("--storage", help="Optuna storage URL (default studies/autotune.db)")
     _run_flags(p)
     p.set_defaults(func=_cmd_worker)
 
+
+def _add_best(subparsers: Any) -> None:
+    """The ``best`` command and its arguments."""
     p = subparsers.add_parser("best", help="export the recommended configuration of a study")
     p.add_argument("study", metavar="STUDY", help="study name")
     p.add_argument("--storage", help="Optuna storage URL (default studies/autotune.db)")
@@ -115,6 +129,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device", help="where to re-time: cpu, cuda, cuda:1 (default auto)")
     p.set_defaults(func=_cmd_best)
 
+
+def _add_dashboard(subparsers: Any) -> None:
+    """The ``dashboard`` command and its arguments."""
     p = subparsers.add_parser("dashboard", help="start optuna-dashboard on a study storage")
     p.add_argument("--storage", help="Optuna storage URL or SQLite path (default studies/autotune.db)")
     p.add_argument("--artifact-dir", default=None, help="artifact store directory (default studies/artifacts)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.cli.flags import (
     BUDGET_HELP,
@@ -25,6 +25,11 @@ from autotune.cli.flags import (
     add_ranks_flag,
     add_threads_flag,
 )
+
+if TYPE_CHECKING:
+    from autotune.adapt.source_choice import PolicyArg
+    from autotune.measurement.objective import ObjectiveName
+    from autotune.workload import Workload
 
 __all__ = ["EPILOG", "register"]
 
@@ -71,9 +76,44 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_command(args: argparse.Namespace) -> int:
-    from autotune.adapt.adaptive import Adaptive
-    from autotune.errors import ConfigError
     from autotune.resolve import load_workload
+
+    _check_train_args(args)
+    decide_every = 10 if args.decide_every is None else args.decide_every
+    from autotune.cli.flags import min_micro_batch_of, objective_arg, set_threads, warn_if_busy
+    from autotune.console import make_console
+
+    objective = objective_arg(args)
+    min_micro = min_micro_batch_of(args)
+    threads = set_threads(args.threads, ranks=args.ranks)
+
+    wl = load_workload(args.workload)
+    if min_micro is not None:
+        wl = dataclasses.replace(wl, min_micro_batch=min_micro)
+    warn_if_busy(threads)
+    policy = (args.policy or "pretrained") if args.adapt else None
+    # Before the first step: the memory profile, and with the policy the machine probe and its
+    # start plan on the calibrated simulator (seconds to a minute for the corpus models).
+    with make_console(stderr=True).status(f"{wl.name}: memory profile, machine probe and start plan"):
+        tuner = _adaptive(wl, args, policy=policy, decide_every=decide_every, objective=objective)
+    try:
+        _train(tuner, args.steps, wl.name, quiet=args.json)
+    finally:
+        tuner.close()  # on ranks: every process reaped, Ctrl-C and errors included
+    if args.json:
+        _print_run(tuner)
+    else:
+        _summary(tuner)
+    return _over_budget_exit(tuner, allowed=args.allow_over_budget)
+
+
+def _check_train_args(args: argparse.Namespace) -> None:
+    """The ``train`` flags' own rules, checked before anything loads.
+
+    Raises:
+        ConfigError: a flag out of range, or one that needs ``--adapt`` (or one process) without it.
+    """
+    from autotune.errors import ConfigError
 
     if args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, but got {args.steps}.")
@@ -94,69 +134,57 @@ def _train_command(args: argparse.Namespace) -> int:
     for flag, given in given_flags:
         if given and not args.adapt:
             raise ConfigError(f"{flag} needs --adapt (without it the run keeps the default configuration).")
-    decide_every = 10 if args.decide_every is None else args.decide_every
-    from autotune.cli.flags import min_micro_batch_of, objective_arg, set_threads, warn_if_busy
-    from autotune.console import make_console
 
-    objective = objective_arg(args)
-    min_micro = min_micro_batch_of(args)
-    threads = set_threads(args.threads, ranks=args.ranks)
 
-    wl = load_workload(args.workload)
-    if min_micro is not None:
-        wl = dataclasses.replace(wl, min_micro_batch=min_micro)
-    warn_if_busy(threads)
-    policy = (args.policy or "pretrained") if args.adapt else None
-    # Before the first step: the memory profile, and with the policy the machine probe and its
-    # start plan on the calibrated simulator (seconds to a minute for the corpus models).
-    with make_console(stderr=True).status(f"{wl.name}: memory profile, machine probe and start plan"):
-        if args.ranks > 1:
-            tuner = Adaptive.on_ranks(
-                wl,
-                ranks=args.ranks,
-                memory_budget=args.memory_budget,
-                policy=policy,
-                decide_every=decide_every,
-                device=args.device,
-                objective=objective,
-            )
-        else:
-            tuner = Adaptive(
-                wl.model,
-                wl.make_optimizer(wl.model.parameters()),
-                wl.loss_fn,
-                wl.dataset,
-                batch_size=wl.batch_size,
-                memory_budget=args.memory_budget,
-                policy=policy,
-                decide_every=decide_every,
-                adapt_batch=args.adapt_batch,
-                blocks=wl.blocks,
-                device=args.device,
-                name=wl.name,
-                collate_fn=wl.collate_fn,
-                min_micro_batch=wl.min_micro_batch,
-                track_memory="all",
-                objective=objective,
-            )  # the summary reports measured peaks
-    try:
-        _train(tuner, args.steps, wl.name, quiet=args.json)
-    finally:
-        tuner.close()  # on ranks: every process reaped, Ctrl-C and errors included
-    if args.json:
-        import json
+def _adaptive(
+    wl: Workload, args: argparse.Namespace, *, policy: PolicyArg, decide_every: int, objective: ObjectiveName
+) -> Any:
+    """The run ``train`` drives: ``Adaptive.on_ranks`` with ``--ranks`` > 1, else ``Adaptive`` in this process."""
+    from autotune.adapt.adaptive import Adaptive
 
-        history = [c.to_dict() for c in tuner.history]
-        run = {
-            "budget_bytes": tuner.budget_bytes,
-            "steps": [s.to_dict() for s in tuner.steps],
-            "history": history,
-            "over_budget_steps": [o.to_dict() for o in tuner.over_budget_steps],
-        }
-        print(json.dumps(run, indent=2))
+    if args.ranks > 1:
+        return Adaptive.on_ranks(
+            wl,
+            ranks=args.ranks,
+            memory_budget=args.memory_budget,
+            policy=policy,
+            decide_every=decide_every,
+            device=args.device,
+            objective=objective,
+        )
     else:
-        _summary(tuner)
-    return _over_budget_exit(tuner, allowed=args.allow_over_budget)
+        return Adaptive(
+            wl.model,
+            wl.make_optimizer(wl.model.parameters()),
+            wl.loss_fn,
+            wl.dataset,
+            batch_size=wl.batch_size,
+            memory_budget=args.memory_budget,
+            policy=policy,
+            decide_every=decide_every,
+            adapt_batch=args.adapt_batch,
+            blocks=wl.blocks,
+            device=args.device,
+            name=wl.name,
+            collate_fn=wl.collate_fn,
+            min_micro_batch=wl.min_micro_batch,
+            track_memory="all",
+            objective=objective,
+        )  # the summary reports measured peaks
+
+
+def _print_run(tuner: Any) -> None:
+    """``--json``: the run's budget, steps, decisions and steps over the budget."""
+    import json
+
+    history = [c.to_dict() for c in tuner.history]
+    run = {
+        "budget_bytes": tuner.budget_bytes,
+        "steps": [s.to_dict() for s in tuner.steps],
+        "history": history,
+        "over_budget_steps": [o.to_dict() for o in tuner.over_budget_steps],
+    }
+    print(json.dumps(run, indent=2))
 
 
 def _over_budget_exit(tuner: Any, *, allowed: bool) -> int:

@@ -39,6 +39,133 @@ _CATEGORIES = {
 _TOTAL = "Total"  # the key of a MemTracker snapshot's sum over its categories
 
 
+if TYPE_CHECKING:
+    from torch.distributed._tools.mem_tracker import MemTracker as _MemTrackerBase
+else:
+    _MemTrackerBase = object  # MemTracker itself is imported by tracker_class, where torch may lack it
+
+
+class _CategoryPeaks(_MemTrackerBase):
+    """MemTracker's additions (a mixin: :func:`tracker_class` puts it before MemTracker, imported
+    there): each category's own maximum over the step, and what follows.
+
+    MemTracker's "peak" snapshot is the breakdown at the moment of peak *total*. On a small
+    model that moment is often the optimizer step, after activations are freed, so the
+    activation saving of checkpointing or autocast would not show in it. The per-category
+    maxima do show it. Cost: one pass over ~8 counters per dispatched op, next to MemTracker's own.
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        # The device whose memory the budget is about. MemTracker keeps one snapshot per
+        # device it sees, and a CUDA step also touches host tensors (Adam's `step` counters
+        # live on the CPU unless `capturable`/`fused`; the DataLoader's batch before its copy):
+        # host memory is not the accelerator's, so only this device's snapshot counts.
+        self.device = None if device is None else torch.device(device)
+        self.category_peaks: dict[str, int] = {}
+
+    def counts(self, device: torch.device) -> bool:
+        if self.device is None:
+            return True
+        return device.type == self.device.type and (device.index or 0) == (self.device.index or 0)
+
+    def device_snapshot(self, kind: str = "peak") -> dict[Any, int]:
+        """The tracked device's snapshot (``kind`` as in ``get_tracker_snapshot``), {} if unseen."""
+        snapshots = {d: snap for d, snap in self.get_tracker_snapshot(kind).items() if self.counts(d)}
+        assert len(snapshots) <= 1, f"one device per rank expected, got {list(snapshots)}"
+        return next(iter(snapshots.values()), {})
+
+    # A module created inside forward (Hugging Face models build a CrossEntropyLoss() there) is
+    # gone by backward: MemTracker skips its per-module backward hooks, with a UserWarning
+    # each time. Skip them quietly: they only feed per-module stats, never the totals.
+    def _pre_bw_hook(self, module: torch.nn.Module | None, args: Any) -> None:
+        if module is not None:
+            super()._pre_bw_hook(module, args)
+
+    def _post_bw_hook(self, module: torch.nn.Module | None, args: Any) -> None:
+        if module is not None:
+            super()._post_bw_hook(module, args)
+
+    # MemTracker registers a gradient hook on every parameter of every module it meets, and
+    # ``register_hook`` raises on a frozen one (``requires_grad=False``: frozen embeddings, a
+    # frozen backbone, the base weights under LoRA adapters). A frozen parameter never gets a
+    # gradient, so only the others are hooked, with MemTracker's own two hooks.
+    def _track_module_params_and_buffers(
+        self, module: torch.nn.Module, install_grad_hooks: bool = True
+    ) -> tuple[int, int]:
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
+        memory: tuple[int, int] = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+        if not install_grad_hooks:
+            return memory
+
+        def grad_hook(grad: torch.Tensor) -> None:
+            self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+        for param in module.parameters():
+            if param.requires_grad and self._param_to_grad_hook_handles.get(param, None) is None:
+                self._param_to_grad_hook_handles[param] = (
+                    param.register_hook(grad_hook),
+                    param.register_post_accumulate_grad_hook(lambda p: grad_hook(p.grad)),
+                )
+        return memory
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if getattr(func, "is_view", False):
+            # A view allocates nothing: its storage is its base's. MemTracker would count a
+            # view of a storage it never saw (a dataset tensor indexed by the DataLoader) as
+            # a new allocation of the *whole* base storage, alive for the rest of the step
+            # (measured: +48 MB of "activations" on resnet-tiny, whatever the batch size).
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    # ModTracker puts multi-grad hooks on every module's inputs and outputs; those whose
+    # gradient is never computed (an output off the loss path, a recomputed block's) keep a
+    # cycle through C++ (autograd node -> hook -> closure -> node) the cyclic collector cannot
+    # see, and with it the node's AccumulateGrad edges, i.e. the parameters (pytorch PR
+    # #139214). Left alone, the model copy of every configuration measured earlier in the
+    # process stays allocated, and a study's trials that fit fail on the budget. The handles
+    # are collected while the tracker is entered and removed when it exits, after the step's
+    # backward.
+    def __enter__(self) -> Any:
+        self._grad_hooks: list[Any] = []
+        self._hook_patch = _collect_grad_hooks(self._grad_hooks)
+        self._hook_patch.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._hook_patch.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *args: Any) -> Any:
+        try:
+            return super().__exit__(*args)
+        finally:
+            self._hook_patch.__exit__(None, None, None)
+            for handle in self._grad_hooks:
+                handle.remove()
+            self._grad_hooks.clear()
+
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        # Called after every dispatched op. MemTracker's own also walks every module tracked
+        # so far to keep per-module peaks (deep copies of snapshots) that autotune never reads:
+        # O(modules) per op, the largest single cost of a fake-tensor profile of a
+        # transformers model (1.3 million weak-dictionary reads for 28 thousand ops of a
+        # tiny T5's profile). Only the step-wide peak (MemTracker's "peak" snapshot, as it
+        # keeps it) and each category's maximum are kept here.
+        for device, dev_snap in self._curr_mem_snap.items():
+            total = dev_snap[_TOTAL]
+            if self._peak_mem.get(device, 0) < total:
+                self._peak_mem[device] = total
+                self._peak_mem_snap[device] = dict(dev_snap)  # ints: a copy is a deep copy
+            if not self.counts(device):
+                continue
+            for key, nbytes in dev_snap.items():
+                name = getattr(key, "value", key)
+                if nbytes > self.category_peaks.get(name, 0):
+                    self.category_peaks[name] = nbytes
+
+
 @functools.cache
 def tracker_class() -> type[Any]:
     try:
@@ -49,124 +176,8 @@ def tracker_class() -> type[Any]:
             f"but torch {torch.__version__} is installed."
         ) from None
 
-    class _CategoryPeakTracker(MemTracker):
-        """MemTracker that also keeps each category's own maximum over the step.
-
-        MemTracker's "peak" snapshot is the breakdown at the moment of peak *total*. On a small
-        model that moment is often the optimizer step, after activations are freed, so the
-        activation saving of checkpointing or autocast would not show in it. The per-category
-        maxima do show it. Cost: one pass over ~8 counters per dispatched op, next to MemTracker's own.
-        """
-
-        def __init__(self, device: torch.device | str | None = None) -> None:
-            super().__init__()
-            # The device whose memory the budget is about. MemTracker keeps one snapshot per
-            # device it sees, and a CUDA step also touches host tensors (Adam's `step` counters
-            # live on the CPU unless `capturable`/`fused`; the DataLoader's batch before its copy):
-            # host memory is not the accelerator's, so only this device's snapshot counts.
-            self.device = None if device is None else torch.device(device)
-            self.category_peaks: dict[str, int] = {}
-
-        def counts(self, device: torch.device) -> bool:
-            if self.device is None:
-                return True
-            return device.type == self.device.type and (device.index or 0) == (self.device.index or 0)
-
-        def device_snapshot(self, kind: str = "peak") -> dict[Any, int]:
-            """The tracked device's snapshot (``kind`` as in ``get_tracker_snapshot``), {} if unseen."""
-            snapshots = {d: snap for d, snap in self.get_tracker_snapshot(kind).items() if self.counts(d)}
-            assert len(snapshots) <= 1, f"one device per rank expected, got {list(snapshots)}"
-            return next(iter(snapshots.values()), {})
-
-        # A module created inside forward (Hugging Face models build a CrossEntropyLoss() there) is
-        # gone by backward: MemTracker skips its per-module backward hooks, with a UserWarning
-        # each time. Skip them quietly: they only feed per-module stats, never the totals.
-        def _pre_bw_hook(self, module: torch.nn.Module | None, args: Any) -> None:
-            if module is not None:
-                super()._pre_bw_hook(module, args)
-
-        def _post_bw_hook(self, module: torch.nn.Module | None, args: Any) -> None:
-            if module is not None:
-                super()._post_bw_hook(module, args)
-
-        # MemTracker registers a gradient hook on every parameter of every module it meets, and
-        # ``register_hook`` raises on a frozen one (``requires_grad=False``: frozen embeddings, a
-        # frozen backbone, the base weights under LoRA adapters). A frozen parameter never gets a
-        # gradient, so only the others are hooked, with MemTracker's own two hooks.
-        def _track_module_params_and_buffers(
-            self, module: torch.nn.Module, install_grad_hooks: bool = True
-        ) -> tuple[int, int]:
-            from torch.distributed._tools.mem_tracker import _MemRefType
-
-            memory: tuple[int, int] = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
-            if not install_grad_hooks:
-                return memory
-
-            def grad_hook(grad: torch.Tensor) -> None:
-                self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
-
-            for param in module.parameters():
-                if param.requires_grad and self._param_to_grad_hook_handles.get(param, None) is None:
-                    self._param_to_grad_hook_handles[param] = (
-                        param.register_hook(grad_hook),
-                        param.register_post_accumulate_grad_hook(lambda p: grad_hook(p.grad)),
-                    )
-            return memory
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if getattr(func, "is_view", False):
-                # A view allocates nothing: its storage is its base's. MemTracker would count a
-                # view of a storage it never saw (a dataset tensor indexed by the DataLoader) as
-                # a new allocation of the *whole* base storage, alive for the rest of the step
-                # (measured: +48 MB of "activations" on resnet-tiny, whatever the batch size).
-                return func(*args, **(kwargs or {}))
-            return super().__torch_dispatch__(func, types, args, kwargs)
-
-        # ModTracker puts multi-grad hooks on every module's inputs and outputs; those whose
-        # gradient is never computed (an output off the loss path, a recomputed block's) keep a
-        # cycle through C++ (autograd node -> hook -> closure -> node) the cyclic collector cannot
-        # see, and with it the node's AccumulateGrad edges, i.e. the parameters (pytorch PR
-        # #139214). Left alone, the model copy of every configuration measured earlier in the
-        # process stays allocated, and a study's trials that fit fail on the budget. The handles
-        # are collected while the tracker is entered and removed when it exits, after the step's
-        # backward.
-        def __enter__(self) -> Any:
-            self._grad_hooks: list[Any] = []
-            self._hook_patch = _collect_grad_hooks(self._grad_hooks)
-            self._hook_patch.__enter__()
-            try:
-                return super().__enter__()
-            except BaseException:
-                self._hook_patch.__exit__(None, None, None)
-                raise
-
-        def __exit__(self, *args: Any) -> Any:
-            try:
-                return super().__exit__(*args)
-            finally:
-                self._hook_patch.__exit__(None, None, None)
-                for handle in self._grad_hooks:
-                    handle.remove()
-                self._grad_hooks.clear()
-
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            # Called after every dispatched op. MemTracker's own also walks every module tracked
-            # so far to keep per-module peaks (deep copies of snapshots) that autotune never reads:
-            # O(modules) per op, the largest single cost of a fake-tensor profile of a
-            # transformers model (1.3 million weak-dictionary reads for 28 thousand ops of a
-            # tiny T5's profile). Only the step-wide peak (MemTracker's "peak" snapshot, as it
-            # keeps it) and each category's maximum are kept here.
-            for device, dev_snap in self._curr_mem_snap.items():
-                total = dev_snap[_TOTAL]
-                if self._peak_mem.get(device, 0) < total:
-                    self._peak_mem[device] = total
-                    self._peak_mem_snap[device] = dict(dev_snap)  # ints: a copy is a deep copy
-                if not self.counts(device):
-                    continue
-                for key, nbytes in dev_snap.items():
-                    name = getattr(key, "value", key)
-                    if nbytes > self.category_peaks.get(name, 0):
-                        self.category_peaks[name] = nbytes
+    class _CategoryPeakTracker(_CategoryPeaks, MemTracker):
+        """MemTracker that also keeps each category's own maximum over the step (:class:`_CategoryPeaks`)."""
 
     return _CategoryPeakTracker
 
