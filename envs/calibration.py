@@ -39,28 +39,30 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from autotune.envs._codec import FRACTION_LEVELS, MICRO_LEVELS, Levels, knobs_to_config
+from autotune.envs.memory_tables import memory_table, peak_table_index, selective_table_index, with_memory_tables
+from autotune.envs.workload_profile import (
+    INFEASIBLE_PEAK,
+    PROFILE_VERSION,
+    BlockCost,
+    WorkloadProfile,
+    load_profile,
+    save_profile,
+)
 
 from autotune.config import Precision, TrainConfig
-from autotune.errors import ConfigError, NonFiniteLossError, TrainingError, one_line
+from autotune.errors import NonFiniteLossError, TrainingError, one_line
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.record import Measurement
 from autotune.memory.blocks import profile_blocks
-from autotune.memory.predict import predict_memory, profile_memory
-from autotune.memory.profile import outer_mode
 from autotune.procs.measure import measure
 from autotune.train import Trainer
-from autotune.tuning import TUNING
 from autotune.workload import Workload
 from autotune.worst_case import profile_batch
 
@@ -75,197 +77,9 @@ __all__ = [
     "peak_table_index",
     "relative_nnls",
     "selective_table_index",
+    "with_memory_tables",
     "save_profile",
 ]
-
-PROFILE_VERSION = 2
-#: A setting the model cannot run here (``WorkloadProfile.reduced_failure``): over any budget.
-INFEASIBLE_PEAK = 2**62
-
-
-@dataclass(frozen=True, kw_only=True)
-class BlockCost:
-    """One block: activation bytes (fixed + per sample) per precision, input bytes, compute share.
-
-    Attributes:
-        name: The block's module name in the model.
-        fp32_fixed: Activation bytes it saves for backward in fp32, independent of the micro-batch.
-        fp32_per_sample: Activation bytes it saves for backward in fp32, per sample.
-        reduced_fixed: As ``fp32_fixed``, in the profile's reduced precision.
-        reduced_per_sample: As ``fp32_per_sample``, in the profile's reduced precision.
-        input_per_sample: Bytes of its input per sample: what it keeps when recomputed whole.
-        time_share: Its share of all blocks' forward time (fp32).
-        selective_per_sample: What it keeps recomputed selectively besides its input, per sample
-            (fp32; the memory model's selective runs); None in profiles written before the level.
-
-    Example:
-        >>> from autotune.envs import shipped_profiles
-        >>> block = shipped_profiles()[0].blocks[0]
-        >>> block.fp32_per_sample > 0, 0 < block.time_share <= 1
-        (True, True)
-    """
-
-    name: str
-    fp32_fixed: float
-    fp32_per_sample: float
-    reduced_fixed: float
-    reduced_per_sample: float
-    input_per_sample: float
-    time_share: float
-    selective_per_sample: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkloadProfile:
-    """Everything the simulator knows of one workload on one machine.
-
-    A step's time is ``step_fixed_seconds + accum * (micro_fixed_seconds + micro *
-    micro_seconds_per_sample)``, its blocks' part scaled by precision and recompute
-    (``envs/costmodel.py``).
-
-    Attributes:
-        version: The profile format's version (:data:`PROFILE_VERSION` when read).
-        workload: The workload's name (a corpus name or a reference).
-        machine: The machine it was measured on, in words.
-        reduced: The reduced precision measured (``bf16`` or ``fp16``).
-        num_parameters: The model's parameter count.
-        batch_size: The workload's reference batch (episodes start there).
-        parameters_bytes: Bytes of the parameters (fp32).
-        gradients_bytes: Bytes of the gradients.
-        optimizer_state_bytes: Bytes of the optimizer state (Adam's moments and step counters).
-        other_activation_per_sample: Activation bytes outside the blocks (embeddings, head, loss)
-            per sample.
-        temporaries_per_sample: Bytes of the step's temporaries per sample, beyond what is saved.
-        blocks: Each block's costs, in the model's order.
-        step_fixed_seconds: Per optimizer step: the optimizer, clipping, bookkeeping.
-        micro_fixed_seconds: Per micro-batch, independent of its size.
-        micro_seconds_per_sample: Per sample of a micro-batch (fp32, nothing recomputed).
-        blocks_fraction: The share of a micro-batch's time spent in the blocks (fp32).
-        reduced_slowdown: Reduced-precision block time over fp32 block time (above 1: slower).
-        recompute_fraction: The extra block time when recomputed, over the block time.
-        curve_samples: The loss curve's samples seen, one per point.
-        curve_loss: The loss curve's loss at each point.
-        curve_b_noise: The gradient noise scale (samples) at each point.
-        peak_table: Predicted peak bytes of every :class:`Levels` setting: index with
-            :func:`peak_table_index`; None in profiles written before it.
-        default_peak_bytes: Measured (tracked) peak bytes of the default configuration, which
-            checks the table's prediction of it; None in profiles written before it was recorded.
-        reduced_failure: Why the model cannot run in ``reduced`` precision on this machine (None:
-            it can). Then the reduced figures are fp32's and every setting with a reduced block is
-            infeasible.
-        selective_peak_table: Predicted peak bytes of every setting with selective blocks: index
-            with :func:`selective_table_index`; None in profiles written before the level.
-        selective_fraction: A selective block's recompute time over a whole block's (None:
-            ``costmodel.SELECTIVE_FRACTION``).
-        outer_peak_table: Predicted peak bytes of every ``peak_table`` setting with the outer parts
-            in ``reduced`` (:attr:`Levels.outer`), indexed as ``peak_table``; None in profiles
-            written before the outer precision was a knob, which then model the outer parts in fp32
-            (memory and time).
-        outer_selective_peak_table: The same of every ``selective_peak_table`` setting (None: where
-            ``outer_peak_table`` is given, a selective setting with the outer parts reduced is read
-            from it without its band).
-
-    Example:
-        >>> from autotune.envs import shipped_profiles
-        >>> profile = shipped_profiles()[0]
-        >>> profile.workload, profile.model_state_bytes > profile.parameters_bytes
-        ('gpt-tiny', True)
-    """
-
-    version: int
-    workload: str
-    machine: str
-    reduced: Precision
-    num_parameters: int
-    batch_size: int
-    parameters_bytes: int
-    gradients_bytes: int
-    optimizer_state_bytes: int
-    other_activation_per_sample: float
-    temporaries_per_sample: float
-    blocks: tuple[BlockCost, ...]
-    step_fixed_seconds: float
-    micro_fixed_seconds: float
-    micro_seconds_per_sample: float
-    blocks_fraction: float
-    reduced_slowdown: float
-    recompute_fraction: float
-    curve_samples: tuple[float, ...]
-    curve_loss: tuple[float, ...]
-    curve_b_noise: tuple[float, ...]
-    peak_table: tuple[int, ...] | None = None
-    default_peak_bytes: int | None = None
-    reduced_failure: str | None = None
-    selective_peak_table: tuple[int, ...] | None = None
-    selective_fraction: float | None = None
-    outer_peak_table: tuple[int, ...] | None = None
-    outer_selective_peak_table: tuple[int, ...] | None = None
-
-    @property
-    def model_state_bytes(self) -> int:
-        """Parameters, gradients and optimizer state: the bytes ZeRO partitions."""
-        return self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
-
-    def to_json(self) -> str:
-        """The profile as JSON text (:func:`save_profile` writes it)."""
-        return json.dumps(dataclasses.asdict(self), indent=1)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WorkloadProfile:
-        """The profile of :meth:`to_json`'s parsed text."""
-        d = dict(data)
-        d["blocks"] = tuple(BlockCost(**b) for b in d["blocks"])
-        for key in ("curve_samples", "curve_loss", "curve_b_noise"):
-            d[key] = tuple(d[key])
-        for key in ("peak_table", "selective_peak_table", "outer_peak_table", "outer_selective_peak_table"):
-            if d.get(key) is not None:
-                d[key] = tuple(int(x) for x in d[key])
-        if d.get("version", 1) > PROFILE_VERSION:
-            raise ConfigError(f"profile version must be <= {PROFILE_VERSION}, but got {d['version']}.")
-        d["version"] = PROFILE_VERSION  # version 1 only lacks the (optional) peak table
-        return cls(**d)
-
-
-def save_profile(profile: WorkloadProfile, path: Path) -> None:
-    """Write ``profile`` to ``path`` as JSON (its folders created).
-
-    Args:
-        profile: The profile to write.
-        path: The JSON file to write.
-
-    Example:
-        >>> import tempfile
-        >>> from pathlib import Path
-        >>> from autotune.envs import load_profile, save_profile, shipped_profiles
-        >>> profile = shipped_profiles()[0]
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     save_profile(profile, Path(tmp) / "profiles" / "mine.json")
-        ...     load_profile(Path(tmp) / "profiles" / "mine.json") == profile
-        True
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(profile.to_json())
-
-
-def load_profile(path: Path) -> WorkloadProfile:
-    """The profile :func:`save_profile` (or ``autotune profile``) wrote to ``path``.
-
-    Args:
-        path: The profile's JSON file.
-
-    Returns:
-        The profile, in the current format.
-
-    Raises:
-        ConfigError: the file is of a newer profile version than this build reads.
-
-    Example:
-        >>> from autotune.envs import PROFILE_DIR, load_profile
-        >>> load_profile(sorted(PROFILE_DIR.glob("*.json"))[0]).version >= 1
-        True
-    """
-    return WorkloadProfile.from_dict(json.loads(path.read_text()))
-
 
 Progress = Callable[[str], None]
 
@@ -424,148 +238,6 @@ def _block_time_ratios(times: dict[str, float], blocks_seconds: float, *, failur
     slowdown = 1.0 + (times["reduced"] - times["default"]) / block_time if failure is None else 1.0
     recompute = (times["checkpoint"] - times["default"]) / block_time
     return slowdown, recompute
-
-
-def with_memory_tables(
-    profile: WorkloadProfile,
-    workload: Workload,
-    *,
-    selective: bool = True,
-    outer: bool = True,
-    progress: Progress | None = None,
-) -> WorkloadProfile:
-    """``profile`` with its memory tables (``peak_table``, and where asked the selective and
-    outer ones and the blocks' selective bytes) predicted by the memory model for ``workload``:
-    the last phase of :func:`calibrate`, and all that refreshing a profile's tables takes.
-
-    Fake tensors only, nothing timed: the tables of a profile measured elsewhere can be redone on
-    any machine (``scripts/regenerate_profiles.py --memory-only``), its timed terms kept as they
-    were measured.
-
-    Args:
-        profile: The profile whose tables to (re)write; its other fields are kept.
-        workload: The workload it profiles, at its batch size.
-        selective: Whether to write the selective recompute level's table and bytes.
-        outer: Whether to write the tables with the outer parts in the reduced precision.
-        progress: Called with a line as each phase starts (None: silent).
-
-    Returns:
-        The profile with its tables.
-
-    Raises:
-        ConfigError: ``workload`` is not at the profile's batch size.
-    """
-    if workload.batch_size != profile.batch_size:
-        raise ConfigError(
-            f"{workload.name}: the profile is at batch {profile.batch_size}, but the workload is at "
-            f"batch {workload.batch_size}: its tables would index other micro-batches."
-        )
-    say = progress or (lambda _: None)
-    reduced, runs = profile.reduced, profile.reduced_failure is None
-    say("peak memory of every knob setting (memory model)")
-    table, selective_table, selective_bytes = memory_table(
-        workload, reduced=reduced, reduced_runs=runs, selective=selective
-    )
-    blocks = profile.blocks
-    if selective:
-        blocks = tuple(
-            dataclasses.replace(b, selective_per_sample=x) for b, x in zip(blocks, selective_bytes, strict=True)
-        )
-    outer_table: tuple[int, ...] | None = None
-    outer_selective: tuple[int, ...] | None = None
-    if outer:
-        say(f"peak memory of every knob setting with the outer parts in {reduced} (memory model)")
-        outer_table, banded, _ = memory_table(
-            workload, reduced=reduced, reduced_runs=runs, selective=selective, outer=True
-        )
-        outer_selective = banded if selective else None
-    return dataclasses.replace(
-        profile,
-        blocks=blocks,
-        peak_table=table,
-        selective_peak_table=selective_table if selective else None,
-        outer_peak_table=outer_table,
-        outer_selective_peak_table=outer_selective,
-    )
-
-
-def peak_table_index(levels: Levels) -> int:
-    """Where ``levels`` sits in ``WorkloadProfile.peak_table``: micro-batch, precision and
-    checkpoint levels, and whether gradients accumulate (any accumulation > 1 holds the same:
-    the gradients live through every forward; the step count does not change the peak)."""
-    return ((levels.micro * FRACTION_LEVELS + levels.precision) * FRACTION_LEVELS + levels.checkpoint) * 2 + (
-        levels.accum > 0
-    )
-
-
-def selective_table_index(levels: Levels) -> int:
-    """Where ``levels`` (with a selective level) sits in ``WorkloadProfile.selective_peak_table``:
-    micro-batch, precision, the checkpoint and selective levels (each pair with ``checkpoint +
-    selective <= 4`` and ``selective >= 1``, in order), and whether gradients accumulate."""
-    assert levels.selective > 0, "a setting without selective blocks is in peak_table"
-    pair = _SELECTIVE_PAIRS.index((levels.checkpoint, levels.selective))
-    return ((levels.micro * FRACTION_LEVELS + levels.precision) * len(_SELECTIVE_PAIRS) + pair) * 2 + (levels.accum > 0)
-
-
-#: The (checkpoint, selective) level pairs with a selective band: ten.
-_SELECTIVE_PAIRS = tuple(
-    (c, s) for c in range(FRACTION_LEVELS) for s in range(1, FRACTION_LEVELS) if c + s <= FRACTION_LEVELS - 1
-)
-
-
-def memory_table(
-    workload: Workload,
-    *,
-    reduced: Precision = "bf16",
-    reduced_runs: bool = True,
-    selective: bool = True,
-    outer: bool = False,
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
-    """Predicted peak bytes of every knob setting the environments reach, in ``peak_table_index``
-    order, with blocks ranked as ``TrainingEnv`` ranks them; the same of every setting with
-    selective blocks, in ``selective_table_index`` order; and each block's bytes kept selectively
-    per sample (besides its input). ``reduced_runs=False`` (the model cannot run in ``reduced``
-    here): settings with a reduced block get :data:`INFEASIBLE_PEAK`. The selective runs are two
-    more fake runs per mode, and the selective table 800 more predictions from the profile:
-    ``selective=False`` leaves them out (the second and third parts then empty).
-
-    ``outer=True``: the same settings with the outer parts in ``reduced`` too (``outer_peak_table``
-    and ``outer_selective_peak_table``; the bytes kept selectively are the fp32 blocks' under the
-    reduced outer autocast), from the memory model's ``fp32@reduced`` and ``reduced@reduced``
-    modes; with ``reduced_runs=False`` every one of them is :data:`INFEASIBLE_PEAK`."""
-    ranking = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch).ranked()
-    # No check step: calibrate() measures the default configuration for real anyway.
-    if outer:
-        modes: tuple[str, ...] = (outer_mode("fp32", reduced), outer_mode(reduced, reduced))
-    else:
-        modes = ("fp32", reduced) if reduced_runs else ("fp32",)
-    if outer and not reduced_runs:
-        # Nothing of it can run here: no fake runs, every setting refused.
-        size = len(MICRO_LEVELS) * FRACTION_LEVELS * 2
-        banded_size = size * len(_SELECTIVE_PAIRS) if selective else 0
-        return (INFEASIBLE_PEAK,) * size * FRACTION_LEVELS, (INFEASIBLE_PEAK,) * banded_size, ()
-    profile = profile_memory(workload, modes=modes, selective=selective, verify=False)
-    table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)
-    banded = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * len(_SELECTIVE_PAIRS) * 2)
-    pairs = [(c, 0) for c in range(FRACTION_LEVELS)] + (list(_SELECTIVE_PAIRS) if selective else [])
-    for micro, precision, (checkpoint, sel), accum in itertools.product(
-        range(len(MICRO_LEVELS)), range(FRACTION_LEVELS), pairs, (0, 1)
-    ):
-        levels = Levels(micro=micro, precision=precision, checkpoint=checkpoint, accum=accum, selective=sel)
-        into, index = (banded, selective_table_index(levels)) if sel else (table, peak_table_index(levels))
-        if precision > 0 and not reduced_runs:
-            into[index] = INFEASIBLE_PEAK
-            continue
-        config = knobs_to_config(dataclasses.replace(levels, outer=outer), ranking, reduced=reduced)
-        into[index] = predict_memory(workload, config, profile=profile).total
-    if not selective:
-        return tuple(table), (), ()
-    small, large = profile.micro_batch_sizes
-    saves = profile.modes[modes[0]].blocks
-    per_sample = tuple(
-        max(b - a, 0) / (large - small) for a, b in zip(saves[0].selective, saves[1].selective, strict=True)
-    )
-    return tuple(table), tuple(banded), per_sample
 
 
 def _block_bytes(workload: Workload, reduced: Precision, b1: int, b2: int) -> tuple[list[BlockCost], str | None]:

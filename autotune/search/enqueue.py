@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Protocol
 
 from autotune.dependencies import install_command
-from autotune.errors import ConfigError, NonFiniteLossError, ProposalError
+from autotune.errors import ConfigError, NonFiniteLossError, ProposalError, SpecError
+from autotune.knobs import Knobs
 from autotune.measurement.progress import since
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.budget import admits
@@ -20,8 +22,8 @@ if TYPE_CHECKING:
 
     import optuna
 
-    from autotune.knobs import Knobs
     from autotune.search.prepared import Prepared
+    from autotune.search.space import SearchSpace
     from autotune.workload import Workload
 
 __all__ = ["Proposer", "enqueue_baselines"]
@@ -80,13 +82,32 @@ def _enqueue_proposal(study: optuna.Study, prepared: Prepared, propose: Proposer
         return False, "no policy proposal: none was given (RunOptions.propose)"
     start = time.perf_counter()
     try:
-        knobs = propose(prepared.workload, memory_budget=prepared.memory_budget)
+        knobs = in_space(propose(prepared.workload, memory_budget=prepared.memory_budget), prepared.space)
         params = prepared.space.params(knobs)
     except ImportError as e:  # stable-baselines3 / gymnasium: in the base install, unless it is broken
         return False, f"no policy proposal: the policy cannot be imported ({e}): {install_command()} installs it"
-    # ConfigError: the proposal lies outside this study's space; NonFiniteLossError: the model's
-    # loss is NaN (its trials prune on it).
-    except (ProposalError, ConfigError, NonFiniteLossError) as e:
+    # ConfigError, SpecError: the proposal lies outside this study's space; NonFiniteLossError:
+    # the model's loss is NaN (its trials prune on it).
+    except (ProposalError, ConfigError, SpecError, NonFiniteLossError) as e:
         return False, f"no policy proposal: {e} ({since(start)})"
     study.enqueue_trial(params, user_attrs={ATTR.BASELINE: POLICY_PROPOSAL})
     return True, f"policy proposal enqueued: {knobs.describe()} (profile of the model and simulation, {since(start)})"
+
+
+def in_space(knobs: Knobs, space: SearchSpace) -> Knobs:
+    """``knobs`` with its selectively recomputed blocks recomputed whole where ``space`` has no
+    selective level (``--no-selective``, or screened out on the model): the policy proposes the
+    level wherever it likes, and the nearest point of such a space recomputes those blocks whole
+    (no more memory than selectively: a whole block keeps only its input).
+
+    Example:
+        >>> from autotune.search.space import SearchSpace
+        >>> space = SearchSpace(batch_sizes=(8,), ranking=(0, 1, 2), max_micro_batch=8)
+        >>> in_space(Knobs(batch_size=8, micro_batch_size=4, checkpoint_blocks=1, selective_blocks=1), space).describe()
+        '4x2 ckpt:2'
+    """
+    if space.selective or not knobs.selective_blocks:
+        return knobs
+    return dataclasses.replace(
+        knobs, checkpoint_blocks=knobs.checkpoint_blocks + knobs.selective_blocks, selective_blocks=0
+    )

@@ -36,6 +36,7 @@ from autotune.search.precisions import screen_precisions
 from autotune.search.predictor import MemoryPredictor, StudyPredictor, load_memory_predictor
 from autotune.search.prepared import Prepared, prepare
 from autotune.search.refine import Refine
+from autotune.search.selective_screen import screen_selective
 from autotune.search.spec import StudySpec
 from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE
 from autotune.search.trial_record import ATTR, MIB
@@ -195,6 +196,7 @@ def _optimize(
     if screened:  # a step of each beside fp32 in the child, unless the study or the cache knows
         kept = ", ".join(prepared.space.low_precisions) or "none"
         observer.note(f"reduced precisions screened: {kept} kept ({since(start)})")
+    prepared = screen_selective(prepared, observer.note)
     adopt_checks(study, prepared.workload, predictor, device_type, observer.note)
     if not options.worker:
         _enqueue(study, prepared, predictor, observer, options)

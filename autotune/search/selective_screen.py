@@ -1,0 +1,121 @@
+"""Whether a study's space keeps the selective recompute level on this model.
+
+A selectively recomputed block keeps the outputs of the operations on its save list (matmul,
+attention and convolution kernels: :data:`autotune.train.selective.SAVED_OPS`) besides its input,
+and recomputes the rest. A block whose forward runs none of them (an LSTM block: its recurrent
+kernel is not on the list) keeps exactly what a wholly recomputed block keeps and recomputes as
+much: every selective configuration of such a model is a full recompute under another name, and
+offering the level only spreads the study's few trials over names of the same configurations
+(``benchmarks/selective_study.py`` measures a study with the level against one without it). So
+before its baselines a study looks, in one fake-tensor forward of a copy of the model (no compute,
+no memory), for an operation of the save list inside any block, and leaves the level out where
+there is none.
+
+Deterministic and machine-independent: a resumed study and its workers reach the same verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from autotune.measurement.progress import since
+
+if TYPE_CHECKING:
+    from autotune.search.prepared import Prepared
+    from autotune.workload import Workload
+
+__all__ = ["blocks_with_saved_ops", "screen_selective"]
+
+
+def blocks_with_saved_ops(workload: Workload) -> tuple[bool, ...] | None:
+    """Per block (:meth:`~autotune.Workload.block_names`' order), whether its forward runs an
+    operation whose output selective recompute keeps, from one fake-tensor forward of a copy of
+    the model at micro-batch 1; None where the fake forward fails (nothing is concluded).
+
+    Args:
+        workload: The model and its data.
+
+    Returns:
+        One flag per block, or None.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map_only
+
+    from autotune.errors import WorkloadError
+    from autotune.memory.fake_branches import RealBranches
+    from autotune.memory.fake_logs import quiet_fake_logs
+    from autotune.train.selective import saved_output
+    from autotune.worst_case import profile_batch
+
+    names = workload.block_names()
+    found = [False] * len(names)
+    inside: list[int] = []  # the blocks whose forward is running, innermost last
+
+    class _Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if inside and saved_output(func):
+                found[inside[-1]] = True
+            return func(*args, **(kwargs or {}))
+
+    batch = profile_batch(workload, 1)
+    fake = FakeTensorMode(allow_non_fake_inputs=False)
+    try:
+        model = workload.model_copy(fake=fake)
+
+        def entered(i: int) -> Callable[..., None]:
+            return lambda *_: inside.append(i)
+
+        def left(*_: Any) -> None:  # a forward hook returning a value would replace the output
+            inside.pop()
+
+        hooks = []
+        for i, name in enumerate(names):
+            block = model.get_submodule(name)
+            hooks += [block.register_forward_pre_hook(entered(i)), block.register_forward_hook(left)]
+        with quiet_fake_logs(), fake, RealBranches(batch), torch.no_grad():
+            fake_batch = tree_map_only(torch.Tensor, fake.from_tensor, batch)
+            with _Ops():
+                workload.loss_fn(model, fake_batch)
+        for h in hooks:
+            h.remove()
+    except WorkloadError:
+        raise
+    # The fake pass runs the user's model code: whatever it raises there leaves the level in (the
+    # trials measure what it does).
+    except Exception:
+        return None
+    return tuple(found)
+
+
+def screen_selective(prepared: Prepared, note: Callable[[str], None]) -> Prepared:
+    """``prepared`` without the selective level where no block runs an operation it would keep
+    (module docstring).
+
+    Args:
+        prepared: The study's input; returned as is unless its space offers the level.
+        note: Told one line with the verdict and its seconds.
+
+    Returns:
+        ``prepared``, or a copy whose space has ``selective=False``.
+    """
+    if not prepared.space.selective:
+        return prepared
+    start = time.perf_counter()
+    found = blocks_with_saved_ops(prepared.workload)
+    if found is None:
+        note(f"selective recompute kept: the fake forward that screens it failed ({since(start)})")
+        return prepared
+    if any(found):
+        note(f"selective recompute kept: {sum(found)} of {len(found)} blocks run a kept operation ({since(start)})")
+        return prepared
+    note(
+        "selective recompute left out: no block runs an operation whose output it keeps (matmul, "
+        f"attention, convolution), so it would recompute as a whole block does ({since(start)})"
+    )
+    return dataclasses.replace(prepared, space=dataclasses.replace(prepared.space, selective=False))

@@ -1,0 +1,43 @@
+"""The study leaves the selective recompute level out of its space on a model whose blocks run no
+operation the level keeps (an LSTM), and keeps it where they do (a transformer)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from autotune import load_workload
+from autotune.search.selective_screen import blocks_with_saved_ops, screen_selective
+from autotune.search.spec import StudySpec
+from autotune.search.study import prepare
+from tests.zoo import tiny_corpus
+
+
+def test_a_transformer_s_blocks_run_kept_operations_and_an_lstm_s_do_not() -> None:
+    assert blocks_with_saved_ops(load_workload("gpt-tiny")) == (True,) * 6
+    lstm = tiny_corpus.build("lstm-lm")
+    assert blocks_with_saved_ops(lstm) == (False,) * len(lstm.block_names())
+
+
+@pytest.mark.parametrize(
+    ("name", "kept", "line"),
+    [
+        ("hf-gpt2", True, r"selective recompute kept: 2 of 2 blocks run a kept operation \(\d+\.\d s\)"),
+        (
+            "lstm-lm",
+            False,
+            r"selective recompute left out: no block runs an operation whose output it keeps \(matmul, attention, "
+            r"convolution\), so it would recompute as a whole block does \(\d+\.\d s\)",
+        ),
+    ],
+)
+def test_the_study_s_space_keeps_the_level_only_where_it_keeps_something(name: str, kept: bool, line: str) -> None:
+    prepared = prepare(StudySpec(workload=tiny_corpus.reference(name), trials=1, policy_proposal=False))
+    assert prepared.space.selective
+    said: list[str] = []
+    screened = screen_selective(prepared, said.append)
+    assert screened.space.selective is kept
+    assert len(said) == 1 and re.fullmatch(line, said[0]), said
+    assert screened.space == (prepared.space if kept else dataclasses.replace(prepared.space, selective=False))
