@@ -78,11 +78,11 @@ def test_the_chart_is_each_value_over_its_groups_baseline(render: ModuleType, re
     groups = dict(render.bars(record))
     assert [name for name, _, _ in groups["hf-gpt2"]] == ["default", "adaptive", "study-best"]
     assert [(figure, ratio) for _, ratio, figure in groups["hf-gpt2"]] == [
-        ("1041", 1.0),
-        ("10161", 10161 / 1041),
-        ("9641", 9641 / 1041),
+        ("773", 1.0),
+        ("2898", 2898 / 773),
+        ("4920", 4920 / 773),
     ]
-    assert "10161 (9.76x)" in render.svg(record)
+    assert "2898 (3.75x)" in render.svg(record)
 
 
 def _record(results: ModuleType, **changes: object) -> object:
@@ -131,15 +131,15 @@ def test_every_record_is_listed_once_in_the_order(results: ModuleType, tmp_path:
 def test_the_readme_results_table_is_the_adaptive_records_rendering(render: ModuleType, results: ModuleType) -> None:
     record = {r.name: r for r in results.load_results()}["adaptive-vs-study"]
     assert render.readme_table(record)[2:] == [
-        "| hf-gpt2 (GPT-2, 6 layers) | 1041 | 10161 | 9641 | 9.8x |",
-        "| hf-vit (ViT, 6 layers) | 32431 | 42941 | 47246 | 1.32x |",
-        "| lstm-lm (4 LSTM blocks) | 8630 | 43783 | 45869 | 5.1x |",
+        "| hf-gpt2 (GPT-2, 6 layers) | 773 | 2898 | 4920 | 3.7x |",
+        "| hf-vit (ViT, 6 layers) | 26763 | 37915 | 34210 | 1.42x |",
+        "| lstm-lm (4 LSTM blocks) | 5725 | 18685 | 20366 | 3.3x |",
     ]
     readme = (ROOT / "README.md").read_text()
     table = "\n".join([render.README_BEGIN, *render.readme_table(record), render.README_END])
     assert table in readme  # the committed README holds the rendering (the page test checks it whole)
     assert record.command in readme  # the command README gives for its table is the record's
-    stale = readme.replace("| 9.8x |", "| 9.9x |")
+    stale = readme.replace("| 3.7x |", "| 3.8x |")
     assert render.readme(stale, [record]) == readme  # only the text between the markers is rendered
 
 
