@@ -314,6 +314,7 @@ def test_ctrl_c_mid_trial_is_one_line_exit_130_and_keeps_the_completed_trials(tm
         "blocks ranked by the activation bytes they save (one fake-tensor forward, s)",
         "measuring process ready on cpu: workload built, one warm-up step (s)",
         "reduced precisions screened: bf16 kept (s)",
+        "selective recompute kept: 4 of 4 blocks run a kept operation (s)",
         "baselines enqueued: pytorch-default, seed-recipe, hf-recipe (s)",
     ]
     _wait_gone(int(Path(f"{hold}.held").read_text()))
