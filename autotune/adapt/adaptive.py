@@ -29,7 +29,8 @@ from autotune.adapt.recompiles import Recompiles, user_compiled
 from autotune.adapt.records import AdaptStep
 from autotune.adapt.run_resume import RunResume
 from autotune.adapt.shape_guard import ShapeGuard
-from autotune.adapt.source_choice import PolicyArg, decision_source, selective_in_play
+from autotune.adapt.source_choice import PolicyArg, decision_source
+from autotune.adapt.sources import outer_in_play, selective_in_play
 from autotune.batches import batch_size
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
@@ -334,10 +335,17 @@ class Adaptive(RunResume):
         """The budget gate, and the shape guard of ``step(batch)`` over it."""
         reduced = self.source is not None  # only a decision source proposes bf16 blocks
         selective = selective_in_play(self.source, default, len(self.workload.block_names()))
+        outers = outer_in_play(self.source, default)  # default's first
         self.gate = BudgetGate.build(
-            self.workload, budget, default, reduced_precision=reduced, device_type=device_type, selective=selective
+            self.workload,
+            budget,
+            default,
+            reduced_precision=reduced,
+            device_type=device_type,
+            selective=selective,
+            outers=outers[1:],
         )
-        self.guard = ShapeGuard(self.workload, self.gate, reduced_precision=reduced, selective=selective)
+        self.guard = ShapeGuard(self.workload, self.gate, reduced_precision=reduced, selective=selective, outers=outers)
 
     def _controller(
         self, default: TrainConfig, fraction: float | None, *, objective: ObjectiveName, compiled: bool

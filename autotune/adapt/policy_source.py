@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
+from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext, reduced_of, selective_in_play
 from autotune.dependencies import install_command
 from autotune.envs._codec import ZERO_STAGES, apply_action, knobs_to_config, levels_of
 from autotune.errors import MissingDependencyError
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from autotune.config import Precision, TrainConfig
+    from autotune.config import TrainConfig
     from autotune.envs._codec import Levels
     from autotune.envs.calibration import WorkloadProfile
     from autotune.envs.core import MachineDescriptor, ModelDescriptor
@@ -51,15 +51,6 @@ __all__ = ["PolicySource"]
 #: least this fraction of the run's configuration: below it, tried neighbours measured worse and
 #: raised the run's peak (docs/benchmark-log.md, "Why the run starts at the simulator's plan").
 _NEIGHBOUR_WITHIN = 0.9
-
-
-def _reduced(config: TrainConfig) -> Precision:
-    """The reduced precision ``config`` runs (its blocks' or its outer parts'; bf16 where it runs
-    none): what a move to more reduced precision, or of the outer parts, reduces to. The levels
-    carry no precision of their own, and a run in fp16 stays in fp16."""
-    blocks = config.precision if isinstance(config.precision, tuple) else (config.precision,)
-    low = [p for p in (*blocks, config.outer_precision) if p != "fp32"]
-    return low[0] if low else "bf16"
 
 
 def _load(directory: Path | None) -> Any:
@@ -165,7 +156,7 @@ class PolicySource(DecisionSource):
         (:func:`autotune.policies.transfer.simulated_best` over a quick profile on copies of the
         model, seconds) that the run's budget gate admits, over the split, the blocks' precision,
         whole and selective recompute (where
-        :func:`~autotune.adapt.source_choice.selective_in_play` says the run's gate profiles it)
+        :func:`~autotune.adapt.sources.selective_in_play` says the run's gate profiles it)
         and the outer parts' precision; fp32 only (blocks and outer parts) where the machine probe
         found no usable bf16. The run then starts near its optimum instead of walking there one
         decision at a time from the default, whose peak it would hold first; the policy and the
@@ -205,9 +196,9 @@ class PolicySource(DecisionSource):
 
         batch = context.start.effective_batch_size
         # The policy moves the selective level and the outer precision, so the run may start at
-        # them: the selective level always (a policy run's gate profiles it: selective_in_play),
-        # the outer parts where the blocks' reduced precision may run (the probe's rule).
-        selective = True
+        # them where the run's gate profiles them (selective_in_play, outer_in_play: for the
+        # policy, both), the outer parts where the blocks' reduced precision may run (the probe's rule).
+        selective = selective_in_play(self, context.start, len(context.ranking))
         best = simulated_best(
             profile,
             batch_size=batch,
@@ -280,7 +271,7 @@ class PolicySource(DecisionSource):
         if not self._reduced_ok:  # a reduced precision this machine cannot run is never proposed
             moved = dataclasses.replace(moved, precision=0, outer=False)
         config = knobs_to_config(
-            moved, ranking, reduced=_reduced(observation.config), ranks=self._ranks, base=observation.config
+            moved, ranking, reduced=reduced_of(observation.config), ranks=self._ranks, base=observation.config
         )
         if config == observation.config or config in self._proposed:
             return self._neighbour(observation, levels, "")
@@ -339,7 +330,7 @@ class PolicySource(DecisionSource):
         floor = _NEIGHBOUR_WITHIN * self._simulated(levels, batch)
         ranked: list[tuple[float, TrainConfig]] = []
         for moved in around:
-            config = knobs_to_config(moved, ranking, reduced=_reduced(observation.config), base=observation.config)
+            config = knobs_to_config(moved, ranking, reduced=reduced_of(observation.config), base=observation.config)
             if config in self._proposed or config == observation.config or not self._context.admits(config):
                 continue
             value = self._simulated(moved, batch)

@@ -37,6 +37,7 @@ from autotune.worst_case import sample_bytes
 if TYPE_CHECKING:
     from autotune.adapt.decider import Decider
     from autotune.adapt.loop import AdaptLoop
+    from autotune.config import Precision
     from autotune.memory.gate import BudgetGate
     from autotune.workload import Workload
 
@@ -53,14 +54,23 @@ class ShapeGuard:
         gate: The run's budget gate; a longer batch replaces its profile.
         reduced_precision: Whether the gate's profile holds bf16 blocks (a decision source's run).
         selective: Whether it holds the selective recompute runs
-            (:func:`autotune.adapt.source_choice.selective_in_play`).
+            (:func:`autotune.adapt.sources.selective_in_play`).
+        outers: The outer precisions whose modes it holds
+            (:func:`autotune.adapt.sources.outer_in_play`).
     """
 
     def __init__(
-        self, workload: Workload, gate: BudgetGate, *, reduced_precision: bool, selective: bool = False
+        self,
+        workload: Workload,
+        gate: BudgetGate,
+        *,
+        reduced_precision: bool,
+        selective: bool = False,
+        outers: tuple[Precision, ...] = ("fp32",),
     ) -> None:
         self.workload, self.gate, self.reduced_precision = workload, gate, reduced_precision
-        self.selective = selective  # the gate's profile holds the selective runs: so must a new one
+        # The gate's profile holds the selective runs and these outer precisions' modes: so must a new one.
+        self.selective, self.outers = selective, outers
         self.largest: int | None = None  # bytes per sample the gate's profile covers (found lazily)
         self.batch: Any = None  # the batch at that shape (host copies), once one outgrew the worst case
 
@@ -122,9 +132,11 @@ class ShapeGuard:
         profile, why = profile_or_reason(
             at_shape,
             reduced_precision=self.reduced_precision,
+            outer=self.outers[0],
             device_type=self.gate.device_type,
             stacklevel=4,
             selective=self.selective,
+            outers=self.outers[1:],
         )
         self.gate.replace_profile(profile, unprofiled=why)
 

@@ -3,7 +3,9 @@
 A source sees an :class:`Observation` every ``decide_every`` steps and may propose a config; the
 run passes every proposal through the budget gate before it touches the model. Sources keep the
 effective batch: only how it is computed changes (the batch grows only through the run's own
-``adapt_batch`` rule).
+``adapt_batch`` rule). What a source may propose decides what the run's budget gate profiles:
+:func:`selective_in_play` (the selective recompute runs) and :func:`outer_in_play` (the outer
+precisions' modes), here beside the sources so that a source itself can ask them.
 """
 
 from __future__ import annotations
@@ -19,10 +21,20 @@ from autotune.errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from autotune.config import Precision
     from autotune.memory.blocks import BlockProfile
     from autotune.workload import Workload
 
-__all__ = ["DecisionSource", "FixedConfig", "Observation", "Proposal", "RunContext"]
+__all__ = [
+    "DecisionSource",
+    "FixedConfig",
+    "Observation",
+    "Proposal",
+    "RunContext",
+    "outer_in_play",
+    "reduced_of",
+    "selective_in_play",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,6 +305,7 @@ class FixedConfig(DecisionSource):
             micro_batch_size=self.config.micro_batch_size,
             grad_accum_steps=self.config.grad_accum_steps,
             precision=self.config.precision,
+            outer_precision=self.config.outer_precision,
             checkpoint=self.config.checkpoint,
             zero_stage=self.config.zero_stage,
         )
@@ -310,3 +323,86 @@ class FixedConfig(DecisionSource):
         if observation.config == config:
             return None
         return Proposal(config=config, reason="the fixed configuration")
+
+
+def reduced_of(config: TrainConfig) -> Precision:
+    """The reduced precision ``config`` runs (its blocks' or its outer parts'; bf16 where it runs
+    none): what a move to more reduced precision, or of the outer parts, reduces to. The policy's
+    levels carry no precision of their own, and a run in fp16 stays in fp16.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> reduced_of(TrainConfig(micro_batch_size=4)), reduced_of(TrainConfig(micro_batch_size=4, precision="fp16"))
+        ('bf16', 'fp16')
+    """
+    blocks = config.precision if isinstance(config.precision, tuple) else (config.precision,)
+    low = [p for p in (*blocks, config.outer_precision) if p != "fp32"]
+    return low[0] if low else "bf16"
+
+
+def selective_in_play(source: DecisionSource | None, default: TrainConfig, num_blocks: int) -> bool:
+    """Whether a run may train a selectively recomputed block, so that its budget gate's memory
+    profile must hold the selective runs (two more fake runs per mode; without them a selective
+    configuration has no prediction and is measured before it counts).
+
+    Args:
+        source: The run's decision source (None: it stays on ``default``).
+        default: The run's own configuration.
+        num_blocks: The model's blocks.
+
+    Returns:
+        True where ``default`` has a selective block, where ``source`` is a fixed configuration
+        with one, for the policy (its actions, its neighbours and its start plan move the
+        level), and for a source of the user's own (it may propose anything); False without a
+        source or for a fixed configuration without one.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> plain = TrainConfig(micro_batch_size=4)
+        >>> selective_in_play(FixedConfig(plain), plain, 2)
+        False
+        >>> selective_in_play(FixedConfig(TrainConfig(micro_batch_size=4, checkpoint="selective")), plain, 2)
+        True
+    """
+    if "selective" in default.checkpoint_levels(num_blocks):
+        return True
+    if source is None:
+        return False
+    if isinstance(source, FixedConfig):
+        return "selective" in source.config.checkpoint_levels(num_blocks)
+    # The policy's action space has the selective level (its sixth entry) and its neighbours and
+    # plan move it: without the selective runs the gate would refuse each such proposal unpredicted.
+    return True
+
+
+def outer_in_play(source: DecisionSource | None, default: TrainConfig) -> tuple[Precision, ...]:
+    """The outer precisions (embeddings, final norm, head, loss) a run may train, so that its
+    budget gate's memory profile must hold their modes (:func:`autotune.memory.gate.profile_modes`:
+    a reduced outer precision is two more modes, and on the CPU one more kind of check step;
+    without them such a configuration has no prediction and is measured before it counts).
+
+    Args:
+        source: The run's decision source (None: it stays on ``default``).
+        default: The run's own configuration.
+
+    Returns:
+        ``default``'s outer precision first; then a fixed configuration's; for the policy (its
+        seventh action entry, its neighbours and its start plan move the outer parts between fp32
+        and the run's reduced precision, :func:`reduced_of` ``default``) and for a source of the
+        user's own, fp32 and that reduced precision.
+
+    Example:
+        >>> from autotune import TrainConfig
+        >>> plain = TrainConfig(micro_batch_size=4)
+        >>> outer_in_play(FixedConfig(plain), plain)
+        ('fp32',)
+        >>> outer_in_play(FixedConfig(TrainConfig(micro_batch_size=4, outer_precision="bf16")), plain)
+        ('fp32', 'bf16')
+    """
+    if source is None:
+        return (default.outer_precision,)
+    if isinstance(source, FixedConfig):
+        return tuple(dict.fromkeys((default.outer_precision, source.config.outer_precision)))
+    # The codec maps the outer level to the run's reduced precision (knobs_to_config's ``reduced``,
+    # the policy source's reduced_of): without its modes each such proposal is refused unpredicted.
+    return tuple(dict.fromkeys((default.outer_precision, "fp32", reduced_of(default))))

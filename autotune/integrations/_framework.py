@@ -58,7 +58,7 @@ from autotune.adapt.controller import Controller
 from autotune.adapt.recompiles import Recompiles
 from autotune.adapt.records import Change
 from autotune.adapt.saved import model_record
-from autotune.adapt.source_choice import selective_in_play
+from autotune.adapt.sources import outer_in_play, selective_in_play
 from autotune.config import TrainConfig
 from autotune.integrations._evaluation import Evaluations
 from autotune.integrations._flags import LoopPrecision, ModelCheckpointing
@@ -142,6 +142,10 @@ class FrameworkLoop(Resume, Evaluations):
         self._device = None if first is None else first.device
         self.allocator = None if first is None else allocator_source(first.device)
         selective = selective_in_play(self.source, default, len(workload.block_names()))
+        # The user's flags pin the outer precision where the loop opens its own autocast (or no
+        # precision knob moves): no proposal moves it then (``takes``), so no other one is profiled.
+        pinned = self.precision.owned or bool(self.precision.fixed)
+        outers = (default.outer_precision,) if pinned else outer_in_play(self.source, default)
         gate = BudgetGate.build(
             workload,
             self.budget,
@@ -149,6 +153,7 @@ class FrameworkLoop(Resume, Evaluations):
             reduced_precision=self.source is not None,
             device_type=device,
             selective=selective,
+            outers=outers[1:],
         )
         self._model, self._names = model, workload.block_names()
         self._model_id = model_record(workload)

@@ -43,7 +43,7 @@ import dataclasses
 import warnings
 from typing import TYPE_CHECKING
 
-from autotune.config import Precision, TrainConfig
+from autotune.config import TrainConfig
 from autotune.errors import ConfigError, PredictionError, PredictionWarning
 from autotune.measurement.admission import Verdict, admission
 from autotune.memory.gate_predictions import GatePredictions
@@ -51,15 +51,59 @@ from autotune.tuning import TUNING
 from autotune.units import MemoryBudget
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from autotune.config import Precision
     from autotune.memory.profile_record import MemoryProfile
     from autotune.workload import Workload
 
-__all__ = ["BudgetGate", "Verdict", "admission", "headroom_for", "memory_profile", "profile_or_reason"]
+__all__ = [
+    "BudgetGate",
+    "Verdict",
+    "admission",
+    "headroom_for",
+    "memory_profile",
+    "profile_modes",
+    "profile_or_reason",
+]
 
 
 def headroom_for(config: TrainConfig) -> float:
     """The margin on a prediction of ``config``: the memory model's error where it runs."""
     return TUNING.ranks_headroom if config.on_deepspeed else TUNING.local_headroom
+
+
+def profile_modes(
+    *, reduced_precision: bool, ranks: int = 1, outers: Sequence[Precision] = ("fp32",)
+) -> tuple[str, ...]:
+    """The profile modes a run's gate needs (:data:`~autotune.memory.profile_record.MODES`), in
+    the order profiled: for the outer precision fp32, fp32 blocks and, if ``reduced_precision``,
+    bf16 blocks (on ranks also bf16 weights, a DeepSpeed bf16 engine's); for a reduced outer
+    precision, its fp32 exceptions and blocks in it (what :func:`autotune.memory.model.plan_of`
+    reads for a configuration under it).
+
+    Args:
+        reduced_precision: Whether the blocks may run in bf16 under an fp32 outer precision.
+        ranks: Data-parallel ranks.
+        outers: The outer precisions the run may train (:func:`autotune.adapt.sources.outer_in_play`).
+
+    Returns:
+        The modes, each once.
+
+    Example:
+        >>> profile_modes(reduced_precision=True, outers=("fp32", "bf16"))
+        ('fp32', 'bf16', 'fp32@bf16', 'bf16@bf16')
+    """
+    modes: list[str] = []
+    for outer in outers:
+        if outer != "fp32":
+            modes += [f"fp32@{outer}", f"{outer}@{outer}"]
+        elif reduced_precision:
+            # All blocks bf16 is an autocast island on one process, a bf16 engine on ranks.
+            modes += ["fp32", "bf16", "bf16-weights"] if ranks > 1 else ["fp32", "bf16"]
+        else:
+            modes.append("fp32")
+    return tuple(dict.fromkeys(modes))
 
 
 def memory_profile(
@@ -69,18 +113,26 @@ def memory_profile(
     ranks: int = 1,
     outer: Precision = "fp32",
     device_type: str = "cpu",
+    outers: Sequence[Precision] = (),
 ) -> MemoryProfile | None:
     """The memory model's profile (fp32 and, if asked, bf16 blocks; plain and recomputed; on
     ranks also bf16 weights, a DeepSpeed bf16 engine's); None if the model cannot be profiled
     (then only measured configurations pass the gate; :func:`profile_or_reason` also says why).
     Under a reduced ``outer`` precision (a framework's loop that autocasts the whole forward
-    itself), its blocks' modes instead: fp32 exceptions and blocks in it.
+    itself), its blocks' modes instead: fp32 exceptions and blocks in it; ``outers``: the other
+    outer precisions the run may train, whose modes it holds too (:func:`profile_modes`).
 
     On the CPU (``device_type``) it is verified on one real step per kind of a copy of the model;
     on another device no real step runs on the host (its kernels are not the device's): the first
     measured step of each kind on the device is that kind's check (:meth:`BudgetGate.record`)."""
     return profile_or_reason(
-        workload, reduced_precision=reduced_precision, ranks=ranks, outer=outer, device_type=device_type, stacklevel=4
+        workload,
+        reduced_precision=reduced_precision,
+        ranks=ranks,
+        outer=outer,
+        device_type=device_type,
+        stacklevel=4,
+        outers=outers,
     )[0]
 
 
@@ -93,20 +145,19 @@ def profile_or_reason(
     device_type: str = "cpu",
     stacklevel: int = 3,
     selective: bool = False,
+    outers: Sequence[Precision] = (),
 ) -> tuple[MemoryProfile | None, str | None]:
     """:func:`memory_profile`, and why there is none: ``(profile, None)`` or ``(None, reason)``
     (the :class:`PredictionError`'s message, also warned as a :class:`PredictionWarning`).
     ``selective``: with the runs of every block recomputed selectively (two more fake runs per
     mode), where the run may move to a selective configuration; without them such a
-    configuration has no prediction and is measured before it counts."""
+    configuration has no prediction and is measured before it counts. ``outers``: the other
+    outer precisions the run may move to (:func:`autotune.adapt.sources.outer_in_play`): their
+    modes too (:func:`profile_modes`; a reduced one is two more modes and, on the CPU, one more
+    kind of check step, ``outer-bf16``), else such a configuration has no prediction either."""
     from autotune.memory.predict import profile_memory
 
-    modes: tuple[str, ...] = ("fp32",)
-    if outer != "fp32":
-        modes = (f"fp32@{outer}", f"{outer}@{outer}")
-    elif reduced_precision:
-        # All blocks bf16 is an autocast island on one process, a bf16 engine on ranks.
-        modes = ("fp32", "bf16", "bf16-weights") if ranks > 1 else ("fp32", "bf16")
+    modes = profile_modes(reduced_precision=reduced_precision, ranks=ranks, outers=(outer, *outers))
     # A check step on the host verifies the host's kernels only, and for a model bound for a GPU
     # it costs minutes and tens of GB of host memory: there the device's own steps check it.
     verify = device_type == "cpu"
@@ -168,6 +219,7 @@ class BudgetGate(GatePredictions):
         reduced_precision: bool,
         device_type: str = "cpu",
         selective: bool = False,
+        outers: Sequence[Precision] = (),
     ) -> BudgetGate:
         """Profile ``workload`` and resolve ``budget`` into a gate.
 
@@ -179,8 +231,11 @@ class BudgetGate(GatePredictions):
             reduced_precision: Whether the profile must cover bf16/fp16 blocks (only a decision
                 source proposes them).
             selective: Whether the profile must cover selectively recomputed blocks (a decision
-                source may propose them: :func:`autotune.adapt.source_choice.selective_in_play`).
+                source may propose them: :func:`autotune.adapt.sources.selective_in_play`).
             device_type: ``"cpu"`` or ``"cuda"``.
+            outers: The outer precisions a decision source may move the run to besides
+                ``default``'s (:func:`autotune.adapt.sources.outer_in_play`): the profile covers
+                their modes too (:func:`profile_modes`).
 
         Returns:
             The gate, its headroom the one for where ``default`` runs.
@@ -198,6 +253,7 @@ class BudgetGate(GatePredictions):
             device_type=device_type,
             stacklevel=4,
             selective=selective,
+            outers=outers,
         )
         gate = cls(workload, 1, profile=profile, headroom=headroom_for(default), device_type=device_type)
         gate.unprofiled = why
