@@ -248,11 +248,63 @@ def test_the_plan_never_starts_at_selective_recompute_or_the_outer_precision_wit
 
 def test_a_policy_run_s_gate_profiles_the_selective_level_the_policy_moves() -> None:
     from autotune.adapt import decision_source
-    from autotune.adapt.source_choice import selective_in_play
+    from autotune.adapt.adaptive import selective_in_play as from_adaptive
+    from autotune.adapt.source_choice import selective_in_play as from_source_choice
+    from autotune.adapt.sources import selective_in_play
 
+    assert from_adaptive is from_source_choice is selective_in_play  # one home, importable where it was
     assert selective_in_play(decision_source("pretrained"), _fp32(BATCH), 4)
     assert not selective_in_play(decision_source(_fp32(8)), _fp32(BATCH), 4)
     assert not selective_in_play(None, _fp32(BATCH), 4)
+
+
+def test_a_run_s_gate_profiles_the_outer_precisions_its_source_may_propose() -> None:
+    from autotune.adapt import decision_source
+    from autotune.adapt.sources import outer_in_play
+
+    outer = dataclasses.replace(_fp32(8), outer_precision="bf16")
+    fp16 = dataclasses.replace(_fp32(BATCH), precision="fp16")
+    # The policy moves the outer parts between fp32 and the run's reduced precision (the codec's).
+    assert outer_in_play(decision_source("pretrained"), _fp32(BATCH)) == ("fp32", "bf16")
+    assert outer_in_play(decision_source("pretrained"), fp16) == ("fp32", "fp16")
+    assert outer_in_play(Scripted([]), outer) == ("bf16", "fp32")  # the default's first
+    assert outer_in_play(decision_source(_fp32(8)), _fp32(BATCH)) == ("fp32",)
+    assert outer_in_play(decision_source(outer), _fp32(BATCH)) == ("fp32", "bf16")
+    assert outer_in_play(None, outer) == ("bf16",)
+
+
+def test_a_fixed_source_without_the_outer_precision_profiles_none_of_its_modes() -> None:
+    tuner = _tuner(TrainConfig(micro_batch_size=8, grad_accum_steps=4))
+    try:
+        assert tuner.gate.profile is not None and tuple(tuner.gate.profile.modes) == ("fp32", "bf16")
+        assert tuner.guard.outers == ("fp32",)  # a longer batch is profiled again with the same modes
+    finally:
+        tuner.close()
+
+
+def test_a_proposal_with_the_outer_parts_in_bf16_is_trained_not_refused_unpredicted() -> None:
+    """End to end on gpt-tiny: a source that proposes the outer parts in bf16 gets a gate that
+    predicts it (checked by its own ``outer-bf16`` step), so the run trains it."""
+    from autotune import load_workload
+
+    wl = load_workload("gpt-tiny")
+    opt = torch.optim.AdamW(wl.model.parameters(), lr=1e-3)
+    outer = TrainConfig(micro_batch_size=4, grad_accum_steps=2, precision="bf16", outer_precision="bf16")
+    tuner = Adaptive(
+        wl.model, opt, wl.loss_fn, wl.dataset, batch_size=8, memory_budget="1GiB", policy=outer, decide_every=2
+    )
+    try:
+        profile = tuner.gate.profile
+        assert profile is not None and {"fp32@bf16", "bf16@bf16"} <= set(profile.modes)
+        assert "outer-bf16" in {v.kind for v in profile.checks}
+        verdict = tuner.gate.admits(tuner.config)
+        assert verdict.admitted and verdict.measured is None and verdict.predicted is not None, verdict.reason
+        losses = [tuner.step().loss for _ in range(3)]
+        assert tuner.config.outer_precision == "bf16" and tuner.config.precision == "bf16"
+        assert all(np.isfinite(losses))
+        assert tuner.history[0].applied and tuner.history[0].after == tuner.config
+    finally:
+        tuner.close()
 
 
 def test_a_model_the_simulator_cannot_profile_starts_without_a_plan_and_says_why(

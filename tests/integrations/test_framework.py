@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 
 import pytest
 
 from autotune import TrainConfig
 from autotune.errors import AutotuneWarning, ConfigError
 from autotune.integrations import _framework
+from autotune.integrations._flags import LoopPrecision
 from autotune.integrations._framework import FrameworkLoop
 from tests.adapt.scripted import Scripted
 from tests.conftest import make_resmlp
@@ -163,3 +165,29 @@ def test_an_eager_model_counts_no_recompiles_and_notes_none(monkeypatch: pytest.
     [went] = live.history
     assert (went.after, went.recompile_seconds) == (B, None)
     live.remove()
+
+
+@pytest.mark.parametrize(
+    ("precision", "modes"),
+    [
+        # The loop opens no autocast: a source may move the outer parts to bf16, so the gate predicts them.
+        (None, ("fp32", "bf16", "fp32@bf16", "bf16@bf16")),
+        # bf16=True: the loop's own autocast pins the outer precision (``takes``): only its modes.
+        (LoopPrecision(outer="bf16", flag="bf16=True"), ("fp32", "fp32@bf16", "bf16@bf16")),
+    ],
+)
+def test_the_gate_profiles_the_outer_precisions_the_loop_lets_a_source_move_to(
+    precision: LoopPrecision | None, modes: tuple[str, ...]
+) -> None:
+    wl = make_resmlp(n=64)
+    live = FrameworkLoop(policy=Scripted([]), memory_budget=None, decide_every=5, blocks=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AutotuneWarning)  # the flags' start line
+        live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=2, name="resmlp", precision=precision)
+    try:
+        assert live.gate is not None and live.gate.profile is not None
+        assert tuple(live.gate.profile.modes) == modes
+        outer = dataclasses.replace(live.config, precision="bf16", outer_precision="bf16")
+        assert live.gate.admits(outer).predicted is not None  # predicted either way, never refused unpredicted
+    finally:
+        live.remove()
