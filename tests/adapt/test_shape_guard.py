@@ -169,6 +169,27 @@ def test_a_long_batch_no_split_fits_is_logged_refused_and_a_batch_seen_is_not_ch
     assert gate.profiles == [None]
 
 
+@pytest.mark.parametrize(
+    ("outers", "outer", "others"), [(("fp32",), "fp32", ()), (("bf16", "fp32"), "bf16", ("fp32",))]
+)
+def test_a_long_batch_is_profiled_with_the_gate_s_outer_precisions(
+    monkeypatch: pytest.MonkeyPatch, outers: tuple[str, ...], outer: str, others: tuple[str, ...]
+) -> None:
+    asked: list[dict[str, Any]] = []
+
+    def profile_or_reason(workload: Workload, **kw: Any) -> tuple[None, str]:
+        asked.append(kw)
+        return None, "no profile"
+
+    monkeypatch.setattr("autotune.memory.gate.profile_or_reason", profile_or_reason)
+    wl = dataclasses.replace(_varlen(), scan_batches=0)
+    guard = ShapeGuard(wl, _NothingFits(), reduced_precision=True, selective=True, outers=outers)  # type: ignore[arg-type]
+    guard.before(list(wl.loader(8))[-1], DEFAULT, 7)
+    assert [(kw["outer"], kw["outers"], kw["selective"], kw["reduced_precision"]) for kw in asked] == [
+        (outer, others, True, True)
+    ]
+
+
 def test_a_resumed_run_keeps_the_largest_shape_and_does_not_profile_it_again(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
