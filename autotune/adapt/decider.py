@@ -20,7 +20,7 @@ else, at a decision, judges and decides (:meth:`Decider.decide`):
 2. decides a trial once: kept only if it measures more than the margin above the configuration
    it replaced, measured side by side (:class:`~autotune.adapt.side_by_side.SideBySide`, steps
    alternating) where the loop can switch every step, else above the best configuration
-   measured so far, when its median is trusted (:meth:`Decider._back_if_worse`,
+   measured so far, when its median is trusted (:class:`~autotune.adapt.stint_trial.StintTrial`,
    :mod:`autotune.adapt.rules`); otherwise back to that one;
 3. otherwise asks the decision source (or the ``adapt_batch`` rule) and refuses what was measured
    before and is not better, what the loop cannot take (``takes``), and what the budget gate
@@ -40,6 +40,7 @@ from autotune.adapt.records import Change, ConfigRecord
 from autotune.adapt.rules import Rules
 from autotune.adapt.side_by_side import SideBySide
 from autotune.adapt.sources import DecisionSource, Observation, Proposal, RunContext
+from autotune.adapt.stint_trial import StintTrial
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ class Decider:
         self.trial: SideBySide | None = None  # the side-by-side trial under way
         self.history: list[Change] = []
         self.previous: TrainConfig | None = None  # the configuration the last change left
-        self._on_trial = False  # the current config came from a proposal, and the one it replaced may be better
+        self.stint = StintTrial(ledger=self.ledger, rules=self.rules)  # a proposal's trial, not side by side
         self._refused: set[TrainConfig] = set()
         self._begun_at = 0
 
@@ -285,7 +286,7 @@ class Decider:
             None.
         """
         self.ledger.judge(obs)
-        back = self._back_if_worse(obs)
+        back = self.stint.verdict(obs, previous=self.previous, log=self.history.append)
         if back is not None:
             return back
         proposal: Proposal | None = None
@@ -317,9 +318,9 @@ class Decider:
         if proposed and self.paired and same_batch and self.ledger.trusted(change.before) is not None:
             samples: dict[TrainConfig, list[float]] = {change.after: [], change.before: []}
             self.trial = SideBySide(candidate=change.after, incumbent=change.before, samples=samples)
-            self._on_trial = False
+            self.stint.on = False
         else:
-            self._on_trial = proposed
+            self.stint.on = proposed
 
     def guarded(self, change: Change) -> None:
         """Log the shape guard's change, made before a long batch; a trial under way ends.
@@ -393,7 +394,7 @@ class Decider:
             "judged": [r.to_dict() for r in ledger.judged.values()],
             "previous": None if self.previous is None else self.previous.to_dict(),
             "trial": None if self.trial is None else self.trial.to_dict(),
-            "on_trial": self._on_trial,
+            "on_trial": self.stint.on,
             "refused": [c.to_dict() for c in _in_order(self._refused)],
             "recent": list(ledger.recent),
             "timed": [{"config": c.to_dict(), "samples": list(v)} for c, v in ledger.timed.items()],
@@ -411,7 +412,7 @@ class Decider:
         self.ledger.load(state)
         self.previous = None if state["previous"] is None else TrainConfig.from_dict(state["previous"])
         self.trial = None if state["trial"] is None else SideBySide.from_dict(state["trial"])
-        self._on_trial = state["on_trial"]
+        self.stint.on = state["on_trial"]
         self._refused = {TrainConfig.from_dict(c) for c in state["refused"]}
         self._begun_at = len(self.history)
 
@@ -434,30 +435,6 @@ class Decider:
         if change.after not in self._refused:
             self._refused.add(change.after)
             self.history.append(change)
-
-    def _back_if_worse(self, obs: Observation) -> Change | None:
-        """Measurement overrules the decision source: a configuration a proposal brought is kept
-        only if it measures more than the margin above the best configuration measured so far
-        (within the budget); otherwise the run goes back to that best, and the source's later
-        proposals of it are refused (:meth:`_admit`). The best, not only the one it replaced: a
-        source that keeps walking one way (the pretrained policy toward less memory: 4x8 ->
-        2x16 -> 1x32 on hf-gpt2, each step a little worse) would otherwise be taken back one step
-        only; and more than the margin above it: a configuration of about equal worth that
-        stayed would, on a machine whose timings wander by 10%, let the run drift from
-        neighbour to neighbour on noise. Each trial is decided once, at the first decision its
-        throughput is a median of enough timed steps: the run then loses against its best only
-        for the ``decide_every`` steps it takes to find out, and does not go back and forth on
-        re-measures."""
-        if not self._on_trial:  # the run is where measurement put it: no going back and forth on noise
-            return None
-        if self.ledger.trusted(obs.config) is None:  # not enough timed steps yet: the trial goes on
-            return None
-        self._on_trial = False
-        back = self.rules.back_to_best(obs, self.previous)
-        if back is not None and not back.applied:  # a compiled model's recompile would not pay it back
-            self.history.append(back)
-            return None
-        return back
 
 
 def _in_order(configs: set[TrainConfig]) -> list[TrainConfig]:

@@ -8,6 +8,10 @@ model's size; a real forward where the fake one cannot run), and it is what chec
 block removes and autocast shrinks. The search ranks blocks by it ("checkpoint the N hungriest
 blocks").
 
+The fake forward itself (a fake copy of the model and of a batch, run with torch's logs of a failing
+pass silenced and transformers' value checks answered from the real batch) is :func:`fake_forward`,
+which the study's selective screen (:mod:`autotune.search.selective_screen`) runs too.
+
 The memory model's profile (every category, stretch by stretch, under ``FakeTensorMode``) is
 :func:`autotune.memory.profile.fake_profile`.
 """
@@ -15,6 +19,8 @@ The memory model's profile (every category, stretch by stretch, under ``FakeTens
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +34,7 @@ from autotune.train.wrappers import apply_block_knobs
 from autotune.workload import Workload
 from autotune.worst_case import profile_batch
 
-__all__ = ["BlockProfile", "profile_blocks"]
+__all__ = ["BlockProfile", "fake_forward", "profile_blocks"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +56,37 @@ class BlockProfile:
         return tuple(sorted(range(len(self.names)), key=lambda i: (-self.saved_bytes[i], i)))
 
 
+@contextmanager
+def fake_forward(workload: Workload, batch: Any) -> Iterator[tuple[torch.nn.Module, Any]]:
+    """A fake-tensor copy of the model and of ``batch``, for one forward the caller runs on them.
+
+    Inside the block the fake mode is active (the forward computes shapes only: nothing is
+    allocated, whatever the model's size), torch's log records of an error raised in the pass are
+    silenced, and transformers' value checks on the batch are answered from the real ``batch``.
+    The caller installs its own hooks or dispatch mode on the copy and calls the workload's loss
+    on the two. What the copy or the forward raises goes through unchanged: a model the fake pass
+    cannot go through (a data-dependent operation, an operator without a meta kernel) raises
+    torch's error, and the caller decides what that means (the block profile runs the model for
+    real, the selective screen concludes nothing).
+
+    Args:
+        workload: The model to copy; the model itself is untouched.
+        batch: A real batch of the workload (:func:`autotune.worst_case.profile_batch`).
+
+    Yields:
+        The fake copy of the model, in training mode, and the fake copy of ``batch``.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotune.memory.fake_branches import RealBranches
+    from autotune.memory.fake_logs import quiet_fake_logs
+
+    fake = FakeTensorMode(allow_non_fake_inputs=False)
+    model = workload.model_copy(fake=fake)
+    with quiet_fake_logs(), fake, RealBranches(batch):
+        yield model, tree_map_only(torch.Tensor, fake.from_tensor, batch)
+
+
 def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: Precision = "fp32") -> BlockProfile:
     """Count each block's saved bytes in one forward pass of a copy of the model, on the host.
 
@@ -57,19 +94,11 @@ def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: 
     cannot go through (a data-dependent operation, an operator without a meta kernel) is run for
     real instead, at ``micro_batch_size``.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from autotune.memory.fake_branches import RealBranches
-    from autotune.memory.fake_logs import quiet_fake_logs
-
     batch = profile_batch(workload, micro_batch_size)
-    fake = FakeTensorMode(allow_non_fake_inputs=False)
     try:
-        model = workload.model_copy(fake=fake)
-        # torch logs an error it raises in the fake pass with its traceback: the real pass below
-        # is the answer to it.
-        with quiet_fake_logs(), fake, RealBranches(batch):
-            fake_batch = tree_map_only(torch.Tensor, fake.from_tensor, batch)
+        # torch logs an error it raises in the fake pass with its traceback (silenced in
+        # fake_forward): the real pass below is the answer to it.
+        with fake_forward(workload, batch) as (model, fake_batch):
             counts = _count(workload, model, fake_batch, precision)
     except WorkloadError:
         raise

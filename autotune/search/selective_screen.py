@@ -43,13 +43,10 @@ def blocks_with_saved_ops(workload: Workload) -> tuple[bool, ...] | None:
     Returns:
         One flag per block, or None.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_map_only
 
     from autotune.errors import WorkloadError
-    from autotune.memory.fake_branches import RealBranches
-    from autotune.memory.fake_logs import quiet_fake_logs
+    from autotune.memory.blocks import fake_forward
     from autotune.train.selective import saved_output
     from autotune.worst_case import profile_batch
 
@@ -63,27 +60,23 @@ def blocks_with_saved_ops(workload: Workload) -> tuple[bool, ...] | None:
                 found[inside[-1]] = True
             return func(*args, **(kwargs or {}))
 
+    def entered(i: int) -> Callable[..., None]:
+        return lambda *_: inside.append(i)
+
+    def left(*_: Any) -> None:  # a forward hook returning a value would replace the output
+        inside.pop()
+
     batch = profile_batch(workload, 1)
-    fake = FakeTensorMode(allow_non_fake_inputs=False)
     try:
-        model = workload.model_copy(fake=fake)
-
-        def entered(i: int) -> Callable[..., None]:
-            return lambda *_: inside.append(i)
-
-        def left(*_: Any) -> None:  # a forward hook returning a value would replace the output
-            inside.pop()
-
-        hooks = []
-        for i, name in enumerate(names):
-            block = model.get_submodule(name)
-            hooks += [block.register_forward_pre_hook(entered(i)), block.register_forward_hook(left)]
-        with quiet_fake_logs(), fake, RealBranches(batch), torch.no_grad():
-            fake_batch = tree_map_only(torch.Tensor, fake.from_tensor, batch)
-            with _Ops():
+        with fake_forward(workload, batch) as (model, fake_batch):
+            hooks = []
+            for i, name in enumerate(names):
+                block = model.get_submodule(name)
+                hooks += [block.register_forward_pre_hook(entered(i)), block.register_forward_hook(left)]
+            with torch.no_grad(), _Ops():
                 workload.loss_fn(model, fake_batch)
-        for h in hooks:
-            h.remove()
+            for h in hooks:
+                h.remove()
     except WorkloadError:
         raise
     # The fake pass runs the user's model code: whatever it raises there leaves the level in (the

@@ -1,9 +1,17 @@
 from __future__ import annotations
 
+import pytest
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
+
 from autotune import load_workload
-from autotune.memory.blocks import profile_blocks
+from autotune.memory.blocks import fake_forward, profile_blocks
 from autotune.memory.predict import profile_memory
+from autotune.worst_case import profile_batch
 from tests.conftest import make_resmlp
+from tests.paths import DATA
+
+DATA_DEPENDENT = f"{DATA / 'data_dependent.py'}:build"
 
 
 def test_block_saved_bytes_are_exact_and_scale_with_the_batch() -> None:
@@ -14,6 +22,38 @@ def test_block_saved_bytes_are_exact_and_scale_with_the_batch() -> None:
     assert one.saved_bytes == (82_176,) * 4
     assert two.saved_bytes == (2 * 82_176,) * 4
     assert one.names == ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
+
+
+def test_the_fake_forward_runs_on_fake_copies_and_leaves_the_model_and_the_mode() -> None:
+    wl = make_resmlp()
+    batch = profile_batch(wl, 2)
+    weight = wl.model.get_submodule("blocks.0.up").weight
+    with fake_forward(wl, batch) as (model, fake_batch):
+        assert all(isinstance(t, FakeTensor) for t in (*model.parameters(), *fake_batch))
+        assert [t.shape for t in fake_batch] == [torch.Size([2, 32, 16]), torch.Size([2, 32])]
+        assert model.training
+        loss = wl.loss_fn(model, fake_batch)
+        assert isinstance(loss, FakeTensor) and loss.shape == torch.Size([])
+    # The user's model is not the copy and keeps its real weights; the fake mode ends with the block.
+    assert model is not wl.model and not isinstance(weight, FakeTensor)
+    assert wl.model.get_submodule("blocks.0.up").weight is weight
+    assert not isinstance(torch.zeros(1), FakeTensor)
+
+
+def test_the_fake_forward_lets_the_caller_answer_what_the_pass_raises() -> None:
+    wl = load_workload(DATA_DEPENDENT)  # a forward that branches on a value (.item())
+    batch = profile_batch(wl, 2)
+    raised = pytest.raises(DataDependentOutputException, match=r"^aten\._local_scalar_dense\.default$")
+    with raised, fake_forward(wl, batch) as (model, fake_batch):
+        wl.loss_fn(model, fake_batch)
+    assert not isinstance(torch.zeros(1), FakeTensor)
+
+
+def test_a_model_the_fake_pass_cannot_run_is_profiled_for_real() -> None:
+    wl = load_workload(DATA_DEPENDENT)
+    # Each block's Linear saves its input: 8 fp32 features per sample.
+    assert profile_blocks(wl, micro_batch_size=2).saved_bytes == (2 * 8 * 4,) * 2
+    assert profile_blocks(wl, micro_batch_size=4).saved_bytes == (4 * 8 * 4,) * 2
 
 
 def test_bf16_blocks_save_fewer_bytes_per_sample() -> None:

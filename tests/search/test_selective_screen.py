@@ -12,6 +12,7 @@ from autotune import load_workload
 from autotune.search.selective_screen import blocks_with_saved_ops, screen_selective
 from autotune.search.spec import StudySpec
 from autotune.search.study import prepare
+from tests.paths import DATA
 from tests.zoo import tiny_corpus
 
 
@@ -19,6 +20,11 @@ def test_a_transformer_s_blocks_run_kept_operations_and_an_lstm_s_do_not() -> No
     assert blocks_with_saved_ops(load_workload("gpt-tiny")) == (True,) * 6
     lstm = tiny_corpus.build("lstm-lm")
     assert blocks_with_saved_ops(lstm) == (False,) * len(lstm.block_names())
+
+
+def test_a_model_the_fake_forward_cannot_run_concludes_nothing() -> None:
+    # Its forward branches on a value (.item()): the fake pass raises, the level stays in.
+    assert blocks_with_saved_ops(load_workload(f"{DATA / 'data_dependent.py'}:build")) is None
 
 
 @pytest.mark.parametrize(
