@@ -256,12 +256,13 @@ def write_record(path: Path, info: dict[str, Any], seeds: int, rows: list[dict[s
     """The results page's record (``benchmarks/results.py``)."""
     from results import write_result
 
+    seed_words = "seed 0" if seeds == 1 else f"seeds 0-{seeds - 1}"
     write_result(
         path,
         title="The study's pick with and without selective recompute",
         claim=(
             f"The same study (same trials and budget, between the peaks of every block recomputed whole and none) "
-            f"run with the selective recompute level and without it, each with the sampler seeds 0-{seeds - 1}; "
+            f"run with the selective recompute level and without it, each with the sampler {seed_words}; "
             "all the distinct picks of both sides and every seed re-timed side by side in one loop per model and "
             "objective (interleaved rounds, median), the peaks measured. The ratio is the median over seeds of the "
             "picks' values with the level over the median without it, in the objective's value (samples/s per GiB, "
@@ -332,10 +333,10 @@ def main(argv: list[str] | None = None) -> int:
                 judged = judge(workload, picks)
                 rows.append(row(model, objective, args.seeds, picks, judged))
                 runs.append({"model": model, "objective": objective, "peaks": peaks, "picks": picks, "judged": judged})
-                r = rows[-1]
+                r, n = rows[-1], judged["distinct"]
                 print(
                     f"{model} {objective}: with / without {r['ratio']:.3f} (median of {args.seeds} seeds; "
-                    f"per seed {r['worst']:.3f}-{r['best']:.3f}; {judged['distinct']} distinct picks re-timed)",
+                    f"per seed {r['worst']:.3f}-{r['best']:.3f}; {n} distinct pick{'' if n == 1 else 's'} re-timed)",
                     flush=True,
                 )
                 (args.out / "selective_study.json").write_text(
