@@ -6,26 +6,35 @@ one memory budget between the peak of every block recomputed whole and the peak 
 recomputed (their midpoint, measured: where selective can matter), and for each objective
 (``--objectives``, default ``per-gib,throughput``):
 
-1. the same study twice (``--trials``, default 12; seed 0; same budget, same space), once with
-   the selective level allowed and once without (``SearchSpace.selective``, ``--no-selective``):
-   each study's recommendation after its finalists' re-timing;
-2. both picks re-timed side by side in one independent loop
-   (:func:`autotune.measurement.sidebyside.retime_configs`: interleaved rounds, median of
+1. the same study (``--trials``, default 12; same budget, same space) with the selective level
+   allowed and without it (``SearchSpace.selective``, ``--no-selective``), each with the sampler
+   seeds 0 to ``--seeds`` - 1 (default 3): every (side, seed) its own study, in its own storage,
+   so that nothing is reused across seeds or sides; each study's recommendation after its
+   finalists' re-timing;
+2. all the distinct picks of both sides and every seed re-timed side by side in one independent
+   loop (:func:`autotune.measurement.sidebyside.retime_configs`: interleaved rounds, median of
    repeats), valued by the objective (samples/s, or samples/s per GiB of each pick's measured peak);
-   the ratio with / without (1.0 where both studies picked the same configuration).
+3. the ratio with / without: the median over seeds of the picks' values with the level over the
+   median without it, and beside it the worst and the best per-seed ratio (seed s with over seed s
+   without).
 
-The goal the issue states: where selective sits on the Pareto front, the study finds it; nowhere
-does adding the level make a pick worse (every ratio >= 1 within the judge's spread).
+At 12 trials the study's pick can vary from seed to seed by more than the level's effect, so one
+seed per side cannot judge the goal the issue states: where selective sits on the Pareto front,
+the study finds it; nowhere does adding the level make a pick worse (every median ratio >= 1
+within the judge's spread).
 
 Run: python benchmarks/selective_study.py [--models hf-gpt2,hf-llama,lstm-lm,hf-vit] [--tiny]
-     [--trials 12] [--objectives per-gib,throughput] [--steps 3] --out DIR -> selective_study.json
+     [--seeds 3] [--trials 12] [--objectives per-gib,throughput] [--steps 3] --out DIR
+     -> selective_study.json (one progress line per study, with its seconds)
      [--result docs/results/NAME.json]: also the results page's record (benchmarks/results.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -42,10 +51,12 @@ if TYPE_CHECKING:
 MODELS = ("hf-gpt2", "hf-llama", "lstm-lm", "hf-vit")
 OBJECTIVES = ("per-gib", "throughput")
 SIDES = ("without", "with")  # the study without the selective level, then with it
+SEEDS = 3
 
 COLUMNS = (
     "model",
     "objective",
+    "seed",
     "pick without",
     "pick with",
     "samples/s without",
@@ -55,7 +66,13 @@ COLUMNS = (
     "per GiB without",
     "per GiB with",
     "with / without",
+    "per-seed range",
 )
+
+
+def label(side: str, seed: int) -> str:
+    """The key of one study's pick: ``with 0``, ``without 2``."""
+    return f"{side} {seed}"
 
 
 def budget_between(workload: Workload) -> dict[str, int]:
@@ -64,17 +81,27 @@ def budget_between(workload: Workload) -> dict[str, int]:
     from autotune.config import TrainConfig
 
     peaks = {}
-    for label, checkpoint in (("none", False), ("full", True)):
+    for name, checkpoint in (("none", False), ("full", True)):
         m = measure(workload, TrainConfig(micro_batch_size=workload.batch_size, checkpoint=checkpoint), steps=1)
-        assert m.peak_bytes is not None, f"{workload.name}: {label} recompute did not run ({m.status})"
-        peaks[label] = m.peak_bytes
+        assert m.peak_bytes is not None, f"{workload.name}: {name} recompute did not run ({m.status})"
+        peaks[name] = m.peak_bytes
     return {"none": peaks["none"], "full": peaks["full"], "budget": (peaks["none"] + peaks["full"]) // 2}
 
 
 def run_study(
-    reference: str, name: str, *, selective: bool, objective: str, budget: int, trials: int, steps: int, workdir: Path
+    reference: str,
+    name: str,
+    *,
+    selective: bool,
+    objective: str,
+    budget: int,
+    trials: int,
+    steps: int,
+    seed: int,
+    workdir: Path,
 ) -> dict[str, Any]:
-    """One study (seed 0, the given space's selective level): its recommendation after its finalists."""
+    """One study (the sampler's ``seed``, the given space's selective level), stored in ``workdir``
+    alone: its recommendation after its finalists."""
     from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, open_study, prepare, run_study
     from autotune.search.results import require_recommended, summarize
     from autotune.units import MemoryBudget
@@ -84,12 +111,13 @@ def run_study(
         name=name,
         trials=trials,
         memory_budget=MemoryBudget(bytes=budget),
-        seed=0,
+        seed=seed,
         objective=objective,  # type: ignore[arg-type]  # checked by StudySpec
         policy_proposal=False,  # the same baselines on both sides: the level is the only difference
         space=SpaceSpec(precisions=("fp32", "bf16"), selective=selective),
         measure=MeasureSpec(steps=steps, warmup=1, trial_timeout=600.0),
     )
+    workdir.mkdir(parents=True, exist_ok=True)
     options = RunOptions(
         storage=str(workdir / "studies.db"), cache=None, artifact_dir=workdir / "artifacts", dashboard=False
     )
@@ -107,76 +135,139 @@ def run_study(
 
 
 def judge(workload: Workload, picks: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Both picks re-timed side by side in this process: each one's median samples/s."""
+    """All the distinct picks re-timed side by side in this process, in one loop: each label's
+    median samples/s."""
     from autotune.config import TrainConfig
     from autotune.measurement.sidebyside import retime_configs
 
-    configs, index = distinct({side: TrainConfig.from_dict(picks[side]["config"]) for side in SIDES})
+    # The study's seed is also its configurations' data-order seed: the same knobs picked by two
+    # seeds are one configuration to re-time.
+    configs, index = distinct(
+        {key: dataclasses.replace(TrainConfig.from_dict(pick["config"]), seed=0) for key, pick in picks.items()}
+    )
     retimed = retime_configs(workload, configs, rounds=JUDGE_ROUNDS[0], max_rounds=JUDGE_ROUNDS[1])
     return {
-        side: {"samples/s": retimed.timings[i].median, "spread": retimed.timings[i].relative_spread}
-        for side, i in index.items()
-    } | {"rounds": retimed.rounds, "decided": retimed.decided}
+        key: {"samples/s": retimed.timings[i].median, "spread": retimed.timings[i].relative_spread}
+        for key, i in index.items()
+    } | {"rounds": retimed.rounds, "decided": retimed.decided, "distinct": len(configs)}
 
 
-def row(model: str, objective: str, picks: dict[str, dict[str, Any]], judged: dict[str, Any]) -> dict[str, Any]:
-    """One record row: each side's pick, its re-timed samples/s, measured peak and per GiB, and the
-    ratio with / without in the objective's value."""
-    out: dict[str, Any] = {"model": model, "objective": objective}
-    for side in SIDES:
-        speed, peak = judged[side]["samples/s"], picks[side]["peak_bytes"]
-        out[side] = {
-            "pick": picks[side]["describe"],
-            "samples/s": speed,
-            "peak MiB": peak / 2**20,
-            "per GiB": speed * GIB / peak,
-        }
-    key = "samples/s" if objective == "throughput" else "per GiB"
-    without = out["without"][key]
-    out["ratio"] = out["with"][key] / without if without > 0 else 0.0
-    return out
+def _value(cell: dict[str, Any], objective: str) -> float:
+    """A pick's value in the objective: samples/s, or samples/s per GiB of its peak."""
+    value: float = cell["samples/s"] if objective == "throughput" else cell["per GiB"]
+    return value
+
+
+def _ratio(with_: float, without: float) -> float:
+    return with_ / without if without > 0 else 0.0
+
+
+def row(
+    model: str, objective: str, seeds: int, picks: dict[str, dict[str, Any]], judged: dict[str, Any]
+) -> dict[str, Any]:
+    """One (model, objective)'s record: per seed each side's pick, its re-timed samples/s, measured
+    peak and per GiB and the ratio with / without in the objective's value; the median over seeds
+    of each side's values, their ratio, and the worst and best per-seed ratio."""
+    per_seed = []
+    for seed in range(seeds):
+        entry: dict[str, Any] = {"seed": seed}
+        for side in SIDES:
+            key = label(side, seed)
+            speed, peak = judged[key]["samples/s"], picks[key]["peak_bytes"]
+            entry[side] = {
+                "pick": picks[key]["describe"],
+                "samples/s": speed,
+                "peak MiB": peak / 2**20,
+                "per GiB": speed * GIB / peak,
+            }
+        entry["ratio"] = _ratio(_value(entry["with"], objective), _value(entry["without"], objective))
+        per_seed.append(entry)
+    median = {side: statistics.median(_value(e[side], objective) for e in per_seed) for side in SIDES}
+    ratios = [e["ratio"] for e in per_seed]
+    return {
+        "model": model,
+        "objective": objective,
+        "seeds": per_seed,
+        "median": median,
+        "ratio": _ratio(median["with"], median["without"]),
+        "worst": min(ratios),
+        "best": max(ratios),
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    """The record's rows, in :data:`COLUMNS`' order."""
-    return [
-        (
-            r["model"],
-            r["objective"],
-            r["without"]["pick"],
-            r["with"]["pick"],
-            *(f"{r[side]['samples/s']:.2f}" for side in SIDES),
-            *(f"{r[side]['peak MiB']:.1f}" for side in SIDES),
-            *(f"{r[side]['per GiB']:.2f}" for side in SIDES),
-            f"{r['ratio']:.3f}",
+    """The record's rows, in :data:`COLUMNS`' order: each seed's, then the medians' (its values in
+    the objective's columns, the per-seed ratios' range beside the median ratio)."""
+    out: list[tuple[str, ...]] = []
+    for r in rows:
+        for e in r["seeds"]:
+            out.append(
+                (
+                    r["model"],
+                    r["objective"],
+                    str(e["seed"]),
+                    e["without"]["pick"],
+                    e["with"]["pick"],
+                    *(f"{e[side]['samples/s']:.2f}" for side in SIDES),
+                    *(f"{e[side]['peak MiB']:.1f}" for side in SIDES),
+                    *(f"{e[side]['per GiB']:.2f}" for side in SIDES),
+                    f"{e['ratio']:.3f}",
+                    "-",
+                )
+            )
+        medians = tuple(f"{r['median'][side]:.2f}" for side in SIDES)
+        speeds, per_gib = (medians, ("-", "-")) if r["objective"] == "throughput" else (("-", "-"), medians)
+        out.append(
+            (
+                r["model"],
+                r["objective"],
+                "median",
+                "-",
+                "-",
+                *speeds,
+                "-",
+                "-",
+                *per_gib,
+                f"{r['ratio']:.3f}",
+                f"{r['worst']:.3f}-{r['best']:.3f}",
+            )
         )
-        for r in rows
-    ]
+    return out
 
 
-def _ratio_range(rows: list[dict[str, Any]]) -> str:
-    """The ratios' range in words, e.g. ``0.98-1.10 over 4 rows``."""
-    ratios = [r["ratio"] for r in rows]
-    if not ratios:
+def _span(values: list[float]) -> str:
+    """``0.98-1.10``, or one figure where both ends print alike."""
+    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def ratio_ranges(rows: list[dict[str, Any]]) -> str:
+    """The median ratios' range and the per-seed ratios' range in words, e.g. ``median ratio
+    0.98-1.04 over 4 rows; per seed 0.87-1.12``."""
+    if not rows:
         return "no row"
-    low, high = min(ratios), max(ratios)
-    span = f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
-    return f"{span} over {len(ratios)} {'row' if len(ratios) == 1 else 'rows'}"
+    medians = [r["ratio"] for r in rows]
+    per_seed = [e["ratio"] for r in rows for e in r["seeds"]]
+    count = f"{len(rows)} {'row' if len(rows) == 1 else 'rows'}"
+    return f"median ratio {_span(medians)} over {count}; per seed {_span(per_seed)}"
 
 
-def write_record(path: Path, info: dict[str, Any], rows: list[dict[str, Any]], command: str) -> None:
+def write_record(path: Path, info: dict[str, Any], seeds: int, rows: list[dict[str, Any]], command: str) -> None:
     """The results page's record (``benchmarks/results.py``)."""
     from results import write_result
 
+    seed_words = "seed 0" if seeds == 1 else f"seeds 0-{seeds - 1}"
     write_result(
         path,
         title="The study's pick with and without selective recompute",
         claim=(
-            "The same study (same seed, trials and budget, between the peaks of every block recomputed whole and "
-            "none) run with the selective recompute level and without it; both picks re-timed side by side in one "
-            "loop (interleaved rounds, median), the peaks measured. The ratio is the pick with the level over the "
-            "pick without it in the objective's value (samples/s per GiB, or samples/s under `throughput`): "
-            f"{_ratio_range(rows)} here."
+            f"The same study (same trials and budget, between the peaks of every block recomputed whole and none) "
+            f"run with the selective recompute level and without it, each with the sampler {seed_words}; "
+            "all the distinct picks of both sides and every seed re-timed side by side in one loop per model and "
+            "objective (interleaved rounds, median), the peaks measured. The ratio is the median over seeds of the "
+            "picks' values with the level over the median without it, in the objective's value (samples/s per GiB, "
+            "or samples/s under `throughput`); the per-seed range is the worst and best of seed s with over seed s "
+            f"without: {ratio_ranges(rows)} here."
         ),
         machine=f"{info['cpu']}, {info['cores']} cores, {info['threads']} torch threads",
         capability=f"CPU `{info['capability']}`",
@@ -193,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", type=Path, help="also write the results page's record here (docs/results/)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
+    parser.add_argument("--seeds", type=int, default=SEEDS, help="each side's studies, with sampler seeds 0..N-1")
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per trial")
     parser.add_argument("--tiny", action="store_true", help="each model at its test size")
@@ -206,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     objectives = args.objectives.split(",")
     if any(o not in OBJECTIVES for o in objectives):
         parser.error(f"--objectives must be of {OBJECTIVES}, but got {args.objectives!r}")
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, but got {args.seeds}")
     import torch
 
     info = machine(torch.get_num_threads()) | {"date": time.strftime("%Y-%m-%d"), "tiny": args.tiny}
@@ -220,30 +314,38 @@ def main(argv: list[str] | None = None) -> int:
             peaks = budget_between(workload)
             reference = _source(workdir, model, sizes)
             for objective in objectives:
-                picks = {
-                    side: run_study(
-                        reference,
-                        f"{model}-{objective}-{side}",
-                        selective=side == "with",
-                        objective=objective,
-                        budget=peaks["budget"],
-                        trials=args.trials,
-                        steps=args.steps,
-                        workdir=workdir,
-                    )
-                    for side in SIDES
-                }
+                picks = {}
+                for seed in range(args.seeds):
+                    for side in SIDES:
+                        name = f"{model}-{objective}-{side}-seed{seed}"
+                        picks[label(side, seed)] = pick = run_study(
+                            reference,
+                            name,
+                            selective=side == "with",
+                            objective=objective,
+                            budget=peaks["budget"],
+                            trials=args.trials,
+                            steps=args.steps,
+                            seed=seed,
+                            workdir=workdir / name,
+                        )
+                        print(f"{name}: {pick['describe']} ({pick['seconds']:.0f} s)", flush=True)
                 judged = judge(workload, picks)
-                rows.append(row(model, objective, picks, judged))
+                rows.append(row(model, objective, args.seeds, picks, judged))
                 runs.append({"model": model, "objective": objective, "peaks": peaks, "picks": picks, "judged": judged})
-                print(f"{model} {objective}: with / without {rows[-1]['ratio']:.3f}", flush=True)
+                r, n = rows[-1], judged["distinct"]
+                print(
+                    f"{model} {objective}: with / without {r['ratio']:.3f} (median of {args.seeds} seeds; "
+                    f"per seed {r['worst']:.3f}-{r['best']:.3f}; {n} distinct pick{'' if n == 1 else 's'} re-timed)",
+                    flush=True,
+                )
                 (args.out / "selective_study.json").write_text(
-                    json.dumps({"machine": info, "rows": rows, "runs": runs}, indent=2)
+                    json.dumps({"machine": info, "seeds": args.seeds, "rows": rows, "runs": runs}, indent=2)
                 )
     if args.result is not None:
         from results import command_line
 
-        write_record(args.result, info, rows, command_line(__file__, argv))
+        write_record(args.result, info, args.seeds, rows, command_line(__file__, argv))
     return 0
 
 
