@@ -52,16 +52,17 @@ def blocks_with_saved_ops(workload: Workload) -> tuple[bool, ...] | None:
 
     names = workload.block_names()
     found = [False] * len(names)
-    inside: list[int] = []  # the blocks whose forward is running, innermost last
+    inside: list[list[int]] = []  # the block positions whose forward is running, innermost last
 
     class _Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if inside and saved_output(func):
-                found[inside[-1]] = True
+                for i in inside[-1]:
+                    found[i] = True
             return func(*args, **(kwargs or {}))
 
-    def entered(i: int) -> Callable[..., None]:
-        return lambda *_: inside.append(i)
+    def entered(positions: list[int]) -> Callable[..., None]:
+        return lambda *_: inside.append(positions)
 
     def left(*_: Any) -> None:  # a forward hook returning a value would replace the output
         inside.pop()
@@ -69,10 +70,17 @@ def blocks_with_saved_ops(workload: Workload) -> tuple[bool, ...] | None:
     batch = profile_batch(workload, 1)
     try:
         with fake_forward(workload, batch) as (model, fake_batch):
-            hooks = []
+            # A module at two block positions (a shared layer) is one forward: it is credited to
+            # every position it holds, with one hook pair.
+            positions: dict[int, list[int]] = {}
+            modules: dict[int, torch.nn.Module] = {}
             for i, name in enumerate(names):
                 block = model.get_submodule(name)
-                hooks += [block.register_forward_pre_hook(entered(i)), block.register_forward_hook(left)]
+                positions.setdefault(id(block), []).append(i)
+                modules[id(block)] = block
+            hooks = []
+            for key, block in modules.items():
+                hooks += [block.register_forward_pre_hook(entered(positions[key])), block.register_forward_hook(left)]
             with torch.no_grad(), _Ops():
                 workload.loss_fn(model, fake_batch)
             for h in hooks:

@@ -22,6 +22,12 @@ def test_a_transformer_s_blocks_run_kept_operations_and_an_lstm_s_do_not() -> No
     assert blocks_with_saved_ops(lstm) == (False,) * len(lstm.block_names())
 
 
+def test_a_layer_at_two_block_positions_counts_at_both() -> None:
+    # shared-encoder's layer 3 is layer 0: one forward per call, credited to both positions.
+    shared = tiny_corpus.build("shared-encoder")
+    assert blocks_with_saved_ops(shared) == (True,) * len(shared.block_names())
+
+
 def test_a_model_the_fake_forward_cannot_run_concludes_nothing() -> None:
     # Its forward branches on a value (.item()): the fake pass raises, the level stays in.
     assert blocks_with_saved_ops(load_workload(f"{DATA / 'data_dependent.py'}:build")) is None
