@@ -73,12 +73,15 @@ architecture: install
 # BatchNorm, attention) run again on AVX2 kernels, emulated on any x86 CPU by capping ATen's
 # dispatch and oneDNN's ISA. On an AVX2 machine that is what `make test` just ran: skipped.
 AVX2_CORPUS = lstm-lm gru-lm unet-tiny hf-gpt2
+# The files whose tests time or run real steps (the simulator's, the codec's and the arithmetic's
+# tests run no kernel: make test covered them).
+AVX2_TESTS = $(addprefix tests/measurement/,test_probe.py test_schedule.py test_sidebyside.py test_tracker.py test_compiled.py test_busy.py) \
+	tests/envs/test_training_env.py tests/envs/test_calibration.py tests/adapt/test_adaptive.py
 test-avx2: install
 	@if [ "$$($(BIN)/python -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')" = AVX2 ]; then \
 		echo "test-avx2: skipped: this CPU runs AVX2 kernels, and make test ran these tests on them"; \
 	else \
-		ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/pytest -q -n $(WORKERS) tests/measurement tests/envs \
-			tests/adapt/test_adaptive.py \
+		ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/pytest -q -n $(WORKERS) $(AVX2_TESTS) \
 			$(foreach m,$(AVX2_CORPUS),"tests/zoo/test_conformance.py::test_study_exports_and_tune[$(m)]"); \
 	fi
 
