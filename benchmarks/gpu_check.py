@@ -12,8 +12,8 @@ reported, exception text included, and the others still run):
    (``probe_precisions``: whole training steps of the decoder in each precision against fp32).
 2. ``realsize``: a transformers GPT-2 at GPT-2-small width, sequence 1024, batch 32, under a 20 GiB
    budget: a 12-trial study with each objective (``per-gib``, ``throughput``; each cut at 40 s;
-   selective recompute allowed, the space's default), its setup lines with their seconds and its
-   seconds to the first trial; then the check's own plain PyTorch loop judges side by side the
+   selective recompute allowed: ``space.selective``, off by default), its setup lines with their
+   seconds and its seconds to the first trial; then the check's own plain PyTorch loop judges side by side the
    PyTorch default, the Hugging Face recipes (``bf16=True``, with ``gradient_checkpointing=True``,
    at smaller per-device batches with accumulation) and both picks, each applied by its exported
    snippet as a user would; last, compiled, the per-GiB pick (``compile="default"``, its snippet's
@@ -465,7 +465,7 @@ def _study_pick(out: Path, objective: ObjectiveName, timeout: float) -> dict[str
         timeout=timeout,
         memory_budget=MemoryBudget(bytes=REAL_BUDGET),
         objective=objective,
-        space=SpaceSpec(precisions=("fp32", "bf16")),
+        space=SpaceSpec(precisions=("fp32", "bf16"), selective=True),  # issue 42's row: the level allowed
         measure=MeasureSpec(steps=3, warmup=1, trial_timeout=30.0),
     )
     options = RunOptions(

@@ -68,7 +68,7 @@ def _add_study(subparsers: Any) -> None:
         "--selective",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="let the study recompute blocks selectively, the level between none and full (default: on, or "
+        help="let the study recompute blocks selectively, the level between none and full (default: off, or "
         "the spec's space.selective; off saves the memory model two fake runs per precision)",
     )
     add_min_micro_batch_flag(p)

@@ -146,9 +146,11 @@ class SpaceSpec:
             configuration assumes it. On the CPU there is no caching allocator: it has no effect
             and the search space is the same either way.
         selective: Whether the study may recompute blocks selectively (``selective_blocks``, the
-            level between none and full: ``TrainConfig.checkpoint`` ``"selective"``); ``false``
-            leaves the level out, and the memory model's profile without its two fake runs per
-            mode. A study stored before the option existed resumes with it on.
+            level between none and full: ``TrainConfig.checkpoint`` ``"selective"``). Off unless
+            asked for: with it, the 12-trial study's pick was worse per GiB on every model measured
+            (the median of three seeds 0.69-0.93x the pick without it; docs/benchmarks.md,
+            "selective-study"), the level spreading the trials. Off also spares the memory
+            model's profile two fake runs per mode.
     """
 
     batch_size: int | None = None
@@ -159,7 +161,7 @@ class SpaceSpec:
     blocks: Mapping[int, BlockOverride] = field(default_factory=dict)
     expandable_segments: bool = False
     min_micro_batch: int | None = None
-    selective: bool = True
+    selective: bool = False
 
     def __post_init__(self) -> None:
         _tupled(self, "batch_sizes", "precisions", "ranks", "zero_stages")
@@ -281,9 +283,8 @@ def spec_to_dict(spec: StudySpec) -> dict[str, Any]:
         del data["space"]["expandable_segments"]
     if spec.space.min_micro_batch is None:
         del data["space"]["min_micro_batch"]  # the same: the workload's rule, as before the option
-    if spec.space.selective:
-        # On is the default: a study stored before the level existed resumes with it (its
-        # trials read back as no selective block, what they ran: ``SearchSpace.knobs_of``).
+    if not spec.space.selective:
+        # Off is the default: a study stored before the level existed has the same identity.
         del data["space"]["selective"]
     if spec.objective == DEFAULT_OBJECTIVE:
         del data["objective"]  # the same: a study stored before the option was per GiB

@@ -314,7 +314,6 @@ def test_ctrl_c_mid_trial_is_one_line_exit_130_and_keeps_the_completed_trials(tm
         "blocks ranked by the activation bytes they save (one fake-tensor forward, s)",
         "measuring process ready on cpu: workload built, one warm-up step (s)",
         "reduced precisions screened: bf16 kept (s)",
-        "selective recompute kept: 4 of 4 blocks run a kept operation (s)",
         "baselines enqueued: pytorch-default, seed-recipe, hf-recipe (s)",
     ]
     _wait_gone(int(Path(f"{hold}.held").read_text()))
@@ -384,12 +383,12 @@ def test_a_storage_file_that_is_no_study_storage_is_refused_untouched(
     assert path.read_bytes() == before
 
 
-def test_no_selective_stores_the_space_without_the_level_and_the_default_keeps_the_identity(tmp_path: Path) -> None:
-    for flag, stored in (("--selective", None), ("--no-selective", False)):
-        db = tmp_path / f"{flag}.db"
-        args = ["study", f"{TINY}:build", "--storage", str(db), "--create-only", "--no-policy-proposal", flag]
+def test_selective_stores_the_space_with_the_level_and_the_default_keeps_the_identity(tmp_path: Path) -> None:
+    for flags, stored in (((), None), (("--no-selective",), None), (("--selective",), True)):
+        db = tmp_path / f"{'-'.join(flags) or 'default'}.db"
+        args = ["study", f"{TINY}:build", "--storage", str(db), "--create-only", "--no-policy-proposal", *flags]
         assert main(args) == 0
         space = _study(db).user_attrs["spec"]["space"]
-        assert space.get("selective") == stored  # on, the default, is not stored: older studies resume
+        assert space.get("selective") == stored  # off, the default, is not stored: older studies resume
         params = [set(t.system_attrs["fixed_params"]) for t in _study(db).trials]  # the enqueued baselines
-        assert all(("selective_blocks" in p) == (stored is None) for p in params)
+        assert all(("selective_blocks" in p) == (stored is True) for p in params)

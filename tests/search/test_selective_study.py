@@ -79,7 +79,7 @@ def test_a_study_measures_an_enqueued_selective_trial_and_it_checks_the_selectiv
         measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=300),
         policy_proposal=False,
         retime=False,
-        space=SpaceSpec(precisions=("fp32",)),
+        space=SpaceSpec(precisions=("fp32",), selective=True),
     )
     options = RunOptions(storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "a")
     prepared = prepare(spec)

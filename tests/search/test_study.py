@@ -111,7 +111,6 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
             "low_precision_blocks": 4,
             "outer_low_precision": False,
             "checkpoint_blocks": 2,
-            "selective_blocks": 0,
         },
     )
     # the HF recipe: the whole model in bf16, every block recomputed, the whole batch (it fits)
@@ -122,7 +121,6 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
             "low_precision_blocks": 4,
             "outer_low_precision": True,
             "checkpoint_blocks": 4,
-            "selective_blocks": 0,
         },
     )
     assert t[3].user_attrs[ATTR.BASELINE] == POLICY_PROPOSAL
