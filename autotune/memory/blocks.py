@@ -10,7 +10,9 @@ blocks").
 
 The fake forward itself (a fake copy of the model and of a batch, run with torch's logs of a failing
 pass silenced and transformers' value checks answered from the real batch) is :func:`fake_forward`,
-which the study's selective screen (:mod:`autotune.search.selective_screen`) runs too.
+which the skip scan (:mod:`autotune.memory.structure`) and the study's selective screen
+(:mod:`autotune.search.selective_screen`) run too; :func:`block_positions` is the blocks as modules
+(a module at two block positions is one), which each of them hooks.
 
 The memory model's profile (every category, stretch by stretch, under ``FakeTensorMode``) is
 :func:`autotune.memory.profile.fake_profile`.
@@ -34,7 +36,7 @@ from autotune.train.wrappers import apply_block_knobs
 from autotune.workload import Workload
 from autotune.worst_case import profile_batch
 
-__all__ = ["BlockProfile", "fake_forward", "profile_blocks"]
+__all__ = ["BlockProfile", "block_positions", "fake_forward", "profile_blocks"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +56,25 @@ class BlockProfile:
     def ranked(self) -> tuple[int, ...]:
         """Block indices from most to least activation bytes (ties: earlier block first)."""
         return tuple(sorted(range(len(self.names)), key=lambda i: (-self.saved_bytes[i], i)))
+
+
+def block_positions(model: torch.nn.Module, names: tuple[str, ...]) -> list[tuple[torch.nn.Module, list[int]]]:
+    """Each distinct block module of ``model`` with the positions in ``names`` it holds, in the
+    order of first appearance: a module at two block positions (shared weights, ALBERT-style) is
+    one module, one forward per call, and a hook on it must stand for every position it holds.
+
+    Example:
+        >>> import torch
+        >>> layer = torch.nn.Linear(2, 2)
+        >>> model = torch.nn.Sequential(layer, torch.nn.ReLU(), layer)
+        >>> [(type(m).__name__, p) for m, p in block_positions(model, ("0", "1", "2"))]
+        [('Linear', [0, 2]), ('ReLU', [1])]
+    """
+    groups: dict[int, tuple[torch.nn.Module, list[int]]] = {}
+    for i, name in enumerate(names):
+        module = model.get_submodule(name)
+        groups.setdefault(id(module), (module, []))[1].append(i)
+    return list(groups.values())
 
 
 @contextmanager
@@ -119,16 +140,10 @@ def _count(workload: Workload, model: torch.nn.Module, batch: Any, precision: Pr
     params = {t.untyped_storage()._cdata for t in state}
     # One pair of hooks per module: a module at two block positions (shared weights) runs once per
     # position, and its k-th call in the forward is its k-th position.
-    positions: dict[int, list[int]] = {}
-    modules: dict[int, torch.nn.Module] = {}
-    for i, name in enumerate(names):
-        module = model.get_submodule(name)
-        positions.setdefault(id(module), []).append(i)
-        modules[id(module)] = module
-    handles = [
-        m.register_forward_pre_hook(_enter(counts, positions[key], params), with_kwargs=True)
-        for key, m in modules.items()
-    ] + [m.register_forward_hook(_exit, with_kwargs=True) for m in modules.values()]
+    blocks = block_positions(model, names)
+    handles = [m.register_forward_pre_hook(_enter(counts, at, params), with_kwargs=True) for m, at in blocks] + [
+        m.register_forward_hook(_exit, with_kwargs=True) for m, _ in blocks
+    ]
     try:
         check_loss(workload.loss_fn(model, batch), workload.name)  # a broken loss_fn: one line, before any run
     finally:

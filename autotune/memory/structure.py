@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_flatten
 
-from autotune.memory.fake_logs import quiet_fake_logs
+from autotune.memory.blocks import block_positions, fake_forward
 
 if TYPE_CHECKING:
     from autotune.workload import Workload
@@ -99,13 +99,12 @@ def detect_structure(workload: Workload, *, micro_batch_size: int = 2) -> BlockS
     """
     names = workload.block_names()
     modules = [workload.model.get_submodule(name) for name in names]
-    aliases = _aliases(modules)
+    aliases = tuple(tuple(at) for _, at in block_positions(workload.model, names) if len(at) > 1)
     shared = _shared_parameters(modules, aliases)
     skips: tuple[tuple[int, int], ...] = ()
     if not aliases:  # with one module at two positions, the hooks cannot tell the positions apart
-        try:
-            with quiet_fake_logs():
-                skips = _skips(workload, names, micro_batch_size)
+        try:  # torch's logs of a failing fake pass are silenced in fake_forward
+            skips = _skips(workload, names, micro_batch_size)
         # The profile reports why a model cannot run under fake tensors; here it only means no
         # skip connections are known.
         except Exception:
@@ -115,13 +114,6 @@ def detect_structure(workload: Workload, *, micro_batch_size: int = 2) -> BlockS
 
 def _positions(group: tuple[int, ...]) -> str:
     return ", ".join(str(i) for i in group[:-1]) + f" and {group[-1]}"
-
-
-def _aliases(modules: list[torch.nn.Module]) -> tuple[tuple[int, ...], ...]:
-    groups: dict[int, list[int]] = {}
-    for i, m in enumerate(modules):
-        groups.setdefault(id(m), []).append(i)
-    return tuple(tuple(g) for g in groups.values() if len(g) > 1)
 
 
 def _shared_parameters(
@@ -138,28 +130,21 @@ def _shared_parameters(
 
 
 def _skips(workload: Workload, names: tuple[str, ...], micro_batch_size: int) -> tuple[tuple[int, int], ...]:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from autotune.memory.fake_branches import RealBranches
     from autotune.worst_case import profile_batch
 
-    fake = FakeTensorMode(allow_non_fake_inputs=False)
-    model = workload.model_copy("cpu", fake=fake)
-    flow = _Flow(len(names), {_key(t) for t in (*model.parameters(), *model.buffers())})
-    handles = []
-    for i, name in enumerate(names):
-        block = model.get_submodule(name)
-        handles.append(block.register_forward_pre_hook(flow.enter(i)))
-        handles.append(block.register_forward_hook(flow.exit(i)))
-    real_batch = profile_batch(workload, micro_batch_size)
-    try:
-        with fake:
-            batch = tree_map_only(torch.Tensor, fake.from_tensor, real_batch)
-            with RealBranches(real_batch), flow:
+    with fake_forward(workload, profile_batch(workload, micro_batch_size)) as (model, batch):
+        flow = _Flow(len(names), {_key(t) for t in (*model.parameters(), *model.buffers())})
+        handles = []
+        for i, name in enumerate(names):
+            block = model.get_submodule(name)
+            handles.append(block.register_forward_pre_hook(flow.enter(i)))
+            handles.append(block.register_forward_hook(flow.exit(i)))
+        try:
+            with flow:
                 workload.loss_fn(model, batch)
-    finally:
-        for h in handles:
-            h.remove()
+        finally:
+            for h in handles:
+                h.remove()
     if sum(flow.read_late.values()) < SKIP_SHARE * flow.made_bytes:
         return ()
     return tuple(sorted(flow.skips))

@@ -46,7 +46,7 @@ def blocks_with_saved_ops(workload: Workload) -> tuple[bool, ...] | None:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from autotune.errors import WorkloadError
-    from autotune.memory.blocks import fake_forward
+    from autotune.memory.blocks import block_positions, fake_forward
     from autotune.train.selective import saved_output
     from autotune.worst_case import profile_batch
 
@@ -72,15 +72,9 @@ def blocks_with_saved_ops(workload: Workload) -> tuple[bool, ...] | None:
         with fake_forward(workload, batch) as (model, fake_batch):
             # A module at two block positions (a shared layer) is one forward: it is credited to
             # every position it holds, with one hook pair.
-            positions: dict[int, list[int]] = {}
-            modules: dict[int, torch.nn.Module] = {}
-            for i, name in enumerate(names):
-                block = model.get_submodule(name)
-                positions.setdefault(id(block), []).append(i)
-                modules[id(block)] = block
             hooks = []
-            for key, block in modules.items():
-                hooks += [block.register_forward_pre_hook(entered(positions[key])), block.register_forward_hook(left)]
+            for block, positions in block_positions(model, names):
+                hooks += [block.register_forward_pre_hook(entered(positions)), block.register_forward_hook(left)]
             with torch.no_grad(), _Ops():
                 workload.loss_fn(model, fake_batch)
             for h in hooks:
