@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from autotune import Workload
+from tests.profile_memo import ProfileMemo, install
 
 # One intra-op thread: with two threads per process, any other process on a 2-core machine makes
 # OpenMP spin-waits cost 10-30x (measured: gpt-tiny step 0.1 s -> 3.2 s). Tests never assert on
@@ -22,6 +24,17 @@ def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     tests, the commands they start in subprocesses included, the machine is quiet unless a test
     scripts a load, so other processes on these cores do not add a line to outputs compared exactly."""
     monkeypatch.setenv("AUTOTUNE_LOAD_AVERAGE", "0")
+
+
+_MEMO = ProfileMemo()
+
+
+@pytest.fixture(autouse=True)
+def shared_profiles(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake-tensor profiles of an identical input are computed once per worker (tests/profile_memo.py):
+    they were nearly half of the suite's time. The profile's own tests (tests/memory/) run it every time."""
+    if "memory" not in request.path.relative_to(Path(__file__).parent).parts[:1]:
+        install(_MEMO, monkeypatch)
 
 
 class Block(nn.Module):
