@@ -71,6 +71,14 @@ def _add_study(subparsers: Any) -> None:
         help="let the study recompute blocks selectively, the level between none and full (default: off, or "
         "the spec's space.selective; off saves the memory model two fake runs per precision)",
     )
+    p.add_argument(
+        "--selective-refine",
+        dest="selective",
+        action="store_const",
+        const="refine",
+        help="the selective level only in enqueued trials (the refinement's neighbours, the policy's proposal), "
+        'never sampled: the sampled trials are those without the level (space.selective = "refine")',
+    )
     add_min_micro_batch_flag(p)
     p.add_argument("--steps", type=int, help="timed steps per trial (default 4)")
     p.add_argument("--warmup", type=int, help="warmup steps per trial (default 1)")

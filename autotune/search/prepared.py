@@ -106,7 +106,8 @@ def prepare(spec: StudySpec) -> Prepared:
         max_micro_batch=n_data,
         min_micro_batch=workload.micro_batch_floor,
         base=TrainConfig(seed=spec.seed),
-        selective=spec.space.selective,
+        selective=spec.space.selective is not False,
+        selective_sampled=spec.space.selective is True,
     )
     return Prepared(
         spec=spec,

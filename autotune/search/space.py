@@ -20,7 +20,11 @@ Where the space recomputes selectively (``selective``, a study's unless its spec
 selectively after the ``checkpoint_blocks`` recomputed whole (:attr:`autotune.knobs.Knobs.selective_blocks`),
 at most the blocks left: a sampled value above them recomputes every one of those selectively (the
 parameter's range stays the same in every trial, which the samplers need). Trials of a study
-started before the parameter existed read back as 0, what they ran.
+started before the parameter existed read back as 0, what they ran. Where the space reaches the
+level by its enqueued trials only (``selective_sampled=False``, a spec's ``space.selective =
+"refine"``), the parameter is suggested only to a trial enqueued with it (Optuna's fixed params):
+the sampler never sees it, so its trials are those of the space without the level, and a point
+with no selective block is enqueued without it (a trial without it reads back as 0).
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ class SearchSpace:
         selective: Whether blocks may be recomputed selectively (``selective_blocks``); off for a
             space built by hand, on for a study's unless its spec turns it off
             (:attr:`autotune.search.spec.SpaceSpec.selective`).
+        selective_sampled: Whether the sampler suggests ``selective_blocks`` in every trial (where
+            ``selective``); False: only a trial enqueued with it carries it (``space.selective =
+            "refine"``).
     """
 
     batch_sizes: tuple[int, ...]
@@ -86,6 +93,7 @@ class SearchSpace:
     min_micro_batch: int | None = 1
     base: TrainConfig = field(default_factory=TrainConfig)
     selective: bool = False
+    selective_sampled: bool = True
 
     def __post_init__(self) -> None:
         check_min_micro_batch(self.min_micro_batch, name="SearchSpace.min_micro_batch", error=SpecError)
@@ -110,6 +118,11 @@ class SearchSpace:
     @property
     def num_blocks(self) -> int:
         return len(self.ranking)
+
+    @property
+    def samples_selective(self) -> bool:
+        """Whether every trial, sampled ones included, has ``selective_blocks``."""
+        return self.selective and self.selective_sampled
 
     @property
     def multi_batch(self) -> bool:
@@ -161,6 +174,10 @@ class SearchSpace:
 
     def suggest(self, trial: optuna.trial.BaseTrial) -> Knobs:
         """Sample (or, for an enqueued trial, read back) one point."""
+        return self._point(trial, selective=self.samples_selective or (self.selective and _enqueued_selective(trial)))
+
+    def _point(self, trial: optuna.trial.BaseTrial, *, selective: bool) -> Knobs:
+        """The point ``trial`` suggests, ``selective_blocks`` among its parameters where ``selective``."""
         b = trial.suggest_categorical("batch_size", self.batch_sizes) if self.multi_batch else self.batch_sizes[0]
         r = trial.suggest_categorical("ranks", self.ranks) if len(self.ranks) > 1 else self.ranks[0]
         micro = trial.suggest_categorical(self.micro_param(b, r), self.micro_batch_choices(b, r))
@@ -182,7 +199,7 @@ class SearchSpace:
             outer = trial.suggest_categorical(OUTER_PARAM, (False, True))
         n_ckpt = trial.suggest_int("checkpoint_blocks", 0, self.num_blocks)
         n_sel = 0
-        if self.selective:
+        if selective:
             # One range in every trial (the samplers need it); at most the blocks left.
             n_sel = min(trial.suggest_int(SELECTIVE_PARAM, 0, self.num_blocks), self.num_blocks - n_ckpt)
         return Knobs(
@@ -210,9 +227,10 @@ class SearchSpace:
         filled = dict(params)
         if self.low_precisions:
             filled.setdefault(OUTER_PARAM, False)
-        if self.selective:
+        selective = self.selective and (self.selective_sampled or SELECTIVE_PARAM in filled)
+        if selective:
             filled.setdefault(SELECTIVE_PARAM, 0)
-        return self.suggest(optuna.trial.FixedTrial(filled))
+        return self._point(optuna.trial.FixedTrial(filled), selective=selective)
 
     def params(self, knobs: Knobs) -> dict[str, Any]:
         """The trial params that :meth:`suggest` reads back as ``knobs`` (for ``enqueue_trial``).
@@ -239,7 +257,9 @@ class SearchSpace:
             p["low_precision_blocks"] = knobs.low_precision_blocks
             p[OUTER_PARAM] = knobs.outer_low_precision
         p["checkpoint_blocks"] = knobs.checkpoint_blocks
-        if self.selective:
+        if self.selective and (self.selective_sampled or knobs.selective_blocks):
+            # Unsampled, the level stays off the trials with none: the baselines and every other
+            # enqueued point are then the same trials as in the space without it.
             p[SELECTIVE_PARAM] = knobs.selective_blocks
         return p
 
@@ -258,3 +278,20 @@ class SearchSpace:
             precision=precisions[0] if len(set(precisions)) == 1 else tuple(precisions),
             checkpoint=checkpoints[0] if len(set(checkpoints)) == 1 else tuple(checkpoints),
         )
+
+
+def _enqueued_selective(trial: optuna.trial.BaseTrial) -> bool:
+    """Whether ``trial`` was enqueued with ``selective_blocks`` among its fixed params.
+
+    Optuna 5's ``Trial`` does not expose them (``Study.enqueue_trial`` stores them as the waiting
+    trial's ``fixed_params`` system attribute); the study's running trials do, as frozen trials. A
+    trial of another kind (a ``FixedTrial``) has no study: :meth:`SearchSpace.knobs_of` decides for it.
+    """
+    import optuna
+
+    if not isinstance(trial, optuna.Trial):
+        return False
+    running = trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    frozen = next((t for t in running if t.number == trial.number), None)
+    assert frozen is not None, trial.number  # the trial being suggested to is running
+    return SELECTIVE_PARAM in frozen.system_attrs.get("fixed_params", {})

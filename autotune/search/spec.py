@@ -150,7 +150,10 @@ class SpaceSpec:
             asked for: with it, the 12-trial study's pick was worse per GiB on every model measured
             (the median of three seeds 0.69-0.93x the pick without it; docs/benchmarks.md,
             "selective-study"), the level spreading the trials. Off also spares the memory
-            model's profile two fake runs per mode.
+            model's profile two fake runs per mode. ``"refine"``: the level only where a trial is
+            enqueued with it (the refinement's selective neighbours, the policy's proposal), never
+            sampled: the sampler's trials are those of the study without the level, so the level
+            cannot spread them.
     """
 
     batch_size: int | None = None
@@ -161,7 +164,7 @@ class SpaceSpec:
     blocks: Mapping[int, BlockOverride] = field(default_factory=dict)
     expandable_segments: bool = False
     min_micro_batch: int | None = None
-    selective: bool = False
+    selective: bool | Literal["refine"] = False
 
     def __post_init__(self) -> None:
         _tupled(self, "batch_sizes", "precisions", "ranks", "zero_stages")
@@ -169,8 +172,8 @@ class SpaceSpec:
             _check_int("space.min_micro_batch", self.min_micro_batch, low=1)
         if not isinstance(self.expandable_segments, bool):
             raise SpecError(f"space.expandable_segments must be true or false, but got {self.expandable_segments!r}.")
-        if not isinstance(self.selective, bool):
-            raise SpecError(f"space.selective must be true or false, but got {self.selective!r}.")
+        if not isinstance(self.selective, bool) and self.selective != "refine":
+            raise SpecError(f'space.selective must be true, false or "refine", but got {self.selective!r}.')
         if self.batch_size is not None:
             _check_int("space.batch_size", self.batch_size, low=1)
         if self.batch_sizes is not None:

@@ -128,7 +128,7 @@ def run_study(
     remaining = spec.trials - count_done(study)
     if remaining <= 0 or options.create_only:
         if not options.worker:  # no measuring child: what the memory model is checked by runs here
-            setup = _predictor(options, device_type, None, observer, selective=prepared.space.selective)
+            setup = _predictor(options, device_type, None, observer, selective=prepared.space.samples_selective)
             adopt_checks(study, prepared.workload, setup, device_type, observer.note)
             _enqueue(study, prepared, setup, observer, options)
         return 0
@@ -187,7 +187,7 @@ def _optimize(
 
     # The memory model is checked by the study's measured trials (each kind by its first), and
     # by check steps in the measuring child, on the study's device, only for data of several shapes.
-    predictor = _predictor(options, device_type, check, observer, selective=prepared.space.selective)
+    predictor = _predictor(options, device_type, check, observer, selective=prepared.space.samples_selective)
     start = time.perf_counter()
     screened = prepared.space.low_precisions
     prepared = screen_precisions(
@@ -273,7 +273,8 @@ def _predictor(
         return None
     # Lazy: the study's trials are real, exactly tracked steps; the first measured trial of each
     # kind of configuration checks it, so no check step delays the first trial. ``selective``:
-    # the space can produce the level, so the profile holds its runs from the start.
+    # every trial may be at the level, so the profile holds its runs from the start (where only
+    # enqueued trials are, the first of them grows it).
     return load_memory_predictor(
         options.memory_model, device=device_type, step=step, note=observer.note, lazy=True, selective=selective
     )

@@ -384,7 +384,13 @@ def test_a_storage_file_that_is_no_study_storage_is_refused_untouched(
 
 
 def test_selective_stores_the_space_with_the_level_and_the_default_keeps_the_identity(tmp_path: Path) -> None:
-    for flags, stored in (((), None), (("--no-selective",), None), (("--selective",), True)):
+    # --selective-refine: stored, and the baselines (no selective block) enqueued without the parameter.
+    for flags, stored in (
+        ((), None),
+        (("--no-selective",), None),
+        (("--selective",), True),
+        (("--selective-refine",), "refine"),
+    ):
         db = tmp_path / f"{'-'.join(flags) or 'default'}.db"
         args = ["study", f"{TINY}:build", "--storage", str(db), "--create-only", "--no-policy-proposal", *flags]
         assert main(args) == 0

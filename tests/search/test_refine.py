@@ -125,7 +125,12 @@ POINTS = ((_knobs(16, 0, 0), 80.0, 120.0), (_knobs(8, 4, 4), 100.0, 50.0), (_kno
 
 
 def _refine(
-    study: optuna.Study, *, trials: int = 12, fits: object = None, known_peak: object = None
+    study: optuna.Study,
+    *,
+    trials: int = 12,
+    fits: object = None,
+    known_peak: object = None,
+    space: SearchSpace = SPACE,
 ) -> tuple[Refine, list[str]]:
     notes: list[str] = []
 
@@ -134,7 +139,7 @@ def _refine(
         return admission(budget=1, headroom=0.0, measured=1 if fits(knobs) else 2)
 
     refine = Refine(
-        space=SPACE,
+        space=space,
         trials=trials,
         admits=None if fits is None else admits,
         counted=lambda s: len(s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))),
@@ -170,6 +175,34 @@ def test_in_its_last_trials_the_first_untried_admitted_neighbour_of_the_best_is_
     assert notes == ["refining: next 8x2 bf16:4 ckpt:3, a neighbour of trial 1 (the best so far)"]
     refine(study, study.trials[-1])  # a trial waits: nothing more until it has run
     assert len(_waiting(study)) == 1
+
+
+def test_a_space_reaching_the_selective_level_by_refinement_only_refines_into_it() -> None:
+    # The sampled trials carry no selective_blocks; the refinement's neighbour does, and the trial
+    # it enqueues runs it. Recomputing less than 4 blocks (whole or selectively) is over the budget.
+    space = dataclasses.replace(SPACE, selective=True, selective_sampled=False)
+    study = _study(*POINTS)
+
+    def fits(k: Knobs) -> bool:
+        return k.micro_batch_size < 16 and k.checkpoint_blocks + k.selective_blocks == 4
+
+    refine, notes = _refine(study, trials=4, fits=fits, space=space)
+    refine(study, study.trials[-1])
+    selective = {
+        "micro_batch_size": 8,
+        "low_precision_blocks": 4,
+        "outer_low_precision": False,
+        "checkpoint_blocks": 3,
+        "selective_blocks": 1,
+    }
+    assert _waiting(study) == [(selective, {REFINED_FROM: 1})]
+    assert notes == ["refining: next 8x2 bf16:4 ckpt:3 sel:1, a neighbour of trial 1 (the best so far)"]
+    assert space.suggest(study.ask()) == dataclasses.replace(_knobs(8, 4, 3), selective_blocks=1)
+    # Without the level, the same refinement moves the outer precision instead.
+    plain = _study(*POINTS)
+    refine, _ = _refine(plain, trials=4, fits=fits)
+    refine(plain, plain.trials[-1])
+    assert [fixed["outer_low_precision"] for fixed, _ in _waiting(plain)] == [True]
 
 
 def test_a_repeated_configuration_is_followed_by_a_refinement_at_any_point() -> None:

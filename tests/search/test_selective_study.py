@@ -102,3 +102,60 @@ def test_a_study_measures_an_enqueued_selective_trial_and_it_checks_the_selectiv
         "memory model checked by trial 0 (fp32, recomputed, selectively recomputed on cpu, micro-batch 8): "
         "predicted #, measured # (#), verified"
     ]
+
+
+def _sampled_params(selective: bool | str, tmp_path: Path) -> list[dict[str, Any]]:
+    """The params of the sampled (not enqueued) trials of a 6-trial study of the tiny workload."""
+    spec = StudySpec(
+        workload="gpt-tiny",
+        trials=6,
+        seed=0,
+        measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=300),
+        policy_proposal=False,
+        retime=False,
+        space=SpaceSpec(precisions=("fp32",), selective=selective),  # type: ignore[arg-type]
+    )
+    options = RunOptions(storage=str(tmp_path / f"{selective}.db"), cache=None, artifact_dir=tmp_path / "a")
+    prepared = prepare(spec)
+    study = open_study(prepared, options)
+    run_study(prepared, study, options)
+    assert len(study.trials) == 6
+    return [t.params for t in study.trials if "fixed_params" not in t.system_attrs]
+
+
+def test_a_study_reaching_the_level_by_refinement_only_samples_the_trials_of_the_study_without_it(
+    tmp_path: Path,
+) -> None:
+    # The property that keeps the level from spreading the sampler's trials: the same seed, the
+    # same sampled trials, none with the parameter.
+    refine = _sampled_params("refine", tmp_path)
+    assert len(refine) >= 2
+    assert refine == _sampled_params(False, tmp_path)
+    assert all("selective_blocks" not in params for params in refine)
+
+
+def test_a_trial_enqueued_with_the_level_runs_it_where_the_study_reaches_it_by_refinement_only(
+    tmp_path: Path,
+) -> None:
+    spec = StudySpec(
+        workload="gpt-tiny",
+        trials=1,
+        measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=300),
+        policy_proposal=False,
+        retime=False,
+        space=SpaceSpec(precisions=("fp32",), selective="refine"),
+    )
+    options = RunOptions(storage=str(tmp_path / "s.db"), cache=None, artifact_dir=tmp_path / "a")
+    prepared = prepare(spec)
+    assert prepared.space.selective and not prepared.space.samples_selective
+    knobs = Knobs(batch_size=32, micro_batch_size=8, checkpoint_blocks=2, selective_blocks=3, low_precision="fp32")
+    study = open_study(prepared, options)
+    study.enqueue_trial(prepared.space.params(knobs))
+    run_study(prepared, study, options)
+    trial = study.trials[0]  # the baselines wait behind it
+    assert trial.params == {"micro_batch_size": 8, "checkpoint_blocks": 2, "selective_blocks": 3}
+    assert trial.user_attrs[ATTR.STATUS] == "ok"
+    config = TrainConfig.from_dict(trial.user_attrs[ATTR.CONFIG])
+    assert config == prepared.space.config(knobs)
+    assert config.checkpoint_levels(6).count("selective") == 3 and config.checkpoint_levels(6).count("full") == 2
+    assert prepared.space.knobs_of(trial.params) == knobs

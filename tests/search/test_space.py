@@ -178,6 +178,32 @@ def test_an_older_studys_trial_without_the_selective_parameter_reads_back_as_non
     assert space.knobs_of(older) == _knobs(micro_batch_size=4, low_precision_blocks=1, checkpoint_blocks=2)
 
 
+def test_a_space_reaching_the_level_by_enqueued_trials_only_never_suggests_it_to_the_sampler() -> None:
+    space = _space(selective=True, selective_sampled=False, low_precisions=())
+    assert space.selective and not space.samples_selective
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    # A sampled trial: no parameter, no selective block, the same point as without the level.
+    sampled = study.ask()
+    without = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    assert space.suggest(sampled) == _space(low_precisions=()).suggest(without)
+    assert sampled.params == without.params and "selective_blocks" not in sampled.distributions
+    # An enqueued trial with the parameter runs it (stored as its param), one without it runs none.
+    point = _knobs(checkpoint_blocks=1, selective_blocks=2, low_precision="fp32")
+    assert space.params(point) == {"micro_batch_size": 8, "checkpoint_blocks": 1, "selective_blocks": 2}
+    study.enqueue_trial(space.params(point))
+    enqueued = study.ask()
+    assert space.suggest(enqueued) == point
+    assert enqueued.params == {"micro_batch_size": 8, "checkpoint_blocks": 1, "selective_blocks": 2}
+    assert enqueued.distributions["selective_blocks"] == optuna.distributions.IntDistribution(0, 4)
+    plain = _knobs(checkpoint_blocks=1, low_precision="fp32")
+    assert space.params(plain) == {"micro_batch_size": 8, "checkpoint_blocks": 1}
+    study.enqueue_trial(space.params(plain))
+    assert space.suggest(study.ask()) == plain
+    # Read back: a trial without the parameter has no selective block, one with it has its own.
+    assert space.knobs_of({"micro_batch_size": 8, "checkpoint_blocks": 1}) == plain
+    assert space.knobs_of(space.params(point)) == point
+
+
 def test_a_space_without_the_selective_level_has_no_parameter_and_refuses_a_selective_point() -> None:
     space = _space()
     trial = optuna.create_study().ask()
