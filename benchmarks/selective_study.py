@@ -52,6 +52,9 @@ MODELS = ("hf-gpt2", "hf-llama", "lstm-lm", "hf-vit")
 OBJECTIVES = ("per-gib", "throughput")
 SIDES = ("without", "with")  # the study without the selective level, then with it
 SEEDS = 3
+# The "with" side's space: the level sampled in every trial, or reached only by the refinement's
+# enqueued neighbours (SpaceSpec.selective = "refine"), the sampled trials then those without it.
+LEVELS: dict[str, bool | str] = {"sampled": True, "refine": "refine"}
 
 COLUMNS = (
     "model",
@@ -92,7 +95,7 @@ def run_study(
     reference: str,
     name: str,
     *,
-    selective: bool,
+    selective: bool | str,
     objective: str,
     budget: int,
     trials: int,
@@ -100,7 +103,8 @@ def run_study(
     seed: int,
     workdir: Path,
 ) -> dict[str, Any]:
-    """One study (the sampler's ``seed``, the given space's selective level), stored in ``workdir``
+    """One study (the sampler's ``seed``, the given space's selective level: False, True, or
+    ``"refine"``, in enqueued trials only), stored in ``workdir``
     alone: its recommendation after its finalists."""
     from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, open_study, prepare, run_study
     from autotune.search.results import require_recommended, summarize
@@ -114,7 +118,7 @@ def run_study(
         seed=seed,
         objective=objective,  # type: ignore[arg-type]  # checked by StudySpec
         policy_proposal=False,  # the same baselines on both sides: the level is the only difference
-        space=SpaceSpec(precisions=("fp32", "bf16"), selective=selective),
+        space=SpaceSpec(precisions=("fp32", "bf16"), selective=selective),  # type: ignore[arg-type]
         measure=MeasureSpec(steps=steps, warmup=1, trial_timeout=600.0),
     )
     workdir.mkdir(parents=True, exist_ok=True)
@@ -252,6 +256,12 @@ def ratio_ranges(rows: list[dict[str, Any]]) -> str:
     return f"median ratio {_span(medians)} over {count}; per seed {_span(per_seed)}"
 
 
+def _level_words(info: dict[str, Any]) -> str:
+    if info.get("with_level", "sampled") == "refine":
+        return "reached only by the refinement's enqueued neighbours, never sampled"
+    return "sampled in every trial"
+
+
 def write_record(path: Path, info: dict[str, Any], seeds: int, rows: list[dict[str, Any]], command: str) -> None:
     """The results page's record (``benchmarks/results.py``)."""
     from results import write_result
@@ -262,7 +272,8 @@ def write_record(path: Path, info: dict[str, Any], seeds: int, rows: list[dict[s
         title="The study's pick with and without selective recompute",
         claim=(
             f"The same study (same trials and budget, between the peaks of every block recomputed whole and none) "
-            f"run with the selective recompute level and without it, each with the sampler {seed_words}; "
+            f"run with the selective recompute level ({_level_words(info)}) and without it, each with the sampler "
+            f"{seed_words}; "
             "all the distinct picks of both sides and every seed re-timed side by side in one loop per model and "
             "objective (interleaved rounds, median), the peaks measured. The ratio is the median over seeds of the "
             "picks' values with the level over the median without it, in the objective's value (samples/s per GiB, "
@@ -288,6 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per trial")
     parser.add_argument("--tiny", action="store_true", help="each model at its test size")
+    parser.add_argument(
+        "--with-level",
+        choices=LEVELS,
+        default="sampled",
+        help='how the "with" side has the level: sampled in every trial (--selective), or only in the '
+        "refinement's enqueued trials (--selective-refine)",
+    )
     args = parser.parse_args(argv)
     from autotune.zoo import CORPUS
 
@@ -302,7 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds must be at least 1, but got {args.seeds}")
     import torch
 
-    info = machine(torch.get_num_threads()) | {"date": time.strftime("%Y-%m-%d"), "tiny": args.tiny}
+    info = machine(torch.get_num_threads()) | {
+        "date": time.strftime("%Y-%m-%d"),
+        "tiny": args.tiny,
+        "with_level": args.with_level,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     rows, runs = [], []
     with tempfile.TemporaryDirectory(prefix="selective-study-") as tmp:
@@ -321,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                         picks[label(side, seed)] = pick = run_study(
                             reference,
                             name,
-                            selective=side == "with",
+                            selective=LEVELS[args.with_level] if side == "with" else False,
                             objective=objective,
                             budget=peaks["budget"],
                             trials=args.trials,

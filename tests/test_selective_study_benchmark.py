@@ -98,6 +98,13 @@ def test_the_claim_states_the_median_and_the_per_seed_ratio_ranges(study: Module
     assert len(record["rows"]) == 6
     study.write_record(tmp_path / "one-seed.json", info, 1, rows, "python benchmarks/selective_study.py")
     assert "with the sampler seed 0; " in json.loads((tmp_path / "one-seed.json").read_text())["claim"]
+    assert "level (sampled in every trial) and without it" in record["claim"]
+    refine = info | {"with_level": "refine"}
+    study.write_record(tmp_path / "refine.json", refine, 2, rows, "python benchmarks/selective_study.py")
+    assert (
+        "level (reached only by the refinement's enqueued neighbours, never sampled) and without it"
+        in (json.loads((tmp_path / "refine.json").read_text())["claim"])
+    )
 
 
 def test_the_judge_retimes_the_distinct_knobs_of_every_seed_and_side_in_one_loop(
