@@ -269,7 +269,8 @@ def write_record(path: Path, info: dict[str, Any], seeds: int, rows: list[dict[s
     seed_words = "seed 0" if seeds == 1 else f"seeds 0-{seeds - 1}"
     write_result(
         path,
-        title="The study's pick with and without selective recompute",
+        title="The study's pick with and without selective recompute"
+        + (", the level by refinement only" if info.get("with_level") == "refine" else ""),
         claim=(
             f"The same study (same trials and budget, between the peaks of every block recomputed whole and none) "
             f"run with the selective recompute level ({_level_words(info)}) and without it, each with the sampler "

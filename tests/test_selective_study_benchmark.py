@@ -101,10 +101,11 @@ def test_the_claim_states_the_median_and_the_per_seed_ratio_ranges(study: Module
     assert "level (sampled in every trial) and without it" in record["claim"]
     refine = info | {"with_level": "refine"}
     study.write_record(tmp_path / "refine.json", refine, 2, rows, "python benchmarks/selective_study.py")
-    assert (
-        "level (reached only by the refinement's enqueued neighbours, never sampled) and without it"
-        in (json.loads((tmp_path / "refine.json").read_text())["claim"])
-    )
+    refined = json.loads((tmp_path / "refine.json").read_text())
+    words = "level (reached only by the refinement's enqueued neighbours, never sampled) and without it"
+    assert words in refined["claim"]
+    assert refined["title"] == "The study's pick with and without selective recompute, the level by refinement only"
+    assert record["title"] == "The study's pick with and without selective recompute"
 
 
 def test_the_judge_retimes_the_distinct_knobs_of_every_seed_and_side_in_one_loop(
