@@ -104,34 +104,52 @@ def test_a_study_measures_an_enqueued_selective_trial_and_it_checks_the_selectiv
     ]
 
 
-def _sampled_params(selective: bool | str, tmp_path: Path) -> list[dict[str, Any]]:
-    """The params of the sampled (not enqueued) trials of a 6-trial study of the tiny workload."""
+def _sampled_params(selective: bool | str, trials: int) -> list[dict[str, Any]]:
+    """The params of the sampled trials of ``trials`` of a study of the tiny workload's space, run
+    by the study's own sampler and space (its baselines enqueued first) on an objective that is a
+    fixed function of the point: the sampler's choices, without the seconds of measuring them."""
+    import optuna
+
+    from autotune.search.opening import _sampler
+
     spec = StudySpec(
         workload="gpt-tiny",
-        trials=6,
+        trials=trials,
         seed=0,
-        measure=MeasureSpec(steps=2, warmup=1, threads=1, trial_timeout=300),
         policy_proposal=False,
-        retime=False,
-        space=SpaceSpec(precisions=("fp32",), selective=selective),  # type: ignore[arg-type]
+        space=SpaceSpec(precisions=("fp32", "bf16"), selective=selective),  # type: ignore[arg-type]
     )
-    options = RunOptions(storage=str(tmp_path / f"{selective}.db"), cache=None, artifact_dir=tmp_path / "a")
     prepared = prepare(spec)
-    study = open_study(prepared, options)
-    run_study(prepared, study, options)
-    assert len(study.trials) == 6
+    space = prepared.space
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=_sampler(spec, RunOptions()))
+    for knobs in (
+        Knobs(batch_size=32, micro_batch_size=32),
+        Knobs(batch_size=32, micro_batch_size=8, checkpoint_blocks=6),
+    ):
+        study.enqueue_trial(space.params(knobs))
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        k = space.suggest(trial)
+        speed = 100 / (1 + abs(k.micro_batch_size - 8)) - k.checkpoint_blocks - 2 * k.selective_blocks
+        return speed + 3 * k.low_precision_blocks, k.micro_batch_size * (7 - k.checkpoint_blocks)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.optimize(objective, n_trials=trials)
     return [t.params for t in study.trials if "fixed_params" not in t.system_attrs]
 
 
-def test_a_study_reaching_the_level_by_refinement_only_samples_the_trials_of_the_study_without_it(
-    tmp_path: Path,
-) -> None:
+def test_a_study_reaching_the_level_by_refinement_only_samples_the_trials_of_the_study_without_it() -> None:
     # The property that keeps the level from spreading the sampler's trials: the same seed, the
-    # same sampled trials, none with the parameter.
-    refine = _sampled_params("refine", tmp_path)
-    assert len(refine) >= 2
-    assert refine == _sampled_params(False, tmp_path)
+    # same sampled trials, none with the parameter, through TPE's model-based phase (after its
+    # ten random trials) too.
+    refine = _sampled_params("refine", 20)
+    assert len(refine) == 18
+    assert refine == _sampled_params(False, 20)
     assert all("selective_blocks" not in params for params in refine)
+    # Sampled, the level is in every trial and the trials are others.
+    sampled = _sampled_params(True, 20)
+    assert all("selective_blocks" in params for params in sampled) and sampled != refine
 
 
 def test_a_trial_enqueued_with_the_level_runs_it_where_the_study_reaches_it_by_refinement_only(
