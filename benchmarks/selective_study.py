@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # picks.py, results.py beside this file
 
@@ -54,7 +54,7 @@ SIDES = ("without", "with")  # the study without the selective level, then with 
 SEEDS = 3
 # The "with" side's space: the level sampled in every trial, or reached only by the refinement's
 # enqueued neighbours (SpaceSpec.selective = "refine"), the sampled trials then those without it.
-LEVELS: dict[str, bool | str] = {"sampled": True, "refine": "refine"}
+LEVELS: dict[str, bool | Literal["refine"]] = {"sampled": True, "refine": "refine"}
 
 COLUMNS = (
     "model",
@@ -95,7 +95,7 @@ def run_study(
     reference: str,
     name: str,
     *,
-    selective: bool | str,
+    selective: bool | Literal["refine"],
     objective: str,
     budget: int,
     trials: int,
@@ -118,7 +118,7 @@ def run_study(
         seed=seed,
         objective=objective,  # type: ignore[arg-type]  # checked by StudySpec
         policy_proposal=False,  # the same baselines on both sides: the level is the only difference
-        space=SpaceSpec(precisions=("fp32", "bf16"), selective=selective),  # type: ignore[arg-type]
+        space=SpaceSpec(precisions=("fp32", "bf16"), selective=selective),
         measure=MeasureSpec(steps=steps, warmup=1, trial_timeout=600.0),
     )
     workdir.mkdir(parents=True, exist_ok=True)
@@ -256,24 +256,22 @@ def ratio_ranges(rows: list[dict[str, Any]]) -> str:
     return f"median ratio {_span(medians)} over {count}; per seed {_span(per_seed)}"
 
 
-def _level_words(info: dict[str, Any]) -> str:
-    if info.get("with_level", "sampled") == "refine":
-        return "reached only by the refinement's enqueued neighbours, never sampled"
-    return "sampled in every trial"
-
-
 def write_record(path: Path, info: dict[str, Any], seeds: int, rows: list[dict[str, Any]], command: str) -> None:
     """The results page's record (``benchmarks/results.py``)."""
     from results import write_result
 
     seed_words = "seed 0" if seeds == 1 else f"seeds 0-{seeds - 1}"
+    refine = info.get("with_level") == "refine"
+    level = (
+        "reached only by the refinement's enqueued neighbours, never sampled" if refine else "sampled in every trial"
+    )
     write_result(
         path,
         title="The study's pick with and without selective recompute"
-        + (", the level by refinement only" if info.get("with_level") == "refine" else ""),
+        + (", the level by refinement only" if refine else ""),
         claim=(
             f"The same study (same trials and budget, between the peaks of every block recomputed whole and none) "
-            f"run with the selective recompute level ({_level_words(info)}) and without it, each with the sampler "
+            f"run with the selective recompute level ({level}) and without it, each with the sampler "
             f"{seed_words}; "
             "all the distinct picks of both sides and every seed re-timed side by side in one loop per model and "
             "objective (interleaved rounds, median), the peaks measured. The ratio is the median over seeds of the "

@@ -33,7 +33,7 @@ _MEMO = ProfileMemo()
 def shared_profiles(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fake-tensor profiles of an identical input are computed once per worker (tests/profile_memo.py):
     they were nearly half of the suite's time. The profile's own tests (tests/memory/) run it every time."""
-    if "memory" not in request.path.relative_to(Path(__file__).parent).parts[:1]:
+    if request.path.relative_to(Path(__file__).parent).parts[0] != "memory":
         install(_MEMO, monkeypatch)
 
 

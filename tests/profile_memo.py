@@ -79,14 +79,12 @@ def _model(model: torch.nn.Module) -> Iterator[str]:
 
 
 def _batch(batch: Any) -> Iterator[bytes]:
+    from autotune.search.cache import _tensor_bytes  # the study cache's: dtype, shape and raw bytes
+
     leaves, spec = tree_flatten(batch)
     yield str(spec).encode()
     for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            flat = leaf.detach().cpu().contiguous().reshape(-1)
-            yield f"{leaf.dtype}{tuple(leaf.shape)}".encode() + flat.view(torch.uint8).numpy().tobytes()
-        else:
-            yield repr(leaf).encode()
+        yield _tensor_bytes(leaf) if isinstance(leaf, torch.Tensor) else repr(leaf).encode()
 
 
 def workload_key(workload: Any, sizes: tuple[int, ...]) -> str:
@@ -137,51 +135,34 @@ class ProfileMemo:
         return shared
 
 
+def _shared() -> list[tuple[Any, str, Callable[..., Any], Callable[..., tuple[Any, ...]]]]:
+    """(module, name, the function itself, its input's key) of each function the memo stands in for."""
+    from autotune.memory import blocks, profile, structure
+
+    def mode_key(workload: Any, fake: Any, mode: str, sizes: tuple[int, int], recomputed: Any) -> tuple[Any, ...]:
+        return workload_key(workload, sizes), mode, sizes, recomputed
+
+    def optimizer_key(workload: Any, fake: Any) -> tuple[Any, ...]:
+        return (workload_key(workload, ()),)
+
+    def structure_key(workload: Any, *, micro_batch_size: int = 2) -> tuple[Any, ...]:
+        return workload_key(workload, (micro_batch_size,)), micro_batch_size
+
+    def blocks_key(workload: Any, *, micro_batch_size: int = 2, precision: str = "fp32") -> tuple[Any, ...]:
+        return workload_key(workload, (micro_batch_size,)), micro_batch_size, precision
+
+    return [
+        (profile, "_profile_mode", profile._profile_mode, mode_key),
+        (profile, "_optimizer_costs", profile._optimizer_costs, optimizer_key),
+        (structure, "detect_structure", structure.detect_structure, structure_key),
+        (blocks, "profile_blocks", blocks.profile_blocks, blocks_key),
+    ]
+
+
+_SHARED = _shared()  # the originals, taken before any test patches them
+
+
 def install(memo: ProfileMemo, monkeypatch: Any) -> None:
     """Route the profile's expensive functions through ``memo`` for one test."""
-    from autotune.memory import blocks, profile, structure
-
-    monkeypatch.setattr(
-        profile,
-        "_profile_mode",
-        memo.wrap(
-            _ORIGINAL["mode"],
-            lambda workload, fake, mode, sizes, recomputed: (workload_key(workload, sizes), mode, sizes, recomputed),
-        ),
-    )
-    optimizer = memo.wrap(_ORIGINAL["optimizer"], lambda workload, fake: (workload_key(workload, ()),))
-    monkeypatch.setattr(profile, "_optimizer_costs", optimizer)
-    monkeypatch.setattr(
-        structure,
-        "detect_structure",
-        memo.wrap(
-            _ORIGINAL["structure"],
-            lambda workload, *, micro_batch_size=2: (workload_key(workload, (micro_batch_size,)), micro_batch_size),
-        ),
-    )
-    monkeypatch.setattr(
-        blocks,
-        "profile_blocks",
-        memo.wrap(
-            _ORIGINAL["blocks"],
-            lambda workload, *, micro_batch_size=2, precision="fp32": (
-                workload_key(workload, (micro_batch_size,)),
-                micro_batch_size,
-                precision,
-            ),
-        ),
-    )
-
-
-def _originals() -> dict[str, Callable[..., Any]]:
-    from autotune.memory import blocks, profile, structure
-
-    return {
-        "mode": profile._profile_mode,
-        "optimizer": profile._optimizer_costs,
-        "structure": structure.detect_structure,
-        "blocks": blocks.profile_blocks,
-    }
-
-
-_ORIGINAL = _originals()
+    for module, name, original, key in _SHARED:
+        monkeypatch.setattr(module, name, memo.wrap(original, key))
