@@ -3,8 +3,9 @@
 Compiling changes a step's speed and its memory, and costs compile seconds first. So the
 recommended configuration is timed both ways on one training loop of a private copy of the model
 (:func:`autotune.measurement.sidebyside.retime`: the same warm-up rule, interleaved rounds,
-median and spread), and compile is recommended only when the compiled step wins beyond both
-spreads (:func:`~autotune.measurement.sidebyside.separated`) and its peak fits the budget.
+median and spread), and compile is recommended only when the compiled step wins round by round
+beyond the noise (:func:`~autotune.measurement.sidebyside.separated_by_rounds`) and its peak fits
+the budget.
 
 * compile seconds: what the compiled configuration's warm-up steps took beyond its steady step
   (the first step compiles; a later one may compile again for a new shape);
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import COMPILE_MODES, CompileMode
 from autotune.errors import ConfigError
-from autotune.measurement.sidebyside import Timing, retime, separated
+from autotune.measurement.sidebyside import Timing, retime, separated_by_rounds
 
 if TYPE_CHECKING:
     import torch
@@ -120,8 +121,9 @@ class CompileCheck:
 
     @property
     def faster(self) -> bool:
-        """The compiled step is faster beyond both spreads."""
-        return separated(self.compiled, self.eager)
+        """The compiled step is faster round by round, beyond the noise (with fewer than two
+        rounds, beyond both spreads)."""
+        return separated_by_rounds(self.compiled, self.eager, rounds=self.rounds)
 
     @property
     def over_budget(self) -> bool:

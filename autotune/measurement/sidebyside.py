@@ -11,9 +11,11 @@ shape and dtype on the CPU; cuDNN autotuning and allocator growth on a GPU). So:
 * :class:`Timing` is a median with its spread (the median absolute deviation);
 * :func:`retime` times several configurations in one process, round by round, each round every
   configuration's steps in turn (the order rotating), so all see the same machine; it adds
-  rounds (bounded) while the leader is not separated from the runner-up by more than their
-  spreads; :func:`separated` is the rule, and the adaptive run's side-by-side trials decide
-  with it too;
+  rounds (bounded) while the leader is not ahead of the runner-up round by round
+  (:func:`separated_by_rounds`: a paired test, since the machine's drift over tens of seconds
+  moves every configuration alike, and two medians with their own spreads count it as noise);
+  :func:`separated`, the unpaired rule, decides where steps are not in rounds (the adaptive
+  run's side-by-side trials);
 * what *other* processes used of the cores while timing
   (:class:`autotune.measurement.busy.CoreLoad`) goes with the result, so the output can say
   when the machine was too busy to be sure (:func:`busy_note`).
@@ -24,6 +26,7 @@ module: one implementation of "re-time these configurations side by side".
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections.abc import Callable, Sequence
@@ -44,6 +47,7 @@ __all__ = [
     "retime",
     "retime_configs",
     "separated",
+    "separated_by_rounds",
     "settled",
     "warm_up",
 ]
@@ -86,6 +90,55 @@ def separated(a: Timing, b: Timing, *, scale_a: float = 1.0, scale_b: float = 1.
     return va > (1.0 + margin) * vb and va - vb > a.mad * scale_a + b.mad * scale_b
 
 
+#: One-sided 95% quantiles of Student's t for 1-30 degrees of freedom (beyond: the normal's
+#: 1.645). Side-by-side rounds are few (3-6 where t's tails are far from the normal's).
+_T95 = (
+    6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812,
+    1.796, 1.782, 1.771, 1.761, 1.753, 1.746, 1.740, 1.734, 1.729, 1.725,
+    1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697,
+)  # fmt: skip
+
+
+def separated_by_rounds(
+    a: Timing, b: Timing, *, rounds: int, scale_a: float = 1.0, scale_b: float = 1.0, margin: float = 0.0
+) -> bool:
+    """Whether ``a`` measures better than ``b`` round by round: ``a.rates`` and ``b.rates`` are
+    ``rounds`` rounds of equally many steps, timed side by side (round k of one beside round k
+    of the other, as :func:`retime` times them).
+
+    Each round's value is the median of its steps (times the scale); the log-ratios of ``a``'s
+    to ``b``'s, one per round, must average above ``log(1 + margin)`` by more than a one-sided
+    95% Student's t bound (a paired t-test; Student 1908). Pairing by round cancels what the
+    machine did to both at once (a shared machine's speed drifts over tens of seconds, alike
+    for every configuration), which unpaired spreads (:func:`separated`) count as noise twice;
+    the results page's "Side-by-side verdicts" measures both rules on real rounds. Fewer than
+    two rounds have no spread to pair: :func:`separated` decides.
+
+    Raises:
+        ValueError: the rates are not ``rounds`` rounds of equally many steps.
+    """
+    if rounds < 2:
+        return separated(a, b, scale_a=scale_a, scale_b=scale_b, margin=margin)
+    n = len(a.rates)
+    if n != len(b.rates) or n % rounds != 0 or n == 0:
+        raise ValueError(
+            f"separated_by_rounds: both timings must hold {rounds} rounds of equally many steps, "
+            f"but got {n} and {len(b.rates)} rates."
+        )
+    per = n // rounds
+    ratios = []
+    for k in range(rounds):
+        va = statistics.median(a.rates[k * per : (k + 1) * per]) * scale_a
+        vb = statistics.median(b.rates[k * per : (k + 1) * per]) * scale_b
+        if va <= 0 or vb <= 0:
+            return False
+        ratios.append(math.log(va / vb))
+    gap = statistics.fmean(ratios) - math.log1p(margin)
+    df = rounds - 1
+    bound = _T95[df - 1] if df <= len(_T95) else 1.645
+    return gap > 0 and gap > bound * statistics.stdev(ratios) / math.sqrt(rounds)
+
+
 def warm_up(step: Callable[[], float], *, minimum: int = 1, cap: int = 6, tolerance: float = SETTLED) -> int:
     """Run ``step`` (returns its seconds) untimed until two successive steps are :func:`settled`,
     at least ``minimum`` and at most ``cap`` times; returns how many ran."""
@@ -110,9 +163,10 @@ class Retimed:
     """What :func:`retime` measured.
 
     ``timings[i]``: configuration i's timed steps over every round. ``ranking``: indices from the
-    best value to the worst. ``decided``: the best is separated from the runner-up (or there is
-    only one). ``rounds``: rounds run. ``warmup``: untimed steps each configuration ran first.
-    ``other_cores``: cores other processes used on average while timing (None where unknown).
+    best value to the worst. ``decided``: the best is ahead of the runner-up round by round
+    (:func:`separated_by_rounds`), or there is only one. ``rounds``: rounds run. ``warmup``:
+    untimed steps each configuration ran first. ``other_cores``: cores other processes used on
+    average while timing (None where unknown).
     """
 
     timings: tuple[Timing, ...]
@@ -163,8 +217,8 @@ def retime(
 
     Each configuration is first warmed up (:func:`warm_up`); then ``rounds`` rounds, each running
     ``steps_per_round`` steps of every configuration in turn, the order rotating by one each
-    round; more rounds, up to ``max_rounds``, while the best is not :func:`separated` from the
-    runner-up. Cost: (warm-up + rounds x steps_per_round) steps per configuration.
+    round; more rounds, up to ``max_rounds``, while the best is not ahead of the runner-up round
+    by round (:func:`separated_by_rounds`). Cost: (warm-up + rounds x steps_per_round) steps per configuration.
     """
     n = len(steps)
     if n < 1:
@@ -187,8 +241,12 @@ def retime(
         done += 1
         timings = tuple(Timing(rates=tuple(r)) for r in rates)
         ranking = tuple(sorted(range(n), key=lambda i: -timings[i].median * values[i]))
-        decided = n == 1 or separated(
-            timings[ranking[0]], timings[ranking[1]], scale_a=values[ranking[0]], scale_b=values[ranking[1]]
+        decided = n == 1 or separated_by_rounds(
+            timings[ranking[0]],
+            timings[ranking[1]],
+            rounds=done,
+            scale_a=values[ranking[0]],
+            scale_b=values[ranking[1]],
         )
         if done >= max_rounds or (done >= rounds and decided):
             break

@@ -3,12 +3,13 @@ scripted step times (never on the wall clock)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from autotune.measurement.sidebyside import Timing, busy_note, retime, separated, warm_up
+from autotune.measurement.sidebyside import Timing, busy_note, retime, separated, separated_by_rounds, warm_up
 
 
 def _script(*seconds: float) -> Callable[[], float]:
@@ -47,6 +48,43 @@ def test_separated_needs_the_margin_and_a_gap_larger_than_both_spreads() -> None
     assert not separated(steady_a, steady_b, margin=0.2)
 
 
+def _rounds(*values: float, per: int = 2) -> Timing:
+    """A timing of one value per round, each round ``per`` equal steps."""
+    return Timing(rates=tuple(v for v in values for _ in range(per)))
+
+
+def test_separated_by_rounds_pairs_each_round_with_the_same_round_of_the_other() -> None:
+    # The machine drifts 80 -> 130 for both; a is 5% ahead in every round.
+    machine = (80.0, 130.0, 95.0, 120.0)
+    a, b = _rounds(*(1.05 * v for v in machine)), _rounds(*machine)
+    assert not separated(a, b)  # unpaired, the drift is counted as both spreads
+    assert separated_by_rounds(a, b, rounds=4) and not separated_by_rounds(b, a, rounds=4)
+    assert not separated_by_rounds(a, b, rounds=4, margin=0.06)
+    # per GiB: a at 1.1x the peak falls behind
+    assert separated_by_rounds(b, a, rounds=4, scale_a=1.0, scale_b=1 / 1.1)
+    # The same medians, rounds in another order: 1.10x, 1.28x, 0.95x round by round is noise.
+    assert not separated_by_rounds(_rounds(140.8, 150.8, 130.8), _rounds(128.0, 118.0, 138.0), rounds=3)
+
+
+def test_separated_by_rounds_is_a_one_sided_paired_t_test_at_95_percent() -> None:
+    b = _rounds(100.0, 100.0, 100.0)
+    # log-ratios 0.1, 0.2, 0.3: mean 0.2, standard error 0.1 / sqrt(3): t = 3.46 > 2.920 (2 df)
+    assert separated_by_rounds(_rounds(*(100 * math.exp(q) for q in (0.1, 0.2, 0.3))), b, rounds=3)
+    # 0.0, 0.2, 0.4: t = 1.73
+    assert not separated_by_rounds(_rounds(*(100 * math.exp(q) for q in (0.0, 0.2, 0.4))), b, rounds=3)
+    # Each round's value is the median of its steps: one stalled step of three changes nothing.
+    stalled = Timing(rates=(110.0, 110.0, 11.0, 110.0, 110.0, 110.0))
+    assert separated_by_rounds(stalled, Timing(rates=(100.0,) * 6), rounds=2)
+    # One round: no spread to pair, the unpaired rule decides.
+    assert separated_by_rounds(Timing(rates=(110.0,) * 2), Timing(rates=(100.0,) * 2), rounds=1)
+
+
+def test_separated_by_rounds_refuses_rates_that_are_not_in_rounds() -> None:
+    msg = "separated_by_rounds: both timings must hold 3 rounds of equally many steps, but got 6 and 4 rates."
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        separated_by_rounds(Timing(rates=(1.0,) * 6), Timing(rates=(1.0,) * 4), rounds=3)
+
+
 class _Config:
     """A configuration whose steps take scripted seconds (8 samples a step)."""
 
@@ -79,6 +117,16 @@ def test_retime_adds_rounds_while_the_two_best_are_within_their_spreads() -> Non
     r = retime([a.step, b.step], rounds=2, max_rounds=6, steps_per_round=2)
     assert (r.rounds, r.decided) == (6, False)
     assert len(r.timings[0].rates) == 12
+
+
+def test_retime_decides_round_by_round_on_a_drifting_machine() -> None:
+    # Every step of both slows by a third each round (the machine, not the configurations); a
+    # steady 10% apart. Unpaired, the drift is each one's spread: undecided after six rounds.
+    drift = [0.1 * (4 / 3) ** (k // 2) for k in range(40)]
+    a, b = _Config(*drift), _Config(*(1.1 * s for s in drift))
+    r = retime([a.step, b.step], rounds=3, max_rounds=6, steps_per_round=2, warmup_cap=2)
+    assert (r.rounds, r.winner, r.decided) == (3, 0, True)
+    assert not separated(r.timings[0], r.timings[1])
 
 
 def test_retime_refuses_bad_rounds() -> None:

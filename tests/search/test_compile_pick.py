@@ -47,7 +47,8 @@ def _check(eager: tuple[float, ...], compiled: tuple[float, ...]) -> CompileChec
 
 
 WINNING = _check((128.0, 128.0, 128.0), (256.0, 256.0, 256.0))
-CLOSE = _check((128.0, 118.0, 138.0), (140.8, 130.8, 150.8))  # 1.10x, each spread 10: within the noise
+# 1.10x in the medians, but round by round 1.10x, 1.28x, 0.95x: within the noise
+CLOSE = _check((128.0, 118.0, 138.0), (140.8, 150.8, 130.8))
 
 
 def _study(storage: str | None, config: TrainConfig | None = None) -> optuna.Study:
