@@ -13,9 +13,12 @@ known difference.
 * ``wrong way``: the share called for the slower side (at an effect of 1.00 every call is one);
 * ``rounds``: the mean rounds the calls took (the time a verdict costs).
 
-Run (nothing else on the machine; ~3 minutes per model at the corpus' sizes):
+Each model runs at the corpus' size (steps of 0.1-1 s on a 2-core CPU) and at its test size (steps
+of milliseconds, where a step's jitter is a larger share of it).
 
-    python benchmarks/decision_rule.py --out build/decision-rule [--models hf-llama,hf-vit,hf-gpt2]
+Run (nothing else on the machine; ~2 minutes per model at the corpus' sizes, seconds at the tiny):
+
+    python benchmarks/decision_rule.py --out build/decision-rule [--models hf-llama,hf-vit] [--sizes tiny]
 
 Writes ``decision_rule.json`` and ``decision_rule.md`` to ``--out``; with ``--result
 docs/results/decision-rule.json`` the results page's record (then ``python
@@ -40,7 +43,8 @@ EFFECTS = (1.0, 1.03, 1.05, 1.10, 1.20)
 RULES = ("unpaired", "paired")
 STEPS_PER_ROUND = 2
 FIRST, LAST = 3, 6  # the study's rounds: three, then one more while undecided, at most six
-COLUMNS = ("model", "effect", "rule", "decided", "wrong way", "rounds")
+SIZES = ("corpus", "tiny")  # the corpus' sizes (steps of 0.1-1 s here) and its test sizes (milliseconds)
+COLUMNS = ("model", "size", "effect", "rule", "decided", "wrong way", "rounds")
 
 
 def decide(rule: str, a: Sequence[float], b: Sequence[float], rounds: int) -> tuple[bool, bool]:
@@ -100,14 +104,14 @@ def spreads(rates: tuple[Sequence[float], Sequence[float]]) -> dict[str, float]:
     }
 
 
-def collect(model: str, *, rounds: int, tiny: bool) -> dict[str, Any]:
-    """The A/A pair of ``model`` re-timed side by side for ``rounds`` rounds."""
+def collect(model: str, *, rounds: int, size: str) -> dict[str, Any]:
+    """The A/A pair of ``model`` at ``size`` re-timed side by side for ``rounds`` rounds."""
     from autotune.config import TrainConfig
     from autotune.measurement.sidebyside import retime_configs
     from autotune.zoo import CORPUS
 
     entry = CORPUS[model]
-    workload = entry.build(**dict(entry.tiny if tiny else entry.sizes))
+    workload = entry.build(**dict(entry.tiny if size == "tiny" else entry.sizes))
     blocks = len(workload.block_names())
     micro = 4 if workload.batch_size % 4 == 0 else 1
     config = TrainConfig(
@@ -120,6 +124,7 @@ def collect(model: str, *, rounds: int, tiny: bool) -> dict[str, Any]:
     retimed = retime_configs(workload, pair, rounds=rounds, max_rounds=rounds, steps_per_round=STEPS_PER_ROUND)
     return {
         "model": model,
+        "size": size,
         "config": config.describe(),
         "rates": [list(t.rates) for t in retimed.timings],
         "other_cores": retimed.other_cores,
@@ -135,6 +140,7 @@ def rows_of(run: dict[str, Any]) -> list[tuple[str, ...]]:
             rows.append(
                 (
                     run["model"],
+                    run["size"],
                     f"{effect:.2f}",
                     rule,
                     f"{e['decided']:.2f}",
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", type=Path, help="also write the results page's record here (docs/results/)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=60, help="side-by-side rounds per model (default 60)")
-    parser.add_argument("--tiny", action="store_true", help="each model at its test size (a check)")
+    parser.add_argument("--sizes", default=",".join(SIZES), help="corpus (its sizes), tiny (its test sizes) or both")
     args = parser.parse_args(argv)
     from autotune.zoo import CORPUS
 
@@ -165,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in models if m not in CORPUS]
     if unknown:
         parser.error(f"--models must be corpus models ({', '.join(CORPUS)}), but got {unknown[0]!r}")
+    sizes = args.sizes.split(",")
+    if any(size not in SIZES for size in sizes):
+        parser.error(f"--sizes must be of {SIZES}, but got {args.sizes!r}")
     if args.rounds < LAST:
         parser.error(f"--rounds must be at least {LAST}, but got {args.rounds}")
     from results import command_line, cpu_machine, machine_fields, write_result
@@ -172,14 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     machine = cpu_machine()
     args.out.mkdir(parents=True, exist_ok=True)
     runs, rows = [], []
-    for model in models:
-        run = collect(model, rounds=args.rounds, tiny=args.tiny)
+    for model, size in ((m, z) for z in sizes for m in models):
+        run = collect(model, rounds=args.rounds, size=size)
         run["spreads"] = spreads((run["rates"][0], run["rates"][1]))
         runs.append(run)
         rows += rows_of(run)
         s = run["spreads"]
         print(
-            f"{model}: {args.rounds} rounds of {run['config']}; each side's spread {s['side spread']:.1%}, "
+            f"{model} ({size}): {args.rounds} rounds of {run['config']}; each side's spread {s['side spread']:.1%}, "
             f"round by round {s['paired spread']:.1%}",
             flush=True,
         )
@@ -188,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows), end="")
     if args.result:
         spread_words = "; ".join(
-            f"{r['model']} {r['spreads']['side spread']:.1%} per side, {r['spreads']['paired spread']:.1%} "
-            "round by round"
+            f"{r['model']} ({r['size']}) {r['spreads']['side spread']:.1%} per side, "
+            f"{r['spreads']['paired spread']:.1%} round by round"
             for r in runs
         )
         write_result(

@@ -75,15 +75,15 @@ def test_the_rules_and_rounds_are_checked(bench: ModuleType) -> None:
 
 def test_a_run_writes_its_table_and_record(bench: ModuleType, tmp_path: Path) -> None:
     out, record = tmp_path / "out", tmp_path / "decision-rule.json"
-    args = ["--out", str(out), "--models", "hf-llama", "--rounds", "6", "--tiny", "--result", str(record)]
+    args = ["--out", str(out), "--models", "hf-llama", "--rounds", "6", "--sizes", "tiny", "--result", str(record)]
     assert bench.main(args) == 0
     run = json.loads((out / "decision_rule.json").read_text())["runs"][0]
     assert [len(r) for r in run["rates"]] == [12, 12]
     rows = json.loads(record.read_text())["rows"]
-    assert [(r[0], r[1], r[2]) for r in rows[:4]] == [
-        ("hf-llama", "1.00", "unpaired"),
-        ("hf-llama", "1.00", "paired"),
-        ("hf-llama", "1.03", "unpaired"),
-        ("hf-llama", "1.03", "paired"),
+    assert [tuple(r[:4]) for r in rows[:4]] == [
+        ("hf-llama", "tiny", "1.00", "unpaired"),
+        ("hf-llama", "tiny", "1.00", "paired"),
+        ("hf-llama", "tiny", "1.03", "unpaired"),
+        ("hf-llama", "tiny", "1.03", "paired"),
     ]
     assert len(rows) == 2 * len(bench.EFFECTS)
