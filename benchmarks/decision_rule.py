@@ -133,7 +133,7 @@ def collect(model: str, *, rounds: int, size: str) -> dict[str, Any]:
 
 def rows_of(run: dict[str, Any]) -> list[tuple[str, ...]]:
     rates = (run["rates"][0], run["rates"][1])
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for effect in EFFECTS:
         for rule in RULES:
             e = evaluate(rates, effect=effect, rule=rule)
