@@ -179,11 +179,20 @@ def distinct(configs: dict[str, TrainConfig]) -> tuple[list[TrainConfig], dict[s
 
 
 def ratios(retimed: Retimed, index: dict[str, int], scales: Sequence[float]) -> dict[str, float]:
-    """Each pick's re-timed value (median samples/s x its scale, 1 / GiB of its peak) over the grid
-    best's, from one side-by-side re-timing; a pick that is the grid's best configuration is 1.0."""
-    values = [t.median * k for t, k in zip(retimed.timings, scales, strict=True)]
-    grid = values[index["grid"]]
-    return {label: values[i] / grid if grid > 0 else 0.0 for label, i in index.items() if label != "grid"}
+    """Each pick's re-timed value (samples/s x its scale, 1 / GiB of its peak) over the grid best's,
+    round by round from one side-by-side re-timing (the geometric mean of the rounds' ratios:
+    the machine's drift moves both alike); a pick that is the grid's best configuration is 1.0."""
+    from autotune.measurement.sidebyside import paired_ratio
+
+    g = index["grid"]
+    grid, rounds = retimed.timings[g], retimed.rounds
+    return {
+        label: 1.0
+        if i == g
+        else paired_ratio(retimed.timings[i], grid, rounds=rounds, scale_a=scales[i], scale_b=scales[g])
+        for label, i in index.items()
+        if label != "grid"
+    }
 
 
 def verdict(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:

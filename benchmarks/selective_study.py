@@ -16,7 +16,7 @@ recomputed (their midpoint, measured: where selective can matter), and for each 
    repeats), valued by the objective (samples/s, or samples/s per GiB of each pick's measured peak);
 3. the ratio with / without: the median over seeds of the picks' values with the level over the
    median without it, and beside it the worst and the best per-seed ratio (seed s with over seed s
-   without).
+   without, round by round: the geometric mean of the judge's rounds' ratios).
 
 At 12 trials the study's pick can vary from seed to seed by more than the level's effect, so one
 seed per side cannot judge the goal the issue states: where selective sits on the Pareto front,
@@ -142,7 +142,7 @@ def judge(workload: Workload, picks: dict[str, dict[str, Any]]) -> dict[str, Any
     """All the distinct picks re-timed side by side in this process, in one loop: each label's
     median samples/s."""
     from autotune.config import TrainConfig
-    from autotune.measurement.sidebyside import retime_configs
+    from autotune.measurement.sidebyside import retime_configs, round_values
 
     # The study's seed is also its configurations' data-order seed: the same knobs picked by two
     # seeds are one configuration to re-time.
@@ -150,8 +150,13 @@ def judge(workload: Workload, picks: dict[str, dict[str, Any]]) -> dict[str, Any
         {key: dataclasses.replace(TrainConfig.from_dict(pick["config"]), seed=0) for key, pick in picks.items()}
     )
     retimed = retime_configs(workload, configs, rounds=JUDGE_ROUNDS[0], max_rounds=JUDGE_ROUNDS[1])
+    timings = retimed.timings
     return {
-        key: {"samples/s": retimed.timings[i].median, "spread": retimed.timings[i].relative_spread}
+        key: {
+            "samples/s": timings[i].median,
+            "spread": timings[i].relative_spread,
+            "per round": list(round_values(timings[i], retimed.rounds)),
+        }
         for key, i in index.items()
     } | {"rounds": retimed.rounds, "decided": retimed.decided, "distinct": len(configs)}
 
@@ -170,8 +175,11 @@ def row(
     model: str, objective: str, seeds: int, picks: dict[str, dict[str, Any]], judged: dict[str, Any]
 ) -> dict[str, Any]:
     """One (model, objective)'s record: per seed each side's pick, its re-timed samples/s, measured
-    peak and per GiB and the ratio with / without in the objective's value; the median over seeds
-    of each side's values, their ratio, and the worst and best per-seed ratio."""
+    peak and per GiB and the ratio with / without in the objective's value, round by round (the
+    judge timed both in the same rounds); the median over seeds of each side's values, their ratio,
+    and the worst and best per-seed ratio."""
+    from autotune.measurement.sidebyside import Timing, paired_ratio
+
     per_seed = []
     for seed in range(seeds):
         entry: dict[str, Any] = {"seed": seed}
@@ -184,7 +192,17 @@ def row(
                 "peak MiB": peak / 2**20,
                 "per GiB": speed * GIB / peak,
             }
-        entry["ratio"] = _ratio(_value(entry["with"], objective), _value(entry["without"], objective))
+        with_, without = (judged[label(side, seed)]["per round"] for side in ("with", "without"))
+        scale = {
+            side: 1.0 if objective == "throughput" else GIB / picks[label(side, seed)]["peak_bytes"] for side in SIDES
+        }
+        entry["ratio"] = paired_ratio(
+            Timing(rates=tuple(with_)),
+            Timing(rates=tuple(without)),
+            rounds=len(with_),
+            scale_a=scale["with"],
+            scale_b=scale["without"],
+        )
         per_seed.append(entry)
     median = {side: statistics.median(_value(e[side], objective) for e in per_seed) for side in SIDES}
     ratios = [e["ratio"] for e in per_seed]
@@ -265,10 +283,12 @@ def write_record(path: Path, info: dict[str, Any], seeds: int, rows: list[dict[s
     level = (
         "reached only by the refinement's enqueued neighbours, never sampled" if refine else "sampled in every trial"
     )
+    objectives = sorted({r["objective"] for r in rows})
     write_result(
         path,
         title="The study's pick with and without selective recompute"
-        + (", the level by refinement only" if refine else ""),
+        + (", the level by refinement only" if refine else "")
+        + (f", objective {objectives[0]}" if len(objectives) == 1 else ""),
         claim=(
             f"The same study (same trials and budget, between the peaks of every block recomputed whole and none) "
             f"run with the selective recompute level ({level}) and without it, each with the sampler "

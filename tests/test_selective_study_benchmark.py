@@ -34,10 +34,10 @@ PICKS = {
     "with 1": {"describe": "none", "peak_bytes": 1024 * MIB},
 }
 JUDGED = {
-    "without 0": {"samples/s": 10.0, "spread": 0.01},
-    "with 0": {"samples/s": 20.0, "spread": 0.02},
-    "without 1": {"samples/s": 30.0, "spread": 0.01},
-    "with 1": {"samples/s": 30.0, "spread": 0.01},
+    "without 0": {"samples/s": 10.0, "spread": 0.01, "per round": [10.0, 10.0]},
+    "with 0": {"samples/s": 20.0, "spread": 0.02, "per round": [20.0, 20.0]},
+    "without 1": {"samples/s": 30.0, "spread": 0.01, "per round": [30.0, 30.0]},
+    "with 1": {"samples/s": 30.0, "spread": 0.01, "per round": [30.0, 30.0]},
     "rounds": 6,
     "decided": True,
     "distinct": 3,
@@ -85,6 +85,17 @@ def test_a_per_gib_row_values_each_pick_per_gib_of_its_own_peak(study: ModuleTyp
     )  # fmt: skip
 
 
+def test_a_seeds_ratio_is_taken_round_by_round_from_the_judge(study: ModuleType) -> None:
+    # Medians 13 and 12 (1.083x), but round by round 1.3x, 1.0x, 0.833x: the machine drifted.
+    judged = JUDGED | {
+        "without 0": {"samples/s": 12.0, "spread": 0.1, "per round": [10.0, 20.0, 12.0]},
+        "with 0": {"samples/s": 13.0, "spread": 0.1, "per round": [13.0, 20.0, 10.0]},
+    }
+    row = study.row("hf-gpt2", "throughput", 1, PICKS, judged)
+    assert row["seeds"][0]["ratio"] == pytest.approx((1.3 * 1.0 * 10.0 / 12.0) ** (1 / 3))
+    assert row["median"] == {"without": 12.0, "with": 13.0}  # the seeds' values stay the judge's medians
+
+
 def test_the_claim_states_the_median_and_the_per_seed_ratio_ranges(study: ModuleType, tmp_path: Path) -> None:
     rows = [study.row("hf-gpt2", o, 2, PICKS, JUDGED) for o in ("per-gib", "throughput")]
     assert study.ratio_ranges(rows) == "median ratio 1.13-1.25 over 2 rows; per seed 1.00-2.00"
@@ -106,6 +117,9 @@ def test_the_claim_states_the_median_and_the_per_seed_ratio_ranges(study: Module
     assert words in refined["claim"]
     assert refined["title"] == "The study's pick with and without selective recompute, the level by refinement only"
     assert record["title"] == "The study's pick with and without selective recompute"
+    study.write_record(tmp_path / "one.json", info, 2, rows[1:], "python benchmarks/selective_study.py")
+    one = json.loads((tmp_path / "one.json").read_text())
+    assert one["title"] == "The study's pick with and without selective recompute, objective throughput"
 
 
 def test_the_judge_retimes_the_distinct_knobs_of_every_seed_and_side_in_one_loop(
@@ -118,7 +132,7 @@ def test_the_judge_retimes_the_distinct_knobs_of_every_seed_and_side_in_one_loop
 
     def retime_configs(workload: object, configs: list[TrainConfig], **_: int) -> sidebyside.Retimed:
         loops.append(list(configs))
-        timings = tuple(sidebyside.Timing(rates=(10.0 * (i + 1), 10.0 * (i + 1))) for i in range(len(configs)))
+        timings = tuple(sidebyside.Timing(rates=(10.0 * (i + 1),) * 12) for i in range(len(configs)))
         return sidebyside.Retimed(
             timings=timings, ranking=(1, 0), decided=True, rounds=6, warmup=(1, 1), other_cores=None
         )
@@ -132,10 +146,10 @@ def test_the_judge_retimes_the_distinct_knobs_of_every_seed_and_side_in_one_loop
     judged = study.judge(object(), picks)
     assert loops == [[TrainConfig(micro_batch_size=2), TrainConfig(micro_batch_size=4)]]
     assert judged == {
-        "without 0": {"samples/s": 10.0, "spread": 0.0},
-        "with 0": {"samples/s": 20.0, "spread": 0.0},
-        "without 1": {"samples/s": 10.0, "spread": 0.0},
-        "with 1": {"samples/s": 10.0, "spread": 0.0},
+        "without 0": {"samples/s": 10.0, "spread": 0.0, "per round": [10.0] * 6},
+        "with 0": {"samples/s": 20.0, "spread": 0.0, "per round": [20.0] * 6},
+        "without 1": {"samples/s": 10.0, "spread": 0.0, "per round": [10.0] * 6},
+        "with 1": {"samples/s": 10.0, "spread": 0.0, "per round": [10.0] * 6},
         "rounds": 6,
         "decided": True,
         "distinct": 2,

@@ -44,8 +44,10 @@ __all__ = [
     "Retimed",
     "Timing",
     "busy_note",
+    "paired_ratio",
     "retime",
     "retime_configs",
+    "round_values",
     "separated",
     "separated_by_rounds",
     "settled",
@@ -99,6 +101,35 @@ _T95 = (
 )  # fmt: skip
 
 
+def round_values(t: Timing, rounds: int) -> tuple[float, ...]:
+    """Each round's median of ``t``'s rates: ``rounds`` rounds of equally many steps, in order.
+
+    Raises:
+        ValueError: the rates are not ``rounds`` rounds of equally many steps.
+    """
+    n = len(t.rates)
+    if rounds < 1 or n == 0 or n % rounds != 0:
+        raise ValueError(f"round_values: {rounds} rounds of equally many steps, but got {n} rates.")
+    per = n // rounds
+    return tuple(statistics.median(t.rates[k * per : (k + 1) * per]) for k in range(rounds))
+
+
+def _log_ratios(a: Timing, b: Timing, rounds: int, scale_a: float, scale_b: float) -> list[float] | None:
+    """Round k's log(a's value / b's value) for every round; None where a value is not positive."""
+    va, vb = round_values(a, rounds), round_values(b, rounds)
+    if min(va) * scale_a <= 0 or min(vb) * scale_b <= 0:
+        return None
+    return [math.log(x * scale_a / (y * scale_b)) for x, y in zip(va, vb, strict=True)]
+
+
+def paired_ratio(a: Timing, b: Timing, *, rounds: int, scale_a: float = 1.0, scale_b: float = 1.0) -> float:
+    """``a``'s value over ``b``'s round by round (both timed in the same ``rounds`` rounds, as
+    :func:`retime` times them): the geometric mean of the rounds' ratios, which the machine's
+    drift moves less than a ratio of two medians. 0.0 where a value is not positive."""
+    ratios = _log_ratios(a, b, rounds, scale_a, scale_b)
+    return math.exp(statistics.fmean(ratios)) if ratios is not None else 0.0
+
+
 def separated_by_rounds(
     a: Timing, b: Timing, *, rounds: int, scale_a: float = 1.0, scale_b: float = 1.0, margin: float = 0.0
 ) -> bool:
@@ -119,20 +150,14 @@ def separated_by_rounds(
     """
     if rounds < 2:
         return separated(a, b, scale_a=scale_a, scale_b=scale_b, margin=margin)
-    n = len(a.rates)
-    if n != len(b.rates) or n % rounds != 0 or n == 0:
+    if len(a.rates) != len(b.rates):
         raise ValueError(
             f"separated_by_rounds: both timings must hold {rounds} rounds of equally many steps, "
-            f"but got {n} and {len(b.rates)} rates."
+            f"but got {len(a.rates)} and {len(b.rates)} rates."
         )
-    per = n // rounds
-    ratios = []
-    for k in range(rounds):
-        va = statistics.median(a.rates[k * per : (k + 1) * per]) * scale_a
-        vb = statistics.median(b.rates[k * per : (k + 1) * per]) * scale_b
-        if va <= 0 or vb <= 0:
-            return False
-        ratios.append(math.log(va / vb))
+    ratios = _log_ratios(a, b, rounds, scale_a, scale_b)
+    if ratios is None:
+        return False
     gap = statistics.fmean(ratios) - math.log1p(margin)
     df = rounds - 1
     bound = _T95[df - 1] if df <= len(_T95) else 1.645

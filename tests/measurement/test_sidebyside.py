@@ -9,7 +9,16 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from autotune.measurement.sidebyside import Timing, busy_note, retime, separated, separated_by_rounds, warm_up
+from autotune.measurement.sidebyside import (
+    Timing,
+    busy_note,
+    paired_ratio,
+    retime,
+    round_values,
+    separated,
+    separated_by_rounds,
+    warm_up,
+)
 
 
 def _script(*seconds: float) -> Callable[[], float]:
@@ -77,6 +86,22 @@ def test_separated_by_rounds_is_a_one_sided_paired_t_test_at_95_percent() -> Non
     assert separated_by_rounds(stalled, Timing(rates=(100.0,) * 6), rounds=2)
     # One round: no spread to pair, the unpaired rule decides.
     assert separated_by_rounds(Timing(rates=(110.0,) * 2), Timing(rates=(100.0,) * 2), rounds=1)
+
+
+def test_a_paired_ratio_is_the_geometric_mean_of_the_rounds_ratios() -> None:
+    # Round medians: a 110, 220 (one stalled step in round 2 of three); b 100, 200.
+    a, b = Timing(rates=(110.0, 110.0, 110.0, 220.0, 22.0, 220.0)), Timing(rates=(100.0,) * 3 + (200.0,) * 3)
+    assert round_values(a, 2) == (110.0, 220.0)
+    assert paired_ratio(a, b, rounds=2) == pytest.approx(1.1)
+    # per GiB: a at twice the peak
+    assert paired_ratio(a, b, rounds=2, scale_a=0.5) == pytest.approx(0.55)
+    # rounds 1.21x, 1.0x, 1.0x: the cube root of 1.21, where the ratio of the two medians says 1.0
+    c, d = _rounds(121.0, 100.0, 100.0), _rounds(100.0, 100.0, 100.0)
+    assert paired_ratio(c, d, rounds=3) == pytest.approx(1.21 ** (1 / 3))
+    assert c.median / d.median == 1.0
+    assert paired_ratio(a, Timing(rates=(0.0,) * 6), rounds=2) == 0.0
+    with pytest.raises(ValueError, match=re.escape("round_values: 4 rounds of equally many steps, but got 6 rates.")):
+        round_values(a, 4)
 
 
 def test_separated_by_rounds_refuses_rates_that_are_not_in_rounds() -> None:
