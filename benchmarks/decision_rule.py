@@ -165,12 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=60, help="side-by-side rounds per model (default 60)")
     parser.add_argument("--sizes", default=",".join(SIZES), help="corpus (its sizes), tiny (its test sizes) or both")
     args = parser.parse_args(argv)
-    from autotune.zoo import CORPUS
+    from results import corpus_models
 
-    models = args.models.split(",")
-    unknown = [m for m in models if m not in CORPUS]
-    if unknown:
-        parser.error(f"--models must be corpus models ({', '.join(CORPUS)}), but got {unknown[0]!r}")
+    models = corpus_models(parser, args.models)
     sizes = args.sizes.split(",")
     if any(size not in SIZES for size in sizes):
         parser.error(f"--sizes must be of {SIZES}, but got {args.sizes!r}")

@@ -12,6 +12,7 @@ run's own table keeps its figures exactly as that run printed them.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -144,6 +145,18 @@ def command_line(script: str, argv: Sequence[str] | None, environ: Mapping[str, 
     assignments = [f"{name}={env[name]}" for name in RUN_ENVIRONMENT if name in env]
     arguments = sys.argv[1:] if argv is None else argv
     return " ".join([*assignments, "python", f"benchmarks/{Path(script).name}", *arguments])
+
+
+def corpus_models(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The corpus models a ``--models a,b`` argument names, in its order; an unknown one is the
+    parser's error (one line, exit 2)."""
+    from autotune.zoo import CORPUS
+
+    models = text.split(",")
+    unknown = [m for m in models if m not in CORPUS]
+    if unknown:
+        parser.error(f"--models must be corpus models ({', '.join(CORPUS)}), but got {unknown[0]!r}")
+    return models
 
 
 def cpu_name() -> str:

@@ -187,12 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="each model at its test size")
     parser.add_argument("--memory-only", action="store_true", help="peaks and predictions, no timing")
     args = parser.parse_args(argv)
-    from autotune.zoo import CORPUS
+    from results import corpus_models
 
-    models = args.models.split(",")
-    unknown = [m for m in models if m not in CORPUS]
-    if unknown:
-        parser.error(f"--models must be corpus models ({', '.join(CORPUS)}), but got {unknown[0]!r}")
+    models = corpus_models(parser, args.models)
     import torch
     from results import cpu_name
 

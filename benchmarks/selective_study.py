@@ -326,12 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         "refinement's enqueued trials (--selective-refine)",
     )
     args = parser.parse_args(argv)
+    from results import corpus_models
+
     from autotune.zoo import CORPUS
 
-    models = args.models.split(",")
-    unknown = [m for m in models if m not in CORPUS]
-    if unknown:
-        parser.error(f"--models must be corpus models ({', '.join(CORPUS)}), but got {unknown[0]!r}")
+    models = corpus_models(parser, args.models)
     objectives = args.objectives.split(",")
     if any(o not in OBJECTIVES for o in objectives):
         parser.error(f"--objectives must be of {OBJECTIVES}, but got {args.objectives!r}")
