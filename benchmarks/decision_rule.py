@@ -31,12 +31,11 @@ import argparse
 import dataclasses
 import json
 import math
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.measurement.sidebyside import Timing, separated, separated_by_rounds
+from autotune.measurement.sidebyside import Timing, round_values, separated, separated_by_rounds
 
 MODELS = ("hf-llama", "hf-vit", "hf-gpt2")
 EFFECTS = (1.0, 1.03, 1.05, 1.10, 1.20)
@@ -89,19 +88,11 @@ def evaluate(rates: tuple[Sequence[float], Sequence[float]], *, effect: float, r
 def spreads(rates: tuple[Sequence[float], Sequence[float]]) -> dict[str, float]:
     """Each side's relative median absolute deviation over all its steps, and that of the round
     by round log-ratio of the two: what pairing removes."""
-    per = STEPS_PER_ROUND
-    rounds = min(len(rates[0]), len(rates[1])) // per
-    ratios = [
-        math.log(
-            statistics.median(rates[0][k * per : (k + 1) * per]) / statistics.median(rates[1][k * per : (k + 1) * per])
-        )
-        for k in range(rounds)
-    ]
-    log_ratios = Timing(rates=tuple(ratios))
-    return {
-        "side spread": max(Timing(rates=tuple(r)).relative_spread for r in rates),
-        "paired spread": log_ratios.mad,
-    }
+    sides = [Timing(rates=tuple(r)) for r in rates]
+    rounds = min(len(r) for r in rates) // STEPS_PER_ROUND
+    a, b = (round_values(t, rounds) for t in sides)
+    log_ratios = Timing(rates=tuple(math.log(x / y) for x, y in zip(a, b, strict=True)))
+    return {"side spread": max(t.relative_spread for t in sides), "paired spread": log_ratios.mad}
 
 
 def collect(model: str, *, rounds: int, size: str) -> dict[str, Any]:
@@ -152,9 +143,9 @@ def rows_of(run: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def markdown(rows: list[tuple[str, ...]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    from results import markdown_table
+
+    return "\n".join(markdown_table(COLUMNS, rows)) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -187,9 +187,7 @@ def ratios(retimed: Retimed, index: dict[str, int], scales: Sequence[float]) -> 
     g = index["grid"]
     grid, rounds = retimed.timings[g], retimed.rounds
     return {
-        label: 1.0
-        if i == g
-        else paired_ratio(retimed.timings[i], grid, rounds=rounds, scale_a=scales[i], scale_b=scales[g])
+        label: paired_ratio(retimed.timings[i], grid, rounds=rounds, scale_a=scales[i], scale_b=scales[g])
         for label, i in index.items()
         if label != "grid"
     }

@@ -19,7 +19,7 @@ import sys
 from html import escape
 from pathlib import Path
 
-from results import RESULTS_DIR, ROOT, Chart, Result, load_results
+from results import RESULTS_DIR, ROOT, Chart, Result, load_results, markdown_table
 
 PAGE = ROOT / "docs" / "benchmarks.md"
 IMAGES = ROOT / "docs" / "images"
@@ -59,16 +59,6 @@ COLOURS = ("#8c8c8c", "#1f77b4", "#2ca02c", "#ff7f0e")
 WIDTH, LABEL_W, BAR_W, BAR_H, GAP, TOP = 760, 170, 430, 16, 4, 44
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def _table(result: Result) -> list[str]:
-    lines = ["| " + " | ".join(_cell(c) for c in result.columns) + " |", "|" + "---|" * len(result.columns)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in result.rows]
-    return lines
-
-
 def chart_name(result: Result) -> str:
     """The chart's file name under docs/images/."""
     return f"results-{result.name}.svg"
@@ -76,7 +66,7 @@ def chart_name(result: Result) -> str:
 
 def section(result: Result) -> str:
     """One record's section of the page: heading, claim, table, chart, provenance, note."""
-    lines = [f"## {result.title}", "", result.claim, "", *_table(result), ""]
+    lines = [f"## {result.title}", "", result.claim, "", *markdown_table(result.columns, result.rows), ""]
     if result.chart is not None:
         alt = f"Bar chart: {result.chart.value} relative to {result.chart.baseline}, per {result.chart.group}"
         lines += [f"![{alt}](images/{chart_name(result)})", ""]

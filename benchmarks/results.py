@@ -147,6 +147,16 @@ def command_line(script: str, argv: Sequence[str] | None, environ: Mapping[str, 
     return " ".join([*assignments, "python", f"benchmarks/{Path(script).name}", *arguments])
 
 
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: the header, its rule and one line per row (a ``|`` inside a cell
+    escaped, as in a configuration's description)."""
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return [line(columns), "|" + "---|" * len(columns), *(line(r) for r in rows)]
+
+
 def corpus_models(parser: argparse.ArgumentParser, text: str) -> list[str]:
     """The corpus models a ``--models a,b`` argument names, in its order; an unknown one is the
     parser's error (one line, exit 2)."""
