@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # picks.py, results.py
 from picks import GIB, JUDGE_ROUNDS, _source, distinct, machine
 
 if TYPE_CHECKING:
+    from autotune.search.trial_record import TrialRecord
     from autotune.workload import Workload
 
 MODELS = ("hf-gpt2", "hf-llama", "lstm-lm", "hf-vit")
@@ -105,7 +106,8 @@ def run_study(
 ) -> dict[str, Any]:
     """One study (the sampler's ``seed``, the given space's selective level: False, True, or
     ``"refine"``, in enqueued trials only), stored in ``workdir``
-    alone: its recommendation after its finalists."""
+    alone: its recommendation after its finalists, and every trial's knobs, first measurement
+    and duels (``trials``: where two runs of a study part)."""
     from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, open_study, prepare, run_study
     from autotune.search.results import require_recommended, summarize
     from autotune.units import MemoryBudget
@@ -128,13 +130,29 @@ def run_study(
     prepared = prepare(spec)
     start = time.perf_counter()
     run_study(prepared, open_study(prepared, options), options)
-    best = require_recommended(summarize(open_study(prepared, options)))
+    study = open_study(prepared, options)
+    summary = summarize(study)
+    best = require_recommended(summary)
     assert best.config is not None and best.peak_bytes is not None
     return {
         "config": best.config.to_dict(),
         "describe": best.config.describe(),
         "peak_bytes": best.peak_bytes,
         "seconds": time.perf_counter() - start,
+        "trials": [trace(t.user_attrs, r, objective) for t, r in zip(study.trials, summary.trials, strict=True)],
+    }
+
+
+def trace(attrs: dict[str, Any], record: TrialRecord, objective: str) -> dict[str, Any]:
+    """One trial as a study's trace records it: its knobs, first samples/s and value under
+    ``objective``, the trial it refined (``refined from``) and the one a duel showed better."""
+    return {
+        "trial": record.number,
+        "knobs": None if record.config is None else record.config.describe(),
+        "samples/s": record.throughput,
+        "value": record.under(objective),  # type: ignore[arg-type]  # one of OBJECTIVES
+        "refined from": attrs.get("refined_from"),
+        "beaten by": record.beaten_by,
     }
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "read_retimed",
     "retime_finalists",
     "set_finished_trial_attrs",
+    "standing",
     "to_retime",
     "value_scale",
 ]
@@ -99,15 +100,7 @@ def finalists(records: tuple[TrialRecord, ...], objective: ObjectiveName = DEFAU
         for r in records
         if r.feasible and r.config is not None and r.per_gib and r.throughput and not r.config.on_deepspeed
     }
-    rank = {n: r.under(objective) or 0.0 for n, r in ok.items()}
-    for _ in ok:  # to a fixed point: a winner beaten in turn passes it on (at most one pass per trial)
-        changed = False
-        for n, r in ok.items():
-            w = r.beaten_by
-            if w is not None and w in rank and rank[w] < rank[n]:
-                rank[w], changed = rank[n], True
-        if not changed:
-            break
+    rank = standing(tuple(ok.values()), objective)
 
     def behind(r: TrialRecord) -> int:
         """How many duels separate ``r`` from a trial no duel beat (a cycle of duels ends it)."""
@@ -126,6 +119,29 @@ def finalists(records: tuple[TrialRecord, ...], objective: ObjectiveName = DEFAU
         if len(out) == FINALISTS:
             break
     return out
+
+
+def standing(records: tuple[TrialRecord, ...], objective: ObjectiveName = DEFAULT_OBJECTIVE) -> dict[int, float]:
+    """Each of ``records``' value under ``objective`` after the refinement's duels, by trial number:
+    its first measurement, or, where it beat a trial side by side (that trial is
+    :data:`~autotune.search.trial_record.ATTR.BEATEN_BY` it), at least that trial's standing.
+
+    One order for the refinement's incumbent and the finalists. A duel times the two side by side
+    on the same machine moments apart; their first measurements were single stints minutes apart,
+    which on a drifting machine part by 30% and more for the same configuration (hf-gpt2's
+    per-GiB study, docs/study.md). So a duel's winner must not fall behind a third trial that
+    only its loser's first stint was compared with.
+    """
+    rank = {r.number: r.under(objective) or 0.0 for r in records}
+    for _ in records:  # to a fixed point: a winner beaten in turn passes it on (at most one pass per trial)
+        changed = False
+        for r in records:
+            w = r.beaten_by
+            if w is not None and w in rank and rank[w] < rank[r.number]:
+                rank[w], changed = rank[r.number], True
+        if not changed:
+            break
+    return rank
 
 
 def to_retime(study: optuna.Study) -> list[TrialRecord]:

@@ -27,7 +27,9 @@ neighbours would beat when timed beside it. So a refinement trial that ran withi
 budget is timed again *beside* the incumbent it was refined from (``duel``: the finalists'
 side-by-side re-timing, for two), and the one it shows worse is marked ``beaten_by`` the other
 (and ``beaten_decided`` False when the two were within each other's spread): the incumbent is the
-best first measurement among trials no side-by-side timing beat. Cost: the
+best among trials no side-by-side timing beat, a duel's winner ranked at least as high as the
+trial it beat (:func:`autotune.search.finalists.standing`: its first stint, minutes from the
+others', must not drop it behind a trial only the loser was compared with). Cost: the
 two configurations' warm-up and up to 6 rounds of 2 steps each, for each refinement trial but the
 study's last (whose finalists are re-timed anyway): 2 of a 12-trial study.
 
@@ -213,12 +215,12 @@ class Refine:
         best = self._incumbent(everything, points, objective)
         if best is None:
             return
-        leader, incumbent = best
+        leader, incumbent, value = best
         number = leader.number
         came_from = leader.user_attrs.get(REFINED_FROM)  # a refinement that paid: its move goes first
         previous = points.get(came_from) if isinstance(came_from, int) else None
         why = "refining" if repeat_of is None else f"trial {trial.number} repeated trial {repeat_of}"
-        jump = self._jump(everything, points, incumbent, trial_record(leader).under(objective), tried, objective)
+        jump = self._jump(everything, points, incumbent, value, tried, objective)
         if jump is not None:
             estimate, fitted = jump
             study.enqueue_trial(self.space.params(estimate.knobs), user_attrs={REFINED_FROM: number})
@@ -358,18 +360,21 @@ class Refine:
         trials: list[optuna.trial.FrozenTrial],
         points: dict[int, Knobs],
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
-    ) -> tuple[optuna.trial.FrozenTrial, Knobs] | None:
-        """The feasible trial best by ``objective`` (the finalists' order) that no side-by-side
-        timing beat, and its point."""
+    ) -> tuple[optuna.trial.FrozenTrial, Knobs, float] | None:
+        """The feasible trial that no side-by-side timing beat, best by ``objective`` after the
+        duels (:func:`autotune.search.finalists.standing`, the finalists' order), its point and
+        that value."""
+        from autotune.search.finalists import standing
+
+        records = [trial_record(t) for t in trials]
+        value = standing(tuple(r for r in records if r.feasible and r.under(objective) is not None), objective)
         best: tuple[float, optuna.trial.FrozenTrial, Knobs] | None = None
         for t in trials:
-            record = trial_record(t)
-            value = record.under(objective)
             knobs = points.get(t.number)
-            if not record.feasible or value is None or knobs is None or ATTR.CONFIG not in t.user_attrs:
+            if t.number not in value or knobs is None or ATTR.CONFIG not in t.user_attrs:
                 continue
             if BEATEN_BY in t.user_attrs:
                 continue
-            if best is None or value > best[0]:
-                best = (value, t, knobs)
-        return None if best is None else (best[1], best[2])
+            if best is None or value[t.number] > best[0]:
+                best = (value[t.number], t, knobs)
+        return None if best is None else (best[1], best[2], best[0])

@@ -15,10 +15,17 @@ from autotune.cli.main import main
 from autotune.config import TrainConfig
 from autotune.measurement.sidebyside import Retimed, Timing
 from autotune.search.display import summary_view
-from autotune.search.finalists import RETIMED, TRIAL_ATTRS, retime_finalists, set_finished_trial_attrs, to_retime
+from autotune.search.finalists import (
+    RETIMED,
+    TRIAL_ATTRS,
+    retime_finalists,
+    set_finished_trial_attrs,
+    standing,
+    to_retime,
+)
 from autotune.search.results import summarize
 from autotune.search.spec import StudySpec, spec_to_dict
-from autotune.search.trial_record import ATTR
+from autotune.search.trial_record import ATTR, trial_record
 
 GIB = 1024**3
 
@@ -151,6 +158,16 @@ def test_a_duel_too_close_to_call_leaves_the_loser_a_finalist_behind_its_winner(
     # A winner beaten in turn passes its rank on: trial 2 beat trial 3 (too close to call).
     set_finished_trial_attrs(study, 3, {ATTR.BEATEN_BY: 2, ATTR.BEATEN_DECIDED: False})
     assert [r.number for r in to_retime(study)] == [2, 3, 0]
+
+
+def test_the_standing_passes_a_beaten_trial_s_value_up_the_chain_of_duels_and_ends_on_a_cycle() -> None:
+    study = _study(None)  # per GiB first: 100, 98, 96, 50
+    set_finished_trial_attrs(study, 0, {ATTR.BEATEN_BY: 3})  # 3 (50) beat 0 (100)
+    set_finished_trial_attrs(study, 3, {ATTR.BEATEN_BY: 2})  # 2 (96) beat 3
+    records = tuple(trial_record(t) for t in study.trials)
+    assert standing(records) == {0: 100.0, 1: 98.0, 2: 100.0, 3: 100.0}
+    set_finished_trial_attrs(study, 2, {ATTR.BEATEN_BY: 0})  # a cycle: 0 beat 2 in turn
+    assert standing(tuple(trial_record(t) for t in study.trials)) == {0: 100.0, 1: 98.0, 2: 100.0, 3: 100.0}
 
 
 def test_under_throughput_the_finalists_are_the_fastest_and_the_winner_the_fastest_re_timed() -> None:

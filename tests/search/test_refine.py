@@ -482,6 +482,18 @@ def test_a_refinement_that_beats_its_incumbent_side_by_side_is_the_next_incumben
     assert notes[0] == "side by side: trial 3 beats trial 2 (decided, 3 rounds)"
 
 
+def test_a_refinement_that_wins_its_duel_after_an_unlucky_first_stint_is_still_the_next_incumbent() -> None:
+    # Trial 2 (8x2 bf16, 80 samples/s) leads trial 1 (4x1 bf16, 75) by first stints; its
+    # refinement, trial 3 (16x1 bf16), had a slow first stint (70, below trial 1) and beat trial 2
+    # side by side. Trial 1 was never timed beside either: trial 3 ranks as trial 2 did, ahead of it.
+    study = _study((_knobs(4, 0, 0), 10.0, 60.0), (_knobs(4, 4, 0), 75.0, 60.0), (_knobs(8, 4, 0), 80.0, 60.0))
+    _add(study, _knobs(16, 4, 0), rate=70.0, peak_mib=60.0, refined_from=2)
+    notes = _duel_refine(study, _Duel(1))
+    assert study.trials[2].user_attrs[BEATEN_BY] == 3
+    assert [u for _, u in _waiting(study)] == [{REFINED_FROM: 3}]
+    assert notes[1] == "refining: next 16x1 bf16:4+outer, a neighbour of trial 3 (the best so far)"
+
+
 def test_a_refinement_its_incumbent_beats_side_by_side_is_marked_and_the_incumbent_stays() -> None:
     study, duel = _lucky_incumbent(), _Duel(0)
     notes = _duel_refine(study, duel)
