@@ -169,6 +169,8 @@ def _budget_trainer_class() -> type:
 
 def write(out: Path, machine: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     """``compile_check.json`` (machine and rows) and ``compile_check.md`` (the table) in ``out``."""
+    from results import markdown_table
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "compile_check.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
     lines = [
@@ -176,10 +178,8 @@ def write(out: Path, machine: dict[str, Any], rows: list[dict[str, Any]]) -> Non
         f"CPU capability {machine['capability']}, {machine['threads']} threads, "
         f"{'tiny size' if machine['tiny'] else 'built-in size'})",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
+        *markdown_table(COLUMNS, table(rows)),
     ]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table(rows)]
     (out / "compile_check.md").write_text("\n".join(lines) + "\n")
 
 

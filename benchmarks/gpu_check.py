@@ -855,27 +855,33 @@ def fake_result(part: Part) -> dict[str, Any]:
 def write_report(out: Path, machine: dict[str, Any], entries: list[dict[str, Any]]) -> None:
     report = {"machine": machine, "parts": entries}
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    from results import markdown_table
+
+    parts = [
+        (
+            e["title"],
+            "ok" if e["ok"] else "FAILED",
+            f"{e['seconds']} ({e['limit_s']})",
+            _cell(e["result"]["summary"] if e["ok"] else e["error"]),
+        )
+        for e in entries
+    ]
     lines = [
         f"# autotune GPU check: {machine.get('device', '?')}",
         "",
-        "| part | status | seconds (limit) | result |",
-        "|---|---|---|---|",
+        *markdown_table(("part", "status", "seconds (limit)", "result"), parts),
     ]
-    for e in entries:
-        status = "ok" if e["ok"] else "FAILED"
-        text = e["result"]["summary"] if e["ok"] else e["error"]
-        lines.append(f"| {e['title']} | {status} | {e['seconds']} ({e['limit_s']}) | {_cell(text)} |")
     for e in entries:
         rows = (e["result"] or {}).get("rows") or []
         if rows:
             columns = list(dict.fromkeys(k for row in rows for k in row))
-            lines += ["", f"## {e['title']}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-            lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+            lines += ["", f"## {e['title']}", ""]
+            lines += markdown_table(columns, [[_cell(row.get(c)) for c in columns] for row in rows])
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
 def _cell(value: object) -> str:
-    return "-" if value is None else str(value).replace("|", "/").replace("\n", " ")
+    return "-" if value is None else str(value).replace("\n", " ")
 
 
 def _machine(dry_run: bool) -> dict[str, Any]:

@@ -20,6 +20,7 @@ NAMES = ["device", "realsize", "measure", "adapt", "deepspeed", "hf"]
 
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports results.py beside it, as when run as a script
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -33,6 +33,13 @@ others', must not drop it behind a trial only the loser was compared with). Cost
 two configurations' warm-up and up to 6 rounds of 2 steps each, for each refinement trial but the
 study's last (whose finalists are re-timed anyway): 2 of a 12-trial study.
 
+Where the climb starts decides where it ends, and the start is the best of single stints: run
+twice, the same 12-trial study on hf-gpt2 refined from trial 8 in one run and from trial 6 in the
+other (benchmarks/repeatability.py). So before its first refinement trial the study times its
+best distinct trials so far side by side (the finalists' choice, ``duel`` for three), and every one
+but the winner is marked beaten by it (:data:`REFINE_START` records it): the climb starts from the
+winner. Cost: one more side-by-side timing of three per study.
+
 A point that recomputes a block without lowering the memory model's verified peak by more than
 that block's recompute costs is never proposed: the point recomputing one block fewer takes its
 place (:func:`undominated`). Recomputing the block whose backward runs first (the last one) saves
@@ -69,6 +76,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BEATEN_BY",
     "REFINED_FROM",
+    "REFINE_START",
     "Refine",
     "pattern_first",
     "recompute_margin",
@@ -83,6 +91,11 @@ REFINED_FROM = "refined_from"
 
 #: The user attribute of a trial a side-by-side timing showed worse: the trial that beat it.
 BEATEN_BY = ATTR.BEATEN_BY
+
+#: The study's user attribute: the side-by-side timing of its best trials before the first
+#: refinement trial (``trials``, ``winner``, ``decided``, ``rounds``; ``failed`` instead when it
+#: could not run). Set once: a resumed study does not time its start again.
+REFINE_START = "refine_start"
 
 #: Compares configurations side by side: (configs, value scales) -> their re-timing.
 Duel = Callable[[list["TrainConfig"], list[float]], "Retimed"]
@@ -212,6 +225,9 @@ class Refine:
             tried.setdefault(knobs, t.number)
         if repeat_of is None and done < self.trials - refine_trials(self.trials):
             return
+        if done >= self.trials - refine_trials(self.trials) and REFINE_START not in study.user_attrs:
+            self._start(study, objective)
+            everything = study.get_trials(deepcopy=False)
         best = self._incumbent(everything, points, objective)
         if best is None:
             return
@@ -273,6 +289,47 @@ class Refine:
             verdict = "decided" if result.decided else "too close to call: within each other's spread"
             self.note(
                 f"side by side: trial {winner.number} beats trial {loser.number} ({verdict}, {result.rounds} rounds)"
+            )
+
+    def _start(self, study: optuna.Study, objective: ObjectiveName) -> None:
+        """Before the first refinement trial: the best distinct trials so far (the finalists'
+        choice, :func:`autotune.search.finalists.finalists`) timed side by side, and every one but
+        the winner marked :data:`BEATEN_BY` it (decided: the winner ahead of it round by round)."""
+        from autotune.errors import MeasurementFailed
+        from autotune.measurement.sidebyside import separated_by_rounds
+        from autotune.search.finalists import finalists, set_finished_trial_attrs, value_scale
+
+        if self.duel is None:
+            return
+        chosen = finalists(tuple(trial_record(t) for t in study.get_trials(deepcopy=False)), objective)
+        if len(chosen) < 2:
+            return
+        numbers = [r.number for r in chosen]
+        scales = [value_scale(r, objective) for r in chosen]
+        try:
+            result = self.duel([r.config for r in chosen if r.config is not None], scales)
+        except MeasurementFailed as e:
+            study.set_user_attr(REFINE_START, {"trials": numbers, "failed": str(e)})
+            if self.note is not None:
+                self.note(f"timing trials {numbers} side by side failed ({e}): first measurements stand")
+            return
+        w = result.winner
+        for i, r in enumerate(chosen):
+            if i == w:
+                continue
+            ahead = separated_by_rounds(
+                result.timings[w], result.timings[i], rounds=result.rounds, scale_a=scales[w], scale_b=scales[i]
+            )
+            set_finished_trial_attrs(study, r.number, {BEATEN_BY: numbers[w], ATTR.BEATEN_DECIDED: ahead})
+        study.set_user_attr(
+            REFINE_START,
+            {"trials": numbers, "winner": numbers[w], "decided": result.decided, "rounds": result.rounds},
+        )
+        if self.note is not None:
+            verdict = "decided" if result.decided else "too close to call: within each other's spread"
+            self.note(
+                f"before refining, trials {numbers} side by side: trial {numbers[w]} leads "
+                f"({verdict}, {result.rounds} rounds)"
             )
 
     def _peak_bounds(self, knobs: Knobs) -> tuple[int | None, int | None]:

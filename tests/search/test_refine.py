@@ -18,6 +18,7 @@ from autotune.measurement.admission import Verdict, admission
 from autotune.measurement.sidebyside import Retimed, Timing
 from autotune.search.refine import (
     BEATEN_BY,
+    REFINE_START,
     REFINED_FROM,
     Refine,
     pattern_first,
@@ -452,10 +453,16 @@ class _Duel:
 
 def _lucky_incumbent() -> optuna.Study:
     """Trial 2 (8x2, every block in bf16) leads by its first stint; trial 3, its refinement (16x1),
-    measured below it. 4 of 6 trials done: the last two refine."""
+    measured below it. 4 of 6 trials done: the last two refine (their start was timed already)."""
     study = _study((_knobs(4, 0, 0), 10.0, 40.0), (_knobs(2, 2, 2), 20.0, 45.0), (_knobs(8, 4, 0), 80.0, 60.0))
     _add(study, _knobs(16, 4, 0), rate=70.0, peak_mib=60.0, refined_from=2)
+    _started(study)
     return study
+
+
+def _started(study: optuna.Study) -> None:
+    """The refinement's start timed already (no trial marked): its duels are the only ones left."""
+    study.set_user_attr(REFINE_START, {"trials": [], "winner": None, "decided": True, "rounds": 0})
 
 
 def _duel_refine(study: optuna.Study, duel: _Duel) -> list[str]:
@@ -488,6 +495,7 @@ def test_a_refinement_that_wins_its_duel_after_an_unlucky_first_stint_is_still_t
     # side by side. Trial 1 was never timed beside either: trial 3 ranks as trial 2 did, ahead of it.
     study = _study((_knobs(4, 0, 0), 10.0, 60.0), (_knobs(4, 4, 0), 75.0, 60.0), (_knobs(8, 4, 0), 80.0, 60.0))
     _add(study, _knobs(16, 4, 0), rate=70.0, peak_mib=60.0, refined_from=2)
+    _started(study)
     notes = _duel_refine(study, _Duel(1))
     assert study.trials[2].user_attrs[BEATEN_BY] == 3
     assert [u for _, u in _waiting(study)] == [{REFINED_FROM: 3}]
@@ -515,6 +523,72 @@ def test_without_a_side_by_side_timing_first_measurements_decide() -> None:
         assert all(BEATEN_BY not in t.user_attrs for t in study.trials)
         assert [u for _, u in _waiting(study)] == [{REFINED_FROM: 2}]
     assert duel.calls == []
+
+
+class _Retime:
+    """A scripted side-by-side timing of the best trials: each configuration's rates over 3 rounds
+    of 2 steps, and the configurations each call got."""
+
+    def __init__(self, rates: dict[str, tuple[float, ...]], *, fail: bool = False) -> None:
+        self.rates, self.fail = rates, fail
+        self.calls: list[list[str]] = []
+
+    def __call__(self, configs: list[TrainConfig], scales: list[float]) -> Retimed:
+        self.calls.append([c.describe() for c in configs])
+        if self.fail:
+            raise MeasurementFailed("the measurement process died (exit code -9)")
+        timings = tuple(Timing(rates=self.rates[c.describe()]) for c in configs)
+        values = [t.median * v for t, v in zip(timings, scales, strict=True)]
+        ranking = tuple(sorted(range(len(configs)), key=lambda i: -values[i]))
+        return Retimed(timings=timings, ranking=ranking, decided=False, rounds=3, warmup=(2,) * 3, other_cores=None)
+
+
+# Per GiB first: trial 1 (8x2 bf16:4 ckpt:4, 100 samples/s at 50 MiB) 2048, trial 2 (4x4, 90) 1843,
+# trial 0 (16x1 fp32, 80 at 120 MiB) 683. Timed side by side, trial 2 leads both: trial 1 round
+# by round (1229 per GiB), trial 0 within its spread (2005, 2304, 1707 per GiB against 2048,
+# 2253, 1843).
+START_RATES = {
+    SPACE.config(_knobs(8, 4, 4)).describe(): (60.0,) * 6,
+    SPACE.config(_knobs(4, 4, 4)).describe(): (100.0, 100.0, 110.0, 110.0, 90.0, 90.0),
+    SPACE.config(_knobs(16, 0, 0)).describe(): (235.0, 235.0, 270.0, 270.0, 200.0, 200.0),
+}
+
+
+def test_before_the_first_refinement_the_best_trials_are_timed_side_by_side_and_the_winner_starts() -> None:
+    study = _study(*POINTS)
+    refine, notes = _refine(study, trials=4)  # 3 of 4 done: the last one refines
+    retime = _Retime(START_RATES)
+    refine.duel = retime
+    refine(study, study.trials[-1])
+    assert retime.calls == [[SPACE.config(k).describe() for k in (_knobs(8, 4, 4), _knobs(4, 4, 4), _knobs(16, 0, 0))]]
+    attrs = [t.user_attrs for t in study.trials[:3]]  # the measured trials, not the enqueued refinement
+    assert [(a.get(BEATEN_BY), a.get(ATTR.BEATEN_DECIDED)) for a in attrs] == [(2, False), (2, True), (None, None)]
+    assert study.user_attrs[REFINE_START] == {"trials": [1, 2, 0], "winner": 2, "decided": False, "rounds": 3}
+    assert [u for _, u in _waiting(study)] == [{REFINED_FROM: 2}]
+    assert notes == [
+        "before refining, trials [1, 2, 0] side by side: trial 2 leads (too close to call: within each other's "
+        "spread, 3 rounds)",
+        "refining: next 4x4 bf16:4 ckpt:3, a neighbour of trial 2 (the best so far)",
+    ]
+    refine(study, study.trials[-1])  # timed once: a later call (a resumed study) does not time it again
+    assert len(retime.calls) == 1
+
+
+def test_a_start_that_cannot_be_timed_is_recorded_and_first_measurements_stand() -> None:
+    study = _study(*POINTS)
+    refine, notes = _refine(study, trials=4)
+    refine.duel = _Retime(START_RATES, fail=True)
+    refine(study, study.trials[-1])
+    assert study.user_attrs[REFINE_START] == {
+        "trials": [1, 2, 0],
+        "failed": "the measurement process died (exit code -9)",
+    }
+    assert all(BEATEN_BY not in t.user_attrs for t in study.trials)
+    assert [u for _, u in _waiting(study)] == [{REFINED_FROM: 1}]
+    assert notes[0] == (
+        "timing trials [1, 2, 0] side by side failed (the measurement process died (exit code -9)): "
+        "first measurements stand"
+    )
 
 
 def test_under_throughput_the_incumbent_is_the_fastest_trial_within_the_budget() -> None:
