@@ -24,6 +24,11 @@ Run: python benchmarks/repeatability.py [--models hf-gpt2,hf-llama,hf-vit] [--ti
      [--trials 12] [--objective per-gib] [--steps 3] --out DIR
      -> repeatability.json (one progress line per study, with its seconds)
      [--result docs/results/NAME.json]: also the results page's record (benchmarks/results.py)
+
+Two runs of it (before and after a change to the study, say) judged against each other:
+     python benchmarks/repeatability.py --compare BEFORE.json AFTER.json --out DIR
+     -> compare.json: per model, every distinct pick of both re-timed side by side in one loop, and
+     the median of AFTER's picks' values over the median of BEFORE's (no study runs)
 """
 
 from __future__ import annotations
@@ -188,6 +193,55 @@ def write_record(
     )
 
 
+def compare(before: dict[str, Any], after: dict[str, Any], judged: dict[str, Any], objective: str) -> dict[str, Any]:
+    """One model's picks of two runs of this benchmark (``before`` and ``after``: their ``runs``
+    entries), judged in one loop (``judged``, keyed ``before run 1 0`` ...): each side's median
+    value under ``objective`` and the ratio after / before."""
+    medians = {}
+    for side, run in (("before", before), ("after", after)):
+        values = []
+        for key, pick in run["picks"].items():
+            scale = 1.0 if objective == "throughput" else GIB / pick["peak_bytes"]
+            values.append(judged[f"{side} {key}"]["samples/s"] * scale)
+        medians[side] = statistics.median(values)
+    return {"median": medians, "after / before": medians["after"] / medians["before"]}
+
+
+def compare_runs(before_path: Path, after_path: Path, out: Path) -> int:
+    """``--compare``: every model both files ran, its picks of both judged side by side."""
+    from autotune.zoo import CORPUS
+
+    before, after = (json.loads(p.read_text()) for p in (before_path, after_path))
+    objective = after["rows"][0]["objective"] if after["rows"] else "per-gib"
+    tiny = bool(after["machine"].get("tiny"))
+    earlier = {r["model"]: r for r in before["runs"]}
+    rows = []
+    out.mkdir(parents=True, exist_ok=True)
+    for run in after["runs"]:
+        model = run["model"]
+        if model not in earlier:
+            continue
+        entry = CORPUS[model]
+        workload = entry.build(**dict(entry.tiny if tiny else entry.sizes))
+        picks = {
+            f"{side} {key}": pick
+            for side, r in (("before", earlier[model]), ("after", run))
+            for key, pick in r["picks"].items()
+        }
+        judged = judge(workload, picks)
+        rows.append({"model": model, "judged": judged} | compare(earlier[model], run, judged, objective))
+        r = rows[-1]
+        print(
+            f"{model}: median {objective} after / before {r['after / before']:.3f} "
+            f"({r['median']['after']:.2f} / {r['median']['before']:.2f}; {judged['distinct']} distinct picks re-timed)",
+            flush=True,
+        )
+        (out / "compare.json").write_text(
+            json.dumps({"before": str(before_path), "after": str(after_path), "rows": rows}, indent=2)
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -198,7 +252,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per trial")
     parser.add_argument("--tiny", action="store_true", help="each model at its test size")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("BEFORE", "AFTER"),
+        help="judge two runs' repeatability.json picks against each other instead of running studies",
+    )
     args = parser.parse_args(argv)
+    if args.compare is not None:
+        before, after = args.compare
+        return compare_runs(before, after, args.out)
     from results import corpus_models
 
     from autotune.zoo import CORPUS

@@ -94,3 +94,17 @@ def test_the_record_states_the_seeds_alike_and_the_ranges(bench: ModuleType, tmp
     assert record["claim"].endswith("worst pick / best per model 0.67-0.67 here.")
     assert record["columns"] == list(bench.COLUMNS) and len(record["rows"]) == 6
     assert bench.summary([]) == "no row"
+
+
+def test_two_runs_picks_compare_by_their_median_values_judged_in_one_loop(bench: ModuleType) -> None:
+    before = {"picks": {"run 1 0": PICKS["run 1 1"], "run 2 0": PICKS["run 2 1"], "run 1 1": PICKS["run 1 0"]}}
+    after = {"picks": {"run 1 0": PICKS["run 1 0"], "run 2 0": PICKS["run 2 0"]}}
+    judged = {
+        f"before {k}": JUDGED[v] for k, v in (("run 1 0", "run 1 1"), ("run 2 0", "run 2 1"), ("run 1 1", "run 1 0"))
+    }
+    judged |= {f"after {k}": JUDGED[k] for k in after["picks"]}
+    # per GiB: before b 24, c 20, a 30 (median 24); after a 30, a 30 (median 30)
+    result = bench.compare(before, after, judged, "per-gib")
+    assert result == {"median": {"before": 24.0, "after": 30.0}, "after / before": 1.25}
+    # samples/s: before 12, 40, 30 (median 30); after 30, 30
+    assert bench.compare(before, after, judged, "throughput")["after / before"] == 1.0

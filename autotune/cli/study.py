@@ -96,8 +96,8 @@ def _add_study(subparsers: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="re-time the best three configurations side by side at the end and recommend the winner, "
-        "and time each refinement trial beside its incumbent (default: on, or the spec's retime; "
-        "seconds to a minute)",
+        "before the refinement to start it from the winner, and time each refinement trial beside its "
+        "incumbent (default: on, or the spec's retime; seconds to a minute each)",
     )
     p.add_argument(
         "--compile-check",

@@ -226,7 +226,8 @@ class StudySpec:
     (:func:`autotune.policies.transfer.propose`: a quick profile, seconds to tens of seconds,
     then one simulated episode) as a third baseline trial, named ``policy``.
     ``retime``: at the end, re-time the best few configurations side by side and recommend the
-    winner (:mod:`autotune.search.finalists`; seconds to a minute); during the refinement, time
+    winner (:mod:`autotune.search.finalists`; seconds to a minute); before the refinement, time
+    the best few so far the same way, and start the refinement from the winner; during it, time
     each refinement trial beside the incumbent it was refined from (:mod:`autotune.search.refine`).
     ``objective``: which feasible trial is recommended, and what the refinement and the finalists'
     re-timing look for (:data:`autotune.measurement.objective.OBJECTIVES`): the most samples/s
