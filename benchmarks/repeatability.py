@@ -45,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # picks.py, results.py beside this file
 
 from picks import GIB, _source, machine
-from selective_study import OBJECTIVES, budget_between, judge, run_study
+from selective_study import OBJECTIVES, budget_between, judge, label, run_study  # label: ``run 1 0``
 
 MODELS = ("hf-gpt2", "hf-llama", "hf-vit")
 SEEDS = 3
@@ -61,11 +61,6 @@ COLUMNS = (
     "value run 2",
     "worse / better",
 )
-
-
-def label(run: str, seed: int) -> str:
-    """The key of one study's pick: ``run 1 0``, ``run 2 2``."""
-    return f"{run} {seed}"
 
 
 def row(
