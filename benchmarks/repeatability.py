@@ -44,8 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # picks.py, results.py beside this file
 
-from picks import GIB, _source, machine
-from selective_study import OBJECTIVES, budget_between, judge, label, run_study  # label: ``run 1 0``
+from picks import GIB, machine
+from selective_study import OBJECTIVES, judge, label, model_setup, run_study  # label: ``run 1 0``
 
 MODELS = ("hf-gpt2", "hf-llama", "hf-vit")
 SEEDS = 3
@@ -260,8 +260,6 @@ def main(argv: list[str] | None = None) -> int:
         return compare_runs(before, after, args.out)
     from results import corpus_models
 
-    from autotune.zoo import CORPUS
-
     models = corpus_models(parser, args.models)
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, but got {args.seeds}")
@@ -273,11 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="repeatability-") as tmp:
         workdir = Path(tmp)
         for model in models:
-            entry = CORPUS[model]
-            sizes = dict(entry.tiny if args.tiny else entry.sizes)
-            workload = entry.build(**sizes)
-            peaks = budget_between(workload)
-            reference = _source(workdir, model, sizes)
+            workload, peaks, reference = model_setup(model, tiny=args.tiny, workdir=workdir)
             picks = {}
             for seed in range(args.seeds):
                 for run in RUNS:

@@ -92,6 +92,17 @@ def budget_between(workload: Workload) -> dict[str, int]:
     return {"none": peaks["none"], "full": peaks["full"], "budget": (peaks["none"] + peaks["full"]) // 2}
 
 
+def model_setup(model: str, *, tiny: bool, workdir: Path) -> tuple[Workload, dict[str, int], str]:
+    """A corpus model's workload (its test size if ``tiny``), its budget between recompute's
+    peaks (:func:`budget_between`) and the ``file.py:build`` reference its studies load."""
+    from autotune.zoo import CORPUS
+
+    entry = CORPUS[model]
+    sizes = dict(entry.tiny if tiny else entry.sizes)
+    workload = entry.build(**sizes)
+    return workload, budget_between(workload), _source(workdir, model, sizes)
+
+
 def run_study(
     reference: str,
     name: str,
@@ -346,8 +357,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from results import corpus_models
 
-    from autotune.zoo import CORPUS
-
     models = corpus_models(parser, args.models)
     objectives = args.objectives.split(",")
     if any(o not in OBJECTIVES for o in objectives):
@@ -366,11 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="selective-study-") as tmp:
         workdir = Path(tmp)
         for model in models:
-            entry = CORPUS[model]
-            sizes = dict(entry.tiny if args.tiny else entry.sizes)
-            workload = entry.build(**sizes)
-            peaks = budget_between(workload)
-            reference = _source(workdir, model, sizes)
+            workload, peaks, reference = model_setup(model, tiny=args.tiny, workdir=workdir)
             for objective in objectives:
                 picks = {}
                 for seed in range(args.seeds):
