@@ -44,8 +44,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # picks.py, results.py beside this file
 
-from picks import GIB, machine
-from selective_study import OBJECTIVES, judge, label, model_setup, run_study  # label: ``run 1 0``
+from picks import machine
+from selective_study import (  # label: ``run 1 0``
+    OBJECTIVES,
+    judge,
+    judged_ratio,
+    label,
+    model_setup,
+    pick_scale,
+    run_study,
+)
 
 MODELS = ("hf-gpt2", "hf-llama", "hf-vit")
 SEEDS = 3
@@ -70,20 +78,12 @@ def row(
     (samples/s, or samples/s per GiB of each pick's measured peak) and the worse over the better
     round by round; the seeds alike, the median and worst of those ratios, and the worst pick's
     value over the best pick's, round by round."""
-    from autotune.measurement.sidebyside import Timing, paired_ratio
 
     def scale(key: str) -> float:
-        return 1.0 if objective == "throughput" else GIB / picks[key]["peak_bytes"]
+        return pick_scale(picks[key], objective)
 
     def ratio(a: str, b: str) -> float:
-        rounds = judged[a]["per round"], judged[b]["per round"]
-        return paired_ratio(
-            Timing(rates=tuple(rounds[0])),
-            Timing(rates=tuple(rounds[1])),
-            rounds=len(rounds[0]),
-            scale_a=scale(a),
-            scale_b=scale(b),
-        )
+        return judged_ratio(picks, judged, a, b, objective)
 
     per_seed = []
     for seed in range(seeds):
@@ -196,8 +196,7 @@ def compare(before: dict[str, Any], after: dict[str, Any], judged: dict[str, Any
     for side, run in (("before", before), ("after", after)):
         values = []
         for key, pick in run["picks"].items():
-            scale = 1.0 if objective == "throughput" else GIB / pick["peak_bytes"]
-            values.append(judged[f"{side} {key}"]["samples/s"] * scale)
+            values.append(judged[f"{side} {key}"]["samples/s"] * pick_scale(pick, objective))
         medians[side] = statistics.median(values)
     return {"median": medians, "after / before": medians["after"] / medians["before"]}
 

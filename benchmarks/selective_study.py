@@ -200,6 +200,27 @@ def _ratio(with_: float, without: float) -> float:
     return with_ / without if without > 0 else 0.0
 
 
+def pick_scale(pick: dict[str, Any], objective: str) -> float:
+    """What turns a pick's judged samples/s into its value under ``objective``: 1, or per GiB of
+    its measured peak."""
+    return 1.0 if objective == "throughput" else GIB / pick["peak_bytes"]
+
+
+def judged_ratio(picks: dict[str, dict[str, Any]], judged: dict[str, Any], a: str, b: str, objective: str) -> float:
+    """Pick ``a``'s value over pick ``b``'s under ``objective``, round by round (the judge timed
+    both in the same rounds: the geometric mean of the rounds' ratios)."""
+    from autotune.measurement.sidebyside import Timing, paired_ratio
+
+    rounds = judged[a]["per round"], judged[b]["per round"]
+    return paired_ratio(
+        Timing(rates=tuple(rounds[0])),
+        Timing(rates=tuple(rounds[1])),
+        rounds=len(rounds[0]),
+        scale_a=pick_scale(picks[a], objective),
+        scale_b=pick_scale(picks[b], objective),
+    )
+
+
 def row(
     model: str, objective: str, seeds: int, picks: dict[str, dict[str, Any]], judged: dict[str, Any]
 ) -> dict[str, Any]:
@@ -207,8 +228,6 @@ def row(
     peak and per GiB and the ratio with / without in the objective's value, round by round (the
     judge timed both in the same rounds); the median over seeds of each side's values, their ratio,
     and the worst and best per-seed ratio."""
-    from autotune.measurement.sidebyside import Timing, paired_ratio
-
     per_seed = []
     for seed in range(seeds):
         entry: dict[str, Any] = {"seed": seed}
@@ -221,17 +240,7 @@ def row(
                 "peak MiB": peak / 2**20,
                 "per GiB": speed * GIB / peak,
             }
-        with_, without = (judged[label(side, seed)]["per round"] for side in ("with", "without"))
-        scale = {
-            side: 1.0 if objective == "throughput" else GIB / picks[label(side, seed)]["peak_bytes"] for side in SIDES
-        }
-        entry["ratio"] = paired_ratio(
-            Timing(rates=tuple(with_)),
-            Timing(rates=tuple(without)),
-            rounds=len(with_),
-            scale_a=scale["with"],
-            scale_b=scale["without"],
-        )
+        entry["ratio"] = judged_ratio(picks, judged, label("with", seed), label("without", seed), objective)
         per_seed.append(entry)
     median = {side: statistics.median(_value(e[side], objective) for e in per_seed) for side in SIDES}
     ratios = [e["ratio"] for e in per_seed]

@@ -429,7 +429,9 @@ def _print_episode(episode: Any, final_knobs: Any) -> None:
         r = episode.retimed
         if r is not None:
             i = r["steps"].index(r["winner"])
-            verdict = "decided" if r["decided"] else "too close to call: within each other's spread"
+            from autotune.measurement.sidebyside import verdict_words
+
+            verdict = verdict_words(r["decided"])
             retimed = (
                 f"{r['retimed_per_gib'][i]:.1f} per GiB"
                 if episode.objective == "per-gib"

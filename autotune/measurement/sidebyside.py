@@ -51,6 +51,7 @@ __all__ = [
     "separated",
     "separated_by_rounds",
     "settled",
+    "verdict_words",
     "warm_up",
 ]
 
@@ -313,6 +314,11 @@ def retime_configs(
         return retime(steps, scales=scales, rounds=rounds, max_rounds=max_rounds, steps_per_round=steps_per_round)
     finally:
         trainer.close()
+
+
+def verdict_words(decided: bool) -> str:
+    """How a side-by-side verdict reads in a line: ``decided``, or too close to call."""
+    return "decided" if decided else "too close to call: within each other's spread"
 
 
 def busy_note(other_cores: float | None, *, threads: int, cores: int | None = None) -> str | None:

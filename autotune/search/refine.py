@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.knobs import Knobs
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value
+from autotune.measurement.sidebyside import verdict_words
 from autotune.search.space import SearchSpace
 from autotune.search.spec import objective_of
 from autotune.search.surface import Estimate, fit_surface, ranked
@@ -286,7 +287,7 @@ class Refine:
         winner, loser = (pair[0], pair[1]) if result.winner == 0 else (pair[1], pair[0])
         set_finished_trial_attrs(study, loser.number, {BEATEN_BY: winner.number, ATTR.BEATEN_DECIDED: result.decided})
         if self.note is not None:
-            verdict = "decided" if result.decided else "too close to call: within each other's spread"
+            verdict = verdict_words(result.decided)
             self.note(
                 f"side by side: trial {winner.number} beats trial {loser.number} ({verdict}, {result.rounds} rounds)"
             )
@@ -326,7 +327,7 @@ class Refine:
             {"trials": numbers, "winner": numbers[w], "decided": result.decided, "rounds": result.rounds},
         )
         if self.note is not None:
-            verdict = "decided" if result.decided else "too close to call: within each other's spread"
+            verdict = verdict_words(result.decided)
             self.note(
                 f"before refining, trials {numbers} side by side: trial {numbers[w]} leads "
                 f"({verdict}, {result.rounds} rounds)"

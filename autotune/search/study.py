@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import TrainConfig
 from autotune.measurement.cuda_memory import ALLOC_CONF_VAR, alloc_conf_with
 from autotune.measurement.progress import since
+from autotune.measurement.sidebyside import verdict_words
 from autotune.search.budget import admits, known_peak
 from autotune.search.cache import MeasurementCache, machine_fingerprint
 from autotune.search.enqueue import Proposer, enqueue_baselines
@@ -338,7 +339,7 @@ def _retime(study: optuna.Study, measurer: Any, spec: StudySpec, observer: Study
         observer.note(f"re-timing the finalists failed ({e}): the recommendation stays the best first measurement")
         return None
     if record is not None:
-        verdict = "decided" if record["decided"] else "too close to call: within each other's spread"
+        verdict = verdict_words(record["decided"])
         observer.note(f"re-timed side by side: trial {record['winner']} wins ({verdict}, {record['rounds']} rounds)")
         if record["note"]:
             observer.note(record["note"])
