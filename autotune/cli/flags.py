@@ -10,21 +10,25 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
+    from autotune.config import Checkpoint
     from autotune.measurement.objective import ObjectiveName
 
 __all__ = [
     "BUDGET_HELP",
     "THREADS_HELP",
+    "WORKLOAD_HELP",
     "add_config_flags",
     "add_min_micro_batch_flag",
     "add_objective_flag",
     "add_ranks_flag",
     "add_threads_flag",
+    "add_workload_argument",
     "config_from_args",
     "min_micro_batch_of",
     "objective_arg",
     "set_threads",
     "warn_if_busy",
+    "workload_of",
 ]
 
 #: Help of every ``--memory-budget`` (the syntax :func:`autotune.units.parse_memory_budget` reads).
@@ -36,6 +40,27 @@ THREADS_HELP = (
     "torch threads of the process that times steps (default: torch's, one per core); fewer than the cores "
     "when other processes run, else a step can time 10x slower"
 )
+
+
+#: Help of every workload argument.
+WORKLOAD_HELP = "built-in name, random:SEED, path/to/file.py:build or package.module:build"
+
+
+def add_workload_argument(p: argparse.ArgumentParser) -> None:
+    """The workload of ``measure`` and ``predict``: positional, as every other command takes it,
+    or ``--workload`` / ``-w`` (their earlier spelling, kept)."""
+    p.add_argument("workload", nargs="?", metavar="WORKLOAD", help=WORKLOAD_HELP)
+    p.add_argument("--workload", "-w", dest="workload_flag", metavar="WORKLOAD", help="the same, as a flag")
+
+
+def workload_of(args: argparse.Namespace) -> str:
+    """The workload :func:`add_workload_argument` read: one of its two spellings, given once."""
+    given = [w for w in (args.workload, args.workload_flag) if w is not None]
+    if not given:
+        raise ConfigError("a workload is required: WORKLOAD or --workload WORKLOAD.")
+    if len(given) == 2 and given[0] != given[1]:
+        raise ConfigError(f"two workloads given: {given[0]!r} and --workload {given[1]!r}; give one.")
+    return given[0]
 
 
 def add_threads_flag(p: argparse.ArgumentParser) -> None:
@@ -136,7 +161,11 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         help="fp32|bf16|fp16 for the rest of the model (embeddings, head, loss): bf16 with --precision bf16 "
         "is Hugging Face's bf16=True",
     )
-    p.add_argument("--checkpoint", help="none|all, or comma-separated block indices to recompute")
+    p.add_argument(
+        "--checkpoint",
+        help="none|all|selective for every block, or comma-separated block indices to recompute whole, "
+        "I:selective for block I recomputed selectively (e.g. 0,1,4:selective)",
+    )
     p.add_argument("--zero-stage", type=int, help="DeepSpeed ZeRO stage 0-3")
     p.add_argument("--ranks", type=int, help="data-parallel ranks")
 
@@ -170,16 +199,21 @@ def config_from_args(args: argparse.Namespace, *, num_blocks: int) -> Any:
     return dataclasses.replace(config, **overrides)
 
 
-def _parse_checkpoint(text: str, num_blocks: int) -> bool | tuple[bool, ...]:
+def _parse_checkpoint(text: str, num_blocks: int) -> Checkpoint | tuple[Checkpoint, ...]:
     if text in ("none", "all"):
         return text == "all"
-    try:
-        indices = {int(s) for s in text.split(",")}
-    except ValueError:
-        raise ConfigError(
-            f"--checkpoint must be none, all or comma-separated block indices, but got {text!r}."
-        ) from None
-    bad = sorted(i for i in indices if not 0 <= i < num_blocks)
+    if text == "selective":
+        return "selective"
+    levels: dict[int, Checkpoint] = {}
+    for item in text.split(","):
+        index, _, level = item.strip().partition(":")
+        if level not in ("", "selective") or not index.strip().lstrip("-").isdigit():
+            raise ConfigError(
+                "--checkpoint must be none, all, selective or comma-separated block indices (I or I:selective), "
+                f"but got {text!r}."
+            )
+        levels[int(index)] = "selective" if level else True
+    bad = sorted(i for i in levels if not 0 <= i < num_blocks)
     if bad:
         raise ConfigError(f"--checkpoint block indices must be in [0, {num_blocks - 1}], but got {bad[0]}.")
-    return tuple(i in indices for i in range(num_blocks))
+    return tuple(levels.get(i, False) for i in range(num_blocks))

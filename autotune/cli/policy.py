@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune.cli.flags import (
     BUDGET_HELP,
+    WORKLOAD_HELP,
     add_min_micro_batch_flag,
     add_objective_flag,
     add_ranks_flag,
@@ -33,7 +34,7 @@ def register(sub: Any) -> None:
 def _add_profile(sub: Any) -> None:
     """The ``profile`` command and its arguments."""
     p = sub.add_parser("profile", help="measure a workload's per-block profile for the simulator (JSON)")
-    p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
+    p.add_argument("workload", help=WORKLOAD_HELP)
     p.add_argument("--out", type=Path, help="output JSON (default: <workload>.profile.json)")
     p.add_argument("--curve-steps", type=int, default=60, help="steps of the recorded loss/noise curve")
     p.set_defaults(func=_cmd_profile)
@@ -81,7 +82,7 @@ def _add_tune(sub: Any) -> None:
         "run); 3 the loss became NaN or infinite (at the start, or the step that ended the "
         "episode); 130 Ctrl-C",
     )
-    p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
+    p.add_argument("workload", help=WORKLOAD_HELP)
     p.add_argument("--policy", type=Path, help="policy directory (default: the shipped pretrained policy)")
     p.add_argument(
         "--memory-budget",

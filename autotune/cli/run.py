@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.cli.flags import BUDGET_HELP, add_config_flags, config_from_args
+from autotune.cli.flags import BUDGET_HELP, add_config_flags, add_workload_argument, config_from_args, workload_of
 from autotune.errors import ConfigError
 
 __all__ = ["MEASURE_EPILOG", "register"]
@@ -32,12 +32,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "measure", help="run a workload under one config and measure what it costs", epilog=MEASURE_EPILOG
     )
-    p.add_argument(
-        "--workload",
-        "-w",
-        required=True,
-        help="built-in name, random:SEED, path/to/file.py:build or package.module:build",
-    )
+    add_workload_argument(p)
     add_config_flags(p)
     p.add_argument("--steps", type=int, default=8, help="timed optimizer steps (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed warmup steps (default 2)")
@@ -47,7 +42,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_cmd_measure)
 
     p = sub.add_parser("predict", help="predict a config's peak memory per rank, by category, without running it")
-    p.add_argument("--workload", "-w", required=True, help="as for measure")
+    add_workload_argument(p)
     add_config_flags(p)
     p.add_argument("--memory-budget", help=f"{BUDGET_HELP}: say whether the predicted peak fits")
     p.add_argument("--device", default="cpu", help="device kind the ranks would use: cpu (default) or cuda")
@@ -84,7 +79,7 @@ def _cmd_measure(args: argparse.Namespace) -> int:
 
     budget = parse_memory_budget(args.memory_budget) if args.memory_budget else None
     device = resolve_device(args.device)  # no CUDA, or no such device: one line before any work
-    workload = load_workload(args.workload)
+    workload = load_workload(workload_of(args))
     config = config_from_args(args, num_blocks=len(workload.block_names()))
     budget_b = budget_bytes(budget, workload, ranks=config.ranks, device_type=device.type)
 
@@ -136,7 +131,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.export_deepspeed is not None:
         _check_writable(args.export_deepspeed, flag="--export-deepspeed")  # before minutes of profiling
     start = time.perf_counter()
-    workload = load_workload(args.workload)
+    workload = load_workload(workload_of(args))
     loaded = loaded_line(workload, start)
     config = config_from_args(args, num_blocks=len(workload.block_names()))
     _say(loaded)  # after the flags are checked against the model: a mistake in them stays one line

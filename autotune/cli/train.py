@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.cli.flags import (
     BUDGET_HELP,
+    WORKLOAD_HELP,
     add_min_micro_batch_flag,
     add_objective_flag,
     add_ranks_flag,
@@ -45,7 +46,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "train", help="train a workload for N steps; with --adapt, keep it at the best configuration", epilog=EPILOG
     )
-    p.add_argument("workload", help="built-in name, random:SEED, path/to/file.py:build or package.module:build")
+    p.add_argument("workload", help=WORKLOAD_HELP)
     p.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
     p.add_argument("--adapt", action="store_true", help="adapt the configuration as training goes (default: fixed)")
     p.add_argument("--policy", type=Path, help="policy directory for --adapt (default: the shipped pretrained one)")

@@ -7,6 +7,12 @@ under ``torch.autocast`` (per-block precision) and/or inside ``torch.utils.check
 exactly as it was: same parameters, same hooks. The Gymnasium environment relies on this to
 reconfigure a model mid-training without touching its weights or optimizer state.
 
+A recomputed block writes no key/value cache: Hugging Face's decoders keep ``use_cache=True`` in
+training by default and append each layer's keys and values to the cache in its forward, so a
+recompute would append them a second time (selective recompute then finds more operations than it
+saved and raises; Gemma 2, Falcon and T5 fail under a full recompute too). The wrapper
+applies transformers' own rule for a checkpointed layer (``GradientCheckpointingLayer``).
+
 A module that sits at two block positions (shared weights, ALBERT-style: ``layers[3] is
 layers[0]``) is wrapped once, with the knobs :func:`effective_block_knobs` gives it.
 
@@ -23,6 +29,7 @@ Under an fp32 outer precision a reduced block is an island whose outputs go back
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +55,45 @@ __all__ = [
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 _SENTINEL = object()
+
+#: The arguments through which a Hugging Face layer writes its key/value cache.
+_CACHE_ARGS = ("past_key_values", "layer_past")
+
+
+def _cache_positions(forward: Callable[..., Any]) -> dict[str, int]:
+    """Where ``forward`` takes ``use_cache`` and its cache arguments positionally (GPT-2's model
+    passes ``past_key_values`` as its blocks' second argument), by name."""
+    try:
+        parameters = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):  # a builtin or a C extension: nothing to find
+        return {}
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return {
+        p.name: i for i, p in enumerate(parameters) if p.kind in positional and p.name in ("use_cache", *_CACHE_ARGS)
+    }
+
+
+def _without_cache(
+    block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], positions: dict[str, int]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A recomputed ``block``'s call without its cache: ``use_cache`` false, and
+    ``past_key_values`` / ``layer_past`` None unless the block declares that it only reads the
+    cache (``_can_checkpoint_with_cache``), whether passed by name or at ``positions``. The rule
+    transformers applies to a layer under its own gradient checkpointing
+    (``GradientCheckpointingLayer``); in training the cache is written, never read, so the loss
+    and the gradients are the same."""
+    dropped = () if getattr(block, "_can_checkpoint_with_cache", False) else _CACHE_ARGS
+    new_args = list(args)
+    new_kwargs = dict(kwargs)
+    # A cache is tested against None, not for truth: an empty one has length 0.
+    for name, value in (("use_cache", False), *((n, None) for n in dropped)):
+        i = positions.get(name)
+        if i is not None and i < len(new_args):
+            if new_args[i] is not None and new_args[i] is not False:
+                new_args[i] = value
+        elif new_kwargs.get(name) is not None and new_kwargs[name] is not False:
+            new_kwargs[name] = value
+    return tuple(new_args), new_kwargs
 
 
 @dataclass
@@ -186,6 +232,7 @@ def _wrapped_forward(
 ) -> Callable[..., Any]:
     inner = block.forward
     dtype = AUTOCAST_DTYPES.get(precision)
+    cache_at = _cache_positions(inner)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         if precision == outer and dtype is None:  # fp32 throughout, wrapped for checkpointing only
@@ -220,6 +267,7 @@ def _wrapped_forward(
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if ckpt != "none" and torch.is_grad_enabled():
+            args, kwargs = _without_cache(block, args, kwargs, cache_at)
             # Non-reentrant checkpointing (the recommended mode): works with kwargs, autocast
             # inside the region is replayed on recompute, RNG state is restored.
             if ckpt != "selective" and not has_running_state(block):

@@ -55,6 +55,17 @@ def test_measure_a_user_file_workload_as_json() -> None:
     assert data["noise"]["steps"] == 4
 
 
+def test_measure_and_predict_take_the_workload_positionally_and_selective_levels() -> None:
+    args = ("--micro-batch", "16", "--checkpoint", "0,2:selective", "--json")
+    proc = _run("measure", f"{USER}:build", *args, "--steps", "1", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["config"]["checkpoint"] == [True, False, "selective"]
+    proc = _run("predict", f"{USER}:build", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["verified"] is True  # by its kinds' checks: recompute and selective
+    assert "memory check selectively recomputed on cpu" in proc.stderr
+
+
 def test_measure_prints_a_table() -> None:
     proc = _run("measure", "--workload", f"{USER}:build", "--steps", "2", "--warmup", "1")
     assert proc.returncode == 0, proc.stderr
@@ -81,6 +92,19 @@ def test_measure_prints_a_table() -> None:
             ("measure", "--workload", f"{USER}:build", "--memory-budget", "lots"),
             "autotune measure: error: --memory-budget must be a size with a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, "
             "TiB) such as 2GiB, or a percentage of the default configuration's peak such as 75%, but got 'lots'.",
+        ),
+        (
+            ("predict", f"{USER}:build", "--checkpoint", "0,1:full"),
+            "autotune predict: error: --checkpoint must be none, all, selective or comma-separated block indices "
+            "(I or I:selective), but got '0,1:full'.",
+        ),
+        (
+            ("predict", "--micro-batch", "2"),
+            "autotune predict: error: a workload is required: WORKLOAD or --workload WORKLOAD.",
+        ),
+        (
+            ("measure", f"{USER}:build", "-w", "gpt-tiny"),
+            f"autotune measure: error: two workloads given: '{USER}:build' and --workload 'gpt-tiny'; give one.",
         ),
         (("tune", f"{USER}:build", "--ranks", "0"), "autotune tune: error: ranks must be an int >= 1, but got 0."),
         (

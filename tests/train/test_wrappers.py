@@ -344,3 +344,77 @@ def test_outer_bf16_over_bf16_blocks_trains_as_whole_model_autocast() -> None:
     loss = trainer.step().loss
     trainer.close()
     assert loss == pytest.approx(direct, rel=1e-6) and loss != pytest.approx(plain, rel=1e-6)
+
+
+def _hf_with_cache(arch: str) -> tuple[nn.Module, Any]:
+    """A tiny Hugging Face model as ``from_pretrained`` builds one: ``use_cache=True`` (its config's
+    default), in training; and its loss on a batch."""
+    transformers = pytest.importorskip("transformers")
+    if arch == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+        )
+        model = transformers.LlamaForCausalLM(config)
+    elif arch == "gpt2":  # its model passes the cache to its blocks positionally
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4))
+    else:
+        config = transformers.T5Config(
+            vocab_size=64, d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4, decoder_start_token_id=0
+        )
+        model = transformers.T5ForConditionalGeneration(config)
+    assert model.config.use_cache
+    tokens = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    labels = tokens[:, :6].contiguous() if arch == "t5" else tokens
+
+    def loss() -> torch.Tensor:
+        torch.manual_seed(0)  # the same dropout masks in every run
+        return model(input_ids=tokens, labels=labels).loss
+
+    return model.train(), loss
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "t5"])
+def test_recomputed_hf_blocks_write_no_cache_and_train_exactly(arch: str) -> None:
+    # Before the blocks dropped their cache under recompute, every one of these raised in backward
+    # under selective recompute (the recompute appended to the cache again: more slice operations
+    # than the forward saved), and T5 under a full recompute too.
+    from autotune.block_detection import find_blocks
+
+    model, loss = _hf_with_cache(arch)
+    names = list(find_blocks(model))
+    loss().backward()
+    expected = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    for level in ("full", "selective"):
+        model.zero_grad(set_to_none=True)
+        wrappers = apply_block_knobs(model, names, ["fp32"] * len(names), [level] * len(names), device_type="cpu")
+        loss().backward()
+        wrappers.remove()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert len(grads) == len(expected)
+        assert all(torch.equal(a, b) for a, b in zip(grads, expected, strict=True)), level
+
+
+class _CacheReader(nn.Module):
+    """A block that declares it only reads its cache, as transformers' layers may."""
+
+    _can_checkpoint_with_cache = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.seen: list[tuple[Any, Any]] = []
+
+    def forward(self, x: torch.Tensor, past_key_values: Any = None, use_cache: bool = False) -> torch.Tensor:
+        self.seen.append((past_key_values, use_cache))
+        return self.linear(x)
+
+
+def test_a_recomputed_block_keeps_a_cache_it_only_reads_and_drops_use_cache() -> None:
+    model = nn.Sequential(_CacheReader(), _CacheReader())
+    cache = object()
+    wrappers = apply_block_knobs(model, ["0", "1"], ["fp32", "fp32"], ["full", "none"], device_type="cpu")
+    x = torch.randn(2, 4, requires_grad=True)
+    model[1](model[0](x, cache, use_cache=True), past_key_values=cache, use_cache=True).sum().backward()
+    wrappers.remove()
+    assert model[0].seen == [(cache, False), (cache, False)]  # the forward and its recompute
+    assert model[1].seen == [(cache, True)]  # not recomputed: its call as it was
