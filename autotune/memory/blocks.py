@@ -83,7 +83,9 @@ def fake_forward(workload: Workload, batch: Any) -> Iterator[tuple[torch.nn.Modu
 
     Inside the block the fake mode is active (the forward computes shapes only: nothing is
     allocated, whatever the model's size), torch's log records of an error raised in the pass are
-    silenced, and transformers' value checks on the batch are answered from the real ``batch``.
+    silenced, transformers' value checks on the batch are answered from the real ``batch``, and the
+    kernels whose meta kernels get a real run wrong are answered as the profile answers them
+    (:class:`autotune.memory.fake_workspaces.RealWorkspaces`).
     The caller installs its own hooks or dispatch mode on the copy and calls the workload's loss
     on the two. What the copy or the forward raises goes through unchanged: a model the fake pass
     cannot go through (a data-dependent operation, an operator without a meta kernel) raises
@@ -101,10 +103,11 @@ def fake_forward(workload: Workload, batch: Any) -> Iterator[tuple[torch.nn.Modu
 
     from autotune.memory.fake_branches import RealBranches
     from autotune.memory.fake_logs import quiet_fake_logs
+    from autotune.memory.fake_workspaces import RealWorkspaces
 
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     model = workload.model_copy(fake=fake)
-    with quiet_fake_logs(), fake, RealBranches(batch):
+    with quiet_fake_logs(), fake, RealBranches(batch), RealWorkspaces():
         yield model, tree_map_only(torch.Tensor, fake.from_tensor, batch)
 
 

@@ -12,6 +12,13 @@ profile of an LSTM therefore misses most of its activations.
 operations it asks the real kernel, once per distinct argument shapes, how large the buffer is,
 and swaps the fake output for a fake tensor of that size, so every tracker above it (MemTracker,
 saved-tensor hooks) sees what a real run holds.
+
+One meta kernel refuses what the real one runs: ``aten._grouped_mm`` (the experts of Mixtral,
+Qwen-MoE, OLMoE, gpt-oss and the other mixtures of experts in transformers, which call it in the
+weights' dtype) checks for bf16 operands (torch 2.13's meta kernel copies the checks of the CUDA
+kernel), where the CPU kernel runs fp32. :class:`RealWorkspaces` answers it with the output shape
+that meta kernel gives, in the operands' dtype: the profile of a mixture of experts in fp32 runs,
+instead of failing on a check the real CPU run does not make.
 """
 
 from __future__ import annotations
@@ -27,13 +34,19 @@ __all__ = ["RealWorkspaces"]
 #: Operations whose meta kernel under-sizes an output: overload -> index of that output.
 _UNDERSIZED: dict[Any, int] = {torch.ops.aten.mkldnn_rnn_layer.default: 3}
 
+#: Operations whose meta kernel refuses operands other than bf16 that the real kernels take.
+_BF16_ONLY_META: frozenset[Any] = frozenset(
+    op.default for op in (getattr(torch.ops.aten, "_grouped_mm", None),) if op is not None
+)
+
 #: (operation, argument shapes and dtypes, other arguments) -> the real output's bytes. Module
 #: level: a size depends only on shapes (and this process's oneDNN), never on the model.
 _REAL_BYTES: dict[tuple[Any, ...], int] = {}
 
 
 class RealWorkspaces(TorchDispatchMode):
-    """Under ``FakeTensorMode``: resize the outputs meta kernels under-size to their real size.
+    """Under ``FakeTensorMode``: resize the outputs meta kernels under-size to their real size, and
+    answer the grouped matmuls whose meta kernel refuses their dtype.
 
     Cost: the first time an operation is seen with given shapes, one real call of it on zeros of
     those shapes (for an LSTM layer in the profile: one layer's forward at micro-batch 2 or 4,
@@ -44,6 +57,8 @@ class RealWorkspaces(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if func in _BF16_ONLY_META and args[0].dtype != torch.bfloat16:
+            return _grouped_mm_output(func, args, kwargs)
         out = func(*args, **kwargs)
         index = _UNDERSIZED.get(func)
         if index is None:
@@ -78,3 +93,22 @@ def _real_bytes(func: Any, index: int, args: Any, kwargs: Any) -> int | None:
 
 def _hashable(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
+
+
+def _grouped_mm_output(func: Any, args: Any, kwargs: Any) -> torch.Tensor:
+    """A grouped matmul's output for operands its meta kernel refuses, as a tensor of the mode below
+    (a fake one under ``FakeTensorMode``): the meta kernel's shapes (two 2-D operands: one
+    product per group; a 3-D one: the groups share the rows or stack), in the operands' dtype or
+    ``out_dtype``."""
+    a, b = args[0], args[1]
+    offs = args[2] if len(args) > 2 else kwargs.get("offs")
+    if a.dim() == 2 and b.dim() == 2:
+        shape = [offs.size(0), a.size(0), b.size(1)]
+    elif a.dim() == 2:
+        shape = [a.size(0), b.size(-1)]
+    elif b.dim() == 2:
+        shape = [a.size(1), b.size(1)]
+    else:
+        shape = [a.size(0), a.size(1), b.size(-1)]
+    dtype = kwargs.get("out_dtype") or a.dtype
+    return torch.empty(shape, dtype=dtype, device=a.device)
