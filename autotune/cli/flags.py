@@ -55,7 +55,7 @@ def add_workload_argument(p: argparse.ArgumentParser) -> None:
 
 def workload_of(args: argparse.Namespace) -> str:
     """The workload :func:`add_workload_argument` read: one of its two spellings, given once."""
-    given = [w for w in (args.workload, args.workload_flag) if w is not None]
+    given: list[str] = [w for w in (args.workload, args.workload_flag) if w is not None]
     if not given:
         raise ConfigError("a workload is required: WORKLOAD or --workload WORKLOAD.")
     if len(given) == 2 and given[0] != given[1]:

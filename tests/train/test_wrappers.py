@@ -357,6 +357,9 @@ def _hf_with_cache(arch: str) -> tuple[nn.Module, Any]:
         model = transformers.LlamaForCausalLM(config)
     elif arch == "gpt2":  # its model passes the cache to its blocks positionally
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4))
+    elif arch == "falcon":  # as ``layer_past``
+        config = transformers.FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+        model = transformers.FalconForCausalLM(config)
     else:
         config = transformers.T5Config(
             vocab_size=64, d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4, decoder_start_token_id=0
@@ -373,11 +376,11 @@ def _hf_with_cache(arch: str) -> tuple[nn.Module, Any]:
     return model.train(), loss
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "t5"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "falcon", "t5"])
 def test_recomputed_hf_blocks_write_no_cache_and_train_exactly(arch: str) -> None:
     # Before the blocks dropped their cache under recompute, every one of these raised in backward
     # under selective recompute (the recompute appended to the cache again: more slice operations
-    # than the forward saved), and T5 under a full recompute too.
+    # than the forward saved), and Falcon and T5 under a full recompute too.
     from autotune.block_detection import find_blocks
 
     model, loss = _hf_with_cache(arch)
