@@ -214,12 +214,12 @@ def _record(path: Path, models: list[str], command: str) -> None:
         columns=("model", *_MATRIX),
         rows=rows,
         note=(
-            f"transformers {transformers.__version__}. Before the recomputed blocks dropped the cache (and the "
-            "fake runs answered the experts' grouped matmul), every selective cell failed and Falcon's and the "
-            "four mixtures of experts' failed in every column; recomputing every block whole with the cache also held "
-            "each layer's keys and values: measured peaks 13-22% above these (fp32, the 7 dense models "
-            "that trained; Mistral 13%, OPT 22%). A prediction has no PyTorch default or "
-            "Hugging Face recipe to stand beside."
+            f"transformers {transformers.__version__}. Before the recomputed blocks dropped the cache and the "
+            "fake runs answered the experts' grouped matmul (this script on the code of f8f851f), with the cache every "
+            "selective cell failed, Falcon and the four mixtures of experts failed with every block recomputed "
+            "(a mixture of experts failed in any fp32 profile), and recomputing every block whole also held each "
+            "layer's keys and values: measured peaks 13-22% above these (fp32, the 7 dense models that trained; "
+            "Mistral 13%, OPT 22%). A prediction has no PyTorch default or Hugging Face recipe to stand beside."
         ),
     )
 
