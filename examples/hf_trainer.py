@@ -35,10 +35,8 @@ class TokenData(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 def main() -> None:
     transformers.set_seed(0)
-    # use_cache=False: a training run keeps no key/value cache (autotune profiles the model's
-    # memory under fake tensors, which a cache built with real tensors would break).
     config = transformers.GPT2Config(
-        vocab_size=256, n_positions=32, n_embd=64, n_layer=4, n_head=4, bos_token_id=0, eos_token_id=0, use_cache=False
+        vocab_size=256, n_positions=32, n_embd=64, n_layer=4, n_head=4, bos_token_id=0, eos_token_id=0
     )
     model = transformers.GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"  # the loss GPT-2 computes (its class name matches no loss type)
