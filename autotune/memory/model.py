@@ -248,7 +248,14 @@ class _Predictor:
         """Parameters, gradients, optimizer state and DeepSpeed buffers held between steps."""
         p, psi, q, s = self.profile, self.psi, self.q, self.s
         master = 4 * q + round(p.flat_state_ratio * q)  # fp32 master partition + optimizer state on it
-        if self.plan.runner == "local" or (self.plan.stage == 0 and s == 4):
+        if self.plan.runner == "local":  # the parameters as the model holds them (fp32, or loaded in bf16)
+            return {
+                "parameters": p.parameter_bytes,
+                "gradients": 0,
+                "optimizer_state": p.optimizer_state_bytes,
+                "other": 0,
+            }
+        if self.plan.stage == 0 and s == 4:
             return {"parameters": 4 * psi, "gradients": 0, "optimizer_state": p.optimizer_state_bytes, "other": 0}
         if self.plan.stage == 0:  # 16-bit engine, no ZeRO: fp32 master copy of every trainable parameter
             return {
@@ -295,7 +302,7 @@ class _Predictor:
             # (torch's for-loop AdamW: per tensor); the training loop still holds the last micro-batch.
             batch = _lin(self.base.batch, p.micro_batch_sizes, self.config.micro_batch_size)
             return self._estimate(
-                "optimizer step", gradients=4 * self.trainable, temporaries=p.optimizer_step_bytes, activations=batch
+                "optimizer step", gradients=p.trainable_bytes, temporaries=p.optimizer_step_bytes, activations=batch
             )
         if plan.stage == 0 and self.s == 4:
             return self._estimate("optimizer step", gradients=4 * self.trainable, temporaries=p.optimizer_step_bytes)

@@ -123,6 +123,8 @@ def _profile(
         largest_parameter=max(p.numel() for p in params),
         parameter_tensors=len(params),
         trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
+        parameter_bytes=sum(p.numel() * p.element_size() for p in params),
+        trainable_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         optimizer_state_bytes=state,
         optimizer_step_bytes=step,
         flat_state_ratio=flat_state,

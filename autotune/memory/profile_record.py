@@ -162,6 +162,9 @@ class MemoryProfile:
             parameter's element count (DeepSpeed's bucket size), number of parameter tensors.
         trainable_parameters: Elements of the parameters that require gradients: frozen ones
             (``requires_grad=False``) have no gradient and no optimizer state.
+        parameter_bytes, trainable_bytes: Bytes of all the parameters and of the trainable ones,
+            in the dtypes the model holds them (a model loaded in bf16 holds 2 per element, and
+            trains its gradients in bf16); what a local run keeps of them and of its gradients.
         optimizer_state_bytes: The workload optimizer's state after one step, fp32 parameters.
         optimizer_step_bytes: The most a local optimizer step allocates on top of parameters,
             gradients and state (torch's for-loop AdamW: a few parameter-sized temporaries).
@@ -183,6 +186,8 @@ class MemoryProfile:
     largest_parameter: int
     parameter_tensors: int
     trainable_parameters: int
+    parameter_bytes: int
+    trainable_bytes: int
     optimizer_state_bytes: int
     optimizer_step_bytes: int
     flat_state_ratio: float
