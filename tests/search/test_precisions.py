@@ -173,3 +173,14 @@ def test_a_worker_that_screened_beside_another_takes_the_verdict_stored_first() 
     # ...but the other worker's verdict was stored first: one space per study.
     assert (after.space.low_precisions, notes) == (("bf16",), [])
     assert study.user_attrs[PRECISIONS_ATTR] == {"kept": ["bf16"], "notes": []}
+
+
+def test_a_model_held_in_bf16_searches_no_reduced_precision_and_times_nothing() -> None:
+    import torch
+
+    prepared = _prepared()
+    prepared.workload.model.to(torch.bfloat16)
+    after, notes, study = _screen(prepared, _Untimed())
+    assert after.space.low_precisions == ()
+    assert notes == ["bf16 left out of the search: tiny's parameters are bfloat16 already"]
+    assert PRECISIONS_ATTR not in study.user_attrs  # a fact of the model, not a verdict of the machine
