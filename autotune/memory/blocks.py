@@ -103,12 +103,15 @@ def fake_forward(workload: Workload, batch: Any) -> Iterator[tuple[torch.nn.Modu
 
     from autotune.memory.fake_branches import RealBranches
     from autotune.memory.fake_logs import quiet_fake_logs
+    from autotune.memory.fake_values import RealValues, batch_pairs
     from autotune.memory.fake_workspaces import RealWorkspaces
 
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     model = workload.model_copy(fake=fake)
-    with quiet_fake_logs(), fake, RealBranches(batch), RealWorkspaces():
-        yield model, tree_map_only(torch.Tensor, fake.from_tensor, batch)
+    with quiet_fake_logs(), fake:
+        fake_batch = tree_map_only(torch.Tensor, fake.from_tensor, batch)
+        with RealBranches(batch), RealValues(fake, batch_pairs(fake_batch, batch)), RealWorkspaces():
+            yield model, fake_batch
 
 
 def profile_blocks(workload: Workload, *, micro_batch_size: int = 2, precision: Precision = "fp32") -> BlockProfile:

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 from autotune.config import Precision, RecomputeLevel
 from autotune.memory.fake_branches import RealBranches
+from autotune.memory.fake_values import RealValues, batch_pairs
 from autotune.memory.fake_workspaces import RealWorkspaces
 from autotune.memory.profile_record import BlockSaves, Moment
 from autotune.train.wrappers import apply_block_knobs, outer_autocast
@@ -90,8 +91,10 @@ def profile_run(
         with fake:
             batch = _fake_batch(fake, real_batch, weights)
             # RealWorkspaces below the tracker: it must see the real sizes (LSTM workspaces).
-            # RealBranches: transformers' mask checks answered from the real batch.
-            with RealBranches(real_batch), RealWorkspaces(), tracker:
+            # RealBranches: transformers' mask checks answered from the real batch; RealValues:
+            # what the batch alone determines, computed for real where an operation needs values.
+            values = RealValues(fake, batch_pairs(batch, real_batch))
+            with RealBranches(real_batch), values, RealWorkspaces(), tracker:
                 with saving, outer_autocast(outer, "cpu"):
                     loss = workload.loss_fn(model, batch)
                 loss.backward()
