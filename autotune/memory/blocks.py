@@ -110,7 +110,7 @@ def fake_forward(workload: Workload, batch: Any) -> Iterator[tuple[torch.nn.Modu
     model = workload.model_copy(fake=fake)
     with quiet_fake_logs(), fake:
         fake_batch = tree_map_only(torch.Tensor, fake.from_tensor, batch)
-        with RealBranches(batch), RealValues(fake, batch_pairs(fake_batch, batch)), RealWorkspaces():
+        with RealBranches(batch), RealValues(batch_pairs(fake_batch, batch)), RealWorkspaces():
             yield model, fake_batch
 
 

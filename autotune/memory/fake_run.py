@@ -93,7 +93,7 @@ def profile_run(
             # RealWorkspaces below the tracker: it must see the real sizes (LSTM workspaces).
             # RealBranches: transformers' mask checks answered from the real batch; RealValues:
             # what the batch alone determines, computed for real where an operation needs values.
-            values = RealValues(fake, batch_pairs(batch, real_batch))
+            values = RealValues(batch_pairs(batch, real_batch))
             with RealBranches(real_batch), values, RealWorkspaces(), tracker:
                 with saving, outer_autocast(outer, "cpu"):
                     loss = workload.loss_fn(model, batch)

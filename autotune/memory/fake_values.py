@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -80,18 +80,14 @@ class RealValues(TorchDispatchMode):
     from them the operations that need values.
 
     Args:
-        fake: The ``FakeTensorMode`` the pass runs in (its fake tensors are made with it).
         pairs: (fake tensor, real tensor) of the batch: the fake batch and the real batch it was
-            made from, leaf by leaf.
+            made from, leaf by leaf (:func:`batch_pairs`).
     """
 
-    def __init__(self, fake: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         super().__init__()
-        self.fake = fake
         # Keyed by identity (a tensor's == is elementwise), dropped with the fake tensor.
         self.twins: Any = WeakTensorKeyDictionary()
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         with unset_fake_temporarily():  # made inside the fake mode: the twins are real
             for f, r in pairs:
                 # The pass may cast the batch (a 16-bit engine's floats): the twin in the fake's dtype.
@@ -127,8 +123,6 @@ class RealValues(TorchDispatchMode):
         """``args`` of an indexing operation (tensor, indices, ...) with each boolean index that
         has a twin replaced by the long indices of its true positions, one per dimension it
         spans (what indexing by a mask means), as fake tensors with their twins."""
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         indices = args[1]
         if not isinstance(indices, (list, tuple)):
             return args
@@ -143,8 +137,6 @@ class RealValues(TorchDispatchMode):
         return (args[0], spread, *args[2:])
 
     def _real(self, func: Any, flat: list[Any], spec: Any) -> Any:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         real_flat = [self._twin(a) if isinstance(a, torch.Tensor) else a for a in flat]
         real_args, real_kwargs = tree_unflatten(real_flat, spec)
         with unset_fake_temporarily(), torch.no_grad():
