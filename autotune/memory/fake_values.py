@@ -44,32 +44,29 @@ MAX_TWIN_ELEMENTS = 2**24
 #: create with a twin: position ids and small index tensors, not the buffers a model allocates.
 MAX_FACTORY_ELEMENTS = 2**16
 
+
+def _aten(name: str, overload: str = "default") -> Any:
+    """``torch.ops.aten.<name>.<overload>``, or None where this torch has no such operation."""
+    return getattr(getattr(torch.ops.aten, name, None), overload, None)
+
+
+#: Indexing by a tensor (``x[mask]``): with a boolean index that has a twin, answered by the
+#: index's real positions (``mask.nonzero()``) whatever the indexed tensor is. Its backward
+#: (``index_put`` on a tensor of the input's shape) has a shape without values: the fake runs it.
+_INDEX = _aten("index", "Tensor")
+
 #: Operations a fake tensor cannot answer, whose output shape or value depends on the values.
 _DATA_DEPENDENT = frozenset(
-    getattr(torch.ops.aten, name).default
-    for name in ("nonzero", "_local_scalar_dense", "masked_select", "unique_consecutive", "bincount")
-    if hasattr(torch.ops.aten, name)
-) | frozenset(
     op
     for op in (
-        getattr(getattr(torch.ops.aten, "_unique2", None), "default", None),
-        getattr(getattr(torch.ops.aten, "index", None), "Tensor", None),
-        getattr(getattr(torch.ops.aten, "repeat_interleave", None), "Tensor", None),
-    )
-    if op is not None
-)
-
-
-#: Indexing operations (``x[mask]``, its backward ``index_put``) whose boolean index needs values:
-#: answered by the index's real positions (``mask.nonzero()``) when the mask has a twin, whatever
-#: the indexed tensor is.
-_INDEXING = frozenset(
-    op
-    for op in (
-        getattr(getattr(torch.ops.aten, "index", None), "Tensor", None),
-        getattr(getattr(torch.ops.aten, "index_put", None), "default", None),
-        getattr(getattr(torch.ops.aten, "index_put_", None), "default", None),
-        getattr(getattr(torch.ops.aten, "_index_put_impl_", None), "default", None),
+        _aten("nonzero"),
+        _aten("_local_scalar_dense"),
+        _aten("masked_select"),
+        _aten("unique_consecutive"),
+        _aten("bincount"),
+        _aten("_unique2"),
+        _aten("repeat_interleave", "Tensor"),
+        _INDEX,
     )
     if op is not None
 )
@@ -96,13 +93,13 @@ class RealValues(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         first = args[0] if args else None
-        if func not in _INDEXING and _is_fake(first) and first not in self.twins:
+        if func is not _INDEX and _is_fake(first) and first not in self.twins:
             # Most operations of a pass: an activation or a parameter first, which has no twin.
             return func(*args, **kwargs)
         flat, spec = tree_flatten((args, kwargs))
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
         known = all(self._has_twin(t) for t in tensors) and not _random(func)
-        if func in _INDEXING and not known:
+        if func is _INDEX and not known:
             args = self._positional_indices(args)
         if func in _DATA_DEPENDENT and tensors and known:
             real = self._real(func, flat, spec)

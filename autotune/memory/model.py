@@ -248,15 +248,10 @@ class _Predictor:
         """Parameters, gradients, optimizer state and DeepSpeed buffers held between steps."""
         p, psi, q, s = self.profile, self.psi, self.q, self.s
         master = 4 * q + round(p.flat_state_ratio * q)  # fp32 master partition + optimizer state on it
-        if self.plan.runner == "local":  # the parameters as the model holds them (fp32, or loaded in bf16)
-            return {
-                "parameters": p.parameter_bytes,
-                "gradients": 0,
-                "optimizer_state": p.optimizer_state_bytes,
-                "other": 0,
-            }
-        if self.plan.stage == 0 and s == 4:
-            return {"parameters": 4 * psi, "gradients": 0, "optimizer_state": p.optimizer_state_bytes, "other": 0}
+        if self.plan.runner == "local" or (self.plan.stage == 0 and s == 4):
+            # A local run holds the parameters as the model does (fp32, or loaded in bf16).
+            parameters = p.parameter_bytes if self.plan.runner == "local" else 4 * psi
+            return {"parameters": parameters, "gradients": 0, "optimizer_state": p.optimizer_state_bytes, "other": 0}
         if self.plan.stage == 0:  # 16-bit engine, no ZeRO: fp32 master copy of every trainable parameter
             return {
                 "parameters": s * psi,
