@@ -251,6 +251,36 @@ class Workload:
         return (self.collate_fn or default_collate)(samples)
 
     @property
+    def held_in_16_bits(self) -> str | None:
+        """The dtype of the model's floating-point parameters when every one is 16-bit (a model
+        loaded with ``torch_dtype=torch.bfloat16``, Lightning's ``"bf16-true"``), else None.
+
+        Such a model trains in that dtype whatever a configuration's precision says: autocast
+        casts fp32 operands to 16 bits, and there are none, so no searcher moves its precision
+        knobs (the study, ``tune``, an adaptive run, the simulator's calibration).
+
+        Example:
+            >>> import torch
+            >>> from autotune import Workload
+            >>> w = Workload(name="w", model=torch.nn.Linear(2, 2).bfloat16(), dataset=[torch.zeros(2)] * 4,
+            ...              loss_fn=lambda m, b: m(b.bfloat16()).sum(), batch_size=2)
+            >>> w.held_in_16_bits, w.held_note
+            ('bfloat16', "w's parameters are bfloat16 already")
+        """
+        import torch
+
+        dtypes = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
+        if not dtypes or not dtypes <= {torch.bfloat16, torch.float16}:
+            return None
+        return " and ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+
+    @property
+    def held_note(self) -> str | None:
+        """Why no reduced precision is tried on this model, in words (None: they may be)."""
+        held = self.held_in_16_bits
+        return None if held is None else f"{self.name}'s parameters are {held} already"
+
+    @property
     def num_parameters(self) -> int:
         """Elements of every parameter of the model."""
         return sum(p.numel() for p in self.model.parameters())

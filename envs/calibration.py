@@ -11,7 +11,8 @@
   the reduced-precision speed and the recompute cost are solved (``calibrate``);
 - loss and gradient-noise-scale curves of a real run of the default configuration;
 - whether the model runs in reduced precision here at all (``reduced_failure``: oneDNN has no
-  bf16 LSTM primitive on an AVX2 CPU, and the step raises): a model that cannot gets an fp32-only
+  bf16 LSTM primitive on an AVX2 CPU, and the step raises; a model loaded in bf16 has no
+  precision to change): a model that does not gets an fp32-only
   profile, and the simulator refuses its reduced-precision settings as the real environment does;
 - the peak memory of every knob setting the environment can reach (``peak_table``), predicted by
   the memory model (:func:`autotune.predict_memory`, exact fake-tensor profile plus the runner's
@@ -129,7 +130,7 @@ def calibrate(
     say("per-block activation bytes")
     blocks, failure = _block_bytes(workload, reduced, b_small, b0)
     if failure is not None:
-        say(f"{reduced} cannot run here ({failure}): an fp32-only profile")
+        say(f"no {reduced} here ({failure}): an fp32-only profile")
     block_acts = sum(b.fp32_fixed + b0 * b.fp32_per_sample for b in blocks)
     say("per-block forward time")
     shares, block_fraction = _block_forward_shares(workload, b0)
@@ -241,17 +242,19 @@ def _block_time_ratios(times: dict[str, float], blocks_seconds: float, *, failur
 
 
 def _block_bytes(workload: Workload, reduced: Precision, b1: int, b2: int) -> tuple[list[BlockCost], str | None]:
-    """Each block's bytes, and why the model cannot run in ``reduced`` here (None: it can; then
-    the reduced bytes are fp32's). A reduced forward that raises (not out of memory: that is the
-    machine's size, not a missing kernel) is such a failure; the fp32 forward raising is the user's."""
+    """Each block's bytes, and why the model does not run in ``reduced`` here (None: it does;
+    otherwise the reduced bytes are fp32's): its parameters are 16-bit already
+    (:attr:`Workload.held_in_16_bits`), or a reduced forward raises (not out of memory: that is the
+    machine's size, not a missing kernel); the fp32 forward raising is the user's."""
     fp32 = _linear_fit(workload, "fp32", b1, b2)
-    failure = None
-    try:
-        low = _linear_fit(workload, reduced, b1, b2)
-    except Exception as e:
-        if is_out_of_memory(e):
-            raise
-        failure, low = one_line(e), fp32
+    failure, low = workload.held_note, fp32  # a model held in 16 bits: no precision knob to time
+    if failure is None:
+        try:
+            low = _linear_fit(workload, reduced, b1, b2)
+        except Exception as e:
+            if is_out_of_memory(e):
+                raise
+            failure = one_line(e)
     inputs = _block_input_bytes(workload, b2)
     blocks = [
         BlockCost(

@@ -15,6 +15,7 @@ the budget would run out of memory; here it simply is never run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -195,7 +196,9 @@ class TrainingEnv(TuningEnv):
         )
         start_s = time.perf_counter()
         speed, recompute = self._probe_machine(start)
-        self._say(phase_line(f"machine probed: bf16 speed {speed:.2f}x fp32, recompute {recompute:+.0%}", start_s))
+        failure = self._reduced_failure
+        bf16 = f"bf16 speed {speed:.2f}x fp32" if failure is None else f"no bf16 ({failure})"
+        self._say(phase_line(f"machine probed: {bf16}, recompute {recompute:+.0%}", start_s))
         machine = MachineDescriptor(
             reduced_speed=speed, budget_ratio=budget / model_state_bytes(wl.model), recompute_cost=recompute
         )
@@ -206,17 +209,17 @@ class TrainingEnv(TuningEnv):
         copy of it, as an adaptive run's gate does), build the episode's gate, and compare its
         prediction of the starting configuration with the peak just measured. A model whose reduced
         precision cannot even be profiled (a kernel this CPU lacks raises under fake tensors as it
-        does for real) gets an fp32-only profile, and reduced precision is infeasible."""
-        self._memory, self._gate, self.prediction_verified, self._reduced_failure = None, None, False, None
+        does for real), or whose parameters are 16-bit already, gets an fp32-only profile, and
+        reduced precision is infeasible."""
+        self._memory, self._gate, self.prediction_verified = None, None, False
+        self._reduced_failure = wl.held_note  # loaded in 16 bits: no precision knob to move
         if self.ranks > 1:
             return
         # The checks run where the episode trains (on a GPU: milliseconds, never host steps).
         device = resolve_device(self.device).type
-        try:
+        with contextlib.suppress(PredictionError):  # no memory model for this model
             self._memory = profile_memory(wl, modes=("fp32",), checkpointed=True, device=device, note=self.note)
-        except PredictionError:  # no memory model for this model
-            pass
-        else:  # grown by bf16: its passes and its check only
+        if self._memory is not None and self._reduced_failure is None:  # grown by bf16: its passes and check
             try:
                 self._memory = profile_memory(
                     wl, modes=("fp32", "bf16"), checkpointed=True, reuse=self._memory, device=device, note=self.note

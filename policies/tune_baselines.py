@@ -130,7 +130,7 @@ def measure_baselines(
         say: Gets one line per baseline: its configuration and samples/s and peak, or why infeasible.
 
     Returns:
-        The PyTorch default, then (where bf16 is offered) the HF recipe.
+        The PyTorch default, then the HF recipe (bf16; its checkpointing alone on a model held in 16 bits).
     """
     from autotune.config import TrainConfig
     from autotune.search.baselines import HF_RECIPE, PYTORCH_DEFAULT, baselines
@@ -145,7 +145,7 @@ def measure_baselines(
         base=TrainConfig(),
     )
     out = []
-    for b in baselines(space, batch_size=workload.batch_size):
+    for b in baselines(space, batch_size=workload.batch_size, held=workload.held_in_16_bits is not None):
         if b.name not in (PYTORCH_DEFAULT, HF_RECIPE):
             continue
         start = time.perf_counter()

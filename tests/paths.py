@@ -12,6 +12,8 @@ ZERO_WORKLOADS = DATA / "zero_workloads.py"
 USER_WORKLOAD = DATA / "my_workload.py"
 #: A workload whose loss is NaN at every step (``build``).
 NAN_WORKLOAD = DATA / "nan_workload.py"
+#: A user's model loaded in bf16: every parameter 16-bit (``build``).
+HELD_BF16 = DATA / "held_bf16.py"
 #: Variable-length token sequences with a padding collate (``build``: an IterableDataset;
 #: ``build_map_style``: a list).
 PADDED_WORKLOAD = DATA / "padded_workload.py"

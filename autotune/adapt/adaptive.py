@@ -30,7 +30,7 @@ from autotune.adapt.records import AdaptStep
 from autotune.adapt.run_resume import RunResume
 from autotune.adapt.shape_guard import ShapeGuard
 from autotune.adapt.source_choice import PolicyArg, decision_source
-from autotune.adapt.sources import outer_in_play, selective_in_play
+from autotune.adapt.sources import outer_in_play, reduced_in_play, selective_in_play
 from autotune.batches import batch_size
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
@@ -333,9 +333,9 @@ class Adaptive(RunResume):
 
     def _build_gate(self, budget: MemoryBudget, default: TrainConfig, device_type: str) -> None:
         """The budget gate, and the shape guard of ``step(batch)`` over it."""
-        reduced = self.source is not None  # only a decision source proposes bf16 blocks
+        reduced = reduced_in_play(self.source, self.workload)
         selective = selective_in_play(self.source, default, len(self.workload.block_names()))
-        outers = outer_in_play(self.source, default)  # default's first
+        outers = outer_in_play(self.source, default, held=self.workload.held_in_16_bits is not None)  # default's first
         self.gate = BudgetGate.build(
             self.workload,
             budget,

@@ -32,6 +32,7 @@ __all__ = [
     "Proposal",
     "RunContext",
     "outer_in_play",
+    "reduced_in_play",
     "reduced_of",
     "selective_in_play",
 ]
@@ -375,7 +376,26 @@ def selective_in_play(source: DecisionSource | None, default: TrainConfig, num_b
     return True
 
 
-def outer_in_play(source: DecisionSource | None, default: TrainConfig) -> tuple[Precision, ...]:
+def reduced_in_play(source: DecisionSource | None, workload: Workload) -> bool:
+    """Whether a run's blocks may move to a reduced precision, so that its budget gate must profile
+    those modes: a decision source may propose them, but on a model held in 16 bits
+    (:attr:`Workload.held_in_16_bits`: autocast has nothing to cast) only a fixed configuration
+    that asks for them does.
+
+    Example:
+        >>> import torch
+        >>> from autotune import TrainConfig, Workload
+        >>> w = Workload(name="w", model=torch.nn.Linear(2, 2).bfloat16(), dataset=[torch.zeros(2)] * 4,
+        ...              loss_fn=lambda m, b: m(b.bfloat16()).sum(), batch_size=2)
+        >>> reduced_in_play(None, w), reduced_in_play(FixedConfig(TrainConfig(micro_batch_size=2)), w)
+        (False, True)
+    """
+    if source is None:
+        return False
+    return isinstance(source, FixedConfig) or workload.held_in_16_bits is None
+
+
+def outer_in_play(source: DecisionSource | None, default: TrainConfig, *, held: bool = False) -> tuple[Precision, ...]:
     """The outer precisions (embeddings, final norm, head, loss) a run may train, so that its
     budget gate's memory profile must hold their modes (:func:`autotune.memory.gate.profile_modes`:
     a reduced outer precision is two more modes, and on the CPU one more kind of check step;
@@ -384,12 +404,14 @@ def outer_in_play(source: DecisionSource | None, default: TrainConfig) -> tuple[
     Args:
         source: The run's decision source (None: it stays on ``default``).
         default: The run's own configuration.
+        held: Whether the model is held in 16 bits (:attr:`Workload.held_in_16_bits`): a source
+            other than a fixed configuration then moves no precision, to a reduced one or back.
 
     Returns:
         ``default``'s outer precision first; then a fixed configuration's; for the policy (its
         seventh action entry, its neighbours and its start plan move the outer parts between fp32
         and the run's reduced precision, :func:`reduced_of` ``default``) and for a source of the
-        user's own, fp32 and that reduced precision.
+        user's own, fp32 and that reduced precision (fp32 only where ``held``).
 
     Example:
         >>> from autotune import TrainConfig
@@ -405,4 +427,5 @@ def outer_in_play(source: DecisionSource | None, default: TrainConfig) -> tuple[
         return tuple(dict.fromkeys((default.outer_precision, source.config.outer_precision)))
     # The codec maps the outer level to the run's reduced precision (knobs_to_config's ``reduced``,
     # the policy source's reduced_of): without its modes each such proposal is refused unpredicted.
-    return tuple(dict.fromkeys((default.outer_precision, "fp32", reduced_of(default))))
+    moved = ("fp32",) if held else ("fp32", reduced_of(default))
+    return tuple(dict.fromkeys((default.outer_precision, *moved)))

@@ -58,7 +58,7 @@ from autotune.adapt.controller import Controller
 from autotune.adapt.recompiles import Recompiles
 from autotune.adapt.records import Change
 from autotune.adapt.saved import model_record
-from autotune.adapt.sources import outer_in_play, selective_in_play
+from autotune.adapt.sources import outer_in_play, reduced_in_play, selective_in_play
 from autotune.config import TrainConfig
 from autotune.integrations._evaluation import Evaluations
 from autotune.integrations._flags import LoopPrecision, ModelCheckpointing
@@ -145,12 +145,17 @@ class FrameworkLoop(Resume, Evaluations):
         # The user's flags pin the outer precision where the loop opens its own autocast (or no
         # precision knob moves): no proposal moves it then (``takes``), so no other one is profiled.
         pinned = self.precision.owned or bool(self.precision.fixed)
-        outers = (default.outer_precision,) if pinned else outer_in_play(self.source, default)
+        reduced = reduced_in_play(self.source, workload)
+        outers = (
+            (default.outer_precision,)
+            if pinned
+            else outer_in_play(self.source, default, held=workload.held_in_16_bits is not None)
+        )
         gate = BudgetGate.build(
             workload,
             self.budget,
             default,
-            reduced_precision=self.source is not None,
+            reduced_precision=reduced,
             device_type=device,
             selective=selective,
             outers=outers[1:],

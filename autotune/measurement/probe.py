@@ -103,8 +103,9 @@ def probe_workload(workload: Workload, start: TrainConfig) -> MachineSpeeds:
         start: The run's starting configuration; the probes run at its micro-batch (at most 8).
 
     Returns:
-        The speeds; a model that cannot run in bf16 here (oneDNN has no bf16 LSTM on AVX2 CPUs)
-        reads as speed 0 (``reduced_failure`` says why), so bf16 is never proposed.
+        The speeds; a model that cannot run in bf16 here (oneDNN has no bf16 LSTM on AVX2 CPUs),
+        or whose parameters are 16-bit already (:attr:`Workload.held_in_16_bits`: no step), reads
+        as speed 0 (``reduced_failure`` says why), so bf16 is never proposed.
     """
     import torch
 
@@ -121,11 +122,15 @@ def probe_workload(workload: Workload, start: TrainConfig) -> MachineSpeeds:
         ranks=1,
         zero_stage=0,
     )
+    held = workload.held_note  # loaded in 16 bits: no reduced precision to time
     trainer = Trainer(workload, probe, device=device, track_noise=False)
     try:
-        return probe_speeds(trainer, probe, recover=lambda: trainer.optimizer.zero_grad(set_to_none=True))
+        speeds = probe_speeds(
+            trainer, probe, recover=lambda: trainer.optimizer.zero_grad(set_to_none=True), probe_reduced=held is None
+        )
     finally:
         trainer.close()
+    return speeds if held is None else dataclasses.replace(speeds, reduced_failure=held)
 
 
 def _time_probes(

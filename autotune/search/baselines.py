@@ -14,7 +14,9 @@
   gradient_checkpointing=True)`` at their batch: the whole model in bf16 autocast (every block and
   the outer parts: embeddings, head, loss), every block recomputed, the whole per-rank batch in one
   micro-batch, or the largest micro-batch that fits as for the PyTorch default (the memory model
-  up front, else the objective's retry). Only where the space offers bf16: the recipe is bf16.
+  up front, else the objective's retry). Only where the space offers bf16: the recipe is bf16;
+  or where the model is held in bf16 already (:attr:`Workload.held_in_16_bits`), whose space
+  offers no precision: there ``bf16=True`` has nothing to cast and the recipe is its checkpointing.
 
 A third trial, ``policy``, is the pretrained policy's proposal for the model (enqueued by the
 study unless its spec turns ``policy_proposal`` off; ``autotune tune --storage`` records its best
@@ -65,15 +67,20 @@ class Baseline:
 
 
 def baselines(
-    space: SearchSpace, *, batch_size: int, admits: Callable[[Knobs], Verdict] | None = None
+    space: SearchSpace,
+    *,
+    batch_size: int,
+    admits: Callable[[Knobs], Verdict] | None = None,
+    held: bool = False,
 ) -> tuple[Baseline, ...]:
     """The baselines at effective batch ``batch_size``: the PyTorch default, the seed recipe and,
-    where the space offers bf16, the HF recipe. ``admits`` (the admission rule on a memory
-    prediction, :func:`autotune.search.budget.admits`) picks the largest admitted micro-batch for
-    the PyTorch default and the HF recipe up front, when a memory model exists."""
+    where the space offers bf16 or the model is ``held`` in 16 bits, the HF recipe. ``admits``
+    (the admission rule on a memory prediction, :func:`autotune.search.budget.admits`) picks the
+    largest admitted micro-batch for the PyTorch default and the HF recipe up front, when a memory
+    model exists."""
     out = [_pytorch_default(space, batch_size, admits), _seed_recipe(space, batch_size)]
-    if "bf16" in space.low_precisions:
-        out.append(_hf_recipe(space, batch_size, admits))
+    if held or "bf16" in space.low_precisions:
+        out.append(_hf_recipe(space, batch_size, admits, held=held))
     return tuple(out)
 
 
@@ -105,15 +112,11 @@ def _pytorch_default(space: SearchSpace, batch: int, admits: Callable[[Knobs], V
     return Baseline(name=PYTORCH_DEFAULT, knobs=_largest_fitting(space, _whole_batch(space, batch), admits))
 
 
-def _hf_recipe(space: SearchSpace, batch: int, admits: Callable[[Knobs], Verdict] | None) -> Baseline:
+def _hf_recipe(space: SearchSpace, batch: int, admits: Callable[[Knobs], Verdict] | None, *, held: bool) -> Baseline:
     n = space.num_blocks
-    whole = replace(
-        _whole_batch(space, batch),
-        low_precision="bf16",
-        low_precision_blocks=n,
-        checkpoint_blocks=n,
-        outer_low_precision=True,
-    )
+    whole = replace(_whole_batch(space, batch), checkpoint_blocks=n)
+    if not held:
+        whole = replace(whole, low_precision="bf16", low_precision_blocks=n, outer_low_precision=True)
     return Baseline(name=HF_RECIPE, knobs=_largest_fitting(space, whole, admits))
 
 

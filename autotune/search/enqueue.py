@@ -61,7 +61,8 @@ def enqueue_baselines(
     verdict = admits(prepared, predictor)
     reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
     added = []
-    for b in baselines(prepared.space, batch_size=reference, admits=verdict):
+    held = prepared.workload.held_in_16_bits is not None
+    for b in baselines(prepared.space, batch_size=reference, admits=verdict, held=held):
         if b.name not in present:
             study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
             added.append(b.name)

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from autotune.search.cache import MeasurementCache
     from autotune.search.study import Prepared
 
-__all__ = ["BUSY_MARGIN", "DOMINATED_SLOWDOWN", "PRECISIONS_ATTR", "held_in_16_bits", "screen_precisions"]
+__all__ = ["BUSY_MARGIN", "DOMINATED_SLOWDOWN", "PRECISIONS_ATTR", "screen_precisions"]
 
 #: A reduced precision whose step takes this many times the fp32 step or more is left out of a
 #: study's space: no point in it can win on throughput per GiB. Autocast keeps fp32 weights,
@@ -79,11 +79,11 @@ def screen_precisions(
     space = prepared.space
     if not space.low_precisions:
         return prepared
-    held = held_in_16_bits(prepared.workload.model)
+    held = prepared.workload.held_note
     if held is not None:
         # Autocast casts fp32 operands only: over 16-bit weights every precision is the same step.
         left = " and ".join(space.low_precisions)
-        note(f"{left} left out of the search: {prepared.workload.name}'s parameters are {held} already")
+        note(f"{left} left out of the search: {held}")
         return dataclasses.replace(prepared, space=dataclasses.replace(space, low_precisions=()))
     if 1 not in space.ranks:
         return prepared
@@ -105,23 +105,6 @@ def screen_precisions(
     if kept == space.low_precisions:
         return prepared
     return dataclasses.replace(prepared, space=dataclasses.replace(space, low_precisions=kept))
-
-
-def held_in_16_bits(model: Any) -> str | None:
-    """The dtype of ``model``'s floating-point parameters when every one is 16-bit (a model
-    loaded in bf16), else None.
-
-    Example:
-        >>> import torch
-        >>> held_in_16_bits(torch.nn.Linear(2, 2).to(torch.bfloat16)), held_in_16_bits(torch.nn.Linear(2, 2))
-        ('bfloat16', None)
-    """
-    import torch
-
-    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    if not dtypes or not dtypes <= {torch.bfloat16, torch.float16}:
-        return None
-    return " and ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
 
 
 def _stored(study: optuna.Study) -> dict[str, list[str]] | None:

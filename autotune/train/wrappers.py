@@ -21,9 +21,15 @@ else: :func:`outer_autocast` is that region, which the trainers open around the 
 ``loss_fn`` (the model's forward and the loss) and :func:`apply_outer_precision` installs around
 a model's own forward for a loop autotune does not own (an exported ``apply()``, the framework
 callbacks). Under a reduced outer precision the blocks are its exceptions: an fp32 block runs
-with autocast disabled on fp32 inputs, a reduced one under its autocast, and no block's output is
-cast back (autocast itself casts each operation's inputs, as under Hugging Face's ``bf16=True``).
-Under an fp32 outer precision a reduced block is an island whose outputs go back to fp32.
+with autocast disabled on inputs in its own dtype, a reduced one under its autocast, and no
+block's output is cast back (autocast itself casts each operation's inputs, as under Hugging
+Face's ``bf16=True``). Under an fp32 outer precision a reduced block is an island whose outputs go
+back to its own dtype.
+
+A block's own dtype is the one most of its parameter elements are held in: fp32 for a model
+trained in fp32; bf16 for a model loaded in bf16, and for a LoRA model on a bf16 base (PEFT keeps
+the adapters in fp32 and hands the next layer bf16 activations). Casting those back to fp32 made
+the next block's bf16 weights refuse its input ("expected m1 and m2 to have the same dtype").
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ __all__ = [
     "apply_outer_precision",
     "effective_block_knobs",
     "outer_autocast",
+    "own_dtype",
 ]
 
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -232,6 +239,7 @@ def _wrapped_forward(
 ) -> Callable[..., Any]:
     inner = block.forward
     dtype = AUTOCAST_DTYPES.get(precision)
+    own = own_dtype(block)
     cache_at = _cache_positions(inner)
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -245,17 +253,17 @@ def _wrapped_forward(
                 return inner(*args, **kwargs)
         if dtype is None:
             # An fp32 exception under a reduced outer precision: autocast off, and its inputs in
-            # fp32 (a reduced block before it may hand it 16-bit activations).
-            args, kwargs = tree_map_only(torch.Tensor, _to_fp32, (args, kwargs))
+            # its own dtype (a reduced block before it may hand it 16-bit activations).
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: _floating_to(t, own), (args, kwargs))
             with torch.autocast(device_type, enabled=False):
                 return inner(*args, **kwargs)
         with torch.autocast(device_type, dtype=dtype):
             out = inner(*args, **kwargs)
         # Under an fp32 outer precision a block is a precision island: its outputs go back to
-        # fp32 so the next block (maybe fp32, outside autocast) and the fp32 head accept them.
+        # its own dtype so the next block (maybe fp32, outside autocast) and the head accept them.
         # Activations saved *inside* the block stay in low precision, which is where the memory
         # saving comes from.
-        return tree_map_only(torch.Tensor, _to_fp32, out)
+        return tree_map_only(torch.Tensor, lambda t: _floating_to(t, own), out)
 
     def contexts() -> tuple[Any, Any]:
         # One pair per checkpoint invocation: selective recompute's cache of matmul-like outputs
@@ -280,7 +288,26 @@ def _wrapped_forward(
     return forward
 
 
-def _to_fp32(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype in (torch.bfloat16, torch.float16):
-        return t.float()
+def own_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The floating dtype most of ``module``'s parameter elements are held in (fp32 without any):
+    what its outputs are without autocast, and what its neighbours expect.
+
+    Example:
+        >>> import torch
+        >>> lora = torch.nn.ModuleDict({"base": torch.nn.Linear(64, 64).bfloat16(), "adapter": torch.nn.Linear(64, 2)})
+        >>> own_dtype(lora), own_dtype(torch.nn.ReLU())
+        (torch.bfloat16, torch.float32)
+    """
+    elements: dict[torch.dtype, int] = {}
+    for p in module.parameters():
+        if p.is_floating_point():
+            elements[p.dtype] = elements.get(p.dtype, 0) + p.numel()
+    return max(elements, key=elements.__getitem__) if elements else torch.float32
+
+
+def _floating_to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype`` if it is 16-bit and ``dtype`` is not its dtype: what autocast made
+    reduced goes back; what the block keeps in fp32 of its own accord (a router's logits) stays."""
+    if t.dtype != dtype and t.dtype in (torch.bfloat16, torch.float16):
+        return t.to(dtype)
     return t

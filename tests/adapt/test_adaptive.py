@@ -1025,3 +1025,30 @@ def test_the_gate_profiles_the_selective_runs_only_where_the_run_may_move_there(
         assert "selective" in {v.kind for v in profile.checks}
     finally:
         moving.close()
+
+
+def test_a_model_held_in_bf16_moves_no_precision_and_profiles_no_reduced_mode() -> None:
+    # Loaded in bf16, the model trains in bf16 whatever a precision knob says. Before, the gate
+    # profiled and checked bf16 blocks (the check step raised on the fp32 cast back), the policy's
+    # plan could not profile the model ("expected m1 and m2 to have the same dtype"), and the
+    # policy moved precision knobs that change nothing.
+    wl = make_resmlp()
+    model = wl.model.to(torch.bfloat16)
+
+    def loss_fn(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        xb, yb = batch
+        return torch.nn.functional.cross_entropy(m(xb.bfloat16()).float().flatten(0, 1), yb.flatten())
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tuner = Adaptive(model, opt, loss_fn, wl.dataset, batch_size=BATCH, policy="pretrained", decide_every=2)
+    try:
+        for _ in range(8):
+            tuner.step()
+        profile = tuner.gate.profile
+        assert profile is not None and tuple(profile.modes) == ("fp32",)
+        assert {v.kind for v in profile.checks} <= {"default", "recompute", "selective"}
+        assert tuner.history[0].source == "policy" and tuner.history[0].applied  # the plan: profiled now
+        configs = [tuner.config, *(c.after for c in tuner.history)]
+        assert {(c.precision, c.outer_precision) for c in configs} == {("fp32", "fp32")}
+    finally:
+        tuner.close()

@@ -120,3 +120,25 @@ def test_every_shipped_profile_has_the_selective_and_outer_tables() -> None:
         assert p.selective_peak_table is not None and p.outer_peak_table is not None, path.name
         assert p.outer_selective_peak_table is not None, path.name
         assert all(b.selective_per_sample is not None for b in p.blocks), path.name
+
+
+def test_a_model_held_in_bf16_gets_an_fp32_profile_without_a_reduced_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.envs import calibration
+
+    from autotune.resolve import load_workload
+    from tests.paths import HELD_BF16
+
+    workload = load_workload(f"{HELD_BF16}:build")
+    passes: list[str] = []
+    real = calibration._linear_fit
+
+    def fit(wl: object, precision: str, b1: int, b2: int) -> list[tuple[float, float]]:
+        passes.append(precision)
+        return real(wl, precision, b1, b2)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(calibration, "_linear_fit", fit)
+    blocks, failure = calibration._block_bytes(workload, "bf16", 2, 8)
+    assert (passes, failure) == (["fp32"], "held-net's parameters are bfloat16 already")
+    assert [(b.reduced_fixed, b.reduced_per_sample) for b in blocks] == [
+        (b.fp32_fixed, b.fp32_per_sample) for b in blocks
+    ]

@@ -243,3 +243,25 @@ def test_a_per_block_mix_on_blocks_that_are_not_a_chain_is_measured_not_trusted(
         assert not env.admits(env._levels_knobs(other)) and len(env.measured_peaks) == measured + 1
     finally:
         env.close()
+
+
+def test_on_a_model_held_in_bf16_bf16_is_infeasible_without_a_profile_or_a_step() -> None:
+    """Loaded in bf16, a precision knob changes nothing: reset profiles and checks no bf16 mode,
+    probes no bf16 step, and says why; an action into bf16 is refused with that reason."""
+    from autotune.envs._codec import FRACTION_LEVELS
+
+    from tests.paths import HELD_BF16
+
+    lines: list[str] = []
+    env = TrainingEnv(workloads=[f"{HELD_BF16}:build"], steps_per_action=2, horizon=4, memory_budget=1 << 40)
+    env.note = lines.append
+    try:
+        obs, _ = env.reset(seed=0)
+        all_bf16 = dataclasses.replace(env._cursor, precision=FRACTION_LEVELS - 1)
+        assert env.infeasible == {env._levels_knobs(all_bf16): "held-net's parameters are bfloat16 already"}
+        assert env._memory is not None and tuple(env._memory.modes) == ("fp32",)
+        assert obs[15] == -1.0  # the reduced speed the policy sees: none
+        (probed,) = [line for line in lines if line.startswith("machine probed")]
+        assert probed.startswith("machine probed: no bf16 (held-net's parameters are bfloat16 already), recompute ")
+    finally:
+        env.close()

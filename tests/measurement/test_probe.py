@@ -124,3 +124,31 @@ def test_a_precision_that_cannot_run_reads_as_zero_and_the_others_are_still_time
 def test_fp16_is_probed_on_cuda_only() -> None:
     assert reduced_precisions("cuda") == ("bf16", "fp16")
     assert reduced_precisions("cpu") == ("bf16",)
+
+
+def test_a_model_held_in_bf16_is_probed_without_a_bf16_step_and_reads_as_speed_zero(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune.measurement import probe
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(2)))
+    workload = Workload(
+        name="held",
+        model=model.to(torch.bfloat16),
+        dataset=torch.utils.data.TensorDataset(torch.randn(16, 8)),
+        loss_fn=lambda m, b: m(b[0].bfloat16()).float().square().mean(),
+        batch_size=8,
+        blocks=["0", "1"],
+    )
+    stepped: list[object] = []
+    real = probe._time_probes
+
+    def timed(loop: object, probes: dict[str, TrainConfig], **kwargs: object) -> object:
+        stepped.extend(probes)
+        return real(loop, probes, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(probe, "_time_probes", timed)
+    speeds = probe.probe_workload(workload, TrainConfig(micro_batch_size=8))
+    assert stepped == ["plain", "recompute"]  # no bf16 step: it would be the same step
+    assert speeds.reduced_speed == 0.0 and speeds.reduced_failure == "held's parameters are bfloat16 already"

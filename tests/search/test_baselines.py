@@ -137,6 +137,19 @@ def test_the_hf_recipe_needs_bf16_in_the_space() -> None:
     assert [b.name for b in baselines(_space(), batch_size=32)] == [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE]
 
 
+def test_on_a_model_held_in_bf16_the_hf_recipe_is_its_checkpointing_alone() -> None:
+    # Loaded in bf16, the model's space offers no precision (autocast has nothing to cast), and
+    # the recipe of a Trainer user is what gradient_checkpointing=True does to it.
+    space = _space(n_blocks=4, low_precisions=())
+    names = [b.name for b in baselines(space, batch_size=32, held=True)]
+    assert names == [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE]
+    *_, recipe = baselines(space, batch_size=32, held=True)
+    assert recipe.knobs == Knobs(
+        batch_size=32, micro_batch_size=32, ranks=1, zero_stage=0, low_precision="fp32", checkpoint_blocks=4
+    )
+    assert space.config(recipe.knobs).describe() == "micro x acc x ranks 32x1x1 | fp32 | ckpt all | ZeRO 0"
+
+
 def test_the_recommendation_line_compares_with_both_baselines_under_the_objective() -> None:
     def line(objective: str, ratios: dict[str, float | None]) -> str:
         return recommended_line(
