@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from autotune.block_detection import BlockChoice, detect_blocks, find_blocks
+from autotune.block_detection import BlockChoice, detect_blocks
 from autotune.errors import BatchError, WorkloadError
 
 if TYPE_CHECKING:
@@ -335,14 +335,22 @@ class Workload:
         """The block names: the declared ones, else the auto-detected ones."""
         if self.blocks is not None:
             return tuple(self.blocks)
-        return find_blocks(self.model, workload=self.name)
+        return self.block_choice().names
 
     def block_choice(self) -> BlockChoice:
         """The blocks and why they are the blocks: declared in ``blocks``, else the rule of
-        :func:`find_blocks` that found them (``choice.describe()`` is the line the CLI says)."""
+        :func:`find_blocks` that found them (``choice.describe()`` is the line the CLI says).
+        Detected once per module tree: a module added, removed or replaced detects them again."""
         if self.blocks is not None:
             return BlockChoice(tuple(self.blocks), f"{len(self.blocks)} declared in Workload.blocks")
-        return detect_blocks(self.model, workload=self.name)
+        # Every prediction asks for the blocks, and the simulator's memory tables are 2,400
+        # predictions: detecting them each time was most of a prediction's time.
+        tree = tuple(map(id, self.model.modules()))
+        cached = self.__dict__.get("_detected")
+        if cached is None or cached[0] != tree:
+            cached = (tree, detect_blocks(self.model, workload=self.name))
+            self.__dict__["_detected"] = cached  # frozen fields; a cache beside them, as cached_property's
+        return cached[1]
 
     def make_optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         """The workload's optimizer over ``params`` (AdamW at ``DEFAULT_LR`` when none is given).

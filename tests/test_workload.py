@@ -196,3 +196,18 @@ def test_a_fake_model_copy_of_a_model_elsewhere_is_on_the_host_and_allocates_not
     tensors = [*fake.parameters(), *fake.buffers()]
     assert all(isinstance(t, FakeTensor) and t.device.type == "cpu" for t in tensors)
     assert fake.head.weight is fake.embed.weight
+
+
+def test_detected_blocks_are_found_once_per_module_tree() -> None:
+    from unittest import mock
+
+    from autotune import block_detection
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()) for _ in range(3)))
+    wl = Workload(name="w", model=model, dataset=[torch.zeros(4)] * 4, loss_fn=lambda m, b: m(b).sum(), batch_size=2)
+    with mock.patch.object(block_detection, "_declared_blocks", wraps=block_detection._declared_blocks) as rule:
+        assert [wl.block_names() for _ in range(3)] == [("0", "1", "2")] * 3
+        assert rule.call_count == 1
+        model.append(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))  # the tree changed
+        assert wl.block_names() == ("0", "1", "2", "3") and rule.call_count == 2

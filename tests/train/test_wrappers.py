@@ -397,7 +397,7 @@ def test_recomputed_hf_blocks_write_no_cache_and_train_exactly(arch: str) -> Non
         assert len(grads) == len(expected)
         # Bit for bit on an Intel Xeon; on an AMD EPYC (AVX-512) GPT-2's and T5's recomputed
         # forward sums in another order in the last bits (gradients up to 7e-8 apart).
-        torch.testing.assert_close(grads, expected, rtol=1e-5, atol=1e-6, msg=lambda m: f"{level}: {m}")
+        torch.testing.assert_close(grads, expected, rtol=1e-5, atol=1e-6, msg=lambda m, level=level: f"{level}: {m}")
 
 
 class _CacheReader(nn.Module):
