@@ -102,6 +102,7 @@ class PolicySource(DecisionSource):
         self._decisions = 0
         self._first: Observation | None = None
         self._reduced_ok = True
+        self._held = False  # the model is held in 16 bits: the user's precisions stay (_kept)
         self._ranks = 1
         self._profile: WorkloadProfile | None = None  # the plan's calibrated simulator
         self._proposed: set[TrainConfig] = set()
@@ -114,6 +115,7 @@ class PolicySource(DecisionSource):
         self._ranks = context.start.ranks
         speeds = probe_workload(context.workload, context.start)
         self._reduced_ok = speeds.reduced_speed > 0
+        self._held = context.workload.held_in_16_bits is not None
         blocks, params = context.blocks, context.workload.num_parameters
         self._model = ModelDescriptor.describe(
             num_parameters=params, block_bytes=blocks.saved_bytes, samples=blocks.micro_batch_size
@@ -192,7 +194,7 @@ class PolicySource(DecisionSource):
             return None
 
         def admits(knobs: Knobs) -> bool:
-            return context.admits(knobs.to_config(context.ranking, base=context.start))
+            return context.admits(self._kept(knobs.to_config(context.ranking, base=context.start), context.start))
 
         batch = context.start.effective_batch_size
         # The policy moves the selective level and the outer precision, so the run may start at
@@ -210,7 +212,7 @@ class PolicySource(DecisionSource):
         if best is None:
             return None
         self._profile = profile
-        config = best[0].to_config(context.ranking, base=context.start)
+        config = self._kept(best[0].to_config(context.ranking, base=context.start), context.start)
         self._proposed.add(config)
         seconds = time.perf_counter() - started
         reason = f"the best of the calibrated simulator ({best[1]:.0f} samples/s per GiB simulated; {seconds:.0f} s)"
@@ -270,8 +272,11 @@ class PolicySource(DecisionSource):
         moved = apply_action(levels, action, max_zero_stage=ZERO_STAGES - 1 if self._ranks > 1 else 0)
         if not self._reduced_ok:  # a reduced precision this machine cannot run is never proposed
             moved = dataclasses.replace(moved, precision=0, outer=False)
-        config = knobs_to_config(
-            moved, ranking, reduced=reduced_of(observation.config), ranks=self._ranks, base=observation.config
+        config = self._kept(
+            knobs_to_config(
+                moved, ranking, reduced=reduced_of(observation.config), ranks=self._ranks, base=observation.config
+            ),
+            observation.config,
         )
         if config == observation.config or config in self._proposed:
             return self._neighbour(observation, levels, "")
@@ -287,6 +292,14 @@ class PolicySource(DecisionSource):
             )
         return Proposal(config=config, reason=f"policy action {action}")
 
+    def _kept(self, config: TrainConfig, base: TrainConfig) -> TrainConfig:
+        """``config`` with ``base``'s precisions on a model held in 16 bits (:attr:`Workload.held_in_16_bits`):
+        no precision knob changes its step there, so none moves away from the user's own (their
+        ``bf16=True`` autocast stays on every block)."""
+        if not self._held:
+            return config
+        return dataclasses.replace(config, precision=base.precision, outer_precision=base.outer_precision)
+
     def _rated(self, moved: Levels, levels: Levels, batch: int) -> float | None:
         """``moved``'s simulated samples/s per GiB over ``levels``' on the plan's calibrated
         simulator, or None without one (no plan, or on ranks, whose collectives it does not model)."""
@@ -299,6 +312,11 @@ class PolicySource(DecisionSource):
         from autotune.measurement.objective import per_gib
 
         assert self._profile is not None
+        if self._profile.reduced_failure is not None:
+            # An fp32-only profile prices reduced settings as infeasible (0 per GiB). The run's own
+            # reduced outer precision is the user's autocast over a model held in 16 bits (no
+            # proposal moves into one otherwise): the same step as fp32 there, so priced as fp32.
+            knobs = dataclasses.replace(knobs, precision=0, outer=False)
         cost = step_cost(self._profile, knobs)
         return per_gib(batch / cost.seconds, cost.peak_bytes)
 
@@ -331,6 +349,7 @@ class PolicySource(DecisionSource):
         ranked: list[tuple[float, TrainConfig]] = []
         for moved in around:
             config = knobs_to_config(moved, ranking, reduced=reduced_of(observation.config), base=observation.config)
+            config = self._kept(config, observation.config)
             if config in self._proposed or config == observation.config or not self._context.admits(config):
                 continue
             value = self._simulated(moved, batch)

@@ -440,3 +440,23 @@ def test_a_model_compiled_by_the_user_is_told_without_the_flag(tmp_path: Path) -
     assert _compiled(_args(str(tmp_path), 4, 1, torch_compile=True), wl.model) == "torch_compile=True"
     wl.model.transformer.h[0].compile()  # lazy: nothing compiles until it runs
     assert _compiled(_args(str(tmp_path), 4, 1), wl.model) == "your torch.compile"
+
+
+def test_on_a_model_loaded_in_bf16_the_policy_keeps_the_trainers_bf16(tmp_path: Path) -> None:
+    # Loaded in bf16 (torch_dtype=torch.bfloat16) under bf16=True: no precision knob changes the
+    # step, so every change keeps the user's autocast on every block. Before, the plan and the
+    # policy moved the blocks to fp32 exceptions (autocast off inside them), priced at 0 samples/s
+    # per GiB by an fp32-only simulator.
+    entry = CORPUS["hf-gpt2"]
+    wl = entry.build(**entry.tiny)
+    model = wl.model.to(torch.bfloat16)
+    callback = AutotuneCallback(decide_every=2)
+    args = _args(str(tmp_path), 4, 8, logging_steps=1, seed=0, bf16=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=wl.dataset, callbacks=[callback])
+    with pytest.warns(AutotuneWarning, match="^autotune: starting from your flags: bf16=True"):
+        result = trainer.train()
+    assert math.isfinite(result.training_loss)
+    history = callback.loop.history
+    assert history[0].source == "flags" and any(c.source == "policy" for c in history)
+    assert {(c.after.precision, c.after.outer_precision) for c in history} == {("bf16", "bf16")}
+    assert all("0 samples/s per GiB simulated" not in c.reason for c in history)

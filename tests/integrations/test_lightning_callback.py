@@ -13,9 +13,9 @@ pytest.importorskip("lightning")
 import lightning as L
 
 from autotune import TrainConfig
+from autotune.block_detection import find_blocks
 from autotune.errors import AutotuneWarning, NonFiniteLossError, NonFiniteLossWarning
 from autotune.integrations.lightning import AutotuneCallback
-from autotune.workload import find_blocks
 from autotune.zoo import CORPUS
 
 pytestmark = [
