@@ -480,9 +480,15 @@ def _at(windows: Windows, w: int, part: int, sizes: tuple[int, int], m: int) -> 
     candidates, each category linear in ``m``, the highest by that part's measure."""
     from autotune.memory.profile_record import Moment
 
+    xs, ys = windows[0][w][part], windows[1][w][part]
+    if len(xs) != len(ys):
+        # Unpaired windows (the sizes cut the run in other places: each keeps its own maximum, one
+        # moment or none): a size without a moment in this window takes the other's (PEFT's DoRA
+        # under selective recompute left a window empty at one size and the prediction raised).
+        assert not xs or not ys, (len(xs), len(ys))
+        xs, ys = xs or ys, ys or xs
     candidates = [
-        Moment(*(_lin((a, b), sizes, m) for a, b in zip(x, y, strict=True)))
-        for x, y in zip(windows[0][w][part], windows[1][w][part], strict=True)
+        Moment(*(_lin((a, b), sizes, m) for a, b in zip(x, y, strict=True))) for x, y in zip(xs, ys, strict=True)
     ]
     if not candidates:
         return Moment(0, 0, 0)

@@ -301,3 +301,17 @@ def test_a_model_loaded_in_bf16_is_predicted_exactly(checkpoint: bool | str) -> 
     assert estimate.parameters == 2 * workload.num_parameters
     assert estimate.verified
     assert abs(estimate.total - measured.peak_bytes) <= 64, (estimate.total, measured.peak_bytes)
+
+
+def test_a_window_empty_at_one_profiled_size_takes_the_other_size_s_moment() -> None:
+    # Unpaired windows (the two sizes cut the run in other places) keep one moment each, or none
+    # where a size had no moment in the window: PEFT's DoRA under selective recompute did, and
+    # every prediction of such a configuration raised ("zip() argument 2 is shorter").
+    from autotune.memory.model import _at
+    from autotune.memory.profile_record import Moment, Window
+
+    seen = Window(peak=(Moment(100, 20, 0),), kept=(Moment(100, 20, 8),), reducing=())
+    empty = Window(peak=(), kept=(), reducing=())
+    assert _at(((seen,), (empty,)), 0, 0, (2, 4), 3) == Moment(100, 20, 0)
+    assert _at(((empty,), (seen,)), 0, 1, (2, 4), 8) == Moment(100, 20, 8)
+    assert _at(((seen,), (empty,)), 0, 2, (2, 4), 3) == Moment(0, 0, 0)  # none at either size
