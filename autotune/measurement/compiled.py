@@ -295,7 +295,9 @@ class _SavedStorages:
         # same forward can reuse its address.
         if storage.data_ptr() not in self.held:
             self.current[storage.data_ptr()] = storage.nbytes()
-        return tensor
+        # Detached, the same storage: a saved output packed as itself holds its own grad_fn, a
+        # reference cycle that keeps a graph the forward discards alive past it (not as it runs).
+        return tensor.detach()
 
     def next_micro_batch(self) -> None:
         self.largest = max(self.largest, sum(self.current.values()))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from autotune.measurement.tracker import TrackedStep, breakdown, tracker_class
+from autotune.measurement.tracker import TrackedStep, breakdown, collector_paused, tracker_class
 from autotune.train.zero import ZeroTrainer
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def tracked_zero_step(trainer: ZeroTrainer) -> TrackedStep:
     # batch is training memory, the data loader's work on the dataset is not.
     batches = trainer.next_batches()
     tree_map_only(torch.Tensor, lambda t: _label(tracker, t, "ACT"), batches)
-    with tracker, _gathered_parameters_stay_parameters(tracker):
+    with collector_paused(collect=True), tracker, _gathered_parameters_stay_parameters(tracker):
         # MemTracker needs reset_mod_stats before each forward of the same modules (accumulation).
         result = trainer.step(batches=batches, before_micro_batch=tracker.reset_mod_stats)
     del batches

@@ -148,7 +148,10 @@ def _count(workload: Workload, model: torch.nn.Module, batch: Any, precision: Pr
     # position, and its k-th call in the forward is its k-th position.
     blocks = block_positions(model, names)
     handles = [m.register_forward_pre_hook(_enter(counts, at, params), with_kwargs=True) for m, at in blocks] + [
-        m.register_forward_hook(_exit, with_kwargs=True) for m, _ in blocks
+        # always_call: a block that raises (the fake pass refusing the model) still pops its hooks,
+        # which would otherwise stay pushed in the process and pack every later step's tensors.
+        m.register_forward_hook(_exit, with_kwargs=True, always_call=True)
+        for m, _ in blocks
     ]
     try:
         check_loss(workload.loss_fn(model, batch), workload.name)  # a broken loss_fn: one line, before any run
@@ -172,7 +175,7 @@ def _enter(counts: list[int], positions: list[int], params: set[int]) -> Any:
             if storage._cdata not in seen:
                 seen.add(storage._cdata)
                 counts[index] += storage.nbytes()
-            return t
+            return t.detach()  # the same storage; a saved output as itself would hold its grad_fn (a cycle)
 
         ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
         ctx.__enter__()
@@ -182,4 +185,6 @@ def _enter(counts: list[int], positions: list[int], params: set[int]) -> Any:
 
 
 def _exit(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-    module.__dict__.pop("_autotune_profile_ctx").__exit__(None, None, None)
+    ctx = module.__dict__.pop("_autotune_profile_ctx", None)
+    if ctx is not None:
+        ctx.__exit__(None, None, None)

@@ -20,6 +20,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from autotune.config import Precision, RecomputeLevel
+from autotune.measurement.tracker import collector_paused
 from autotune.memory.fake_branches import RealBranches
 from autotune.memory.fake_values import RealValues, batch_pairs
 from autotune.memory.fake_workspaces import RealWorkspaces
@@ -88,7 +89,8 @@ def profile_run(
     plain = all(c == "none" for c in checkpoints)
     saving = torch.autograd.graph.saved_tensors_hooks(ledger.pack, _same) if plain else contextlib.nullcontext()
     try:
-        with fake:
+        # The cycle collector paused as in a tracked real step: the peak of a step it does not run in.
+        with collector_paused(), fake:
             batch = _fake_batch(fake, real_batch, weights)
             # RealWorkspaces below the tracker: it must see the real sizes (LSTM workspaces).
             # RealBranches: transformers' mask checks answered from the real batch; RealValues:
@@ -97,6 +99,7 @@ def profile_run(
             with RealBranches(real_batch), values, RealWorkspaces(), tracker:
                 with saving, outer_autocast(outer, "cpu"):
                     loss = workload.loss_fn(model, batch)
+                ledger.forward_ended()
                 loss.backward()
                 timeline.backward_ended()
                 # The last gradients become gradients in hooks, after the last operation: one
@@ -155,8 +158,12 @@ class _SavedLedger:
 
     One ``saved_tensors_hooks`` pair around the whole forward sees every saved tensor (inside
     blocks and outside: stem, head); block pre/post hooks say which block is running (-1: none).
-    Storages are told apart by their StorageImpl (``_cdata``): fake tensors have no data pointer;
-    a saved storage lives until backward, so no other takes its key during the forward.
+    Storages are told apart by their StorageImpl (``_cdata``): fake tensors have no data pointer.
+    A saved storage lives until backward, unless the forward discards the graph that saved it
+    (PEFT's DoRA computes its adapters' weight product with gradients and uses it only detached,
+    for its weight norm): one freed before the
+    forward ends was not saved for backward, and its key may be another storage's next, so it is
+    forgotten (else the next storage at its address read as saved already, by chance).
     """
 
     def __init__(self, n: int, params: set[int]) -> None:
@@ -165,15 +172,37 @@ class _SavedLedger:
         self.savers: dict[int, set[int]] = {}
         self.inputs: list[dict[int, int]] = [{} for _ in range(n)]  # per block: storage -> bytes
         self.saved, self.outputs, self.external = [0] * n, [0] * n, [0] * n
+        self._charged: dict[int, list[tuple[int, int]]] = {}  # storage -> (block, bytes) counted in saved
+        self._watched: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self._forward_ended = False
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = storage_key(t)
         if key not in self.params:
             savers = self.savers.setdefault(key, set())
             if self.running >= 0 and self.running not in savers:
-                self.saved[self.running] += t.untyped_storage().nbytes()
+                nbytes = t.untyped_storage().nbytes()
+                self.saved[self.running] += nbytes
+                self._charged.setdefault(key, []).append((self.running, nbytes))
             savers.add(self.running)
-        return t
+            if key not in self._watched:
+                self._watched[key] = weakref.ref(t.untyped_storage(), functools.partial(self._freed, key))
+        # Detached: a saved output (tanh's) packed as itself would hold its own grad_fn, a
+        # reference cycle keeping a graph the forward discards alive to the end of the step (the
+        # real step's autograd saves an output without one). The same storage either way.
+        return t.detach()
+
+    def forward_ended(self) -> None:
+        """From here on a saved storage is freed by backward, as it should be."""
+        self._forward_ended = True
+
+    def _freed(self, key: int, _: object = None) -> None:
+        self._watched.pop(key, None)
+        if self._forward_ended:
+            return
+        for block, nbytes in self._charged.pop(key, []):
+            self.saved[block] -= nbytes
+        self.savers.pop(key, None)
 
     def enter_hook(self, index: int) -> Callable[[torch.nn.Module, Any, Any], None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:

@@ -92,3 +92,30 @@ def test_memory_profile_tells_who_keeps_each_block_input() -> None:
     # and the fp32 cast they return is kept by no one unless the next block is fp32.
     assert fp32.outputs == (*inputs[1:], 0)
     assert bf16.outputs == (inputs[1], inputs[2], 0, inputs[4], 0, 0)
+
+
+def test_a_block_that_raises_leaves_no_saved_tensor_hooks_behind() -> None:
+    # The block profile pushes its saved-tensor hooks as a block starts and popped them only as it
+    # returned: a block that raised in the fake pass (which then profiles for real) left them pushed
+    # for the rest of the process, and every later step packed its saved tensors through them.
+    class Raising(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x)[x.sum(-1) > 0]  # a data-dependent shape: the fake pass refuses it
+
+    from autotune import Workload
+
+    model = torch.nn.Sequential(Raising(), Raising())
+    wl = Workload(
+        name="raising",
+        model=model,
+        dataset=torch.utils.data.TensorDataset(torch.randn(8, 4)),
+        loss_fn=lambda m, b: m(b[0]).sum(),
+        batch_size=4,
+        blocks=["0", "1"],
+    )
+    profile_blocks(wl, micro_batch_size=4)  # the fake pass raises in block 0, then it is profiled for real
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
