@@ -1,6 +1,7 @@
 """Where the test workloads live: one place, so a test module never guesses a sibling's path."""
 
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -21,3 +22,18 @@ PADDED_WORKLOAD = DATA / "padded_workload.py"
 #: ``nn.Sequential``, batch 512 (``build``; user mistakes: ``build_empty``, ``build_small``,
 #: ``build_float_targets``).
 PLAIN_MLP = DATA / "plain_mlp.py"
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """``benchmarks/NAME.py`` loaded as a module (its directory on ``sys.path``: it imports
+    ``results.py`` beside it)."""
+    import importlib.util
+    import sys
+
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,27 +3,20 @@ the record's matrix run for real (a tiny Mistral with its cache: four configurat
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.paths import ROOT
+from tests.paths import benchmark_module
 
 pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports results.py beside it
-    spec = importlib.util.spec_from_file_location("hf_decoders", ROOT / "benchmarks" / "hf_decoders.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("hf_decoders")
 
 
 def test_a_cell_is_the_larger_error_or_the_first_failure(bench: ModuleType) -> None:

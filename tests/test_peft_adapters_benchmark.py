@@ -3,13 +3,11 @@ three configurations), and a cell's failure said in it."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from types import ModuleType
 
 import pytest
 
-from tests.paths import ROOT
+from tests.paths import benchmark_module
 
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
@@ -17,12 +15,7 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports results.py beside it
-    spec = importlib.util.spec_from_file_location("peft_adapters", ROOT / "benchmarks" / "peft_adapters.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("peft_adapters")
 
 
 def test_dora_on_a_bf16_llama_trains_and_is_predicted_within_0_2_percent_in_every_configuration(
