@@ -161,10 +161,9 @@ class _SavedLedger:
     Storages are told apart by their StorageImpl (``_cdata``): fake tensors have no data pointer.
     A saved storage lives until backward, unless the forward discards the graph that saved it
     (PEFT's DoRA computes its adapters' weight product with gradients and uses it only detached,
-    for its weight norm): one freed before the
-    forward ends was not saved for backward, and its key may be another storage's next, so it is
-    forgotten (else the next storage at its address read as saved already, by chance).
-    """
+    for its weight norm): one freed before the forward ends was not saved for backward, and its
+    key may be another storage's next, so it is forgotten (else the next storage at its address
+    read as saved already, by chance)."""
 
     def __init__(self, n: int, params: set[int]) -> None:
         self.params = params  # parameters and buffers: model state, not activations
