@@ -158,3 +158,16 @@ def test_brackets_in_a_line_are_printed_not_taken_for_markup() -> None:
     out = io.StringIO()
     make_console(file=out).print("note: pip install 'torch-autotune[dashboard]' (blocks [0, 4])")
     assert out.getvalue() == "note: pip install 'torch-autotune[dashboard]' (blocks [0, 4])\n"
+
+
+def test_a_baseline_the_study_has_not_reached_is_not_run_yet_not_infeasible() -> None:
+    import dataclasses
+
+    summary = _summary()
+    waiting = dataclasses.replace(
+        _trial(3, TrainConfig(micro_batch_size=16), 0.0, 0, "policy"), state="WAITING", throughput=None, feasible=False
+    )
+    out = io.StringIO()
+    make_console(file=out).print(summary_view(dataclasses.replace(summary, baselines={"policy": waiting})))
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("│ policy"))
+    assert [cell.strip() for cell in row.split("│")[1:-1]] == ["policy", "3", "-", "-", "-", "not run yet"]

@@ -157,7 +157,9 @@ def _improvement_table(s: StudySummary) -> Table:
     for name, b in s.baselines.items():
         i = s.improvement(name)
         if i is None:
-            t.add_row(name, str(b.number), "-", "-", "-", f"infeasible: {b.reason or b.state.lower()}")
+            # A baseline the study has not reached yet (fewer trials than baselines) is not infeasible.
+            why = "not run yet" if b.state in ("WAITING", "RUNNING") else f"infeasible: {b.reason or b.state.lower()}"
+            t.add_row(name, str(b.number), "-", "-", "-", why)
             continue
         t.add_row(
             name, str(i.trial), f"{i.throughput:.2f}x", f"{i.peak_memory:.2f}x", f"{i.per_gib:.2f}x", _num(b.per_gib)
