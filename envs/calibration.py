@@ -62,6 +62,7 @@ from autotune.errors import NonFiniteLossError, TrainingError, one_line
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.record import Measurement
 from autotune.memory.blocks import profile_blocks
+from autotune.memory.profile_record import MemoryProfile
 from autotune.procs.measure import measure
 from autotune.train import Trainer
 from autotune.workload import Workload
@@ -94,6 +95,7 @@ def calibrate(
     progress: Progress | None = None,
     selective: bool = True,
     outer: bool = True,
+    reuse: MemoryProfile | None = None,
 ) -> WorkloadProfile:
     """Measure ``workload`` on this machine (tens of seconds for the built-in workloads).
 
@@ -110,6 +112,8 @@ def calibrate(
         outer: Whether the memory table holds the reduced outer precision; ``False`` leaves it out
             (the reduced outer modes' fake runs and their predictions), and the profile then keeps
             the outer parts fp32.
+        reuse: A memory profile of ``workload`` made before (a study's): the memory tables'
+            fake runs it holds are not made again.
 
     Returns:
         The workload's profile on this machine.
@@ -168,7 +172,7 @@ def calibrate(
         default_peak_bytes=default.memory.total,
         reduced_failure=failure,
     )
-    return with_memory_tables(timed, workload, selective=selective, outer=outer, progress=progress)
+    return with_memory_tables(timed, workload, selective=selective, outer=outer, progress=progress, reuse=reuse)
 
 
 def _default_measured(workload: Workload, b0: int) -> Measurement:

@@ -19,6 +19,7 @@ from autotune.errors import ConfigError
 from autotune.memory.blocks import profile_blocks
 from autotune.memory.predict import predict_memory, profile_memory
 from autotune.memory.profile import outer_mode
+from autotune.memory.profile_record import MemoryProfile
 from autotune.tuning import TUNING
 from autotune.workload import Workload
 
@@ -34,6 +35,7 @@ def with_memory_tables(
     selective: bool = True,
     outer: bool = True,
     progress: Progress | None = None,
+    reuse: MemoryProfile | None = None,
 ) -> WorkloadProfile:
     """``profile`` with its memory tables (``peak_table``, and where asked the selective and
     outer ones and the blocks' selective bytes) predicted by the memory model for ``workload``:
@@ -49,6 +51,8 @@ def with_memory_tables(
         selective: Whether to write the selective recompute level's table and bytes.
         outer: Whether to write the tables with the outer parts in the reduced precision.
         progress: Called with a line as each phase starts (None: silent).
+        reuse: A memory profile of ``workload`` made before (a study's, at the memory model's
+            default sizes): the fake runs it holds are not made again.
 
     Returns:
         The profile with its tables.
@@ -65,7 +69,7 @@ def with_memory_tables(
     reduced, runs = profile.reduced, profile.reduced_failure is None
     say("peak memory of every knob setting (memory model)")
     table, selective_table, selective_bytes = memory_table(
-        workload, reduced=reduced, reduced_runs=runs, selective=selective
+        workload, reduced=reduced, reduced_runs=runs, selective=selective, reuse=reuse
     )
     blocks = profile.blocks
     if selective:
@@ -77,7 +81,7 @@ def with_memory_tables(
     if outer:
         say(f"peak memory of every knob setting with the outer parts in {reduced} (memory model)")
         outer_table, banded, _ = memory_table(
-            workload, reduced=reduced, reduced_runs=runs, selective=selective, outer=True
+            workload, reduced=reduced, reduced_runs=runs, selective=selective, outer=True, reuse=reuse
         )
         outer_selective = banded if selective else None
     return dataclasses.replace(
@@ -121,6 +125,7 @@ def memory_table(
     reduced_runs: bool = True,
     selective: bool = True,
     outer: bool = False,
+    reuse: MemoryProfile | None = None,
 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
     """Predicted peak bytes of every knob setting the environments reach, in ``peak_table_index``
     order, with blocks ranked as ``TrainingEnv`` ranks them; the same of every setting with
@@ -133,7 +138,8 @@ def memory_table(
     ``outer=True``: the same settings with the outer parts in ``reduced`` too (``outer_peak_table``
     and ``outer_selective_peak_table``; the bytes kept selectively are the fp32 blocks' under the
     reduced outer autocast), from the memory model's ``fp32@reduced`` and ``reduced@reduced``
-    modes; with ``reduced_runs=False`` every one of them is :data:`INFEASIBLE_PEAK`."""
+    modes; with ``reduced_runs=False`` every one of them is :data:`INFEASIBLE_PEAK`. ``reuse``: a
+    memory profile of ``workload`` made before, whose fake runs are not made again."""
     ranking = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch).ranked()
     # No check step: calibrate() measures the default configuration for real anyway.
     if outer:
@@ -145,7 +151,7 @@ def memory_table(
         size = len(MICRO_LEVELS) * FRACTION_LEVELS * 2
         banded_size = size * len(_SELECTIVE_PAIRS) if selective else 0
         return (INFEASIBLE_PEAK,) * size * FRACTION_LEVELS, (INFEASIBLE_PEAK,) * banded_size, ()
-    profile = profile_memory(workload, modes=modes, selective=selective, verify=False)
+    profile = profile_memory(workload, modes=modes, selective=selective, verify=False, reuse=reuse)
     table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)
     banded = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * len(_SELECTIVE_PAIRS) * 2)
     pairs = [(c, 0) for c in range(FRACTION_LEVELS)] + (list(_SELECTIVE_PAIRS) if selective else [])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from autotune.envs.calibration import WorkloadProfile, calibrate
@@ -27,17 +27,23 @@ from autotune.memory.check import TOLERANCE
 from autotune.units import DEFAULT_PEAK, MemoryBudget
 from autotune.workload import Workload
 
+if TYPE_CHECKING:
+    from autotune.memory.profile_record import MemoryProfile
+
 __all__ = ["profile_for_tuning", "fine_tune", "propose", "quick_profile", "simulated_best"]
 
 
-def profile_for_tuning(workload: Workload, *, curve_steps: int = 12, timing_rounds: int = 8) -> WorkloadProfile:
+def profile_for_tuning(
+    workload: Workload, *, curve_steps: int = 12, timing_rounds: int = 8, reuse: MemoryProfile | None = None
+) -> WorkloadProfile:
     """The calibrated simulator's profile of ``workload`` on this machine. The loss and noise
     curves only matter with batch adaptation: a short one keeps this to the cost of the timed
-    configurations and the memory table. Raises :class:`ProposalError` before any real step where
-    the calibration would not fit where it runs."""
+    configurations and the memory table. ``reuse``: a memory profile of ``workload`` made before (a
+    study's), whose fake runs the memory table does not make again. Raises :class:`ProposalError`
+    before any real step where the calibration would not fit where it runs."""
     _check_room(workload)
     # The policy moves the selective level and the outer precision: their memory tables are in.
-    return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds)
+    return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds, reuse=reuse)
 
 
 def fine_tune(
@@ -112,7 +118,7 @@ PROPOSAL_TIMING_ROUNDS = 2
 PROPOSAL_CURVE_STEPS = 2
 
 
-def quick_profile(workload: Workload) -> WorkloadProfile:
+def quick_profile(workload: Workload, *, reuse: MemoryProfile | None = None) -> WorkloadProfile:
     """The calibrated simulator's quick profile of ``workload`` (what ``autotune study``'s proposal
     and an adaptive run's plan use: seconds for the corpus models). It runs steps of copies of the
     model, the default configuration's included: its memory is that step's, beside the model's.
@@ -122,12 +128,14 @@ def quick_profile(workload: Workload) -> WorkloadProfile:
     :data:`autotune.memory.check.TOLERANCE` (a configuration "within the budget" would then mean
     nothing). A loss that is not finite is not the profiler's failure but the model's:
     :class:`NonFiniteLossError` passes through (a study goes on without a proposal and prunes the
-    trials; an adaptive run stops)."""
+    trials; an adaptive run stops). ``reuse``: as :func:`profile_for_tuning`'s."""
     from autotune.envs._codec import Levels
     from autotune.envs.costmodel import step_cost
 
     try:
-        profile = profile_for_tuning(workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS)
+        profile = profile_for_tuning(
+            workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS, reuse=reuse
+        )
     except (NonFiniteLossError, ProposalError):  # the model's loss, or no room: said as they are
         raise
     except (AutotuneError, RuntimeError) as e:  # the user's model failed a profiling step
@@ -216,6 +224,7 @@ def propose(
     seconds: float = 0.0,
     policy: Policy | None = None,
     seed: int = 0,
+    reuse: MemoryProfile | None = None,
 ) -> Knobs:
     """The policy's proposal for ``workload`` without a real env step: profile the model (a quick
     profile), fine-tune the (pretrained) policy on its calibrated simulator for ``seconds``
@@ -226,12 +235,14 @@ def propose(
     more measured trial). Raises :class:`ProposalError` and :class:`NonFiniteLossError` as
     :func:`quick_profile` does, and :class:`ProposalError` when the episode reaches nothing within
     the budget (an over-budget proposal would only be a trial pruned on its prediction).
+    ``reuse``: a memory profile of ``workload`` made before (the study's, after its baselines):
+    the simulator's memory tables do not make its fake runs again.
     """
     from autotune.envs.simulated import SimulatedEnv
     from autotune.policies.ppo import EPISODE_STEPS, load_policy
 
     budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
-    profile = quick_profile(workload)
+    profile = quick_profile(workload, reuse=reuse)
     tuned = fine_tune(
         policy or load_policy(),
         profile,

@@ -139,8 +139,12 @@ def _shared() -> list[tuple[Any, str, Callable[..., Any], Callable[..., tuple[An
     """(module, name, the function itself, its input's key) of each function the memo stands in for."""
     from autotune.memory import blocks, profile, structure
 
-    def mode_key(workload: Any, fake: Any, mode: str, sizes: tuple[int, int], recomputed: Any) -> tuple[Any, ...]:
-        return workload_key(workload, sizes), mode, sizes, recomputed
+    def mode_key(
+        workload: Any, fake: Any, mode: str, sizes: tuple[int, int], recomputed: Any, found: Any = None
+    ) -> tuple[Any, ...]:
+        # A mode grown from an earlier profile holds that profile's levels besides those asked for.
+        held = None if found is None else (found.checkpointed is not None, found.selective is not None)
+        return workload_key(workload, sizes), mode, sizes, recomputed, held
 
     def optimizer_key(workload: Any, fake: Any) -> tuple[Any, ...]:
         return (workload_key(workload, ()),)
@@ -166,3 +170,9 @@ def install(memo: ProfileMemo, monkeypatch: Any) -> None:
     """Route the profile's expensive functions through ``memo`` for one test."""
     for module, name, original, key in _SHARED:
         monkeypatch.setattr(module, name, memo.wrap(original, key))
+
+
+def uninstall(monkeypatch: Any) -> None:
+    """The profile's own functions again, for a test that counts the fake runs they make."""
+    for module, name, original, _ in _SHARED:
+        monkeypatch.setattr(module, name, original)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.knobs import Knobs
+    from autotune.memory.profile_record import MemoryProfile
     from autotune.search.spec import StudySpec
     from autotune.search.study import RunOptions
     from autotune.workload import Workload
@@ -242,12 +243,12 @@ def _options(args: argparse.Namespace, **extra: Any) -> RunOptions:
     )
 
 
-def _policy_proposal(workload: Workload, *, memory_budget: int | None) -> Knobs:
+def _policy_proposal(workload: Workload, *, memory_budget: int | None, reuse: MemoryProfile | None = None) -> Knobs:
     """The pretrained policy's proposal, handed to the study (the policies sit above it). Imported
     when the study asks for it: a policy that cannot load is the study's one note, not an exit."""
     from autotune.policies.transfer import propose
 
-    return propose(workload, memory_budget=memory_budget)
+    return propose(workload, memory_budget=memory_budget, reuse=reuse)
 
 
 def _quiet_optuna() -> None:

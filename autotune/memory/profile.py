@@ -67,8 +67,8 @@ def fake_profile(
     profile then serves configs without checkpointing only. ``selective=True`` adds the runs with
     every block recomputed selectively (two more per mode), which configs with a ``"selective"``
     block need. ``reuse``: an earlier profile of the same workload, whose modes (at the same
-    sizes, with the checkpointed and selective runs if asked for) are taken as they are, so
-    growing a profile by a mode runs only that mode's passes.
+    sizes) are taken as they are, grown by the recompute runs asked for that they lack, so
+    growing a profile by a mode runs only that mode's passes, and by a level only that level's.
 
     Fake tensors go through the same kernels' shape logic, and MemTracker counts them as real
     ones (the same bytes on the built-in workloads, to a few hundred bytes with bf16 blocks), so
@@ -104,14 +104,10 @@ def _profile(
 ) -> MemoryProfile:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    checkpointed, selective = recomputed
-
     def reused(mode: str) -> ModeProfile | None:
-        if reuse is None or reuse.micro_batch_sizes != micro_batch_sizes or mode not in reuse.modes:
+        if reuse is None or reuse.micro_batch_sizes != micro_batch_sizes:
             return None
-        found = reuse.modes[mode]
-        enough = (found.checkpointed is not None or not checkpointed) and (found.selective is not None or not selective)
-        return found if enough else None
+        return reuse.modes.get(mode)
 
     params = list(workload.model.parameters())
     fake = FakeTensorMode(allow_non_fake_inputs=False)
@@ -129,13 +125,22 @@ def _profile(
         optimizer_step_bytes=step,
         flat_state_ratio=flat_state,
         flat_step_ratio=flat_step,
-        modes={m: reused(m) or _profile_mode(workload, fake, m, micro_batch_sizes, recomputed) for m in modes},
+        modes={m: _profile_mode(workload, fake, m, micro_batch_sizes, recomputed, reused(m)) for m in modes},
     )
 
 
 def _profile_mode(
-    workload: Workload, fake: Any, mode: str, sizes: tuple[int, int], recomputed: tuple[bool, bool]
+    workload: Workload,
+    fake: Any,
+    mode: str,
+    sizes: tuple[int, int],
+    recomputed: tuple[bool, bool],
+    found: ModeProfile | None = None,
 ) -> ModeProfile:
+    """``mode``'s profile: ``found`` (the same mode at the same sizes, profiled before) grown by
+    the recompute levels ``recomputed`` asks for and it lacks, two fake runs each, or every run
+    anew without it: a study's profile grown by the selective level, or the simulator's tables
+    made after a study's trials, runs no pass twice."""
     weights = _WEIGHT_DTYPES.get(mode)
     bucket = (2 if weights is not None else 4) * _largest(workload)
     n = len(workload.block_names())
@@ -151,28 +156,29 @@ def _profile_mode(
             for m in sizes
         ]
 
-    runs = uniform("none")
-    small, large = runs[0].blocks, runs[1].blocks
-    checkpointed = selective = None
-    if recomputed[0]:
+    if found is None:
+        runs = uniform("none")
+        found = ModeProfile(
+            blocks=(runs[0].blocks, runs[1].blocks),
+            windows=paired_windows(runs[0], runs[1], sizes, bucket),
+            checkpointed=None,
+            gradients=runs[1].gradients,
+            batch=(runs[0].batch, runs[1].batch),
+        )
+    if recomputed[0] and found.checkpointed is None:
         again = uniform("full")
-        checkpointed = paired_windows(again[0], again[1], sizes, bucket)
-    if recomputed[1]:
+        found = dataclasses.replace(found, checkpointed=paired_windows(again[0], again[1], sizes, bucket))
+    if recomputed[1] and found.selective is None:
         chosen = uniform("selective")
-        selective = paired_windows(chosen[0], chosen[1], sizes, bucket)
         # What the selective runs' caches kept, next to what the plain runs' blocks saved.
         small, large = (
             b._replace(selective=run.blocks.selective, selective_outputs=run.blocks.selective_outputs)
-            for b, run in zip((small, large), chosen, strict=True)
+            for b, run in zip(found.blocks, chosen, strict=True)
         )
-    return ModeProfile(
-        blocks=(small, large),
-        windows=paired_windows(runs[0], runs[1], sizes, bucket),
-        checkpointed=checkpointed,
-        selective=selective,
-        gradients=runs[1].gradients,
-        batch=(runs[0].batch, runs[1].batch),
-    )
+        found = dataclasses.replace(
+            found, blocks=(small, large), selective=paired_windows(chosen[0], chosen[1], sizes, bucket)
+        )
+    return found
 
 
 def _largest(workload: Workload) -> int:

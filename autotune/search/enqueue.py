@@ -1,5 +1,5 @@
 """What a study runs first: the baselines not yet tried and the policy's proposal
-(:func:`enqueue_baselines`, the proposal from a :class:`Proposer` its caller hands in)."""
+(:func:`enqueue_baselines`; :func:`enqueue_proposal`, from a :class:`Proposer` its caller hands in)."""
 
 from __future__ import annotations
 
@@ -22,20 +22,25 @@ if TYPE_CHECKING:
 
     import optuna
 
+    from autotune.memory.profile_record import MemoryProfile
     from autotune.search.prepared import Prepared
     from autotune.search.space import SearchSpace
     from autotune.workload import Workload
 
-__all__ = ["Proposer", "enqueue_baselines"]
+__all__ = ["Proposer", "enqueue_baselines", "enqueue_proposal"]
 
 
 class Proposer(Protocol):
     """The pretrained policy's proposal for a workload within a budget
     (:func:`autotune.policies.transfer.propose`): the policies sit above the study, so the caller
-    hands it in (``RunOptions.propose``). Raises ``ProposalError``, ``ConfigError`` or
-    ``NonFiniteLossError`` where there is none, ``ImportError`` where the policy cannot load."""
+    hands it in (``RunOptions.propose``). ``reuse``: the study's memory profile of ``workload`` so
+    far (None: none yet), whose fake runs the proposal need not make again. Raises
+    ``ProposalError``, ``ConfigError`` or ``NonFiniteLossError`` where there is none,
+    ``ImportError`` where the policy cannot load."""
 
-    def __call__(self, workload: Workload, *, memory_budget: int | None) -> Knobs: ...
+    def __call__(
+        self, workload: Workload, *, memory_budget: int | None, reuse: MemoryProfile | None = None
+    ) -> Knobs: ...
 
 
 def enqueue_baselines(
@@ -43,20 +48,11 @@ def enqueue_baselines(
     prepared: Prepared,
     predictor: MemoryPredictor | None,
     *,
-    policy_proposal: bool = False,
-    propose: Proposer | None = None,
     note: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Enqueue each baseline not yet tried, waiting or running (first run, or after a crash), and
-    with ``policy_proposal`` the proposal of ``propose`` (baseline name ``policy``). ``note``
-    gets one line saying what the proposal is, what it cost, or why there is none."""
-    from optuna.trial import TrialState
-
-    present = {
-        t.user_attrs.get(ATTR.BASELINE)
-        for t in study.get_trials(deepcopy=False)
-        if not (t.state == TrialState.FAIL and t.user_attrs.get(ATTR.INTERRUPTED))
-    }
+    """Enqueue each baseline not yet tried, waiting or running (first run, or after a crash): the
+    names enqueued. ``note`` gets one line saying which, with its seconds."""
+    present = _present(study)
     start = time.perf_counter()
     verdict = admits(prepared, predictor)
     reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
@@ -67,23 +63,57 @@ def enqueue_baselines(
             study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
             added.append(b.name)
     if added:
-        line = f"baselines enqueued: {', '.join(added)} ({since(start)})"
-        (note or StudyObserver().note)(line)
-    if policy_proposal and POLICY_PROPOSAL not in present:
-        enqueued, message = _enqueue_proposal(study, prepared, propose)
-        if enqueued:
-            added.append(POLICY_PROPOSAL)
-        (note or StudyObserver().note)(message)
+        (note or StudyObserver().note)(f"baselines enqueued: {', '.join(added)} ({since(start)})")
     return added
 
 
-def _enqueue_proposal(study: optuna.Study, prepared: Prepared, propose: Proposer | None) -> tuple[bool, str]:
+def enqueue_proposal(
+    study: optuna.Study,
+    prepared: Prepared,
+    propose: Proposer | None,
+    *,
+    after_queue: bool = False,
+    reuse: MemoryProfile | None = None,
+    note: Callable[[str], None] | None = None,
+) -> bool:
+    """Enqueue the proposal of ``propose`` (baseline name ``policy``) unless the study has it:
+    whether it is settled, enqueued or said why there is none (``note`` gets the one line).
+
+    ``after_queue=True`` (a study's own run, asking again after each trial): not while a trial
+    waits in the queue (the baselines), so the simulator's calibration (seconds to a minute at real
+    size) does not hold up the first trial, and a study that ends on its baselines never pays
+    it; False is returned then. The proposal still runs right after the trials queued before it.
+    ``reuse``: the study's memory profile so far, handed to ``propose``."""
+    from optuna.trial import TrialState
+
+    if POLICY_PROPOSAL in _present(study):
+        return True
+    if after_queue and any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+        return False
+    (note or StudyObserver().note)(_enqueue_proposal(study, prepared, propose, reuse)[1])
+    return True
+
+
+def _present(study: optuna.Study) -> set[str]:
+    """The baselines tried, waiting or running (an interrupted trial is retried: not present)."""
+    from optuna.trial import TrialState
+
+    return {
+        t.user_attrs[ATTR.BASELINE]
+        for t in study.get_trials(deepcopy=False)
+        if ATTR.BASELINE in t.user_attrs and not (t.state == TrialState.FAIL and t.user_attrs.get(ATTR.INTERRUPTED))
+    }
+
+
+def _enqueue_proposal(
+    study: optuna.Study, prepared: Prepared, propose: Proposer | None, reuse: MemoryProfile | None
+) -> tuple[bool, str]:
     """Enqueue the policy's proposal: whether it was, and the one line to show (what, or why not)."""
     if propose is None:
         return False, "no policy proposal: none was given (RunOptions.propose)"
     start = time.perf_counter()
     try:
-        knobs = in_space(propose(prepared.workload, memory_budget=prepared.memory_budget), prepared.space)
+        knobs = in_space(propose(prepared.workload, memory_budget=prepared.memory_budget, reuse=reuse), prepared.space)
         params = prepared.space.params(knobs)
     except ImportError as e:  # stable-baselines3 / gymnasium: in the base install, unless it is broken
         return False, f"no policy proposal: the policy cannot be imported ({e}): {install_command()} installs it"

@@ -21,8 +21,7 @@ study and reused, grown only when a config needs a mode it lacks; predictions ar
 ``selective=True`` (a study whose space recomputes blocks selectively) adds the runs with every
 block recomputed selectively to each mode from the first profile on: two more fake runs per
 mode (six instead of four), paid only where the space can produce a selective configuration;
-a selective configuration in another study (an enqueued one) grows the profile by them then,
-every mode profiled again.
+a selective configuration in another study (an enqueued one) grows each mode by them then.
 Its checks against real steps run where the study measures (``step``: the measuring child, on
 the study's device), never on the host for a GPU study, and stand for that device type only.
 
@@ -45,13 +44,16 @@ import importlib
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.errors import PredictionError, PredictionWarning
 from autotune.memory.check import CheckStep, Verification
 from autotune.memory.check_text import not_chain_message
 from autotune.workload import Workload
+
+if TYPE_CHECKING:
+    from autotune.memory.profile_record import MemoryProfile
 
 __all__ = ["MemoryPredictor", "StudyPredictor", "load_memory_predictor", "predicted_bytes"]
 
@@ -223,6 +225,15 @@ class StudyPredictor:
         if not self.lazy or self.plan_of is None:
             return False
         return workload.worst_case.uniform
+
+    def profile_of(self, workload: Workload) -> MemoryProfile | None:
+        """The memory model's profile of ``workload`` taken so far (None: none yet, or another
+        memory model's), e.g. for the policy's proposal to build on
+        (:class:`autotune.search.enqueue.Proposer`)."""
+        from autotune.memory.profile_record import MemoryProfile
+
+        profile = self.profiles.get(id(workload))
+        return profile if isinstance(profile, MemoryProfile) else None
 
     def held(self, workload: Workload) -> tuple[Verification, ...]:
         """The checks measured trials made of ``workload``'s kinds, here or adopted."""

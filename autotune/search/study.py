@@ -29,7 +29,7 @@ from autotune.measurement.progress import since
 from autotune.measurement.sidebyside import verdict_words
 from autotune.search.budget import admits, known_peak
 from autotune.search.cache import MeasurementCache, machine_fingerprint
-from autotune.search.enqueue import Proposer, enqueue_baselines
+from autotune.search.enqueue import Proposer, enqueue_baselines, enqueue_proposal
 from autotune.search.memory_checks import adopt_checks, check_by_trial
 from autotune.search.observer import StudyObserver
 from autotune.search.opening import recover_interrupted, stored_spec
@@ -58,6 +58,7 @@ __all__ = [
     "admits",
     "count_done",
     "enqueue_baselines",
+    "enqueue_proposal",
     "known_peak",
     "prepare",
     "run_study",
@@ -173,15 +174,21 @@ def _optimize(
     ran = 0
 
     predictor: StudyPredictor | None = None
+    proposed = True  # the proposal settled (or none is this process's to enqueue)
 
     def after_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        nonlocal ran
+        nonlocal ran, proposed
         ran += 1
         if predictor is not None:  # before the display: its line says what the trial checked
             check_by_trial(study, trial, prepared.workload, predictor, device_type, observer.note)
         observer.trial_finished(study, trial)
         if count_done(study) >= spec.trials:
             study.stop()  # other workers may have finished the rest
+        elif not proposed:  # the baselines have run: the policy's proposal is next, on their profile
+            reuse = None if predictor is None else predictor.profile_of(prepared.workload)
+            proposed = enqueue_proposal(
+                study, prepared, options.propose, after_queue=True, reuse=reuse, note=observer.note
+            )
 
     def check(config: TrainConfig, predicted: int) -> StepPeak:
         return measurer.check(config, predicted=predicted, timeout=spec.measure.trial_timeout)
@@ -200,7 +207,7 @@ def _optimize(
     prepared = screen_selective(prepared, observer.note)
     adopt_checks(study, prepared.workload, predictor, device_type, observer.note)
     if not options.worker:
-        _enqueue(study, prepared, predictor, observer, options)
+        proposed = _enqueue(study, prepared, predictor, observer, options, after_queue=True)
     study.optimize(
         _objective(prepared, options, observer, where, predictor),
         n_trials=remaining,
@@ -287,18 +294,18 @@ def _enqueue(
     predictor: MemoryPredictor | None,
     observer: StudyObserver,
     options: RunOptions,
-) -> None:
+    *,
+    after_queue: bool = False,
+) -> bool:
+    """Enqueue the baselines, and the proposal where the spec asks for one: whether that is settled
+    (``after_queue``: it waits until the baselines have run, see :func:`enqueue_proposal`)."""
     space = prepared.space
     floor = prepared.workload.micro_batch_note(max(space.batch_sizes) // min(space.ranks))
     if floor is not None:
         observer.note(floor)
-    enqueue_baselines(
-        study,
-        prepared,
-        predictor,
-        policy_proposal=prepared.spec.policy_proposal,
-        propose=options.propose,
-        note=observer.note,
+    enqueue_baselines(study, prepared, predictor, note=observer.note)
+    return not prepared.spec.policy_proposal or enqueue_proposal(
+        study, prepared, options.propose, after_queue=after_queue, note=observer.note
     )
 
 

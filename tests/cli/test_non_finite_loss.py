@@ -27,7 +27,7 @@ def test_a_study_prunes_every_trial_and_goes_on_without_the_proposal(
     where = ("--storage", str(db), "--no-cache", "--artifact-dir", str(tmp_path / "art"))
     assert (
         main(
-            ["study", NAN, "--trials", "3", *where, "--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress"]
+            ["study", NAN, "--trials", "4", *where, "--steps", "2", "--warmup", "1", "--threads", "1", "--no-progress"]
         )
         == 0
     )
@@ -36,8 +36,10 @@ def test_a_study_prunes_every_trial_and_goes_on_without_the_proposal(
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name="nan-net", storage=f"sqlite:///{db}")
-    assert [t.state for t in study.trials] == [optuna.trial.TrialState.PRUNED] * 3  # none left WAITING
-    assert {t.user_attrs.get("baseline") for t in study.trials} == {"pytorch-default", "seed-recipe", "hf-recipe"}
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.PRUNED] * 4  # none left WAITING
+    # After the baselines, no proposal: the sampler's trial.
+    baselines = [t.user_attrs.get("baseline") for t in study.trials]
+    assert baselines == ["pytorch-default", "seed-recipe", "hf-recipe", None]
 
 
 @pytest.mark.parametrize(

@@ -9,28 +9,46 @@ from autotune.memory import profile as profile_module
 from autotune.memory.predict import profile_memory
 
 
-def test_a_profile_grown_by_a_mode_runs_only_that_mode_and_keeps_its_checks(monkeypatch: pytest.MonkeyPatch) -> None:
-    workload = load_workload("mlp-digits")
-    profiled: list[str] = []
-    original = profile_module._profile_mode
+def _count_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each fake run's recompute level, in order, as the profile runs them."""
+    runs: list[str] = []
+    original = profile_module.profile_run
 
-    def counted(*args: object, **kwargs: object) -> profile_module.ModeProfile:
-        profiled.append(str(args[2]))  # (workload, fake, mode, sizes, recompute)
+    def counted(*args: object, **kwargs: object) -> object:
+        runs.append(str(kwargs["checkpoints"][0]))  # type: ignore[index]
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(profile_module, "_profile_mode", counted)
+    monkeypatch.setattr(profile_module, "profile_run", counted)
+    return runs
+
+
+def test_a_profile_grown_by_a_mode_runs_only_that_mode_and_keeps_its_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    workload = load_workload("mlp-digits")
     fp32 = profile_memory(workload, modes=("fp32",))
+    runs = _count_runs(monkeypatch)
     grown = profile_memory(workload, modes=("fp32", "bf16"), reuse=fp32)
-    assert profiled == ["fp32", "bf16"]
+    assert runs == ["none", "none", "full", "full"]  # bf16's runs only
     assert grown.modes["fp32"] is fp32.modes["fp32"]
     assert [c.kind for c in fp32.checks] == ["default", "recompute"]
     assert grown.checks[:2] == fp32.checks and [c.kind for c in grown.checks[2:]] == ["bf16"]
     # What growing gives is what profiling both modes at once gives, byte for byte.
     both = profile_memory(workload, modes=("fp32", "bf16"), verify=False)
     assert both.modes == grown.modes
-    # Another size or no checkpointed runs to reuse: profiled again.
-    profiled.clear()
+    # Another size: profiled again.
+    runs.clear()
     profile_memory(workload, modes=("fp32",), micro_batch_sizes=(4, 8), verify=False, reuse=fp32)
+    assert runs == ["none", "none", "full", "full"]
+
+
+def test_a_mode_grown_by_a_recompute_level_runs_only_that_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The simulator's tables after a study's trials, or a study's profile grown by the selective
+    # level: the plain (and checkpointed) runs are not made twice.
+    workload = load_workload("gpt-tiny")
     plain = profile_memory(workload, modes=("fp32",), checkpointed=False, verify=False)
-    profile_memory(workload, modes=("fp32",), verify=False, reuse=plain)
-    assert profiled == ["fp32", "fp32", "fp32"]
+    runs = _count_runs(monkeypatch)
+    grown = profile_memory(workload, modes=("fp32",), selective=True, verify=False, reuse=plain)
+    assert runs == ["full", "full", "selective", "selective"]
+    runs.clear()
+    whole = profile_memory(workload, modes=("fp32",), selective=True, verify=False)
+    assert runs == ["none", "none", "full", "full", "selective", "selective"]
+    assert grown.modes == whole.modes

@@ -19,6 +19,7 @@ from autotune import Knobs, Measurement, TrainConfig, Workload, measure
 from autotune.errors import StudyError
 from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.measurement.goodput import statistical_efficiency
+from autotune.memory.profile_record import MemoryProfile
 from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.cache import MeasurementCache
 from autotune.search.memory_checks import stored_checks
@@ -27,8 +28,10 @@ from autotune.search.results import summarize
 from autotune.search.spec import MeasureSpec, SpaceSpec, StudySpec
 from autotune.search.study import (
     RunOptions,
+    StudyObserver,
     count_done,
     enqueue_baselines,
+    enqueue_proposal,
     prepare,
     run_study,
     study_alloc_conf,
@@ -92,7 +95,7 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
     assert ran == 5 and count_done(study) == 5
     t = study.trials
     # trial 0: the PyTorch default (micro-batch 16) does not fit 2 MiB and is retried as trial 3,
-    # after the seed recipe and the policy's proposal
+    # after the seed recipe and the HF recipe
     assert (t[0].state.name, t[0].user_attrs[ATTR.BASELINE], t[0].params["micro_batch_size"]) == (
         "PRUNED",
         PYTORCH_DEFAULT,
@@ -123,14 +126,15 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
             "checkpoint_blocks": 4,
         },
     )
-    assert t[3].user_attrs[ATTR.BASELINE] == POLICY_PROPOSAL
-    assert (t[4].user_attrs[ATTR.BASELINE], t[4].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 8)
+    assert (t[3].user_attrs[ATTR.BASELINE], t[3].params["micro_batch_size"]) == (PYTORCH_DEFAULT, 8)
+    # The policy's proposal waits for every baseline queued, the retry included: no calibration
+    # before the first trial.
     assert [trial.user_attrs.get(ATTR.BASELINE) for trial in t] == [
         PYTORCH_DEFAULT,
         SEED_RECIPE,
         HF_RECIPE,
-        POLICY_PROPOSAL,
         PYTORCH_DEFAULT,
+        POLICY_PROPOSAL,
     ]
     for trial in t[1:]:
         if trial.state.name == "COMPLETE":
@@ -153,14 +157,17 @@ def test_the_proposal_is_the_callers_proposer_and_none_given_is_said(tmp_path: P
     prepared = prepare(_spec(policy_proposal=True))
     asked: list[tuple[str, int | None]] = []
 
-    def proposer(workload: Workload, *, memory_budget: int | None) -> Knobs:
+    def proposer(workload: Workload, *, memory_budget: int | None, reuse: MemoryProfile | None = None) -> Knobs:
         asked.append((workload.name, memory_budget))
         return Knobs(batch_size=16, micro_batch_size=8, checkpoint_blocks=1)
 
     notes: list[str] = []
     options = _options(tmp_path, create_only=True, propose=proposer)
     study = open_study(prepared, options)
-    enqueue_baselines(study, prepared, None, policy_proposal=True, propose=proposer, note=notes.append)
+    enqueue_baselines(study, prepared, None, note=notes.append)
+    assert enqueue_proposal(study, prepared, proposer, after_queue=True, note=notes.append) is False  # baselines wait
+    assert asked == []
+    assert enqueue_proposal(study, prepared, proposer, note=notes.append) is True
     assert asked == [(prepared.workload.name, None)]
     assert re.fullmatch(
         r"policy proposal enqueued: 8x2 ckpt:1 \(profile of the model and simulation, \d+\.\d s\)", notes[-1]
@@ -171,9 +178,41 @@ def test_the_proposal_is_the_callers_proposer_and_none_given_is_said(tmp_path: P
         8,
     )
     other = open_study(prepared, _options(tmp_path, storage=str(tmp_path / "other.db"), create_only=True))
-    enqueue_baselines(other, prepared, None, policy_proposal=True, note=notes.append)
+    assert enqueue_proposal(other, prepared, None, note=notes.append) is True
     assert notes[-1] == "no policy proposal: none was given (RunOptions.propose)"
     assert POLICY_PROPOSAL not in {t.user_attrs.get(ATTR.BASELINE) for t in other.trials}
+
+
+def test_the_proposal_is_made_after_the_baselines_and_not_at_all_in_a_study_that_ends_on_them(
+    tmp_path: Path,
+) -> None:
+    # The simulator's calibration costs seconds to a minute: it must not hold up the first trial.
+    events: list[str] = []
+
+    def proposer(workload: Workload, *, memory_budget: int | None, reuse: MemoryProfile | None = None) -> Knobs:
+        events.append("proposed")
+        return Knobs(batch_size=16, micro_batch_size=8, checkpoint_blocks=1)
+
+    class Recorder(StudyObserver):
+        def note(self, message: str) -> None:
+            if message.startswith("policy proposal"):
+                events.append(message.split(":")[0])
+
+        def trial_finished(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            events.append(f"trial {trial.number}")
+
+    spec = _spec(trials=3, policy_proposal=True)
+    prepared = prepare(spec)
+    options = _options(tmp_path, propose=proposer)
+    assert run_study(prepared, open_study(prepared, options), options, Recorder()) == 3
+    assert events == ["trial 0", "trial 1", "trial 2"]
+    events.clear()
+    spec = dataclasses.replace(spec, trials=4)
+    prepared = prepare(spec)
+    study = open_study(prepared, options)
+    assert run_study(prepared, study, options, Recorder()) == 1
+    assert events == ["proposed", "policy proposal enqueued", "trial 3"]
+    assert study.trials[3].user_attrs[ATTR.BASELINE] == POLICY_PROPOSAL
 
 
 def test_rerunning_resumes_extends_and_reuses_the_cache(tmp_path: Path) -> None:
