@@ -176,7 +176,9 @@ class Controller:
                 budget=lambda: self.gate.budget,
                 blocks=blocks,
                 device_type=device_type,
-                admits=lambda c: self.gate.admits(c).admitted,
+                # What the loop cannot run as it is (a Trainer keeps its split, the user's flags
+                # pin a precision) would be refused as a plan: it is not a candidate.
+                admits=lambda c: self.frontend.takes(start, c) == c and self.gate.admits(c).admitted,
             )
         change = self.decider.begin(start=start, default=self.default, why=why, context=context)
         if change is None:

@@ -49,8 +49,9 @@ class RunContext:
             read it as :attr:`budget_bytes`.
         blocks: Each block's saved bytes (one forward of a copy, taken once per run).
         device_type: ``"cpu"`` or ``"cuda"``.
-        admits: Whether the run's budget gate would admit a configuration now (a plan can pick
-            the best candidate that passes instead of proposing one that is refused).
+        admits: Whether the loop can run a configuration from the start as it is and the run's
+            budget gate would admit it now (a plan can pick the best candidate that passes
+            instead of proposing one that is refused).
 
     Example:
         A decision source reads it in :meth:`DecisionSource.start`, before the run's first step:
@@ -83,8 +84,9 @@ class RunContext:
     budget: Callable[[], int]
     blocks: BlockProfile  # each block's saved bytes (one forward of a copy, taken once per run)
     device_type: str
-    #: Whether the run's budget gate would admit a configuration now (a plan can pick the best
-    #: candidate that passes instead of proposing one that is refused).
+    #: Whether the loop can run a configuration from the start as it is (a framework's loop keeps
+    #: its split, the user's flags pin precisions) and the run's budget gate would admit it now:
+    #: a plan can pick the best candidate that passes instead of proposing one that is refused.
     admits: Callable[[TrainConfig], bool]
 
     @property

@@ -99,6 +99,33 @@ def test_the_configuration_kept_follows_the_objective(monkeypatch: pytest.Monkey
     live.remove()
 
 
+def test_a_plan_is_chosen_among_what_the_loop_can_run_as_it_is() -> None:
+    # A Trainer keeps its split (and the user's bf16 autocast owns the outer precision): a plan at
+    # another split was admitted at that split, then refused at the loop's ("split 4x2 not taken:
+    # the loop keeps 8x1", over the budget there), and the run kept its start.
+    from autotune.adapt import RunContext
+
+    seen: list[RunContext] = []
+
+    class Plans(Scripted):
+        def start(self, context: RunContext) -> None:
+            seen.append(context)
+
+    wl = make_resmlp(n=64)
+    live = FrameworkLoop(policy=Plans([]), memory_budget=None, decide_every=5, blocks=None)
+    owned = LoopPrecision(outer="bf16", flag="bf16=True")
+    with pytest.warns(AutotuneWarning, match="^autotune: starting from your flags: bf16=True"):
+        live.begin(wl.model, wl.dataset, wl.loss_fn, micro_batch_size=8, accum=2, name="resmlp", precision=owned)
+    (context,) = seen
+    start = context.start
+    assert (start.micro_batch_size, start.grad_accum_steps, start.outer_precision) == (8, 2, "bf16")
+    recomputed = dataclasses.replace(start, checkpoint=True)  # less memory, the loop's split
+    assert context.admits(recomputed)
+    assert not context.admits(dataclasses.replace(recomputed, micro_batch_size=4, grad_accum_steps=4))
+    assert not context.admits(dataclasses.replace(recomputed, outer_precision="fp32"))  # the loop's autocast
+    live.remove()
+
+
 def test_an_unknown_objective_is_one_line() -> None:
     message = "objective must be one of ('per-gib', 'throughput'), but got 'speed'."
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
