@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.block_detection import BlockChoice, detect_blocks
 from autotune.errors import BatchError, WorkloadError
+from autotune.layer_drop import disable_layer_drop, layer_drop_of
 
 if TYPE_CHECKING:
     import torch
@@ -275,6 +276,24 @@ class Workload:
         return " and ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
 
     @property
+    def drops_layers(self) -> str | None:
+        """The model's LayerDrop in words (``"layerdrop=0.1"``: layers skipped at random while
+        training), else None. Its copies run every layer (:meth:`model_copy`); a step of the model
+        itself (the user's training) may skip some, so it checks no prediction.
+
+        Example:
+            >>> import torch
+            >>> from autotune import Workload
+            >>> model = torch.nn.Linear(2, 2)
+            >>> model.layerdrop = 0.1  # as a Hugging Face speech encoder holds it
+            >>> w = Workload(name="w", model=model, dataset=[torch.zeros(2)] * 4, loss_fn=lambda m, b: m(b).sum(),
+            ...              batch_size=2)
+            >>> w.drops_layers, getattr(w.model_copy(), "layerdrop")
+            ('layerdrop=0.1', 0.0)
+        """
+        return layer_drop_of(self.model)
+
+    @property
     def held_note(self) -> str | None:
         """Why no reduced precision is tried on this model, in words (None: they may be)."""
         held = self.held_in_16_bits
@@ -301,6 +320,8 @@ class Workload:
 
     def model_copy(self, device: torch.device | str = "cpu", *, fake: FakeTensorMode | None = None) -> torch.nn.Module:
         """A deep copy of the model on ``device``, in training mode; the model itself is untouched.
+        The copy runs every layer (its LayerDrop off: :mod:`autotune.layer_drop`), the step a
+        memory budget must hold, so what it is measured or profiled for is that step.
 
         The analyses (the memory profile, its checks, the block scan) run on the host, and a model a
         framework already moved to the GPU must not be copied there first: every parameter and
@@ -323,13 +344,16 @@ class Workload:
             if any(not _on(t, target) for t in state):
                 with fake:
                     swap_tensors(model, lambda t: t.to(target))
+            disable_layer_drop(model)
             return model.train()
         memo: dict[int, Any] = {}
         for t in state:
             if id(t) not in memo and not _on(t, target):
                 moved = t.detach().to(target, copy=True)
                 memo[id(t)] = torch.nn.Parameter(moved, t.requires_grad) if isinstance(t, torch.nn.Parameter) else moved
-        return copy.deepcopy(self.model, memo).train()
+        model = copy.deepcopy(self.model, memo)
+        disable_layer_drop(model)
+        return model.train()
 
     def block_names(self) -> tuple[str, ...]:
         """The block names: the declared ones, else the auto-detected ones."""

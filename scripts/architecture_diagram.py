@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "config",
         "knobs",
         "block_detection",
+        "layer_drop",
         "workload",
         "batches",
         "worst_case",

@@ -22,6 +22,8 @@ PADDED_WORKLOAD = DATA / "padded_workload.py"
 #: ``nn.Sequential``, batch 512 (``build``; user mistakes: ``build_empty``, ``build_small``,
 #: ``build_float_targets``).
 PLAIN_MLP = DATA / "plain_mlp.py"
+#: A Hugging Face speech recognizer: ``Wav2Vec2ForCTC`` with LayerDrop on, CTC loss (``build``).
+SPEECH_CTC = DATA / "speech_ctc.py"
 
 
 def benchmark_module(name: str) -> ModuleType:

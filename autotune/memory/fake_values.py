@@ -16,7 +16,9 @@ a fake tensor of that shape (or the real scalar), so the pass goes on as the rea
 tensor that depends on a parameter has no twin (its values are not known without the compute the
 fake pass avoids), and an operation on it that needs values still raises, as before; so does a
 random draw (LayerDrop's ``torch.rand([]) < p``): its twin would be one step's draw. A real tensor
-inside the pass (a constant the model builds from NumPy values) is its own twin.
+inside the pass (a constant the model builds from NumPy values) is its own twin. (LayerDrop itself
+never reaches the pass: every copy autotune runs has it off, :mod:`autotune.layer_drop`.) CTC's loss
+allocates a table as long as the longest target: answered from the target lengths' twin.
 
 Cost: the real compute of the batch-derived operations (integer and boolean work on the batch's
 shapes: comparisons, index arithmetic), bounded by :data:`MAX_TWIN_ELEMENTS` per output; a larger
@@ -72,6 +74,12 @@ _DATA_DEPENDENT = frozenset(
 )
 
 
+#: CTC's loss (``nn.functional.ctc_loss``, Hugging Face's speech heads): its alpha table is as
+#: long as the longest target, a value. Answered from the target lengths' twin
+#: (:meth:`RealValues._ctc_loss`); its backward has a shape without values.
+_CTC_LOSS = frozenset(op for op in (_aten("_ctc_loss", "Tensor"), _aten("_ctc_loss")) if op is not None)
+
+
 class RealValues(TorchDispatchMode):
     """Under ``FakeTensorMode``: keep the real values of the batch-derived tensors, and answer
     from them the operations that need values.
@@ -93,6 +101,8 @@ class RealValues(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         first = args[0] if args else None
+        if func in _CTC_LOSS:
+            return self._ctc_loss(func, args, kwargs)
         if func is not _INDEX and _is_fake(first) and first not in self.twins:
             # Most operations of a pass: an activation or a parameter first, which has no twin.
             return func(*args, **kwargs)
@@ -115,6 +125,23 @@ class RealValues(TorchDispatchMode):
                 return out
         self._forget_mutated(func, flat)
         return out
+
+    def _ctc_loss(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """CTC's negative log-likelihood per sample and its alpha table, ``(batch,)`` and
+        ``(batch, frames, 2 * longest target + 1)`` in the log-probabilities' dtype, as PyTorch's
+        native kernels allocate them (CPU and CUDA alike; Hugging Face turns cuDNN's off for it),
+        the longest target read from the target lengths (a list, or a tensor with a twin). Without
+        them the fake kernel raises as before (a dynamic output shape)."""
+        log_probs, lengths = args[0], args[3] if len(args) > 3 else kwargs["target_lengths"]
+        if isinstance(lengths, torch.Tensor):
+            if not self._has_twin(lengths):
+                return func(*args, **kwargs)
+            with unset_fake_temporarily():
+                lengths = self._twin(lengths).tolist()
+        longest = max((int(n) for n in lengths), default=0)
+        frames, batch = log_probs.shape[0], log_probs.shape[1]
+        like = {"dtype": log_probs.dtype, "device": log_probs.device}
+        return torch.empty((batch,), **like), torch.empty((batch, frames, 2 * longest + 1), **like)
 
     def _positional_indices(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """``args`` of an indexing operation (tensor, indices, ...) with each boolean index that

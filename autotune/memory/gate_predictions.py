@@ -131,7 +131,8 @@ class GatePredictions:
     ) -> tuple[Verification, ...]:
         """The kinds a measured step of ``config`` checks on this device, added to the profile's
         checks. Only a step a check step would have run counts: one process, no ZeRO, on data of
-        one shape (elsewhere a step's batch need not be the worst case the profile predicts)."""
+        one shape (elsewhere a step's batch need not be the worst case the profile predicts), every
+        layer running (no LayerDrop: :mod:`autotune.layer_drop`)."""
         from autotune.memory.check import trial_checks
         from autotune.memory.check_text import unverified_message
         from autotune.memory.model import plan_of
@@ -139,6 +140,8 @@ class GatePredictions:
         if self.profile is None or estimate is None or peak_bytes <= 0:
             return ()
         if config.ranks != 1 or config.zero_stage != 0 or self.outgrown or not self.workload.worst_case.uniform:
+            return ()
+        if self.workload.drops_layers is not None:  # a step that skipped a layer peaks below the one predicted
             return ()
         plan = plan_of(config, num_blocks=len(self.profile.names), device_type=self.device_type)
         new = trial_checks(self.profile, config, plan, estimate.total, peak_bytes, trial=None, device=self.device_type)

@@ -84,6 +84,10 @@ def prepare(spec: StudySpec) -> Prepared:
     workload = load_workload(spec.workload)
     say(loaded_line(workload, start))
     say(workload.block_choice().describe())
+    drops = workload.drops_layers
+    if drops is not None:
+        # On DeepSpeed ranks the engines train copies as the user's own training on ranks does.
+        say(f"LayerDrop ({drops}): a trial in one process runs every layer, the step a memory budget must hold")
     if spec.space.min_micro_batch is not None:
         workload = dataclasses.replace(workload, min_micro_batch=spec.space.min_micro_batch)
     batches = spec.space.effective_batch_sizes or (workload.batch_size,)

@@ -88,6 +88,17 @@ def test_a_batchnorm_model_s_study_keeps_its_micro_batch_unless_the_spec_lowers_
     assert prepare(StudySpec(workload="gpt-tiny")).space.micro_batch_choices(16, 1) == (1, 2, 4, 8, 16)
 
 
+def test_a_model_with_layerdrop_is_said_to_run_every_layer_in_its_trials() -> None:
+    from tests.paths import SPEECH_CTC
+
+    notes = prepare(StudySpec(workload=f"{SPEECH_CTC}:build")).notes
+    assert (
+        "LayerDrop (layerdrop=0.1): a trial in one process runs every layer, the step a memory budget must hold"
+        in notes
+    )
+    assert not any(line.startswith("LayerDrop") for line in prepare(_spec()).notes)
+
+
 def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path, tiny_budget: int) -> None:
     budget = tiny_budget
     spec = _spec(memory_budget=MemoryBudget(bytes=budget), policy_proposal=True)
