@@ -21,9 +21,10 @@ lower than the step predicted).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # annotations only: importing a workload does not import torch
+    import torch
 
 __all__ = ["disable_layer_drop", "layer_drop_of"]
 

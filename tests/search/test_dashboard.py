@@ -26,8 +26,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 @pytest.fixture(scope="module")
 def study_db(tmp_path_factory: pytest.TempPathFactory, tiny_budget: int) -> Path:
     """A 5-trial study of the tiny workload made by the CLI, with artifacts under ``artifacts/``: the
-    three baselines, the policy's proposal, and the PyTorch default again at a smaller micro-batch
-    (its first try is over the budget)."""
+    three baselines, the PyTorch default again at a smaller micro-batch (its first try is over the
+    budget), and the policy's proposal."""
     root = tmp_path_factory.mktemp("dash")
     proc = subprocess.run(
         [
