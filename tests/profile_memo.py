@@ -172,7 +172,19 @@ def install(memo: ProfileMemo, monkeypatch: Any) -> None:
         monkeypatch.setattr(module, name, memo.wrap(original, key))
 
 
-def uninstall(monkeypatch: Any) -> None:
-    """The profile's own functions again, for a test that counts the fake runs they make."""
+def counted_runs(monkeypatch: Any) -> list[str]:
+    """The profile's own functions again (none shared), and the list each fake run the profile then
+    makes appends its recompute level to, in order: for a test that counts them."""
+    from autotune.memory import profile
+
     for module, name, original, _ in _SHARED:
         monkeypatch.setattr(module, name, original)
+    runs: list[str] = []
+    run = profile.profile_run
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        runs.append(str(kwargs["checkpoints"][0]))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(profile, "profile_run", counted)
+    return runs

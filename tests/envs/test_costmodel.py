@@ -140,20 +140,11 @@ def test_the_memory_table_with_the_outer_parts_reduced_is_the_memory_model_s_pre
 
 def test_the_memory_tables_on_a_study_s_profile_make_only_the_runs_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
     # The policy's proposal after a study's baselines: their modes were profiled for their checks.
-    from autotune.memory import profile as profile_module
-    from tests.profile_memo import uninstall
+    from tests.profile_memo import counted_runs
 
-    uninstall(monkeypatch)  # every fake run made here, none taken from an earlier test
     workload = load_workload(f"{TINY_WORKLOAD}:build")
     study = profile_memory(workload, modes=("fp32", "bf16"), verify=False)
-    runs: list[str] = []
-    original = profile_module.profile_run
-
-    def counted(*args: object, **kwargs: object) -> object:
-        runs.append(str(kwargs["checkpoints"][0]))  # type: ignore[index]
-        return original(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(profile_module, "profile_run", counted)
+    runs = counted_runs(monkeypatch)  # every fake run made here, none taken from an earlier test
     on_study = memory_table(workload, reuse=study)
     assert runs == ["selective"] * 4  # two sizes, two modes
     runs.clear()

@@ -5,27 +5,14 @@ from __future__ import annotations
 import pytest
 
 from autotune import load_workload
-from autotune.memory import profile as profile_module
 from autotune.memory.predict import profile_memory
-
-
-def _count_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Each fake run's recompute level, in order, as the profile runs them."""
-    runs: list[str] = []
-    original = profile_module.profile_run
-
-    def counted(*args: object, **kwargs: object) -> object:
-        runs.append(str(kwargs["checkpoints"][0]))  # type: ignore[index]
-        return original(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(profile_module, "profile_run", counted)
-    return runs
+from tests.profile_memo import counted_runs
 
 
 def test_a_profile_grown_by_a_mode_runs_only_that_mode_and_keeps_its_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     workload = load_workload("mlp-digits")
     fp32 = profile_memory(workload, modes=("fp32",))
-    runs = _count_runs(monkeypatch)
+    runs = counted_runs(monkeypatch)
     grown = profile_memory(workload, modes=("fp32", "bf16"), reuse=fp32)
     assert runs == ["none", "none", "full", "full"]  # bf16's runs only
     assert grown.modes["fp32"] is fp32.modes["fp32"]
@@ -45,7 +32,7 @@ def test_a_mode_grown_by_a_recompute_level_runs_only_that_level(monkeypatch: pyt
     # level: the plain (and checkpointed) runs are not made twice.
     workload = load_workload("gpt-tiny")
     plain = profile_memory(workload, modes=("fp32",), checkpointed=False, verify=False)
-    runs = _count_runs(monkeypatch)
+    runs = counted_runs(monkeypatch)
     grown = profile_memory(workload, modes=("fp32",), selective=True, verify=False, reuse=plain)
     assert runs == ["full", "full", "selective", "selective"]
     runs.clear()
