@@ -15,8 +15,8 @@ SEW, Data2VecAudio; ``encoder_layerdrop`` / ``decoder_layerdrop`` elsewhere), dr
 So every step autotune runs on a copy of the model (the fake profile, measurements, check
 steps, a study's trials) runs every layer: :func:`disable_layer_drop` on the copy. A user's own
 training (an adaptive run, the callbacks) keeps its LayerDrop; its predictions are of the step
-where every layer runs, and its steps are not checks of them (a step that skipped a layer peaks
-lower than the step predicted).
+where every layer runs, and only its steps that did not come in under them check them (a step
+that skipped a layer peaks lower than the step predicted).
 """
 
 from __future__ import annotations

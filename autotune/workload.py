@@ -279,7 +279,8 @@ class Workload:
     def drops_layers(self) -> str | None:
         """The model's LayerDrop in words (``"layerdrop=0.1"``: layers skipped at random while
         training), else None. Its copies run every layer (:meth:`model_copy`); a step of the model
-        itself (the user's training) may skip some, so it checks no prediction.
+        itself (the user's training) may skip some, and checks a prediction only where it did not
+        come in under it.
 
         Example:
             >>> import torch

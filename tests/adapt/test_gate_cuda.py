@@ -259,9 +259,10 @@ def test_on_cuda_a_first_step_off_its_prediction_is_said_and_its_kind_refused_un
     assert gate.admits(B).admitted  # measured
 
 
-def test_on_cuda_a_step_of_a_model_with_layerdrop_checks_no_kind(tiny: Workload) -> None:
+def test_on_cuda_only_a_step_of_a_layerdrop_model_that_ran_every_layer_checks_its_kind(tiny: Workload) -> None:
     # The user's own steps may skip layers (LayerDrop), so they peak below the step the profile
     # predicts (every layer running): a check by one would fail as "above the measured peak".
+    # Only a step that did not come in under the prediction checks it.
     model = tiny.model_copy()
     model.layerdrop = 0.1  # type: ignore[assignment]  # as a Hugging Face speech encoder holds it
     dropping = dataclasses.replace(tiny, model=model)
@@ -269,6 +270,9 @@ def test_on_cuda_a_step_of_a_model_with_layerdrop_checks_no_kind(tiny: Workload)
     assert gate.record(B, PREDICTED_B * 4 // 5) == ()  # a step that skipped a layer
     assert gate.device_error == {} and not gate.trusts(B)
     assert gate.admits(B).admitted  # measured
+    # A step that ran every layer is the step predicted: it checks the kind.
+    (check,) = gate.record(B, PREDICTED_B + 64)
+    assert (check.kind, check.device, check.verified) == ("default", "cuda", True)
 
 
 def test_on_the_cpu_a_gate_checks_on_the_host_as_before(tiny: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
