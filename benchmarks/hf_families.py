@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import torch
 
-from autotune import TrainConfig, Workload, measure, predict_memory
+from autotune import Workload
 
 #: The configurations of each row, by column title.
 _CONFIGS: dict[str, dict[str, Any]] = {
@@ -41,6 +41,11 @@ def _workload(name: str, model: torch.nn.Module, data: list[dict[str, torch.Tens
     # A list of samples is a map-style dataset (``__getitem__`` and ``__len__``), as users pass one.
     dataset = cast("torch.utils.data.Dataset[Any]", data)
     return Workload(name=name, model=model, dataset=dataset, loss_fn=lambda m, b: m(**b, **loss).loss, batch_size=8)
+
+
+def wav2vec2() -> Workload:
+    """``Wav2Vec2ForCTC`` with LayerDrop on: a workload to give autotune (``hf_families.py:wav2vec2``)."""
+    return _speech("Wav2Vec2Config", "Wav2Vec2ForCTC")
 
 
 def _speech(config_cls: str, model_cls: str) -> Workload:
@@ -72,18 +77,24 @@ def _tokens(vocab: int, seq: int = 32) -> torch.Tensor:
     return torch.randint(3, vocab, (_N, seq), generator=_generator())
 
 
+#: The encoder-decoders' shape (Whisper, BART): 2 + 2 layers of width 64.
+_ENCODER_DECODER: dict[str, Any] = {
+    "vocab_size": 128,
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+}
+
+
 def _whisper() -> Workload:
     import transformers
 
     config = transformers.WhisperConfig(
-        vocab_size=128,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
+        **_ENCODER_DECODER,
         num_mel_bins=16,
         max_source_positions=50,
         max_target_positions=32,
@@ -136,17 +147,7 @@ def _deberta() -> Workload:
 def _bart() -> Workload:
     import transformers
 
-    config = transformers.BartConfig(
-        vocab_size=128,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
-        max_position_embeddings=64,
-    )
+    config = transformers.BartConfig(**_ENCODER_DECODER, max_position_embeddings=64)
     data = [{"input_ids": ids, "labels": ids} for ids in _tokens(128)]
     return _workload("BartForConditionalGeneration", transformers.BartForConditionalGeneration(config), data)
 
@@ -186,7 +187,7 @@ def _clip() -> Workload:
 
 #: Each row's workload, by family.
 FAMILIES: dict[str, Callable[[], Workload]] = {
-    "Wav2Vec2 (CTC, LayerDrop)": lambda: _speech("Wav2Vec2Config", "Wav2Vec2ForCTC"),
+    "Wav2Vec2 (CTC, LayerDrop)": wav2vec2,
     "HuBERT (CTC, LayerDrop)": lambda: _speech("HubertConfig", "HubertForCTC"),
     "WavLM (CTC, LayerDrop)": lambda: _speech("WavLMConfig", "WavLMForCTC"),
     "Whisper": _whisper,
@@ -199,20 +200,12 @@ FAMILIES: dict[str, Callable[[], Workload]] = {
 }
 
 
-def cell(wl: Workload, knobs: dict[str, Any]) -> str:
-    """The prediction's error against one tracked step of ``wl`` under ``knobs``, or why it failed."""
-    try:
-        train = TrainConfig(micro_batch_size=8, grad_clip=None, **knobs)
-        predicted = predict_memory(wl, train, verify=False).total
-        measured = measure(wl, train, steps=1, warmup=1).peak_bytes
-    except Exception as e:  # any failure is the cell's finding (an older autotune raised plain errors)
-        return f"fails: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-    assert measured is not None
-    return f"{(predicted - measured) / measured:+.2%}"
-
-
 def rows() -> list[list[str]]:
     """Every family, one line printed per row as it is done."""
+    # One cell of a memory record, as the PEFT benchmark beside this one computes it (micro-batch
+    # 8). Imported here: a user's autotune loads this file as a workload (``hf_families.py:wav2vec2``).
+    from peft_adapters import cell
+
     out = []
     for family, build in FAMILIES.items():
         torch.manual_seed(0)

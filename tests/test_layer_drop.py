@@ -30,7 +30,7 @@ def test_it_is_found_in_a_config_and_on_a_module_and_said_by_name() -> None:
 def test_every_copy_runs_every_layer_and_the_users_model_keeps_its_layerdrop() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    workload = load_workload(f"{SPEECH_CTC}:build")
+    workload = load_workload(f"{SPEECH_CTC}:wav2vec2")
     assert workload.drops_layers == "layerdrop=0.1"
     for copy in (workload.model_copy(), workload.model_copy(fake=FakeTensorMode())):
         assert layer_drop_of(copy) is None

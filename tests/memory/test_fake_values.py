@@ -100,7 +100,7 @@ def test_a_speech_recognizer_with_ctc_loss_and_layerdrop_is_predicted_exactly(kn
     from autotune import load_workload
     from tests.paths import SPEECH_CTC
 
-    workload = load_workload(f"{SPEECH_CTC}:build")
+    workload = load_workload(f"{SPEECH_CTC}:wav2vec2")
     config = TrainConfig(micro_batch_size=8, grad_clip=None, **knobs)
     estimate = predict_memory(workload, config)
     measured = measure(workload, config, steps=1, warmup=1).peak_bytes

@@ -91,7 +91,7 @@ def test_a_batchnorm_model_s_study_keeps_its_micro_batch_unless_the_spec_lowers_
 def test_a_model_with_layerdrop_is_said_to_run_every_layer_in_its_trials() -> None:
     from tests.paths import SPEECH_CTC
 
-    notes = prepare(StudySpec(workload=f"{SPEECH_CTC}:build")).notes
+    notes = prepare(StudySpec(workload=f"{SPEECH_CTC}:wav2vec2")).notes
     assert (
         "LayerDrop (layerdrop=0.1): a trial in one process runs every layer, the step a memory budget must hold"
         in notes
