@@ -345,14 +345,15 @@ class Workload:
             if any(not _on(t, target) for t in state):
                 with fake:
                     swap_tensors(model, lambda t: t.to(target))
-            disable_layer_drop(model)
-            return model.train()
-        memo: dict[int, Any] = {}
-        for t in state:
-            if id(t) not in memo and not _on(t, target):
-                moved = t.detach().to(target, copy=True)
-                memo[id(t)] = torch.nn.Parameter(moved, t.requires_grad) if isinstance(t, torch.nn.Parameter) else moved
-        model = copy.deepcopy(self.model, memo)
+        else:
+            memo: dict[int, Any] = {}
+            for t in state:
+                if id(t) not in memo and not _on(t, target):
+                    moved = t.detach().to(target, copy=True)
+                    memo[id(t)] = (
+                        torch.nn.Parameter(moved, t.requires_grad) if isinstance(t, torch.nn.Parameter) else moved
+                    )
+            model = copy.deepcopy(self.model, memo)
         disable_layer_drop(model)
         return model.train()
 

@@ -134,7 +134,7 @@ class GatePredictions:
         one shape (elsewhere a step's batch need not be the worst case the profile predicts); with
         LayerDrop (:mod:`autotune.layer_drop`) only a step that did not come in under the prediction
         by more than the tolerance (one that skipped a layer is not the step predicted)."""
-        from autotune.memory.check import trial_checks
+        from autotune.memory.check import TOLERANCE, trial_checks
         from autotune.memory.check_text import unverified_message
         from autotune.memory.model import plan_of
 
@@ -142,8 +142,6 @@ class GatePredictions:
             return ()
         if config.ranks != 1 or config.zero_stage != 0 or self.outgrown or not self.workload.worst_case.uniform:
             return ()
-        from autotune.memory.check import TOLERANCE
-
         if self.workload.drops_layers is not None and peak_bytes < estimate.total * (1.0 - TOLERANCE):
             # LayerDrop: a step that skipped a layer peaks below the step predicted (every layer
             # running), and says nothing of it; one that ran them all (or came above) checks it.
