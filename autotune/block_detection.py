@@ -123,14 +123,18 @@ def _repeated_in_containers(modules: list[tuple[str, torch.nn.Module]]) -> list[
     import torch
 
     containers = _containers()
+    # ModuleList/ModuleDict have no forward: never a block (a Sequential is a common one). An
+    # embedding takes indices and makes vectors: no embedding takes what another one made, so
+    # embeddings never chain (nanoGPT keeps its token and position embeddings in the ModuleDict
+    # beside its blocks; 4 blocks 128 wide over GPT-2's vocabulary hold a ninth of their parameters).
+    never_blocks = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Embedding, torch.nn.EmbeddingBag)
     order = {name: i for i, (name, _) in enumerate(modules)}
     groups: dict[type[torch.nn.Module], dict[str, torch.nn.Module]] = {}
     for name, module in modules:
         if not isinstance(module, containers):
             continue
         for child_name, child in module.named_children():
-            # ModuleList/ModuleDict have no forward: never a block. A Sequential is a common one.
-            if not isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            if not isinstance(child, never_blocks):
                 groups.setdefault(type(child), {})[f"{name}.{child_name}" if name else child_name] = child
 
     def key(members: dict[str, torch.nn.Module]) -> tuple[int, int, int]:

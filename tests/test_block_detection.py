@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import pytest
 import torch
@@ -79,6 +80,34 @@ def test_find_blocks_takes_repeated_units_over_the_layers_inside_them_and_the_he
     assert choice == BlockChoice(("0", "1", "2", "3"), "4 repeated Sequential(Linear, GELU, Linear)")
     assert choice.describe() == "blocks: 0..3 (4 repeated Sequential(Linear, GELU, Linear))"
     assert find_blocks(_plain_mlp()) == choice.names
+
+
+class NanoGPTLayout(nn.Module):
+    """nanoGPT's layout: the token and position embeddings in the ModuleDict beside the blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        block = partial(nn.TransformerEncoderLayer, 16, 2, 32, batch_first=True)
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(4096, 16),
+                "wpe": nn.Embedding(64, 16),
+                "h": nn.ModuleList(block() for _ in range(3)),
+                "ln_f": nn.LayerNorm(16),
+            }
+        )
+
+
+def test_embeddings_are_never_blocks_even_holding_the_most_parameters() -> None:
+    net = NanoGPTLayout()
+    embeddings = sum(p.numel() for name in ("wte", "wpe") for p in net.transformer[name].parameters())
+    blocks = sum(p.numel() for p in net.transformer["h"].parameters())
+    assert (embeddings, blocks) == (66_560, 6_672)  # the embeddings hold 10x the blocks' parameters
+    choice = detect_blocks(net)
+    assert choice.describe() == (
+        "blocks: transformer.h.0..transformer.h.2 (3 repeated TransformerEncoderLayer"
+        "(MultiheadAttention, Linear, Dropout, Linear, LayerNorm, LayerNorm, ...))"
+    )
 
 
 def test_the_block_choice_says_which_rule_found_the_blocks() -> None:
