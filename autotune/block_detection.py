@@ -31,8 +31,9 @@ def find_blocks(model: torch.nn.Module, *, workload: str = "?") -> tuple[str, ..
        the instances of the remaining classes.
     2. **Repeated modules in containers.** Otherwise the candidates are the children of every
        ``nn.ModuleList``/``nn.Sequential``/``nn.ModuleDict`` (except ModuleLists and ModuleDicts,
-       which have no forward), grouped by class; the blocks are the group of two or more that
-       holds the most parameters (ties: the coarser group, with fewer members). Pooling across
+       which have no forward, and embeddings, which take indices: two never chain), grouped by
+       class; the blocks are the group of two or more that holds the most parameters (ties: the
+       coarser group, with fewer members). Pooling across
        containers gives a ResNet whose bottlenecks sit in four ``nn.Sequential`` stages all its
        bottlenecks, not one stage. Where a coarser group of *repeats* (members with one module
        tree and the same parameter shapes) holds members of that group, the repeats are the

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from autotune.envs.calibration import WorkloadProfile, calibrate
+from autotune.envs.calibration import Progress, WorkloadProfile, calibrate
 from autotune.policies.ppo import Policy, new_ppo, simulated_venv
 
 from autotune.errors import AutotuneError, ConfigError, NonFiniteLossError, ProposalError, one_line
@@ -34,16 +34,22 @@ __all__ = ["profile_for_tuning", "fine_tune", "propose", "quick_profile", "simul
 
 
 def profile_for_tuning(
-    workload: Workload, *, curve_steps: int = 12, timing_rounds: int = 8, reuse: MemoryProfile | None = None
+    workload: Workload,
+    *,
+    curve_steps: int = 12,
+    timing_rounds: int = 8,
+    reuse: MemoryProfile | None = None,
+    progress: Progress | None = None,
 ) -> WorkloadProfile:
     """The calibrated simulator's profile of ``workload`` on this machine. The loss and noise
     curves only matter with batch adaptation: a short one keeps this to the cost of the timed
     configurations and the memory table. ``reuse``: a memory profile of ``workload`` made before (a
-    study's), whose fake runs the memory table does not make again. Raises :class:`ProposalError`
-    before any real step where the calibration would not fit where it runs."""
+    study's), whose fake runs the memory table does not make again. ``progress``: called as each
+    phase of the calibration begins (:func:`~autotune.envs.calibrate`'s). Raises
+    :class:`ProposalError` before any real step where the calibration would not fit where it runs."""
     _check_room(workload)
     # The policy moves the selective level and the outer precision: their memory tables are in.
-    return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds, reuse=reuse)
+    return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds, reuse=reuse, progress=progress)
 
 
 def fine_tune(
@@ -118,7 +124,9 @@ PROPOSAL_TIMING_ROUNDS = 2
 PROPOSAL_CURVE_STEPS = 2
 
 
-def quick_profile(workload: Workload, *, reuse: MemoryProfile | None = None) -> WorkloadProfile:
+def quick_profile(
+    workload: Workload, *, reuse: MemoryProfile | None = None, progress: Progress | None = None
+) -> WorkloadProfile:
     """The calibrated simulator's quick profile of ``workload`` (what ``autotune study``'s proposal
     and an adaptive run's plan use: seconds for the corpus models). It runs steps of copies of the
     model, the default configuration's included: its memory is that step's, beside the model's.
@@ -128,13 +136,17 @@ def quick_profile(workload: Workload, *, reuse: MemoryProfile | None = None) -> 
     :data:`autotune.memory.check.TOLERANCE` (a configuration "within the budget" would then mean
     nothing). A loss that is not finite is not the profiler's failure but the model's:
     :class:`NonFiniteLossError` passes through (a study goes on without a proposal and prunes the
-    trials; an adaptive run stops). ``reuse``: as :func:`profile_for_tuning`'s."""
+    trials; an adaptive run stops). ``reuse`` and ``progress``: as :func:`profile_for_tuning`'s."""
     from autotune.envs._codec import Levels
     from autotune.envs.costmodel import step_cost
 
     try:
         profile = profile_for_tuning(
-            workload, curve_steps=PROPOSAL_CURVE_STEPS, timing_rounds=PROPOSAL_TIMING_ROUNDS, reuse=reuse
+            workload,
+            curve_steps=PROPOSAL_CURVE_STEPS,
+            timing_rounds=PROPOSAL_TIMING_ROUNDS,
+            reuse=reuse,
+            progress=progress,
         )
     except (NonFiniteLossError, ProposalError):  # the model's loss, or no room: said as they are
         raise

@@ -35,6 +35,7 @@ from autotune.batches import batch_size
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
+from autotune.measurement.progress import Note, notes
 from autotune.memory.gate import BudgetGate
 from autotune.tuning import TUNING
 from autotune.units import DEFAULT_PEAK, MemoryBudget
@@ -113,6 +114,10 @@ class Adaptive(RunResume):
             :attr:`best`): ``"per-gib"`` (default), the most samples/s per GiB of peak, or
             ``"throughput"``, the most samples/s (one dedicated GPU: its memory up to the budget
             is free to use). The pretrained policy proposes as it was trained (per GiB) either way.
+        progress: What the setup before the first step does, one line per phase with its seconds
+            (the memory model's fake-tensor profile and checks, the machine probe, the start
+            plan's calibration: on the CPU a minute or more for a real model): True (default) on
+            stderr after ``autotune:``, False none, or a callable given each line.
 
     Raises:
         ConfigError: an argument out of range, or no configuration (smaller micro-batches, then
@@ -167,6 +172,7 @@ class Adaptive(RunResume):
         worst_case_batch: Any = None,
         min_micro_batch: int | None = None,
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
+        progress: bool | Note = True,
     ) -> None:
         check_int("batch_size", batch_size, 1)
         check_optimizer(optimizer)
@@ -197,6 +203,7 @@ class Adaptive(RunResume):
             paired=True,
             objective=objective,
             compiled=user_compiled(model),
+            progress=progress,
         )
 
     @classmethod
@@ -216,6 +223,7 @@ class Adaptive(RunResume):
         timeout: float = 600.0,
         session: RankSession | None = None,
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
+        progress: bool | Note = True,
     ) -> Adaptive:
         """Train a workload on ``ranks`` DeepSpeed ranks, adapting its configuration, ZeRO stage included.
 
@@ -242,6 +250,7 @@ class Adaptive(RunResume):
             session: A running :class:`~autotune.procs.session.RankSession` of ``ranks`` ranks to
                 train in instead of starting one; :meth:`close` leaves it open for its owner.
             objective: As for :class:`Adaptive`.
+            progress: As for :class:`Adaptive`.
 
         Returns:
             The run, its ranks started.
@@ -284,6 +293,7 @@ class Adaptive(RunResume):
             track_memory=track_memory,
             device_type=start.device_type,
             objective=objective,
+            progress=progress,
         )
         return self
 
@@ -304,6 +314,7 @@ class Adaptive(RunResume):
         paired: bool = False,
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
         compiled: bool = False,
+        progress: bool | Note = True,
     ) -> None:
         """What both loops share: the source, the gate, the starting config, then ``loop(start, noise)``."""
         objective, self.max_batch_size = check_decisions(
@@ -319,10 +330,11 @@ class Adaptive(RunResume):
         self.track_memory = track_mode(track_memory)
         self._device_type = device_type
         budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
-        self._build_gate(budget, default, device_type)
+        note = notes(progress)
+        self._build_gate(budget, default, device_type, note)
         # The local loop switches configuration in ~1 ms: a proposal is measured side by side there.
         self._hooks = LoopHooks(paired=paired)
-        self.controller = self._controller(default, budget.fraction, objective=objective, compiled=compiled)
+        self.controller = self._controller(default, budget.fraction, objective=objective, compiled=compiled, note=note)
         self.decider = self.controller.decider
         start = self.controller.begin(workload, device_type=device_type)  # raises if nothing fits
         wants_noise = adapt_batch or (self.source is not None and self.source.needs_noise)
@@ -331,7 +343,7 @@ class Adaptive(RunResume):
         self.steps = []
         self._ran = set()
 
-    def _build_gate(self, budget: MemoryBudget, default: TrainConfig, device_type: str) -> None:
+    def _build_gate(self, budget: MemoryBudget, default: TrainConfig, device_type: str, note: Note) -> None:
         """The budget gate, and the shape guard of ``step(batch)`` over it."""
         reduced = reduced_in_play(self.source, self.workload)
         selective = selective_in_play(self.source, default, len(self.workload.block_names()))
@@ -344,11 +356,12 @@ class Adaptive(RunResume):
             device_type=device_type,
             selective=selective,
             outers=outers[1:],
+            note=note,
         )
         self.guard = ShapeGuard(self.workload, self.gate, reduced_precision=reduced, selective=selective, outers=outers)
 
     def _controller(
-        self, default: TrainConfig, fraction: float | None, *, objective: ObjectiveName, compiled: bool
+        self, default: TrainConfig, fraction: float | None, *, objective: ObjectiveName, compiled: bool, note: Note
     ) -> Controller:
         """The run's controller over its hooks, source and gate."""
         workload = self.workload
@@ -369,6 +382,7 @@ class Adaptive(RunResume):
             recompiles=(
                 Recompiles(num_blocks=len(workload.block_names()), horizon=self.decide_every) if compiled else None
             ),
+            note=note,
         )
 
     def step(self, batch: Any = None) -> AdaptStep:

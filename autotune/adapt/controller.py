@@ -38,6 +38,7 @@ from autotune.adapt.records import Change, OverBudgetStep
 from autotune.adapt.sources import Observation, RunContext
 from autotune.config import TrainConfig
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
+from autotune.measurement.progress import Note, phase_line, quiet
 from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class Controller:
         objective: As for :class:`autotune.Adaptive`.
         recompiles: On a user's compiled model, its recompiles measured, capped and counted
             (:mod:`autotune.adapt.recompiles`); None: an eager model.
+        note: Says each phase of :meth:`begin` in one line with its seconds (the block ranking,
+            and the source's own: :attr:`RunContext.note`).
 
     Example:
         The loops drive it in this order (the callbacks' hooks do the same; see
@@ -103,8 +106,10 @@ class Controller:
         micro_why: str = "",
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
         recompiles: Recompiles | None = None,
+        note: Note = quiet,
     ) -> None:
         self.frontend, self.source, self.gate = frontend, source, gate
+        self.note = note
         self.recompiles = recompiles
         self.default, self.fraction, self.decide_every = default, fraction, decide_every
         self.adapt_batch = adapt_batch
@@ -169,7 +174,9 @@ class Controller:
         if self.source is not None:  # the profile is only for a source's plan and observations
             from autotune.memory.blocks import profile_blocks
 
+            began = time.perf_counter()
             blocks = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch)
+            self.note(phase_line("blocks ranked by the activation bytes they save", began, "one fake-tensor forward"))
             context = RunContext(
                 workload=workload,
                 start=start,
@@ -179,6 +186,7 @@ class Controller:
                 # What the loop cannot run as it is (a Trainer keeps its split, the user's flags
                 # pin a precision) would be refused as a plan: it is not a candidate.
                 admits=lambda c: self.frontend.takes(start, c) == c and self.gate.admits(c).admitted,
+                note=self.note,
             )
         change = self.decider.begin(start=start, default=self.default, why=why, context=context)
         if change is None:

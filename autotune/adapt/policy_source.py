@@ -32,6 +32,7 @@ from autotune.dependencies import install_command
 from autotune.envs._codec import ZERO_STAGES, apply_action, knobs_to_config, levels_of
 from autotune.errors import MissingDependencyError
 from autotune.measurement.probe import probe_workload
+from autotune.measurement.progress import PhaseClock, phase_line
 from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from autotune.envs.calibration import WorkloadProfile
     from autotune.envs.core import MachineDescriptor, ModelDescriptor
     from autotune.knobs import Knobs
+    from autotune.measurement.probe import MachineSpeeds
 
 __all__ = ["PolicySource"]
 
@@ -62,6 +64,14 @@ def _load(directory: Path | None) -> Any:
             f"{install_command()} installs them."
         ) from None
     return load_policy(directory or PRETRAINED_DIR)
+
+
+def _probed(speeds: MachineSpeeds) -> str:
+    """What the machine probe found, in words (``bf16 0.42x fp32's step time, recompute +31%``)."""
+    recompute = f"recompute +{speeds.recompute_cost:.0%}"
+    if speeds.reduced_speed <= 0:
+        return f"no bf16 steps ({speeds.reduced_failure}), {recompute}"
+    return f"bf16 {1 / speeds.reduced_speed:.2f}x fp32's step time, {recompute}"
 
 
 class PolicySource(DecisionSource):
@@ -113,7 +123,9 @@ class PolicySource(DecisionSource):
 
         self._context = context
         self._ranks = context.start.ranks
+        began = time.perf_counter()
         speeds = probe_workload(context.workload, context.start)
+        context.note(phase_line(f"machine probe: {_probed(speeds)}", began, "real steps on a copy"))
         self._reduced_ok = speeds.reduced_speed > 0
         self._held = context.workload.held_in_16_bits is not None
         blocks, params = context.blocks, context.workload.num_parameters
@@ -183,8 +195,9 @@ class PolicySource(DecisionSource):
         from autotune.policies.transfer import quick_profile, simulated_best
 
         started = time.perf_counter()
+        clock = PhaseClock(context.note, "start plan: ")
         try:
-            profile = quick_profile(context.workload)
+            profile = quick_profile(context.workload, progress=clock)
         except ProposalError as e:  # the run starts where the budget put it, and says why
             import warnings
 
@@ -192,6 +205,8 @@ class PolicySource(DecisionSource):
 
             warnings.warn(AutotuneWarning(f"no start plan: {e}"), stacklevel=2)
             return None
+        finally:
+            clock.end()
 
         def admits(knobs: Knobs) -> bool:
             return context.admits(self._kept(knobs.to_config(context.ranking, base=context.start), context.start))
@@ -210,11 +225,13 @@ class PolicySource(DecisionSource):
             outer=self._reduced_ok,
         )
         if best is None:
+            context.note(phase_line("start plan: none the budget admits", started))
             return None
         self._profile = profile
         config = self._kept(best[0].to_config(context.ranking, base=context.start), context.start)
         self._proposed.add(config)
         seconds = time.perf_counter() - started
+        context.note(phase_line(f"start plan: {config.describe()}", started, "the calibrated simulator's best"))
         reason = f"the best of the calibrated simulator ({best[1]:.0f} samples/s per GiB simulated; {seconds:.0f} s)"
         return Proposal(config=config, reason=reason)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
+from autotune.measurement.progress import Note, quiet
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -52,6 +53,8 @@ class RunContext:
         admits: Whether the loop can run a configuration from the start as it is and the run's
             budget gate would admit it now (a plan can pick the best candidate that passes
             instead of proposing one that is refused).
+        note: Says one line per phase of the source's own setup, with its seconds (the run's
+            ``progress``; default: nothing).
 
     Example:
         A decision source reads it in :meth:`DecisionSource.start`, before the run's first step:
@@ -88,6 +91,9 @@ class RunContext:
     #: its split, the user's flags pin precisions) and the run's budget gate would admit it now:
     #: a plan can pick the best candidate that passes instead of proposing one that is refused.
     admits: Callable[[TrainConfig], bool]
+    #: Where a source says what its own setup does, one line per phase with its seconds (a
+    #: plan's calibration takes a minute on a real model on the CPU): the run's ``progress``.
+    note: Note = quiet
 
     @property
     def budget_bytes(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,8 @@ from autotune.cli.flags import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from autotune.adapt.source_choice import PolicyArg
     from autotune.measurement.objective import ObjectiveName
     from autotune.workload import Workload
@@ -95,8 +98,11 @@ def _train_command(args: argparse.Namespace) -> int:
     policy = (args.policy or "pretrained") if args.adapt else None
     # Before the first step: the memory profile, and with the policy the machine probe and its
     # start plan on the calibrated simulator (seconds to a minute for the corpus models).
-    with make_console(stderr=True).status(f"{wl.name}: memory profile, machine probe and start plan"):
-        tuner = _adaptive(wl, args, policy=policy, decide_every=decide_every, objective=objective)
+    console = make_console(stderr=True)
+    with console.status(f"{wl.name}: memory profile, machine probe and start plan"):
+        # Each phase's line above the spinner, as they end (a study's setup lines).
+        say = partial(console.print, highlight=False)
+        tuner = _adaptive(wl, args, policy=policy, decide_every=decide_every, objective=objective, progress=say)
     try:
         _train(tuner, args.steps, wl.name, quiet=args.json)
     finally:
@@ -138,7 +144,13 @@ def _check_train_args(args: argparse.Namespace) -> None:
 
 
 def _adaptive(
-    wl: Workload, args: argparse.Namespace, *, policy: PolicyArg, decide_every: int, objective: ObjectiveName
+    wl: Workload,
+    args: argparse.Namespace,
+    *,
+    policy: PolicyArg,
+    decide_every: int,
+    objective: ObjectiveName,
+    progress: Callable[[str], None],
 ) -> Any:
     """The run ``train`` drives: ``Adaptive.on_ranks`` with ``--ranks`` > 1, else ``Adaptive`` in this process."""
     from autotune.adapt.adaptive import Adaptive
@@ -152,6 +164,7 @@ def _adaptive(
             decide_every=decide_every,
             device=args.device,
             objective=objective,
+            progress=progress,
         )
     else:
         return Adaptive(
@@ -171,6 +184,7 @@ def _adaptive(
             min_micro_batch=wl.min_micro_batch,
             track_memory="all",
             objective=objective,
+            progress=progress,
         )  # the summary reports measured peaks
 
 

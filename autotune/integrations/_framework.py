@@ -159,6 +159,7 @@ class FrameworkLoop(Resume, Evaluations):
             device_type=device,
             selective=selective,
             outers=outers[1:],
+            note=self.note,
         )
         self._model, self._names = model, workload.block_names()
         self._model_id = model_record(workload)
@@ -177,6 +178,7 @@ class FrameworkLoop(Resume, Evaluations):
                 if self.compiled is not None
                 else None
             ),
+            note=self.note,
         )
         say()
         self.controller.begin(workload, device_type=device)

@@ -19,6 +19,7 @@ from autotune.integrations._flags import LoopPrecision, ModelCheckpointing
 from autotune.knobs import check_min_micro_batch
 from autotune.measurement.cuda_memory import AllocatorStats, StatsSource
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, check_objective
+from autotune.measurement.progress import Note, notes
 from autotune.memory.gate import BudgetGate
 from autotune.train.wrappers import BlockWrappers
 from autotune.units import DEFAULT_PEAK, MemoryBudget
@@ -40,10 +41,12 @@ class LoopState:
         blocks: list[str] | None,
         min_micro_batch: int | None = None,
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
+        progress: bool | Note = True,
     ) -> None:
         if not isinstance(decide_every, int) or isinstance(decide_every, bool) or decide_every < 2:
             raise ConfigError(f"decide_every must be an int >= 2, but got {decide_every!r}.")
         self.objective = check_objective(objective)
+        self.note = notes(progress)  # the setup's phase lines, as autotune.Adaptive's
         self.source = decision_source(policy)
         self.budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
         self.decide_every = decide_every

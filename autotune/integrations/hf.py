@@ -108,6 +108,9 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         objective: Which measured configuration within the budget the run keeps: ``"per-gib"``
             (default), the most samples/s per GiB of peak, or ``"throughput"``, the most samples/s
             (as for :class:`autotune.Adaptive`).
+        progress: The setup's lines at ``on_train_begin``, one per phase with its seconds, on
+            stderr (as for :class:`autotune.Adaptive`); False: none. A bool: the Trainer rebuilds
+            the callback from its checkpoint's JSON arguments.
 
     Raises:
         ConfigError: ``decide_every`` out of range; from ``on_train_begin``, nothing at the
@@ -142,6 +145,7 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         blocks: list[str] | None = None,
         min_micro_batch: int | None = None,
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
+        progress: bool = True,
     ) -> None:
         if isinstance(policy, Mapping):
             if "source" in policy:  # what state() writes for a DecisionSource object
@@ -157,6 +161,7 @@ class AutotuneCallback(TrainerCallback, ExportableState):
             blocks=blocks,
             min_micro_batch=min_micro_batch,
             objective=objective,
+            progress=progress,
         )
         self._args = {
             "policy": _json_policy(policy),
@@ -167,6 +172,8 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         }
         if objective != DEFAULT_OBJECTIVE:  # a checkpoint of a per-GiB run keeps the arguments it had
             self._args["objective"] = objective
+        if not progress:
+            self._args["progress"] = False
         self._logged = 0
 
     @override

@@ -64,6 +64,7 @@ from autotune.errors import AutotuneWarning, MissingDependencyError
 from autotune.integrations._flags import LoopPrecision
 from autotune.integrations._framework import FrameworkLoop
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
+from autotune.measurement.progress import Note
 from autotune.units import MemoryBudget
 
 try:
@@ -116,6 +117,8 @@ class AutotuneCallback(Callback):
         objective: Which measured configuration within the budget the run keeps: ``"per-gib"``
             (default), the most samples/s per GiB of peak, or ``"throughput"``, the most samples/s
             (as for :class:`autotune.Adaptive`).
+        progress: The setup's lines at the start of the fit, one per phase with its seconds (as
+            for :class:`autotune.Adaptive`: True on stderr, False none, or a callable).
 
     Raises:
         ConfigError: ``decide_every`` out of range; at the start of the fit, nothing this loop
@@ -149,6 +152,7 @@ class AutotuneCallback(Callback):
         blocks: list[str] | None = None,
         min_micro_batch: int | None = None,
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
+        progress: bool | Note = True,
     ) -> None:
         self.loop = FrameworkLoop(
             policy=policy,
@@ -157,6 +161,7 @@ class AutotuneCallback(Callback):
             blocks=blocks,
             min_micro_batch=min_micro_batch,
             objective=objective,
+            progress=progress,
         )
         self._step = 0
         self._reload: int | None = None  # the user's reload_dataloaders_every_n_epochs while a reload is asked

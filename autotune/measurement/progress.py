@@ -8,6 +8,7 @@ never waits in silence and every such line ends the same way.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -15,10 +16,71 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from autotune.workload import Workload
 
-__all__ = ["ProgressFn", "loaded_line", "phase_line", "since"]
+__all__ = ["Note", "PhaseClock", "ProgressFn", "loaded_line", "notes", "phase_line", "quiet", "since"]
 
 #: ``progress(phase, done, total)``: phase is "warmup", "memory" or "timed".
 ProgressFn = Callable[[str, int, int], None]
+
+#: ``note(line)``: one setup phase's line (:func:`phase_line`), said as the phase ends.
+Note = Callable[[str], None]
+
+
+def quiet(line: str) -> None:
+    """A :data:`Note` that says nothing."""
+
+
+def _to_stderr(line: str) -> None:
+    print(f"autotune: {line}", file=sys.stderr, flush=True)
+
+
+def notes(progress: bool | Note) -> Note:
+    """The :data:`Note` of a ``progress`` argument (:class:`autotune.Adaptive`, the callbacks).
+
+    Args:
+        progress: True: each line on stderr, after ``autotune:`` (in the user's own script the
+            lines say whose they are); False: none; a callable: each line, as it is.
+
+    Returns:
+        The note.
+    """
+    if callable(progress):
+        return progress
+    return _to_stderr if progress else quiet
+
+
+class PhaseClock:
+    """A :data:`Note` of phase lines from calls made as each phase *begins* (the simulator's
+    calibration says ``"step times under six configurations"`` before it times them): the line of
+    a phase, with its seconds, is said when the next one begins, and the last one's by :meth:`end`.
+
+    Args:
+        note: Where the lines go.
+        prefix: Before each phase's words (``"start plan: "``).
+
+    Example:
+        >>> lines = []
+        >>> clock = PhaseClock(lines.append, "start plan: ")
+        >>> clock("memory of the default configuration")
+        >>> clock("step times under six configurations")
+        >>> clock.end()
+        >>> [line.rpartition(" (")[0] for line in lines]
+        ['start plan: memory of the default configuration', 'start plan: step times under six configurations']
+    """
+
+    def __init__(self, note: Note, prefix: str = "") -> None:
+        self.note, self.prefix = note, prefix
+        self._phase: tuple[str, float] | None = None
+
+    def __call__(self, what: str) -> None:
+        self.end()
+        self._phase = (what, time.perf_counter())
+
+    def end(self) -> None:
+        """Say the phase under way, if any."""
+        if self._phase is not None:
+            what, start = self._phase
+            self._phase = None
+            self.note(phase_line(f"{self.prefix}{what}", start))
 
 
 def since(start: float) -> str:

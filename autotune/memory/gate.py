@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from autotune.config import Precision
+    from autotune.measurement.progress import Note
     from autotune.memory.profile_record import MemoryProfile
     from autotune.workload import Workload
 
@@ -146,6 +147,7 @@ def profile_or_reason(
     stacklevel: int = 3,
     selective: bool = False,
     outers: Sequence[Precision] = (),
+    note: Note | None = None,
 ) -> tuple[MemoryProfile | None, str | None]:
     """:func:`memory_profile`, and why there is none: ``(profile, None)`` or ``(None, reason)``
     (the :class:`PredictionError`'s message, also warned as a :class:`PredictionWarning`).
@@ -154,7 +156,8 @@ def profile_or_reason(
     configuration has no prediction and is measured before it counts. ``outers``: the other
     outer precisions the run may move to (:func:`autotune.adapt.sources.outer_in_play`): their
     modes too (:func:`profile_modes`; a reduced one is two more modes and, on the CPU, one more
-    kind of check step, ``outer-bf16``), else such a configuration has no prediction either."""
+    kind of check step, ``outer-bf16``), else such a configuration has no prediction either.
+    ``note``: each phase's line (:func:`~autotune.memory.predict.profile_memory`'s)."""
     from autotune.memory.predict import profile_memory
 
     modes = profile_modes(reduced_precision=reduced_precision, ranks=ranks, outers=(outer, *outers))
@@ -162,7 +165,10 @@ def profile_or_reason(
     # it costs minutes and tens of GB of host memory: there the device's own steps check it.
     verify = device_type == "cpu"
     try:
-        return profile_memory(workload, modes=modes, checkpointed=True, selective=selective, verify=verify), None
+        profile = profile_memory(
+            workload, modes=modes, checkpointed=True, selective=selective, verify=verify, note=note
+        )
+        return profile, None
     except PredictionError as e:
         warnings.warn(PredictionWarning(f"{e}: only measured configurations will be admitted"), stacklevel=stacklevel)
         return None, str(e)
@@ -220,6 +226,7 @@ class BudgetGate(GatePredictions):
         device_type: str = "cpu",
         selective: bool = False,
         outers: Sequence[Precision] = (),
+        note: Note | None = None,
     ) -> BudgetGate:
         """Profile ``workload`` and resolve ``budget`` into a gate.
 
@@ -236,6 +243,7 @@ class BudgetGate(GatePredictions):
             outers: The outer precisions a decision source may move the run to besides
                 ``default``'s (:func:`autotune.adapt.sources.outer_in_play`): the profile covers
                 their modes too (:func:`profile_modes`).
+            note: Each setup phase's line, with its seconds (the fake-tensor profile, the checks).
 
         Returns:
             The gate, its headroom the one for where ``default`` runs.
@@ -254,6 +262,7 @@ class BudgetGate(GatePredictions):
             stacklevel=4,
             selective=selective,
             outers=outers,
+            note=note,
         )
         gate = cls(workload, 1, profile=profile, headroom=headroom_for(default), device_type=device_type)
         gate.unprofiled = why

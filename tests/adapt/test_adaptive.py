@@ -21,6 +21,7 @@ from autotune.train.gns import NoiseEstimate
 from autotune.workload import Workload
 from tests.adapt.scripted import Scripted
 from tests.conftest import make_resmlp
+from tests.phase_lines import PHASE
 
 BATCH = 32
 BAD_BUDGET = "memory_budget must be bytes (int), a string such as '8GiB' or '75%', or None, but got 1.5."
@@ -118,6 +119,39 @@ def test_the_pretrained_policy_keeps_the_effective_batch_and_the_budget() -> Non
         )
 
 
+def test_the_setup_says_each_phase_with_its_seconds() -> None:
+    lines: list[str] = []
+    tuner = _tuner("pretrained", decide_every=2, progress=lines.append)
+    tuner.close()
+    assert all(PHASE.fullmatch(line) for line in lines), lines
+    said = [re.sub(r" \([^()]*\d+\.\d s\)$", "", line) for line in lines]  # each without its seconds
+    plan = tuner.history[0] if tuner.history else None
+    planned = plan.after.describe() if plan is not None and plan.source == "policy" else "none the budget admits"
+    expected = [
+        "memory model: fake-tensor profile of bf16, bf16@bf16, fp32, fp32@bf16",
+        *(
+            rf"memory check {kind} on cpu \(micro-batch \d, .*\): predicted .*, verified"
+            for kind in ("fp32", "recomputed", "selectively recomputed", "bf16", "outer bf16")
+        ),
+        "blocks ranked by the activation bytes they save",
+        r"machine probe: bf16 \d\.\d\dx fp32's step time, recompute [+-]\d+%",
+        *(
+            f"start plan: {phase}"
+            for phase in (
+                "memory of the default configuration",
+                "per-block activation bytes",
+                "per-block forward time",
+                "step times under six configurations",
+                "loss and gradient-noise curves",
+                "peak memory of every knob setting \\(memory model\\)",
+                "peak memory of every knob setting with the outer parts in bf16 \\(memory model\\)",
+                re.escape(planned),
+            )
+        ),
+    ]
+    assert len(said) == len(expected) and all(re.fullmatch(e, s) for e, s in zip(expected, said, strict=True)), said
+
+
 def test_the_plan_is_the_simulator_s_best_configuration_the_gate_admits(monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune.policies import transfer
 
@@ -127,7 +161,7 @@ def test_the_plan_is_the_simulator_s_best_configuration_the_gate_admits(monkeypa
     # whose recompute lowers the peak (the last block's does not: backward rebuilds it at once).
     measured = transfer.quick_profile(wl)
     profile = dataclasses.replace(measured, reduced_slowdown=100.0, recompute_fraction=0.0, micro_fixed_seconds=1.0)
-    monkeypatch.setattr(transfer, "quick_profile", lambda workload: profile)
+    monkeypatch.setattr(transfer, "quick_profile", lambda workload, progress: profile)
     best = transfer.simulated_best(profile, batch_size=BATCH, admits=lambda k: True)
     assert best is not None
     ranking = profile_blocks(wl).ranked()
@@ -196,7 +230,7 @@ def _planned(monkeypatch: pytest.MonkeyPatch, machine: str, *, tables: bool) -> 
         **_PLAN_MACHINES[machine],
         **dropped,
     )
-    monkeypatch.setattr(transfer, "quick_profile", lambda workload: profile)
+    monkeypatch.setattr(transfer, "quick_profile", lambda workload, progress: profile)
     wl = make_resmlp(depth=6)
     context = RunContext(
         workload=wl,
@@ -315,7 +349,7 @@ def test_a_model_the_simulator_cannot_profile_starts_without_a_plan_and_says_why
     from autotune.adapt.policy_source import PolicySource
     from autotune.errors import AutotuneWarning, ProposalError
 
-    def fails(workload: Workload) -> Any:
+    def fails(workload: Workload, progress: Any) -> Any:
         raise ProposalError("the memory model predicts 55 B, which measured 52 B (more than 5% off)")
 
     monkeypatch.setattr(transfer, "quick_profile", fails)
@@ -677,7 +711,7 @@ def test_with_nothing_new_from_the_policy_it_proposes_the_close_untried_neighbou
         reduced_slowdown=0.8,
         recompute_fraction=0.3,
     )
-    monkeypatch.setattr(transfer, "quick_profile", lambda workload: profile)
+    monkeypatch.setattr(transfer, "quick_profile", lambda workload, progress: profile)
     source = PolicySource()
 
     class Keep:

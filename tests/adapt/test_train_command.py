@@ -11,6 +11,7 @@ from autotune.adapt.adaptive import Adaptive
 from autotune.cli import main
 from autotune.procs.session import RankSession
 from tests.paths import ZERO_WORKLOADS
+from tests.phase_lines import without_phase_lines
 from tests.processes import alive
 
 
@@ -97,7 +98,7 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
 
     monkeypatch.setattr(Adaptive, "step", interrupted)
     assert main(["train", "mlp-digits", "--steps", "3"]) == 130
-    assert capsys.readouterr().err == "autotune train: interrupted\n"
+    assert without_phase_lines(capsys.readouterr().err) == "autotune train: interrupted\n"
 
 
 @pytest.fixture
@@ -143,7 +144,7 @@ def test_ctrl_c_on_ranks_exits_130_and_leaves_no_process(
 
     monkeypatch.setattr(autotune.procs.session, "select", Interrupted)
     assert main(["train", f"{ZERO_WORKLOADS}:build", "--steps", "3", "--ranks", "2"]) == 130
-    assert capsys.readouterr().err == "autotune train: interrupted\n"
+    assert without_phase_lines(capsys.readouterr().err) == "autotune train: interrupted\n"
     (session,) = sessions
     assert len(session.rank_pids) == 2 and session.closed
     assert not any(alive(pid) for pid in _pids(session))
@@ -194,7 +195,7 @@ def test_a_step_measured_over_the_budget_is_warned_listed_and_exits_4(
         f"step 2: micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0 measured a peak of {peak} B "
         f"(predicted 1 B), over the memory budget of {budget} B"
     )
-    assert [line for line in out.err.splitlines() if line] == [
+    assert [line for line in without_phase_lines(out.err).splitlines() if line] == [
         f"autotune train: warning: {what}",
         f"autotune train: 1 step(s) measured a peak over the memory budget, the first at {what}; "
         "--allow-over-budget accepts that",
@@ -202,7 +203,7 @@ def test_a_step_measured_over_the_budget_is_warned_listed_and_exits_4(
     # The same run, allowed: exit 0, the warning still said.
     assert main([*args, "--allow-over-budget"]) == 0
     out = capsys.readouterr()
-    assert [line for line in out.err.splitlines() if line] == [f"autotune train: warning: {what}"]
+    assert [line for line in without_phase_lines(out.err).splitlines() if line] == [f"autotune train: warning: {what}"]
     assert f"OVER BUDGET: {what}" in " ".join(out.out.split())
 
 

@@ -167,6 +167,15 @@ def test_the_objective_is_in_the_checkpoint_s_arguments_when_not_the_default() -
     assert AutotuneCallback(**args).loop.objective == "throughput"
 
 
+def test_progress_off_is_in_the_checkpoint_s_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "progress" not in AutotuneCallback(policy=None).state()["args"]
+    args = AutotuneCallback(policy=None, progress=False).state()["args"]
+    assert args["progress"] is False
+    AutotuneCallback(**args).loop.note("not said")
+    AutotuneCallback(policy=None).loop.note("said")
+    assert capsys.readouterr().err == "autotune: said\n"
+
+
 def test_a_decision_source_object_is_refused_when_the_trainer_rebuilds_the_callback() -> None:
     state = AutotuneCallback(policy=Scripted([])).state()
     assert state["args"]["policy"] == {"source": "scripted"}
