@@ -203,10 +203,10 @@ class PolicySource(DecisionSource):
 
             from autotune.errors import AutotuneWarning
 
+            clock.end()
             warnings.warn(AutotuneWarning(f"no start plan: {e}"), stacklevel=2)
             return None
-        finally:
-            clock.end()
+        clock.end()  # a phase that raised anything else is not said: the error says what happened
 
         def admits(knobs: Knobs) -> bool:
             return context.admits(self._kept(knobs.to_config(context.ranking, base=context.start), context.start))

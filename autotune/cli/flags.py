@@ -153,7 +153,11 @@ def add_ranks_flag(p: argparse.ArgumentParser) -> None:
 
 def add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="TrainConfig JSON file; the flags below override it")
-    p.add_argument("--micro-batch", type=int, help="micro-batch size (default 8)")
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        help="micro-batch size (default: the workload's batch over --accum and --ranks, one micro-batch each)",
+    )
     p.add_argument("--accum", type=int, help="gradient-accumulation steps (default 1)")
     p.add_argument("--precision", help="fp32|bf16|fp16 for every block, or a comma list, one per block")
     p.add_argument(
@@ -170,19 +174,42 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, help="data-parallel ranks")
 
 
-def config_from_args(args: argparse.Namespace, *, num_blocks: int) -> Any:
+def config_from_args(args: argparse.Namespace, *, num_blocks: int, batch_size: int, workload: str) -> Any:
+    """The configuration ``predict`` and ``measure`` run: ``--config``, then the flags over it.
+
+    Without a micro-batch (neither ``--micro-batch`` nor one in ``--config``), the workload's own
+    batch: ``batch_size`` split over the ranks and the accumulation steps (the PyTorch default
+    at ``--ranks 1``), so the answer is about the training the workload describes.
+
+    Raises:
+        ConfigError: ``--config`` unreadable, or the batch does not divide as asked.
+    """
+    import json
+
     from autotune.config import TrainConfig
 
     config = TrainConfig()
+    given: dict[str, Any] = {}
     if args.config is not None:
         try:
             text = args.config.read_text()
         except OSError as e:
             raise ConfigError(f"--config: cannot read {str(args.config)!r}: {e.strerror}.") from None
         config = TrainConfig.from_json(text)
+        given = json.loads(text)
     overrides: dict[str, Any] = {}
     if args.micro_batch is not None:
         overrides["micro_batch_size"] = args.micro_batch
+    elif "micro_batch_size" not in given:
+        accum = args.accum if args.accum is not None else config.grad_accum_steps
+        ranks = args.ranks if args.ranks is not None else config.ranks
+        if accum >= 1 and ranks >= 1:  # else TrainConfig says what is wrong with them
+            if batch_size % (accum * ranks) or batch_size < accum * ranks:
+                raise ConfigError(
+                    f"the batch of workload {workload!r} ({batch_size}) does not split evenly into {accum} "
+                    f"accumulation step(s) x {ranks} rank(s): give --micro-batch."
+                )
+            overrides["micro_batch_size"] = batch_size // (accum * ranks)
     if args.accum is not None:
         overrides["grad_accum_steps"] = args.accum
     if args.zero_stage is not None:

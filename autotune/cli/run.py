@@ -80,7 +80,9 @@ def _cmd_measure(args: argparse.Namespace) -> int:
     budget = parse_memory_budget(args.memory_budget) if args.memory_budget else None
     device = resolve_device(args.device)  # no CUDA, or no such device: one line before any work
     workload = load_workload(workload_of(args))
-    config = config_from_args(args, num_blocks=len(workload.block_names()))
+    config = config_from_args(
+        args, num_blocks=len(workload.block_names()), batch_size=workload.batch_size, workload=workload.name
+    )
     budget_b = budget_bytes(budget, workload, ranks=config.ranks, device_type=device.type)
 
     from autotune.console import make_console
@@ -133,7 +135,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     workload = load_workload(workload_of(args))
     loaded = loaded_line(workload, start)
-    config = config_from_args(args, num_blocks=len(workload.block_names()))
+    config = config_from_args(
+        args, num_blocks=len(workload.block_names()), batch_size=workload.batch_size, workload=workload.name
+    )
     _say(loaded)  # after the flags are checked against the model: a mistake in them stays one line
     status = f"profiling {workload.name} (fake tensors, then one real step to check)"
     try:
@@ -149,8 +153,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         return 1
     if args.export_deepspeed is not None:
         _export_deepspeed(args.export_deepspeed, workload, config, device_type=args.device)
-    if args.json:
-        print(estimate.to_json())
+    if args.json:  # with what it is of, as the error's JSON and measure's say
+        about = {"workload": workload.name, "config": config.to_dict()}
+        print(json.dumps({**about, **estimate.to_dict()}, indent=2))
     else:
         choice = workload.block_choice()
         blocks = choice.describe().removeprefix("blocks: ")

@@ -436,3 +436,19 @@ def test_predict_the_whole_model_in_bf16_from_the_flags() -> None:
         assert (data["verified"], data["verification"]["device"], data["phase"]) == (True, "cpu", "forward/backward")
         totals[outer] = data["total"]
     assert totals["bf16"] < totals["fp32"]
+
+
+def test_predict_without_a_micro_batch_is_the_workload_s_own_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    """The workload's batch of 32 in one micro-batch (its PyTorch default), or split over ``--accum``
+    and ``--ranks``: the prediction is of the training the workload describes."""
+    splits = {}
+    for extra in ((), ("--accum", "4"), ("--ranks", "2", "--accum", "2")):
+        assert main(["predict", f"{USER}:build", "--json", *extra]) == 0
+        config = json.loads(capsys.readouterr().out)["config"]
+        splits[extra] = (config["micro_batch_size"], config["grad_accum_steps"], config["ranks"])
+    assert list(splits.values()) == [(32, 1, 1), (8, 4, 1), (8, 2, 2)]
+    assert main(["predict", f"{USER}:build", "--accum", "3"]) == 2
+    assert capsys.readouterr().err == (
+        "autotune predict: error: the batch of workload 'my-net' (32) does not split evenly into 3 accumulation "
+        "step(s) x 1 rank(s): give --micro-batch.\n"
+    )
