@@ -57,8 +57,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
+    # A command's machine output (--json, best's export) is stdout's alone: the user's own prints
+    # (nanoGPT's build prints its parameter count) go to stderr while it runs, and the command
+    # writes its output to args.stdout.
+    args.stdout = sys.stdout
+    machine = getattr(args, "json", False) or getattr(args, "machine_output", False)
     try:
-        with warnings_as_lines(args.command):  # autotune's warnings, in every command: one line each
+        with (
+            warnings_as_lines(args.command),  # autotune's warnings, in every command: one line each
+            contextlib.redirect_stdout(sys.stderr) if machine else contextlib.nullcontext(),
+        ):
             result: int = args.func(args)
         return result
     except NonFiniteLossError as e:

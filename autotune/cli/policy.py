@@ -313,7 +313,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.storage:
         _record(args, budget, episode, workload)
     if args.json:
-        print(tuned.to_json())
+        print(tuned.to_json(), file=args.stdout)
     else:
         _print_episode(episode, tuned.final_knobs)
         make_console().print(tuned.recommended_line(), markup=False, highlight=False)

@@ -105,7 +105,7 @@ def _cmd_measure(args: argparse.Namespace) -> int:
             progress=progress,
         )
     if args.json:
-        print(m.to_json())
+        print(m.to_json(), file=args.stdout)
     else:
         make_console().print(measurement_table(m))
     if m.status == "over_budget":  # a measurement, not an error: printed above, and said in the exit code
@@ -148,14 +148,16 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             estimate = predict_memory(workload, config, device_type=args.device, note=_say)
     except PredictionError as e:
         if args.json:
-            print(json.dumps({"workload": workload.name, "verified": False, "reason": str(e)}, indent=2))
+            print(
+                json.dumps({"workload": workload.name, "verified": False, "reason": str(e)}, indent=2), file=args.stdout
+            )
         print(f"autotune predict: {e}", file=sys.stderr)
         return 1
     if args.export_deepspeed is not None:
         _export_deepspeed(args.export_deepspeed, workload, config, device_type=args.device)
     if args.json:  # with what it is of, as the error's JSON and measure's say
         about = {"workload": workload.name, "config": config.to_dict()}
-        print(json.dumps({**about, **estimate.to_dict()}, indent=2))
+        print(json.dumps({**about, **estimate.to_dict()}, indent=2), file=args.stdout)
     else:
         choice = workload.block_choice()
         blocks = choice.describe().removeprefix("blocks: ")

@@ -136,7 +136,7 @@ def _add_best(subparsers: Any) -> None:
         help="re-time the best three side by side first, unless the study already did (default: on)",
     )
     p.add_argument("--device", help="where to re-time: cpu, cuda, cuda:1 (default auto)")
-    p.set_defaults(func=_cmd_best)
+    p.set_defaults(func=_cmd_best, machine_output=True)
 
 
 def _add_dashboard(subparsers: Any) -> None:
@@ -369,7 +369,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
         measured=_measured(summary, best) if args.format == "json" else None,
         objective=summary.objective,
     )
-    sys.stdout.write(text)
+    args.stdout.write(text)
     if summary.compile_pick is not None:  # whether the pick is compiled, and why not where it is not
         print(f"autotune best: {summary.compile_pick.export_line}", file=sys.stderr)
     if args.format == "deepspeed":  # JSON has no comments: the allocator setting goes to stderr

@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from autotune.cli.flags import (
     BUDGET_HELP,
@@ -108,7 +108,7 @@ def _train_command(args: argparse.Namespace) -> int:
     finally:
         tuner.close()  # on ranks: every process reaped, Ctrl-C and errors included
     if args.json:
-        _print_run(tuner)
+        _print_run(tuner, args.stdout)
     else:
         _summary(tuner)
     return _over_budget_exit(tuner, allowed=args.allow_over_budget)
@@ -188,7 +188,7 @@ def _adaptive(
         )  # the summary reports measured peaks
 
 
-def _print_run(tuner: Any) -> None:
+def _print_run(tuner: Any, out: TextIO) -> None:
     """``--json``: the run's budget, steps, decisions and steps over the budget."""
     import json
 
@@ -199,7 +199,7 @@ def _print_run(tuner: Any) -> None:
         "history": history,
         "over_budget_steps": [o.to_dict() for o in tuner.over_budget_steps],
     }
-    print(json.dumps(run, indent=2))
+    print(json.dumps(run, indent=2), file=out)
 
 
 def _over_budget_exit(tuner: Any, *, allowed: bool) -> int:

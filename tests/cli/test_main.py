@@ -452,3 +452,24 @@ def test_predict_without_a_micro_batch_is_the_workload_s_own_batch(capsys: pytes
         "autotune predict: error: the batch of workload 'my-net' (32) does not split evenly into 3 accumulation "
         "step(s) x 1 rank(s): give --micro-batch.\n"
     )
+
+
+def test_json_output_is_stdout_s_alone_when_the_user_s_code_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A build that prints (nanoGPT prints its parameter count) and a forward that prints: under
+    ``--json`` their lines go to stderr and stdout is the JSON, parseable as it is."""
+    source = USER.read_text().replace(
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n",
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n        print('forward')\n",
+    )
+    source = source.replace(
+        "def build() -> Workload:\n", "def build() -> Workload:\n    print('number of parameters: 0.00M')\n"
+    )
+    path = tmp_path / "printing.py"
+    path.write_text(source)
+    for command in (["predict"], ["measure", "--steps", "1", "--warmup", "1"]):
+        assert main([command[0], f"{path}:build", "--json", *command[1:]]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["workload"] == "my-net"
+        assert "number of parameters: 0.00M\n" in err and "forward\n" in err
