@@ -58,8 +58,12 @@ class Workload:
             padding collate); ``None`` is the DataLoader's default collate.
         blocks: Qualified names of the block modules (``model.get_submodule`` names), in forward
             order. ``None`` auto-detects them: see :func:`find_blocks`.
-        optimizer: ``params -> torch.optim.Optimizer``. ``None`` means AdamW at ``DEFAULT_LR``.
-            Its learning rate is the *base* rate at ``batch_size``; a config may scale it.
+        optimizer: ``params -> torch.optim.Optimizer``, or an optimizer over ``model``'s
+            parameters (``model.configure_optimizers(...)``, a Trainer's ``create_optimizer()``):
+            each copy of the model gets one of its class with its parameter groups and options
+            (:mod:`autotune.optimizers`), so groups built by module or name keep theirs. ``None``
+            means AdamW at ``DEFAULT_LR``. Its learning rate is the *base* rate at
+            ``batch_size``; a config may scale it.
         batch_size: The reference effective batch size: the default effective batch of a study and
             ``B_base`` in linear learning-rate scaling.
         worst_case_batch: A batch as the collate yields it at the longest shapes the data can
@@ -102,7 +106,7 @@ class Workload:
     dataset: Dataset[Any]
     loss_fn: LossFn
     blocks: Sequence[str] | None = None
-    optimizer: OptimizerFactory | None = None
+    optimizer: OptimizerFactory | torch.optim.Optimizer | None = None
     batch_size: int = 32
     collate_fn: CollateFn | None = None
     worst_case_batch: Any = field(default=None, compare=False)  # tensors: == would be elementwise
@@ -125,6 +129,15 @@ class Workload:
             )
         if not callable(self.loss_fn):
             raise WorkloadError(f"Workload.loss_fn must be callable, but got {self.loss_fn!r}.")
+        if isinstance(self.optimizer, torch.optim.Optimizer):
+            from autotune.optimizers import check_over_model
+
+            check_over_model(self.optimizer, self.model, workload=self.name)
+        elif self.optimizer is not None and not callable(self.optimizer):
+            raise WorkloadError(
+                "Workload.optimizer must be params -> torch.optim.Optimizer, an optimizer over the model's "
+                f"parameters or None, but got {type(self.optimizer).__name__}."
+            )
         if self.collate_fn is not None and not callable(self.collate_fn):
             raise WorkloadError(f"Workload.collate_fn must be callable or None, but got {self.collate_fn!r}.")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -394,6 +407,10 @@ class Workload:
 
         if self.optimizer is None:
             return torch.optim.AdamW(params, lr=DEFAULT_LR)
+        if isinstance(self.optimizer, torch.optim.Optimizer):
+            from autotune.optimizers import rebuilt
+
+            return rebuilt(self.optimizer, self.model, params)
         opt = self.optimizer(params)
         if not isinstance(opt, torch.optim.Optimizer):
             raise WorkloadError(

@@ -43,6 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "knobs",
         "block_detection",
         "layer_drop",
+        "optimizers",
         "workload",
         "batches",
         "worst_case",

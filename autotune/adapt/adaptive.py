@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autotune.adapt.arguments import check_decisions, check_int, check_optimizer, optimizer_like, track_mode
+from autotune.adapt.arguments import check_decisions, check_int, check_optimizer, track_mode
 from autotune.adapt.controller import Controller
 from autotune.adapt.loop import AdaptLoop, LoopHooks, in_place
 from autotune.adapt.on_ranks import rank_start
@@ -67,7 +67,7 @@ class Adaptive(RunResume):
     Args:
         model: The user's model: the one trained (no copy, nothing moved).
         optimizer: The user's optimizer over ``model``'s parameters (the memory model counts
-            the state of its class with its defaults).
+            the state of its class with its parameter groups: :mod:`autotune.optimizers`).
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
         dataset: A map-style dataset or an ``IterableDataset`` (see :class:`~autotune.Workload`):
             the data of :meth:`step` with no batch, and the memory model's profile either way.
@@ -182,7 +182,7 @@ class Adaptive(RunResume):
             dataset=dataset,
             loss_fn=loss_fn,
             blocks=blocks,
-            optimizer=optimizer_like(optimizer),
+            optimizer=optimizer,  # each copy gets one of its class and groups (autotune.optimizers)
             batch_size=batch_size,
             collate_fn=collate_fn,
             worst_case_batch=worst_case_batch,

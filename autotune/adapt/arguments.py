@@ -6,16 +6,12 @@ built: a user's mistake is one :class:`~autotune.errors.ConfigError` stating the
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
 from autotune.errors import ConfigError
 from autotune.measurement.objective import ObjectiveName, check_objective
 
-__all__ = ["check_decisions", "check_int", "check_optimizer", "optimizer_like", "track_mode"]
+__all__ = ["check_decisions", "check_int", "check_optimizer", "track_mode"]
 
 
 def check_int(name: str, value: object, low: int) -> None:
@@ -74,13 +70,3 @@ def track_mode(value: object) -> str:
     if isinstance(value, (bool, str)) and value in modes:
         return modes[value]
     raise ConfigError(f"track_memory must be 'unverified', True or 'all', False or 'none', but got {value!r}.")
-
-
-def optimizer_like(optimizer: torch.optim.Optimizer) -> Callable[[Any], torch.optim.Optimizer]:
-    """A factory for the user's optimizer class and defaults: the memory model counts *its* state.
-
-    Only the defaults its constructor takes (torch's AdamW keeps ``decoupled_weight_decay`` in its
-    defaults without accepting it)."""
-    accepted = inspect.signature(type(optimizer)).parameters
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    return lambda params: type(optimizer)(params, **defaults)

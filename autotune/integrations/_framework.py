@@ -67,6 +67,7 @@ from autotune.measurement.cuda_memory import (
     allocator_source,
 )
 from autotune.memory.gate import BudgetGate
+from autotune.optimizers import is_over
 from autotune.train.base import finite_gradients
 from autotune.workload import Workload
 
@@ -95,6 +96,7 @@ class FrameworkLoop(Resume, Evaluations):
         precision: LoopPrecision | None = None,
         checkpoint_flag: str = "the model's own activation checkpointing",
         compiled: str | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         """Read the user's flags, profile the model (a copy of it), resolve the budget, and put the
         run where the budget and the source's plan say (a split in the plan waits for the next
@@ -107,6 +109,8 @@ class FrameworkLoop(Resume, Evaluations):
         ``compiled``: how the loop compiles the model (:func:`autotune.adapt.recompiles.loop_compiled`),
         in words for the start line; None: eager. Each change of block knobs then recompiles: the
         controller measures it from the steps' wall seconds and counts it in its decisions.
+        ``optimizer``: the loop's, so the memory model counts its state (Adafactor's, SGD's), not
+        AdamW's; one with parameters outside ``model`` is not (AdamW stands in).
 
         Raises:
             ConfigError: nothing this loop can take fits the memory budget (the controller's rule).
@@ -122,6 +126,7 @@ class FrameworkLoop(Resume, Evaluations):
             batch_size=micro_batch_size * accum,
             collate_fn=collate_fn,
             min_micro_batch=self.min_micro_batch,
+            optimizer=optimizer if optimizer is not None and is_over(optimizer, model) else None,
         )
         names = workload.block_names()
         self.checkpointing = ModelCheckpointing.read(model, names)

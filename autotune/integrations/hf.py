@@ -233,6 +233,7 @@ class AutotuneCallback(TrainerCallback, ExportableState):
             precision=loop_precision(args),
             checkpoint_flag=_checkpoint_flag(args),
             compiled=_compiled(args, model),
+            optimizer=kwargs.get("optimizer"),  # the Trainer's (accelerate's wrapper around it)
         )
 
     @override

@@ -220,6 +220,8 @@ class AutotuneCallback(Callback):
             precision=loop_precision(str(trainer.precision)),
             # trainer.fit(torch.compile(module)) hands the callbacks the module, its compile in _compiler_ctx.
             compiled="your torch.compile" if loop_compiled(pl_module) else None,
+            # Automatic optimization steps one optimizer (configure_optimizers' first).
+            optimizer=trainer.optimizers[0] if len(trainer.optimizers) == 1 else None,
         )
         controller = self.loop.controller
         assert controller is not None

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.config import Precision, RecomputeLevel
 from autotune.errors import AutotuneError, PredictionError, one_line
@@ -220,9 +221,27 @@ def _total(snapshot: dict[Any, dict[Any, int]]) -> int:
     return 0
 
 
+class _ScalarsRead(TorchDispatchMode):
+    """Inside the fake mode, for the optimizer's step: a scalar read from a tensor (``.item()``) is 1.
+
+    Some optimizers read values to scale their update: torch's and Hugging Face's Adafactor take
+    ``param.norm(2).item()`` for the relative step size, which a fake tensor cannot answer
+    (``DataDependentOutputException``), so the memory model had no optimizer costs for them. The
+    value scales arithmetic only: the state and the step's temporaries are the parameters' shapes.
+    """
+
+    _READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in self._READS:
+            dtype = args[0].dtype
+            return True if dtype == torch.bool else 1.0 if dtype.is_floating_point else 1
+        return func(*args, **(kwargs or {}))
+
+
 def _optimizer_costs(workload: Workload, fake: Any) -> tuple[int, int, float, float]:
     model = fake_model(workload, fake)
-    with fake:
+    with fake, _ScalarsRead():
         state, step = _step_transient(list(model.parameters()), workload)
         flat = 2**16
         flat_state, flat_step = _step_transient([torch.nn.Parameter(torch.zeros(flat))], workload)

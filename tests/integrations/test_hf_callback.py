@@ -469,3 +469,23 @@ def test_on_a_model_loaded_in_bf16_the_policy_keeps_the_trainers_bf16(tmp_path: 
     assert history[0].source == "flags" and any(c.source == "policy" for c in history)
     assert {(c.after.precision, c.after.outer_precision) for c in history} == {("bf16", "bf16")}
     assert all("(0 samples/s per GiB simulated" not in c.reason for c in history)
+
+
+def test_the_memory_model_counts_the_trainer_s_own_optimizer(tmp_path: Path) -> None:
+    """``optim="adafactor"``: the callback's workload holds the Trainer's Adafactor (inside
+    accelerate's wrapper), so its factored state is predicted, not AdamW's two moments."""
+    from autotune import predict_memory
+    from autotune.optimizers import unwrapped
+
+    entry = CORPUS["hf-gpt2"]
+    wl = entry.build(**entry.tiny)
+    callback = AutotuneCallback(policy=None, progress=False)
+    args = _args(str(tmp_path), 4, 1, optim="adafactor")
+    trainer = transformers.Trainer(model=wl.model, args=args, train_dataset=wl.dataset, callbacks=[callback])
+    trainer.train()
+    workload = callback.loop.gate.workload
+    assert workload.optimizer is not None
+    assert type(unwrapped(workload.optimizer)) is transformers.optimization.Adafactor
+    predicted = predict_memory(workload, TrainConfig(micro_batch_size=4), verify=False).optimizer_state
+    adamw = 2 * 4 * sum(p.numel() for p in wl.model.parameters())  # exp_avg and exp_avg_sq, fp32
+    assert 0 < predicted < adamw / 4

@@ -212,6 +212,36 @@ def test_a_fit_resumed_from_a_checkpoint_resumes_the_callback_s_configuration_an
     assert spy.wrapped == [len(spy.blocks)] * 4  # every resumed step recomputed every block
 
 
+class SGDLM(LitLM):
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def test_the_memory_model_counts_the_fit_s_own_optimizer() -> None:
+    """configure_optimizers' SGD with momentum: one buffer per parameter predicted, not AdamW's two."""
+    from autotune import predict_memory
+
+    entry = CORPUS["lstm-lm"]
+    wl = entry.build(**entry.tiny)
+    module = SGDLM(wl.model, wl.loss_fn)
+    callback = AutotuneCallback(policy=None, progress=False)
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
+    trainer.fit(module, torch.utils.data.DataLoader(wl.dataset, batch_size=4))
+    workload = callback.loop.gate.workload
+    assert workload.optimizer is trainer.optimizers[0]
+    predicted = predict_memory(workload, TrainConfig(micro_batch_size=4), verify=False).optimizer_state
+    assert predicted == 4 * sum(p.numel() for p in module.parameters())  # fp32 momentum buffers
+
+
 def test_the_objective_reaches_the_loop() -> None:
     assert AutotuneCallback(policy=None).loop.objective == "per-gib"
     assert AutotuneCallback(policy=None, objective="throughput").loop.objective == "throughput"
