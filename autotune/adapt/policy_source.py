@@ -68,7 +68,7 @@ def _load(directory: Path | None) -> Any:
 
 def _probed(speeds: MachineSpeeds) -> str:
     """What the machine probe found, in words (``bf16 0.42x fp32's step time, recompute +31%``)."""
-    recompute = f"recompute +{speeds.recompute_cost:.0%}"
+    recompute = f"recompute {speeds.recompute_cost:+.0%}"
     if speeds.reduced_speed <= 0:
         return f"no bf16 steps ({speeds.reduced_failure}), {recompute}"
     return f"bf16 {1 / speeds.reduced_speed:.2f}x fp32's step time, {recompute}"
