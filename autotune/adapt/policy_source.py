@@ -34,6 +34,7 @@ from autotune.errors import MissingDependencyError
 from autotune.measurement.probe import probe_workload
 from autotune.measurement.progress import PhaseClock, phase_line
 from autotune.tuning import TUNING
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -225,7 +226,10 @@ class PolicySource(DecisionSource):
             outer=self._reduced_ok,
         )
         if best is None:
-            context.note(phase_line("start plan: none the budget admits", started))
+            budget = format_bytes(context.budget_bytes)
+            # The callbacks' default budget is the run's own peak: under bf16 + every block
+            # recomputed (Hugging Face's recipe) nothing else fits, and the run stays where it is.
+            context.note(phase_line(f"start plan: nothing fits the memory budget of {budget}; the run stays", started))
             return None
         self._profile = profile
         config = self._kept(best[0].to_config(context.ranking, base=context.start), context.start)

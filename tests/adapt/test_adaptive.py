@@ -126,7 +126,11 @@ def test_the_setup_says_each_phase_with_its_seconds() -> None:
     assert all(PHASE.fullmatch(line) for line in lines), lines
     said = [re.sub(r" \([^()]*\d+\.\d s\)$", "", line) for line in lines]  # each without its seconds
     plan = tuner.history[0] if tuner.history else None
-    planned = plan.after.describe() if plan is not None and plan.source == "policy" else "none the budget admits"
+    planned = (
+        re.escape(plan.after.describe())
+        if plan is not None and plan.source == "policy"
+        else "nothing fits the memory budget of .*; the run stays"
+    )
     expected = [
         "memory model: fake-tensor profile of bf16, bf16@bf16, fp32, fp32@bf16",
         *(
@@ -145,7 +149,7 @@ def test_the_setup_says_each_phase_with_its_seconds() -> None:
                 "loss and gradient-noise curves",
                 "peak memory of every knob setting \\(memory model\\)",
                 "peak memory of every knob setting with the outer parts in bf16 \\(memory model\\)",
-                re.escape(planned),
+                planned,
             )
         ),
     ]
@@ -209,7 +213,14 @@ _PLAN_MACHINES = {
 _PLAN_TABLES = ("selective_peak_table", "outer_peak_table", "outer_selective_peak_table")
 
 
-def _planned(monkeypatch: pytest.MonkeyPatch, machine: str, *, tables: bool) -> Proposal | None:
+def _planned(
+    monkeypatch: pytest.MonkeyPatch,
+    machine: str,
+    *,
+    tables: bool,
+    admits: Any = lambda c: True,
+    note: Any = lambda line: None,
+) -> Proposal | None:
     """The policy source's start plan for a 6-block model at batch 32 on gpt-tiny's profile with
     ``machine``'s parameters (its selective and outer tables dropped unless ``tables``), every
     configuration admitted."""
@@ -238,9 +249,20 @@ def _planned(monkeypatch: pytest.MonkeyPatch, machine: str, *, tables: bool) -> 
         budget=lambda: 2**30,
         blocks=profile_blocks(wl),
         device_type="cpu",
-        admits=lambda c: True,
+        admits=admits,
+        note=note,
     )
     return PolicySource().plan(context)
+
+
+def test_a_plan_with_nothing_within_the_budget_says_so_and_leaves_the_run_where_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines: list[str] = []
+    assert _planned(monkeypatch, "outer", tables=True, admits=lambda c: False, note=lines.append) is None
+    assert [line.rpartition(" (")[0] for line in lines] == [
+        "start plan: nothing fits the memory budget of 1 GiB; the run stays"
+    ]
 
 
 @pytest.mark.parametrize(
