@@ -110,3 +110,38 @@ def test_the_memory_model_counts_the_state_of_the_user_s_optimizer_exactly(which
     assert measured.memory is not None and measured.memory.optimizer_state == state
     # The cross-entropy's few bytes apart, as for any optimizer (within tens of bytes).
     assert estimate.verified and abs(estimate.total - measured.memory.total) <= 16
+
+
+@torch.compile(fullgraph=True)
+def _momentum_update(p: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: float) -> None:
+    buf.mul_(0.9).add_(grad)
+    p.add_(buf, alpha=-lr)
+
+
+class CompiledMomentum(torch.optim.Optimizer):
+    """An optimizer whose update is compiled with fullgraph=True, as nanochat's MuonAdamW: its
+    constructor takes parameter groups only."""
+
+    def __init__(self, groups: list[dict[str, object]]) -> None:
+        super().__init__(groups, defaults={})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if "buf" not in self.state[p]:
+                    self.state[p]["buf"] = torch.zeros_like(p)
+                _momentum_update(p, p.grad, self.state[p]["buf"], group["lr"])
+
+
+def test_an_optimizer_with_a_compiled_update_is_predicted_and_checked() -> None:
+    """The fake step and the tracked check step run the compiled update eagerly (nothing compiles
+    here): its state, one buffer per parameter, predicted exactly and verified."""
+    model = _model()
+    opt = CompiledMomentum([{"params": list(model.parameters()), "lr": 0.1}])
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    wl = Workload(name="w", model=model, dataset=data, loss_fn=_loss, optimizer=opt, batch_size=16)
+    estimate = predict_memory(wl, TrainConfig(micro_batch_size=16))
+    assert estimate.optimizer_state == 178 * 4 and estimate.verified

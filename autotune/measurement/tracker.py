@@ -131,9 +131,16 @@ class _CategoryPeaks(_MemTrackerBase):
         self._grad_hooks: list[Any] = []
         self._hook_patch = _collect_grad_hooks(self._grad_hooks)
         self._hook_patch.__enter__()
+        # Compiled code runs eagerly while tracked: Dynamo does not trace into a dispatch mode
+        # (this tracker is one), so a compiled model falls back to eager here anyway, and a
+        # function compiled with fullgraph=True (nanochat's MuonAdamW compiles its fused updates
+        # so) raised "Attempted to call function marked as skipped" instead. The eager step is
+        # what is counted.
+        self._eager = torch.compiler.set_stance("force_eager")
         try:
             return super().__enter__()
         except BaseException:
+            self._eager.__exit__(None, None, None)
             self._hook_patch.__exit__(None, None, None)
             raise
 
@@ -141,6 +148,7 @@ class _CategoryPeaks(_MemTrackerBase):
         try:
             return super().__exit__(*args)
         finally:
+            self._eager.__exit__(None, None, None)
             self._hook_patch.__exit__(None, None, None)
             for handle in self._grad_hooks:
                 handle.remove()

@@ -450,6 +450,8 @@ def check_step(
             f"{format_bytes(free)} free"
         )
         return StepPeak(None, why, True)
+    import torch
+
     from autotune.measurement.oom import is_out_of_memory
     from autotune.measurement.tracker import tracked_step
     from autotune.train.local import Trainer
@@ -460,7 +462,11 @@ def check_step(
         # Every step updates (a NaN loss is not skipped): the peak is a real step's, optimizer state included.
         trainer = Trainer(worst, config, device=device, skip_nonfinite=False)
         try:
-            trainer.step()  # creates the optimizer state, as measure()'s warmup does
+            # The tracked step runs compiled code eagerly (the tracker's rule), and so does its
+            # warm-up: compiling it (a user's compiled optimizer update) would cost seconds to
+            # minutes and say nothing of the step the check counts.
+            with torch.compiler.set_stance("force_eager"):
+                trainer.step()  # creates the optimizer state, as measure()'s warmup does
             at_peak = tracked_step(trainer).at_peak
         finally:
             trainer.close()

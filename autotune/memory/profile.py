@@ -241,7 +241,9 @@ class _ScalarsRead(TorchDispatchMode):
 
 def _optimizer_costs(workload: Workload, fake: Any) -> tuple[int, int, float, float]:
     model = fake_model(workload, fake)
-    with fake, _ScalarsRead():
+    # A compiled step (nanochat's MuonAdamW compiles its fused updates) runs eagerly here: Dynamo
+    # does not trace fake parameters made outside it, and the state it creates is the eager one's.
+    with fake, _ScalarsRead(), torch.compiler.set_stance("force_eager"):
         state, step = _step_transient(list(model.parameters()), workload)
         flat = 2**16
         flat_state, flat_step = _step_transient([torch.nn.Parameter(torch.zeros(flat))], workload)

@@ -70,3 +70,23 @@ def test_a_tracked_step_keeps_no_parameter_alive() -> None:
         del model
         gc.collect()
         assert [r() is None for r in refs] == [True] * 10
+
+
+@torch.compile(fullgraph=True)
+def _fused(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1
+
+
+def test_a_function_compiled_with_fullgraph_runs_eagerly_while_tracked_and_is_counted() -> None:
+    """Dynamo cannot trace into the tracker (a dispatch mode): a fullgraph function raised
+    "Attempted to call function marked as skipped" under it. Tracked, it runs eagerly (nothing is
+    compiled here), its output counted; the compiler's stance is back to default after."""
+    import torch._dynamo.eval_frame as eval_frame
+
+    tracker = tracker_class()()
+    x = torch.ones(256)
+    with tracker:
+        y = _fused(x)
+    assert torch.equal(y, torch.full((256,), 3.0))
+    assert tracker.category_peaks["Total"] >= 256 * 4  # the eager output, allocated while tracked
+    assert eval_frame._stance.stance == "default"
