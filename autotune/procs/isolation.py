@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 __all__ = ["MeasurementFailed", "MeasurementProcess"]
 
+#: Seconds an idle measuring child has to exit on its own once its pipe closes (interpreter
+#: teardown: well under a second without compiled code) before it is killed.
+EXIT_GRACE = 5.0
+
 
 class MeasurementProcess:
     """A child process that measures configs of one workload.
@@ -177,28 +181,36 @@ class MeasurementProcess:
         except (EOFError, OSError):
             pass  # the child died: report its exit code below
         if self._process.is_alive():
-            self.close()
+            self.close(grace=0.0)
             raise MeasurementFailed(f"{what} exceeded the time limit of {timeout:g} s and was killed")
         code = self._process.exitcode
-        self.close()
+        self.close(grace=0.0)
         raise MeasurementFailed(f"the measurement process died during {what} (exit code {code})")
 
-    def close(self) -> None:
-        """Kill the child (if any) and forget it; the next measure starts a new one."""
+    def close(self, *, grace: float = EXIT_GRACE) -> None:
+        """End the child (if any) and forget it; the next measure starts a new one.
+
+        The pipe closes first: an idle child reads its end and exits on its own, its exit
+        handlers run (inductor's compile workers, started by a compiled step, shut down instead of
+        leaving a leaked semaphore for Python to warn of at exit). One that has not exited
+        within ``grace`` seconds (busy past a time limit, or on Ctrl-C: 0) is killed.
+        """
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
         if self._process is not None:
+            if grace > 0:
+                self._process.join(timeout=grace)
             if self._process.is_alive():
                 self._process.kill()
             self._process.join(timeout=10)
             self._process = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
     def __enter__(self) -> MeasurementProcess:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(grace=EXIT_GRACE if exc_type is None else 0.0)  # Ctrl-C or an error: at once
 
 
 class _sigint_ignored:

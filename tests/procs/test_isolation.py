@@ -58,3 +58,22 @@ def test_a_broken_loss_fn_is_the_users_mistake_not_a_failed_trial() -> None:
     proc = MeasurementProcess(f"{TINY}:build_bad_loss", threads=1)
     with proc, pytest.raises(WorkloadError, match=f"^{re.escape(message)}$"):
         proc.start()
+
+
+def test_an_idle_child_exits_on_its_own_when_closed_and_a_busy_one_is_killed() -> None:
+    """Closed idle, the child reads the end of its pipe and exits 0 (its exit handlers run:
+    inductor's compile workers shut down); past a time limit it is killed (SIGKILL)."""
+    proc = MeasurementProcess(f"{TINY}:build", threads=1)
+    proc.measure(TrainConfig(micro_batch_size=8), steps=1, warmup=1, memory_budget=None, timeout=120)
+    child = proc._process
+    assert child is not None
+    proc.close()
+    assert child.exitcode == 0
+    with MeasurementProcess(f"{TINY}:build_hanging", threads=1) as hanging:
+        hanging.start()
+        busy = hanging._process
+        with pytest.raises(MeasurementFailed):
+            hanging.measure(
+                TrainConfig(micro_batch_size=1, grad_accum_steps=16), steps=2, warmup=1, memory_budget=None, timeout=2
+            )
+        assert busy is not None and busy.exitcode == -9
