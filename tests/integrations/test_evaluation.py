@@ -28,6 +28,7 @@ from autotune.measurement.tracker import tracker_class
 from autotune.zoo import CORPUS
 from tests.adapt.scripted import Scripted
 from tests.conftest import make_resmlp
+from tests.integrations.lightning_trainer import quiet_trainer
 from tests.measurement.fake_cuda import FakeAllocator
 
 pytestmark = [
@@ -188,18 +189,7 @@ class LitGPT(L.LightningModule):  # type: ignore[misc]
 def test_a_validation_that_fits_is_measured_exactly_and_nothing_is_said() -> None:
     wl = CORPUS["hf-gpt2"].build(**CORPUS["hf-gpt2"].tiny)
     callback = lightning.AutotuneCallback(policy=None, decide_every=2)
-    trainer = L.Trainer(
-        max_steps=4,
-        val_check_interval=2,
-        limit_val_batches=2,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
+    trainer = quiet_trainer(max_steps=4, val_check_interval=2, limit_val_batches=2, callbacks=[callback])
     module = LitGPT(wl.model, wl.loss_fn, wl.dataset, val_batch=8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -32,6 +32,7 @@ from autotune.integrations import hf, lightning
 from autotune.memory.gate import BudgetGate
 from autotune.zoo import CORPUS
 from tests.adapt.scripted import Scripted
+from tests.integrations.lightning_trainer import quiet_trainer
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning"),
@@ -123,16 +124,7 @@ def _lightning(tmp_path: Path, steps: int, peaks: Peaks | None, **kwargs: Any) -
     wl = CORPUS["hf-gpt2"].build(**CORPUS["hf-gpt2"].tiny)
     callback = lightning.AutotuneCallback(**kwargs)
     callback.loop.measure_peak = peaks
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
+    trainer = quiet_trainer(max_steps=steps, callbacks=[callback])
     trainer.fit(LitGPT(wl.model, wl.loss_fn, wl.dataset))
     return _framework_run(callback.loop)
 

@@ -17,6 +17,7 @@ from autotune.block_detection import find_blocks
 from autotune.errors import AutotuneWarning, NonFiniteLossError, NonFiniteLossWarning
 from autotune.integrations.lightning import AutotuneCallback
 from autotune.zoo import CORPUS
+from tests.integrations.lightning_trainer import quiet_trainer
 
 pytestmark = [
     # Lightning's advice for real runs (DataLoader workers, logging intervals), irrelevant to a tiny fit.
@@ -58,17 +59,7 @@ def test_the_callback_applies_checkpointing_inside_a_real_fit() -> None:
         policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2, checkpoint=True), decide_every=2
     )
     spy = Spy(blocks)
-    trainer = L.Trainer(
-        max_steps=4,
-        accelerator="cpu",
-        devices=1,
-        accumulate_grad_batches=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback, spy],
-    )
+    trainer = quiet_trainer(max_steps=4, accumulate_grad_batches=2, callbacks=[callback, spy])
     with pytest.warns(AutotuneWarning) as caught:
         trainer.fit(module, torch.utils.data.DataLoader(wl.dataset, batch_size=4))
     assert trainer.lightning_module is module
@@ -118,17 +109,7 @@ def _lstm_at_8() -> tuple[Any, LitBatched, AutotuneCallback]:
 
 
 def _fit(module: L.LightningModule, callbacks: list[Any], max_steps: int = -1, **kwargs: Any) -> L.Trainer:
-    trainer = L.Trainer(
-        max_epochs=2,
-        max_steps=max_steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-    )
+    trainer = quiet_trainer(max_epochs=2, max_steps=max_steps, callbacks=callbacks)
     trainer.fit(module, **kwargs)
     return trainer
 
@@ -225,16 +206,7 @@ def test_the_memory_model_counts_the_fit_s_own_optimizer() -> None:
     wl = entry.build(**entry.tiny)
     module = SGDLM(wl.model, wl.loss_fn)
     callback = AutotuneCallback(policy=None, progress=False)
-    trainer = L.Trainer(
-        max_steps=1,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
+    trainer = quiet_trainer(max_steps=1, callbacks=[callback])
     trainer.fit(module, torch.utils.data.DataLoader(wl.dataset, batch_size=4))
     workload = callback.loop.gate.workload
     assert workload.optimizer is trainer.optimizers[0]
@@ -351,17 +323,7 @@ def test_a_bf16_mixed_fit_starts_from_its_flags_and_runs_what_it_reports() -> No
     blocks = list(find_blocks(module))
     callback = AutotuneCallback(policy=None, decide_every=2, memory_budget="1GiB")
     runs = Runs(blocks)
-    trainer = L.Trainer(
-        max_steps=3,
-        precision="bf16-mixed",
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback, runs],
-    )
+    trainer = quiet_trainer(max_steps=3, precision="bf16-mixed", callbacks=[callback, runs])
     with pytest.warns(AutotuneWarning) as caught:
         trainer.fit(module, torch.utils.data.DataLoader(wl.dataset, batch_size=4))
     expected = TrainConfig(
@@ -408,16 +370,7 @@ def test_a_compiled_module_s_fit_measures_and_counts_each_change_s_recompile() -
     module = LitPlain(wl.model, wl.loss_fn)
     recompute = TrainConfig(micro_batch_size=8, checkpoint=True, grad_clip=None)
     callback = AutotuneCallback(policy=Scripted([recompute]), decide_every=4, memory_budget=1 << 40)
-    trainer = L.Trainer(
-        max_steps=8,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
+    trainer = quiet_trainer(max_steps=8, callbacks=[callback])
     with pytest.warns(AutotuneWarning) as caught:
         trainer.fit(torch.compile(module, backend="eager"), torch.utils.data.DataLoader(wl.dataset, batch_size=8))
     assert trainer.lightning_module is module and module._compiler_ctx is not None
@@ -461,16 +414,7 @@ def test_a_compiled_step_that_logs_fits_under_the_callback_with_log_outside_the_
     module = LitLoggedEager(wl.model, wl.loss_fn)
     recompute = TrainConfig(micro_batch_size=8, checkpoint=True, grad_clip=None)
     callback = AutotuneCallback(policy=Scripted([recompute]), decide_every=2, memory_budget=1 << 40)
-    trainer = L.Trainer(
-        max_steps=4,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
+    trainer = quiet_trainer(max_steps=4, callbacks=[callback])
     with pytest.warns(AutotuneWarning):
         trainer.fit(torch.compile(module, backend="eager"), torch.utils.data.DataLoader(wl.dataset, batch_size=8))
     assert module._compiler_ctx is not None and math.isfinite(float(trainer.callback_metrics["train_loss"]))
