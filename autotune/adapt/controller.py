@@ -38,7 +38,7 @@ from autotune.adapt.records import Change, OverBudgetStep
 from autotune.adapt.sources import Observation, RunContext
 from autotune.config import TrainConfig
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
-from autotune.measurement.progress import Note, phase_line, quiet
+from autotune.measurement.progress import Note, quiet, ranked_line
 from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ class Controller:
 
             began = time.perf_counter()
             blocks = profile_blocks(workload, micro_batch_size=TUNING.profile_micro_batch)
-            self.note(phase_line("blocks ranked by the activation bytes they save", began, "one fake-tensor forward"))
+            self.note(ranked_line(began))
             context = RunContext(
                 workload=workload,
                 start=start,

@@ -204,7 +204,7 @@ def config_from_args(args: argparse.Namespace, *, num_blocks: int, batch_size: i
         accum = args.accum if args.accum is not None else config.grad_accum_steps
         ranks = args.ranks if args.ranks is not None else config.ranks
         if accum >= 1 and ranks >= 1:  # else TrainConfig says what is wrong with them
-            if batch_size % (accum * ranks) or batch_size < accum * ranks:
+            if batch_size % (accum * ranks):  # a batch below accum x ranks included
                 raise ConfigError(
                     f"the batch of workload {workload!r} ({batch_size}) does not split evenly into {accum} "
                     f"accumulation step(s) x {ranks} rank(s): give --micro-batch."

@@ -18,7 +18,7 @@ from autotune.errors import (
     SpecError,
 )
 from autotune.measurement.objective import DEFAULT_OBJECTIVE
-from autotune.measurement.progress import loaded_line, since
+from autotune.measurement.progress import loaded_line, ranked_line, since
 from autotune.search.cache import workload_fingerprint
 from autotune.search.space import SearchSpace
 from autotune.search.spec import StudySpec, spec_to_dict
@@ -99,7 +99,7 @@ def prepare(spec: StudySpec) -> Prepared:
     n_data = workload.dataset_size or max(batches)  # an iterable dataset's size is unknown
     start = time.perf_counter()
     ranking = profile_blocks(workload).ranked()
-    say(f"blocks ranked by the activation bytes they save (one fake-tensor forward, {since(start)})")
+    say(ranked_line(start))
     space = SearchSpace(
         batch_sizes=batches,
         ranks=spec.space.ranks,
