@@ -23,6 +23,7 @@ import torch
 
 from autotune.adapt.arguments import check_decisions, check_int, check_optimizer, track_mode
 from autotune.adapt.controller import Controller
+from autotune.adapt.fabric import fabric_inner
 from autotune.adapt.loop import AdaptLoop, LoopHooks, in_place
 from autotune.adapt.on_ranks import rank_start
 from autotune.adapt.recompiles import Recompiles, user_compiled
@@ -65,9 +66,12 @@ class Adaptive(RunResume):
     (a workload reference: the model lives in the rank processes).
 
     Args:
-        model: The user's model: the one trained (no copy, nothing moved).
+        model: The user's model: the one trained (no copy, nothing moved). What Lightning
+            Fabric's ``fabric.setup`` returned on one device is trained inside its wrapper
+            (:mod:`autotune.adapt.fabric`: Fabric's precision is where the knobs take over).
         optimizer: The user's optimizer over ``model``'s parameters (the memory model counts
-            the state of its class with its parameter groups: :mod:`autotune.optimizers`).
+            the state of its class with its parameter groups: :mod:`autotune.optimizers`), or
+            Fabric's ``fabric.setup_optimizers`` of it.
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
         dataset: A map-style dataset or an ``IterableDataset`` (see :class:`~autotune.Workload`):
             the data of :meth:`step` with no batch, and the memory model's profile either way.
@@ -125,6 +129,8 @@ class Adaptive(RunResume):
             train-begin hooks: see :class:`~autotune.adapt.Controller`).
         WorkloadError: ``model``, ``dataset``, ``loss_fn`` or ``blocks`` break the workload
             contract (:class:`~autotune.Workload`).
+        UnsupportedError: a Fabric model set up for several devices, or with a precision
+            autotune cannot take over (:func:`autotune.adapt.fabric.fabric_inner`).
 
     Example:
         >>> import torch
@@ -176,6 +182,9 @@ class Adaptive(RunResume):
     ) -> None:
         check_int("batch_size", batch_size, 1)
         check_optimizer(optimizer)
+        model, optimizer, wrapped = fabric_inner(model, optimizer)
+        if wrapped is not None:
+            notes(progress)(wrapped)
         workload = Workload(
             name=name,
             model=model,
