@@ -237,6 +237,7 @@ def propose(
     policy: Policy | None = None,
     seed: int = 0,
     reuse: MemoryProfile | None = None,
+    progress: Progress | None = None,
 ) -> Knobs:
     """The policy's proposal for ``workload`` without a real env step: profile the model (a quick
     profile), fine-tune the (pretrained) policy on its calibrated simulator for ``seconds``
@@ -248,13 +249,14 @@ def propose(
     :func:`quick_profile` does, and :class:`ProposalError` when the episode reaches nothing within
     the budget (an over-budget proposal would only be a trial pruned on its prediction).
     ``reuse``: a memory profile of ``workload`` made before (the study's, after its baselines):
-    the simulator's memory tables do not make its fake runs again.
+    the simulator's memory tables do not make its fake runs again. ``progress``: called as each
+    phase of the profile begins (:func:`profile_for_tuning`'s).
     """
     from autotune.envs.simulated import SimulatedEnv
     from autotune.policies.ppo import EPISODE_STEPS, load_policy
 
     budget = MemoryBudget.parse(memory_budget, default=DEFAULT_PEAK)
-    profile = quick_profile(workload, reuse=reuse)
+    profile = quick_profile(workload, reuse=reuse, progress=progress)
     tuned = fine_tune(
         policy or load_policy(),
         profile,

@@ -22,6 +22,8 @@ from autotune.cli.flags import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import optuna
 
     from autotune.knobs import Knobs
@@ -243,12 +245,18 @@ def _options(args: argparse.Namespace, **extra: Any) -> RunOptions:
     )
 
 
-def _policy_proposal(workload: Workload, *, memory_budget: int | None, reuse: MemoryProfile | None = None) -> Knobs:
+def _policy_proposal(
+    workload: Workload,
+    *,
+    memory_budget: int | None,
+    reuse: MemoryProfile | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Knobs:
     """The pretrained policy's proposal, handed to the study (the policies sit above it). Imported
     when the study asks for it: a policy that cannot load is the study's one note, not an exit."""
     from autotune.policies.transfer import propose
 
-    return propose(workload, memory_budget=memory_budget, reuse=reuse)
+    return propose(workload, memory_budget=memory_budget, reuse=reuse, progress=progress)
 
 
 def _quiet_optuna() -> None:

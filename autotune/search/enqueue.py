@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 from autotune.dependencies import install_command
 from autotune.errors import ConfigError, NonFiniteLossError, ProposalError, SpecError
 from autotune.knobs import Knobs
-from autotune.measurement.progress import since
+from autotune.measurement.progress import PhaseClock, since
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.budget import admits
 from autotune.search.observer import StudyObserver
@@ -34,12 +34,18 @@ class Proposer(Protocol):
     """The pretrained policy's proposal for a workload within a budget
     (:func:`autotune.policies.transfer.propose`): the policies sit above the study, so the caller
     hands it in (``RunOptions.propose``). ``reuse``: the study's memory profile of ``workload`` so
-    far (None: none yet), whose fake runs the proposal need not make again. Raises
-    ``ProposalError``, ``ConfigError`` or ``NonFiniteLossError`` where there is none,
-    ``ImportError`` where the policy cannot load."""
+    far (None: none yet), whose fake runs the proposal need not make again. ``progress``: called
+    as each phase of its profile begins (the calibration's real steps: minutes on a CPU at real
+    size), so the study says each with its seconds. Raises ``ProposalError``, ``ConfigError`` or
+    ``NonFiniteLossError`` where there is none, ``ImportError`` where the policy cannot load."""
 
     def __call__(
-        self, workload: Workload, *, memory_budget: int | None, reuse: MemoryProfile | None = None
+        self,
+        workload: Workload,
+        *,
+        memory_budget: int | None,
+        reuse: MemoryProfile | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> Knobs: ...
 
 
@@ -90,7 +96,8 @@ def enqueue_proposal(
         return True
     if after_queue and any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
         return False
-    (note or StudyObserver().note)(_enqueue_proposal(study, prepared, propose, reuse)[1])
+    say = note or StudyObserver().note
+    say(_enqueue_proposal(study, prepared, propose, reuse, say)[1])
     return True
 
 
@@ -106,14 +113,24 @@ def _present(study: optuna.Study) -> set[str]:
 
 
 def _enqueue_proposal(
-    study: optuna.Study, prepared: Prepared, propose: Proposer | None, reuse: MemoryProfile | None
+    study: optuna.Study,
+    prepared: Prepared,
+    propose: Proposer | None,
+    reuse: MemoryProfile | None,
+    note: Callable[[str], None],
 ) -> tuple[bool, str]:
-    """Enqueue the policy's proposal: whether it was, and the one line to show (what, or why not)."""
+    """Enqueue the policy's proposal: whether it was, and the one line to show (what, or why not).
+    Each phase of its profile is a line on ``note`` as it ends."""
     if propose is None:
         return False, "no policy proposal: none was given (RunOptions.propose)"
     start = time.perf_counter()
+    clock = PhaseClock(note, "policy proposal: ")
     try:
-        knobs = in_space(propose(prepared.workload, memory_budget=prepared.memory_budget, reuse=reuse), prepared.space)
+        try:
+            proposed = propose(prepared.workload, memory_budget=prepared.memory_budget, reuse=reuse, progress=clock)
+        finally:
+            clock.end()
+        knobs = in_space(proposed, prepared.space)
         params = prepared.space.params(knobs)
     except ImportError as e:  # stable-baselines3 / gymnasium: in the base install, unless it is broken
         return False, f"no policy proposal: the policy cannot be imported ({e}): {install_command()} installs it"

@@ -93,6 +93,13 @@ def test_without_a_proposal_the_study_goes_on_and_says_why_in_one_line(
         "blocks: blocks.0..blocks.1 (...)",
         "blocks ranked by the activation bytes they save (...)",
         "baselines enqueued: pytorch-default, seed-recipe, hf-recipe (...)",
+        # The proposal's profile, phase by phase (its real steps), up to the one that fails.
+        "policy proposal: memory of the default configuration (...)",
+        "policy proposal: per-block activation bytes (...)",
+        "policy proposal: per-block forward time (...)",
+        "policy proposal: step times under six configurations (...)",
+        "policy proposal: loss and gradient-noise curves (...)",
+        "policy proposal: peak memory of every knob setting (...)",  # "(memory model) (1.2 s)"
     ]
     # FakeTensorMode cannot run a forward that branches on a value: no memory table, no proposal.
     assert line.startswith("no policy proposal: data-dependent cannot be profiled for the simulator: PredictionError: ")

@@ -82,12 +82,14 @@ def test_two_workers_share_one_study(postgres_url: str, tmp_path: Path) -> None:
     assert create.returncode == 0, create.stderr
     # The two baselines and the policy's proposal (its line says what it proposes and what it cost).
     *setup, proposal, ready = create.stderr.splitlines()  # one line per setup phase first
-    assert [re.sub(r" \(.*\)$", "", line) for line in setup] == [
+    assert [re.sub(r" \(.*\)$", "", line) for line in setup[:4]] == [
         "workload tiny loaded: 34,340 parameters, 4 blocks",
         "blocks: blocks.0..blocks.3",  # its "(4 repeated Block(...))" is cut like the seconds
         "blocks ranked by the activation bytes they save",
         "baselines enqueued: pytorch-default, seed-recipe, hf-recipe",  # no budget: no memory model consulted
     ]
+    # Then the proposal's profile, phase by phase (tests/policies/test_transfer.py has each).
+    assert [line.startswith("policy proposal: ") for line in setup[4:]] == [True] * 7
     assert re.fullmatch(r"policy proposal enqueued: .+ \(profile of the model and simulation, \d+\.\d s\)", proposal), (
         proposal
     )

@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -168,8 +169,17 @@ def test_the_proposal_is_the_callers_proposer_and_none_given_is_said(tmp_path: P
     prepared = prepare(_spec(policy_proposal=True))
     asked: list[tuple[str, int | None]] = []
 
-    def proposer(workload: Workload, *, memory_budget: int | None, reuse: MemoryProfile | None = None) -> Knobs:
+    def proposer(
+        workload: Workload,
+        *,
+        memory_budget: int | None,
+        reuse: MemoryProfile | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> Knobs:
         asked.append((workload.name, memory_budget))
+        assert progress is not None
+        progress("the calibration's first phase")  # each said as it ends, with its seconds
+        progress("its second phase")
         return Knobs(batch_size=16, micro_batch_size=8, checkpoint_blocks=1)
 
     notes: list[str] = []
@@ -180,6 +190,10 @@ def test_the_proposal_is_the_callers_proposer_and_none_given_is_said(tmp_path: P
     assert asked == []
     assert enqueue_proposal(study, prepared, proposer, note=notes.append) is True
     assert asked == [(prepared.workload.name, None)]
+    assert [re.sub(r"\(\d+\.\d s\)$", "(...)", n) for n in notes[-3:-1]] == [
+        "policy proposal: the calibration's first phase (...)",
+        "policy proposal: its second phase (...)",
+    ]
     assert re.fullmatch(
         r"policy proposal enqueued: 8x2 ckpt:1 \(profile of the model and simulation, \d+\.\d s\)", notes[-1]
     ), notes[-1]
@@ -200,7 +214,13 @@ def test_the_proposal_is_made_after_the_baselines_and_not_at_all_in_a_study_that
     # The simulator's calibration costs seconds to a minute: it must not hold up the first trial.
     events: list[str] = []
 
-    def proposer(workload: Workload, *, memory_budget: int | None, reuse: MemoryProfile | None = None) -> Knobs:
+    def proposer(
+        workload: Workload,
+        *,
+        memory_budget: int | None,
+        reuse: MemoryProfile | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> Knobs:
         events.append("proposed")
         return Knobs(batch_size=16, micro_batch_size=8, checkpoint_blocks=1)
 
