@@ -37,7 +37,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import statistics
@@ -57,6 +56,7 @@ from autotune.envs.workload_profile import (
     save_profile,
 )
 
+from autotune.batches import map_tensors
 from autotune.config import Precision, TrainConfig
 from autotune.errors import NonFiniteLossError, TrainingError, one_line
 from autotune.measurement.oom import is_out_of_memory
@@ -65,6 +65,7 @@ from autotune.memory.blocks import profile_blocks
 from autotune.memory.profile_record import MemoryProfile
 from autotune.procs.measure import measure
 from autotune.train import Trainer
+from autotune.train.local import resolve_device
 from autotune.workload import Workload
 from autotune.worst_case import profile_batch
 
@@ -285,8 +286,25 @@ def _linear_fit(workload: Workload, precision: Precision, b1: int, b2: int) -> l
     return [(max(a - s * b1, 0.0), s) for a, s in zip(y1, slopes, strict=True)]
 
 
+def _on_device(workload: Workload, micro: int) -> tuple[torch.nn.Module, Any, torch.device]:
+    """A copy of the model and a micro-batch of ``micro`` samples where the calibration's steps run
+    (:func:`~autotune.train.local.resolve_device`: the GPU when there is one). Its forwards there
+    measure the device the simulator stands for: on the host they timed the CPU's kernels for a
+    GPU run, and at real size cost the host tens of seconds and gigabytes per forward."""
+    device = resolve_device(None)
+    batch = map_tensors(lambda t: t.to(device), profile_batch(workload, micro))
+    return workload.model_copy(device), batch, device
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels, so that a host clock reads their time (CUDA runs them
+    asynchronously; the CPU and the meta device do not)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _block_input_bytes(workload: Workload, micro: int) -> list[int]:
-    model = copy.deepcopy(workload.model)
+    model, batch, _ = _on_device(workload, micro)
     names = workload.block_names()
     sizes = [0] * len(names)
 
@@ -298,24 +316,27 @@ def _block_input_bytes(workload: Workload, micro: int) -> list[int]:
 
     handles = [model.get_submodule(n).register_forward_pre_hook(hook(i)) for i, n in enumerate(names)]
     with torch.no_grad():
-        workload.loss_fn(model, profile_batch(workload, micro))
+        workload.loss_fn(model, batch)
     for h in handles:
         h.remove()
     return sizes
 
 
 def _block_forward_shares(workload: Workload, micro: int, repeats: int = 3) -> tuple[list[float], float]:
-    """Each block's share of all blocks' forward time, and all blocks' share of the whole forward."""
-    model = copy.deepcopy(workload.model)
+    """Each block's share of all blocks' forward time, and all blocks' share of the whole forward,
+    on the calibration's device (each clock reading after the device's queued work)."""
+    model, batch, device = _on_device(workload, micro)
     names = workload.block_names()
     spent = [0.0] * len(names)
     starts = [0.0] * len(names)
 
     def hooks(i: int) -> tuple[Any, Any]:
         def pre(module: torch.nn.Module, args: Any) -> None:
+            _sync(device)
             starts[i] = time.perf_counter()
 
         def post(module: torch.nn.Module, args: Any, out: Any) -> None:
+            _sync(device)
             spent[i] += time.perf_counter() - starts[i]
 
         return pre, post
@@ -327,14 +348,15 @@ def _block_forward_shares(workload: Workload, micro: int, repeats: int = 3) -> t
             model.get_submodule(n).register_forward_pre_hook(pre),
             model.get_submodule(n).register_forward_hook(post),
         ]
-    batch = profile_batch(workload, micro)
     total = 0.0
     with torch.no_grad():
         workload.loss_fn(model, batch)  # warm-up
         spent[:] = [0.0] * len(names)
         for _ in range(repeats):
+            _sync(device)
             t0 = time.perf_counter()
             workload.loss_fn(model, batch)
+            _sync(device)
             total += time.perf_counter() - t0
     for h in handles:
         h.remove()

@@ -142,3 +142,29 @@ def test_a_model_held_in_bf16_gets_an_fp32_profile_without_a_reduced_pass(monkey
     assert [(b.reduced_fixed, b.reduced_per_sample) for b in blocks] == [
         (b.fp32_fixed, b.fp32_per_sample) for b in blocks
     ]
+
+
+def test_the_per_block_forwards_run_where_the_calibration_steps_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a GPU they ran on the host: the CPU's kernels timed for a GPU run (its blocks' share of the
+    # forward), and at real size tens of seconds and gigabytes of host memory per forward. The meta
+    # device stands in for the GPU: nothing computed, every tensor on it.
+    import torch
+    from autotune.envs import calibration
+
+    from tests.conftest import make_resmlp
+
+    monkeypatch.setattr(calibration, "resolve_device", lambda device: torch.device("meta"))
+    user = make_resmlp(n=64)
+    seen: list[tuple[str, str]] = []
+
+    def loss_fn(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        seen.append((next(model.parameters()).device.type, batch[0].device.type))
+        return user.loss_fn(model, batch)
+
+    wl = dataclasses.replace(user, loss_fn=loss_fn)
+    inputs = calibration._block_input_bytes(wl, 8)
+    shares, fraction = calibration._block_forward_shares(wl, 8, repeats=2)
+    assert seen == [("meta", "meta")] * 4  # the input bytes' forward, a warm-up, two timed
+    assert inputs == [8 * 32 * 64 * 4] * 4  # each block's input: 8 x 32 x 64 fp32
+    assert len(shares) == 4 and 0.0 <= fraction <= 1.0
+    assert wl.model.inp.weight.device.type == "cpu"  # the user's model stays where it was
