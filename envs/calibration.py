@@ -315,7 +315,7 @@ def _block_input_bytes(workload: Workload, micro: int) -> list[int]:
         return pre
 
     handles = [model.get_submodule(n).register_forward_pre_hook(hook(i)) for i, n in enumerate(names)]
-    with torch.no_grad():
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):  # a compiled model: its eager blocks
         workload.loss_fn(model, batch)
     for h in handles:
         h.remove()
@@ -349,7 +349,10 @@ def _block_forward_shares(workload: Workload, micro: int, repeats: int = 3) -> t
             model.get_submodule(n).register_forward_hook(post),
         ]
     total = 0.0
-    with torch.no_grad():
+    # A compiled model runs eagerly here: per-block clocks are what is asked for, and Dynamo
+    # tracing these hooks (a host clock, a list index per block) broke its graph at every block
+    # and recompiled until its limit, with a warning each time.
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         workload.loss_fn(model, batch)  # warm-up
         spent[:] = [0.0] * len(names)
         for _ in range(repeats):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -137,9 +138,17 @@ class _CategoryPeaks(_MemTrackerBase):
         # so) raised "Attempted to call function marked as skipped" instead. The eager step is
         # what is counted.
         self._eager = torch.compiler.set_stance("force_eager")
+        # ModTracker's module hooks are global ones, and a compiled module called while any is
+        # registered warns that they "fire an extra time for the OptimizedModule": once per
+        # tracked step of a compiled model, in the user's output. The extra call only adds the
+        # wrapper's own per-module entry, which this tracker never reads (_update_peak_stats).
+        self._quiet = warnings.catch_warnings()
+        self._quiet.__enter__()
+        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
         try:
             return super().__enter__()
         except BaseException:
+            self._quiet.__exit__(None, None, None)
             self._eager.__exit__(None, None, None)
             self._hook_patch.__exit__(None, None, None)
             raise
@@ -148,6 +157,7 @@ class _CategoryPeaks(_MemTrackerBase):
         try:
             return super().__exit__(*args)
         finally:
+            self._quiet.__exit__(None, None, None)
             self._eager.__exit__(None, None, None)
             self._hook_patch.__exit__(None, None, None)
             for handle in self._grad_hooks:

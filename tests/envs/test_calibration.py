@@ -168,3 +168,19 @@ def test_the_per_block_forwards_run_where_the_calibration_steps_run(monkeypatch:
     assert inputs == [8 * 32 * 64 * 4] * 4  # each block's input: 8 x 32 x 64 fp32
     assert len(shares) == 4 and 0.0 <= fraction <= 1.0
     assert wl.model.inp.weight.device.type == "cpu"  # the user's model stays where it was
+
+
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\.script_method:DeprecationWarning")
+def test_a_compiled_models_blocks_are_timed_eagerly() -> None:
+    # Dynamo traced the timing hooks (a host clock, a list index per block): a graph break and a
+    # warning at every block ("Dynamo does not know how to trace the builtin time.perf_counter"),
+    # then recompiles up to its limit. The per-block clocks are eager ones.
+    import torch
+    from autotune.envs import calibration
+
+    from tests.conftest import make_resmlp
+
+    user = make_resmlp(n=64)
+    wl = dataclasses.replace(user, model=torch.compile(user.model, backend="eager"))
+    shares, fraction = calibration._block_forward_shares(wl, 8, repeats=2)
+    assert len(shares) == 4 and sum(shares) == pytest.approx(1.0) and 0.0 < fraction <= 1.0

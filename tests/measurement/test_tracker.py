@@ -90,3 +90,19 @@ def test_a_function_compiled_with_fullgraph_runs_eagerly_while_tracked_and_is_co
     assert torch.equal(y, torch.full((256,), 3.0))
     assert tracker.category_peaks["Total"] >= 256 * 4  # the eager output, allocated while tracked
     assert eval_frame._stance.stance == "default"
+
+
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\.script_method:DeprecationWarning")
+def test_a_compiled_module_tracked_says_nothing_of_the_trackers_global_hooks() -> None:
+    """The tracker's module hooks are global ones: a compiled module called under it warned, once
+    per tracked step, that they "fire an extra time for the OptimizedModule" (in the user's output
+    on every compiled model's check and first step of a configuration)."""
+    import warnings
+
+    model = torch.compile(torch.nn.Linear(8, 8), backend="eager")
+    tracker = tracker_class()()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.filterwarnings("always", message="Using `torch.compile")
+        with tracker:
+            model(torch.ones(2, 8)).sum().backward()
+    assert [str(w.message) for w in caught if "global hooks" in str(w.message)] == []
