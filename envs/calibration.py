@@ -58,7 +58,7 @@ from autotune.envs.workload_profile import (
 
 from autotune.batches import map_tensors
 from autotune.config import Precision, TrainConfig
-from autotune.errors import NonFiniteLossError, TrainingError, one_line
+from autotune.errors import ConfigError, NonFiniteLossError, TrainingError, one_line
 from autotune.measurement.oom import is_out_of_memory
 from autotune.measurement.record import Measurement
 from autotune.memory.blocks import profile_blocks
@@ -97,6 +97,7 @@ def calibrate(
     selective: bool = True,
     outer: bool = True,
     reuse: MemoryProfile | None = None,
+    micro_batch: int | None = None,
 ) -> WorkloadProfile:
     """Measure ``workload`` on this machine (tens of seconds for the built-in workloads).
 
@@ -115,9 +116,18 @@ def calibrate(
             the outer parts fp32.
         reuse: A memory profile of ``workload`` made before (a study's): the memory tables'
             fake runs it holds are not made again.
+        micro_batch: The largest micro-batch a real step runs at, a divisor of the workload's
+            batch (None: the whole batch). At real size the whole batch in one fp32 micro-batch
+            (the default) does not fit on the device: the default's memory is then measured at
+            this micro-batch and the step times taken at it and below it (the linear time and
+            activation terms are per sample and per micro-batch, so the simulator still reaches
+            every split); the loss curve accumulates to the whole batch.
 
     Returns:
         The workload's profile on this machine.
+
+    Raises:
+        ConfigError: ``micro_batch`` does not divide the workload's batch.
 
     Example:
         >>> from autotune import load_workload
@@ -128,25 +138,29 @@ def calibrate(
     """
     say = progress or (lambda _: None)
     b0 = workload.batch_size
-    b_small = max(1, b0 // 4)
-    say("memory of the default configuration")
-    default = _default_measured(workload, b0)
+    # m: the micro-batch of the real steps (the whole batch unless it does not fit where they run).
+    m = b0 if micro_batch is None else micro_batch
+    if not isinstance(m, int) or m < 1 or b0 % m:
+        raise ConfigError(f"micro_batch must be a divisor of the batch ({b0}), but got {micro_batch!r}.")
+    b_small = max(1, m // 4)
+    say("memory of the default configuration" + ("" if m == b0 else f" at micro-batch {m}"))
+    default = _default_measured(workload, m)
     assert default.memory is not None and default.category_peaks is not None
     say("per-block activation bytes")
-    blocks, failure = _block_bytes(workload, reduced, b_small, b0)
+    blocks, failure = _block_bytes(workload, reduced, b_small, m)
     if failure is not None:
         say(f"no {reduced} here ({failure}): an fp32-only profile")
-    block_acts = sum(b.fp32_fixed + b0 * b.fp32_per_sample for b in blocks)
+    block_acts = sum(b.fp32_fixed + m * b.fp32_per_sample for b in blocks)
     say("per-block forward time")
-    shares, block_fraction = _block_forward_shares(workload, b0)
+    shares, block_fraction = _block_forward_shares(workload, m)
     say("step times under six configurations")
     tiny_accum = min(4, b_small)  # several micro-batches of one sample: their cost dominates the step
-    times = _step_times(workload, reduced, b0, b_small, tiny_accum, failure=failure, rounds=timing_rounds)
-    step_fixed, micro_fixed, per_sample = _linear_time_terms(times, b0, b_small, tiny_accum)
-    micro_default = max(micro_fixed + b0 * per_sample, 1e-9)
+    times = _step_times(workload, reduced, m, b_small, tiny_accum, failure=failure, rounds=timing_rounds)
+    step_fixed, micro_fixed, per_sample = _linear_time_terms(times, m, b_small, tiny_accum)
+    micro_default = max(micro_fixed + m * per_sample, 1e-9)
     slowdown, recompute = _block_time_ratios(times, block_fraction * micro_default, failure=failure)
     say("loss and gradient-noise curves")
-    samples, losses, noise = _curves(workload, b0, curve_steps)
+    samples, losses, noise = _curves(workload, m, curve_steps, accum=b0 // m)
     _check_finite(workload, "loss", {f"step {i} of the loss curve": v for i, v in enumerate(losses)})
     timed = WorkloadProfile(
         version=PROFILE_VERSION,
@@ -158,8 +172,8 @@ def calibrate(
         parameters_bytes=default.memory.parameters,
         gradients_bytes=default.category_peaks.gradients,
         optimizer_state_bytes=default.category_peaks.optimizer_state,
-        other_activation_per_sample=max(default.category_peaks.activations - block_acts, 0.0) / b0,
-        temporaries_per_sample=default.category_peaks.temporaries / b0,
+        other_activation_per_sample=max(default.category_peaks.activations - block_acts, 0.0) / m,
+        temporaries_per_sample=default.category_peaks.temporaries / m,
         blocks=tuple(dataclasses.replace(b, time_share=s) for b, s in zip(blocks, shares, strict=True)),
         step_fixed_seconds=step_fixed,
         micro_fixed_seconds=micro_fixed,
@@ -171,19 +185,21 @@ def calibrate(
         curve_loss=losses,
         curve_b_noise=noise,
         default_peak_bytes=default.memory.total,
+        default_micro_batch=None if m == b0 else m,
         reduced_failure=failure,
     )
     return with_memory_tables(timed, workload, selective=selective, outer=outer, progress=progress, reuse=reuse)
 
 
-def _default_measured(workload: Workload, b0: int) -> Measurement:
-    """The default configuration measured once (its memory is the profile's).
+def _default_measured(workload: Workload, micro: int) -> Measurement:
+    """The default configuration (at ``micro`` samples in one micro-batch) measured once (its
+    memory is the profile's).
 
     Raises:
         NonFiniteLossError: its loss is NaN or infinite.
         TrainingError: it failed (out of memory: no budget was given, so nothing else).
     """
-    default = measure(workload, TrainConfig(micro_batch_size=b0), steps=1, warmup=1)
+    default = measure(workload, TrainConfig(micro_batch_size=micro), steps=1, warmup=1)
     if default.status == "diverged":
         raise NonFiniteLossError(f"{workload.name}: the default configuration's {default.reason}: nothing to calibrate")
     if not default.ok:  # out of memory: no budget was given, so nothing else
@@ -194,7 +210,7 @@ def _default_measured(workload: Workload, b0: int) -> Measurement:
 def _step_times(
     workload: Workload,
     reduced: Precision,
-    b0: int,
+    micro: int,
     b_small: int,
     tiny_accum: int,
     *,
@@ -205,9 +221,9 @@ def _step_times(
     interleaved, each checked finite."""
     configs = {
         "small": TrainConfig(micro_batch_size=b_small),
-        "default": TrainConfig(micro_batch_size=b0),
-        "reduced": TrainConfig(micro_batch_size=b0, precision=reduced),
-        "checkpoint": TrainConfig(micro_batch_size=b0, checkpoint=True),
+        "default": TrainConfig(micro_batch_size=micro),
+        "reduced": TrainConfig(micro_batch_size=micro, precision=reduced),
+        "checkpoint": TrainConfig(micro_batch_size=micro, checkpoint=True),
         "accum": TrainConfig(micro_batch_size=b_small, grad_accum_steps=2),
         "tiny": TrainConfig(micro_batch_size=1, grad_accum_steps=tiny_accum),
     }
@@ -218,16 +234,18 @@ def _step_times(
     return times
 
 
-def _linear_time_terms(times: dict[str, float], b0: int, b_small: int, tiny_accum: int) -> tuple[float, float, float]:
+def _linear_time_terms(
+    times: dict[str, float], micro: int, b_small: int, tiny_accum: int
+) -> tuple[float, float, float]:
     """The step's fixed seconds, each micro-batch's fixed seconds and its seconds per sample, from
     :func:`_step_times`'s fp32 configurations."""
     # Solve the linear time terms t = t_fixed + k * (t_mf + b * t_ps) from the four fp32 step
     # times (one more micro-batch of b_small, ``accum``, separates the per-step fixed cost) by
     # non-negative least squares on relative errors. The micro-batch-of-one point is measured, not
-    # extrapolated: from b_small and b0 alone, noise set the per-micro-batch cost to 0 on a 4-block
+    # extrapolated: from b_small and micro alone, noise set the per-micro-batch cost to 0 on a 4-block
     # GPT-2 (2 timing rounds), the simulator then read micro-batch 1 as free and the policy's plan
     # went to 1 x 32, measured far slower.
-    fp32 = [(b_small, 1, "small"), (b0, 1, "default"), (b_small, 2, "accum"), (1, tiny_accum, "tiny")]
+    fp32 = [(b_small, 1, "small"), (micro, 1, "default"), (b_small, 2, "accum"), (1, tiny_accum, "tiny")]
     rows = np.array([[1.0, k, k * b] for b, k, _ in fp32])
     step_fixed, micro_fixed, per_sample = (
         float(v) for v in relative_nnls(rows, np.array([times[key] for _, _, key in fp32]))
@@ -408,9 +426,9 @@ def interleaved_step_seconds(workload: Workload, configs: dict[str, TrainConfig]
 
 
 def _curves(
-    workload: Workload, micro: int, steps: int
+    workload: Workload, micro: int, steps: int, *, accum: int = 1
 ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
-    trainer = Trainer(workload, TrainConfig(micro_batch_size=micro), gns_decay=0.9)
+    trainer = Trainer(workload, TrainConfig(micro_batch_size=micro, grad_accum_steps=accum), gns_decay=0.9)
     samples, losses, noise = [], [], []
     seen = 0
     try:

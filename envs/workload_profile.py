@@ -87,6 +87,9 @@ class WorkloadProfile:
             :func:`peak_table_index`; None in profiles written before it.
         default_peak_bytes: Measured (tracked) peak bytes of the default configuration, which
             checks the table's prediction of it; None in profiles written before it was recorded.
+        default_micro_batch: The micro-batch the default was measured at, where the whole batch
+            in one micro-batch did not fit on the device (``calibrate(micro_batch=...)``); None:
+            the whole batch.
         reduced_failure: Why the model cannot run in ``reduced`` precision on this machine (None:
             it can). Then the reduced figures are fp32's and every setting with a reduced block is
             infeasible.
@@ -132,6 +135,7 @@ class WorkloadProfile:
     curve_b_noise: tuple[float, ...]
     peak_table: tuple[int, ...] | None = None
     default_peak_bytes: int | None = None
+    default_micro_batch: int | None = None
     reduced_failure: str | None = None
     selective_peak_table: tuple[int, ...] | None = None
     selective_fraction: float | None = None

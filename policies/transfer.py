@@ -47,9 +47,16 @@ def profile_for_tuning(
     study's), whose fake runs the memory table does not make again. ``progress``: called as each
     phase of the calibration begins (:func:`~autotune.envs.calibrate`'s). Raises
     :class:`ProposalError` before any real step where the calibration would not fit where it runs."""
-    _check_room(workload)
+    micro = calibration_micro_batch(workload)
     # The policy moves the selective level and the outer precision: their memory tables are in.
-    return calibrate(workload, curve_steps=curve_steps, timing_rounds=timing_rounds, reuse=reuse, progress=progress)
+    return calibrate(
+        workload,
+        curve_steps=curve_steps,
+        timing_rounds=timing_rounds,
+        reuse=reuse,
+        progress=progress,
+        micro_batch=micro,
+    )
 
 
 def fine_tune(
@@ -152,7 +159,9 @@ def quick_profile(
         raise
     except (AutotuneError, RuntimeError) as e:  # the user's model failed a profiling step
         raise ProposalError(f"{workload.name} cannot be profiled for the simulator: {one_line(e)}") from None
-    default_peak = step_cost(profile, Levels.default_for(profile.batch_size)).peak_bytes
+    m = profile.default_micro_batch  # the default measured at a smaller micro-batch: its table entry
+    levels = Levels.default_for(profile.batch_size) if m is None else Levels(micro=m.bit_length() - 1, accum=0)
+    default_peak = step_cost(profile, levels).peak_bytes
     measured = profile.default_peak_bytes
     if measured is not None and abs(default_peak - measured) > TOLERANCE * measured:
         raise ProposalError(
@@ -166,37 +175,49 @@ def quick_profile(
 CALIBRATION_SHARE = 0.8
 
 
-def _check_room(workload: Workload) -> None:
-    """Raise :class:`ProposalError` when the calibration would not fit where it runs.
+def calibration_micro_batch(workload: Workload) -> int | None:
+    """The largest micro-batch the calibration's real steps fit at where they run (None: the whole
+    batch, as :func:`~autotune.envs.calibrate` defaults to), or :class:`ProposalError`.
 
-    It measures the PyTorch default at the whole batch and times six configurations side by side
-    (six copies of the model and its optimizer state at once), on the device a measurement
-    defaults to. At real size that is more than a host has (a 10M-parameter GPT-2 at sequence
-    1024 and batch 32 needs ~20 GiB in fp32): the fake-tensor profile says so first, in seconds.
+    The calibration measures the PyTorch default in one fp32 micro-batch and times six
+    configurations side by side (six copies of the model and its optimizer state at once), on the
+    device a measurement defaults to. At real size the whole batch does not fit there (GPT-2 small
+    at sequence 1024 and batch 32: ~42 GiB in fp32, on a 24 GB card): it then runs at the largest
+    power of two dividing the batch that fits, predicted by the fake-tensor profile in seconds.
+    Where not even one sample fits beside the copies, it cannot run.
     """
     from autotune.config import TrainConfig
     from autotune.measurement.cuda_memory import free_bytes
-    from autotune.memory.predict import predict_memory
+    from autotune.memory.predict import predict_memory, profile_memory
     from autotune.train.local import resolve_device
     from autotune.units import format_bytes
 
     device = resolve_device(None)
     free = free_bytes(device)
     if free is None:
-        return
-    try:
-        e = predict_memory(
-            workload, TrainConfig(micro_batch_size=workload.batch_size), verify=False, device_type=device.type
-        )
+        return None
+    try:  # one fake-tensor profile, each micro-batch predicted from it
+        profile = profile_memory(workload, modes=("fp32",), checkpointed=False, verify=False)
     except AutotuneError:
-        return  # no prediction: the calibration finds out itself
-    needed = e.total + 5 * (e.parameters + e.gradients + e.optimizer_state)
-    if needed > CALIBRATION_SHARE * free:
-        raise ProposalError(
-            f"calibrating the simulator runs the PyTorch default ({workload.batch_size} x 1, fp32) and five "
-            f"more copies of the model on {device.type}: about {format_bytes(needed)}, and "
-            f"{format_bytes(free)} is free there"
-        )
+        return None  # no prediction: the calibration finds out itself
+    b0 = workload.batch_size
+    # The whole batch first (the default itself), then powers of two dividing it, largest first,
+    # within the simulator's micro-batch levels (1 ... 128).
+    sizes = [b0] + [m for m in (2**i for i in range(7, -1, -1)) if m < b0 and b0 % m == 0]
+    needed = 0
+    for m in sizes:
+        try:
+            e = predict_memory(workload, TrainConfig(micro_batch_size=m), profile=profile, device_type=device.type)
+        except AutotuneError:
+            return None
+        needed = e.total + 5 * (e.parameters + e.gradients + e.optimizer_state)
+        if needed <= CALIBRATION_SHARE * free:
+            return None if m == b0 else m
+    raise ProposalError(
+        f"calibrating the simulator runs the PyTorch default (fp32, down to micro-batch {sizes[-1]}) and five "
+        f"more copies of the model on {device.type}: about {format_bytes(needed)} at the least, and "
+        f"{format_bytes(free)} is free there"
+    )
 
 
 def simulated_best(
