@@ -164,24 +164,33 @@ def test_a_study_runs_the_baselines_first_and_records_each_trial(tmp_path: Path,
     assert {i.baseline for i in summary.improvements} == feasible >= {PYTORCH_DEFAULT}
 
 
-def test_the_proposal_is_the_callers_proposer_and_none_given_is_said(tmp_path: Path) -> None:
-    # The policies sit above the study: the caller hands the proposal in (the CLI: the policy's).
-    prepared = prepare(_spec(policy_proposal=True))
-    asked: list[tuple[str, int | None]] = []
+class _Proposer:
+    """A fixed proposal (8 x 2, one block recomputed) whose profile says two phases; ``asked`` is
+    called with each call's workload and budget."""
 
-    def proposer(
+    def __init__(self, asked: Callable[[Workload, int | None], None]) -> None:
+        self.asked = asked
+
+    def __call__(
+        self,
         workload: Workload,
         *,
         memory_budget: int | None,
         reuse: MemoryProfile | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> Knobs:
-        asked.append((workload.name, memory_budget))
+        self.asked(workload, memory_budget)
         assert progress is not None
         progress("the calibration's first phase")  # each said as it ends, with its seconds
         progress("its second phase")
         return Knobs(batch_size=16, micro_batch_size=8, checkpoint_blocks=1)
 
+
+def test_the_proposal_is_the_callers_proposer_and_none_given_is_said(tmp_path: Path) -> None:
+    # The policies sit above the study: the caller hands the proposal in (the CLI: the policy's).
+    prepared = prepare(_spec(policy_proposal=True))
+    asked: list[tuple[str, int | None]] = []
+    proposer = _Proposer(lambda workload, budget: asked.append((workload.name, budget)))
     notes: list[str] = []
     options = _options(tmp_path, create_only=True, propose=proposer)
     study = open_study(prepared, options)
@@ -213,16 +222,7 @@ def test_the_proposal_is_made_after_the_baselines_and_not_at_all_in_a_study_that
 ) -> None:
     # The simulator's calibration costs seconds to a minute: it must not hold up the first trial.
     events: list[str] = []
-
-    def proposer(
-        workload: Workload,
-        *,
-        memory_budget: int | None,
-        reuse: MemoryProfile | None = None,
-        progress: Callable[[str], None] | None = None,
-    ) -> Knobs:
-        events.append("proposed")
-        return Knobs(batch_size=16, micro_batch_size=8, checkpoint_blocks=1)
+    proposer = _Proposer(lambda workload, budget: events.append("proposed"))
 
     class Recorder(StudyObserver):
         def note(self, message: str) -> None:
@@ -242,7 +242,8 @@ def test_the_proposal_is_made_after_the_baselines_and_not_at_all_in_a_study_that
     prepared = prepare(spec)
     study = open_study(prepared, options)
     assert run_study(prepared, study, options, Recorder()) == 1
-    assert events == ["proposed", "policy proposal enqueued", "trial 3"]
+    # Its two phases said as they end, then what it proposed.
+    assert events == ["proposed", "policy proposal", "policy proposal", "policy proposal enqueued", "trial 3"]
     assert study.trials[3].user_attrs[ATTR.BASELINE] == POLICY_PROPOSAL
 
 
