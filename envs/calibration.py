@@ -98,6 +98,7 @@ def calibrate(
     outer: bool = True,
     reuse: MemoryProfile | None = None,
     micro_batch: int | None = None,
+    one_at_a_time: bool = False,
 ) -> WorkloadProfile:
     """Measure ``workload`` on this machine (tens of seconds for the built-in workloads).
 
@@ -122,6 +123,8 @@ def calibrate(
             this micro-batch and the step times taken at it and below it (the linear time and
             activation terms are per sample and per micro-batch, so the simulator still reaches
             every split); the loss curve accumulates to the whole batch.
+        one_at_a_time: Time the six configurations one after the other (one copy of the model
+            alive) instead of side by side (six copies at once), where those do not fit.
 
     Returns:
         The workload's profile on this machine.
@@ -153,9 +156,11 @@ def calibrate(
     block_acts = sum(b.fp32_fixed + m * b.fp32_per_sample for b in blocks)
     say("per-block forward time")
     shares, block_fraction = _block_forward_shares(workload, m)
-    say("step times under six configurations")
+    say("step times under six configurations" + (", one at a time" if one_at_a_time else ""))
     tiny_accum = min(4, b_small)  # several micro-batches of one sample: their cost dominates the step
-    times = _step_times(workload, reduced, m, b_small, tiny_accum, failure=failure, rounds=timing_rounds)
+    times = _step_times(
+        workload, reduced, m, b_small, tiny_accum, failure=failure, rounds=timing_rounds, side_by_side=not one_at_a_time
+    )
     step_fixed, micro_fixed, per_sample = _linear_time_terms(times, m, b_small, tiny_accum)
     micro_default = max(micro_fixed + m * per_sample, 1e-9)
     slowdown, recompute = _block_time_ratios(times, block_fraction * micro_default, failure=failure)
@@ -216,9 +221,10 @@ def _step_times(
     *,
     failure: str | None,
     rounds: int,
+    side_by_side: bool = True,
 ) -> dict[str, float]:
     """:func:`calibrate`'s step times under six configurations (five where ``reduced`` cannot run),
-    interleaved, each checked finite."""
+    interleaved unless not ``side_by_side``, each checked finite."""
     configs = {
         "small": TrainConfig(micro_batch_size=b_small),
         "default": TrainConfig(micro_batch_size=micro),
@@ -229,7 +235,7 @@ def _step_times(
     }
     if failure is not None:
         del configs["reduced"]
-    times = interleaved_step_seconds(workload, configs, rounds=rounds)
+    times = interleaved_step_seconds(workload, configs, rounds=rounds, side_by_side=side_by_side)
     _check_finite(workload, "step time", {f"the {key!r} configuration": v for key, v in times.items()})
     return times
 
@@ -408,9 +414,17 @@ def relative_nnls(rows: np.ndarray, seconds: np.ndarray) -> np.ndarray:
     return best[1]
 
 
-def interleaved_step_seconds(workload: Workload, configs: dict[str, TrainConfig], rounds: int = 8) -> dict[str, float]:
+def interleaved_step_seconds(
+    workload: Workload, configs: dict[str, TrainConfig], rounds: int = 8, *, side_by_side: bool = True
+) -> dict[str, float]:
     """Median step time of each config, steps interleaved round-robin so that drift in a shared
-    machine's speed hits every config alike (the differences between them are what we solve for)."""
+    machine's speed hits every config alike (the differences between them are what we solve for).
+
+    That holds one copy of the model and its optimizer state per config at once.
+    ``side_by_side=False`` times one config after the other instead (one copy alive), where they do
+    not fit together (a 1B-parameter model's fp32 AdamW state is 16 GB per copy)."""
+    if not side_by_side:
+        return {key: _alone(workload, cfg, rounds) for key, cfg in configs.items()}
     trainers = {key: Trainer(workload, cfg, track_noise=False) for key, cfg in configs.items()}
     try:
         for t in trainers.values():
@@ -423,6 +437,16 @@ def interleaved_step_seconds(workload: Workload, configs: dict[str, TrainConfig]
     finally:
         for t in trainers.values():
             t.close()
+
+
+def _alone(workload: Workload, config: TrainConfig, rounds: int) -> float:
+    """Median step time of ``config`` timed alone, after a warm-up step."""
+    trainer = Trainer(workload, config, track_noise=False)
+    try:
+        trainer.step()  # warm-up: kernel selection, optimizer state
+        return statistics.median(trainer.step().seconds for _ in range(rounds))
+    finally:
+        trainer.close()
 
 
 def _curves(

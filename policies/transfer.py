@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,7 +31,15 @@ from autotune.workload import Workload
 if TYPE_CHECKING:
     from autotune.memory.profile_record import MemoryProfile
 
-__all__ = ["profile_for_tuning", "fine_tune", "propose", "quick_profile", "simulated_best"]
+__all__ = [
+    "CalibrationSize",
+    "calibration_size",
+    "profile_for_tuning",
+    "fine_tune",
+    "propose",
+    "quick_profile",
+    "simulated_best",
+]
 
 
 def profile_for_tuning(
@@ -47,7 +56,7 @@ def profile_for_tuning(
     study's), whose fake runs the memory table does not make again. ``progress``: called as each
     phase of the calibration begins (:func:`~autotune.envs.calibrate`'s). Raises
     :class:`ProposalError` before any real step where the calibration would not fit where it runs."""
-    micro = calibration_micro_batch(workload)
+    size = calibration_size(workload)
     # The policy moves the selective level and the outer precision: their memory tables are in.
     return calibrate(
         workload,
@@ -55,7 +64,8 @@ def profile_for_tuning(
         timing_rounds=timing_rounds,
         reuse=reuse,
         progress=progress,
-        micro_batch=micro,
+        micro_batch=size.micro_batch,
+        one_at_a_time=size.one_at_a_time,
     )
 
 
@@ -175,16 +185,31 @@ def quick_profile(
 CALIBRATION_SHARE = 0.8
 
 
-def calibration_micro_batch(workload: Workload) -> int | None:
-    """The largest micro-batch the calibration's real steps fit at where they run (None: the whole
-    batch, as :func:`~autotune.envs.calibrate` defaults to), or :class:`ProposalError`.
+@dataclass(frozen=True, kw_only=True)
+class CalibrationSize:
+    """Where the calibration's real steps fit (:func:`calibration_size`).
+
+    Attributes:
+        micro_batch: The largest micro-batch they run at (None: the whole batch, the default).
+        one_at_a_time: Whether its six timed configurations run one after the other (one copy of
+            the model alive) rather than side by side (six at once).
+    """
+
+    micro_batch: int | None = None
+    one_at_a_time: bool = False
+
+
+def calibration_size(workload: Workload) -> CalibrationSize:
+    """Where the calibration's real steps fit on the device they run on, or :class:`ProposalError`.
 
     The calibration measures the PyTorch default in one fp32 micro-batch and times six
     configurations side by side (six copies of the model and its optimizer state at once), on the
     device a measurement defaults to. At real size the whole batch does not fit there (GPT-2 small
-    at sequence 1024 and batch 32: ~42 GiB in fp32, on a 24 GB card): it then runs at the largest
-    power of two dividing the batch that fits, predicted by the fake-tensor profile in seconds.
-    Where not even one sample fits beside the copies, it cannot run.
+    at sequence 1024 and batch 32: ~42 GiB in fp32, on a 24 GB card), nor six copies of a large
+    model (a 1B-parameter model's fp32 AdamW state is 16 GB each). Per micro-batch, from the whole
+    batch down the powers of two dividing it, the first that fits (predicted by one fake-tensor
+    profile, in seconds): with six copies side by side, else with one at a time. Where not even one
+    sample fits beside one copy, it cannot run.
     """
     from autotune.config import TrainConfig
     from autotune.measurement.cuda_memory import free_bytes
@@ -195,28 +220,31 @@ def calibration_micro_batch(workload: Workload) -> int | None:
     device = resolve_device(None)
     free = free_bytes(device)
     if free is None:
-        return None
+        return CalibrationSize()
     try:  # one fake-tensor profile, each micro-batch predicted from it
         profile = profile_memory(workload, modes=("fp32",), checkpointed=False, verify=False)
     except AutotuneError:
-        return None  # no prediction: the calibration finds out itself
+        return CalibrationSize()  # no prediction: the calibration finds out itself
     b0 = workload.batch_size
     # The whole batch first (the default itself), then powers of two dividing it, largest first,
     # within the simulator's micro-batch levels (1 ... 128).
     sizes = [b0] + [m for m in (2**i for i in range(7, -1, -1)) if m < b0 and b0 % m == 0]
-    needed = 0
+    room = CALIBRATION_SHARE * free
+    alone = 0
     for m in sizes:
         try:
             e = predict_memory(workload, TrainConfig(micro_batch_size=m), profile=profile, device_type=device.type)
         except AutotuneError:
-            return None
-        needed = e.total + 5 * (e.parameters + e.gradients + e.optimizer_state)
-        if needed <= CALIBRATION_SHARE * free:
-            return None if m == b0 else m
+            return CalibrationSize()
+        micro = None if m == b0 else m
+        alone = e.total
+        if alone + 5 * (e.parameters + e.gradients + e.optimizer_state) <= room:
+            return CalibrationSize(micro_batch=micro)
+        if alone <= room:
+            return CalibrationSize(micro_batch=micro, one_at_a_time=True)
     raise ProposalError(
-        f"calibrating the simulator runs the PyTorch default (fp32, down to micro-batch {sizes[-1]}) and five "
-        f"more copies of the model on {device.type}: about {format_bytes(needed)} at the least, and "
-        f"{format_bytes(free)} is free there"
+        f"calibrating the simulator runs the PyTorch default (fp32, down to micro-batch {sizes[-1]}) on "
+        f"{device.type}: about {format_bytes(alone)} at the least, and {format_bytes(free)} is free there"
     )
 
 

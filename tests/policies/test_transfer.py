@@ -140,8 +140,15 @@ def test_the_simulated_best_is_the_best_setting_the_gate_admits() -> None:
     assert simulated_best(profile, batch_size=32, admits=lambda k: False) is None
 
 
-def _needed(workload: object, micro: int) -> int:
-    """What the calibration needs at ``micro``: the default's predicted peak and five more models."""
+def _alone(workload: object, micro: int) -> int:
+    """The default's predicted peak at ``micro``: what the calibration needs with one model alive."""
+    from autotune import TrainConfig, predict_memory
+
+    return predict_memory(workload, TrainConfig(micro_batch_size=micro), verify=False).total  # type: ignore[arg-type]
+
+
+def _side_by_side(workload: object, micro: int) -> int:
+    """What it needs with its six timed models at once: the default's peak and five more models."""
     from autotune import TrainConfig, predict_memory
 
     e = predict_memory(workload, TrainConfig(micro_batch_size=micro), verify=False)  # type: ignore[arg-type]
@@ -151,9 +158,8 @@ def _needed(workload: object, micro: int) -> int:
 def test_a_calibration_that_would_not_fit_even_at_one_sample_is_refused_before_any_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The simulator's calibration runs the default in one micro-batch and six models side by
-    side. Where not even one sample fits beside them, the fake-tensor profile says so before a real
-    step runs."""
+    """Where not even one sample's default step fits, the fake-tensor profile says so before a
+    real step runs."""
     from autotune.policies.transfer import quick_profile
 
     from autotune.memory.check import StepPeak
@@ -163,51 +169,60 @@ def test_a_calibration_that_would_not_fit_even_at_one_sample_is_refused_before_a
         raise AssertionError("a real step ran")
 
     workload = load_workload(f"{TINY}:build")
-    free = _needed(workload, 1)  # 80% of it is the calibration's share: short of micro-batch 1
+    free = _alone(workload, 1)  # 80% of it is the calibration's share: short of micro-batch 1
     monkeypatch.setattr("autotune.measurement.cuda_memory.free_bytes", lambda device: free)
     monkeypatch.setattr("autotune.envs.calibration.measure", no_step)
     message = (
-        "calibrating the simulator runs the PyTorch default (fp32, down to micro-batch 1) and five more "
-        f"copies of the model on cpu: about {format_bytes(free)} at the least, and {format_bytes(free)} is free there"
+        "calibrating the simulator runs the PyTorch default (fp32, down to micro-batch 1) on cpu: "
+        f"about {format_bytes(free)} at the least, and {format_bytes(free)} is free there"
     )
     with pytest.raises(ProposalError, match=f"^{re.escape(message)}$"):
         quick_profile(workload)
 
 
-def test_a_whole_batch_that_does_not_fit_is_calibrated_at_the_largest_micro_batch_that_does(
+def test_a_calibration_that_does_not_fit_runs_at_a_smaller_micro_batch_and_one_model_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """At real size the PyTorch default (the whole batch in one fp32 micro-batch) does not fit on
-    the device (GPT-2 small at sequence 1024 and batch 32 on a 24 GB card): the proposal was left
-    out at every real size. Its real steps now run at the largest power of two that fits; the
-    memory model's check of the default compares the same micro-batch."""
+    the device (GPT-2 small at sequence 1024 and batch 32 on a 24 GB card), nor six models side by
+    side (a 1B model's fp32 AdamW state is 16 GB each): the proposal was left out at every real
+    size. Its real steps now run at the largest power of two that fits, one model at a time where
+    six do not; the memory model's check of the default compares the same micro-batch."""
     from autotune.envs import calibration
-    from autotune.policies.transfer import calibration_micro_batch, quick_profile
+    from autotune.policies.transfer import CalibrationSize, calibration_size, quick_profile
 
     from autotune.resolve import load_workload
 
     workload = load_workload(f"{TINY}:build")
     assert workload.batch_size == 16
-    free = int(_needed(workload, 8) / 0.8) + 1  # micro-batch 8 fits, 16 does not
-    assert _needed(workload, 16) > 0.8 * free
+    free = int(_alone(workload, 8) / 0.8) + 1  # micro-batch 8 fits alone; 16 does not, nor 8 with five more models
+    assert _alone(workload, 16) > 0.8 * free and _side_by_side(workload, 8) > 0.8 * free
     monkeypatch.setattr("autotune.measurement.cuda_memory.free_bytes", lambda device: free)
-    assert calibration_micro_batch(workload) == 8
+    assert calibration_size(workload) == CalibrationSize(micro_batch=8, one_at_a_time=True)
     micros: list[int] = []
+    together: list[bool] = []
     measure, timed = calibration.measure, calibration.interleaved_step_seconds
 
     def measured(wl: object, config: object, **kwargs: object) -> object:
         micros.append(config.micro_batch_size)  # type: ignore[attr-defined]
         return measure(wl, config, **kwargs)  # type: ignore[arg-type]
 
-    def interleaved(wl: object, configs: dict[str, object], rounds: int = 8) -> dict[str, float]:
+    def interleaved(wl: object, configs: dict[str, object], rounds: int = 8, **kwargs: bool) -> dict[str, float]:
         micros.extend(c.micro_batch_size for c in configs.values())  # type: ignore[attr-defined]
-        return timed(wl, configs, rounds=rounds)  # type: ignore[arg-type]
+        together.append(kwargs["side_by_side"])
+        return timed(wl, configs, rounds=rounds, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(calibration, "measure", measured)
     monkeypatch.setattr(calibration, "interleaved_step_seconds", interleaved)
-    profile = quick_profile(workload)  # raises if the memory model misses the measured default
+    lines: list[str] = []
+    profile = quick_profile(workload, progress=lines.append)  # raises if the model misses the measured default
     assert micros == [8, 2, 8, 8, 8, 2, 1]  # the default, then small, default, reduced, checkpoint, accum, tiny
+    assert together == [False]
+    assert lines[0] == "memory of the default configuration at micro-batch 8"
+    assert "step times under six configurations, one at a time" in lines
     assert (profile.batch_size, profile.default_micro_batch) == (16, 8)
     assert profile.curve_samples == (16.0, 32.0)  # the curve's steps keep the whole batch (8 x 2)
-    free = int(_needed(workload, 16) / 0.8) + 1
-    assert calibration_micro_batch(workload) is None  # the whole batch fits: the default as it is
+    free = int(_alone(workload, 16) / 0.8) + 1  # the whole batch alone: before a smaller micro-batch
+    assert calibration_size(workload) == CalibrationSize(one_at_a_time=True)
+    free = int(_side_by_side(workload, 16) / 0.8) + 1  # everything fits: the calibration as it was
+    assert calibration_size(workload) == CalibrationSize()
