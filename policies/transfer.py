@@ -56,7 +56,7 @@ def profile_for_tuning(
     study's), whose fake runs the memory table does not make again. ``progress``: called as each
     phase of the calibration begins (:func:`~autotune.envs.calibrate`'s). Raises
     :class:`ProposalError` before any real step where the calibration would not fit where it runs."""
-    size = calibration_size(workload)
+    size = calibration_size(workload, reuse=reuse)
     # The policy moves the selective level and the outer precision: their memory tables are in.
     return calibrate(
         workload,
@@ -199,7 +199,7 @@ class CalibrationSize:
     one_at_a_time: bool = False
 
 
-def calibration_size(workload: Workload) -> CalibrationSize:
+def calibration_size(workload: Workload, *, reuse: MemoryProfile | None = None) -> CalibrationSize:
     """Where the calibration's real steps fit on the device they run on, or :class:`ProposalError`.
 
     The calibration measures the PyTorch default in one fp32 micro-batch and times six
@@ -209,7 +209,8 @@ def calibration_size(workload: Workload) -> CalibrationSize:
     model (a 1B-parameter model's fp32 AdamW state is 16 GB each). Per micro-batch, from the whole
     batch down the powers of two dividing it, the first that fits (predicted by one fake-tensor
     profile, in seconds): with six copies side by side, else with one at a time. Where not even one
-    sample fits beside one copy, it cannot run.
+    sample fits beside one copy, it cannot run. ``reuse``: a memory profile of ``workload`` made
+    before (a study's), whose fp32 fake runs the profile here does not make again.
     """
     from autotune.config import TrainConfig
     from autotune.measurement.cuda_memory import free_bytes
@@ -222,7 +223,7 @@ def calibration_size(workload: Workload) -> CalibrationSize:
     if free is None:
         return CalibrationSize()
     try:  # one fake-tensor profile, each micro-batch predicted from it
-        profile = profile_memory(workload, modes=("fp32",), checkpointed=False, verify=False)
+        profile = profile_memory(workload, modes=("fp32",), checkpointed=False, verify=False, reuse=reuse)
     except AutotuneError:
         return CalibrationSize()  # no prediction: the calibration finds out itself
     b0 = workload.batch_size

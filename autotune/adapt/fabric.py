@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from autotune.errors import UnsupportedError
+from autotune.optimizers import unwrapped
 
 __all__ = ["FABRIC_PRECISIONS", "is_fabric_module", "fabric_inner"]
 
@@ -67,9 +68,7 @@ def fabric_inner(
         UnsupportedError: the model is set up for several devices or processes, or with a
             precision outside :data:`FABRIC_PRECISIONS`.
     """
-    inner_optimizer: torch.optim.Optimizer = getattr(optimizer, "optimizer", optimizer)
-    if not _is_fabric(optimizer, "_FabricOptimizer"):
-        inner_optimizer = optimizer
+    inner_optimizer = unwrapped(optimizer) if _is_fabric(optimizer, "_FabricOptimizer") else optimizer
     if not is_fabric_module(model):
         return model, inner_optimizer, None
     wrapper: Any = model
@@ -87,10 +86,10 @@ def fabric_inner(
             f"Adaptive cannot take over Fabric's precision {precision!r} ({type(strategy.precision).__name__}): "
             f"it runs Fabric(precision=...) in {', '.join(map(repr, FABRIC_PRECISIONS))}."
         )
-    if precision.endswith("-true") and precision != "32-true":
-        how = f"its weights are {precision.split('-')[0]} (Fabric's {precision!r}): they train as they are held"
-    elif precision == "32-true":
+    if precision == "32-true":
         how = "Fabric's precision '32-true'"
+    elif precision.endswith("-true"):
+        how = f"its weights are {precision.split('-')[0]} (Fabric's {precision!r}): they train as they are held"
     else:
         how = f"Fabric's {precision!r} autocast gives way to autotune's precision knobs"
     return forward, inner_optimizer, f"a Fabric module on one device: autotune trains the model inside it; {how}"

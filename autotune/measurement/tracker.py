@@ -130,36 +130,34 @@ class _CategoryPeaks(_MemTrackerBase):
     # backward.
     def __enter__(self) -> Any:
         self._grad_hooks: list[Any] = []
-        self._hook_patch = _collect_grad_hooks(self._grad_hooks)
-        self._hook_patch.__enter__()
+        # What the tracker holds while entered, left in reverse order on exit (or on a failed enter).
+        contexts = contextlib.ExitStack()
+        contexts.enter_context(_collect_grad_hooks(self._grad_hooks))
         # Compiled code runs eagerly while tracked: Dynamo does not trace into a dispatch mode
         # (this tracker is one), so a compiled model falls back to eager here anyway, and a
         # function compiled with fullgraph=True (nanochat's MuonAdamW compiles its fused updates
         # so) raised "Attempted to call function marked as skipped" instead. The eager step is
         # what is counted.
-        self._eager = torch.compiler.set_stance("force_eager")
+        contexts.enter_context(torch.compiler.set_stance("force_eager"))
         # ModTracker's module hooks are global ones, and a compiled module called while any is
         # registered warns that they "fire an extra time for the OptimizedModule": once per
         # tracked step of a compiled model, in the user's output. The extra call only adds the
         # wrapper's own per-module entry, which this tracker never reads (_update_peak_stats).
-        self._quiet = warnings.catch_warnings()
-        self._quiet.__enter__()
+        contexts.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
         try:
-            return super().__enter__()
+            entered = super().__enter__()
         except BaseException:
-            self._quiet.__exit__(None, None, None)
-            self._eager.__exit__(None, None, None)
-            self._hook_patch.__exit__(None, None, None)
+            contexts.close()
             raise
+        self._contexts = contexts
+        return entered
 
     def __exit__(self, *args: Any) -> Any:
         try:
             return super().__exit__(*args)
         finally:
-            self._quiet.__exit__(None, None, None)
-            self._eager.__exit__(None, None, None)
-            self._hook_patch.__exit__(None, None, None)
+            self._contexts.close()
             for handle in self._grad_hooks:
                 handle.remove()
             self._grad_hooks.clear()

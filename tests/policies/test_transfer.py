@@ -140,19 +140,13 @@ def test_the_simulated_best_is_the_best_setting_the_gate_admits() -> None:
     assert simulated_best(profile, batch_size=32, admits=lambda k: False) is None
 
 
-def _alone(workload: object, micro: int) -> int:
-    """The default's predicted peak at ``micro``: what the calibration needs with one model alive."""
-    from autotune import TrainConfig, predict_memory
-
-    return predict_memory(workload, TrainConfig(micro_batch_size=micro), verify=False).total  # type: ignore[arg-type]
-
-
-def _side_by_side(workload: object, micro: int) -> int:
-    """What it needs with its six timed models at once: the default's peak and five more models."""
+def _alone(workload: object, micro: int, *, side_by_side: bool = False) -> int:
+    """What the calibration needs at ``micro``: the default's predicted peak with one model alive,
+    and five more models with its six timed ones at once (``side_by_side``)."""
     from autotune import TrainConfig, predict_memory
 
     e = predict_memory(workload, TrainConfig(micro_batch_size=micro), verify=False)  # type: ignore[arg-type]
-    return e.total + 5 * (e.parameters + e.gradients + e.optimizer_state)
+    return e.total + (5 * (e.parameters + e.gradients + e.optimizer_state) if side_by_side else 0)
 
 
 def test_a_calibration_that_would_not_fit_even_at_one_sample_is_refused_before_any_step(
@@ -196,7 +190,7 @@ def test_a_calibration_that_does_not_fit_runs_at_a_smaller_micro_batch_and_one_m
     workload = load_workload(f"{TINY}:build")
     assert workload.batch_size == 16
     free = int(_alone(workload, 8) / 0.8) + 1  # micro-batch 8 fits alone; 16 does not, nor 8 with five more models
-    assert _alone(workload, 16) > 0.8 * free and _side_by_side(workload, 8) > 0.8 * free
+    assert _alone(workload, 16) > 0.8 * free and _alone(workload, 8, side_by_side=True) > 0.8 * free
     monkeypatch.setattr("autotune.measurement.cuda_memory.free_bytes", lambda device: free)
     assert calibration_size(workload) == CalibrationSize(micro_batch=8, one_at_a_time=True)
     micros: list[int] = []
@@ -224,5 +218,5 @@ def test_a_calibration_that_does_not_fit_runs_at_a_smaller_micro_batch_and_one_m
     assert profile.curve_samples == (16.0, 32.0)  # the curve's steps keep the whole batch (8 x 2)
     free = int(_alone(workload, 16) / 0.8) + 1  # the whole batch alone: before a smaller micro-batch
     assert calibration_size(workload) == CalibrationSize(one_at_a_time=True)
-    free = int(_side_by_side(workload, 16) / 0.8) + 1  # everything fits: the calibration as it was
+    free = int(_alone(workload, 16, side_by_side=True) / 0.8) + 1  # everything fits: the calibration as it was
     assert calibration_size(workload) == CalibrationSize()
