@@ -17,15 +17,16 @@ applied or refused, is in :attr:`Adaptive.history`.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autotune.adapt.arguments import check_decisions, check_int, check_optimizer, track_mode
 from autotune.adapt.controller import Controller
-from autotune.adapt.fabric import fabric_inner
 from autotune.adapt.loop import AdaptLoop, LoopHooks, in_place
 from autotune.adapt.on_ranks import rank_start
+from autotune.adapt.prepared import framework_inner
 from autotune.adapt.recompiles import Recompiles, user_compiled
 from autotune.adapt.records import AdaptStep
 from autotune.adapt.run_resume import RunResume
@@ -67,11 +68,12 @@ class Adaptive(RunResume):
 
     Args:
         model: The user's model: the one trained (no copy, nothing moved). What Lightning
-            Fabric's ``fabric.setup`` returned on one device is trained inside its wrapper
-            (:mod:`autotune.adapt.fabric`: Fabric's precision is where the knobs take over).
+            Fabric's ``fabric.setup`` or Accelerate's ``accelerator.prepare`` returned on one
+            device is trained inside its wrapper (:mod:`autotune.adapt.prepared`: the framework's
+            precision is where the knobs take over).
         optimizer: The user's optimizer over ``model``'s parameters (the memory model counts
             the state of its class with its parameter groups: :mod:`autotune.optimizers`), or
-            Fabric's ``fabric.setup_optimizers`` of it.
+            Fabric's or Accelerate's wrapper of it.
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``.
         dataset: A map-style dataset or an ``IterableDataset`` (see :class:`~autotune.Workload`):
             the data of :meth:`step` with no batch, and the memory model's profile either way.
@@ -129,8 +131,9 @@ class Adaptive(RunResume):
             train-begin hooks: see :class:`~autotune.adapt.Controller`).
         WorkloadError: ``model``, ``dataset``, ``loss_fn`` or ``blocks`` break the workload
             contract (:class:`~autotune.Workload`).
-        UnsupportedError: a Fabric model set up for several devices, or with a precision
-            autotune cannot take over (:func:`autotune.adapt.fabric.fabric_inner`).
+        UnsupportedError: a model wrapped for several ranks (DDP, FSDP, a DeepSpeed engine,
+            Fabric's multi-device strategies), or prepared with a precision autotune cannot take
+            over (:func:`autotune.adapt.prepared.framework_inner`).
 
     Example:
         >>> import torch
@@ -152,6 +155,9 @@ class Adaptive(RunResume):
         step 0: applied micro x acc x ranks 8x2x1 | fp32 | ckpt none | ZeRO 0 (fixed: the fixed configuration; ...)
         >>> run.close()  # the model is exactly as it was given, trained
     """
+
+    # Entered around every use of the model (autotune.adapt.prepared.Prepared.in_use); on ranks: nothing.
+    _in_use: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 
     def __init__(
         self,
@@ -182,38 +188,41 @@ class Adaptive(RunResume):
     ) -> None:
         check_int("batch_size", batch_size, 1)
         check_optimizer(optimizer)
-        model, optimizer, wrapped = fabric_inner(model, optimizer)
-        if wrapped is not None:
-            notes(progress)(wrapped)
-        workload = Workload(
-            name=name,
-            model=model,
-            dataset=dataset,
-            loss_fn=loss_fn,
-            blocks=blocks,
-            optimizer=optimizer,  # each copy gets one of its class and groups (autotune.optimizers)
-            batch_size=batch_size,
-            collate_fn=collate_fn,
-            worst_case_batch=worst_case_batch,
-            min_micro_batch=min_micro_batch,
-        )
-        self._setup(
-            workload,
-            _default_config(workload, grad_clip=grad_clip, lr_scaling=lr_scaling, seed=seed),
-            in_place(workload, model=model, optimizer=optimizer, device=device),
-            memory_budget=memory_budget,
-            policy=policy,
-            decide_every=decide_every,
-            adapt_batch=adapt_batch,
-            min_efficiency=min_efficiency,
-            max_batch_size=max_batch_size,
-            track_memory=track_memory,
-            device_type=next((p.device.type for p in model.parameters()), "cpu"),
-            paired=True,
-            objective=objective,
-            compiled=user_compiled(model),
-            progress=progress,
-        )
+        prepared = framework_inner(model, optimizer)
+        if prepared.line is not None:
+            notes(progress)(prepared.line)
+        model, optimizer, self._in_use = prepared.model, prepared.optimizer, prepared.in_use
+        # Accelerate's model runs its own forward while autotune profiles, checks and trains it.
+        with self._in_use():
+            workload = Workload(
+                name=name,
+                model=model,
+                dataset=dataset,
+                loss_fn=loss_fn,
+                blocks=blocks,
+                optimizer=optimizer,  # each copy gets one of its class and groups (autotune.optimizers)
+                batch_size=batch_size,
+                collate_fn=collate_fn,
+                worst_case_batch=worst_case_batch,
+                min_micro_batch=min_micro_batch,
+            )
+            self._setup(
+                workload,
+                _default_config(workload, grad_clip=grad_clip, lr_scaling=lr_scaling, seed=seed),
+                in_place(workload, model=model, optimizer=optimizer, device=device),
+                memory_budget=memory_budget,
+                policy=policy,
+                decide_every=decide_every,
+                adapt_batch=adapt_batch,
+                min_efficiency=min_efficiency,
+                max_batch_size=max_batch_size,
+                track_memory=track_memory,
+                device_type=next((p.device.type for p in model.parameters()), "cpu"),
+                paired=True,
+                objective=objective,
+                compiled=user_compiled(model),
+                progress=progress,
+            )
 
     @classmethod
     def on_ranks(
@@ -424,6 +433,10 @@ class Adaptive(RunResume):
             ConfigError: ``batch`` with ``adapt_batch=True`` (the batch given is the batch trained).
             UnsupportedError: ``batch`` on ranks (each rank draws its shard of the workload's dataset).
         """
+        with self._in_use():
+            return self._step(batch)
+
+    def _step(self, batch: Any) -> AdaptStep:
         t = self.trainer
         if batch is not None:
             self._check_batch(batch)
