@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.data import DataLoader, Dataset
 
+    from autotune.loss_items import LossItems
     from autotune.worst_case import WorstCase
 
 __all__ = ["Workload", "swap_tensors", "DEFAULT_LR", "SCAN_BATCHES"]
@@ -79,6 +80,13 @@ class Workload:
             normalise over the batch (:attr:`batch_norm_layers`), then no accumulation at all
             (the whole per-rank batch in each micro-batch). An int: the smallest micro-batch the
             user accepts (declare it for a loss that couples samples: it cannot be detected).
+        loss_items: What ``loss_fn``'s mean is over, so that a batch split into micro-batches
+            trains the batch's gradient (:mod:`autotune.loss_items`): ``"auto"`` (default; a
+            mapping batch with integer ``labels``, Hugging Face's convention: the count of label
+            tokens, shifted or not, or of samples, that reproduces the loss's gradient, measured
+            once on two samples), ``"samples"``, or ``batch -> count`` (an int or a 0-dim
+            tensor: e.g. the targets that are not ``ignore_index``). The counts weigh each
+            micro-batch's loss, as transformers' ``num_items_in_batch`` does.
         source: The reference this workload was loaded from (set by :func:`load_workload`), so
             other processes (DeepSpeed ranks, study workers) can rebuild it. None if built directly.
 
@@ -112,6 +120,7 @@ class Workload:
     worst_case_batch: Any = field(default=None, compare=False)  # tensors: == would be elementwise
     scan_batches: int = SCAN_BATCHES
     min_micro_batch: int | None = None
+    loss_items: str | Callable[[Any], Any] = "auto"
     source: str | None = None
 
     def __post_init__(self) -> None:
@@ -159,6 +168,9 @@ class Workload:
         from autotune.knobs import check_min_micro_batch
 
         check_min_micro_batch(self.min_micro_batch, name="Workload.min_micro_batch", error=WorkloadError)
+        from autotune.loss_items import check_loss_items
+
+        check_loss_items(self.loss_items, error=WorkloadError)
         if self.worst_case_batch is not None:
             from autotune.batches import batch_size
 
@@ -249,6 +261,15 @@ class Workload:
             f"{self.micro_batch_reason}: it stays {smallest}, no accumulation (the training you wrote; "
             "min_micro_batch, --min-micro-batch in the CLI, allows smaller ones)"
         )
+
+    @cached_property
+    def loss_weighting(self) -> LossItems:
+        """How a step weighs its micro-batches' losses (:func:`autotune.loss_items.resolve`; decided
+        once per workload: for ``"auto"`` with labels, one measured forward and backward at one and
+        two samples)."""
+        from autotune.loss_items import resolve
+
+        return resolve(self)
 
     @cached_property
     def worst_case(self) -> WorstCase:

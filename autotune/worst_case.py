@@ -147,11 +147,15 @@ def at_worst_case(workload: Workload, samples: int) -> Workload:
     check steps (:func:`autotune.memory.check.verify_profile`) measure what the profile predicts.
 
     ``workload`` itself when its first ``samples`` are already as large per sample as the worst
-    case; else a copy whose dataset is the worst batch's rows (cycled to at least ``samples``),
-    collated by stacking them, so the training loop draws and collates them as it does any data.
+    case and the step draws such samples too (an ``IterableDataset``, which the loop reads in
+    order, or data of one shape: :attr:`WorstCase.uniform`); else a copy whose dataset is
+    the worst batch's rows (cycled to at least ``samples``), collated by stacking them, so the
+    training loop draws and collates them as it does any data. A map-style dataset is shuffled by
+    the loop: its first samples are not the ones a step draws (a check of padded sequences measured
+    a shorter batch than it predicted, 34% under).
     """
     worst = workload.worst_case
-    if sample_bytes(workload.first_batch(samples)) >= worst.sample_bytes:
+    if (workload.iterable or worst.uniform) and sample_bytes(workload.first_batch(samples)) >= worst.sample_bytes:
         return workload
     rows = _Rows(worst.batch, max(samples, batch_size(worst.batch)))
     return dataclasses.replace(workload, dataset=rows, collate_fn=None, worst_case_batch=worst.batch)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from autotune import TrainConfig, Workload, WorkloadError
+from autotune.memory.check import check_step
 from autotune.memory.predict import predict_memory
 from autotune.worst_case import at_worst_case, profile_batch, sample_bytes, take_rows
 from autotune.zoo import CORPUS
@@ -106,3 +107,16 @@ def test_scan_batches_must_be_an_int_of_at_least_0(value: object) -> None:
 def test_a_worst_case_batch_must_be_a_batch(batch: object, msg: str) -> None:
     with _raises(f"Workload.worst_case_batch: {msg}"):
         dataclasses.replace(varlen(), worst_case_batch=batch)
+
+
+def test_a_shuffled_dataset_is_checked_at_its_worst_rows_even_where_its_first_batch_is_longest() -> None:
+    from tests.data.padded_workload import build_labels
+
+    wl = build_labels()
+    assert not wl.worst_case.uniform
+    assert sample_bytes(wl.first_batch(4)) >= wl.worst_case.sample_bytes
+    # The loop shuffles a map-style dataset: its first step is not the first batch. Before, the check
+    # trained the workload as it is, and measured a shorter batch than it predicted (34% under).
+    assert at_worst_case(wl, 4) is not wl
+    config = TrainConfig(micro_batch_size=4)
+    assert check_step(wl, config).measured == predict_memory(wl, config, verify=False).total

@@ -115,6 +115,10 @@ class Adaptive(RunResume):
         min_micro_batch: The smallest micro-batch the run may split the batch into
             (``Workload.min_micro_batch``); None: any, except for a model with BatchNorm layers
             in training, whose micro-batch stays the batch (their statistics are the micro-batch's).
+        loss_items: What ``loss_fn``'s mean is over, so that each split of your batch trains its
+            gradient (``Workload.loss_items``): ``"auto"`` (default: for batches with Hugging
+            Face ``labels``, their tokens or samples, whichever reproduces your loss's gradient,
+            measured once), ``"samples"``, or ``batch -> count``.
         objective: Which measured configuration within the budget the run keeps (a trial is
             kept only if it measures better by it, else the run goes back to the best by it; and
             :attr:`best`): ``"per-gib"`` (default), the most samples/s per GiB of peak, or
@@ -183,6 +187,7 @@ class Adaptive(RunResume):
         collate_fn: Callable[[list[Any]], Any] | None = None,
         worst_case_batch: Any = None,
         min_micro_batch: int | None = None,
+        loss_items: str | Callable[[Any], Any] = "auto",
         objective: ObjectiveName = DEFAULT_OBJECTIVE,
         progress: bool | Note = True,
     ) -> None:
@@ -205,7 +210,10 @@ class Adaptive(RunResume):
                 collate_fn=collate_fn,
                 worst_case_batch=worst_case_batch,
                 min_micro_batch=min_micro_batch,
+                loss_items=loss_items,
             )
+            if workload.loss_weighting.said:  # how each step splits your batch: its gradient
+                notes(progress)(workload.loss_weighting.line)
             self._setup(
                 workload,
                 _default_config(workload, grad_clip=grad_clip, lr_scaling=lr_scaling, seed=seed),
@@ -412,7 +420,7 @@ class Adaptive(RunResume):
                 size (or fewer samples: the last batch of an epoch): any pytree of tensors sharing
                 a leading batch dimension (dicts, tuples, ``BatchEncoding``). The step splits it
                 into the configuration's micro-batches, each loss weighted by its share of the
-                samples: the gradient of the one full batch.
+                samples or label tokens (``loss_items``): the gradient of the one full batch.
 
         Returns:
             The step's record: its loss, samples, seconds, learning rate, configuration and, when

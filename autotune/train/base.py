@@ -5,7 +5,8 @@ Template method, as stable-baselines3's ``OnPolicyAlgorithm`` owns ``learn()`` a
 scaling, the micro-batch loop of gradient accumulation, timing, the :class:`StepResult`) and the
 checks a config must pass; a backend adds only what differs:
 
-* how a micro-batch is fetched and trained (``_next_batch``, ``_begin_step``, ``_micro_step``);
+* how a micro-batch is drawn, moved and trained (``_draw``, ``_to_device``, ``_begin_step``,
+  ``_micro_step``);
   a step may instead train the user's own batch (:meth:`BaseTrainer.feed`), split here;
 * whether the step may update the weights (``_check_step``: the loss and every gradient finite,
   read before the optimizer runs; a step that fails it is skipped, ``_skip_step``);
@@ -75,6 +76,8 @@ class BaseTrainer(ABC):
         skip_nonfinite: bool = True,
     ) -> None:
         self.workload = workload
+        # Decided (measured, for "auto" with labels) before any step is timed or memory-tracked.
+        workload.loss_weighting  # noqa: B018 - a cached property: evaluated for its one-time cost
         #: Skip a step whose loss or a gradient is not finite (see :meth:`step`); off where the
         #: trainer measures what a step costs on a copy of the model (the optimizer's state is
         #: created by its first step, and a skipped step would measure less than a real one).
@@ -161,8 +164,8 @@ class BaseTrainer(ABC):
 
         The step splits it into micro-batches of ``micro_batch_size`` (the last one shorter when
         it does not divide: the last batch of an epoch) and weights each micro-batch's loss by its
-        share of the samples, so the gradient is the one full batch's (MosaicML Composer's
-        micro-batching).
+        share of what the loss averages over (samples, or label tokens: :mod:`autotune.loss_items`),
+        so the gradient is the one full batch's (MosaicML Composer's micro-batching).
 
         Raises:
             BatchError: ``batch`` is no pytree of tensors sharing a leading batch dimension (see
@@ -223,17 +226,32 @@ class BaseTrainer(ABC):
         n = len(batches) if batches is not None else c.grad_accum_steps
         sizes = sizes or [c.micro_batch_size * c.grad_accum_steps // n] * n
         total = sum(sizes)
+        shares: list[float | torch.Tensor] | None = None
+        on_host = fed is not None
+        weighting = self.workload.loss_weighting
+        if weighting.count is not None:
+            if batches is None:
+                # Every micro-batch's count weighs each one's loss: the step's batches are drawn
+                # first, as transformers' Trainer gathers them for num_items_in_batch, and stay on
+                # the host until their turn (the device holds one micro-batch, as when drawn).
+                batches, on_host = [self._draw() for _ in range(n)], True
+            # Counted on the host: plain numbers; on the device: 0-dim tensors, no sync point.
+            items = [_count(weighting.count(b)) for b in batches]
+            total_items = self._items_total(sum(items))
+            shares = [k / total_items for k in items]
         self._begin_step(sizes)
         for i in range(n):
             # Popped, so a micro-batch is freed after its backward.
             batch = batches.pop(0) if batches is not None else self._next_batch()
-            if fed is not None:  # moved one micro-batch at a time: the device holds one, as when drawn
-                batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
+            if on_host:  # moved one micro-batch at a time: the device holds one, as when drawn
+                batch = self._to_device(batch)
             if before_micro_batch is not None:
                 before_micro_batch()
-            # A micro-batch's loss is the mean over its samples: weighted by its share of the step's
-            # samples when they differ, the sum of the terms is the full batch's mean loss.
-            share = None if sizes[i] * n == total else sizes[i] / total
+            # A micro-batch's loss is a mean over its samples or its label tokens (autotune.loss_items):
+            # weighted by its share of the step's, the sum of the terms is the full batch's mean loss.
+            share: float | torch.Tensor | None = shares[i] if shares is not None else None
+            if shares is None and sizes[i] * n != total:
+                share = sizes[i] / total
             self._micro_step(batch, index=i, count=n, share=share)
         checked, skipped = self._check_step() if self.skip_nonfinite else None, False
         if checked is not None and not checked[1]:
@@ -281,16 +299,30 @@ class BaseTrainer(ABC):
         return loss
 
     @abstractmethod
+    def _draw(self) -> Any:
+        """The next micro-batch of this trainer's data stream, as collated (on the host)."""
+
+    def _to_device(self, batch: Any) -> Any:
+        """``batch`` where the step computes."""
+        return map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
+
     def _next_batch(self) -> Any:
         """The next micro-batch of this trainer's data stream, on the device."""
+        return self._to_device(self._draw())
+
+    def _items_total(self, total: int | torch.Tensor) -> int | torch.Tensor:
+        """What the step's micro-batch counts (:mod:`autotune.loss_items`) are shares of: this
+        process's ``total`` (on ranks, the mean over ranks: the engine averages their gradients)."""
+        return total
 
     def _begin_step(self, sizes: list[int]) -> None:  # noqa: B027 - an optional hook
         """Before the first of ``len(sizes)`` micro-batches of ``sizes`` samples each."""
 
     @abstractmethod
-    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
+    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | torch.Tensor | None) -> None:
         """Forward and backward of micro-batch ``index`` of ``count``: its loss weighs ``share`` of
-        the step's gradient, or ``1 / count`` when None (micro-batches of equal size)."""
+        the step's gradient (a 0-dim tensor where counted on the device: no sync point), or
+        ``1 / count`` when None (micro-batches of equal size)."""
 
     def _check_step(self) -> tuple[float, bool] | None:
         """After the last backward, before the optimizer: (the step's mean loss, whether it and every
@@ -312,6 +344,13 @@ class BaseTrainer(ABC):
     @abstractmethod
     def close(self) -> None:
         """Undo what the trainer did to its model (wrappers, hooks); idempotent."""
+
+
+def _count(items: int | torch.Tensor) -> int | torch.Tensor:
+    """A micro-batch's count as a number where it was counted on the host (a device tensor stays)."""
+    if isinstance(items, torch.Tensor) and items.device.type == "cpu":
+        return int(items)
+    return items
 
 
 def check_micro_batch(workload: Workload, config: TrainConfig, *, world: int) -> None:

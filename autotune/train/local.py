@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map_only
 from torch.utils.data import RandomSampler
 
 from autotune.config import TrainConfig
@@ -198,8 +197,8 @@ class Trainer(BaseTrainer):
 
     # ---- the step hooks ---------------------------------------------------------------------------
 
-    def _next_batch(self) -> Any:
-        return tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), next(self._batches))
+    def _draw(self) -> Any:
+        return next(self._batches)
 
     def _begin_step(self, sizes: list[int]) -> None:
         # The noise estimator compares micro-batches of one size with their sum (McCandlish et al.
@@ -211,12 +210,12 @@ class Trainer(BaseTrainer):
             self.gns.begin_step(sizes[0], grad_multiplier=len(sizes) / loss_scale)
         self._losses = []
 
-    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
+    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | torch.Tensor | None) -> None:
         loss = self._loss(self.forward_model, batch)
         self.scaler.scale(loss / count if share is None else loss * share).backward()
         if self._noisy:
             self.gns.end_micro_batch()
-        # Scaled so that the step's mean over micro-batches is the sample-weighted mean loss.
+        # Scaled so that the step's mean over micro-batches is the weighted mean loss (autotune.loss_items).
         self._losses.append(loss.detach() if share is None else loss.detach() * (share * count))
 
     def _check_step(self) -> tuple[float, bool]:

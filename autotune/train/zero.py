@@ -21,8 +21,8 @@ import logging
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map_only
 
+from autotune.batches import map_tensors
 from autotune.config import Precision, TrainConfig
 from autotune.dependencies import install_command
 from autotune.errors import ConfigError, UnsupportedError
@@ -173,22 +173,30 @@ class ZeroTrainer(BaseTrainer):
 
     # ---- the step hooks ---------------------------------------------------------------------------
 
-    def _next_batch(self) -> Any:
-        return self._to_device(self._stream.next(self.config.micro_batch_size))
+    def _draw(self) -> Any:
+        return self._stream.next(self.config.micro_batch_size)
 
     def _begin_step(self, sizes: list[int]) -> None:
         self._total = torch.zeros((), dtype=torch.float64, device=self.device)
 
-    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | None) -> None:
-        assert share is None, "the engine weighs micro-batches equally: feed() refuses a user's batch here"
+    def _items_total(self, total: int | torch.Tensor) -> torch.Tensor:
+        # The engine averages the ranks' gradients: each rank's shares are of the mean count.
+        mean = torch.as_tensor(total, dtype=torch.float64, device=self.device).clone()
+        torch.distributed.all_reduce(mean)  # one small collective per step, only with counted losses
+        return mean / self.world
+
+    def _micro_step(self, batch: Any, *, index: int, count: int, share: float | torch.Tensor | None) -> None:
         # The boundary said explicitly: DeepSpeed's own count ((micro_steps + 1) % k) would be
         # out of phase after an accumulation change on a live engine.
         self.engine.set_gradient_accumulation_boundary(index == count - 1)
         loss = self._loss(self.engine, batch)
-        self.engine.backward(loss)  # scales by 1/grad_accum_steps itself
+        # The engine scales by 1/grad_accum_steps itself: a counted share (autotune.loss_items) is
+        # given as its ratio to that. feed() refuses a user's batch here, so a share is only counted.
+        weighted = loss if share is None else loss * (share * count)
+        self.engine.backward(weighted)
         self.engine.step()  # steps the optimizer only at the accumulation boundary
         assert self._total is not None
-        self._total += loss.detach().double()
+        self._total += weighted.detach().double()
 
     def _end_step(self) -> tuple[float, bool]:
         """``loss`` is the mean over every rank's micro-batches (an all-reduce): the loss of the
@@ -199,12 +207,13 @@ class ZeroTrainer(BaseTrainer):
         return total.item() / (self.config.grad_accum_steps * self.world), not self.engine.was_step_applied()
 
     def _to_device(self, batch: Any) -> Any:
-        batch = tree_map_only(torch.Tensor, lambda t: t.to(self.device, non_blocking=True), batch)
+        # map_tensors, not a pytree map: a Hugging Face BatchEncoding is no pytree node.
+        batch = super()._to_device(batch)
         if self.precision == "fp32":
             return batch
         # A bf16/fp16 engine holds 16-bit weights: float inputs must match (integer ids stay).
         dtype = _DTYPES[self.precision]
-        return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, batch)
+        return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, batch)
 
     def close(self) -> None:
         """Remove the wrappers and DeepSpeed's hooks, so another engine can follow in this process."""

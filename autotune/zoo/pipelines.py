@@ -23,7 +23,15 @@ from autotune.workload import Workload
 from autotune.zoo.data import markov_corpus, seeded_init
 from autotune.zoo.gpt import GPT, GPTShape, lm_loss
 
-__all__ = ["TokenStream", "VarLenSequences", "build_stream_lm", "build_varlen_lm", "masked_lm_loss", "pad_collate"]
+__all__ = [
+    "TokenStream",
+    "VarLenSequences",
+    "build_stream_lm",
+    "build_varlen_lm",
+    "masked_lm_loss",
+    "masked_lm_targets",
+    "pad_collate",
+]
 
 
 class VarLenSequences(Dataset[torch.Tensor]):
@@ -58,6 +66,11 @@ def masked_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
     logits = model(ids[:, :-1])
     targets = torch.where(mask[:, 1:].bool(), ids[:, 1:], -100)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
+def masked_lm_targets(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """What :func:`masked_lm_loss` averages over: the targets that are real tokens."""
+    return torch.count_nonzero(batch["attention_mask"][:, 1:])
 
 
 def _lengths(num_samples: int, min_len: int, max_len: int, seed: int) -> torch.Tensor:
@@ -103,6 +116,7 @@ def build_varlen_lm(
         loss_fn=masked_lm_loss,
         collate_fn=pad_collate,
         batch_size=batch_size,
+        loss_items=masked_lm_targets,  # its loss is a mean over real target tokens, not samples
     )
 
 

@@ -73,3 +73,31 @@ def build_map_style() -> Workload:
     torch.manual_seed(0)
     data = list(_sequences())
     return Workload(name="padded", model=TokenMLP(), dataset=data, loss_fn=_loss, collate_fn=pad, batch_size=8)  # type: ignore[arg-type]
+
+
+def pad_labels(samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Hugging Face's convention: ``labels`` beside the ids, -100 where the batch is padding."""
+    ids = pad(samples)["input_ids"]
+    labels = nn.utils.rnn.pad_sequence(samples, batch_first=True, padding_value=-100)
+    return {"input_ids": ids, "labels": labels}
+
+
+def _shifted_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A causal language model's loss as transformers computes it: the logits at each position
+    predict the next label, whose mean is over the labels that are not -100."""
+    logits = model(batch["input_ids"])[:, :-1]
+    return nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"][:, 1:].flatten())
+
+
+def build_labels() -> Workload:
+    """The sequences as a list with Hugging Face labels (-100 on padding) and a next-token loss."""
+    torch.manual_seed(0)
+    data = list(_sequences())
+    return Workload(
+        name="padded-labels",
+        model=TokenMLP(),
+        dataset=data,  # type: ignore[arg-type]
+        loss_fn=_shifted_loss,
+        collate_fn=pad_labels,
+        batch_size=8,
+    )

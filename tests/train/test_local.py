@@ -111,3 +111,17 @@ def test_reconfigure_moves_blocks_between_the_three_recompute_levels_in_place() 
         losses[-1].backward()
     trainer.close()
     assert all(torch.equal(loss, losses[0]) for loss in losses)
+
+
+def test_a_drawn_batch_encoding_goes_to_the_device() -> None:
+    # Hugging Face collates return a BatchEncoding (a UserDict, no pytree node): a pytree map left
+    # its tensors where the collate made them. The meta device stands in for a GPU.
+    from types import SimpleNamespace
+
+    from transformers import BatchEncoding
+
+    from autotune.train.local import Trainer as LocalTrainer
+
+    where = SimpleNamespace(device=torch.device("meta"))
+    moved = LocalTrainer._to_device(where, BatchEncoding({"input_ids": torch.ones(2, 3, dtype=torch.long)}))  # type: ignore[arg-type]
+    assert isinstance(moved, BatchEncoding) and moved["input_ids"].device.type == "meta"

@@ -19,7 +19,7 @@ from autotune.memory.predict import profile_memory
 from autotune.procs.multirank import measure_ranks
 from autotune.search.export import export_config
 from autotune.units import format_bytes
-from tests.paths import ZERO_WORKLOADS
+from tests.paths import PADDED_WORKLOAD, ZERO_WORKLOADS
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -171,3 +171,14 @@ def test_an_outer_bf16_precision_trains_on_ranks_as_the_loop_s_autocast_or_the_b
         assert m.peak_bytes is not None
         assert abs(predicted - m.peak_bytes) <= DS_TOLERANCE * m.peak_bytes, (m.config, predicted, m.peak_bytes)
     assert [m.deepspeed_config is not None and "bf16" in m.deepspeed_config for m in measured] == [False, True]
+
+
+def test_counted_losses_weigh_every_ranks_micro_batches_by_their_label_tokens() -> None:
+    # Padded labels (autotune.loss_items): each rank's step is the same 4 samples in one micro-batch
+    # or in four, so the step's loss (the token mean over both ranks' 8 samples) is the same.
+    configs = [TrainConfig(micro_batch_size=m, grad_accum_steps=4 // m, ranks=2) for m in (4, 1)]
+    workload = load_workload(f"{PADDED_WORKLOAD}:build_labels")
+    measured = measure_ranks(workload, configs, steps=1, warmup=1, timeout=600)
+    assert all(m.ok for m in measured), [m.reason for m in measured]
+    whole, split = (m.losses[0] for m in measured)
+    assert math.isclose(split, whole, rel_tol=1e-6), (split, whole)
