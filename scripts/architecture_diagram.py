@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "optimizers",
         "workload",
         "batches",
+        "loss_items",
         "worst_case",
         "zoo",
         "resolve",
