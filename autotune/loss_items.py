@@ -147,7 +147,18 @@ def resolve(workload: Workload) -> LossItems:
         )
     start = time.perf_counter()
     both = select_rows(first, torch.tensor(pair))
-    sketches = [_sketch(workload, part) for part in (both, *(select_rows(both, torch.tensor([i])) for i in (0, 1)))]
+    try:
+        sketches = [_sketch(workload, part) for part in (both, *(select_rows(both, torch.tensor([i])) for i in (0, 1)))]
+    # The user's loss on one sample in eval mode: whatever it raises leaves the weighting as it was.
+    except Exception as e:
+        return LossItems(
+            "samples",
+            None,
+            f"loss weighting: each micro-batch by its samples: the loss on one sample could not be measured "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); Workload.loss_items says what your "
+            "loss averages over",
+            measured=True,
+        )
     errors = {name: float((_weighted(count, both, sketches[1:]) - sketches[0]).norm()) for name, count in _RULES}
     scale = max(float(sketches[0].norm()), 1e-12)
     tolerance = 5e-2 if _held_in_16_bits(workload.model) else 1e-3

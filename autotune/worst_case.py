@@ -158,7 +158,10 @@ def at_worst_case(workload: Workload, samples: int) -> Workload:
     if (workload.iterable or worst.uniform) and sample_bytes(workload.first_batch(samples)) >= worst.sample_bytes:
         return workload
     rows = _Rows(worst.batch, max(samples, batch_size(worst.batch)))
-    return dataclasses.replace(workload, dataset=rows, collate_fn=None, worst_case_batch=worst.batch)
+    at_rows = dataclasses.replace(workload, dataset=rows, collate_fn=None, worst_case_batch=worst.batch)
+    # The same loss on the same model: its weighting (measured once, autotune.loss_items) carries over.
+    vars(at_rows)["loss_weighting"] = workload.loss_weighting
+    return at_rows
 
 
 class _Rows(Dataset[Any]):

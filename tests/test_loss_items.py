@@ -169,3 +169,17 @@ def test_adaptive_says_the_rule_and_splits_your_batch_by_it() -> None:
     split, _ = run(1)
     assert _largest_difference(split, whole) < 1e-6
     assert any(line.startswith("loss weighting: each micro-batch by its shifted label tokens") for line in lines)
+
+
+def test_a_loss_that_fails_on_one_sample_leaves_the_weighting_by_samples() -> None:
+    def pairs_only(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if batch["input_ids"].shape[0] < 2:
+            raise ValueError("a contrastive loss needs two samples")
+        return build_labels().loss_fn(model, batch)
+
+    weighting = dataclasses.replace(build_labels(), loss_fn=pairs_only).loss_weighting
+    assert weighting.count is None
+    assert weighting.line == (
+        "loss weighting: each micro-batch by its samples: the loss on one sample could not be measured "
+        "(ValueError: a contrastive loss needs two samples); Workload.loss_items says what your loss averages over"
+    )

@@ -118,5 +118,6 @@ def test_a_shuffled_dataset_is_checked_at_its_worst_rows_even_where_its_first_ba
     # The loop shuffles a map-style dataset: its first step is not the first batch. Before, the check
     # trained the workload as it is, and measured a shorter batch than it predicted (34% under).
     assert at_worst_case(wl, 4) is not wl
+    assert at_worst_case(wl, 4).loss_weighting is wl.loss_weighting  # measured once, not per check
     config = TrainConfig(micro_batch_size=4)
     assert check_step(wl, config).measured == predict_memory(wl, config, verify=False).total
