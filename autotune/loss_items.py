@@ -146,7 +146,7 @@ def resolve(workload: Workload) -> LossItems:
             "samples", None, "loss weighting: each micro-batch by its samples (every sample holds as many labels)"
         )
     start = time.perf_counter()
-    both = select_rows(first, torch.tensor(pair))
+    both = _trimmed(select_rows(first, torch.tensor(pair)))
     try:
         sketches = [_sketch(workload, part) for part in (both, *(select_rows(both, torch.tensor([i])) for i in (0, 1)))]
     # The user's loss on one sample in eval mode: whatever it raises leaves the weighting as it was.
@@ -184,23 +184,43 @@ def resolve(workload: Workload) -> LossItems:
 
 
 def _distinct_pair(batch: Any) -> tuple[int, int] | None:
-    """Two samples of ``batch`` whose label counts differ (every rule's shares differ), or None."""
+    """Two samples of ``batch`` whose label counts differ (every rule's shares differ where two
+    such samples exist), the shortest such pair (their measurement costs what they hold), or None."""
     n = batch_size(batch)
-    counts = [
-        (int(label_tokens(one)), int(shifted_label_tokens(one)))
-        for one in (select_rows(batch, torch.tensor([i])) for i in range(n))
-    ]
-    for i in range(n):
-        for j in range(i + 1, n):
-            a, b = counts[i], counts[j]
-            # Three different shares: samples 1/2, tokens a0/(a0+b0), shifted a1/(a1+b1).
-            if a[0] != b[0] and a[0] * b[1] != a[1] * b[0]:
-                return i, j
-    for i in range(n):
-        for j in range(i + 1, n):
-            if counts[i][0] != counts[j][0]:
-                return i, j
-    return None
+    rows = [select_rows(batch, torch.tensor([i])) for i in range(n)]
+    counts = [(int(label_tokens(one)), int(shifted_label_tokens(one))) for one in rows]
+    extents = [_extent(one) for one in rows]
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n) if counts[i][0] != counts[j][0]]
+    # Three different shares where possible: samples 1/2, tokens a0/(a0+b0), shifted a1/(a1+b1).
+    distinct = [(i, j) for i, j in pairs if counts[i][0] * counts[j][1] != counts[i][1] * counts[j][0]]
+    return min(distinct or pairs, key=lambda p: (max(extents[p[0]], extents[p[1]]), p), default=None)
+
+
+def _extent(batch: Any) -> int:
+    """Where a right-padded batch's last label or attended token is, plus one (its padded length
+    where it has neither, or is not a mapping)."""
+    labels = _labels(batch)
+    assert labels is not None
+    marks = labels.ne(IGNORE_INDEX)
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.shape == labels.shape:
+        marks = marks | mask.bool()
+    if labels.dim() < 2:
+        return 1
+    used = marks.reshape(labels.shape[0], labels.shape[1], -1).any(dim=(0, 2)).nonzero()
+    return int(used.max()) + 1 if used.numel() else int(labels.shape[1])
+
+
+def _trimmed(batch: Any) -> Any:
+    """``batch`` without the sequence positions after its last label and attended token: right
+    padding, which changes no loss (a causal model's real tokens never see it, a mask hides it),
+    and costs the measurement what it holds (a sequence padded to 1024 tokens, 1024 positions)."""
+    labels = _labels(batch)
+    assert labels is not None
+    if labels.dim() < 2:
+        return batch
+    length, end = labels.shape[1], _extent(batch)
+    return map_tensors(lambda t: t[:, :end] if t.dim() >= 2 and t.shape[1] == length else t, batch)
 
 
 def _weighted(count: Count, both: Any, sketches: list[torch.Tensor]) -> torch.Tensor:

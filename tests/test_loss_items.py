@@ -93,8 +93,9 @@ def test_auto_measures_what_the_loss_averages_over(
     weighting = workload.loss_weighting
     assert weighting.name == rule
     assert (weighting.count is None) == (rule == "samples")
-    # The first batch's first two samples whose counts differ: 12 and 7 labels, 11 and 6 targets.
-    how = "the pair's gradient from its two halves, measured on two samples of 12 and 7 labels"
+    # The first batch's shortest two samples whose three shares differ: 5 and 4 labels, 4 and 3 targets,
+    # trimmed to the longer one (the rest is padding).
+    how = "the pair's gradient from its two halves, measured on two samples of 5 and 4 labels"
     if loss_fn is _summed:  # a sum is no mean of anything: no count reproduces it
         assert weighting.line.startswith(
             f"loss weighting: each micro-batch by its samples: neither its samples nor its label tokens give {how} "
