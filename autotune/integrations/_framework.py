@@ -97,6 +97,7 @@ class FrameworkLoop(Resume, Evaluations):
         checkpoint_flag: str = "the model's own activation checkpointing",
         compiled: str | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        equal_accumulation: str | None = None,
     ) -> None:
         """Read the user's flags, profile the model (a copy of it), resolve the budget, and put the
         run where the budget and the source's plan say (a split in the plan waits for the next
@@ -111,6 +112,10 @@ class FrameworkLoop(Resume, Evaluations):
         controller measures it from the steps' wall seconds and counts it in its decisions.
         ``optimizer``: the loop's, so the memory model counts its state (Adafactor's, SGD's), not
         AdamW's; one with parameters outside ``model`` is not (AdamW stands in).
+        ``equal_accumulation``: the loop, in words, where it weighs accumulated micro-batches
+        equally (Lightning divides each loss by ``accumulate_grad_batches``): a loss that is a mean
+        over counted items (:mod:`autotune.loss_items`: label tokens over padded batches) then
+        keeps its split, since another would train another gradient (:attr:`split_why` says so).
 
         Raises:
             ConfigError: nothing this loop can take fits the memory budget (the controller's rule).
@@ -128,6 +133,14 @@ class FrameworkLoop(Resume, Evaluations):
             min_micro_batch=self.min_micro_batch,
             optimizer=optimizer if optimizer is not None and is_over(optimizer, model) else None,
         )
+        self.split_why = None
+        weighting = workload.loss_weighting
+        if split and equal_accumulation is not None and weighting.count is not None:
+            self.split = False
+            self.split_why = (
+                f"{equal_accumulation} weighs accumulated micro-batches equally, and the loss is a mean over its "
+                f"{weighting.name}: another split would train another gradient"
+            )
         names = workload.block_names()
         self.checkpointing = ModelCheckpointing.read(model, names)
         plain = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=accum, grad_clip=None)

@@ -61,6 +61,7 @@ class LoopState:
         self._started: float | None = None
         self._warm = False  # whether the step under way is timed: not the first after a change
         self.split = False  # whether the loop lets the micro-batch x accumulation split change
+        self.split_why: str | None = None  # why it does not, where begin() found it (a counted loss)
         # The CUDA caching allocator of the model's device (None on the CPU): its reserved/allocated
         # ratio scales the gate's predictions (the framework's steps are not tracked one by one).
         self.allocator: StatsSource | None = None

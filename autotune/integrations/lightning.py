@@ -222,7 +222,9 @@ class AutotuneCallback(Callback):
             compiled="your torch.compile" if loop_compiled(pl_module) else None,
             # Automatic optimization steps one optimizer (configure_optimizers' first).
             optimizer=trainer.optimizers[0] if len(trainer.optimizers) == 1 else None,
+            equal_accumulation="Lightning",
         )
+        why = why or self.loop.split_why
         controller = self.loop.controller
         assert controller is not None
         if why is None or controller.source is None:  # no decisions: no split to refuse

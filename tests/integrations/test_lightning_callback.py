@@ -419,3 +419,30 @@ def test_a_compiled_step_that_logs_fits_under_the_callback_with_log_outside_the_
         trainer.fit(torch.compile(module, backend="eager"), torch.utils.data.DataLoader(wl.dataset, batch_size=8))
     assert module._compiler_ctx is not None and math.isfinite(float(trainer.callback_metrics["train_loss"]))
     assert [(c.step, c.after) for c in callback.history if c.applied and c.source == "scripted"] == [(2, recompute)]
+
+
+class LitPadded(LitBatched):
+    """Hugging Face labels over padded sequences (tests/data/padded_workload.py): a token-mean loss."""
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader[Any]:
+        from tests.data.padded_workload import pad_labels
+
+        return torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, collate_fn=pad_labels)
+
+
+def test_a_token_mean_loss_keeps_its_split_under_lightnings_equal_accumulation() -> None:
+    from tests.data.padded_workload import build_labels
+
+    wl = build_labels()
+    module = LitPadded(wl.model, wl.loss_fn, wl.dataset, batch_size=8)
+    callback = AutotuneCallback(policy=TrainConfig(micro_batch_size=4, grad_accum_steps=2), decide_every=2)
+    with pytest.warns(AutotuneWarning) as caught:
+        trainer = _fit(module, [callback])
+    why = (
+        "the split cannot change in this fit: Lightning weighs accumulated micro-batches equally, and the loss is a "
+        "mean over its shifted label tokens (labels[..., 1:] != -100): another split would train another gradient"
+    )
+    autotune_warnings = [str(w.message) for w in caught if isinstance(w.message, AutotuneWarning)]
+    assert autotune_warnings == [f"AutotuneCallback: {why}; only per-block knobs will change"]
+    assert (module.batch_size, trainer.accumulate_grad_batches, callback.loop.split) == (8, 1, False)
+    assert all(not c.applied or c.after.micro_batch_size == 8 for c in callback.history)
