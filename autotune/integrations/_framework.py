@@ -134,12 +134,11 @@ class FrameworkLoop(Resume, Evaluations):
             optimizer=optimizer if optimizer is not None and is_over(optimizer, model) else None,
         )
         self.split_why = None
-        weighting = workload.loss_weighting
-        if split and equal_accumulation is not None and weighting.count is not None:
+        if split and equal_accumulation is not None and workload.loss_weighting.count is not None:
             self.split = False
             self.split_why = (
                 f"{equal_accumulation} weighs accumulated micro-batches equally, and the loss is a mean over its "
-                f"{weighting.name}: another split would train another gradient"
+                f"{workload.loss_weighting.name}: another split would train another gradient"
             )
         names = workload.block_names()
         self.checkpointing = ModelCheckpointing.read(model, names)

@@ -88,10 +88,11 @@ def prepare(spec: StudySpec) -> Prepared:
     if drops is not None:
         # On DeepSpeed ranks the engines train copies as the user's own training on ranks does.
         say(f"LayerDrop ({drops}): a trial in one process runs every layer, the step a memory budget must hold")
-    if workload.loss_weighting.said:  # how every trial splits the batch: the batch's gradient
-        say(workload.loss_weighting.line)
     if spec.space.min_micro_batch is not None:
         workload = dataclasses.replace(workload, min_micro_batch=spec.space.min_micro_batch)
+    # Resolved on the workload the study goes on with (a replaced copy would measure it again).
+    if workload.loss_weighting.said:  # how every trial splits the batch: the batch's gradient
+        say(workload.loss_weighting.line)
     batches = spec.space.effective_batch_sizes or (workload.batch_size,)
     reference = spec.space.batch_size or workload.batch_size
     start = time.perf_counter()

@@ -249,9 +249,7 @@ class BaseTrainer(ABC):
                 before_micro_batch()
             # A micro-batch's loss is a mean over its samples or its label tokens (autotune.loss_items):
             # weighted by its share of the step's, the sum of the terms is the full batch's mean loss.
-            share: float | torch.Tensor | None = shares[i] if shares is not None else None
-            if shares is None and sizes[i] * n != total:
-                share = sizes[i] / total
+            share = shares[i] if shares is not None else (None if sizes[i] * n == total else sizes[i] / total)
             self._micro_step(batch, index=i, count=n, share=share)
         checked, skipped = self._check_step() if self.skip_nonfinite else None, False
         if checked is not None and not checked[1]:
