@@ -267,9 +267,13 @@ class Workload:
         """How a step weighs its micro-batches' losses (:func:`autotune.loss_items.resolve`; decided
         once per workload: for ``"auto"`` with labels, one measured forward and backward at one and
         two samples)."""
+        import torch
+
         from autotune.loss_items import resolve
 
-        return resolve(self)
+        # Its DataLoader draws a seed from the global generator: the user's random stream stays as it was.
+        with torch.random.fork_rng(devices=[]):
+            return resolve(self)
 
     @cached_property
     def worst_case(self) -> WorstCase:

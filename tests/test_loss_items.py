@@ -184,3 +184,13 @@ def test_a_loss_that_fails_on_one_sample_leaves_the_weighting_by_samples() -> No
         "loss weighting: each micro-batch by its samples: the loss on one sample could not be measured "
         "(ValueError: a contrastive loss needs two samples); Workload.loss_items says what your loss averages over"
     )
+
+
+def test_deciding_the_weighting_leaves_the_random_stream_as_it_was() -> None:
+    # Building a Trainer decides it: a DataLoader's iterator draws its seed from torch's generator.
+    workload = build_map_style()
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    assert workload.loss_weighting.count is None
+    assert torch.equal(torch.rand(3), expected)
