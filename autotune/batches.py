@@ -98,10 +98,16 @@ def batch_size(batch: Any) -> int:
     """The samples in ``batch``: the leading size its tensors share.
 
     Raises:
-        BatchError: no tensor, a 0-dim tensor, an empty batch, two leading sizes, or a field that
+        BatchError: no tensor, a 0-dim tensor, an empty batch, two leading sizes, a field that
             cannot be split by sample (a list or tuple of another length, any object other than
-            a number, a string or None).
+            a number, a string or None), or a packed batch.
     """
+    if isinstance(batch, Mapping) and _packed(batch):
+        raise BatchError(
+            "a packed batch (several sequences in one row, told apart by position_ids or cu_seq_lens_q: "
+            "TRL's packing=True or padding_free=True, transformers' DataCollatorWithFlattening) has no sample "
+            "to split or profile by: train on padded batches (packing=False, padding_free=False)."
+        )
     first: tuple[str, int] | None = None
     for path, tensor in _tensors(batch, "batch"):
         if tensor.dim() == 0:
@@ -129,6 +135,24 @@ def batch_size(batch: Any) -> int:
                 f"sample shares (a number, a string, None), but {path} is a {type(value).__name__}."
             )
     return first[1]
+
+
+def _packed(batch: Mapping[Any, Any]) -> bool:
+    """Whether ``batch`` is packed: flash-attention's sequence boundaries, or one row whose
+    ``position_ids`` restart (a padded batch's rows each start at 0 once)."""
+    if "cu_seq_lens_q" in batch:
+        return True
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    positions = batch.get("position_ids")
+    return (
+        isinstance(positions, torch.Tensor)
+        and not isinstance(positions, FakeTensor)  # no values: the real batch it stands for was checked
+        and positions.device.type != "meta"
+        and positions.dim() == 2
+        and positions.shape[0] == 1
+        and int((positions[0, 1:] == 0).sum()) > 0
+    )
 
 
 def split_batch(batch: Any, micro_batch_size: int) -> list[tuple[Any, int]]:

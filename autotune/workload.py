@@ -375,16 +375,16 @@ class Workload:
 
         target = torch.device(device)
         state = list(itertools.chain(self.model.parameters(), self.model.buffers()))
+        memo: dict[int, Any] = {}
         if fake is not None:
             from torch._subclasses.fake_tensor import FakeCopyMode
 
             with FakeCopyMode(fake):
-                model = copy.deepcopy(self.model)
+                model = copy.deepcopy(self.model, memo)
             if any(not _on(t, target) for t in state):
                 with fake:
                     swap_tensors(model, lambda t: t.to(target))
         else:
-            memo: dict[int, Any] = {}
             for t in state:
                 if id(t) not in memo and not _on(t, target):
                     moved = t.detach().to(target, copy=True)
@@ -392,6 +392,7 @@ class Workload:
                         torch.nn.Parameter(moved, t.requires_grad) if isinstance(t, torch.nn.Parameter) else moved
                     )
             model = copy.deepcopy(self.model, memo)
+        _repoint_patched_forwards(model, memo)
         disable_layer_drop(model)
         return model.train()
 
@@ -459,6 +460,89 @@ def block_names(model: torch.nn.Module, names: Sequence[str], *, workload: str) 
     if len(set(names)) != len(names):
         raise WorkloadError(f"Workload {workload!r}: blocks has duplicates: {list(names)!r}.")
     return tuple(names)
+
+
+def _repoint_patched_forwards(model: torch.nn.Module, memo: dict[int, Any]) -> None:
+    """Point the forwards that libraries patched onto ``model``'s modules at the copy.
+
+    ``copy.deepcopy`` copies a function by reference. A forward patched onto an instance as a
+    closure over the original's bound ``forward`` (TRL's ``SFTTrainer`` fused LM head does:
+    ``original_forward = model.forward``, then ``model.forward = MethodType(_fused_forward,
+    model)``; Accelerate then wraps that function in its autocast) would run the original's
+    modules, with the original's weights, from every copy: a copy made of fake tensors fails on
+    the first real one. Each instance attribute that is a method or function is rebuilt where
+    its closures (through the functions and callable objects they hold: Accelerate's
+    ``ConvertOutputsToFp32``) reach a part of the model (``memo``: what the copy replaced), with
+    that part's copy in their place.
+    """
+    import types
+
+    rebuilt: dict[int, Any] = {}
+
+    def repoint(value: Any, depth: int) -> Any:
+        if isinstance(value, types.MethodType):
+            func, owner = repoint(value.__func__, depth), memo.get(id(value.__self__), value.__self__)
+            return value if func is value.__func__ and owner is value.__self__ else types.MethodType(func, owner)
+        if id(value) in memo:
+            return memo[id(value)]
+        if _callable_object(value) and depth <= 8:
+            if id(value) not in rebuilt:
+                fields = {k: repoint(v, depth + 1) for k, v in vars(value).items()}
+                changed = {k: v for k, v in fields.items() if v is not vars(value)[k]}
+                # Not copy.copy: Accelerate's wrapper refuses to be pickled, which copy.copy asks.
+                twin = value if not changed else object.__new__(type(value))
+                vars(twin).update(fields)
+                rebuilt[id(value)] = twin
+            return rebuilt[id(value)]
+        if not isinstance(value, types.FunctionType):
+            return value
+        if not value.__closure__ or depth > 8:  # decorators nest a few deep; a cycle stops here
+            return value
+        if id(value) not in rebuilt:
+            cells = tuple(_cell(repoint, c, depth + 1) for c in value.__closure__)
+            if all(new is old for new, old in zip(cells, value.__closure__, strict=True)):
+                rebuilt[id(value)] = value
+            else:
+                func = types.FunctionType(value.__code__, value.__globals__, value.__name__, value.__defaults__, cells)
+                func.__kwdefaults__ = value.__kwdefaults__
+                func.__dict__.update(value.__dict__)  # functools.wraps' __wrapped__, which signatures follow
+                rebuilt[id(value)] = func
+        return rebuilt[id(value)]
+
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, types.MethodType | types.FunctionType):
+                new = repoint(value, 0)
+                if new is not value:
+                    setattr(module, name, new)
+
+
+def _callable_object(value: Any) -> bool:
+    """An instance that stands in for a function (a wrapper class with ``__call__``), not a module."""
+    import types
+
+    import torch
+
+    return (
+        not isinstance(
+            value, type | torch.nn.Module | types.FunctionType | types.MethodType | types.BuiltinFunctionType
+        )
+        and callable(value)
+        and hasattr(value, "__dict__")
+        and "__call__" in vars(type(value))
+    )
+
+
+def _cell(repoint: Callable[[Any, int], Any], cell: Any, depth: int) -> Any:
+    """``cell`` itself, or a new cell with ``repoint`` of its contents where they differ."""
+    import types
+
+    try:
+        contents = cell.cell_contents
+    except ValueError:  # an empty cell (a name the closure assigns later)
+        return cell
+    new = repoint(contents, depth)
+    return cell if new is contents else types.CellType(new)
 
 
 def _on(t: torch.Tensor, device: torch.device) -> bool:

@@ -3,9 +3,11 @@ from __future__ import annotations
 from collections import UserDict
 from typing import NamedTuple
 
+import pytest
 import torch
 
 from autotune.batches import batch_size, map_tensors, split_batch
+from autotune.errors import BatchError
 
 
 class Pair(NamedTuple):
@@ -81,3 +83,12 @@ def test_rows_taken_from_a_batch_take_its_per_sample_lists_along() -> None:
     assert (picked["x"].tolist(), picked["names"], picked["ids"]) == ([2, 0], ["c", "a"], (12, 10))
     one = sample_of(batch, 1)
     assert (one["x"].item(), one["names"], one["ids"], one["mode"]) == (1, "b", 11, "train")
+
+
+def test_a_packed_batch_is_refused_and_padded_rows_with_positions_are_not() -> None:
+    # transformers' DataCollatorWithFlattening: one row, positions restarting at each sequence.
+    packed = {"input_ids": torch.arange(5)[None], "position_ids": torch.tensor([[0, 1, 2, 0, 1]])}
+    with pytest.raises(BatchError, match=r"^a packed batch \(several sequences in one row, told apart by position_ids"):
+        batch_size(packed)
+    assert batch_size({"input_ids": torch.zeros(2, 3), "position_ids": torch.arange(3).expand(2, 3)}) == 2
+    assert batch_size({"input_ids": torch.zeros(1, 3), "position_ids": torch.arange(3)[None]}) == 1  # one sequence

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import re
+import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -196,6 +199,61 @@ def test_a_fake_model_copy_of_a_model_elsewhere_is_on_the_host_and_allocates_not
     tensors = [*fake.parameters(), *fake.buffers()]
     assert all(isinstance(t, FakeTensor) and t.device.type == "cpu" for t in tensors)
     assert fake.head.weight is fake.embed.weight
+
+
+class _Unpicklable:
+    """Accelerate's ``ConvertOutputsToFp32``: a callable wrapper around a forward that refuses
+    to be pickled (which ``copy.copy`` asks)."""
+
+    def __init__(self, forward: Any) -> None:
+        self.forward = forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def __getstate__(self) -> None:
+        raise pickle.PicklingError("cannot pickle a prepared model")
+
+
+def _patched(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its forward patched as TRL's ``add_fused_lm_head`` does (a closure over the
+    bound original), then wrapped as Accelerate's ``prepare_model`` does (a function of the
+    patched function, through a callable object)."""
+    original_forward = model.forward
+
+    def fused(self: torch.nn.Module, x: torch.Tensor, *, doubled: bool = False) -> torch.Tensor:
+        out: torch.Tensor = original_forward(x)
+        return 2 * out if doubled else out
+
+    model.forward = types.MethodType(fused, model)  # type: ignore[method-assign]
+    wrapper = _Unpicklable(model.forward.__func__)
+
+    def prepared(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(*args, **kwargs)
+
+    model.forward = types.MethodType(prepared, model)  # type: ignore[method-assign]
+    return model
+
+
+def test_a_copy_of_a_model_whose_forward_a_library_patched_runs_its_own_weights() -> None:
+    """TRL's fused LM head keeps the original's bound forward in a closure, which deepcopy shares:
+    the copy ran the original's weights (and a fake copy failed on the first real one)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    torch.manual_seed(0)
+    model = _patched(torch.nn.Linear(3, 2))
+    wl = Workload(name="w", model=model, dataset=[torch.ones(3)] * 2, loss_fn=lambda m, b: m(b).sum(), batch_size=2)
+    copy = wl.model_copy()
+    with torch.no_grad():
+        copy.weight.zero_()
+        copy.bias.fill_(1.0)
+    assert copy(torch.ones(1, 3), doubled=True).tolist() == [[2.0, 2.0]]  # the copy's weights, the patch kept
+    assert model(torch.ones(1, 3)).tolist() != [[1.0, 1.0]]
+    mode = FakeTensorMode()
+    fake = wl.model_copy(fake=mode)
+    with mode:
+        out = fake(torch.ones(1, 3), doubled=True)
+    assert isinstance(out, FakeTensor) and out.shape == (1, 2)
 
 
 def test_detected_blocks_are_found_once_per_module_tree() -> None:

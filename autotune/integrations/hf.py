@@ -54,7 +54,7 @@ budget is said once (lower ``per_device_eval_batch_size``) and changes nothing i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,7 +82,33 @@ from autotune.zoo.transformers_models import hf_loss  # after the check above: i
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AutotuneCallback"]
+__all__ = ["AutotuneCallback", "trainer_loss"]
+
+
+def trainer_loss(model: torch.nn.Module) -> Callable[[torch.nn.Module, Any], torch.Tensor]:
+    """The loss the Trainer training ``model`` computes, as the memory model profiles it.
+
+    The ``Trainer``'s is the model's own (``model(**batch).loss``, which materialises the logits).
+    TRL's ``SFTTrainer`` patches a fused LM head onto the model (``add_fused_lm_head``: its
+    forward takes ``fused_lm_head=True`` and scores the hidden states in chunks, never holding the
+    logits) and trains on its per-token log-probabilities: profiling the model's own loss there
+    over-predicts by the logits' bytes (on a 151k-token vocabulary, most of a step's activations).
+    """
+    # Under mixed precision Accelerate wraps that forward in its autocast and keeps it as
+    # ``_original_forward``.
+    for name in ("forward", "_original_forward"):
+        code = getattr(getattr(vars(model).get(name), "__func__", None), "__code__", None)
+        if code is not None and "fused_lm_head" in code.co_varnames[code.co_argcount :][: code.co_kwonlyargcount]:
+            return fused_head_loss
+    return hf_loss
+
+
+def fused_head_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    """TRL ``SFTTrainer``'s loss (``loss_type="nll"``): the label tokens' mean negative log-probability
+    through the fused LM head."""
+    out = model(**batch, fused_lm_head=True)
+    loss: torch.Tensor = -out.log_probs.sum() / out.label_mask.sum().clamp(min=1)
+    return loss
 
 
 class AutotuneCallback(TrainerCallback, ExportableState):
@@ -225,7 +251,7 @@ class AutotuneCallback(TrainerCallback, ExportableState):
         self.loop.begin(
             model,
             dataset,
-            hf_loss,
+            trainer_loss(model),
             micro_batch_size=args.per_device_train_batch_size,
             accum=args.gradient_accumulation_steps,
             name=type(model).__name__,

@@ -112,7 +112,10 @@ def test_memory_model_predicts_every_stage(by_stage: dict[tuple[str, int], Measu
     for m in by_stage.values():
         predicted = predict_memory(wl, m.config, profile=profile).total
         assert m.peak_bytes is not None
-        assert abs(predicted - m.peak_bytes) <= DS_TOLERANCE * m.peak_bytes, (m.config, predicted, m.peak_bytes)
+        # The message names every rank's categories: this check failed twice inside the full suite
+        # (bf16 at stage 0 measured one bf16 gradient copy more) and never alone.
+        why = (m.config.describe(), predicted, m.peak_bytes, m.category_peaks, [r.memory for r in m.per_rank])
+        assert abs(predicted - m.peak_bytes) <= DS_TOLERANCE * m.peak_bytes, why
 
 
 def test_the_cli_measures_zero3_on_two_ranks() -> None:
@@ -169,7 +172,10 @@ def test_an_outer_bf16_precision_trains_on_ranks_as_the_loop_s_autocast_or_the_b
         assert all(math.isfinite(x) for x in m.losses)
         predicted = predict_memory(wl, m.config, profile=profile).total
         assert m.peak_bytes is not None
-        assert abs(predicted - m.peak_bytes) <= DS_TOLERANCE * m.peak_bytes, (m.config, predicted, m.peak_bytes)
+        # The message names every rank's categories: this check failed twice inside the full suite
+        # (bf16 at stage 0 measured one bf16 gradient copy more) and never alone.
+        why = (m.config.describe(), predicted, m.peak_bytes, m.category_peaks, [r.memory for r in m.per_rank])
+        assert abs(predicted - m.peak_bytes) <= DS_TOLERANCE * m.peak_bytes, why
     assert [m.deepspeed_config is not None and "bf16" in m.deepspeed_config for m in measured] == [False, True]
 
 
