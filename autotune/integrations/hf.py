@@ -77,7 +77,7 @@ except ImportError as e:  # optional dependency: name it
         f"autotune.integrations.hf needs transformers: pip install 'torch-autotune[hf]' ({e})."
     ) from None
 
-from autotune.zoo.transformers_models import hf_loss  # after the check above: it imports transformers
+from autotune.zoo.transformers_models import hf_loss, require_labels  # after the check above: it imports transformers
 
 if TYPE_CHECKING:
     import torch
@@ -95,17 +95,21 @@ def trainer_loss(model: torch.nn.Module) -> Callable[[torch.nn.Module, Any], tor
     over-predicts by the logits' bytes (on a 151k-token vocabulary, most of a step's activations).
     """
     # Under mixed precision Accelerate wraps that forward in its autocast and keeps it as
-    # ``_original_forward``.
-    for name in ("forward", "_original_forward"):
-        code = getattr(getattr(vars(model).get(name), "__func__", None), "__code__", None)
-        if code is not None and "fused_lm_head" in code.co_varnames[code.co_argcount :][: code.co_kwonlyargcount]:
-            return fused_head_loss
+    # ``_original_forward``; under PEFT the head is on the base model, which the adapter's forward
+    # hands the keyword on to.
+    base = getattr(model, "get_base_model", None)
+    for module in (model, base()) if callable(base) else (model,):
+        for name in ("forward", "_original_forward"):
+            code = getattr(getattr(vars(module).get(name), "__func__", None), "__code__", None)
+            if code is not None and "fused_lm_head" in code.co_varnames[code.co_argcount :][: code.co_kwonlyargcount]:
+                return fused_head_loss
     return hf_loss
 
 
 def fused_head_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     """TRL ``SFTTrainer``'s loss (``loss_type="nll"``): the label tokens' mean negative log-probability
     through the fused LM head."""
+    require_labels(batch)
     out = model(**batch, fused_lm_head=True)
     loss: torch.Tensor = -out.log_probs.sum() / out.label_mask.sum().clamp(min=1)
     return loss

@@ -26,6 +26,7 @@ from autotune.zoo.data import TensorDict, markov_corpus, prototype_images, seede
 
 __all__ = [
     "hf_loss",
+    "require_labels",
     "build_gpt2",
     "build_bert",
     "build_llama",
@@ -39,9 +40,27 @@ _NUM_CLASSES = 10
 
 
 def hf_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The loss a Hugging Face model computes itself when the batch has ``labels``."""
+    """The loss a Hugging Face model computes itself when the batch has ``labels``.
+
+    Raises:
+        WorkloadError: the batch has no ``labels``.
+    """
+    require_labels(batch)
     loss: torch.Tensor = model(**batch).loss
     return loss
+
+
+def require_labels(batch: Any) -> None:
+    """Refuse a batch without ``labels``: the model computes no loss from it, and a ``Trainer``
+    that trains on it computes its own (a ``compute_loss`` override, TRL's preference pairs),
+    which nothing here can profile."""
+    if not hasattr(batch, "keys") or "labels" not in batch:
+        keys = ", ".join(map(str, batch.keys())) if hasattr(batch, "keys") else type(batch).__name__
+        raise WorkloadError(
+            f"a batch without 'labels' (it holds {keys}): autotune profiles the loss the model computes from "
+            "them, and a Trainer that computes its own loss (a compute_loss override, TRL's DPO pairs) is not "
+            "one it can profile."
+        )
 
 
 def _check_heads(name: str, width: int, heads: int) -> None:

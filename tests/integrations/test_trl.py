@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 import transformers
 
 from autotune import TrainConfig, measure, predict_memory
-from autotune.errors import AutotuneWarning
+from autotune.errors import AutotuneWarning, WorkloadError
 from autotune.integrations.hf import AutotuneCallback, fused_head_loss, trainer_loss
 from autotune.worst_case import at_worst_case
 from autotune.zoo.transformers_models import hf_loss
@@ -24,8 +25,12 @@ from autotune.zoo.transformers_models import hf_loss
 trl = pytest.importorskip("trl", reason="TRL is a dev dependency (pyproject's dev extra)")
 datasets = pytest.importorskip("datasets")
 
-# SFTConfig sets the Trainer's deprecated `gradient_checkpointing` itself (TRL's default, not ours).
-pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+# SFTConfig sets the Trainer's deprecated `gradient_checkpointing` itself, and TRL's PEFT path reads
+# `is_gradient_checkpointing` (TRL's own calls, not ours).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning"),
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
 
 WORDS = [f"w{i}" for i in range(40)]
 
@@ -106,6 +111,19 @@ def test_the_memory_model_profiles_the_fused_head_sft_trains_with(tmp_path: Path
         assert abs(predicted - measured.total) <= 0.01 * measured.total, (config.describe(), predicted, measured)
 
 
+def test_under_lora_the_fused_head_is_found_on_the_base_model(tmp_path: Path) -> None:
+    """SFT with ``peft_config``: TRL patches the base model, under PEFT's wrapper."""
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    args = trl.SFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_length=48)
+    trainer = trl.SFTTrainer(
+        model=_model(), args=args, train_dataset=_prompts(8), processing_class=_tokenizer(), peft_config=lora
+    )
+    assert type(trainer.model).__name__ == "PeftModelForCausalLM"
+    assert trainer_loss(trainer.model) is fused_head_loss
+
+
 def test_a_model_the_trainer_did_not_patch_keeps_its_own_loss() -> None:
     assert trainer_loss(_model()) is hf_loss
 
@@ -117,4 +135,43 @@ def test_a_packed_batch_is_refused_in_one_line(tmp_path: Path) -> None:
     callback = AutotuneCallback(policy=None, progress=False)
     trainer = _trainer(tmp_path, callback, packing=True)
     with pytest.raises(BatchError, match=r"^a packed batch \(several sequences in one row"):
+        trainer.train()
+
+
+def test_a_trainer_that_computes_its_own_loss_is_refused_in_one_line(tmp_path: Path) -> None:
+    """DPO trains on preference pairs through its own loss: the batch holds no ``labels`` (the
+    profile failed on ``None[...]`` inside TRL's head, under a budget error's advice)."""
+    import copy
+
+    rng = random.Random(0)
+    words = lambda: " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8)))  # noqa: E731
+    pairs = datasets.Dataset.from_list(
+        [{"prompt": words(), "chosen": " " + words(), "rejected": " " + words()} for _ in range(16)]
+    )
+    model = _model()
+    args = trl.DPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        bf16=False,
+        gradient_checkpointing=False,
+    )
+    trainer = trl.DPOTrainer(
+        model=model,
+        ref_model=copy.deepcopy(model),
+        args=args,
+        train_dataset=pairs,
+        processing_class=_tokenizer(),
+        callbacks=[AutotuneCallback(policy=None, progress=False)],
+    )
+    msg = (
+        "a batch without 'labels' (it holds input_ids, attention_mask, completion_mask): autotune profiles the loss "
+        "the model computes from them, and a Trainer that computes its own loss (a compute_loss override, TRL's DPO "
+        "pairs) is not one it can profile."
+    )
+    with pytest.raises(WorkloadError, match=f"^{re.escape(msg)}$"):
         trainer.train()
