@@ -11,7 +11,7 @@ controller over either.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -41,9 +41,11 @@ class SampledNoise:
         self.monitor = monitor
         self.enabled = False
 
-    def begin_step(self, micro_batch_size: int, grad_multiplier: float) -> None:
+    def begin_step(
+        self, micro_batch_size: int, grad_multiplier: float, items: Sequence[float | torch.Tensor] | None = None
+    ) -> None:
         if self.enabled:
-            self.monitor.begin_step(micro_batch_size, grad_multiplier)
+            self.monitor.begin_step(micro_batch_size, grad_multiplier, items)
 
     def end_micro_batch(self) -> None:
         if self.enabled:

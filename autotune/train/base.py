@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,6 +227,7 @@ class BaseTrainer(ABC):
         sizes = sizes or [c.micro_batch_size * c.grad_accum_steps // n] * n
         total = sum(sizes)
         shares: list[float | torch.Tensor] | None = None
+        items: list[int | torch.Tensor] | None = None
         on_host = fed is not None
         weighting = self.workload.loss_weighting
         if weighting.count is not None:
@@ -239,7 +240,7 @@ class BaseTrainer(ABC):
             items = [_count(weighting.count(b)) for b in batches]
             total_items = self._items_total(sum(items))
             shares = [k / total_items for k in items]
-        self._begin_step(sizes)
+        self._begin_step(sizes, items)
         for i in range(n):
             # Popped, so a micro-batch is freed after its backward.
             batch = batches.pop(0) if batches is not None else self._next_batch()
@@ -313,8 +314,9 @@ class BaseTrainer(ABC):
         process's ``total`` (on ranks, the mean over ranks: the engine averages their gradients)."""
         return total
 
-    def _begin_step(self, sizes: list[int]) -> None:  # noqa: B027 - an optional hook
-        """Before the first of ``len(sizes)`` micro-batches of ``sizes`` samples each."""
+    def _begin_step(self, sizes: list[int], items: Sequence[int | torch.Tensor] | None) -> None:  # noqa: B027 - an optional hook
+        """Before the first of ``len(sizes)`` micro-batches of ``sizes`` samples each, counting
+        ``items`` where the loss is a mean over counted items (:mod:`autotune.loss_items`)."""
 
     @abstractmethod
     def _micro_step(self, batch: Any, *, index: int, count: int, share: float | torch.Tensor | None) -> None:

@@ -20,12 +20,19 @@ around their mean, mean_i |g_i - g_mean|^2 = mean_i |g_i|^2 - |g_mean|^2.
 
 With k = 1 there is only one batch size; the trainer can then run a step as two half
 micro-batches (same effective batch, same gradient up to rounding) to feed this estimator.
+
+A loss that is a mean over counted items (label tokens: :mod:`autotune.loss_items`) weighs micro-
+batch i by its n_i of the step's N items. Its gradient g_i then has noise tr(Sigma_item) / n_i, and
+the step's, N. So mean_i |g_i|^2 estimates |G|^2 + tr(Sigma_item) / b with b the harmonic mean of
+the n_i, and the formulas above hold with that b and B = N. A sample's gradient is the mean of its
+N / S items' (S samples in the step): tr(Sigma) per sample is tr(Sigma_item) S / N, which is what
+is reported, so that B_simple stays in samples.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +106,7 @@ class GradientNoiseMonitor:
         self._handles: list[RemovableHandle] = [p.register_hook(self._hook) for p in self._params]
         self._norms: list[torch.Tensor] = []
         self._micro: list[torch.Tensor] = []
+        self._items: list[float | torch.Tensor] | None = None
         self._b = 0
         self._mult = 1.0
         self._active = False
@@ -115,18 +123,30 @@ class GradientNoiseMonitor:
         # .grad in place) right after this hook, and holding it would cost a gradient's memory.
         self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
 
-    def begin_step(self, micro_batch_size: int, grad_multiplier: float) -> None:
+    def begin_step(
+        self, micro_batch_size: int, grad_multiplier: float, items: Sequence[float | torch.Tensor] | None = None
+    ) -> None:
+        """``items``: each micro-batch's counted items where the loss is a mean over them (its
+        gradient is then weighted by its share of their total, not by 1/k: ``grad_multiplier``
+        is ``k / scale`` all the same, and each micro-batch's is found from its share)."""
         self._b = micro_batch_size
         self._mult = grad_multiplier
+        self._items = list(items) if items is not None else None
         self._micro = []
         self._norms = []
-        self._active = True
+        # A micro-batch that counts nothing has no mean gradient: the step is left out (counted
+        # on the device, such a count makes the estimate infinite, and end_step leaves it out).
+        self._active = not any(not isinstance(n, torch.Tensor) and n <= 0 for n in self._items or ())
 
     def end_micro_batch(self) -> None:
         if not self._active:
             return
         sq = torch.linalg.vector_norm(torch.stack(self._norms)).square() if self._norms else torch.zeros(())
-        self._micro.append(sq * (self._mult**2))
+        mult: float | torch.Tensor = self._mult
+        if self._items is not None:  # weighted n_i / N, not 1/k: the multiplier k/scale times N/(k n_i)
+            k = len(self._items)
+            mult = self._mult * sum(self._items) / (k * self._items[len(self._micro)])
+        self._micro.append(sq * (mult**2))
         self._norms = []
 
     def end_step(self, grads: list[torch.Tensor]) -> None:
@@ -138,14 +158,19 @@ class GradientNoiseMonitor:
         big = torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
         ).square()
-        values = torch.stack([*self._micro, big.to(self._micro[0].device)]).tolist()  # sync point
-        *small, big_sq = values
+        device = self._micro[0].device
+        counts = [torch.as_tensor(n, dtype=torch.float32, device=device) for n in self._items or ()]
+        values = torch.stack([*self._micro, big.to(device), *counts]).tolist()  # sync point
+        small, big_sq, items = values[:k], values[k], values[k + 1 :]
         if not all(math.isfinite(v) for v in values):
             return  # an fp16 overflow step: the loop skips it too
-        b, big_b = self._b, self._b * k
+        # In samples, or in counted items (b their harmonic mean, B their sum; see the module's docstring).
+        b, big_b, per_sample = float(self._b), float(self._b * k), 1.0
+        if items:
+            b, big_b, per_sample = k / sum(1.0 / n for n in items), sum(items), self._b * k / sum(items)
         small_sq = sum(small) / k
         self._g2.update((big_b * big_sq - b * small_sq) / (big_b - b))
-        self._tr.update((small_sq - big_sq) / (1.0 / b - 1.0 / big_b))
+        self._tr.update(per_sample * (small_sq - big_sq) / (1.0 / b - 1.0 / big_b))
         self._s2.update(small_sq - big_sq)
         self.steps += 1
 

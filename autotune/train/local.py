@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -200,14 +200,14 @@ class Trainer(BaseTrainer):
     def _draw(self) -> Any:
         return next(self._batches)
 
-    def _begin_step(self, sizes: list[int]) -> None:
+    def _begin_step(self, sizes: list[int], items: Sequence[int | torch.Tensor] | None) -> None:
         # The noise estimator compares micro-batches of one size with their sum (McCandlish et al.
         # 2018, App. A): a user's batch that did not divide evenly is left out of it.
         self._noisy = len(set(sizes)) == 1
         if self._noisy:
             # Cost: get_scale() is a device->host sync, paid only when fp16 loss scaling is on.
             loss_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-            self.gns.begin_step(sizes[0], grad_multiplier=len(sizes) / loss_scale)
+            self.gns.begin_step(sizes[0], grad_multiplier=len(sizes) / loss_scale, items=items)
         self._losses = []
 
     def _micro_step(self, batch: Any, *, index: int, count: int, share: float | torch.Tensor | None) -> None:

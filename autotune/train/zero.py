@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import importlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -176,7 +177,7 @@ class ZeroTrainer(BaseTrainer):
     def _draw(self) -> Any:
         return self._stream.next(self.config.micro_batch_size)
 
-    def _begin_step(self, sizes: list[int]) -> None:
+    def _begin_step(self, sizes: list[int], items: Sequence[int | torch.Tensor] | None) -> None:
         self._total = torch.zeros((), dtype=torch.float64, device=self.device)
 
     def _items_total(self, total: int | torch.Tensor) -> torch.Tensor:

@@ -74,3 +74,52 @@ def test_single_micro_batch_gives_no_estimate() -> None:
     trainer.close()
     assert est.steps == 0
     assert est.b_simple is None
+
+
+def _regression_over_items(longest: int) -> tuple[Workload, float, float, float]:
+    """Each sample holds 1 or ``longest`` regression points (items, half of each), its loss the mean
+    over the micro-batch's items (a token-mean loss over padded sequences): the weights of the
+    micro-batches are their item counts (``loss_items``), and the noise per sample is per item
+    over the items a sample holds."""
+    g = torch.Generator().manual_seed(2)
+    w_star, delta = torch.randn(D, generator=g), torch.randn(D, generator=g)
+    n = N // 8
+    x = torch.randn(n, longest, D, generator=g)
+    y = x @ w_star + NOISE * torch.randn(n, longest, generator=g)
+    mask = torch.zeros(n, longest)
+    mask[:, 0] = 1.0
+    mask[torch.rand(n, generator=g) < 0.5] = 1.0
+    model = nn.Linear(D, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(w_star + delta)
+
+    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        xb, yb, mb = batch
+        return (((m(xb).squeeze(-1) - yb) ** 2) * mb).sum() / mb.sum()
+
+    wl = Workload(
+        name="linreg-items",
+        model=nn.Sequential(model),
+        dataset=torch.utils.data.TensorDataset(x, y, mask),
+        loss_fn=loss_fn,
+        blocks=["0"],
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
+        loss_items=lambda batch: batch[2].sum(),
+    )
+    d2 = float(delta.square().sum())
+    items_per_sample = (1 + longest) / 2
+    return wl, 4 * (d2 * (D + 1) + NOISE**2 * D), 4 * d2, items_per_sample
+
+
+def test_under_counted_items_the_noise_scale_is_the_closed_form_in_samples() -> None:
+    """Micro-batches weighted by their item counts: the estimator counted them as k equal
+    micro-batches of samples (the weights' spread inflated the small-batch norms)."""
+    wl, trace_item, g2, per_sample = _regression_over_items(16)
+    trainer = Trainer(wl, TrainConfig(micro_batch_size=2, grad_accum_steps=8, grad_clip=None), gns_decay=1.0)
+    for _ in range(1000):
+        trainer.step()
+    est = trainer.gns.estimate()
+    trainer.close()
+    assert est.steps == 1000 and est.b_simple is not None and est.grad_sq_norm is not None
+    assert est.grad_sq_norm == pytest.approx(g2, rel=0.10)
+    assert est.b_simple == pytest.approx(trace_item / per_sample / g2, rel=0.10)
