@@ -67,6 +67,7 @@ from autotune.measurement.cuda_memory import (
     allocator_source,
 )
 from autotune.memory.gate import BudgetGate
+from autotune.memory.predict import fixed_split_sizes
 from autotune.optimizers import is_over
 from autotune.train.base import finite_gradients
 from autotune.workload import Workload
@@ -177,6 +178,9 @@ class FrameworkLoop(Resume, Evaluations):
             selective=selective,
             outers=outers[1:],
             note=self.note,
+            # A split that never changes: the profile runs at its micro-batch, where every
+            # prediction of the run is made.
+            micro_batch_sizes=None if self.split else fixed_split_sizes(default.micro_batch_size),
         )
         self._model, self._names = model, workload.block_names()
         self._model_id = model_record(workload)

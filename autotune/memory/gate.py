@@ -148,6 +148,7 @@ def profile_or_reason(
     selective: bool = False,
     outers: Sequence[Precision] = (),
     note: Note | None = None,
+    micro_batch_sizes: tuple[int, int] | None = None,
 ) -> tuple[MemoryProfile | None, str | None]:
     """:func:`memory_profile`, and why there is none: ``(profile, None)`` or ``(None, reason)``
     (the :class:`PredictionError`'s message, also warned as a :class:`PredictionWarning`).
@@ -157,8 +158,9 @@ def profile_or_reason(
     outer precisions the run may move to (:func:`autotune.adapt.sources.outer_in_play`): their
     modes too (:func:`profile_modes`; a reduced one is two more modes and, on the CPU, one more
     kind of check step, ``outer-bf16``), else such a configuration has no prediction either.
-    ``note``: each phase's line (:func:`~autotune.memory.predict.profile_memory`'s)."""
-    from autotune.memory.predict import profile_memory
+    ``note``: each phase's line (:func:`~autotune.memory.predict.profile_memory`'s).
+    ``micro_batch_sizes``: the two the profile runs at (None: its default)."""
+    from autotune.memory.predict import DEFAULT_SIZES, profile_memory
 
     modes = profile_modes(reduced_precision=reduced_precision, ranks=ranks, outers=(outer, *outers))
     # A check step on the host verifies the host's kernels only, and for a model bound for a GPU
@@ -166,7 +168,13 @@ def profile_or_reason(
     verify = device_type == "cpu"
     try:
         profile = profile_memory(
-            workload, modes=modes, checkpointed=True, selective=selective, verify=verify, note=note
+            workload,
+            modes=modes,
+            micro_batch_sizes=micro_batch_sizes or DEFAULT_SIZES,
+            checkpointed=True,
+            selective=selective,
+            verify=verify,
+            note=note,
         )
         return profile, None
     except PredictionError as e:
@@ -227,6 +235,7 @@ class BudgetGate(GatePredictions):
         selective: bool = False,
         outers: Sequence[Precision] = (),
         note: Note | None = None,
+        micro_batch_sizes: tuple[int, int] | None = None,
     ) -> BudgetGate:
         """Profile ``workload`` and resolve ``budget`` into a gate.
 
@@ -244,6 +253,10 @@ class BudgetGate(GatePredictions):
                 ``default``'s (:func:`autotune.adapt.sources.outer_in_play`): the profile covers
                 their modes too (:func:`profile_modes`).
             note: Each setup phase's line, with its seconds (the fake-tensor profile, the checks).
+            micro_batch_sizes: The two micro-batch sizes the profile runs at (None: its
+                default). Where the run's split never changes, they hold its micro-batch: the
+                prediction there is the fake run's own, not a line drawn from smaller ones
+                (a loss computed in tiles stops growing past one: TRL's fused LM head).
 
         Returns:
             The gate, its headroom the one for where ``default`` runs.
@@ -263,6 +276,7 @@ class BudgetGate(GatePredictions):
             selective=selective,
             outers=outers,
             note=note,
+            micro_batch_sizes=micro_batch_sizes,
         )
         gate = cls(workload, 1, profile=profile, headroom=headroom_for(default), device_type=device_type)
         gate.unprofiled = why

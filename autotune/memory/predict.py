@@ -26,14 +26,33 @@ if TYPE_CHECKING:
     from autotune.units import MemoryBudget
     from autotune.workload import Workload
 
-__all__ = ["budget_bytes", "predict_memory", "profile_memory"]
+__all__ = ["DEFAULT_SIZES", "budget_bytes", "fixed_split_sizes", "predict_memory", "profile_memory"]
+
+
+#: The micro-batch sizes a profile runs at unless told: small, so that its real check steps are
+#: cheap on the host; predictions elsewhere are on the line through them.
+DEFAULT_SIZES = (2, 4)
+
+
+def fixed_split_sizes(micro_batch_size: int) -> tuple[int, int]:
+    """The two micro-batch sizes to profile a run at whose split never changes: its own and half
+    of it (1 and 2 for a micro-batch of 1). The memory model draws a line through its two sizes;
+    at a profiled size the prediction is that fake run's peak, whatever the memory does between.
+
+    Example:
+        >>> fixed_split_sizes(8), fixed_split_sizes(3), fixed_split_sizes(1)
+        ((4, 8), (1, 3), (1, 2))
+    """
+    if micro_batch_size < 2:
+        return 1, 2
+    return micro_batch_size // 2, micro_batch_size
 
 
 def profile_memory(
     workload: Workload,
     *,
     modes: Sequence[str] = ("fp32",),
-    micro_batch_sizes: tuple[int, int] = (2, 4),
+    micro_batch_sizes: tuple[int, int] = DEFAULT_SIZES,
     checkpointed: bool = True,
     selective: bool = False,
     verify: bool = True,

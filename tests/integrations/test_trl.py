@@ -72,9 +72,9 @@ def _model() -> transformers.PreTrainedModel:
 
 
 def _trainer(tmp_path: Path, callback: AutotuneCallback, **flags: Any) -> Any:
+    flags.setdefault("per_device_train_batch_size", 4)
     args = trl.SFTConfig(
         output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
         max_steps=2,
         max_length=48,
         save_strategy="no",
@@ -175,3 +175,27 @@ def test_a_trainer_that_computes_its_own_loss_is_refused_in_one_line(tmp_path: P
     )
     with pytest.raises(WorkloadError, match=f"^{re.escape(msg)}$"):
         trainer.train()
+
+
+def test_where_the_head_stops_growing_the_run_s_own_micro_batch_is_predicted_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's head works in tiles of 4,096 tokens (here 160, so that a micro-batch of 8 fills one
+    and 4 does not): a line through micro-batches 2 and 4 over-predicts 8. The Trainer's split
+    never changes, so the callback profiles at its micro-batch."""
+    from trl.kernels import chunked_logprob
+
+    monkeypatch.setattr(chunked_logprob, "TOKEN_CHUNK_SIZE", 160)
+    callback = AutotuneCallback(policy=None, progress=False)
+    trainer = _trainer(tmp_path, callback, per_device_train_batch_size=8, bf16=False, gradient_checkpointing=False)
+    trainer.model.resize_token_embeddings(4096)  # a vocabulary as wide as a tile: the head's bytes dominate
+    trainer.train()
+    gate = callback.loop.gate
+    assert gate.profile is not None and gate.profile.micro_batch_sizes == (4, 8)
+    config = TrainConfig(micro_batch_size=8)
+    measured = measure(at_worst_case(gate.workload, 8), config, steps=1, warmup=1).memory
+    assert measured is not None
+    predicted = gate.predict(config)
+    assert predicted is not None and abs(predicted[0] - measured.total) <= 0.01 * measured.total
+    line = predict_memory(gate.workload, config, verify=False).total  # through micro-batches 2 and 4
+    assert line > 1.2 * measured.total, (line, measured.total)
