@@ -101,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                 "Exact tensor bytes, not timings. Up to 4 samples (4,092 tokens, one tile) the prediction is the "
                 "measurement; beyond, it keeps growing and the measurement does not. The error is on the safe side "
                 "(a configuration admitted under the budget fits), but a budget gate refuses micro-batches that would "
-                "fit. A piecewise memory model (a third profiled size) is not built. On a GPU TRL scores only the "
-                "label tokens, in a Triton kernel: the tile is the same, the temporaries fewer (not measured)."
+                "fit. Where the split never changes (the Hugging Face callback), the profile runs at the run's own "
+                "micro-batch and half of it, and the run's prediction is exact; a piecewise model for a split that "
+                "moves is not built. On a GPU TRL scores only the label tokens, in a Triton kernel: the tile is the "
+                "same, the temporaries fewer (not measured)."
             ),
         )
     return 0
