@@ -92,7 +92,7 @@ def trainer_loss(model: torch.nn.Module) -> Callable[[torch.nn.Module, Any], tor
     TRL's ``SFTTrainer`` patches a fused LM head onto the model (``add_fused_lm_head``: its
     forward takes ``fused_lm_head=True`` and scores the hidden states in chunks, never holding the
     logits) and trains on its per-token log-probabilities: profiling the model's own loss there
-    over-predicts by the logits' bytes (on a 151k-token vocabulary, most of a step's activations).
+    would count the logits' bytes, which the run never holds.
     """
     # Under mixed precision Accelerate wraps that forward in its autocast and keeps it as
     # ``_original_forward``; under PEFT the head is on the base model, which the adapter's forward
