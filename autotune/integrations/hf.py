@@ -93,6 +93,13 @@ def trainer_loss(model: torch.nn.Module) -> Callable[[torch.nn.Module, Any], tor
     forward takes ``fused_lm_head=True`` and scores the hidden states in chunks, never holding the
     logits) and trains on its per-token log-probabilities: profiling the model's own loss there
     would count the logits' bytes, which the run never holds.
+
+    Example:
+        >>> import transformers
+        >>> from autotune.integrations.hf import trainer_loss
+        >>> config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16)
+        >>> trainer_loss(transformers.GPT2LMHeadModel(config)).__name__  # a plain Trainer's
+        'hf_loss'
     """
     # Under mixed precision Accelerate wraps that forward in its autocast and keeps it as
     # ``_original_forward``; under PEFT the head is on the base model, which the adapter's forward
