@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autotune.batches import batch_size, map_tensors, select_rows
+from autotune.errors import one_line
 
 if TYPE_CHECKING:
     from autotune.workload import Workload
@@ -155,8 +156,7 @@ def resolve(workload: Workload) -> LossItems:
             "samples",
             None,
             f"loss weighting: each micro-batch by its samples: the loss on one sample could not be measured "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); Workload.loss_items says what your "
-            "loss averages over",
+            f"({one_line(e)}); Workload.loss_items says what your loss averages over",
             measured=True,
         )
     errors = {name: float((_weighted(count, both, sketches[1:]) - sketches[0]).norm()) for name, count in _RULES}

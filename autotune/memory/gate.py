@@ -160,7 +160,8 @@ def profile_or_reason(
     kind of check step, ``outer-bf16``), else such a configuration has no prediction either.
     ``note``: each phase's line (:func:`~autotune.memory.predict.profile_memory`'s).
     ``micro_batch_sizes``: the two the profile runs at (None: its default)."""
-    from autotune.memory.predict import DEFAULT_SIZES, profile_memory
+    from autotune.memory.predict import profile_memory
+    from autotune.memory.profile import DEFAULT_SIZES
 
     modes = profile_modes(reduced_precision=reduced_precision, ranks=ranks, outers=(outer, *outers))
     # A check step on the host verifies the host's kernels only, and for a model bound for a GPU

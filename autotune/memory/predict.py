@@ -19,19 +19,14 @@ from autotune.memory.check import CheckStep, covering, unverified_check, verify_
 
 # plan_of is also part of the contract a study loads from this module (search/predictor.py).
 from autotune.memory.model import MemoryEstimate, compose_memory, plan_of
-from autotune.memory.profile import fake_profile
+from autotune.memory.profile import DEFAULT_SIZES, fake_profile
 from autotune.memory.profile_record import MODES, MemoryProfile
 
 if TYPE_CHECKING:
     from autotune.units import MemoryBudget
     from autotune.workload import Workload
 
-__all__ = ["DEFAULT_SIZES", "budget_bytes", "fixed_split_sizes", "predict_memory", "profile_memory"]
-
-
-#: The micro-batch sizes a profile runs at unless told: small, so that its real check steps are
-#: cheap on the host; predictions elsewhere are on the line through them.
-DEFAULT_SIZES = (2, 4)
+__all__ = ["budget_bytes", "fixed_split_sizes", "predict_memory", "profile_memory"]
 
 
 def fixed_split_sizes(micro_batch_size: int) -> tuple[int, int]:

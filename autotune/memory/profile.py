@@ -38,6 +38,7 @@ from autotune.workload import Workload
 
 __all__ = [
     "BlockSaves",
+    "DEFAULT_SIZES",
     "MODES",
     "MemoryProfile",
     "ModeProfile",
@@ -51,11 +52,16 @@ __all__ = [
 _WEIGHT_DTYPES = {"bf16-weights": torch.bfloat16, "fp16-weights": torch.float16}
 
 
+#: The micro-batch sizes a profile runs at unless told: small, so that its real check steps are
+#: cheap on the host; predictions elsewhere are on the line through them.
+DEFAULT_SIZES = (2, 4)
+
+
 def fake_profile(
     workload: Workload,
     *,
     modes: Sequence[str] = ("fp32",),
-    micro_batch_sizes: tuple[int, int] = (2, 4),
+    micro_batch_sizes: tuple[int, int] = DEFAULT_SIZES,
     checkpointed: bool = True,
     selective: bool = False,
     reuse: MemoryProfile | None = None,
