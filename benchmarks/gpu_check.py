@@ -45,6 +45,7 @@ which also runs one part's child process dry).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib
 import json
@@ -321,7 +322,6 @@ def pick_recipe(name: str, config: Any) -> Recipe:
 
 def compiled_pick_recipe(pick: Recipe) -> Recipe:
     """``pick`` with ``compile="default"``: its exported snippet compiles the model after its wrappers."""
-    import dataclasses
 
     config = dataclasses.replace(pick.config, compile="default")
     return dataclasses.replace(pick, name=f"{pick.name} compiled", config=config)
@@ -525,8 +525,8 @@ PICK_PER_GIB = "study pick (per-gib, selective allowed)"
 PICK_THROUGHPUT = "study pick (throughput, selective allowed)"
 
 
-def part_realsize(out: Path) -> dict[str, Any]:
-    deadline = time.monotonic() + REAL_LIMIT_S - REAL_MARGIN_S
+def part_realsize(out: Path, limit_s: float = REAL_LIMIT_S) -> dict[str, Any]:
+    deadline = time.monotonic() + limit_s - REAL_MARGIN_S
     objectives: tuple[ObjectiveName, ...] = ("per-gib", "throughput")
     studies = [_study_pick(out, objective, timeout=REAL_STUDY_S) for objective in objectives]
     recipes = hf_recipes(GPT2_SMALL["batch_size"])
@@ -562,7 +562,7 @@ def realsize_verdicts(rows: list[dict[str, Any]], studies: list[dict[str, Any]])
     """The real-size part's targets from its judged rows: each pick against its Hugging Face recipe
     (None where a row is missing, skipped or failed)."""
     by_name = {r["recipe"]: r for r in rows if r.get("samples/s") is not None}
-    fits = [r for r in by_name.values() if r["config"] is None and not r["compiled"] and r["peak"] <= REAL_BUDGET]
+    fits = [r for r in by_name.values() if r["config"] is None and not r["compiled"] and _within_budget(r)]
     fastest_hf = max(fits, key=lambda r: r["samples/s"], default=None)
     throughput = by_name.get(PICK_THROUGHPUT)
     return {
@@ -574,9 +574,14 @@ def realsize_verdicts(rows: list[dict[str, Any]], studies: list[dict[str, Any]])
         ),
         "fastest_hf_within_budget": None if fastest_hf is None else fastest_hf["recipe"],
         "throughput_pick_vs_fastest_hf": None
-        if throughput is None or fastest_hf is None or throughput["peak"] > REAL_BUDGET
+        if throughput is None or fastest_hf is None or not _within_budget(throughput)
         else round(throughput["samples/s"] / fastest_hf["samples/s"], 3),
     }
+
+
+def _within_budget(row: dict[str, Any]) -> bool:
+    """Whether a judged row's peak is known (a GPU's allocator; the CPU stand-in has none) and fits."""
+    return row["peak"] is not None and row["peak"] <= REAL_BUDGET
 
 
 def _per_gib_ratio(pick: dict[str, Any] | None, hf: dict[str, Any] | None) -> float | None:
@@ -650,8 +655,6 @@ def part_adapt() -> dict[str, Any]:
 
 
 def part_deepspeed() -> dict[str, Any]:
-    import dataclasses
-
     from autotune import measure, predict_memory
     from autotune.procs.multirank import measure_ranks
 
@@ -718,12 +721,13 @@ def part_hf(out: Path) -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True)
 class Part:
-    """One part of the check: what it runs, its time limit, and what it imports (the dry run's check)."""
+    """One part of the check: what it runs (given the output folder and its time limit), its time
+    limit, and what it imports (the dry run's check)."""
 
     name: str
     title: str
     limit_s: int
-    run: Callable[[Path], dict[str, Any]]
+    run: Callable[[Path, int], dict[str, Any]]
     imports: tuple[str, ...]
 
 
@@ -736,7 +740,7 @@ PLAN = (
         name="device",
         title="device and machine probe",
         limit_s=25,
-        run=lambda out: part_device(),
+        run=lambda out, limit_s: part_device(),
         imports=("autotune.measurement.probe", "autotune.train.local"),
     ),
     Part(
@@ -750,14 +754,14 @@ PLAN = (
         name="measure",
         title="measure vs the memory model",
         limit_s=95,
-        run=lambda out: part_measure(),
+        run=lambda out, limit_s: part_measure(),
         imports=("autotune.measurement", "autotune.memory.predict"),
     ),
     Part(
         name="adapt",
         title="tune 4 steps, train --adapt 60 steps",
         limit_s=110,
-        run=lambda out: part_adapt(),
+        run=lambda out, limit_s: part_adapt(),
         imports=(
             "autotune.adapt.adaptive",
             "autotune.envs.training",
@@ -769,14 +773,14 @@ PLAN = (
         name="deepspeed",
         title="DeepSpeed, one rank, ZeRO 0-3",
         limit_s=60,
-        run=lambda out: part_deepspeed(),
+        run=lambda out, limit_s: part_deepspeed(),
         imports=("autotune.procs.multirank", "deepspeed"),
     ),
     Part(
         name="hf",
         title="Hugging Face Trainer callback, 20 steps",
         limit_s=40,
-        run=part_hf,
+        run=lambda out, limit_s: part_hf(out),
         imports=("autotune.integrations.hf", "transformers"),
     ),
 )
@@ -789,6 +793,7 @@ def run_part(part: Part, out: Path, *, dry_run: bool = False) -> dict[str, Any]:
     result_file.unlink(missing_ok=True)
     start = time.monotonic()
     command = [sys.executable, str(SCRIPT), "--out", str(out), "--part", part.name, *(["--dry-run"] * dry_run)]
+    command += ["--limit", f"{part.name}={part.limit_s}"]  # the child's deadline is the limit it is killed at
     with (out / "parts" / f"{part.name}.log").open("w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -820,11 +825,11 @@ def _entry(
     }
 
 
-def guarded(part: Part, out: Path, run: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+def guarded(part: Part, out: Path, run: Callable[[Path, int], dict[str, Any]]) -> dict[str, Any]:
     """``run(out)`` timed; any exception becomes the entry's ``error`` (type, message, last frame)."""
     start = time.monotonic()
     try:
-        result, error = run(out), None
+        result, error = run(out, part.limit_s), None
     except BaseException as e:  # a check reports every failure, KeyboardInterrupt aside
         if isinstance(e, KeyboardInterrupt):
             raise
@@ -966,6 +971,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--part", choices=[p.name for p in PLAN], help=argparse.SUPPRESS)  # one part, in a child
     parser.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="PART=SECONDS",
+        help="another time limit for a part (repeatable), e.g. realsize=420 when it runs alone",
+    )
+    parser.add_argument(
         "--result", type=Path, help="also write the measure part's record of the memory model here (docs/results/)"
     )
     args = parser.parse_args(argv)
@@ -975,26 +987,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--result writes measured figures: it cannot go with --dry-run")
     import torch
 
+    try:
+        plan = with_limits(PLAN, args.limit)
+    except ValueError as e:
+        parser.error(str(e))
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_check: no CUDA device on this machine: nothing to check.")
         return 0
     (args.out / "parts").mkdir(parents=True, exist_ok=True)
     if args.part is not None:  # in the child run_part started
-        part = next(p for p in PLAN if p.name == args.part)
-        run = (lambda out: _imported(part) | fake_result(part)) if args.dry_run else part.run
+        part = next(p for p in plan if p.name == args.part)
+        run = (lambda out, limit_s: _imported(part) | fake_result(part)) if args.dry_run else part.run
         entry = guarded(part, args.out, run)
         (args.out / "parts" / f"{part.name}.json").write_text(json.dumps(entry, indent=2, default=str) + "\n")
         return 0
     if args.dry_run:
         _check_sizes()
     chosen = args.parts.split(",")
-    unknown = sorted(set(chosen) - {p.name for p in PLAN})
+    unknown = sorted(set(chosen) - {p.name for p in plan})
     if unknown:
         parser.error(f"unknown part {unknown[0]!r} (parts: {', '.join(p.name for p in PLAN)})")
     entries = []
-    for part in (p for p in PLAN if p.name in chosen):
+    for part in (p for p in plan if p.name in chosen):
         if args.dry_run:  # in this process: seconds, not a Python start per part
-            entry = guarded(part, args.out, lambda out, p=part: _imported(p) | fake_result(p))  # type: ignore[misc]
+            entry = guarded(part, args.out, lambda out, limit_s, p=part: _imported(p) | fake_result(p))  # type: ignore[misc]
         else:
             entry = run_part(part, args.out)
         entries.append(entry)
@@ -1012,6 +1028,18 @@ def main(argv: list[str] | None = None) -> int:
         write_memory_record(args.result, _machine(False), measured["result"]["rows"], command)
         print(f"record: {args.result}")
     return 0
+
+
+def with_limits(plan: tuple[Part, ...], limits: list[str]) -> tuple[Part, ...]:
+    """``plan`` with the time limits ``limits`` name (``PART=SECONDS`` each)."""
+    seconds: dict[str, int] = {}
+    names = [p.name for p in plan]
+    for item in limits:
+        name, _, value = item.partition("=")
+        if name not in names or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--limit takes PART=SECONDS with a part of {', '.join(names)}, got {item!r}")
+        seconds[name] = int(value)
+    return tuple(dataclasses.replace(p, limit_s=seconds.get(p.name, p.limit_s)) for p in plan)
 
 
 def _check_sizes() -> None:

@@ -77,7 +77,7 @@ def test_the_dry_run_writes_both_reports(gpu_check: ModuleType, tmp_path: Path) 
 def test_a_failing_part_is_reported_with_its_exception_and_the_report_still_written(
     gpu_check: ModuleType, tmp_path: Path
 ) -> None:
-    def boom(out: Path) -> dict[str, object]:
+    def boom(out: Path, limit_s: int) -> dict[str, object]:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     part = gpu_check.PLAN[2]
@@ -86,7 +86,7 @@ def test_a_failing_part_is_reported_with_its_exception_and_the_report_still_writ
     assert entry["error"].startswith(
         "RuntimeError: CUDA error: an illegal memory access was encountered (at test_gpu_check.py:"
     )
-    fine = gpu_check.guarded(gpu_check.PLAN[0], tmp_path, lambda out: {"summary": "H100", "rows": []})
+    fine = gpu_check.guarded(gpu_check.PLAN[0], tmp_path, lambda out, limit_s: {"summary": "H100", "rows": []})
     gpu_check.write_report(tmp_path, {"device": "H100"}, [fine, entry])
     table = (tmp_path / "report.md").read_text().splitlines()
     assert table[5].startswith("| measure vs the memory model | FAILED | ")
@@ -101,6 +101,31 @@ def test_one_part_runs_dry_in_its_own_process(gpu_check: ModuleType, tmp_path: P
     entry = gpu_check.run_part(gpu_check.PLAN[0], tmp_path, dry_run=True)
     assert (entry["name"], entry["ok"], entry["result"]["summary"]) == ("device", True, "dry run of device")
     assert (tmp_path / "parts" / "device.log").exists()
+
+
+def test_a_part_runs_under_another_limit_and_a_wrong_one_is_refused_in_one_line(
+    gpu_check: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = gpu_check.with_limits(gpu_check.PLAN, ["realsize=420", "hf=41"])
+    assert [p.limit_s for p in plan] == [25, 420, 95, 110, 60, 41]
+    # The child is told its limit: the real-size part's deadline for its compiled rows is that limit.
+    (tmp_path / "parts").mkdir()
+    entry = gpu_check.run_part(plan[1], tmp_path, dry_run=True)
+    assert (entry["name"], entry["limit_s"], entry["ok"]) == ("realsize", 420, True)
+    assert gpu_check.main(["--out", str(tmp_path), "--dry-run", "--parts", "hf", "--limit", "hf=41"]) == 0
+    assert json.loads((tmp_path / "report.json").read_text())["parts"][0]["limit_s"] == 41
+    for wrong in ("gpu=10", "hf=0", "hf=ten", "hf"):
+        with pytest.raises(SystemExit) as exit_:
+            gpu_check.main(["--out", str(tmp_path), "--dry-run", "--limit", wrong])
+        assert exit_.value.code == 2
+        assert (
+            capsys.readouterr()
+            .err.splitlines()[-1]
+            .endswith(
+                "error: --limit takes PART=SECONDS with a part of device, realsize, measure, adapt, deepspeed, hf, "
+                f"got {wrong!r}"
+            )
+        )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
