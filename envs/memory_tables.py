@@ -20,6 +20,7 @@ from autotune.memory.blocks import profile_blocks
 from autotune.memory.predict import predict_memory, profile_memory
 from autotune.memory.profile import outer_mode
 from autotune.memory.profile_record import MemoryProfile
+from autotune.train.local import resolve_device
 from autotune.tuning import TUNING
 from autotune.workload import Workload
 
@@ -151,7 +152,9 @@ def memory_table(
         size = len(MICRO_LEVELS) * FRACTION_LEVELS * 2
         banded_size = size * len(_SELECTIVE_PAIRS) if selective else 0
         return (INFEASIBLE_PEAK,) * size * FRACTION_LEVELS, (INFEASIBLE_PEAK,) * banded_size, ()
-    profile = profile_memory(workload, modes=modes, selective=selective, verify=False, reuse=reuse)
+    # The kernels of the device the calibration measures on (the GPU when there is one).
+    device = resolve_device(None).type
+    profile = profile_memory(workload, modes=modes, selective=selective, verify=False, reuse=reuse, device=device)
     table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)
     banded = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * len(_SELECTIVE_PAIRS) * 2)
     pairs = [(c, 0) for c in range(FRACTION_LEVELS)] + (list(_SELECTIVE_PAIRS) if selective else [])
@@ -164,7 +167,7 @@ def memory_table(
             into[index] = INFEASIBLE_PEAK
             continue
         config = knobs_to_config(dataclasses.replace(levels, outer=outer), ranking, reduced=reduced)
-        into[index] = predict_memory(workload, config, profile=profile).total
+        into[index] = predict_memory(workload, config, profile=profile, device_type=device).total
     if not selective:
         return tuple(table), (), ()
     small, large = profile.micro_batch_sizes

@@ -223,7 +223,9 @@ def calibration_size(workload: Workload, *, reuse: MemoryProfile | None = None) 
     if free is None:
         return CalibrationSize()
     try:  # one fake-tensor profile, each micro-batch predicted from it
-        profile = profile_memory(workload, modes=("fp32",), checkpointed=False, verify=False, reuse=reuse)
+        profile = profile_memory(
+            workload, modes=("fp32",), checkpointed=False, verify=False, reuse=reuse, device=device.type
+        )
     except AutotuneError:
         return CalibrationSize()  # no prediction: the calibration finds out itself
     b0 = workload.batch_size

@@ -140,11 +140,18 @@ def _shared() -> list[tuple[Any, str, Callable[..., Any], Callable[..., tuple[An
     from autotune.memory import blocks, profile, structure
 
     def mode_key(
-        workload: Any, fake: Any, mode: str, sizes: tuple[int, int], recomputed: Any, found: Any = None
+        workload: Any,
+        fake: Any,
+        mode: str,
+        sizes: tuple[int, int],
+        recomputed: Any,
+        found: Any = None,
+        device_type: str = "cpu",
     ) -> tuple[Any, ...]:
-        # A mode grown from an earlier profile holds that profile's levels besides those asked for.
+        # A mode grown from an earlier profile holds that profile's levels besides those asked for;
+        # a profile for CUDA's kernels saves other tensors than the host's.
         held = None if found is None else (found.checkpointed is not None, found.selective is not None)
-        return workload_key(workload, sizes), mode, sizes, recomputed, held
+        return workload_key(workload, sizes), mode, sizes, recomputed, held, device_type
 
     def optimizer_key(workload: Any, fake: Any) -> tuple[Any, ...]:
         return (workload_key(workload, ()),)

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from autotune.config import Precision, RecomputeLevel
 from autotune.measurement.tracker import collector_paused
 from autotune.memory.fake_branches import RealBranches
+from autotune.memory.fake_kernels import kernels_for
 from autotune.memory.fake_values import RealValues, batch_pairs
 from autotune.memory.fake_workspaces import RealWorkspaces
 from autotune.memory.profile_record import BlockSaves, Moment
@@ -62,10 +63,12 @@ def profile_run(
     precisions: Sequence[Precision],
     checkpoints: Sequence[RecomputeLevel] | None = None,
     outer: Precision = "fp32",
+    device_type: str = "cpu",
 ) -> Run:
     """One forward/backward of a fake copy, its weights in ``weights`` (None: fp32), each block
     in its precision and recompute level (default: none), the forward and the loss in the
-    ``outer`` precision's region (:func:`autotune.train.wrappers.outer_autocast`), as the trainers run them.
+    ``outer`` precision's region (:func:`autotune.train.wrappers.outer_autocast`), as the trainers run them,
+    saving for backward what ``device_type``'s kernels save (:mod:`autotune.memory.fake_kernels`).
 
     The profile runs every block alike; a mixed config run this way is the exact reference the
     memory model's composition is tested against.
@@ -88,6 +91,8 @@ def profile_run(
     # saved tensors in the plain runs only.
     plain = all(c == "none" for c in checkpoints)
     saving = torch.autograd.graph.saved_tensors_hooks(ledger.pack, _same) if plain else contextlib.nullcontext()
+    # Around backward too: a recomputed block runs its forward again there.
+    kernels = kernels_for(device_type) or contextlib.nullcontext()
     try:
         # The cycle collector paused as in a tracked real step: the peak of a step it does not run in.
         with collector_paused(), fake:
@@ -96,7 +101,7 @@ def profile_run(
             # RealBranches: transformers' mask checks answered from the real batch; RealValues:
             # what the batch alone determines, computed for real where an operation needs values.
             values = RealValues(batch_pairs(batch, real_batch))
-            with RealBranches(real_batch), values, RealWorkspaces(), tracker:
+            with RealBranches(real_batch), values, RealWorkspaces(), tracker, kernels:
                 with saving, outer_autocast(outer, "cpu"):
                     loss = workload.loss_fn(model, batch)
                 ledger.forward_ended()

@@ -175,6 +175,7 @@ def profile_or_reason(
             checkpointed=True,
             selective=selective,
             verify=verify,
+            device=device_type,
             note=note,
         )
         return profile, None

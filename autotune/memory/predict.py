@@ -92,6 +92,7 @@ def profile_memory(
         checkpointed=checkpointed,
         selective=selective,
         reuse=reuse,
+        device_type=device.partition(":")[0],  # the kernels the profile saves for: the checks' device's
     )
     new = sorted(set(profile.modes) - set(reuse.modes if reuse is not None else ()))
     if note is not None and new:

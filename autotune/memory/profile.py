@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.config import Precision, RecomputeLevel
 from autotune.errors import AutotuneError, PredictionError, one_line
+from autotune.memory.fake_kernels import kernels_for
 from autotune.memory.fake_logs import quiet_fake_logs
 from autotune.memory.fake_run import Run, fake_model, profile_run, storage_key
 from autotune.memory.profile_record import (
@@ -65,16 +66,20 @@ def fake_profile(
     checkpointed: bool = True,
     selective: bool = False,
     reuse: MemoryProfile | None = None,
+    device_type: str = "cpu",
 ) -> MemoryProfile:
     """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute),
     unchecked (``checks`` empty): :func:`autotune.memory.predict.profile_memory` also checks it
     against real steps.
 
+    ``device_type``: whose kernels the runs save for (``"cpu"`` or ``"cuda"``), on the host either
+    way (:mod:`autotune.memory.fake_kernels`: CUDA's fused attention keeps no dropout mask).
+
     ``checkpointed=False`` skips the runs with every block checkpointed (half the time); the
     profile then serves configs without checkpointing only. ``selective=True`` adds the runs with
     every block recomputed selectively (two more per mode), which configs with a ``"selective"``
     block need. ``reuse``: an earlier profile of the same workload, whose modes (at the same
-    sizes) are taken as they are, grown by the recompute runs asked for that they lack, so
+    sizes and device type) are taken as they are, grown by the recompute runs asked for that they lack, so
     growing a profile by a mode runs only that mode's passes, and by a level only that level's.
 
     Fake tensors go through the same kernels' shape logic, and MemTracker counts them as real
@@ -87,9 +92,10 @@ def fake_profile(
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         raise ValueError(f"fake_profile: modes must be among {MODES}, but got {unknown[0]!r}.")
+    kernels_for(device_type)  # an unknown device type fails here, before any run
     try:
         with quiet_fake_logs():  # torch's traceback of the error below: ours is one line
-            profile = _profile(workload, modes, micro_batch_sizes, (checkpointed, selective), reuse)
+            profile = _profile(workload, modes, micro_batch_sizes, (checkpointed, selective), reuse, device_type)
     except AutotuneError:
         raise
     # The fake run executes the user's model code: whatever it raises there (FakeTensorMode's
@@ -99,7 +105,12 @@ def fake_profile(
         raise PredictionError(f"cannot profile workload {workload.name!r} under fake tensors: {one_line(e)}") from e
     from autotune.memory.structure import detect_structure
 
-    return dataclasses.replace(profile, structure=detect_structure(workload), worst_case=workload.worst_case.describe())
+    return dataclasses.replace(
+        profile,
+        structure=detect_structure(workload),
+        worst_case=workload.worst_case.describe(),
+        device_type=device_type,
+    )
 
 
 def _profile(
@@ -108,11 +119,12 @@ def _profile(
     micro_batch_sizes: tuple[int, int],
     recomputed: tuple[bool, bool],
     reuse: MemoryProfile | None,
+    device_type: str,
 ) -> MemoryProfile:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     def reused(mode: str) -> ModeProfile | None:
-        if reuse is None or reuse.micro_batch_sizes != micro_batch_sizes:
+        if reuse is None or (reuse.micro_batch_sizes, reuse.device_type) != (micro_batch_sizes, device_type):
             return None
         return reuse.modes.get(mode)
 
@@ -132,7 +144,9 @@ def _profile(
         optimizer_step_bytes=step,
         flat_state_ratio=flat_state,
         flat_step_ratio=flat_step,
-        modes={m: _profile_mode(workload, fake, m, micro_batch_sizes, recomputed, reused(m)) for m in modes},
+        modes={
+            m: _profile_mode(workload, fake, m, micro_batch_sizes, recomputed, reused(m), device_type) for m in modes
+        },
     )
 
 
@@ -143,6 +157,7 @@ def _profile_mode(
     sizes: tuple[int, int],
     recomputed: tuple[bool, bool],
     found: ModeProfile | None = None,
+    device_type: str = "cpu",
 ) -> ModeProfile:
     """``mode``'s profile: ``found`` (the same mode at the same sizes, profiled before) grown by
     the recompute levels ``recomputed`` asks for and it lacks, two fake runs each, or every run
@@ -158,7 +173,14 @@ def _profile_mode(
         # Islands too: a recomputed bf16 block recomputes in bf16.
         return [
             profile_run(
-                workload, fake, m, weights=weights, precisions=[island] * n, checkpoints=[level] * n, outer=outer
+                workload,
+                fake,
+                m,
+                weights=weights,
+                precisions=[island] * n,
+                checkpoints=[level] * n,
+                outer=outer,
+                device_type=device_type,
             )
             for m in sizes
         ]

@@ -178,6 +178,8 @@ class MemoryProfile:
             configuration (:func:`autotune.memory.check.verify_profile`); empty if not checked.
         worst_case: Which batch the profile ran at: declared, scanned or the first
             (:meth:`autotune.worst_case.WorstCase.describe`).
+        device_type: Whose kernels the fake runs saved for (``"cpu"``, ``"cuda"``:
+            :mod:`autotune.memory.fake_kernels`): a profile predicts runs on that device type.
     """
 
     names: tuple[str, ...]
@@ -196,6 +198,7 @@ class MemoryProfile:
     structure: BlockStructure | None = None
     checks: tuple[Verification, ...] = ()
     worst_case: str = ""
+    device_type: str = "cpu"
 
     @property
     def verification(self) -> Verification | None:

@@ -74,9 +74,12 @@ class MeasurementProcess:
         self.startup_timeout = startup_timeout
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
+        self._building = False  # launched, its "ready" (or its error) not read yet
 
-    def start(self) -> None:
-        """Start the child and wait until the workload is built (idempotent)."""
+    def launch(self) -> None:
+        """Start the child without waiting for it (idempotent): it imports torch and builds the
+        workload (seconds to tens of seconds at real size) while this process does other work;
+        :meth:`built` says whether it is done, :meth:`start` waits for it."""
         if self._process is not None and self._process.is_alive():
             return
         ctx = multiprocessing.get_context("spawn")
@@ -90,8 +93,21 @@ class MeasurementProcess:
         with _sigint_ignored():  # inherited through exec: ignored from the child's first instruction
             process.start()
         child.close()
-        self._process, self._conn = process, parent
+        self._process, self._conn, self._building = process, parent, True
+
+    def built(self) -> bool:
+        """Whether :meth:`start` would not wait: the launched child has answered (ready, or why it
+        could not build the workload), or none was launched."""
+        return not self._building or self._conn is None or self._conn.poll()
+
+    def start(self) -> None:
+        """Start the child (unless :meth:`launch` did) and wait until the workload is built
+        (idempotent)."""
+        if self._process is not None and self._process.is_alive() and not self._building:
+            return
+        self.launch()
         reply = self._receive(self.startup_timeout, what="starting the measurement process")
+        self._building = False
         if "error" in reply:
             self.close()
             error = reply["error"]
@@ -198,6 +214,7 @@ class MeasurementProcess:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        self._building = False
         if self._process is not None:
             if grace > 0:
                 self._process.join(timeout=grace)

@@ -219,6 +219,22 @@ class StudyPredictor:
             self.profiles[id(workload)] = current
         return current
 
+    def profile_ahead(self, workload: Workload, configs: Sequence[TrainConfig], *, until: Callable[[], bool]) -> None:
+        """Take the profile modes ``configs`` use, in their order, before any prediction needs them,
+        one configuration at a time while ``until()`` is False (a lazily checked study's, while its
+        measuring child builds the workload: its first trials then find the modes taken). Only
+        fake runs: no check step, none of them waits on the child. A workload the fake runs cannot
+        go through warns here, once, as its first prediction would have."""
+        if self.plan_of is None or not self._lazy(workload):
+            return
+        for config in configs:
+            if until():
+                return
+            try:
+                self._profile(workload, config)
+            except PredictionError:
+                return
+
     def _lazy(self, workload: Workload) -> bool:
         """Whether ``workload``'s kinds wait for measured trials instead of check steps: lazily,
         and only where any step runs at the profile's shapes (data of one shape)."""

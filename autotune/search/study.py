@@ -27,6 +27,7 @@ from autotune.config import TrainConfig
 from autotune.measurement.cuda_memory import ALLOC_CONF_VAR, alloc_conf_with
 from autotune.measurement.progress import since
 from autotune.measurement.sidebyside import verdict_words
+from autotune.search.baselines import baselines
 from autotune.search.budget import admits, known_peak
 from autotune.search.cache import MeasurementCache, machine_fingerprint
 from autotune.search.enqueue import Proposer, enqueue_baselines, enqueue_proposal
@@ -43,6 +44,8 @@ from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE
 from autotune.search.trial_record import ATTR, MIB
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import optuna
 
     from autotune.measurement.compiled import CompileCheck
@@ -142,10 +145,21 @@ def run_study(
         prepared.workload.source, threads=spec.measure.threads, device=options.device, alloc_conf=alloc_conf
     ) as measurer:
         start = time.perf_counter()
+        measurer.launch()
+
+        def check(config: TrainConfig, predicted: int) -> StepPeak:
+            return measurer.check(config, predicted=predicted, timeout=spec.measure.trial_timeout)
+
+        # The memory model is checked by the study's measured trials (each kind by its first), and
+        # by check steps in the measuring child, on the study's device, only for data of several shapes.
+        predictor = _predictor(options, device_type, check, observer, selective=prepared.space.samples_selective)
+        # While the child builds the workload (tens of seconds at real size): the fake-tensor
+        # profiles the first trials would wait for.
+        _profile_ahead(prepared, predictor, until=measurer.built)
         measurer.start()
         observer.note(f"measuring process ready on {device_type}: workload built, one warm-up step ({since(start)})")
         where = _Measuring(measurer, device_type, machine, cache)
-        return _optimize(prepared, study, options, observer, where, remaining)
+        return _optimize(prepared, study, options, observer, where, remaining, predictor)
 
 
 @dataclass(frozen=True)
@@ -165,6 +179,7 @@ def _optimize(
     observer: StudyObserver,
     where: _Measuring,
     remaining: int,
+    predictor: StudyPredictor | None,
 ) -> int:
     """``remaining`` trials in ``where``'s measuring child, then the study's end (re-timing,
     compile check): the number of trials this process ran."""
@@ -173,7 +188,6 @@ def _optimize(
     spec, measurer, device_type = prepared.spec, where.measurer, where.device_type
     ran = 0
 
-    predictor: StudyPredictor | None = None
     proposed = True  # the proposal settled (or none is this process's to enqueue)
 
     def after_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -190,12 +204,6 @@ def _optimize(
                 study, prepared, options.propose, after_queue=True, reuse=reuse, note=observer.note
             )
 
-    def check(config: TrainConfig, predicted: int) -> StepPeak:
-        return measurer.check(config, predicted=predicted, timeout=spec.measure.trial_timeout)
-
-    # The memory model is checked by the study's measured trials (each kind by its first), and
-    # by check steps in the measuring child, on the study's device, only for data of several shapes.
-    predictor = _predictor(options, device_type, check, observer, selective=prepared.space.samples_selective)
     start = time.perf_counter()
     screened = prepared.space.low_precisions
     prepared = screen_precisions(
@@ -286,6 +294,17 @@ def _predictor(
     return load_memory_predictor(
         options.memory_model, device=device_type, step=step, note=observer.note, lazy=True, selective=selective
     )
+
+
+def _profile_ahead(prepared: Prepared, predictor: StudyPredictor | None, *, until: Callable[[], bool]) -> None:
+    """Take the memory profile's modes the baselines use (the PyTorch default's first), one at a
+    time while ``until()`` is False: fake runs in this process, which the first trials would
+    otherwise wait for (:meth:`StudyPredictor.profile_ahead`)."""
+    if predictor is None:
+        return
+    held = prepared.workload.held_in_16_bits is not None
+    firsts = baselines(prepared.space, batch_size=max(prepared.space.batch_sizes), held=held)
+    predictor.profile_ahead(prepared.workload, [prepared.space.config(b.knobs) for b in firsts], until=until)
 
 
 def _enqueue(
