@@ -517,7 +517,7 @@ def predicted_peaks(build: Callable[[], Any], recipes: list[Recipe], *, device: 
 # recipes judged and predicted, then the two compiled rows, each judged only while COMPILED_ROW_S
 # are left before the limit less REAL_MARGIN_S (writing the result): a compile on an H200 costs
 # ~30-60 s per model, plus the row's ten steps and the model's build.
-REAL_LIMIT_S = 240
+REAL_LIMIT_S = 225
 REAL_STUDY_S = 40.0
 COMPILED_ROW_S = 75.0
 REAL_MARGIN_S = 5.0
@@ -731,10 +731,10 @@ class Part:
     imports: tuple[str, ...]
 
 
-# Limits (570 s together) from the H200 runs of 2026-11-27: device 17-18 s, measure 70-87, adapt
-# 70-99, DeepSpeed 49-53, Hugging Face 31-32; the real-size part (two 12-trial studies, each cut at
-# 40 s, seven recipes judged and predicted, two compiled rows while time is left: REAL_LIMIT_S) has
-# not run yet: its limit is what is left.
+# Limits (570 s together) from the H200 runs: device 17-20 s, measure 70-87, adapt 70-99, DeepSpeed
+# 49-53 (2026-11-27), Hugging Face 42.5 (2026-11-30; 31-32 before the callback's start plan); the
+# real-size part gets what is left. It took 231 s without its compiled rows and 281 s with them
+# (2026-11-30): run alone with `--limit realsize=420` for those.
 PLAN = (
     Part(
         name="device",
@@ -779,7 +779,7 @@ PLAN = (
     Part(
         name="hf",
         title="Hugging Face Trainer callback, 20 steps",
-        limit_s=40,
+        limit_s=55,
         run=lambda out, limit_s: part_hf(out),
         imports=("autotune.integrations.hf", "transformers"),
     ),
@@ -962,6 +962,66 @@ def write_memory_record(path: Path, machine: dict[str, Any], rows: list[dict[str
     )
 
 
+def realsize_record_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The real-size part's judged rows as the record's: each recipe's split, samples/s, peak,
+    samples/s per GiB and the memory model's prediction over that peak (``-`` where it has none)."""
+    rows: list[tuple[str, ...]] = []
+    for r in result["judged"]:
+        if r.get("samples/s") is None:
+            continue
+        peak = r.get("peak")
+        rows.append(
+            (
+                r["recipe"] if r["config"] is None else f"{r['recipe']}: {r['config']}",
+                r["split"],
+                f"{r['samples/s']:.1f}",
+                "-" if not peak else f"{peak / 2**30:.1f}",
+                "-" if r.get("per GiB") is None else f"{r['per GiB']:.2f}",
+                "-" if r.get("predicted/measured") is None else f"{r['predicted/measured']:.3f}",
+            )
+        )
+    return rows
+
+
+def write_realsize_record(
+    path: Path, machine: dict[str, Any], result: dict[str, Any], command: str, commit: str | None = None
+) -> None:
+    """The results page's record of the real-size part (``benchmarks/results.py``)."""
+    from results import write_result
+
+    studies = "; ".join(
+        f"{s['objective']}: {s['states'].get('COMPLETE', 0)} measured, first at {s['seconds_to_first_trial']} s, "
+        f"pick {s['pick']}"
+        for s in result["studies"]
+    )
+    packages = [f"{p} {machine[p]}" for p in ("transformers",) if machine.get(p)]
+    write_result(
+        path,
+        title="GPT-2 small on one GPU: the studies' picks against the Hugging Face recipes",
+        claim=(
+            f"A transformers GPT-2 at GPT-2-small width ({GPT2_SMALL['layers']} x {GPT2_SMALL['width']}, vocabulary "
+            f"{GPT2_SMALL['vocab'] + 1}), sequence {GPT2_SMALL['seq_len']}, effective batch "
+            f"{GPT2_SMALL['batch_size']}, budget {REAL_BUDGET // 2**30} GiB: each recipe and each study's pick "
+            "(applied by its exported snippet) trained by the check's own plain PyTorch loop, one after another in "
+            "one process (median of 8 steps; peak = the allocator's most allocated above the model-less baseline "
+            f"over one step). Per-GiB pick over HF bf16 + gradient checkpointing per GiB: "
+            f"{result['per_gib_pick_vs_hf_gc']}x; throughput pick over the fastest HF recipe within the budget "
+            f"({result['fastest_hf_within_budget']}): {result['throughput_pick_vs_fastest_hf']}x."
+        ),
+        machine="; ".join([f"One {machine['device']}", ", ".join([f"torch {machine['torch']}", *packages])]),
+        capability=f"GPU: {machine['device']} (capability {machine['capability']})",
+        date=machine["date"],
+        command=command,
+        columns=("recipe", "split", "samples/s", "peak GiB", "samples/s per GiB", "predicted / peak"),
+        rows=realsize_record_rows(result),
+        note=(
+            f"Each study was cut at {REAL_STUDY_S:.0f} s ({studies}): a first look at real size, not a finished "
+            "search. Every GPU run: [benchmark log](benchmark-log.md#gpt-2-small-on-one-h200-2026-11-30)."
+        ),
+        commit=commit,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for report.json, report.md and parts/")
@@ -980,7 +1040,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--result", type=Path, help="also write the measure part's record of the memory model here (docs/results/)"
     )
+    parser.add_argument(
+        "--realsize-result", type=Path, help="also write the real-size part's record here (docs/results/)"
+    )
+    parser.add_argument(
+        "--from-report",
+        type=Path,
+        metavar="REPORT",
+        help="write --realsize-result from an earlier run's report.json (the GPU's) instead of running; "
+        "with --commit, the commit that run measured",
+    )
+    parser.add_argument("--commit", help="with --from-report: the commit the report's run measured")
     args = parser.parse_args(argv)
+    if args.from_report is not None:
+        if args.realsize_result is None or args.commit is None:
+            parser.error("--from-report writes --realsize-result, with the --commit its run measured")
+        return record_from_report(args.from_report, args.realsize_result, args.commit)
     if args.result is not None and "measure" not in args.parts.split(","):
         parser.error(f"--result writes the measure part's record, but --parts is {args.parts!r}")
     if args.result is not None and args.dry_run:
@@ -1040,6 +1115,21 @@ def with_limits(plan: tuple[Part, ...], limits: list[str]) -> tuple[Part, ...]:
             raise ValueError(f"--limit takes PART=SECONDS with a part of {', '.join(names)}, got {item!r}")
         seconds[name] = int(value)
     return tuple(dataclasses.replace(p, limit_s=seconds.get(p.name, p.limit_s)) for p in plan)
+
+
+def record_from_report(report_file: Path, path: Path, commit: str) -> int:
+    """Write the real-size record from ``report_file`` (a run's report.json); 1 if it holds no
+    real-size result."""
+    report = json.loads(report_file.read_text())
+    entry = next((e for e in report["parts"] if e["name"] == "realsize" and e["ok"]), None)
+    if entry is None:
+        print(f"no record written to {path}: {report_file} holds no real-size result")
+        return 1
+    limit = f" --limit realsize={entry['limit_s']}" if entry["limit_s"] != REAL_LIMIT_S else ""
+    command = f"python benchmarks/gpu_check.py --out build/gpu-check --parts realsize{limit}"
+    write_realsize_record(path, report["machine"], entry["result"], command, commit=commit)
+    print(f"record: {path}")
+    return 0
 
 
 def _check_sizes() -> None:
