@@ -103,6 +103,12 @@ def test_one_part_runs_dry_in_its_own_process(gpu_check: ModuleType, tmp_path: P
     assert (tmp_path / "parts" / "device.log").exists()
 
 
+def test_the_real_size_studies_share_what_a_longer_limit_leaves(gpu_check: ModuleType) -> None:
+    assert gpu_check.study_seconds(gpu_check.REAL_LIMIT_S) == gpu_check.REAL_STUDY_S == 40.0
+    assert gpu_check.study_seconds(480) == 40.0
+    assert gpu_check.study_seconds(600) == 100.0
+
+
 def test_a_part_runs_under_another_limit_and_a_wrong_one_is_refused_in_one_line(
     gpu_check: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -77,3 +77,26 @@ def test_an_idle_child_exits_on_its_own_when_closed_and_a_busy_one_is_killed() -
                 TrainConfig(micro_batch_size=1, grad_accum_steps=16), steps=2, warmup=1, memory_budget=None, timeout=2
             )
         assert busy is not None and busy.exitcode == -9
+
+
+def test_a_launched_child_builds_while_the_parent_works_and_start_waits_for_it() -> None:
+    with MeasurementProcess(f"{TINY}:build", threads=1) as proc:
+        assert proc.built()  # none launched: nothing to wait for
+        proc.launch()
+        child = proc._process
+        # Spawned, it imports torch and builds the workload (seconds): not answered yet.
+        assert child is not None and child.is_alive() and not proc.built()
+        proc.launch()  # idempotent: the same child
+        assert proc._process is child
+        proc.start()
+        assert proc.built() and proc._process is child
+        m = proc.measure(TrainConfig(micro_batch_size=8), steps=1, warmup=1, memory_budget=None, timeout=120)
+        assert m.status == "ok" and proc._process is child
+
+
+def test_a_launched_child_that_cannot_build_the_workload_fails_at_start() -> None:
+    with MeasurementProcess(f"{TINY}:no_such_builder", threads=1) as proc:
+        proc.launch()
+        with pytest.raises(StudyError):
+            proc.start()
+        assert proc.built()  # closed: start would launch anew

@@ -211,6 +211,13 @@ def test_a_study_runs_no_check_step_and_its_first_trial_checks_the_default_kind(
     assert (recompute.predicted, recompute.measured) == (_real(workload, recomputed), seed.user_attrs[ATTR.PEAK])
     err = capsys.readouterr().err
     assert "memory check" not in err
+    # The baselines' mode was profiled while the measuring child built the workload, once: every
+    # check and prediction after it reuses that profile.
+    setup = [line for line in err.splitlines() if "fake-tensor profile of" in line or "measuring process" in line]
+    assert [re.sub(r"\(.*\)$", "(...)", line) for line in setup] == [
+        "memory model: fake-tensor profile of fp32 (...)",
+        "measuring process ready on cpu: workload built, one warm-up step (...)",
+    ]
     lines = re.findall(r"^memory model checked by .*$", err, re.MULTILINE)
     assert [re.sub(r"[\d.]+ (KiB|MiB)|[+-]\d+\.\d%", "#", line) for line in lines] == [
         f"memory model checked by trial 0 (fp32 on cpu, micro-batch {config.micro_batch_size}): "
