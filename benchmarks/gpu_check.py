@@ -944,12 +944,21 @@ def memory_record_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return out
 
 
+def _record_machine(machine: dict[str, Any], packages: tuple[str, ...]) -> dict[str, str]:
+    """A record's fields naming a GPU run's machine: the device, torch and ``packages``, the date."""
+    versions = [f"{p} {machine[p]}" for p in packages if machine.get(p)]
+    return {
+        "machine": "; ".join([f"One {machine['device']}", ", ".join([f"torch {machine['torch']}", *versions])]),
+        "capability": f"GPU: {machine['device']} (capability {machine['capability']})",
+        "date": machine["date"],
+    }
+
+
 def write_memory_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]], command: str) -> None:
     """The results page's record of the measure part (``benchmarks/results.py``)."""
     from results import write_result
 
     (_, decoder_batch), (_, vision_batch), (_, lstm_batch) = MEASURED
-    packages = [f"{p} {machine[p]}" for p in ("transformers", "deepspeed") if machine.get(p)]
     write_result(
         path,
         title="The memory model on a GPU",
@@ -959,9 +968,7 @@ def write_memory_record(path: Path, machine: dict[str, Any], rows: list[dict[str
             f"patch {VISION['patch_size']}) and {lstm_batch} (LSTM {LSTM['layers']} x {LSTM['width']}, "
             f"{LSTM['seq_len']} tokens): 1.000 is exact, under 1 a prediction below the real step."
         ),
-        machine="; ".join([f"One {machine['device']}", ", ".join([f"torch {machine['torch']}", *packages])]),
-        capability=f"GPU: {machine['device']} (capability {machine['capability']})",
-        date=machine["date"],
+        **_record_machine(machine, ("transformers", "deepspeed")),
         command=command,
         columns=("model", *CONFIG_COLUMNS),
         rows=memory_record_rows(rows),
@@ -1007,7 +1014,6 @@ def write_realsize_record(
         for s in result["studies"]
     )
     cut = max((s.get("cut_s", REAL_STUDY_S) for s in result["studies"]), default=REAL_STUDY_S)
-    packages = [f"{p} {machine[p]}" for p in ("transformers",) if machine.get(p)]
     write_result(
         path,
         title="GPT-2 small on one GPU: the studies' picks against the Hugging Face recipes",
@@ -1021,9 +1027,7 @@ def write_realsize_record(
             f"{result['per_gib_pick_vs_hf_gc']}x; throughput pick over the fastest HF recipe within the budget "
             f"({result['fastest_hf_within_budget']}): {result['throughput_pick_vs_fastest_hf']}x."
         ),
-        machine="; ".join([f"One {machine['device']}", ", ".join([f"torch {machine['torch']}", *packages])]),
-        capability=f"GPU: {machine['device']} (capability {machine['capability']})",
-        date=machine["date"],
+        **_record_machine(machine, ("transformers",)),
         command=command,
         columns=("recipe", "split", "samples/s", "peak GiB", "samples/s per GiB", "predicted / peak"),
         rows=realsize_record_rows(result),
