@@ -944,14 +944,11 @@ def memory_record_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return out
 
 
-def _record_machine(machine: dict[str, Any], packages: tuple[str, ...]) -> dict[str, str]:
-    """A record's fields naming a GPU run's machine: the device, torch and ``packages``, the date."""
+def _record_machine(machine: dict[str, Any], packages: tuple[str, ...]) -> tuple[str, str]:
+    """A record's machine and capability fields for a GPU run: the device, torch and ``packages``."""
     versions = [f"{p} {machine[p]}" for p in packages if machine.get(p)]
-    return {
-        "machine": "; ".join([f"One {machine['device']}", ", ".join([f"torch {machine['torch']}", *versions])]),
-        "capability": f"GPU: {machine['device']} (capability {machine['capability']})",
-        "date": machine["date"],
-    }
+    line = "; ".join([f"One {machine['device']}", ", ".join([f"torch {machine['torch']}", *versions])])
+    return line, f"GPU: {machine['device']} (capability {machine['capability']})"
 
 
 def write_memory_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]], command: str) -> None:
@@ -959,6 +956,7 @@ def write_memory_record(path: Path, machine: dict[str, Any], rows: list[dict[str
     from results import write_result
 
     (_, decoder_batch), (_, vision_batch), (_, lstm_batch) = MEASURED
+    line, capability = _record_machine(machine, ("transformers", "deepspeed"))
     write_result(
         path,
         title="The memory model on a GPU",
@@ -968,7 +966,9 @@ def write_memory_record(path: Path, machine: dict[str, Any], rows: list[dict[str
             f"patch {VISION['patch_size']}) and {lstm_batch} (LSTM {LSTM['layers']} x {LSTM['width']}, "
             f"{LSTM['seq_len']} tokens): 1.000 is exact, under 1 a prediction below the real step."
         ),
-        **_record_machine(machine, ("transformers", "deepspeed")),
+        machine=line,
+        capability=capability,
+        date=machine["date"],
         command=command,
         columns=("model", *CONFIG_COLUMNS),
         rows=memory_record_rows(rows),
@@ -1014,6 +1014,7 @@ def write_realsize_record(
         for s in result["studies"]
     )
     cut = max((s.get("cut_s", REAL_STUDY_S) for s in result["studies"]), default=REAL_STUDY_S)
+    line, capability = _record_machine(machine, ("transformers",))
     write_result(
         path,
         title="GPT-2 small on one GPU: the studies' picks against the Hugging Face recipes",
@@ -1027,7 +1028,9 @@ def write_realsize_record(
             f"{result['per_gib_pick_vs_hf_gc']}x; throughput pick over the fastest HF recipe within the budget "
             f"({result['fastest_hf_within_budget']}): {result['throughput_pick_vs_fastest_hf']}x."
         ),
-        **_record_machine(machine, ("transformers",)),
+        machine=line,
+        capability=capability,
+        date=machine["date"],
         command=command,
         columns=("recipe", "split", "samples/s", "peak GiB", "samples/s per GiB", "predicted / peak"),
         rows=realsize_record_rows(result),
