@@ -746,7 +746,7 @@ class Part:
 # Limits (570 s together) from the H200 runs: device 17-20 s, measure 70-87, adapt 70-99, DeepSpeed
 # 49-53 (2026-11-27), Hugging Face 42.5 (2026-11-30; 31-32 before the callback's start plan); the
 # real-size part gets what is left. It took 231 s without its compiled rows and 281 s with them
-# (2026-11-30): run alone with `--limit realsize=420` for those.
+# (2026-11-30): run alone with `--limit realsize=600` for those (and 100 s per study: study_seconds).
 PLAN = (
     Part(
         name="device",

@@ -24,13 +24,9 @@ from typing import Any
 
 import torch
 
+from autotune.memory.fake_values import is_fake
+
 __all__ = ["RealBranches"]
-
-
-def _is_fake(t: object) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor)
 
 
 class RealBranches:
@@ -42,7 +38,7 @@ class RealBranches:
 
     def _real(self, key: str) -> torch.Tensor | None:
         value = self.batch.get(key)
-        return value if isinstance(value, torch.Tensor) and not _is_fake(value) else None
+        return value if isinstance(value, torch.Tensor) and not is_fake(value) else None
 
     def __enter__(self) -> RealBranches:
         masking = sys.modules.get("transformers.masking_utils")  # imported by the model, if at all
@@ -67,7 +63,7 @@ class RealBranches:
 
     def _packed(self, original: Any) -> Any:
         def find_packed_sequence_indices(position_ids: torch.Tensor) -> Any:
-            if not _is_fake(position_ids):
+            if not is_fake(position_ids):
                 return original(position_ids)
             real = self._real("position_ids")
             if real is None:
@@ -83,7 +79,7 @@ class RealBranches:
     def _ignore(self, original: Any) -> Any:
         def _ignore_causal_mask_sdpa(padding_mask: Any, *args: Any, **kwargs: Any) -> Any:
             real = self._real("attention_mask")
-            if not _is_fake(padding_mask) or real is None or tuple(real.shape) != tuple(padding_mask.shape):
+            if not is_fake(padding_mask) or real is None or tuple(real.shape) != tuple(padding_mask.shape):
                 return original(padding_mask, *args, **kwargs)
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from autotune.memory.fake_values import is_fake
+
 __all__ = ["DEVICE_TYPES", "CudaKernels", "kernels_for"]
 
 #: The device types a profile can model: the host's own kernels, or CUDA's.
@@ -66,6 +68,7 @@ _FP32_DTYPE = {
     torch.Tensor: ("softmax", "log_softmax", "sum", "cumsum", "cumprod"),
 }
 _REDUCED = {torch: ("einsum", "mv", "addmv", "addr")}
+_REDUCED_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class CudaKernels(contextlib.AbstractContextManager["CudaKernels"]):
@@ -103,12 +106,6 @@ class CudaKernels(contextlib.AbstractContextManager["CudaKernels"]):
         setattr(owner, name, functools.wraps(original)(wrap(original)))
 
 
-def _fake(x: object) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(x, FakeTensor)
-
-
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     found = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     # einsum's operands come as a list after the equation
@@ -119,16 +116,17 @@ def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor
 def _autocast_dtype(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtype | None:
     """The reduced dtype of the host's autocast region this call is in, where a fake tensor takes
     part (None: no region, or real tensors)."""
-    if not torch.is_autocast_enabled("cpu") or not any(_fake(t) for t in _tensors(args, kwargs)):
+    if not torch.is_autocast_enabled("cpu") or not any(is_fake(t) for t in _tensors(args, kwargs)):
         return None
     return torch.get_autocast_dtype("cpu")
 
 
-def _cast(value: Any, dtype: torch.dtype, into: Callable[[torch.dtype], bool]) -> Any:
-    if isinstance(value, torch.Tensor) and value.is_floating_point() and into(value.dtype):
+def _cast(value: Any, dtype: torch.dtype, sources: tuple[torch.dtype, ...]) -> Any:
+    """``value`` with each tensor of a dtype in ``sources`` cast to ``dtype``, in lists too."""
+    if isinstance(value, torch.Tensor) and value.dtype in sources:
         return value.to(dtype)
     if isinstance(value, (list, tuple)):
-        return type(value)(_cast(v, dtype, into) for v in value)
+        return type(value)(_cast(v, dtype, sources) for v in value)
     return value
 
 
@@ -136,14 +134,8 @@ def _in_fp32(original: Callable[..., Any]) -> Callable[..., Any]:
     def cast(*args: Any, **kwargs: Any) -> Any:
         if _autocast_dtype(args, kwargs) is None:
             return original(*args, **kwargs)
-
-        def reduced(d: torch.dtype) -> bool:
-            return d in (torch.bfloat16, torch.float16)
-
-        args, kwargs = (
-            _cast(args, torch.float32, reduced),
-            {k: _cast(v, torch.float32, reduced) for k, v in kwargs.items()},
-        )
+        args = _cast(args, torch.float32, _REDUCED_DTYPES)
+        kwargs = {k: _cast(v, torch.float32, _REDUCED_DTYPES) for k, v in kwargs.items()}
         with torch.autocast("cpu", enabled=False):  # as CUDA's runs the op: its inputs cast, itself outside autocast
             return original(*args, **kwargs)
 
@@ -158,7 +150,7 @@ def _fp32_dtype(original: Callable[..., Any]) -> Callable[..., Any]:
             or len(args) > 2  # past (input, dim): a dtype may be among them (softmax's third)
             or _autocast_dtype(args, kwargs) is None
             or not isinstance(first, torch.Tensor)
-            or first.dtype not in (torch.bfloat16, torch.float16)
+            or first.dtype not in _REDUCED_DTYPES
         ):
             return original(*args, **kwargs)
         return original(*args, **kwargs, dtype=torch.float32)
@@ -171,18 +163,15 @@ def _in_reduced(original: Callable[..., Any]) -> Callable[..., Any]:
         dtype = _autocast_dtype(args, kwargs)
         if dtype is None:
             return original(*args, **kwargs)
-
-        def wider(d: torch.dtype) -> bool:
-            return d == torch.float32
-
-        return original(*_cast(args, dtype, wider), **{k: _cast(v, dtype, wider) for k, v in kwargs.items()})
+        fp32 = (torch.float32,)
+        return original(*_cast(args, dtype, fp32), **{k: _cast(v, dtype, fp32) for k, v in kwargs.items()})
 
     return cast
 
 
 def _fused_attention(attention: Callable[..., Any]) -> Callable[..., Any]:
     def fused(*args: Any, **kwargs: Any) -> Any:
-        if not _fake(args[0] if args else kwargs.get("query")):
+        if not is_fake(args[0] if args else kwargs.get("query")):
             return attention(*args, **kwargs)
         if len(args) > _SDPA_DROPOUT:
             args = (*args[:_SDPA_DROPOUT], 0.0, *args[_SDPA_DROPOUT + 1 :])
@@ -196,7 +185,7 @@ def _fused_attention(attention: Callable[..., Any]) -> Callable[..., Any]:
 def _fused_dropout(dropout: Callable[..., Any]) -> Callable[..., Any]:
     def fused(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
         # In place (a model's own choice, rare) keeps the host's path: native_dropout has none.
-        if training and 0.0 < p < 1.0 and not inplace and _fake(input):
+        if training and 0.0 < p < 1.0 and not inplace and is_fake(input):
             return torch.native_dropout(input, p, True)[0]
         return dropout(input, p, training, inplace)
 

@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-__all__ = ["MAX_FACTORY_ELEMENTS", "MAX_TWIN_ELEMENTS", "RealValues", "batch_pairs"]
+__all__ = ["MAX_FACTORY_ELEMENTS", "MAX_TWIN_ELEMENTS", "RealValues", "batch_pairs", "is_fake"]
 
 #: The most elements an operation's output may have to get a real twin: batch-derived work is
 #: index-sized (a sequence's tokens), never activation-sized.
@@ -103,7 +103,7 @@ class RealValues(TorchDispatchMode):
         first = args[0] if args else None
         if func in _CTC_LOSS:
             return self._ctc_loss(func, args, kwargs)
-        if func is not _INDEX and _is_fake(first) and first not in self.twins:
+        if func is not _INDEX and is_fake(first) and first not in self.twins:
             # Most operations of a pass: an activation or a parameter first, which has no twin.
             return func(*args, **kwargs)
         flat, spec = tree_flatten((args, kwargs))
@@ -167,7 +167,7 @@ class RealValues(TorchDispatchMode):
             return func(*real_args, **real_kwargs)
 
     def _has_twin(self, t: torch.Tensor) -> bool:
-        return t in self.twins or not _is_fake(t)
+        return t in self.twins or not is_fake(t)
 
     def _twin(self, t: torch.Tensor) -> torch.Tensor:
         """The real value of ``t``: its twin, or ``t`` itself when it is real (a constant the
@@ -218,7 +218,8 @@ def batch_pairs(fake_batch: Any, real_batch: Any) -> list[tuple[torch.Tensor, to
     ]
 
 
-def _is_fake(t: object) -> bool:
+def is_fake(t: object) -> bool:
+    """Whether ``t`` is a fake tensor (shapes only: a fake run's), not a real one or another value."""
     return isinstance(t, FakeTensor)
 
 
