@@ -23,7 +23,7 @@ from autotune.policies.ppo import Policy, new_ppo, simulated_venv
 
 from autotune.errors import AutotuneError, ConfigError, NonFiniteLossError, ProposalError, one_line
 from autotune.knobs import Knobs
-from autotune.measurement.objective import per_gib
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, objective_value
 from autotune.memory.check import TOLERANCE
 from autotune.units import DEFAULT_PEAK, MemoryBudget
 from autotune.workload import Workload
@@ -290,6 +290,7 @@ def propose(
     seed: int = 0,
     reuse: MemoryProfile | None = None,
     progress: Progress | None = None,
+    objective: ObjectiveName = DEFAULT_OBJECTIVE,
 ) -> Knobs:
     """The policy's proposal for ``workload`` without a real env step: profile the model (a quick
     profile), fine-tune the (pretrained) policy on its calibrated simulator for ``seconds``
@@ -302,7 +303,9 @@ def propose(
     the budget (an over-budget proposal would only be a trial pruned on its prediction).
     ``reuse``: a memory profile of ``workload`` made before (the study's, after its baselines):
     the simulator's memory tables do not make its fake runs again. ``progress``: called as each
-    phase of the profile begins (:func:`profile_for_tuning`'s).
+    phase of the profile begins (:func:`profile_for_tuning`'s). ``objective``: which configuration
+    the episode reached is the best (:func:`~autotune.measurement.objective.objective_value`: per
+    GiB, or samples/s within the budget); the policy's moves are the same either way.
     """
     from autotune.envs.simulated import SimulatedEnv
     from autotune.policies.ppo import EPISODE_STEPS, load_policy
@@ -330,7 +333,7 @@ def propose(
 
     def value(info: dict[str, Any]) -> float:  # the shared objective at the fixed batch, within budget
         fits = info["peak_bytes"] <= info["budget_bytes"]
-        return per_gib(float(info["throughput"]), int(info["peak_bytes"])) if fits else -math.inf
+        return objective_value(float(info["throughput"]), int(info["peak_bytes"]), objective) if fits else -math.inf
 
     best: tuple[float, Knobs] = (value(info), env.knobs)
     for _ in range(EPISODE_STEPS):

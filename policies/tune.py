@@ -3,8 +3,8 @@
 :func:`tune` is the whole flow the command runs, and the one the picks benchmark measures: the
 training environment at the budget, the policy fine-tuned on the workload's calibrated simulator,
 one episode (its last steps a climb from the best, :mod:`autotune.policies.climb`), and the best
-steps re-timed side by side before the best is named; then the study's two baselines measured
-(the PyTorch default and the HF recipe, :mod:`autotune.search.baselines`) to compare it with. Every
+steps re-timed side by side before the best is named; then the study's baselines measured (the
+PyTorch default and the HF recipes, :mod:`autotune.search.baselines`) to compare it with. Every
 phase says one line with its seconds through ``note``.
 """
 
@@ -50,7 +50,8 @@ class Tuned:
         compile_check: The best step's configuration timed eager and compiled side by side
             (``tune(compile_check=True)``), or None where it was not.
         baselines: The PyTorch default and, where bf16 runs, the HF recipe (bf16 + every block
-            recomputed, the whole batch in one micro-batch), measured at the episode's budget
+            recomputed, the whole batch in one micro-batch) and, under the ``"throughput"``
+            objective, the HF bf16-only recipe, measured at the episode's budget
             (``tune(baselines=True)``); empty where they were not.
 
     Example:
@@ -188,9 +189,10 @@ def tune(
             side (:func:`autotune.measurement.compiled.compare_compiled`) and say it in one
             ``note`` line; None (default): only where the loop runs on CUDA (on the CPU a
             compile costs a minute or more of a 2-core machine).
-        baselines: Measure the study's PyTorch default and HF recipe (bf16 + every block
-            recomputed) at the episode's budget after the episode (one rank; each at the largest
-            micro-batch that fits), for :meth:`Tuned.recommended_line` to compare the best with.
+        baselines: Measure the study's PyTorch default and HF recipes (bf16 + every block
+            recomputed; bf16 alone under ``"throughput"``) at the episode's budget after the
+            episode (one rank; each at the largest micro-batch that fits), for
+            :meth:`Tuned.recommended_line` to compare the best with.
 
     Raises:
         ConfigError: ``fine_tune_seconds`` not a finite number >= 0, a budget that does not parse,
@@ -311,9 +313,11 @@ def _baselines(
     if not asked:
         return ()
     if ranks > 1:
-        say("baselines: not measured on ranks (the PyTorch default and the HF recipe are one-rank loops here)")
+        say("baselines: not measured on ranks (the PyTorch default and the HF recipes are one-rank loops here)")
         return ()
-    return measure_baselines(workload, budget=episode.budget_bytes, device=device, show=show, say=say)
+    return measure_baselines(
+        workload, budget=episode.budget_bytes, device=device, show=show, say=say, objective=episode.objective
+    )
 
 
 def _retime(

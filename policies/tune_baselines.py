@@ -1,4 +1,4 @@
-"""``tune``'s baselines: the study's PyTorch default and HF recipe measured at the episode's budget.
+"""``tune``'s baselines: the study's PyTorch default and HF recipes measured at the episode's budget.
 
 :func:`measure_baselines` finds, for each, the largest micro-batch within the budget (the study's
 retry, :mod:`autotune.search.baselines`: one implementation of the baselines) and its peak; ``tune``
@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.measurement.objective import GIB, per_gib
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, GIB, per_gib
 from autotune.measurement.progress import phase_line
 from autotune.units import format_bytes
 
@@ -116,11 +116,18 @@ class TunedBaseline:
 
 
 def measure_baselines(
-    workload: Workload, *, budget: int, device: str | None, show: Status, say: Callable[[str], None]
+    workload: Workload,
+    *,
+    budget: int,
+    device: str | None,
+    show: Status,
+    say: Callable[[str], None],
+    objective: ObjectiveName = DEFAULT_OBJECTIVE,
 ) -> tuple[TunedBaseline, ...]:
-    """The study's PyTorch default and HF recipe (:func:`autotune.search.baselines.baselines`: one
-    implementation) at the workload's batch, each measured at its whole batch first and, while over
-    ``budget``, the next smaller micro-batch (the study's retry), one line each.
+    """The study's PyTorch default and HF recipes (:func:`autotune.search.baselines.baselines`: one
+    implementation; the bf16-only one under the ``"throughput"`` ``objective``) at the workload's
+    batch, each measured at its whole batch first and, while over ``budget``, the next smaller
+    micro-batch (the study's retry), one line each.
 
     Args:
         workload: The workload to measure them on (one rank).
@@ -129,11 +136,14 @@ def measure_baselines(
         show: Shows which baseline is being measured.
         say: Gets one line per baseline: its configuration and samples/s and peak, or why infeasible.
 
+        objective: What the tuned run ranks by: which HF recipes are its baselines.
+
     Returns:
-        The PyTorch default, then the HF recipe (bf16; its checkpointing alone on a model held in 16 bits).
+        The PyTorch default, then the HF recipe (bf16; its checkpointing alone on a model held in
+        16 bits), then under ``"throughput"`` the HF bf16-only recipe.
     """
     from autotune.config import TrainConfig
-    from autotune.search.baselines import HF_RECIPE, PYTORCH_DEFAULT, baselines
+    from autotune.search.baselines import RETRIED, baselines
     from autotune.search.space import SearchSpace
 
     space = SearchSpace(
@@ -145,8 +155,9 @@ def measure_baselines(
         base=TrainConfig(),
     )
     out = []
-    for b in baselines(space, batch_size=workload.batch_size, held=workload.held_in_16_bits is not None):
-        if b.name not in (PYTORCH_DEFAULT, HF_RECIPE):
+    held = workload.held_in_16_bits is not None
+    for b in baselines(space, batch_size=workload.batch_size, held=held, objective=objective):
+        if b.name not in RETRIED:
             continue
         start = time.perf_counter()
         with show(f"measuring the baseline {b.name}"):

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.knobs import Knobs
+    from autotune.measurement.objective import ObjectiveName
     from autotune.memory.profile_record import MemoryProfile
     from autotune.search.spec import StudySpec
     from autotune.search.study import RunOptions
@@ -251,12 +252,13 @@ def _policy_proposal(
     memory_budget: int | None,
     reuse: MemoryProfile | None = None,
     progress: Callable[[str], None] | None = None,
+    objective: ObjectiveName = "per-gib",
 ) -> Knobs:
     """The pretrained policy's proposal, handed to the study (the policies sit above it). Imported
     when the study asks for it: a policy that cannot load is the study's one note, not an exit."""
     from autotune.policies.transfer import propose
 
-    return propose(workload, memory_budget=memory_budget, reuse=reuse, progress=progress)
+    return propose(workload, memory_budget=memory_budget, reuse=reuse, progress=progress, objective=objective)
 
 
 def _quiet_optuna() -> None:

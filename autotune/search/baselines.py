@@ -17,6 +17,12 @@
   up front, else the objective's retry). Only where the space offers bf16: the recipe is bf16;
   or where the model is held in bf16 already (:attr:`Workload.held_in_16_bits`), whose space
   offers no precision: there ``bf16=True`` has nothing to cast and the recipe is its checkpointing.
+* ``hf-bf16``: under the ``throughput`` objective, what a Trainer user after speed runs,
+  ``TrainingArguments(bf16=True)`` alone: the whole model in bf16 autocast, nothing recomputed, the
+  largest micro-batch that fits as for the PyTorch default. On a GPU it is the fastest of the two HF
+  recipes wherever it fits (GPT-2 small on an H200: 1.3x the one with checkpointing at the same split),
+  so a study for the most samples/s has to beat it, not only the recomputing one. Under per GiB it
+  is not enqueued: the recomputing recipe is the HF user's memory recipe, and one trial fewer.
 
 A third trial, ``policy``, is the pretrained policy's proposal for the model (enqueued by the
 study unless its spec turns ``policy_proposal`` off; ``autotune tune --storage`` records its best
@@ -31,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from autotune.knobs import Knobs
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.search.space import SearchSpace
 from autotune.units import format_bytes
 
@@ -39,7 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Baseline",
+    "HF_BF16",
     "HF_RECIPE",
+    "NAMES",
     "POLICY_PROPOSAL",
     "PYTORCH_DEFAULT",
     "RETRIED",
@@ -52,12 +61,19 @@ __all__ = [
 PYTORCH_DEFAULT = "pytorch-default"
 SEED_RECIPE = "seed-recipe"
 HF_RECIPE = "hf-recipe"
+HF_BF16 = "hf-bf16"
 #: The baselines that take the largest micro-batch that fits: retried with a smaller one when
 #: theirs did not (the objective's retry, ``accelerate.find_executable_batch_size``'s loop).
-RETRIED: tuple[str, ...] = (PYTORCH_DEFAULT, HF_RECIPE)
+RETRIED: tuple[str, ...] = (PYTORCH_DEFAULT, HF_RECIPE, HF_BF16)
 POLICY_PROPOSAL = "policy"
+#: Every baseline's name, in the order the study enqueues them (the policy's proposal last).
+NAMES: tuple[str, ...] = (PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE, HF_BF16, POLICY_PROPOSAL)
 #: The baselines a recommendation is compared with, in the words its line uses.
-COMPARED: tuple[tuple[str, str], ...] = ((PYTORCH_DEFAULT, "PyTorch default"), (HF_RECIPE, "HF recipe"))
+COMPARED: tuple[tuple[str, str], ...] = (
+    (PYTORCH_DEFAULT, "PyTorch default"),
+    (HF_RECIPE, "HF recipe"),
+    (HF_BF16, "HF bf16-only recipe"),
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,15 +88,20 @@ def baselines(
     batch_size: int,
     admits: Callable[[Knobs], Verdict] | None = None,
     held: bool = False,
+    objective: ObjectiveName = DEFAULT_OBJECTIVE,
 ) -> tuple[Baseline, ...]:
     """The baselines at effective batch ``batch_size``: the PyTorch default, the seed recipe and,
-    where the space offers bf16 or the model is ``held`` in 16 bits, the HF recipe. ``admits``
-    (the admission rule on a memory prediction, :func:`autotune.search.budget.admits`) picks the
-    largest admitted micro-batch for the PyTorch default and the HF recipe up front, when a memory
-    model exists."""
+    where the space offers bf16 or the model is ``held`` in 16 bits, the HF recipe; under the
+    ``"throughput"`` objective also the HF bf16-only recipe, where the space offers bf16 (a model
+    held in 16 bits has nothing for ``bf16=True`` to cast: there it is the PyTorch default).
+    ``admits`` (the admission rule on a memory prediction, :func:`autotune.search.budget.admits`)
+    picks the largest admitted micro-batch for the PyTorch default and the HF recipes up front,
+    when a memory model exists."""
     out = [_pytorch_default(space, batch_size, admits), _seed_recipe(space, batch_size)]
     if held or "bf16" in space.low_precisions:
         out.append(_hf_recipe(space, batch_size, admits, held=held))
+    if objective == "throughput" and not held and "bf16" in space.low_precisions:
+        out.append(_hf_bf16(space, batch_size, admits))
     return tuple(out)
 
 
@@ -118,6 +139,12 @@ def _hf_recipe(space: SearchSpace, batch: int, admits: Callable[[Knobs], Verdict
     if not held:
         whole = replace(whole, low_precision="bf16", low_precision_blocks=n, outer_low_precision=True)
     return Baseline(name=HF_RECIPE, knobs=_largest_fitting(space, whole, admits))
+
+
+def _hf_bf16(space: SearchSpace, batch: int, admits: Callable[[Knobs], Verdict] | None) -> Baseline:
+    n = space.num_blocks
+    whole = replace(_whole_batch(space, batch), low_precision="bf16", low_precision_blocks=n, outer_low_precision=True)
+    return Baseline(name=HF_BF16, knobs=_largest_fitting(space, whole, admits))
 
 
 def _seed_recipe(space: SearchSpace, batch: int) -> Baseline:
@@ -190,7 +217,8 @@ def recommended_line(
     ]
     if versus:
         timed = ", timed side by side" if side_by_side else ""
-        line += f" ({' and '.join(versus)} {'per GiB' if per else 'samples/s'}{timed})"
+        listed = versus[0] if len(versus) == 1 else f"{', '.join(versus[:-1])} and {versus[-1]}"
+        line += f" ({listed} {'per GiB' if per else 'samples/s'}{timed})"
     if HF_RECIPE in ratios and ratios[HF_RECIPE] is None:
         line += "; the HF recipe (bf16 + checkpointing) was infeasible"
     return line

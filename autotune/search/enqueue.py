@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 from autotune.dependencies import install_command
 from autotune.errors import ConfigError, NonFiniteLossError, ProposalError, SpecError
 from autotune.knobs import Knobs
+from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.measurement.progress import PhaseClock, since
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
 from autotune.search.budget import admits
@@ -36,7 +37,8 @@ class Proposer(Protocol):
     hands it in (``RunOptions.propose``). ``reuse``: the study's memory profile of ``workload`` so
     far (None: none yet), whose fake runs the proposal need not make again. ``progress``: called
     as each phase of its profile begins (the calibration's real steps: minutes on a CPU at real
-    size), so the study says each with its seconds. Raises ``ProposalError``, ``ConfigError`` or
+    size), so the study says each with its seconds. ``objective``: the study's, which of the
+    configurations the policy reaches is its proposal. Raises ``ProposalError``, ``ConfigError`` or
     ``NonFiniteLossError`` where there is none, ``ImportError`` where the policy cannot load."""
 
     def __call__(
@@ -46,6 +48,7 @@ class Proposer(Protocol):
         memory_budget: int | None,
         reuse: MemoryProfile | None = None,
         progress: Callable[[str], None] | None = None,
+        objective: ObjectiveName = DEFAULT_OBJECTIVE,
     ) -> Knobs: ...
 
 
@@ -64,7 +67,8 @@ def enqueue_baselines(
     reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
     added = []
     held = prepared.workload.held_in_16_bits is not None
-    for b in baselines(prepared.space, batch_size=reference, admits=verdict, held=held):
+    objective = prepared.spec.objective
+    for b in baselines(prepared.space, batch_size=reference, admits=verdict, held=held, objective=objective):
         if b.name not in present:
             study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
             added.append(b.name)
@@ -127,7 +131,13 @@ def _enqueue_proposal(
     clock = PhaseClock(note, "policy proposal: ")
     try:
         try:
-            proposed = propose(prepared.workload, memory_budget=prepared.memory_budget, reuse=reuse, progress=clock)
+            proposed = propose(
+                prepared.workload,
+                memory_budget=prepared.memory_budget,
+                reuse=reuse,
+                progress=clock,
+                objective=prepared.spec.objective,
+            )
         finally:
             clock.end()
         knobs = in_space(proposed, prepared.space)

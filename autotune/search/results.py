@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from autotune.errors import StudyError
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
-from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.baselines import NAMES
 from autotune.search.compile_pick import CompilePick, read_compile_pick
 from autotune.search.finalists import Finalist, read_retimed
 from autotune.search.spec import objective_of
@@ -98,7 +98,7 @@ def summarize(study: optuna.Study) -> StudySummary:
     winner, retimed, decided = read_retimed(study)
     recommended = next((r for r in records if r.number == winner and r.feasible), recommended)
     baselines: dict[str, TrialRecord] = {}
-    for name in (PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE, POLICY_PROPOSAL):
+    for name in NAMES:
         tried = [r for r in records if r.baseline == name]
         feasible = [r for r in tried if r.feasible]
         if feasible or tried:

@@ -303,7 +303,8 @@ def _profile_ahead(prepared: Prepared, predictor: StudyPredictor | None, *, unti
     if predictor is None:
         return
     held = prepared.workload.held_in_16_bits is not None
-    firsts = baselines(prepared.space, batch_size=max(prepared.space.batch_sizes), held=held)
+    objective = prepared.spec.objective
+    firsts = baselines(prepared.space, batch_size=max(prepared.space.batch_sizes), held=held, objective=objective)
     predictor.profile_ahead(prepared.workload, [prepared.space.config(b.knobs) for b in firsts], until=until)
 
 

@@ -17,6 +17,7 @@ from autotune.policies.tune import tune
 
 from autotune.errors import ConfigError
 from autotune.resolve import load_workload
+from autotune.search.baselines import HF_BF16, HF_RECIPE, PYTORCH_DEFAULT
 from tests.paths import DATA, TINY_WORKLOAD
 
 TINY = f"{TINY_WORKLOAD}:build"
@@ -406,3 +407,34 @@ def test_tune_json_holds_the_episode_the_baselines_and_the_ratios() -> None:
         },
     ]
     assert (d["ratios"], d["side_by_side"]) == ({"pytorch-default": None, "hf-recipe": 1.25}, True)
+
+
+def test_under_throughput_tune_also_measures_the_hf_bf16_only_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each baseline's search for its largest micro-batch faked: which are measured, in order."""
+    import autotune.policies.tune_baselines as tb
+
+    measured: list[tuple[str, str]] = []
+
+    def largest_within(workload: Any, space: Any, name: str, knobs: Any, **kw: Any) -> Any:
+        config = space.config(knobs)
+        measured.append((name, config.describe()))
+        return tb.TunedBaseline(name=name, config=config, throughput=1.0, peak_bytes=GIB)
+
+    monkeypatch.setattr(tb, "_largest_within", largest_within)
+    workload = load_workload(TINY)
+    lines: list[str] = []
+    for objective in ("per-gib", "throughput"):
+        tb.measure_baselines(
+            workload, budget=2 * GIB, device="cpu", show=_no_status, say=lines.append, objective=objective
+        )
+    whole = f"{workload.batch_size}x1x1"
+    hf = (HF_RECIPE, f"micro x acc x ranks {whole} | bf16, outer bf16 | ckpt all | ZeRO 0")
+    default = (PYTORCH_DEFAULT, f"micro x acc x ranks {whole} | fp32 | ckpt none | ZeRO 0")
+    fast = (HF_BF16, f"micro x acc x ranks {whole} | bf16, outer bf16 | ckpt none | ZeRO 0")
+    assert measured == [default, hf, default, hf, fast]
+    assert len(lines) == 5 and lines[-1].startswith(f"baseline hf-bf16 measured: {fast[1]}: 1.0 samples/s")
+
+
+@contextmanager
+def _no_status(message: str) -> Iterator[None]:
+    yield

@@ -10,6 +10,7 @@ import pytest
 from autotune import Knobs
 from autotune.measurement.admission import Verdict, admission
 from autotune.search.baselines import (
+    HF_BF16,
     HF_RECIPE,
     PYTORCH_DEFAULT,
     SEED_RECIPE,
@@ -150,6 +151,34 @@ def test_on_a_model_held_in_bf16_the_hf_recipe_is_its_checkpointing_alone() -> N
     assert space.config(recipe.knobs).describe() == "micro x acc x ranks 32x1x1 | fp32 | ckpt all | ZeRO 0"
 
 
+def test_under_throughput_the_hf_bf16_only_recipe_is_a_baseline_at_the_largest_micro_batch_that_fits() -> None:
+    # What a Trainer user after speed runs: bf16=True alone, nothing recomputed.
+    space = _space(n_blocks=4)
+    assert [b.name for b in baselines(space, batch_size=32)] == [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE]
+    names = [b.name for b in baselines(space, batch_size=32, objective="throughput")]
+    assert names == [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE, HF_BF16]
+    # Peaks: the recomputing recipe holds a quarter of the rest at the same micro-batch.
+    peaks = _under(8, lambda k: k.micro_batch_size // (4 if k.checkpoint_blocks else 1))
+    default, _, recipe, fast = baselines(space, batch_size=32, admits=peaks, objective="throughput")
+    assert fast.knobs == Knobs(
+        batch_size=32,
+        micro_batch_size=8,
+        ranks=1,
+        zero_stage=0,
+        low_precision="bf16",
+        low_precision_blocks=4,
+        checkpoint_blocks=0,
+        outer_low_precision=True,
+    )
+    assert space.config(fast.knobs).describe() == "micro x acc x ranks 8x4x1 | bf16, outer bf16 | ckpt none | ZeRO 0"
+    assert (default.knobs.micro_batch_size, recipe.knobs.micro_batch_size) == (8, 32)
+    # Without bf16 in the space, or on a model held in bf16 (nothing to cast: the PyTorch default), none.
+    no_bf16 = baselines(_space(low_precisions=("fp16",)), batch_size=32, objective="throughput")
+    assert [b.name for b in no_bf16] == [PYTORCH_DEFAULT, SEED_RECIPE]
+    held = baselines(_space(low_precisions=()), batch_size=32, held=True, objective="throughput")
+    assert [b.name for b in held] == [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE]
+
+
 def test_the_recommendation_line_compares_with_both_baselines_under_the_objective() -> None:
     def line(objective: str, ratios: dict[str, float | None]) -> str:
         return recommended_line(
@@ -172,6 +201,11 @@ def test_the_recommendation_line_compares_with_both_baselines_under_the_objectiv
     )
     # A baseline not measured (none given) is neither compared nor called infeasible.
     assert line("per-gib", {}) == f"recommended: {head}"
+    # Under throughput a study also has the HF bf16-only recipe: three, listed with one "and".
+    assert line("throughput", {"pytorch-default": 3.0, "hf-recipe": 1.25, "hf-bf16": 0.98}) == (
+        f"recommended for the most samples/s within the budget: {head} (3.00x the PyTorch default's, "
+        "1.25x the HF recipe's and 0.98x the HF bf16-only recipe's samples/s)"
+    )
 
 
 @pytest.mark.parametrize("objective", ["per-gib", "throughput"])

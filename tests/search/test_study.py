@@ -20,8 +20,9 @@ from autotune import Knobs, Measurement, TrainConfig, Workload, measure
 from autotune.errors import StudyError
 from autotune.measurement.cuda_memory import AllocatorStats
 from autotune.measurement.goodput import statistical_efficiency
+from autotune.measurement.objective import ObjectiveName
 from autotune.memory.profile_record import MemoryProfile
-from autotune.search.baselines import HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
+from autotune.search.baselines import HF_BF16, HF_RECIPE, POLICY_PROPOSAL, PYTORCH_DEFAULT, SEED_RECIPE
 from autotune.search.cache import MeasurementCache
 from autotune.search.memory_checks import stored_checks
 from autotune.search.opening import open_study, recover_interrupted
@@ -168,8 +169,11 @@ class _Proposer:
     """A fixed proposal (8 x 2, one block recomputed) whose profile says two phases; ``asked`` is
     called with each call's workload and budget."""
 
-    def __init__(self, asked: Callable[[Workload, int | None], None]) -> None:
+    def __init__(
+        self, asked: Callable[[Workload, int | None], None], objectives: list[ObjectiveName] | None = None
+    ) -> None:
         self.asked = asked
+        self.objectives = [] if objectives is None else objectives
 
     def __call__(
         self,
@@ -178,8 +182,10 @@ class _Proposer:
         memory_budget: int | None,
         reuse: MemoryProfile | None = None,
         progress: Callable[[str], None] | None = None,
+        objective: ObjectiveName = "per-gib",
     ) -> Knobs:
         self.asked(workload, memory_budget)
+        self.objectives.append(objective)
         assert progress is not None
         progress("the calibration's first phase")  # each said as it ends, with its seconds
         progress("its second phase")
@@ -328,6 +334,24 @@ def test_an_existing_study_with_another_objective_is_refused_either_way(tmp_path
     )
     with pytest.raises(StudyError, match=f"^{re.escape(message)}$"):
         open_study(prepare(_spec(objective="throughput")), other)
+
+
+def test_a_throughput_study_also_enqueues_the_hf_bf16_only_recipe_and_asks_for_a_throughput_proposal(
+    tmp_path: Path,
+) -> None:
+    asked: list[ObjectiveName] = []
+    proposer = _Proposer(lambda workload, budget: None, objectives=asked)
+    for objective, names in [
+        ("per-gib", [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE]),
+        ("throughput", [PYTORCH_DEFAULT, SEED_RECIPE, HF_RECIPE, HF_BF16]),
+    ]:
+        prepared = prepare(_spec(objective=objective, policy_proposal=True, name=objective))
+        study = open_study(prepared, _options(tmp_path, create_only=True))
+        assert enqueue_baselines(study, prepared, None) == names
+        assert enqueue_proposal(study, prepared, proposer) is True
+    assert asked == ["per-gib", "throughput"]
+    fast = study.trials[3]  # waiting: its parameters are the fixed ones it will run
+    assert (fast.user_attrs[ATTR.BASELINE], fast.system_attrs["fixed_params"]["checkpoint_blocks"]) == (HF_BF16, 0)
 
 
 def test_a_worker_cannot_create_a_study(tmp_path: Path) -> None:
