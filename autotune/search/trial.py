@@ -206,9 +206,11 @@ class Objective:
         return s.value, peak / MIB
 
     def _retry_smaller(self, trial: optuna.Trial, knobs: Knobs, baseline: str) -> str:
-        """The PyTorch default (or the HF recipe) did not fit: enqueue it again with the next
+        """The PyTorch default (or an HF recipe) did not fit: enqueue it again with the next
         smaller micro-batch."""
-        name = {"pytorch-default": "PyTorch-default", "hf-recipe": "HF-recipe"}.get(baseline, baseline)
+        name = {"pytorch-default": "PyTorch-default", "hf-recipe": "HF-recipe", "hf-bf16": "HF-bf16-only"}.get(
+            baseline, baseline
+        )
         smaller = smaller_micro_batch(self.space, knobs)
         if smaller is None:
             return f"; no smaller micro-batch left for the {name} baseline"
