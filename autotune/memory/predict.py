@@ -10,7 +10,6 @@ and its check against real steps (:mod:`autotune.memory.check`).
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -84,7 +83,11 @@ def profile_memory(
         raise ValueError(f"profile_memory: modes must be among {MODES}, but got {unknown[0]!r}.")
     if verify and "fp32" not in modes:
         modes = ("fp32", *modes)
-    start = time.perf_counter()
+
+    def said(mode: str, seconds: float) -> None:  # one line per mode as it ends: seconds each at real size
+        assert note is not None
+        note(f"memory model: fake-tensor profile of {mode} (no real compute, {seconds:.1f} s)")
+
     profile = fake_profile(
         workload,
         modes=modes,
@@ -93,11 +96,8 @@ def profile_memory(
         selective=selective,
         reuse=reuse,
         device_type=device.partition(":")[0],  # the kernels the profile saves for: the checks' device's
+        on_mode=None if note is None else said,
     )
-    new = sorted(set(profile.modes) - set(reuse.modes if reuse is not None else ()))
-    if note is not None and new:
-        seconds = time.perf_counter() - start
-        note(f"memory model: fake-tensor profile of {', '.join(new)} (no real compute, {seconds:.1f} s)")
     if not verify:
         return profile
     done = () if reuse is None else reuse.checks

@@ -13,7 +13,8 @@ module re-exports).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -67,6 +68,7 @@ def fake_profile(
     selective: bool = False,
     reuse: MemoryProfile | None = None,
     device_type: str = "cpu",
+    on_mode: Callable[[str, float], None] | None = None,
 ) -> MemoryProfile:
     """Profile ``workload`` for the memory model, under ``FakeTensorMode`` (shapes only, no compute),
     unchecked (``checks`` empty): :func:`autotune.memory.predict.profile_memory` also checks it
@@ -81,6 +83,8 @@ def fake_profile(
     block need. ``reuse``: an earlier profile of the same workload, whose modes (at the same
     sizes and device type) are taken as they are, grown by the recompute runs asked for that they lack, so
     growing a profile by a mode runs only that mode's passes, and by a level only that level's.
+    ``on_mode``: called with each mode ``reuse`` lacked and its seconds, as it is done (at real
+    size several seconds each: a caller says each as it ends instead of one line at the end).
 
     Fake tensors go through the same kernels' shape logic, and MemTracker counts them as real
     ones (the same bytes on the built-in workloads, to a few hundred bytes with bf16 blocks), so
@@ -95,7 +99,9 @@ def fake_profile(
     kernels_for(device_type)  # an unknown device type fails here, before any run
     try:
         with quiet_fake_logs():  # torch's traceback of the error below: ours is one line
-            profile = _profile(workload, modes, micro_batch_sizes, (checkpointed, selective), reuse, device_type)
+            profile = _profile(
+                workload, modes, micro_batch_sizes, (checkpointed, selective), reuse, device_type, on_mode
+            )
     except AutotuneError:
         raise
     # The fake run executes the user's model code: whatever it raises there (FakeTensorMode's
@@ -120,6 +126,7 @@ def _profile(
     recomputed: tuple[bool, bool],
     reuse: MemoryProfile | None,
     device_type: str,
+    on_mode: Callable[[str, float], None] | None = None,
 ) -> MemoryProfile:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -131,6 +138,12 @@ def _profile(
     params = list(workload.model.parameters())
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     state, step, flat_state, flat_step = _optimizer_costs(workload, fake)
+    profiled: dict[str, ModeProfile] = {}
+    for m in modes:
+        start, found = time.perf_counter(), reused(m)
+        profiled[m] = _profile_mode(workload, fake, m, micro_batch_sizes, recomputed, found, device_type)
+        if on_mode is not None and found is None:
+            on_mode(m, time.perf_counter() - start)
     return MemoryProfile(
         names=workload.block_names(),
         micro_batch_sizes=micro_batch_sizes,
@@ -144,9 +157,7 @@ def _profile(
         optimizer_step_bytes=step,
         flat_state_ratio=flat_state,
         flat_step_ratio=flat_step,
-        modes={
-            m: _profile_mode(workload, fake, m, micro_batch_sizes, recomputed, reused(m), device_type) for m in modes
-        },
+        modes=profiled,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from autotune import load_workload
@@ -39,3 +41,15 @@ def test_a_mode_grown_by_a_recompute_level_runs_only_that_level(monkeypatch: pyt
     whole = profile_memory(workload, modes=("fp32",), selective=True, verify=False)
     assert runs == ["none", "none", "full", "full", "selective", "selective"]
     assert grown.modes == whole.modes
+
+
+def test_each_new_mode_is_said_as_it_ends_with_its_seconds() -> None:
+    # At real size a mode takes seconds (GPT-2 small, four modes: 24.6 s in one line before):
+    # one line per mode as it ends, the modes a reused profile holds not said again.
+    workload = load_workload("mlp-digits")
+    lines: list[str] = []
+    fp32 = profile_memory(workload, modes=("fp32",), verify=False, note=lines.append)
+    profile_memory(workload, modes=("fp32", "bf16", "bf16@bf16"), verify=False, reuse=fp32, note=lines.append)
+    assert [re.sub(r"\d+\.\d s\)$", "# s)", line) for line in lines] == [
+        f"memory model: fake-tensor profile of {mode} (no real compute, # s)" for mode in ("fp32", "bf16", "bf16@bf16")
+    ]
