@@ -7,8 +7,8 @@
   the part that grows with the batch is separated from the fixed part: autocast weight copies),
   and each block's input bytes (what a checkpointed block keeps);
 - per-block forward time (forward hooks; exact on CPU, where kernels run synchronously) and whole
-  step times under six configurations, interleaved, from which the fixed and per-sample costs,
-  the reduced-precision speed and the recompute cost are solved (``calibrate``);
+  step times under seven configurations, interleaved, from which the fixed and per-sample costs,
+  the reduced-precision speed of each and the recompute cost are solved (``calibrate``);
 - loss and gradient-noise-scale curves of a real run of the default configuration;
 - whether the model runs in reduced precision here at all (``reduced_failure``: oneDNN has no
   bf16 LSTM primitive on an AVX2 CPU, and the step raises; a model loaded in bf16 has no
@@ -42,6 +42,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -123,8 +124,8 @@ def calibrate(
             this micro-batch and the step times taken at it and below it (the linear time and
             activation terms are per sample and per micro-batch, so the simulator still reaches
             every split); the loss curve accumulates to the whole batch.
-        one_at_a_time: Time the six configurations one after the other (one copy of the model
-            alive) instead of side by side (six copies at once), where those do not fit.
+        one_at_a_time: Time the seven configurations one after the other (one copy of the model
+            alive) instead of side by side (seven copies at once), where those do not fit.
 
     Returns:
         The workload's profile on this machine.
@@ -156,14 +157,18 @@ def calibrate(
     block_acts = sum(b.fp32_fixed + m * b.fp32_per_sample for b in blocks)
     say("per-block forward time")
     shares, block_fraction = _block_forward_shares(workload, m)
-    say("step times under six configurations" + (", one at a time" if one_at_a_time else ""))
     tiny_accum = min(4, b_small)  # several micro-batches of one sample: their cost dominates the step
-    times = _step_times(
-        workload, reduced, m, b_small, tiny_accum, failure=failure, rounds=timing_rounds, side_by_side=not one_at_a_time
-    )
+    configs = _timed_configs(reduced, m, b_small, tiny_accum, failure=failure)
+    say(f"step times under {_WORDS[len(configs)]} configurations" + (", one at a time" if one_at_a_time else ""))
+    times = interleaved_step_seconds(workload, configs, rounds=timing_rounds, side_by_side=not one_at_a_time)
+    _check_finite(workload, "step time", {f"the {key!r} configuration": v for key, v in times.items()})
     step_fixed, micro_fixed, per_sample = _linear_time_terms(times, m, b_small, tiny_accum)
-    micro_default = max(micro_fixed + m * per_sample, 1e-9)
-    slowdown, recompute = _block_time_ratios(times, block_fraction * micro_default, failure=failure)
+    slowdown, fixed_slowdown, recompute = _block_time_ratios(
+        times,
+        TimeTerms(micro_fixed=micro_fixed, per_sample=per_sample, micro=m, tiny_accum=tiny_accum),
+        block_fraction,
+        failure=failure,
+    )
     say("loss and gradient-noise curves")
     samples, losses, noise = _curves(workload, m, curve_steps, accum=b0 // m)
     _check_finite(workload, "loss", {f"step {i} of the loss curve": v for i, v in enumerate(losses)})
@@ -184,7 +189,8 @@ def calibrate(
         micro_fixed_seconds=micro_fixed,
         micro_seconds_per_sample=per_sample,
         blocks_fraction=block_fraction,
-        reduced_slowdown=max(slowdown, 0.05),
+        reduced_slowdown=slowdown,
+        reduced_fixed_slowdown=fixed_slowdown,
         recompute_fraction=max(recompute, 0.0),
         curve_samples=samples,
         curve_loss=losses,
@@ -214,19 +220,16 @@ def _default_measured(workload: Workload, micro: int) -> Measurement:
     return default
 
 
-def _step_times(
-    workload: Workload,
-    reduced: Precision,
-    micro: int,
-    b_small: int,
-    tiny_accum: int,
-    *,
-    failure: str | None,
-    rounds: int,
-    side_by_side: bool = True,
-) -> dict[str, float]:
-    """:func:`calibrate`'s step times under six configurations (five where ``reduced`` cannot run),
-    interleaved unless not ``side_by_side``, each checked finite."""
+_WORDS = {5: "five", 6: "six", 7: "seven"}
+
+
+def _timed_configs(
+    reduced: Precision, micro: int, b_small: int, tiny_accum: int, *, failure: str | None
+) -> dict[str, TrainConfig]:
+    """:func:`calibrate`'s timed configurations: four fp32 splits (the linear time terms), the
+    reduced precision at the largest micro-batch and at micro-batches of one (its speed on the
+    per-sample and on the per-micro-batch part), and the recompute. Five where ``reduced`` cannot
+    run; six where the micro-batch is one (the two reduced ones would be the same)."""
     configs = {
         "small": TrainConfig(micro_batch_size=b_small),
         "default": TrainConfig(micro_batch_size=micro),
@@ -234,12 +237,13 @@ def _step_times(
         "checkpoint": TrainConfig(micro_batch_size=micro, checkpoint=True),
         "accum": TrainConfig(micro_batch_size=b_small, grad_accum_steps=2),
         "tiny": TrainConfig(micro_batch_size=1, grad_accum_steps=tiny_accum),
+        "reduced_tiny": TrainConfig(micro_batch_size=1, grad_accum_steps=tiny_accum, precision=reduced),
     }
     if failure is not None:
-        del configs["reduced"]
-    times = interleaved_step_seconds(workload, configs, rounds=rounds, side_by_side=side_by_side)
-    _check_finite(workload, "step time", {f"the {key!r} configuration": v for key, v in times.items()})
-    return times
+        del configs["reduced"], configs["reduced_tiny"]
+    elif micro == 1:
+        del configs["reduced_tiny"]
+    return configs
 
 
 def _linear_time_terms(
@@ -261,15 +265,55 @@ def _linear_time_terms(
     return step_fixed, micro_fixed, per_sample
 
 
-def _block_time_ratios(times: dict[str, float], blocks_seconds: float, *, failure: str | None) -> tuple[float, float]:
-    """The reduced precision's slowdown and the recompute's cost, each relative to the blocks' time
-    (``blocks_seconds``: their share of the default's micro-batch time)."""
-    # Precision and recompute change only block time, a fraction of the micro-batch time.
-    block_time = max(blocks_seconds, 1e-9)
-    # Unused where reduced precision cannot run: every such setting is infeasible.
-    slowdown = 1.0 + (times["reduced"] - times["default"]) / block_time if failure is None else 1.0
-    recompute = (times["checkpoint"] - times["default"]) / block_time
-    return slowdown, recompute
+@dataclass(frozen=True, kw_only=True)
+class TimeTerms:
+    """The fp32 linear time terms :func:`_block_time_ratios` reads the other configurations by,
+    and the splits they were timed at."""
+
+    micro_fixed: float  # seconds per micro-batch, independent of its size
+    per_sample: float  # seconds per sample of a micro-batch
+    micro: int  # the default's micro-batch (the "reduced" configuration's)
+    tiny_accum: int  # micro-batches of one sample in the "tiny" configurations
+
+
+#: Where a reduced precision's factor is taken to lie: no kernel is 20x faster in 16 bits, and a
+#: factor past 100 (noise on a near-zero term) would make every reduced setting look infeasible.
+SLOWDOWN_RANGE = (0.05, 100.0)
+
+
+def _block_time_ratios(
+    times: dict[str, float], terms: TimeTerms, block_fraction: float, *, failure: str | None
+) -> tuple[float, float | None, float]:
+    """The reduced precision's factor on the blocks' per-sample time and on their per-micro-batch
+    fixed time (None: one factor for both, where they cannot be told apart), and the recompute's
+    cost relative to the blocks' time (``block_fraction``: their share of a micro-batch's time).
+
+    Precision and recompute change only block time. One factor on the whole micro-batch time (as
+    before the fixed part had its own) fails on a GPU: the per-micro-batch part (kernel launches,
+    Python, autocast's casts) barely changes in 16 bits while the per-sample part (the matmuls on
+    tensor cores) runs several times faster. On an H200, GPT-2 small's bf16 step was 0.78x fp32's
+    at 8 x 256 tokens and 0.25x at 32 x 1024; one factor, calibrated at the large micro-batch, read
+    micro-batches of one as 4x faster in bf16 than they are, and the policy's proposal went to 1 x 32
+    (measured at half the samples/s per GiB of 16 x 2). The two reduced configurations solve both:
+    per micro-batch of b samples the difference to fp32 is ``phi * ((x_f - 1) t_mf + (x_ps - 1) b
+    t_ps)``, at b = the default's micro-batch and at b = 1."""
+    phi = max(block_fraction, 1e-9)
+    micro_default = max(terms.micro_fixed + terms.micro * terms.per_sample, 1e-9)
+    recompute = (times["checkpoint"] - times["default"]) / (phi * micro_default)
+    if failure is not None:  # unused: every reduced setting is infeasible
+        return 1.0, None, recompute
+    lo, hi = SLOWDOWN_RANGE
+    delta_m = times["reduced"] - times["default"]  # the step's fixed part cancels in each difference
+    one = min(max(1.0 + delta_m / (phi * micro_default), lo), hi)
+    fixed, per_sample = phi * terms.micro_fixed, phi * terms.per_sample
+    if "reduced_tiny" not in times or terms.micro < 2 or fixed <= 1e-12 or per_sample <= 1e-12:
+        return one, None, recompute
+    delta_1 = (times["reduced_tiny"] - times["tiny"]) / terms.tiny_accum  # one micro-batch of one sample
+    u_plus_v, u_plus_mv = delta_1, delta_m  # u = (x_f - 1) phi t_mf, v = (x_ps - 1) phi t_ps
+    v = (u_plus_mv - u_plus_v) / (terms.micro - 1)
+    x_ps = min(max(1.0 + v / per_sample, lo), hi)
+    x_f = min(max(1.0 + (u_plus_v - v) / fixed, lo), hi)
+    return x_ps, x_f, recompute
 
 
 def _block_bytes(workload: Workload, reduced: Precision, b1: int, b2: int) -> tuple[list[BlockCost], str | None]:

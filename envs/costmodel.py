@@ -4,11 +4,18 @@ Per micro-batch of b samples, with L blocks, block i of time share s_i, in reduc
 (set R), recomputed whole (set C) or selectively (set S), phi the blocks' share of a
 micro-batch's time:
 
-    t_micro = (t_mf + b * t_ps) * ((1 - phi) * x_o + phi * sum_i s_i * x_i * y_i)
+    t_micro = t_mf * A(x_f) + b * t_ps * A(x_ps)
+    A(x)    = (1 - phi) * x_o(x) + phi * sum_i s_i * x_i(x) * y_i
     y_i     = 1 + rho * [i in C] + sigma * rho * [i in S]
-    x_i     = slowdown if i in R else 1
-    x_o     = slowdown if the outer parts are reduced (Levels.outer) else 1
+    x_i(x)  = x if i in R else 1
+    x_o(x)  = x if the outer parts are reduced (Levels.outer) else 1
     t_step  = t_fixed + k * t_micro
+
+The reduced precision has one factor on the per-sample time (x_ps, ``reduced_slowdown``) and one
+on the per-micro-batch fixed time (x_f, ``reduced_fixed_slowdown``): on a GPU the matmuls of a
+large micro-batch run several times faster in bf16 while a micro-batch of one, bound by kernel
+launches, barely does (GPT-2 small on an H200: bf16's step 0.25x fp32's at 32 x 1024 tokens, 0.78x
+at 8 x 256). A profile with one factor (x_f = x_ps) is the model before the split.
 
     kept_i = b * in_i if i in C
              b * (in_i + sel_i) if i in S                        (its input and its matmul outputs)
@@ -153,15 +160,21 @@ def step_seconds(
     precision (their share of the micro-batch at the blocks' reduced speed)."""
     b, k = micro_batch_size, accum_steps
     sigma = SELECTIVE_FRACTION if p.selective_fraction is None else p.selective_fraction
-    block_time = sum(
-        blk.time_share
-        * (p.reduced_slowdown if i in reduced else 1.0)
-        * (1.0 + p.recompute_fraction * ((i in recomputed) + sigma * (i in selective)))
-        for i, blk in enumerate(p.blocks)
-    )
-    t_micro = (p.micro_fixed_seconds + b * p.micro_seconds_per_sample) * (
-        (1.0 - p.blocks_fraction) * (p.reduced_slowdown if outer else 1.0) + p.blocks_fraction * block_time
-    )
+
+    def factor(x: float) -> float:  # A(x): the micro-batch's time under precision factor x
+        block_time = sum(
+            blk.time_share
+            * (x if i in reduced else 1.0)
+            * (1.0 + p.recompute_fraction * ((i in recomputed) + sigma * (i in selective)))
+            for i, blk in enumerate(p.blocks)
+        )
+        return (1.0 - p.blocks_fraction) * (x if outer else 1.0) + p.blocks_fraction * block_time
+
+    per_sample = factor(p.reduced_slowdown)
+    if p.reduced_fixed_slowdown is None:  # one factor: the arithmetic of profiles before the split
+        t_micro = (p.micro_fixed_seconds + b * p.micro_seconds_per_sample) * per_sample
+    else:
+        t_micro = p.micro_fixed_seconds * factor(p.reduced_fixed_slowdown) + b * p.micro_seconds_per_sample * per_sample
     return p.step_fixed_seconds + k * t_micro
 
 
@@ -299,6 +312,7 @@ def randomized_profile(p: WorkloadProfile, rng: np.random.Generator) -> Workload
         * (1.0 - p.blocks_fraction + p.blocks_fraction * scale_params),
         blocks_fraction=phi,
         reduced_slowdown=reduced_slowdown,
+        reduced_fixed_slowdown=None,  # one drawn factor: the machines the policy was trained on
         selective_fraction=min(sigma, 1.0),
         peak_table=None,  # another model: the block-sum model above, the outer parts' r_o included
         selective_peak_table=None,
@@ -316,6 +330,7 @@ def randomized_machine(p: WorkloadProfile, rng: np.random.Generator) -> Workload
         p,
         workload=f"{p.workload}~machine",
         reduced_slowdown=float(math.exp(rng.uniform(math.log(0.3), math.log(30.0)))),
+        reduced_fixed_slowdown=None,  # one drawn factor: the machines the policy was trained on
         recompute_fraction=p.recompute_fraction * float(math.exp(rng.uniform(math.log(0.5), math.log(2.0)))),
     )
 

@@ -1,6 +1,6 @@
 """Fitting a calibrated profile's time terms to measured configurations (a finished study's trials).
 
-``calibrate`` solves the simulator's time model from six step times measured in this process;
+``calibrate`` solves the simulator's time model from seven step times measured in this process;
 a study measured many more configurations, in its own measuring process (with its own thread
 count), at the configurations that matter. :func:`fit_time_terms` refits the model's per-model
 time terms to them, minimizing the squared log-ratio of simulated to measured throughput:
@@ -106,6 +106,8 @@ def fit_time_terms(profile: WorkloadProfile, measured: Sequence[MeasuredConfig])
     _check(profile, measured)
     seconds = np.array([m.config.effective_batch_size / m.throughput for m in measured])
     best: tuple[float, WorkloadProfile] = (_loss(profile, measured), profile)
+    # The per-sample factor only (a fixed one, where the profile has its own, stays calibrated:
+    # the trials, at the study's micro-batches, say little of a micro-batch of one).
     slowdowns = [profile.reduced_slowdown * float(g) for g in _GRID]
     recomputes = sorted({profile.recompute_fraction, *(float(r) for r in _RECOMPUTE_GRID)})
     for slowdown, recompute in itertools.product(slowdowns, recomputes):
@@ -134,15 +136,21 @@ def _loss(p: WorkloadProfile, measured: Sequence[MeasuredConfig]) -> float:
 def _fit_linear(p: WorkloadProfile, seconds: np.ndarray, measured: Sequence[MeasuredConfig]) -> WorkloadProfile:
     """Non-negative least squares of (step fixed, micro fixed, per sample) on relative errors.
 
-    t = t_fixed + k * (t_mf + b * t_ps) * A, with A the block factor of the configuration: linear
-    in the three terms. Three unknowns: every active set is tried (7 least-squares solves)."""
+    t = t_fixed + k * (t_mf * A_f + b * t_ps * A_ps), with A_f and A_ps the block factors of the
+    configuration under the reduced precision's fixed and per-sample factors (one A where the
+    profile has one factor): linear in the three terms. Three unknowns: every active set is tried
+    (7 least-squares solves)."""
     rows = []
     unit = dataclasses.replace(p, step_fixed_seconds=0.0, micro_fixed_seconds=1.0, micro_seconds_per_sample=0.0)
+    unit_ps = dataclasses.replace(unit, micro_fixed_seconds=0.0, micro_seconds_per_sample=1.0)
     for m in measured:
         c = m.config
-        k_a = step_seconds(
-            unit, micro_batch_size=c.micro_batch_size, accum_steps=c.grad_accum_steps, **_block_sets(p, c)._asdict()
-        )  # = k * A
-        rows.append([1.0, k_a, k_a * c.micro_batch_size])
+        sets = _block_sets(p, c)._asdict()
+        k_a = step_seconds(unit, micro_batch_size=c.micro_batch_size, accum_steps=c.grad_accum_steps, **sets)
+        if p.reduced_fixed_slowdown is None:  # one factor: k * A, and k * A * b
+            rows.append([1.0, k_a, k_a * c.micro_batch_size])
+        else:  # k * A_f, and k * b * A_ps
+            k_ps = step_seconds(unit_ps, micro_batch_size=c.micro_batch_size, accum_steps=c.grad_accum_steps, **sets)
+            rows.append([1.0, k_a, k_ps])
     t_fixed, t_mf, t_ps = (float(v) for v in relative_nnls(np.array(rows), seconds))
     return dataclasses.replace(p, step_fixed_seconds=t_fixed, micro_fixed_seconds=t_mf, micro_seconds_per_sample=t_ps)

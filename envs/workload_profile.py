@@ -15,7 +15,7 @@ from autotune.errors import ConfigError
 
 __all__ = ["INFEASIBLE_PEAK", "PROFILE_VERSION", "BlockCost", "WorkloadProfile", "load_profile", "save_profile"]
 
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 #: A setting the model cannot run here (``WorkloadProfile.reduced_failure``): over any budget.
 INFEASIBLE_PEAK = 2**62
 
@@ -57,8 +57,8 @@ class WorkloadProfile:
     """Everything the simulator knows of one workload on one machine.
 
     A step's time is ``step_fixed_seconds + accum * (micro_fixed_seconds + micro *
-    micro_seconds_per_sample)``, its blocks' part scaled by precision and recompute
-    (``envs/costmodel.py``).
+    micro_seconds_per_sample)``, its blocks' part scaled by precision (each term by its own
+    factor) and recompute (``envs/costmodel.py``).
 
     Attributes:
         version: The profile format's version (:data:`PROFILE_VERSION` when read).
@@ -78,7 +78,12 @@ class WorkloadProfile:
         micro_fixed_seconds: Per micro-batch, independent of its size.
         micro_seconds_per_sample: Per sample of a micro-batch (fp32, nothing recomputed).
         blocks_fraction: The share of a micro-batch's time spent in the blocks (fp32).
-        reduced_slowdown: Reduced-precision block time over fp32 block time (above 1: slower).
+        reduced_slowdown: Reduced-precision block time over fp32 block time, per sample (above 1:
+            slower).
+        reduced_fixed_slowdown: The same of the blocks' per-micro-batch fixed time (kernel
+            launches, Python, autocast's casts: on a GPU about 1 where the per-sample factor is
+            0.25); None: ``reduced_slowdown`` (one factor for both, as profiles calibrated before
+            version 3, synthetic ones and those whose fixed part is too small to time).
         recompute_fraction: The extra block time when recomputed, over the block time.
         curve_samples: The loss curve's samples seen, one per point.
         curve_loss: The loss curve's loss at each point.
@@ -141,6 +146,13 @@ class WorkloadProfile:
     selective_fraction: float | None = None
     outer_peak_table: tuple[int, ...] | None = None
     outer_selective_peak_table: tuple[int, ...] | None = None
+    reduced_fixed_slowdown: float | None = None
+
+    @property
+    def fixed_slowdown(self) -> float:
+        """The reduced precision's factor on the per-micro-batch fixed time (:attr:`reduced_fixed_slowdown`,
+        else :attr:`reduced_slowdown`)."""
+        return self.reduced_slowdown if self.reduced_fixed_slowdown is None else self.reduced_fixed_slowdown
 
     @property
     def model_state_bytes(self) -> int:
@@ -163,7 +175,8 @@ class WorkloadProfile:
                 d[key] = tuple(int(x) for x in d[key])
         if d.get("version", 1) > PROFILE_VERSION:
             raise ConfigError(f"profile version must be <= {PROFILE_VERSION}, but got {d['version']}.")
-        d["version"] = PROFILE_VERSION  # version 1 only lacks the (optional) peak table
+        # Version 1 lacks the (optional) peak table, version 2 the fixed time's own reduced factor.
+        d["version"] = PROFILE_VERSION
         return cls(**d)
 
 

@@ -4,7 +4,7 @@ directory (``autotune tune --policy DIR``, ``Adaptive(policy=DIR)``).
 
 A study holds what one model's configurations cost on this machine, measured on the real loop:
 throughput and exact peak. The simulator's peaks are already the memory model's (exact to a few
-hundred bytes); its time terms come from six step times in the calibrating process. Refitting
+hundred bytes); its time terms come from seven step times in the calibrating process. Refitting
 them to the trials (:func:`autotune.envs.fit.fit_time_terms`) makes the simulator agree with the
 measurements the study made, so the policy is fine-tuned on a cost model closer to this machine.
 """

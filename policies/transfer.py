@@ -191,8 +191,8 @@ class CalibrationSize:
 
     Attributes:
         micro_batch: The largest micro-batch they run at (None: the whole batch, the default).
-        one_at_a_time: Whether its six timed configurations run one after the other (one copy of
-            the model alive) rather than side by side (six at once).
+        one_at_a_time: Whether its seven timed configurations run one after the other (one copy of
+            the model alive) rather than side by side (seven at once).
     """
 
     micro_batch: int | None = None
@@ -202,13 +202,13 @@ class CalibrationSize:
 def calibration_size(workload: Workload, *, reuse: MemoryProfile | None = None) -> CalibrationSize:
     """Where the calibration's real steps fit on the device they run on, or :class:`ProposalError`.
 
-    The calibration measures the PyTorch default in one fp32 micro-batch and times six
-    configurations side by side (six copies of the model and its optimizer state at once), on the
+    The calibration measures the PyTorch default in one fp32 micro-batch and times seven
+    configurations side by side (seven copies of the model and its optimizer state at once), on the
     device a measurement defaults to. At real size the whole batch does not fit there (GPT-2 small
-    at sequence 1024 and batch 32: ~42 GiB in fp32, on a 24 GB card), nor six copies of a large
+    at sequence 1024 and batch 32: ~42 GiB in fp32, on a 24 GB card), nor seven copies of a large
     model (a 1B-parameter model's fp32 AdamW state is 16 GB each). Per micro-batch, from the whole
     batch down the powers of two dividing it, the first that fits (predicted by one fake-tensor
-    profile, in seconds): with six copies side by side, else with one at a time. Where not even one
+    profile, in seconds): with seven copies side by side, else with one at a time. Where not even one
     sample fits beside one copy, it cannot run. ``reuse``: a memory profile of ``workload`` made
     before (a study's), whose fp32 fake runs the profile here does not make again.
     """
@@ -241,7 +241,7 @@ def calibration_size(workload: Workload, *, reuse: MemoryProfile | None = None) 
             return CalibrationSize()
         micro = None if m == b0 else m
         alone = e.total
-        if alone + 5 * (e.parameters + e.gradients + e.optimizer_state) <= room:
+        if alone + 6 * (e.parameters + e.gradients + e.optimizer_state) <= room:
             return CalibrationSize(micro_batch=micro)
         if alone <= room:
             return CalibrationSize(micro_batch=micro, one_at_a_time=True)

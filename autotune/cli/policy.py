@@ -169,9 +169,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             progress=lambda what: status.update(f"profiling {workload.name}: {what}"),
         )
     save_profile(profile, out)
+    x_f = profile.reduced_fixed_slowdown
+    fixed = "" if x_f is None else f" ({x_f:.2f}x per micro-batch)"
     print(
-        f"wrote {out}: {len(profile.blocks)} blocks, reduced-precision slowdown {profile.reduced_slowdown:.2f}x, "
-        f"recompute +{profile.recompute_fraction:.0%} of block time"
+        f"wrote {out}: {len(profile.blocks)} blocks, reduced-precision slowdown {profile.reduced_slowdown:.2f}x "
+        f"per sample{fixed}, recompute +{profile.recompute_fraction:.0%} of block time"
     )
     return 0
 

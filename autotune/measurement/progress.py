@@ -56,7 +56,7 @@ def ranked_line(start: float) -> str:
 
 class PhaseClock:
     """A :data:`Note` of phase lines from calls made as each phase *begins* (the simulator's
-    calibration says ``"step times under six configurations"`` before it times them): the line of
+    calibration says ``"step times under seven configurations"`` before it times them): the line of
     a phase, with its seconds, is said when the next one begins, and the last one's by :meth:`end`.
 
     Args:
@@ -67,10 +67,10 @@ class PhaseClock:
         >>> lines = []
         >>> clock = PhaseClock(lines.append, "start plan: ")
         >>> clock("memory of the default configuration")
-        >>> clock("step times under six configurations")
+        >>> clock("step times under seven configurations")
         >>> clock.end()
         >>> [line.rpartition(" (")[0] for line in lines]
-        ['start plan: memory of the default configuration', 'start plan: step times under six configurations']
+        ['start plan: memory of the default configuration', 'start plan: step times under seven configurations']
     """
 
     def __init__(self, note: Note, prefix: str = "") -> None:

@@ -146,7 +146,7 @@ def test_the_setup_says_each_phase_with_its_seconds() -> None:
                 "memory of the default configuration",
                 "per-block activation bytes",
                 "per-block forward time",
-                "step times under six configurations",
+                "step times under seven configurations",
                 "loss and gradient-noise curves",
                 "peak memory of every knob setting \\(memory model\\)",
                 "peak memory of every knob setting with the outer parts in bf16 \\(memory model\\)",

@@ -7,7 +7,13 @@ import re
 
 import numpy as np
 import pytest
-from autotune.envs.calibration import relative_nnls
+from autotune.envs.calibration import (
+    SLOWDOWN_RANGE,
+    TimeTerms,
+    _block_time_ratios,
+    _linear_time_terms,
+    relative_nnls,
+)
 
 
 def _rows(splits: list[tuple[int, int]]) -> np.ndarray:
@@ -216,3 +222,54 @@ def test_the_default_s_memory_is_measured_on_the_worst_case_rows(monkeypatch: py
     assert default.memory is not None and worst.memory is not None
     assert measured == [default.peak_bytes] and default.memory.total == worst.memory.total
     assert drawn.peak_bytes is not None and drawn.peak_bytes < worst.memory.total  # what it measured before
+
+
+# ---- the reduced precision's two factors: per sample and per micro-batch (issue 40) ---------------
+
+
+def _times(x_ps: float, x_f: float, *, t_fixed: float, t_mf: float, t_ps: float, phi: float) -> dict[str, float]:
+    """Step times the two-factor model gives calibrate's seven configurations (micro-batch 32, 8, 1x4;
+    every block reduced in the reduced ones, recompute at +40% of block time)."""
+
+    def t(b: int, k: int = 1, x_f_: float = 1.0, x_ps_: float = 1.0, rho: float = 0.0) -> float:
+        return t_fixed + k * (
+            t_mf * (1 - phi + phi * x_f_ * (1 + rho)) + b * t_ps * (1 - phi + phi * x_ps_ * (1 + rho))
+        )
+
+    return {
+        "small": t(8),
+        "default": t(32),
+        "reduced": t(32, x_f_=x_f, x_ps_=x_ps),
+        "checkpoint": t(32, rho=0.4),
+        "accum": t(8, 2),
+        "tiny": t(1, 4),
+        "reduced_tiny": t(1, 4, x_f_=x_f, x_ps_=x_ps),
+    }
+
+
+@pytest.mark.parametrize(("x_ps", "x_f"), [(0.25, 1.05), (12.0, 3.0), (0.8, 0.8)])
+def test_the_reduced_precision_s_factor_on_samples_and_on_micro_batches_are_solved_apart(
+    x_ps: float, x_f: float
+) -> None:
+    # A GPU's bf16 (tensor cores: 4x faster per sample, launches as slow), an AVX2 CPU's, one factor.
+    times = _times(x_ps, x_f, t_fixed=0.01, t_mf=0.02, t_ps=0.004, phi=0.8)
+    t_fixed, t_mf, t_ps = _linear_time_terms(times, 32, 8, 4)
+    assert (t_fixed, t_mf, t_ps) == pytest.approx((0.01, 0.02, 0.004), rel=1e-9)
+    terms = TimeTerms(micro_fixed=t_mf, per_sample=t_ps, micro=32, tiny_accum=4)
+    slowdown, fixed, recompute = _block_time_ratios(times, terms, 0.8, failure=None)
+    assert (slowdown, fixed, recompute) == pytest.approx((x_ps, x_f, 0.4), rel=1e-9)
+    # Without the micro-batch of one in reduced precision: one factor on the whole micro-batch.
+    one = {k: v for k, v in times.items() if k != "reduced_tiny"}
+    slowdown, fixed, _ = _block_time_ratios(one, terms, 0.8, failure=None)
+    micro = 0.02 + 32 * 0.004
+    assert fixed is None and slowdown == pytest.approx(1 + (times["reduced"] - times["default"]) / (0.8 * micro))
+    # Where reduced precision cannot run: no factor to solve.
+    assert _block_time_ratios(one, terms, 0.8, failure="no bf16 LSTM")[:2] == (1.0, None)
+
+
+def test_a_factor_out_of_any_kernel_s_range_is_clamped() -> None:
+    times = _times(0.25, 1.0, t_fixed=0.01, t_mf=0.02, t_ps=0.004, phi=0.8)
+    times["reduced_tiny"] = times["tiny"] - 1.0  # noise: a micro-batch of one "faster" than free
+    terms = TimeTerms(micro_fixed=0.02, per_sample=0.004, micro=32, tiny_accum=4)
+    slowdown, fixed, _ = _block_time_ratios(times, terms, 0.8, failure=None)
+    assert fixed == SLOWDOWN_RANGE[0] and SLOWDOWN_RANGE[0] <= slowdown <= SLOWDOWN_RANGE[1]

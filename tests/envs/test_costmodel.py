@@ -13,7 +13,7 @@ from autotune.envs.calibration import (
     peak_table_index,
     selective_table_index,
 )
-from autotune.envs.costmodel import SELECTIVE_FRACTION, ranked_settings, step_cost
+from autotune.envs.costmodel import SELECTIVE_FRACTION, ranked_settings, step_cost, step_seconds
 from autotune.envs.simulated import PROFILE_DIR
 
 from autotune import load_workload
@@ -203,3 +203,28 @@ def test_domain_randomization_draws_selective_figures_and_keeps_a_profile_s_own(
         b.input_per_sample for b in PROFILE.blocks if b.name == synthetic.blocks[0].name
     )
     assert synthetic.blocks[0].selective_per_sample == pytest.approx(1000.0 * scale)
+
+
+# ---- the reduced precision's two factors (issue 40) ---------------------------------------------
+
+
+def test_one_factor_is_the_model_before_the_split_and_two_time_each_term_by_its_own() -> None:
+    gpu = dataclasses.replace(PROFILE, reduced_slowdown=0.25, micro_fixed_seconds=0.05)
+    one = dataclasses.replace(gpu, reduced_fixed_slowdown=None)
+    same = dataclasses.replace(gpu, reduced_fixed_slowdown=0.25)
+    split = dataclasses.replace(gpu, reduced_fixed_slowdown=1.0)
+    everything = range(len(PROFILE.blocks))
+    for b in (1, 8, 32):
+        kw = {"micro_batch_size": b, "accum_steps": 32 // b, "reduced": everything, "recomputed": ()}
+        assert step_seconds(same, **kw) == pytest.approx(step_seconds(one, **kw), rel=1e-12)
+        phi = gpu.blocks_fraction
+        a_ps = 1 - phi + phi * 0.25
+        expected = gpu.step_fixed_seconds + (32 // b) * (0.05 * 1.0 + b * gpu.micro_seconds_per_sample * a_ps)
+        assert step_seconds(split, **kw) == pytest.approx(expected, rel=1e-12)
+        fp32 = step_seconds(split, **{**kw, "reduced": ()})
+        # bf16's speed-up shrinks with the micro-batch where the launches do not speed up.
+        assert step_seconds(split, **kw) / fp32 > step_seconds(one, **kw) / fp32
+    # A launch-bound micro-batch of one: bf16 gains little over fp32; one factor reads it 4x faster.
+    tiny = {"micro_batch_size": 1, "accum_steps": 32, "recomputed": ()}
+    assert step_seconds(one, reduced=everything, **tiny) / step_seconds(one, reduced=(), **tiny) < 0.35
+    assert step_seconds(split, reduced=everything, **tiny) / step_seconds(split, reduced=(), **tiny) > 0.8

@@ -78,3 +78,14 @@ def test_the_calibrated_profile_is_kept_when_it_already_fits() -> None:
 def test_bad_measurements_are_refused(measured: list[MeasuredConfig], message: str) -> None:
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         fit_time_terms(PROFILE, measured)
+
+
+def test_a_profile_with_its_own_fixed_factor_is_fit_on_its_per_sample_factor_and_keeps_the_fixed_one() -> None:
+    # A GPU-like profile: bf16 4x faster per sample, as fast per micro-batch; the trials measured
+    # bf16 2x slower per sample than that (another card): the fit finds it, the fixed factor stays.
+    gpu = dataclasses.replace(PROFILE, reduced_slowdown=0.25, reduced_fixed_slowdown=1.0, micro_fixed_seconds=0.01)
+    other = dataclasses.replace(gpu, reduced_slowdown=0.5)
+    measured = [MeasuredConfig(config=c, throughput=simulated_throughput(other, c)) for c in CONFIGS]
+    fitted = fit_time_terms(gpu, measured)
+    assert throughput_error(gpu, measured) > 0.05 and throughput_error(fitted, measured) < 1e-6
+    assert (fitted.reduced_slowdown, fitted.reduced_fixed_slowdown) == (pytest.approx(0.5), 1.0)

@@ -97,7 +97,7 @@ def test_without_a_proposal_the_study_goes_on_and_says_why_in_one_line(
         "policy proposal: memory of the default configuration (...)",
         "policy proposal: per-block activation bytes (...)",
         "policy proposal: per-block forward time (...)",
-        "policy proposal: step times under six configurations (...)",
+        "policy proposal: step times under seven configurations (...)",
         "policy proposal: loss and gradient-noise curves (...)",
         "policy proposal: peak memory of every knob setting (...)",  # "(memory model) (1.2 s)"
     ]
@@ -142,11 +142,11 @@ def test_the_simulated_best_is_the_best_setting_the_gate_admits() -> None:
 
 def _alone(workload: object, micro: int, *, side_by_side: bool = False) -> int:
     """What the calibration needs at ``micro``: the default's predicted peak with one model alive,
-    and five more models with its six timed ones at once (``side_by_side``)."""
+    and six more models with its seven timed ones at once (``side_by_side``)."""
     from autotune import TrainConfig, predict_memory
 
     e = predict_memory(workload, TrainConfig(micro_batch_size=micro), verify=False)  # type: ignore[arg-type]
-    return e.total + (5 * (e.parameters + e.gradients + e.optimizer_state) if side_by_side else 0)
+    return e.total + (6 * (e.parameters + e.gradients + e.optimizer_state) if side_by_side else 0)
 
 
 def test_a_calibration_that_would_not_fit_even_at_one_sample_is_refused_before_any_step(
@@ -210,10 +210,11 @@ def test_a_calibration_that_does_not_fit_runs_at_a_smaller_micro_batch_and_one_m
     monkeypatch.setattr(calibration, "interleaved_step_seconds", interleaved)
     lines: list[str] = []
     profile = quick_profile(workload, progress=lines.append)  # raises if the model misses the measured default
-    assert micros == [8, 2, 8, 8, 8, 2, 1]  # the default, then small, default, reduced, checkpoint, accum, tiny
+    # The default, then small, default, reduced, checkpoint, accum, tiny and tiny reduced.
+    assert micros == [8, 2, 8, 8, 8, 2, 1, 1]
     assert together == [False]
     assert lines[0] == "memory of the default configuration at micro-batch 8"
-    assert "step times under six configurations, one at a time" in lines
+    assert "step times under seven configurations, one at a time" in lines
     assert (profile.batch_size, profile.default_micro_batch) == (16, 8)
     assert profile.curve_samples == (16.0, 32.0)  # the curve's steps keep the whole batch (8 x 2)
     free = int(_alone(workload, 16) / 0.8) + 1  # the whole batch alone: before a smaller micro-batch
