@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -297,15 +297,19 @@ def _predictor(
 
 
 def _profile_ahead(prepared: Prepared, predictor: StudyPredictor | None, *, until: Callable[[], bool]) -> None:
-    """Take the memory profile's modes the baselines use (the PyTorch default's first), one at a
-    time while ``until()`` is False: fake runs in this process, which the first trials would
-    otherwise wait for (:meth:`StudyPredictor.profile_ahead`)."""
+    """Take the memory profile's modes the baselines use (the PyTorch default's first), then the
+    outer parts' own (fp32 blocks under a reduced outer autocast: the sampled trials reach it, and
+    the policy's proposal's tables need it), one at a time while ``until()`` is False: fake runs
+    in this process, which the first trials (and the proposal) would otherwise wait for
+    (:meth:`StudyPredictor.profile_ahead`; at GPT-2-small size several seconds a mode)."""
     if predictor is None:
         return
-    held = prepared.workload.held_in_16_bits is not None
-    objective = prepared.spec.objective
-    firsts = baselines(prepared.space, batch_size=max(prepared.space.batch_sizes), held=held, objective=objective)
-    predictor.profile_ahead(prepared.workload, [prepared.space.config(b.knobs) for b in firsts], until=until)
+    space, held = prepared.space, prepared.workload.held_in_16_bits is not None
+    firsts = baselines(space, batch_size=max(space.batch_sizes), held=held, objective=prepared.spec.objective)
+    configs = [space.config(b.knobs) for b in firsts]
+    if space.low_precisions:  # the outer knob is in the space
+        configs.append(space.config(replace(firsts[0].knobs, outer_low_precision=True)))
+    predictor.profile_ahead(prepared.workload, configs, until=until)
 
 
 def _enqueue(

@@ -513,3 +513,28 @@ def test_a_precision_the_model_cannot_run_here_is_left_out_of_the_search(
         "'no-low-precision' failed under micro x acc x ranks 1x1x1 | bf16 | ckpt none | ZeRO 0: RuntimeError: "
         "could not create a primitive descriptor for this op in reduced precision)\n"
     ) in err
+
+
+def test_ahead_of_the_first_trial_the_baselines_modes_then_the_outer_parts_own_are_profiled() -> None:
+    # While the measuring child builds the workload (tens of seconds at real size): the modes the
+    # baselines run in, then fp32 blocks under a bf16 outer autocast, which the sampled trials
+    # reach and the policy's proposal's memory tables need.
+    from autotune.search.study import _profile_ahead
+
+    asked: list[str] = []
+
+    class Recorder:
+        def profile_ahead(self, workload: Workload, configs: list[TrainConfig], *, until: Callable[[], bool]) -> None:
+            asked.extend(c.describe() for c in configs)
+
+    prepared = prepare(_spec(space=SpaceSpec(batch_sizes=(16,))))
+    _profile_ahead(prepared, Recorder(), until=lambda: False)  # type: ignore[arg-type]
+    assert asked == [
+        "micro x acc x ranks 16x1x1 | fp32 | ckpt none | ZeRO 0",
+        "micro x acc x ranks 4x4x1 | bf16 | ckpt 2/4 | ZeRO 0",
+        "micro x acc x ranks 16x1x1 | bf16, outer bf16 | ckpt all | ZeRO 0",
+        "micro x acc x ranks 16x1x1 | fp32, outer bf16 | ckpt none | ZeRO 0",
+    ]
+    asked.clear()
+    _profile_ahead(prepare(_spec(space=SpaceSpec(precisions=("fp32",)))), Recorder(), until=lambda: False)  # type: ignore[arg-type]
+    assert all("outer" not in line for line in asked) and len(asked) == 2
