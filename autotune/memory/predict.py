@@ -172,7 +172,7 @@ def predict_memory(
             device=device_type,
             note=note,
         )
-    estimate = compose_memory(workload, config, profile, device_type=device_type)
+    estimate = compose_memory(workload, config, profile, device_type=device_type, plan=plan)
     check = covering(profile, config, plan, estimate.total, device_type=device_type)
     if check is None and not profile.checks and not _device_available(device_type):
         reason = f"no real step on {device_type} checked it: this machine has no {device_type} device"

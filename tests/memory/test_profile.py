@@ -53,3 +53,29 @@ def test_each_new_mode_is_said_as_it_ends_with_its_seconds() -> None:
     assert [re.sub(r"\d+\.\d s\)$", "# s)", line) for line in lines] == [
         f"memory model: fake-tensor profile of {mode} (no real compute, # s)" for mode in ("fp32", "bf16", "bf16@bf16")
     ]
+
+
+def test_a_profile_held_whole_by_the_one_reused_runs_nothing_and_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from autotune.memory import profile
+    from autotune.memory.profile import fake_profile
+
+    workload = load_workload("gpt-tiny")
+    both = fake_profile(workload, modes=("fp32", "bf16"), selective=True)
+    runs, optimizer_steps = counted_runs(monkeypatch), []
+    costs = profile._optimizer_costs
+    monkeypatch.setattr(profile, "_optimizer_costs", lambda *a: optimizer_steps.append(1) or costs(*a))
+    held = fake_profile(workload, modes=("bf16",), reuse=both)
+    assert (runs, optimizer_steps) == ([], [])  # no fake run, no fake optimizer step
+    assert held == dataclasses.replace(both, modes={"bf16": both.modes["bf16"]})
+    assert held == fake_profile(workload, modes=("bf16",), selective=True)  # what a profile anew gives
+    # A run it lacks (none at other sizes, none of another device's kernels): profiled.
+    runs.clear()
+    fake_profile(workload, modes=("bf16",), reuse=both, device_type="cuda")
+    assert runs == ["none", "none", "full", "full"]
+    # Another workload's parameters (one block frozen since): profiled anew.
+    workload.model.get_submodule(workload.block_names()[0]).requires_grad_(False)
+    runs.clear()
+    frozen = fake_profile(workload, modes=("bf16",), reuse=both)
+    assert runs == [] and frozen.trainable_parameters < both.trainable_parameters
