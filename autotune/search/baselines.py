@@ -4,7 +4,10 @@
   the largest micro-batch that fits. Without a memory model we cannot know what fits before
   measuring, so it starts at the whole effective batch and, if that does not fit, the objective
   enqueues it again with the next smaller micro-batch (accumulation then makes up the batch),
-  as ``accelerate.find_executable_batch_size`` does.
+  as ``accelerate.find_executable_batch_size`` does. A micro-batch the memory model puts at
+  :data:`~autotune.search.budget.FAR_OVER` times the budget or more is passed over even before a
+  trial has checked its prediction (:func:`~autotune.search.budget.far_over`): it cannot fit, and
+  on a card of the budget's size measuring it is an out-of-memory error.
 * ``seed-recipe``: the seed method's hand recipe: accumulation k=4, mixed precision (bf16) on all
   blocks, activation checkpoints every sqrt(L) blocks (Chen et al. 2016, "Training Deep Nets with
   Sublinear Memory Cost"), ZeRO-2 where ranks > 1. The space expresses checkpointing as a count
@@ -31,6 +34,7 @@ step under the same name).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -89,6 +93,7 @@ def baselines(
     admits: Callable[[Knobs], Verdict] | None = None,
     held: bool = False,
     objective: ObjectiveName = DEFAULT_OBJECTIVE,
+    hopeless: Callable[[Knobs], bool] | None = None,
 ) -> tuple[Baseline, ...]:
     """The baselines at effective batch ``batch_size``: the PyTorch default, the seed recipe and,
     where the space offers bf16 or the model is ``held`` in 16 bits, the HF recipe; under the
@@ -96,12 +101,14 @@ def baselines(
     held in 16 bits has nothing for ``bf16=True`` to cast: there it is the PyTorch default).
     ``admits`` (the admission rule on a memory prediction, :func:`autotune.search.budget.admits`)
     picks the largest admitted micro-batch for the PyTorch default and the HF recipes up front,
-    when a memory model exists."""
-    out = [_pytorch_default(space, batch_size, admits), _seed_recipe(space, batch_size)]
+    when a memory model exists, passing over those ``hopeless`` says cannot fit whatever a
+    measured trial would say (:func:`autotune.search.budget.far_over`)."""
+    fitting = functools.partial(_largest_fitting, space, admits=admits, hopeless=hopeless)
+    out = [_pytorch_default(batch_size, space, fitting), _seed_recipe(space, batch_size)]
     if held or "bf16" in space.low_precisions:
-        out.append(_hf_recipe(space, batch_size, admits, held=held))
+        out.append(_hf_recipe(space, batch_size, fitting, held=held))
     if objective == "throughput" and not held and "bf16" in space.low_precisions:
-        out.append(_hf_bf16(space, batch_size, admits))
+        out.append(_hf_bf16(space, batch_size, fitting))
     return tuple(out)
 
 
@@ -120,31 +127,40 @@ def _whole_batch(space: SearchSpace, batch: int) -> Knobs:
     )
 
 
-def _largest_fitting(space: SearchSpace, knobs: Knobs, admits: Callable[[Knobs], Verdict] | None) -> Knobs:
-    if admits is None:
+def _largest_fitting(
+    space: SearchSpace,
+    knobs: Knobs,
+    admits: Callable[[Knobs], Verdict] | None,
+    hopeless: Callable[[Knobs], bool] | None = None,
+) -> Knobs:
+    if admits is None and hopeless is None:
         return knobs
+
+    def fits(k: Knobs) -> bool:
+        return (admits is None or admits(k).admitted) and (hopeless is None or not hopeless(k))
+
     smaller: Knobs | None = knobs
-    while smaller is not None and not admits(smaller).admitted:
+    while smaller is not None and not fits(smaller):
         smaller = smaller_micro_batch(space, smaller)
     return smaller or knobs  # nothing fits: measure it anyway and let it fail
 
 
-def _pytorch_default(space: SearchSpace, batch: int, admits: Callable[[Knobs], Verdict] | None) -> Baseline:
-    return Baseline(name=PYTORCH_DEFAULT, knobs=_largest_fitting(space, _whole_batch(space, batch), admits))
+def _pytorch_default(batch: int, space: SearchSpace, fitting: Callable[[Knobs], Knobs]) -> Baseline:
+    return Baseline(name=PYTORCH_DEFAULT, knobs=fitting(_whole_batch(space, batch)))
 
 
-def _hf_recipe(space: SearchSpace, batch: int, admits: Callable[[Knobs], Verdict] | None, *, held: bool) -> Baseline:
+def _hf_recipe(space: SearchSpace, batch: int, fitting: Callable[[Knobs], Knobs], *, held: bool) -> Baseline:
     n = space.num_blocks
     whole = replace(_whole_batch(space, batch), checkpoint_blocks=n)
     if not held:
         whole = replace(whole, low_precision="bf16", low_precision_blocks=n, outer_low_precision=True)
-    return Baseline(name=HF_RECIPE, knobs=_largest_fitting(space, whole, admits))
+    return Baseline(name=HF_RECIPE, knobs=fitting(whole))
 
 
-def _hf_bf16(space: SearchSpace, batch: int, admits: Callable[[Knobs], Verdict] | None) -> Baseline:
+def _hf_bf16(space: SearchSpace, batch: int, fitting: Callable[[Knobs], Knobs]) -> Baseline:
     n = space.num_blocks
     whole = replace(_whole_batch(space, batch), low_precision="bf16", low_precision_blocks=n, outer_low_precision=True)
-    return Baseline(name=HF_BF16, knobs=_largest_fitting(space, whole, admits))
+    return Baseline(name=HF_BF16, knobs=fitting(whole))
 
 
 def _seed_recipe(space: SearchSpace, batch: int) -> Baseline:

@@ -13,7 +13,7 @@ from autotune.knobs import Knobs
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.measurement.progress import PhaseClock, since
 from autotune.search.baselines import POLICY_PROPOSAL, baselines
-from autotune.search.budget import admits
+from autotune.search.budget import admits, far_over
 from autotune.search.observer import StudyObserver
 from autotune.search.predictor import MemoryPredictor
 from autotune.search.trial_record import ATTR
@@ -63,12 +63,14 @@ def enqueue_baselines(
     names enqueued. ``note`` gets one line saying which, with its seconds."""
     present = _present(study)
     start = time.perf_counter()
-    verdict = admits(prepared, predictor)
+    verdict, hopeless = admits(prepared, predictor), far_over(prepared, predictor)
     reference = min(prepared.space.batch_sizes, key=lambda b: (abs(b - prepared.reference_batch), b))
     added = []
     held = prepared.workload.held_in_16_bits is not None
     objective = prepared.spec.objective
-    for b in baselines(prepared.space, batch_size=reference, admits=verdict, held=held, objective=objective):
+    for b in baselines(
+        prepared.space, batch_size=reference, admits=verdict, held=held, objective=objective, hopeless=hopeless
+    ):
         if b.name not in present:
             study.enqueue_trial(prepared.space.params(b.knobs), user_attrs={ATTR.BASELINE: b.name})
             added.append(b.name)

@@ -144,6 +144,30 @@ class StudyPredictor:
             self.memo[key] = predicted_bytes(prediction)
         return self.memo[key]
 
+    def unverified(self, workload: Workload, config: TrainConfig) -> int | None:
+        """The memory model's bytes for ``config`` whether or not a measured trial has checked its
+        kind, from the profile taken so far only (None where it lacks ``config``'s runs: no fake
+        run is made for a hint): where a baseline starts (:func:`autotune.search.budget.far_over`),
+        never a verdict on a trial."""
+        from autotune.errors import AutotuneError
+
+        key = (id(workload), config.to_json())
+        if key in self.predicted:
+            return self.predicted[key]
+        profile = self.profile_of(workload)
+        if self.plan_of is None or profile is None:
+            return None
+        plan = self.plan_of(config, num_blocks=len(workload.block_names()), device_type=self.device)
+        modes = profile.modes
+        if any(m not in modes for m in plan.modes):
+            return None
+        if any(modes[m].recomputed(level) is None for m, level in zip(plan.block_modes, plan.recompute, strict=True)):
+            return None
+        try:
+            return predicted_bytes(self.fn(workload, config, profile=profile, device_type=self.device))
+        except AutotuneError:
+            return None
+
     @property
     def _unchecked(self) -> str:
         return f"no measured trial on {self.device} has checked its kind of configuration yet"

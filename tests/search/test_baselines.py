@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -230,3 +231,50 @@ def test_the_recommendation_line_says_when_its_ratios_were_timed_side_by_side(ob
             f"recommended for the most samples/s within the budget: {head} "
             "(2.04x the PyTorch default's and 1.10x the HF recipe's samples/s, timed side by side)"
         )
+
+
+def test_a_point_the_memory_model_puts_far_over_the_budget_is_not_where_a_baseline_starts() -> None:
+    # Unchecked predictions do not judge trials, but one far over the budget (GPT-2 small's fp32
+    # whole batch: 52 GiB under 20) cannot fit: the retried baselines start below it.
+    space = _space(n_blocks=4)
+    default, seed, recipe, fast = baselines(
+        space, batch_size=32, objective="throughput", hopeless=lambda k: k.micro_batch_size >= 16
+    )
+    assert [b.knobs.micro_batch_size for b in (default, recipe, fast)] == [8, 8, 8]
+    assert seed.knobs.micro_batch_size == 8  # the seed recipe's split is its own: accumulation 4
+    # Both rules at once: the admission rule's verified prediction, and the far-over hint.
+    admits = _under(5, lambda k: k.micro_batch_size)
+    default, *_ = baselines(space, batch_size=32, admits=admits, hopeless=lambda k: k.micro_batch_size >= 16)
+    assert default.knobs.micro_batch_size == 4
+    # Nothing below the whole batch left: the whole batch, measured (and let fail) as before.
+    default, *_ = baselines(space, batch_size=32, hopeless=lambda k: True)
+    assert default.knobs.micro_batch_size == 32
+
+
+def test_far_over_is_the_study_s_unchecked_prediction_against_2_5_times_the_budget() -> None:
+    from autotune import TrainConfig, predict_memory
+    from autotune.search.budget import FAR_OVER, far_over
+    from autotune.search.predictor import load_memory_predictor
+    from autotune.search.prepared import prepare
+    from autotune.search.spec import StudySpec
+    from autotune.units import MemoryBudget
+    from tests.paths import TINY_WORKLOAD
+
+    predictor = load_memory_predictor(lazy=True)
+    assert predictor is not None
+    probe = prepare(StudySpec(workload=f"{TINY_WORKLOAD}:build"))
+    whole = TrainConfig(micro_batch_size=16)
+    assert predictor.unverified(probe.workload, whole) is None  # no profile taken: no hint, no fake run
+    predictor.profile_ahead(probe.workload, [whole], until=lambda: False)
+    peak = predictor.unverified(probe.workload, whole)
+    profile = predictor.profile_of(probe.workload)
+    assert peak == predict_memory(probe.workload, whole, profile=profile).total  # the model's, unchecked
+    for budget, far in [(int(peak / FAR_OVER), True), (int(peak / FAR_OVER) + 1, False)]:
+        prepared = prepare(StudySpec(workload=f"{TINY_WORKLOAD}:build", memory_budget=MemoryBudget(bytes=budget)))
+        prepared = dataclasses.replace(prepared, workload=probe.workload)  # the profiled one
+        hopeless = far_over(prepared, predictor)
+        assert hopeless is not None
+        default = baselines(prepared.space, batch_size=16, hopeless=hopeless)[0]
+        assert hopeless(default.knobs) is False
+        assert (default.knobs.micro_batch_size < 16) is far
+    assert far_over(probe, predictor) is None  # no budget: none
