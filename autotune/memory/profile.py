@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -145,15 +145,34 @@ def _held(
         if recomputed[1] and profile.selective is None:
             return None
         held[mode] = profile
-    params = list(workload.model.parameters())
     same = (
         reuse.names == workload.block_names()
-        and reuse.num_parameters == sum(p.numel() for p in params)
-        and reuse.trainable_parameters == sum(p.numel() for p in params if p.requires_grad)
-        and reuse.parameter_bytes == sum(p.numel() * p.element_size() for p in params)
+        and all(getattr(reuse, field) == value for field, value in _parameter_counts(workload).items())
         and reuse.worst_case == workload.worst_case.describe()
     )
     return dataclasses.replace(reuse, modes=held, checks=()) if same else None
+
+
+class _ParameterCounts(TypedDict):
+    num_parameters: int
+    largest_parameter: int
+    parameter_tensors: int
+    trainable_parameters: int
+    parameter_bytes: int
+    trainable_bytes: int
+
+
+def _parameter_counts(workload: Workload) -> _ParameterCounts:
+    """A profile's parameter fields (:class:`MemoryProfile`'s), of ``workload``'s parameters now."""
+    params = list(workload.model.parameters())
+    return {
+        "num_parameters": sum(p.numel() for p in params),
+        "largest_parameter": max(p.numel() for p in params),
+        "parameter_tensors": len(params),
+        "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+        "trainable_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+    }
 
 
 def _profile(
@@ -172,7 +191,6 @@ def _profile(
             return None
         return reuse.modes.get(mode)
 
-    params = list(workload.model.parameters())
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     state, step, flat_state, flat_step = _optimizer_costs(workload, fake)
     profiled: dict[str, ModeProfile] = {}
@@ -184,12 +202,7 @@ def _profile(
     return MemoryProfile(
         names=workload.block_names(),
         micro_batch_sizes=micro_batch_sizes,
-        num_parameters=sum(p.numel() for p in params),
-        largest_parameter=max(p.numel() for p in params),
-        parameter_tensors=len(params),
-        trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
-        parameter_bytes=sum(p.numel() * p.element_size() for p in params),
-        trainable_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        **_parameter_counts(workload),
         optimizer_state_bytes=state,
         optimizer_step_bytes=step,
         flat_state_ratio=flat_state,
