@@ -149,12 +149,6 @@ class WorkloadProfile:
     reduced_fixed_slowdown: float | None = None
 
     @property
-    def fixed_slowdown(self) -> float:
-        """The reduced precision's factor on the per-micro-batch fixed time (:attr:`reduced_fixed_slowdown`,
-        else :attr:`reduced_slowdown`)."""
-        return self.reduced_slowdown if self.reduced_fixed_slowdown is None else self.reduced_fixed_slowdown
-
-    @property
     def model_state_bytes(self) -> int:
         """Parameters, gradients and optimizer state: the bytes ZeRO partitions."""
         return self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes

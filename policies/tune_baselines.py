@@ -135,7 +135,6 @@ def measure_baselines(
         device: Where the loop runs (None: CUDA when available).
         show: Shows which baseline is being measured.
         say: Gets one line per baseline: its configuration and samples/s and peak, or why infeasible.
-
         objective: What the tuned run ranks by: which HF recipes are its baselines.
 
     Returns:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeGuard
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -135,22 +135,24 @@ def _held(
     optimizer step and its block structure are this workload's too, and at GPT-2-small size those
     alone were 1.4 s of fake runs per call (the simulator's memory tables call twice with a study's
     profile holding every mode)."""
-    if reuse is None or (reuse.micro_batch_sizes, reuse.device_type) != (sizes, device_type):
+    if not _reusable(reuse, sizes, device_type):
         return None
-    found = {m: reuse.modes.get(m) for m in modes}
-    held: dict[str, ModeProfile] = {}
-    for mode, profile in found.items():
-        if profile is None or (recomputed[0] and profile.checkpointed is None):
-            return None
-        if recomputed[1] and profile.selective is None:
-            return None
-        held[mode] = profile
+    held = {m: reuse.modes[m] for m in modes if m in reuse.modes}
+    asked: tuple[RecomputeLevel, ...] = ("full", "selective")
+    levels = [level for level, wanted in zip(asked, recomputed, strict=True) if wanted]
+    if len(held) < len(modes) or any(p.recomputed(level) is None for p in held.values() for level in levels):
+        return None
     same = (
         reuse.names == workload.block_names()
         and all(getattr(reuse, field) == value for field, value in _parameter_counts(workload).items())
         and reuse.worst_case == workload.worst_case.describe()
     )
     return dataclasses.replace(reuse, modes=held, checks=()) if same else None
+
+
+def _reusable(reuse: MemoryProfile | None, sizes: tuple[int, int], device_type: str) -> TypeGuard[MemoryProfile]:
+    """Whether ``reuse``'s modes can stand in this profile: run at the same sizes, for the same kernels."""
+    return reuse is not None and (reuse.micro_batch_sizes, reuse.device_type) == (sizes, device_type)
 
 
 class _ParameterCounts(TypedDict):
@@ -187,7 +189,7 @@ def _profile(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     def reused(mode: str) -> ModeProfile | None:
-        if reuse is None or (reuse.micro_batch_sizes, reuse.device_type) != (micro_batch_sizes, device_type):
+        if not _reusable(reuse, micro_batch_sizes, device_type):
             return None
         return reuse.modes.get(mode)
 

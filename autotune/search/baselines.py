@@ -104,7 +104,7 @@ def baselines(
     when a memory model exists, passing over those ``hopeless`` says cannot fit whatever a
     measured trial would say (:func:`autotune.search.budget.far_over`)."""
     fitting = functools.partial(_largest_fitting, space, admits=admits, hopeless=hopeless)
-    out = [_pytorch_default(batch_size, space, fitting), _seed_recipe(space, batch_size)]
+    out = [_pytorch_default(space, batch_size, fitting), _seed_recipe(space, batch_size)]
     if held or "bf16" in space.low_precisions:
         out.append(_hf_recipe(space, batch_size, fitting, held=held))
     if objective == "throughput" and not held and "bf16" in space.low_precisions:
@@ -145,7 +145,7 @@ def _largest_fitting(
     return smaller or knobs  # nothing fits: measure it anyway and let it fail
 
 
-def _pytorch_default(batch: int, space: SearchSpace, fitting: Callable[[Knobs], Knobs]) -> Baseline:
+def _pytorch_default(space: SearchSpace, batch: int, fitting: Callable[[Knobs], Knobs]) -> Baseline:
     return Baseline(name=PYTORCH_DEFAULT, knobs=fitting(_whole_batch(space, batch)))
 
 
