@@ -17,7 +17,7 @@ from autotune import zoo
 from autotune.errors import WorkloadError
 from autotune.workload import Workload
 
-__all__ = ["load_workload"]
+__all__ = ["load_workload", "source_of"]
 
 
 def load_workload(ref: str) -> Workload:
@@ -70,12 +70,23 @@ def load_workload(ref: str) -> Workload:
         raise WorkloadError(
             f"workload {ref!r}: {attr}() returned {type(workload).__name__}, expected autotune.Workload"
         )
-    return dataclasses.replace(workload, source=_absolute(ref, target, attr))
+    return dataclasses.replace(workload, source=source_of(ref))
 
 
-def _absolute(ref: str, target: str, attr: str) -> str:
-    """A file reference with an absolute path, valid from any working directory."""
-    return f"{Path(target).resolve()}:{attr}" if _is_file(target) else ref
+def source_of(ref: str) -> str:
+    """The ``Workload.source`` :func:`load_workload` gives ``ref``, without loading it: ``ref``,
+    a file reference's path made absolute (valid from any working directory). A study's measuring
+    child rebuilds the workload from it, and can start before this process has loaded it.
+
+    Example:
+        >>> from autotune.resolve import source_of
+        >>> source_of("mlp-digits")
+        'mlp-digits'
+    """
+    target, _, attr = ref.rpartition(":")
+    if ref in zoo.BUILTINS or not target or not _is_file(target):
+        return ref
+    return f"{Path(target).resolve()}:{attr}"
 
 
 def _is_file(target: str) -> bool:

@@ -17,7 +17,8 @@ from autotune.envs.workload_profile import INFEASIBLE_PEAK, WorkloadProfile
 from autotune.config import Precision
 from autotune.errors import ConfigError
 from autotune.memory.blocks import profile_blocks
-from autotune.memory.predict import predict_memory, profile_memory
+from autotune.memory.model import compose_memory, plan_of
+from autotune.memory.predict import profile_memory
 from autotune.memory.profile import outer_mode
 from autotune.memory.profile_record import MemoryProfile
 from autotune.train.local import resolve_device
@@ -155,6 +156,7 @@ def memory_table(
     # The kernels of the device the calibration measures on (the GPU when there is one).
     device = resolve_device(None).type
     profile = profile_memory(workload, modes=modes, selective=selective, verify=False, reuse=reuse, device=device)
+    n = len(ranking)
     table = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * FRACTION_LEVELS * 2)
     banded = [0] * (len(MICRO_LEVELS) * FRACTION_LEVELS * len(_SELECTIVE_PAIRS) * 2)
     pairs = [(c, 0) for c in range(FRACTION_LEVELS)] + (list(_SELECTIVE_PAIRS) if selective else [])
@@ -167,7 +169,10 @@ def memory_table(
             into[index] = INFEASIBLE_PEAK
             continue
         config = knobs_to_config(dataclasses.replace(levels, outer=outer), ranking, reduced=reduced)
-        into[index] = predict_memory(workload, config, profile=profile, device_type=device).total
+        # The peak only: predict_memory's check that covers it (and its walk of the module tree
+        # for the blocks, each time) is nothing a table keeps.
+        plan = plan_of(config, num_blocks=n, device_type=device)
+        into[index] = compose_memory(workload, config, profile, device_type=device, plan=plan).total
     if not selective:
         return tuple(table), (), ()
     small, large = profile.micro_batch_sizes

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from autotune import Workload, WorkloadError, load_workload
+from autotune.resolve import source_of
 
 DATA = Path(__file__).parent / "data"
 USER = DATA / "my_workload.py"
@@ -133,12 +134,17 @@ def test_an_iterable_dataset_has_no_size_and_its_first_batch_uses_the_collate() 
     assert torch.equal(mapped.first_batch(3)["input_ids"], batch["input_ids"])
 
 
-def test_loaded_workloads_remember_their_source() -> None:
-    assert load_workload("gpt-tiny").source == "gpt-tiny"
-    assert load_workload("random:3").source == "random:3"
-    assert load_workload("tests.data.my_workload:build").source == "tests.data.my_workload:build"
+def test_loaded_workloads_remember_their_source_which_is_known_before_loading() -> None:
     relative = USER.relative_to(Path.cwd())
-    assert load_workload(f"{relative}:build").source == f"{USER}:build"
+    expected = {
+        "gpt-tiny": "gpt-tiny",
+        "random:3": "random:3",
+        "tests.data.my_workload:build": "tests.data.my_workload:build",
+        f"{relative}:build": f"{USER}:build",
+    }
+    assert {ref: load_workload(ref).source for ref in expected} == expected
+    # What a study's measuring child is launched with, before this process loads the workload.
+    assert {ref: source_of(ref) for ref in expected} == expected
 
 
 class _Tied(torch.nn.Module):

@@ -7,6 +7,7 @@ help must stay instant); each handler imports what it needs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -22,13 +23,14 @@ from autotune.cli.flags import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     import optuna
 
     from autotune.knobs import Knobs
     from autotune.measurement.objective import ObjectiveName
     from autotune.memory.profile_record import MemoryProfile
+    from autotune.procs.isolation import MeasurementProcess
     from autotune.search.spec import StudySpec
     from autotune.search.study import RunOptions
     from autotune.workload import Workload
@@ -277,9 +279,10 @@ def _cmd_study(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)  # validation first: bad input must write nothing
     _check_device(args.device)
     options = _options(args, worker=args.worker, create_only=args.create_only, compile_check=args.compile_check)
-    prepared = prepare(spec)
-    study = open_study(prepared, options)
-    return _run(prepared, study, options, progress=not args.no_progress)
+    with _measuring_ahead(spec, options) as measurer:
+        prepared = prepare(spec)
+        study = open_study(prepared, options)
+        return _run(prepared, study, options, progress=not args.no_progress, measurer=measurer)
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -294,12 +297,38 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         args.storage, args.study, hint=": create it first with autotune study ... --create-only"
     )
     spec = dataclasses.replace(stored_spec(existing), name=args.study)
-    prepared = prepare(spec)
-    study = open_study(prepared, options)
-    return _run(prepared, study, options, progress=not args.no_progress)
+    with _measuring_ahead(spec, options) as measurer:
+        prepared = prepare(spec)
+        study = open_study(prepared, options)
+        return _run(prepared, study, options, progress=not args.no_progress, measurer=measurer)
 
 
-def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: bool) -> int:
+@contextlib.contextmanager
+def _measuring_ahead(spec: StudySpec, options: RunOptions) -> Iterator[MeasurementProcess | None]:
+    """The study's measuring child, launched before the workload is loaded here, so that its
+    build overlaps the load (None with ``--create-only``: it measures nothing). Killed on the
+    way out where no trial ran in it (the study was complete, or the input was bad)."""
+    from autotune.search.study import measuring_process
+
+    if options.create_only:
+        yield None
+        return
+    measurer = measuring_process(spec, options)
+    measurer.launch()
+    try:
+        yield measurer
+    finally:
+        measurer.close(grace=0)  # run_study has closed it already where it ran
+
+
+def _run(
+    prepared: Any,
+    study: optuna.Study,
+    options: RunOptions,
+    *,
+    progress: bool,
+    measurer: MeasurementProcess | None = None,
+) -> int:
     import optuna
 
     from autotune.console import make_console
@@ -320,9 +349,9 @@ def _run(prepared: Any, study: optuna.Study, options: RunOptions, *, progress: b
         warn_if_busy(prepared.spec.measure.threads)
     if progress and total > done:
         with ProgressDisplay(total=total, done=done, console=err, objective=prepared.spec.objective) as display:
-            run_study(prepared, study, options, display)
+            run_study(prepared, study, options, display, measurer=measurer)
     else:
-        run_study(prepared, study, options, StudyObserver())
+        run_study(prepared, study, options, StudyObserver(), measurer=measurer)
     summary = summarize(study)
     make_console().print(summary_view(summary))
     if options.dashboard and not options.worker:

@@ -36,6 +36,7 @@ docs' benchmarks page (``benchmarks/memory_model.py``, ``benchmarks/gpu_check.py
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -249,6 +250,9 @@ class _Predictor:
         self.bucket = bucket_elements(profile.largest_parameter)
         self.base = profile.modes[plan.base_mode]
         self.buffers = _buffer_bytes(workload, plan.weights)
+        # Every candidate moment of a prediction (~100) adds the same model states: summed once.
+        self._states = self.states()
+        self._held = self.buffers + sum(max(0, int(v)) for v in self._states.values())
 
     # ---- model states (between steps) ------------------------------------------------------------
 
@@ -293,10 +297,16 @@ class _Predictor:
 
     def _estimate(self, phase: Phase, **extra: int) -> MemoryEstimate:
         values = dict.fromkeys(_CATEGORIES, 0) | {"buffers": self.buffers}
-        for key, value in [*self.states().items(), *extra.items()]:
+        for key, value in [*self._states.items(), *extra.items()]:
             values[key] += max(0, int(value))
         counted: dict[str, Any] = values  # byte counts only: verified/verification are set by predict_memory
         return MemoryEstimate(**counted, phase=phase, ranks=self.plan.ranks)
+
+    def _highest(self, phase: Phase, candidates: list[dict[str, int]]) -> MemoryEstimate:
+        """The estimate of the first candidate with the highest total (what ``max`` over their
+        estimates gives), built for that one only: its total is the held states plus its own bytes."""
+        totals = [self._held + sum(max(0, int(v)) for v in extra.values()) for extra in candidates]
+        return self._estimate(phase, **candidates[totals.index(max(totals))])
 
     def optimizer_step(self) -> MemoryEstimate:
         p, plan = self.profile, self.plan
@@ -322,23 +332,15 @@ class _Predictor:
         plan, s, g = self.plan, self.s, self.base.gradients
         k = self.config.grad_accum_steps
         windows = self._windows(self.config.micro_batch_size)
-        candidates: list[MemoryEstimate] = []
+        candidates: list[dict[str, int]] = []
         if plan.runner == "local" or plan.stage <= 1:
             # Gradients stay in .grad; from the second micro-batch on they are all there already.
             for x in (x for window in windows for x in window):
                 grads = g if k > 1 else x.gradients
-                candidates.append(
-                    self._estimate(
-                        "forward/backward", activations=x.activations, temporaries=x.temporaries, gradients=grads
-                    )
-                )
+                candidates.append({"activations": x.activations, "temporaries": x.temporaries, "gradients": grads})
             temporaries, gradients = self._end_of_backward()
             end = windows[-1].kept
-            candidates.append(
-                self._estimate(
-                    "forward/backward", activations=end.activations, temporaries=temporaries, gradients=g + gradients
-                )
-            )
+            candidates.append({"activations": end.activations, "temporaries": temporaries, "gradients": g + gradients})
         else:
             # ZeRO 2-3: each gradient is reduced into a bucket as it is produced and leaves .grad.
             gathered = s * self.bucket if plan.stage == 3 else 0  # the module being computed, gathered
@@ -354,15 +356,14 @@ class _Predictor:
                 # bucket they are copied into for the reduction.
                 flight = s * self.bucket * (1 + (plan.stage == 2)) if reducing else 0
                 candidates.append(
-                    self._estimate(
-                        "forward/backward",
-                        activations=x.activations,
-                        temporaries=x.temporaries,
-                        gradients=held + flight,
-                        parameters=gathered,
-                    )
+                    {
+                        "activations": x.activations,
+                        "temporaries": x.temporaries,
+                        "gradients": held + flight,
+                        "parameters": gathered,
+                    }
                 )
-        return max(candidates, key=lambda e: e.total)
+        return self._highest("forward/backward", candidates)
 
     def _end_of_backward(self) -> tuple[int, int]:
         """(temporaries, gradients) DeepSpeed adds once the gradients are complete."""
@@ -383,22 +384,29 @@ class _Predictor:
         checkpointed (all blocks are, in that run: each is recomputed in its stretch, one at a
         time, Chen et al. 2016). Only what the blocks before it keep differs between that run
         and the config, by the same bytes all through the stretch: the stretch is shifted by the
-        difference (``_kept``). A stretch is its highest moments at the profiled sizes, as lines
+        difference (:class:`_Kept`). A stretch is its highest moments at the profiled sizes, as lines
         in the micro-batch size (see :class:`Window`); which of them is highest depends on ``m``.
         """
         sizes, plan, n = self.profile.micro_batch_sizes, self.plan, len(self.plan.recompute)
         saves = {mode: _saves_at(self.profile.modes[mode].blocks, sizes, m) for mode in plan.modes}
-        config = list(zip(plan.block_modes, plan.recompute, strict=True))
+        config = tuple(zip(plan.block_modes, plan.recompute, strict=True))
         batch = _lin(self.base.batch, sizes, m)
+        kept: dict[tuple[tuple[tuple[str, RecomputeLevel], ...], str], _Kept] = {}
+
+        def keeps(blocks: tuple[tuple[str, RecomputeLevel], ...], mode: str) -> _Kept:
+            if (blocks, mode) not in kept:
+                kept[blocks, mode] = _Kept.of(saves, blocks, mode)
+            return kept[blocks, mode]
+
         out: list[_Stretch] = []
         for w in range(3 * n + 2):
             owners, inputs, like, freed = _waiting(w, n)
             mode, ckpt = config[like]  # whose run to read
             series = self.profile.modes[mode].recomputed(ckpt)
             assert series is not None, "compose_memory checks the recomputed runs"
-            uniform = [(mode, ckpt)] * n
-            shift = batch + _kept(saves, config, owners, inputs, mode, freed)
-            shift -= _kept(saves, uniform, owners, inputs, mode, freed)
+            uniform = ((mode, ckpt),) * n
+            shift = batch + keeps(config, mode).bytes(owners, inputs, freed)
+            shift -= keeps(uniform, mode).bytes(owners, inputs, freed)
             moments = [_at(series, w, part, sizes, m) for part in range(3)]
             out.append(_Stretch(*(x._replace(activations=max(0, x.activations + shift)) for x in moments)))
         return out
@@ -430,17 +438,38 @@ def _waiting(w: int, n: int) -> tuple[int, int, int, bool]:
     return 0, 0, 0, False
 
 
-def _kept(
-    saves: dict[str, BlockSaves],
-    blocks: list[tuple[str, RecomputeLevel]],
-    owners: int,
-    inputs: int,
-    mode: str,
-    freed: bool,
-) -> int:
-    """Bytes that blocks ``0 .. owners - 1`` keep of what they saved, and the inputs of blocks
-    ``0 .. inputs - 1`` that are kept, each block in its (mode, recompute level); ``freed``: block
-    ``inputs - 1`` no longer keeps its own.
+class _Kept(NamedTuple):
+    """What blocks keep, as running sums over the blocks (each window asks for a prefix: summing
+    them window by window was quadratic in the blocks, most of a memory table's time at 24 blocks):
+    ``own[k]`` the bytes blocks ``0 .. k - 1`` keep of what they saved, ``shared[k]`` the inputs
+    of blocks ``0 .. k - 1`` that are kept, ``freed[j]`` what block j's input counts for less once
+    the block that took it has freed its own hold (see :func:`_kept_terms`)."""
+
+    own: tuple[int, ...]
+    shared: tuple[int, ...]
+    freed: tuple[int, ...]
+
+    @classmethod
+    def of(cls, saves: dict[str, BlockSaves], blocks: tuple[tuple[str, RecomputeLevel], ...], mode: str) -> _Kept:
+        own, held, let_go = _kept_terms(saves, blocks, mode)
+        return cls(
+            own=tuple(itertools.accumulate(own, initial=0)),
+            shared=tuple(itertools.accumulate(held, initial=0)),
+            freed=tuple(a - b for a, b in zip(held, let_go, strict=True)),
+        )
+
+    def bytes(self, owners: int, inputs: int, freed: bool) -> int:
+        """Bytes blocks ``0 .. owners - 1`` keep of what they saved, and the inputs of blocks
+        ``0 .. inputs - 1`` that are kept; ``freed``: block ``inputs - 1`` no longer keeps its own."""
+        return self.own[owners] + self.shared[inputs] - (self.freed[inputs - 1] if freed and inputs else 0)
+
+
+def _kept_terms(
+    saves: dict[str, BlockSaves], blocks: tuple[tuple[str, RecomputeLevel], ...], mode: str
+) -> tuple[list[int], list[int], list[int]]:
+    """Per block j, each in its (mode, recompute level): the bytes it keeps of what it saved; its
+    input's bytes that are kept; and the same once the block that took the input has freed its
+    own hold on it (summed by :class:`_Kept`).
 
     A block's input is one fp32 storage (a bf16 island casts its output back), kept if the block
     before it saves it (its last ReLU; recomputed selectively, its last matmul), if the block
@@ -468,13 +497,13 @@ def _kept(
         s = saves[block_mode]
         return {"none": s.outputs, "selective": s.selective_outputs}[level][j] if level != "full" else 0
 
-    def shared(j: int) -> int:  # block j's input
+    def shared(j: int, freed: bool) -> int:  # block j's input
         block_mode, level = blocks[j]
         by_previous = handed(j - 1) if j > 0 else 0
         by_itself = saves[block_mode].inputs[j] if level != "none" else saves[block_mode].saved_inputs[j]
-        return max(external[j], by_previous, 0 if freed and j == inputs - 1 else by_itself)
+        return max(external[j], by_previous, 0 if freed else by_itself)
 
-    return sum(own(j) for j in range(owners)) + sum(shared(j) for j in range(inputs))
+    return [own(j) for j in range(n)], [shared(j, False) for j in range(n)], [shared(j, True) for j in range(n)]
 
 
 def _lin(values: tuple[int, int], sizes: tuple[int, int], m: int) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
+from autotune.errors import StudyError
 from autotune.measurement.cuda_memory import ALLOC_CONF_VAR, alloc_conf_with
 from autotune.measurement.progress import since
 from autotune.measurement.sidebyside import verdict_words
@@ -63,6 +64,7 @@ __all__ = [
     "enqueue_baselines",
     "enqueue_proposal",
     "known_peak",
+    "measuring_process",
     "prepare",
     "run_study",
     "study_alloc_conf",
@@ -113,15 +115,41 @@ def count_done(study: optuna.Study) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False, states=finished) if not t.user_attrs.get(ATTR.INTERRUPTED))
 
 
+def measuring_process(spec: StudySpec, options: RunOptions) -> MeasurementProcess:
+    """The measuring child a study of ``spec`` run with ``options`` measures in, not launched.
+    Launched before :func:`prepare` (``.launch()``), it builds the workload (importing torch and
+    the model's libraries, building the model, a warm-up step on the device: ~20 s at GPT-2-small
+    size on a GPU host) while this process loads it, and :func:`run_study` measures in it
+    (``measurer=``); the caller closes it where no study ran (``.close(grace=0)``: closing twice
+    is harmless).
+
+    Example:
+        >>> from autotune.search import RunOptions, StudySpec
+        >>> measuring_process(StudySpec(workload="mlp-digits"), RunOptions()).source
+        'mlp-digits'
+    """
+    from autotune.procs.isolation import MeasurementProcess
+    from autotune.resolve import source_of
+
+    return MeasurementProcess(
+        source_of(spec.workload),
+        threads=spec.measure.threads,
+        device=options.device,
+        alloc_conf=study_alloc_conf(spec, options.device),
+    )
+
+
 def run_study(
     prepared: Prepared,
     study: optuna.Study,
     options: RunOptions,
     observer: StudyObserver | None = None,
+    *,
+    measurer: MeasurementProcess | None = None,
 ) -> int:
     """Run trials until the study has ``spec.trials`` counted trials (or the timeout). Returns
-    the number of trials this process ran."""
-    from autotune.procs.isolation import MeasurementProcess
+    the number of trials this process ran. ``measurer``: the study's :func:`measuring_process`,
+    launched ahead (None: one is started here); closed on the way out."""
     from autotune.train.local import resolve_device
 
     observer = observer or StudyObserver()
@@ -138,12 +166,19 @@ def run_study(
             _enqueue(study, prepared, setup, observer, options)
         return 0
     assert prepared.workload.source is not None  # load_workload always sets it
+    ahead = measurer is not None
+    if measurer is None:
+        measurer = measuring_process(prepared.spec, options)
+    elif measurer.source != prepared.workload.source:
+        measurer.close(grace=0)
+        raise StudyError(
+            f"run_study: the measuring process builds {measurer.source!r}, but the study measures "
+            f"{prepared.workload.source!r}: pass measuring_process(spec, options) of this study's spec"
+        )
     alloc_conf = study_alloc_conf(spec, options.device)
     machine = machine_fingerprint(threads=spec.measure.threads, device=options.device or "auto", alloc_conf=alloc_conf)
     cache = MeasurementCache(options.cache)
-    with MeasurementProcess(
-        prepared.workload.source, threads=spec.measure.threads, device=options.device, alloc_conf=alloc_conf
-    ) as measurer:
+    with measurer:
         start = time.perf_counter()
         measurer.launch()
 
@@ -157,7 +192,8 @@ def run_study(
         # profiles the first trials would wait for.
         _profile_ahead(prepared, predictor, until=measurer.built)
         measurer.start()
-        observer.note(f"measuring process ready on {device_type}: workload built, one warm-up step ({since(start)})")
+        waited = since(start) + (", launched before the workload was loaded" if ahead else "")
+        observer.note(f"measuring process ready on {device_type}: workload built, one warm-up step ({waited})")
         where = _Measuring(measurer, device_type, machine, cache)
         return _optimize(prepared, study, options, observer, where, remaining, predictor)
 

@@ -315,3 +315,23 @@ def test_a_window_empty_at_one_profiled_size_takes_the_other_size_s_moment() -> 
     assert _at(((seen,), (empty,)), 0, 0, (2, 4), 3) == Moment(100, 20, 0)
     assert _at(((empty,), (seen,)), 0, 1, (2, 4), 8) == Moment(100, 20, 8)
     assert _at(((seen,), (empty,)), 0, 2, (2, 4), 3) == Moment(0, 0, 0)  # none at either size
+
+
+def test_what_blocks_keep_is_summed_once_and_read_by_prefix(tiny: Workload, profile: MemoryProfile) -> None:
+    # A window asks what the blocks before it keep: running sums over the blocks, each window
+    # reading a prefix, instead of a sum per window (quadratic in the blocks).
+    import itertools
+
+    from autotune.memory.model import _Kept, _kept_terms, _saves_at
+
+    sizes = profile.micro_batch_sizes
+    saves = {mode: _saves_at(profile.modes[mode].blocks, sizes, 6) for mode in ("fp32", "bf16")}
+    n = len(tiny.block_names())
+    blocks = tuple((("fp32", "bf16")[j % 2], ("none", "full")[j // 2 % 2]) for j in range(n))
+    own, held, let_go = _kept_terms(saves, blocks, "bf16")
+    kept = _Kept.of(saves, blocks, "bf16")
+    for owners, inputs, freed in itertools.product(range(n + 1), range(n + 1), (False, True)):
+        last = inputs - 1 if freed and inputs else None  # its input no longer held by itself
+        expected = sum(own[:owners]) + sum(let_go[j] if j == last else held[j] for j in range(inputs))
+        assert kept.bytes(owners, inputs, freed) == expected, (owners, inputs, freed)
+    assert any(a != b for a, b in zip(held, let_go, strict=True))  # the freed case is exercised

@@ -34,6 +34,7 @@ from autotune.search.study import (
     count_done,
     enqueue_baselines,
     enqueue_proposal,
+    measuring_process,
     prepare,
     run_study,
     study_alloc_conf,
@@ -80,6 +81,22 @@ def _run(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, int]:
     prepared = prepare(spec)
     study = open_study(prepared, options)
     return study, run_study(prepared, study, options)
+
+
+def test_a_measuring_process_launched_ahead_for_another_workload_is_refused_and_killed(tmp_path: Path) -> None:
+    options = _options(tmp_path)
+    measurer = measuring_process(_spec(workload="gpt-tiny"), options)
+    measurer.launch()
+    process = measurer._process
+    assert process is not None and process.is_alive()
+    prepared = prepare(_spec())
+    with pytest.raises(StudyError) as e:
+        run_study(prepared, open_study(prepared, options), options, measurer=measurer)
+    assert str(e.value) == (
+        "run_study: the measuring process builds 'gpt-tiny', but the study measures "
+        f"{prepared.workload.source!r}: pass measuring_process(spec, options) of this study's spec"
+    )
+    assert not process.is_alive() and measurer._process is None
 
 
 def test_a_batchnorm_model_s_study_keeps_its_micro_batch_unless_the_spec_lowers_it() -> None:
