@@ -109,8 +109,8 @@ def _cores() -> int:
 
 class CoreLoad:
     """What other processes used of the cores since :meth:`start` (Linux: ``/proc/stat``'s busy
-    time minus this process's own CPU time; elsewhere the load average minus this process's
-    threads). Our own threads are excluded: they are the work being timed."""
+    time minus the CPU time of this process and its children; elsewhere the load average minus this
+    process's threads). Our own threads and children are excluded: they are the work being timed."""
 
     def __init__(self, busy: float | None, own: float, wall: float) -> None:
         self._busy, self._own, self._wall = busy, own, wall
@@ -132,8 +132,25 @@ class CoreLoad:
 
 
 def _own_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
+    """CPU seconds of this process and of its live child processes: their work is ours (a study's
+    measuring child builds the workload while the study checks the machine; a DataLoader's workers
+    load the batches being timed)."""
+    import multiprocessing
+
+    t = os.times()  # with the children that have ended and been waited for
+    live = sum(_process_seconds(p.pid) for p in multiprocessing.active_children())
+    return t.user + t.system + t.children_user + t.children_system + live
+
+
+def _process_seconds(pid: int | None) -> float:
+    """CPU seconds of process ``pid`` so far (Linux: ``/proc/PID/stat``'s utime and stime), 0.0
+    where it cannot be read (gone, or no ``/proc``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _busy_seconds() -> float | None:

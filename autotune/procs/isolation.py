@@ -20,6 +20,7 @@ ends the study.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -28,7 +29,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
-from autotune.errors import AutotuneError, MeasurementFailed, StudyError, WorkloadError
+from autotune.errors import AutotuneError, MeasurementFailed, StudyError, TrainingError, WorkloadError
 from autotune.measurement.cuda_memory import ALLOC_CONF_VAR
 from autotune.measurement.record import Measurement
 from autotune.procs.channel import command, decode, encode, error_reply
@@ -346,9 +347,16 @@ def _build(source: str, device: str | None) -> Any:
         workload = load_workload(source)
     except AutotuneError as e:
         raise StudyError(f"the measurement process could not build workload {source!r}: {e}") from e
-    # One throwaway measurement pays the process's one-time costs (kernel selection, allocator
-    # growth: the first measurement of gpt-tiny ran at half the throughput of later ones),
-    # which would otherwise be charged to the first trial, and the first trial is a baseline.
-    warm = TrainConfig(micro_batch_size=min(workload.batch_size, workload.dataset_size or workload.batch_size))
-    measure(workload, warm, steps=1, warmup=1, device=device)
+    # One throwaway measurement pays the process's one-time costs (the device's context and
+    # libraries, the autograd engine's threads: the first measurement of gpt-tiny ran at half the
+    # throughput of later ones), which would otherwise be charged to the first trial, a baseline;
+    # each trial's own warm-up steps pay what depends on its shapes. At the smallest micro-batch the
+    # workload allows: at the whole batch in fp32, GPT-2 small at sequence 1024 (batch 32) holds
+    # 52 GiB, past a 24 GB card, and past a 24 GiB host, whose kernel killed this process.
+    floor = workload.micro_batch_floor
+    micro = workload.batch_size if floor is None else min(floor, workload.batch_size)
+    warm = TrainConfig(micro_batch_size=min(micro, workload.dataset_size or micro))
+    # A failure of this one configuration is for the trials that reach it to say.
+    with contextlib.suppress(TrainingError):
+        measure(workload, warm, steps=1, warmup=1, device=device)
     return workload

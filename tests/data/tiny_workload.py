@@ -56,7 +56,9 @@ def build() -> Workload:
 
 
 def build_hanging() -> Workload:
-    """Like :func:`build`, but a forward pass with a micro-batch of 1 never returns (a time-limit test)."""
+    """Like :func:`build`, but a forward pass with a micro-batch of 1 never returns (a time-limit
+    test). Its floor is 4: the measuring child's warm-up step runs there (its gradient-noise
+    estimate splits it in two)."""
     wl = build()
 
     def loss(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -67,7 +69,7 @@ def build_hanging() -> Workload:
                 time.sleep(1)
         return _loss(m, batch)
 
-    return Workload(name="hanging", model=wl.model, dataset=wl.dataset, loss_fn=loss, batch_size=16)
+    return Workload(name="hanging", model=wl.model, dataset=wl.dataset, loss_fn=loss, batch_size=16, min_micro_batch=4)
 
 
 def build_holdable() -> Workload:

@@ -3,6 +3,9 @@ conftest's ``quiet_machine`` keeps the real load out of every test)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -106,3 +109,28 @@ def test_the_sample_counts_other_processes_and_not_this_one(monkeypatch: pytest.
     monkeypatch.setattr(busy.time, "monotonic", lambda: next(clock))
     load = busy.CoreLoad.start()
     assert load.other_cores() == pytest.approx(0.8)
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_child_process_s_cpu_time_is_this_process_s_own() -> None:
+    # A study launches its measuring child before it checks the machine: the child's build is the
+    # study's own work, not another process making the machine busy.
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=_spin, args=(3.0,))
+    child.start()
+    try:
+        time.sleep(1.0)  # started: the interpreter is up and spinning
+        before = busy._own_seconds()
+        time.sleep(1.0)
+        assert busy._own_seconds() - before >= 0.2  # the child's spinning (this process sleeps)
+    finally:
+        child.join()
+    # Ended and waited for: its seconds stay counted (os.times' children), none lost when it ends.
+    assert busy._own_seconds() >= before + 0.2

@@ -54,7 +54,7 @@ def test_a_workload_that_cannot_be_built_is_a_study_error() -> None:
 
 
 def test_a_broken_loss_fn_is_the_users_mistake_not_a_failed_trial() -> None:
-    message = "workload 'tiny': loss_fn must return a scalar tensor, but returned shape (8, 16)"
+    message = "workload 'tiny': loss_fn must return a scalar tensor, but returned shape (1, 16)"
     proc = MeasurementProcess(f"{TINY}:build_bad_loss", threads=1)
     with proc, pytest.raises(WorkloadError, match=f"^{re.escape(message)}$"):
         proc.start()
@@ -100,3 +100,20 @@ def test_a_launched_child_that_cannot_build_the_workload_fails_at_start() -> Non
         with pytest.raises(StudyError):
             proc.start()
         assert proc.built()  # closed: start would launch anew
+
+
+def test_the_child_s_warm_up_step_runs_at_the_smallest_micro_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its one-time costs are the process's, not a shape's: at the whole batch in fp32 a GPT-2
+    # small at sequence 1024 held 52 GiB, and the kernel killed the child on a 24 GiB host.
+    from autotune.procs import isolation
+
+    seen: list[TrainConfig] = []
+    monkeypatch.setattr("autotune.procs.measure.measure", lambda workload, config, **kw: seen.append(config))
+    isolation._build(f"{TINY}:build", "cpu")
+    isolation._build(f"{TINY}:build_hanging", "cpu")  # its floor: 4
+    isolation._build("unet-tiny", "cpu")  # BatchNorm: no floor below the whole batch
+    assert [(c.micro_batch_size, c.grad_accum_steps, c.precision) for c in seen] == [
+        (1, 1, "fp32"),
+        (4, 1, "fp32"),
+        (16, 1, "fp32"),
+    ]
