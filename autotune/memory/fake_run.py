@@ -259,7 +259,9 @@ class _SelectiveLedger:
         self.params = params
         self.owner: dict[int, int] = {}  # storage -> the block whose cache keeps it
         self.kept, self.outputs = [0] * n, [0] * n
-        self._mode: Any = None
+        # The modes entered, innermost last: one module that is two blocks (weights shared) enters
+        # two at each call, and dispatch modes leave in the reverse order.
+        self._modes: list[Any] = []
 
     def saved(self, index: int, out: Any) -> None:
         for t in tree_flatten(out)[0]:
@@ -276,15 +278,15 @@ class _SelectiveLedger:
             for key, nbytes in inputs.items():
                 if index > 0 and self.owner.get(key) == index - 1:
                     self.outputs[index - 1] += nbytes
-            self._mode = _saved_outputs_class()(lambda out: self.saved(index, out))
-            self._mode.__enter__()
+            mode = _saved_outputs_class()(lambda out: self.saved(index, out))
+            mode.__enter__()
+            self._modes.append(mode)
 
         return hook
 
     def exit_hook(self, index: int) -> Callable[[torch.nn.Module, Any, Any, Any], None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-            self._mode.__exit__(None, None, None)
-            self._mode = None
+            self._modes.pop().__exit__(None, None, None)
             if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten(output)[0]):
                 # Outside autograd (a frozen block): no backward holds the cache; it goes with the forward.
                 self.kept[index] = 0

@@ -137,3 +137,16 @@ def test_a_profile_without_selective_runs_is_refused(vit: Workload, vit_profile:
     with pytest.raises(ConfigError, match=f"^{re.escape(msg)}$"):
         predict_memory(vit, TrainConfig(checkpoint=(S, False)), profile=plain)
     assert vit_profile.modes["fp32"].selective is not None and plain.modes["fp32"].selective is None
+
+
+def test_one_module_that_is_two_blocks_is_profiled_and_predicted_selectively() -> None:
+    # Weights shared between blocks 0 and 3: each call enters both blocks' dispatch modes, which
+    # leave innermost first (the profile raised "'NoneType' object has no attribute '__exit__'").
+    from tests.zoo import tiny_corpus
+
+    workload = tiny_corpus.build("shared-encoder")
+    profile = profile_memory(workload, modes=("fp32",), selective=True, verify=False)
+    config = TrainConfig(micro_batch_size=8, checkpoint="selective")
+    estimate = predict_memory(workload, config, profile=profile)
+    measured = measure(workload, config, steps=1, warmup=1).peak_bytes
+    assert abs(estimate.total - measured) <= 256, (estimate.total, measured)
