@@ -84,7 +84,7 @@ def source_of(ref: str) -> str:
         'mlp-digits'
     """
     target, _, attr = ref.rpartition(":")
-    if ref in zoo.BUILTINS or not target or not _is_file(target):
+    if not target or not _is_file(target):  # a built-in name, random:SEED, package.module:build
         return ref
     return f"{Path(target).resolve()}:{attr}"
 

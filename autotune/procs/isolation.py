@@ -340,6 +340,7 @@ def _check(workload: Any, args: dict[str, Any], device: str | None) -> dict[str,
 
 
 def _build(source: str, device: str | None) -> Any:
+    from autotune.knobs import smallest_micro_batch
     from autotune.procs.measure import measure
     from autotune.resolve import load_workload
 
@@ -353,8 +354,7 @@ def _build(source: str, device: str | None) -> Any:
     # each trial's own warm-up steps pay what depends on its shapes. At the smallest micro-batch the
     # workload allows: at the whole batch in fp32, GPT-2 small at sequence 1024 (batch 32) holds
     # 52 GiB, past a 24 GB card, and past a 24 GiB host, whose kernel killed this process.
-    floor = workload.micro_batch_floor
-    micro = workload.batch_size if floor is None else min(floor, workload.batch_size)
+    micro = smallest_micro_batch(workload.batch_size, workload.micro_batch_floor)
     warm = TrainConfig(micro_batch_size=min(micro, workload.dataset_size or micro))
     # A failure of this one configuration is for the trials that reach it to say.
     with contextlib.suppress(TrainingError):
