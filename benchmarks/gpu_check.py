@@ -443,7 +443,7 @@ def _study_pick(out: Path, objective: ObjectiveName, timeout: float) -> dict[str
 
     from autotune.search import MeasureSpec, RunOptions, SpaceSpec, StudySpec, summarize
     from autotune.search.opening import open_study
-    from autotune.search.study import StudyObserver, measuring_process, prepare, run_study
+    from autotune.search.study import StudyObserver, measuring_ahead, prepare, run_study
     from autotune.units import MemoryBudget
 
     start = time.perf_counter()
@@ -480,14 +480,10 @@ def _study_pick(out: Path, objective: ObjectiveName, timeout: float) -> dict[str
         compile_check=False,
     )
     # As `autotune study` does: the measuring child builds the model while this process loads it.
-    measurer = measuring_process(spec, options)
-    measurer.launch()
-    try:
+    with measuring_ahead(spec, options) as measurer:
         prepared = prepare(spec)
         study = open_study(prepared, options)
         run_study(prepared, study, options, Observer(), measurer=measurer)
-    finally:
-        measurer.close(grace=0)
     summary = summarize(study)
     best = summary.recommended
     return {

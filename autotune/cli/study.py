@@ -7,7 +7,6 @@ help must stay instant); each handler imports what it needs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from autotune.cli.flags import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     import optuna
 
@@ -273,13 +272,13 @@ def _quiet_optuna() -> None:
 
 def _cmd_study(args: argparse.Namespace) -> int:
     from autotune.search.opening import open_study
-    from autotune.search.study import prepare
+    from autotune.search.study import measuring_ahead, prepare
 
     _quiet_optuna()
     spec = _spec_from_args(args)  # validation first: bad input must write nothing
     _check_device(args.device)
     options = _options(args, worker=args.worker, create_only=args.create_only, compile_check=args.compile_check)
-    with _measuring_ahead(spec, options) as measurer:
+    with measuring_ahead(spec, options) as measurer:
         prepared = prepare(spec)
         study = open_study(prepared, options)
         return _run(prepared, study, options, progress=not args.no_progress, measurer=measurer)
@@ -288,7 +287,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
 def _cmd_worker(args: argparse.Namespace) -> int:
     from autotune.search.opening import open_study, stored_spec
     from autotune.search.storage import load_existing_study
-    from autotune.search.study import prepare
+    from autotune.search.study import measuring_ahead, prepare
 
     _quiet_optuna()
     _check_device(args.device)
@@ -297,28 +296,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         args.storage, args.study, hint=": create it first with autotune study ... --create-only"
     )
     spec = dataclasses.replace(stored_spec(existing), name=args.study)
-    with _measuring_ahead(spec, options) as measurer:
+    with measuring_ahead(spec, options) as measurer:
         prepared = prepare(spec)
         study = open_study(prepared, options)
         return _run(prepared, study, options, progress=not args.no_progress, measurer=measurer)
-
-
-@contextlib.contextmanager
-def _measuring_ahead(spec: StudySpec, options: RunOptions) -> Iterator[MeasurementProcess | None]:
-    """The study's measuring child, launched before the workload is loaded here, so that its
-    build overlaps the load (None with ``--create-only``: it measures nothing). Killed on the
-    way out where no trial ran in it (the study was complete, or the input was bad)."""
-    from autotune.search.study import measuring_process
-
-    if options.create_only:
-        yield None
-        return
-    measurer = measuring_process(spec, options)
-    measurer.launch()
-    try:
-        yield measurer
-    finally:
-        measurer.close(grace=0)  # run_study has closed it already where it ran
 
 
 def _run(

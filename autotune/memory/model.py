@@ -306,7 +306,10 @@ class _Predictor:
         """The estimate of the first candidate with the highest total (what ``max`` over their
         estimates gives), built for that one only: its total is the held states plus its own bytes."""
         totals = [self._held + sum(max(0, int(v)) for v in extra.values()) for extra in candidates]
-        return self._estimate(phase, **candidates[totals.index(max(totals))])
+        highest = max(totals)
+        estimate = self._estimate(phase, **candidates[totals.index(highest)])
+        assert estimate.total == highest, "a candidate's total is MemoryEstimate.total of its estimate"
+        return estimate
 
     def optimizer_step(self) -> MemoryEstimate:
         p, plan = self.profile, self.plan

@@ -25,7 +25,15 @@ if TYPE_CHECKING:
     from autotune.search.space import SearchSpace
     from autotune.search.spec import BlockOverride, MeasureSpec, SpaceSpec, StudySpec, load_spec
     from autotune.search.storage import DEFAULT_STORAGE, open_storage
-    from autotune.search.study import Prepared, RunOptions, count_done, measuring_process, prepare, run_study
+    from autotune.search.study import (
+        Prepared,
+        RunOptions,
+        count_done,
+        measuring_ahead,
+        measuring_process,
+        prepare,
+        run_study,
+    )
     from autotune.search.trial import Objective
 
 # The public API: spec, space, objective and study entry points, and what the CLI uses of the
@@ -45,6 +53,7 @@ __all__ = [
     "count_done",
     "export_config",
     "load_spec",
+    "measuring_ahead",
     "measuring_process",
     "open_storage",
     "open_study",
@@ -69,6 +78,7 @@ _LAZY = {
     "Prepared": "autotune.search.study",
     "RunOptions": "autotune.search.study",
     "count_done": "autotune.search.study",
+    "measuring_ahead": "autotune.search.study",
     "measuring_process": "autotune.search.study",
     "open_study": "autotune.search.opening",
     "prepare": "autotune.search.study",

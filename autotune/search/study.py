@@ -17,6 +17,7 @@ once the study has its number of trials; each may overshoot by the one trial it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, replace
@@ -45,7 +46,7 @@ from autotune.search.storage import DEFAULT_ARTIFACTS, DEFAULT_CACHE
 from autotune.search.trial_record import ATTR, MIB
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     import optuna
 
@@ -64,6 +65,7 @@ __all__ = [
     "enqueue_baselines",
     "enqueue_proposal",
     "known_peak",
+    "measuring_ahead",
     "measuring_process",
     "prepare",
     "run_study",
@@ -139,6 +141,24 @@ def measuring_process(spec: StudySpec, options: RunOptions) -> MeasurementProces
     )
 
 
+@contextlib.contextmanager
+def measuring_ahead(spec: StudySpec, options: RunOptions) -> Iterator[MeasurementProcess | None]:
+    """The study's :func:`measuring_process`, launched on entry, before the caller loads the
+    workload, so that its build overlaps the load; hand it to :func:`run_study` (``measurer=``).
+    None with ``options.create_only`` (it would measure nothing). Killed on the way out where no
+    trial ran in it (the study was complete, or the input was bad); :func:`run_study` has closed
+    it already where it ran."""
+    if options.create_only:
+        yield None
+        return
+    measurer = measuring_process(spec, options)
+    measurer.launch()
+    try:
+        yield measurer
+    finally:
+        measurer.close(grace=0)
+
+
 def run_study(
     prepared: Prepared,
     study: optuna.Study,
@@ -167,13 +187,13 @@ def run_study(
         return 0
     assert prepared.workload.source is not None  # load_workload always sets it
     ahead = measurer is not None
+    expected = measuring_process(prepared.spec, options)
     if measurer is None:
-        measurer = measuring_process(prepared.spec, options)
-    elif measurer.source != prepared.workload.source:
+        measurer = expected
+    elif (mismatch := _launched_otherwise(measurer, expected)) is not None:
         measurer.close(grace=0)
         raise StudyError(
-            f"run_study: the measuring process builds {measurer.source!r}, but the study measures "
-            f"{prepared.workload.source!r}: pass measuring_process(spec, options) of this study's spec"
+            f"run_study: {mismatch}: pass measuring_process(spec, options) of this study's spec and options"
         )
     alloc_conf = study_alloc_conf(spec, options.device)
     machine = machine_fingerprint(threads=spec.measure.threads, device=options.device or "auto", alloc_conf=alloc_conf)
@@ -196,6 +216,19 @@ def run_study(
         observer.note(f"measuring process ready on {device_type}: workload built, one warm-up step ({waited})")
         where = _Measuring(measurer, device_type, machine, cache)
         return _optimize(prepared, study, options, observer, where, remaining, predictor)
+
+
+def _launched_otherwise(measurer: MeasurementProcess, expected: MeasurementProcess) -> str | None:
+    """How ``measurer`` (launched ahead) differs from the study's own :func:`measuring_process`, or
+    None: a child built for another workload, or with other threads, device or allocator settings,
+    would measure what the study's cache and machine fingerprint do not say."""
+    if measurer.source != expected.source:
+        return f"the measuring process builds {measurer.source!r}, but the study measures {expected.source!r}"
+    for name in ("threads", "device", "alloc_conf"):
+        got, want = getattr(measurer, name), getattr(expected, name)
+        if got != want:
+            return f"the measuring process was launched with {name}={got!r}, but this study's is {want!r}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,23 @@ def test_a_measuring_process_launched_ahead_for_another_workload_is_refused_and_
         run_study(prepared, open_study(prepared, options), options, measurer=measurer)
     assert str(e.value) == (
         "run_study: the measuring process builds 'gpt-tiny', but the study measures "
-        f"{prepared.workload.source!r}: pass measuring_process(spec, options) of this study's spec"
+        f"{prepared.workload.source!r}: pass measuring_process(spec, options) of this study's spec and options"
     )
     assert not process.is_alive() and measurer._process is None
+
+
+def test_a_measuring_process_made_with_other_threads_is_refused_before_it_measures(tmp_path: Path) -> None:
+    options = _options(tmp_path)
+    spec = _spec()
+    measurer = measuring_process(dataclasses.replace(spec, measure=MeasureSpec(threads=2)), options)
+    prepared = prepare(spec)
+    with pytest.raises(StudyError) as e:
+        run_study(prepared, open_study(prepared, options), options, measurer=measurer)
+    assert str(e.value) == (
+        f"run_study: the measuring process was launched with threads=2, but this study's is {spec.measure.threads!r}: "
+        "pass measuring_process(spec, options) of this study's spec and options"
+    )
+    assert measurer._process is None
 
 
 def test_a_batchnorm_model_s_study_keeps_its_micro_batch_unless_the_spec_lowers_it() -> None:
