@@ -28,6 +28,7 @@ MODULES = (
     "autotune.adapt.source_choice",
     "autotune.adapt.sources",
     "autotune.search.export",
+    "autotune.search.compile_pick",
     "autotune.train.wrappers",
 )
 

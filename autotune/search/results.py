@@ -97,6 +97,11 @@ def summarize(study: optuna.Study) -> StudySummary:
     # Unless the best few were re-timed side by side: then the winner of that (finalists.py).
     winner, retimed, decided = read_retimed(study)
     recommended = next((r for r in records if r.number == winner and r.feasible), recommended)
+    # And where the finalists were compiled too, the one with the most value under compile
+    # (compile_pick.py): its check is of the eager recommendation above.
+    compile_pick = read_compile_pick(study, recommended)
+    if compile_pick is not None:
+        recommended = next((r for r in records if r.number == compile_pick.trial and r.feasible), recommended)
     baselines: dict[str, TrialRecord] = {}
     for name in NAMES:
         tried = [r for r in records if r.baseline == name]
@@ -119,7 +124,7 @@ def summarize(study: optuna.Study) -> StudySummary:
         retimed=retimed,
         retimed_decided=decided,
         objective=objective,
-        compile_pick=read_compile_pick(study, recommended),
+        compile_pick=compile_pick,
     )
 
 

@@ -459,14 +459,29 @@ def _check_compile(
 ) -> None:
     """The recommendation timed eager and compiled in the measuring child
     (:mod:`autotune.search.compile_pick`); the summary prints its line after the recommendation."""
-    from autotune.search.compile_pick import check_recommendation
+    from autotune.search.compile_pick import Candidate, check_recommendation
+    from autotune.search.finalists import value_scale
     from autotune.search.results import summarize
 
     def compare(config: TrainConfig) -> CompileCheck:
         # The compile, then both configurations' warm-up and up to 6 rounds: bounded like 3 trials.
         return measurer.compare_compiled(config, memory_budget=memory_budget, timeout=3 * spec.measure.trial_timeout)
 
-    check_recommendation(study, summarize(study).recommended, compare, note=observer.note)
+    summary = summarize(study)
+    records = {r.number: r for r in summary.trials}
+    # The re-timed finalists, best first, with their values side by side: compiled too, the
+    # best eager one need not stay the best (compile_pick.py).
+    finalists = [
+        Candidate(
+            record=records[n],
+            value=f.retimed_throughput * value_scale(records[n], spec.objective),
+            spread=f.retimed_spread,
+        )
+        for n, f in sorted(summary.retimed.items(), key=lambda item: item[1].rank)
+    ]
+    check_recommendation(
+        study, summary.recommended, compare, note=observer.note, finalists=finalists, objective=spec.objective
+    )
 
 
 def study_alloc_conf(spec: StudySpec, device: str | None) -> str | None:

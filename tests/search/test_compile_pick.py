@@ -4,6 +4,7 @@ compile: that is the slow test at the end)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -20,8 +21,16 @@ from autotune.measurement.compiled import CompileCheck
 from autotune.measurement.sidebyside import Timing
 from autotune.procs import isolation
 from autotune.procs.channel import decode, encode
-from autotune.search.compile_pick import COMPILE_CHECK, CompilePick, check_recommendation
+from autotune.search.compile_pick import (
+    COMPILE_CHECK,
+    Candidate,
+    CompilePick,
+    check_recommendation,
+    compiled_choice,
+    compiled_value,
+)
 from autotune.search.display import summary_view
+from autotune.search.finalists import RETIMED, TRIAL_ATTRS, set_finished_trial_attrs
 from autotune.search.results import summarize
 from autotune.search.trial_record import ATTR
 from tests.paths import TINY_WORKLOAD
@@ -220,3 +229,111 @@ def test_a_one_trial_study_with_compile_check_stores_a_real_comparison(
     assert pick.trial == 0 and pick.check is not None, pick.reason
     assert pick.check.samples == 16 and pick.check.compile_seconds > 0
     assert pick.line in printed.splitlines()  # after the recommendation, in whole rows (not a terminal)
+
+
+def _candidate(study: optuna.Study, number: int, value: float, spread: float = 0.0) -> Candidate:
+    return Candidate(record=summarize(study).trials[number], value=value, spread=spread)
+
+
+def _finalists_study(storage: str | None) -> optuna.Study:
+    """Trial 0 (8 x 2) re-timed first at 100 samples/s per GiB, trial 1 (16 x 1, every block
+    recomputed) second at 90: both at 1 GiB, so that a value per GiB is the samples/s."""
+    study = _study(storage)
+    config = TrainConfig(micro_batch_size=16, checkpoint=True)
+    attrs = {ATTR.CONFIG: config.to_dict(), ATTR.STATUS: "ok", ATTR.THROUGHPUT: 90.0, ATTR.PEAK: GIB}
+    study.add_trial(optuna.trial.create_trial(values=[90.0, 1024.0], user_attrs=attrs))
+    for number, rate in ((0, 100.0), (1, 90.0)):
+        retimed = {
+            TRIAL_ATTRS.THROUGHPUT: rate,
+            TRIAL_ATTRS.SPREAD: 0.01,
+            TRIAL_ATTRS.PER_GIB: rate,
+            TRIAL_ATTRS.RANK: number + 1,
+            TRIAL_ATTRS.ROUNDS: 3,
+            TRIAL_ATTRS.WITH: [0, 1],
+        }
+        set_finished_trial_attrs(study, number, retimed)
+    study.set_user_attr(RETIMED, {"trials": [0, 1], "winner": 0, "decided": True, "rounds": 3, "note": None})
+    return study
+
+
+class _ByConfig(_Compare):
+    """The comparison scripted per configuration (by its micro-batch)."""
+
+    def __init__(self, replies: dict[int, CompileCheck | MeasurementFailed]) -> None:
+        super().__init__(WINNING)
+        self.replies = replies
+
+    def __call__(self, config: TrainConfig) -> CompileCheck:
+        self.reply = self.replies[config.micro_batch_size]
+        return super().__call__(config)
+
+
+SLOWER = _check((128.0, 128.0, 128.0), (119.0, 119.0, 119.0))  # 0.93x: the recommendation stays eager
+
+
+def test_a_finalist_that_wins_compiled_becomes_the_recommendation_compiled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "s.db"
+    study = _finalists_study(f"sqlite:///{db}")
+    finalists = [_candidate(study, 0, 100.0, 0.01), _candidate(study, 1, 90.0, 0.01)]
+    compare = _ByConfig({8: SLOWER, 16: WINNING})
+    notes: list[str] = []
+    pick = check_recommendation(study, summarize(study).recommended, compare, note=notes.append, finalists=finalists)
+    assert [c.micro_batch_size for c in compare.asked] == [8, 16]
+    assert all(c.compile == "none" for c in compare.asked)
+    assert notes == [
+        "timing the recommendation (trial 0) eager and compiled side by side (torch.compile)",
+        "timing finalist trial 1 eager and compiled side by side (torch.compile)",
+    ]
+    # Trial 0 stays eager (0.93x): 100; trial 1 compiled 2.00x: 180, beyond both spreads.
+    assert pick == CompilePick(trial=1, check=WINNING, of=0, values=((0, 100.0, None), (1, 180.0, 2.0)))
+    stored = study.user_attrs[COMPILE_CHECK]
+    assert stored["of"] == 0 and stored["trial"] == 1 and stored["values"] == [[0, 100.0, None], [1, 180.0, 2.0]]
+    summary = summarize(optuna.load_study(study_name="s", storage=f"sqlite:///{db}"))
+    assert summary.recommended is not None and summary.recommended.number == 1
+    assert summary.compile_pick == pick
+    assert summary.recommended_config == TrainConfig(micro_batch_size=16, checkpoint=True, compile="default")
+    assert pick.line == (
+        f"{WINS}; under compile trial 1 beats the eager pick, trial 0: trial 0 100.0 per GiB (eager), "
+        "trial 1 180.0 per GiB (compiled 2.00x)"
+    )
+    assert main(["best", "s", "--storage", str(db), "--format", "json", "--no-retime"]) == 0
+    out, err = capsys.readouterr()
+    assert TrainConfig.from_json(out) == TrainConfig(micro_batch_size=16, checkpoint=True, compile="default")
+    assert err == f"autotune best: the recommendation compiled (default): {pick.line}\n"
+
+
+def test_a_finalist_ahead_compiled_within_the_spreads_leaves_the_recommendation_and_a_failed_one_is_left_out() -> None:
+    study = _finalists_study(None)
+    # Trial 1 compiled, 1.13x beyond the noise: 101.7 against 100, their spreads 1% each: within them.
+    near = _check((100.0, 100.0, 100.0), (113.0, 113.0, 113.0))
+    finalists = [_candidate(study, 0, 100.0, 0.01), _candidate(study, 1, 90.0, 0.01)]
+    pick = check_recommendation(
+        study, summarize(study).recommended, _ByConfig({8: SLOWER, 16: near}), note=lambda _: None, finalists=finalists
+    )
+    assert pick is not None and pick.trial == 0 and pick.of is None and not pick.compiled
+    assert pick.values == ((0, 100.0, None), (1, 90.0 * near.speedup, near.speedup))
+    assert summarize(study).recommended_config == TrainConfig(micro_batch_size=8, grad_accum_steps=2)
+
+    study = _finalists_study(None)
+    notes: list[str] = []
+    failed = MeasurementFailed("the compile check exceeded the time limit of 90 s")
+    pick = check_recommendation(
+        study, summarize(study).recommended, _ByConfig({8: WINNING, 16: failed}), note=notes.append, finalists=finalists
+    )
+    assert pick == CompilePick(trial=0, check=WINNING)
+    assert notes[-1] == (
+        "finalist trial 1 left out of the compiled choice: the comparison failed: the compile check exceeded "
+        "the time limit of 90 s"
+    )
+
+
+def test_per_gib_a_compiled_peak_measured_in_the_check_counts_in_the_choice() -> None:
+    light = dataclasses.replace(WINNING, eager_peak=2 * GIB, compiled_peak=GIB)  # 2x faster, half the memory
+    heavy = dataclasses.replace(WINNING, eager_peak=GIB, compiled_peak=2 * GIB)  # 2x faster, twice the memory
+    first, second = Candidate(record=None, value=100.0), Candidate(record=None, value=60.0)  # type: ignore[arg-type]
+    assert compiled_value(second, light, "per-gib") == 240.0 and compiled_value(second, light, "throughput") == 120.0
+    assert compiled_value(first, heavy, "per-gib") == 100.0
+    assert compiled_choice([(first, heavy), (second, light)], "per-gib") == 1
+    assert compiled_choice([(first, heavy), (second, light)], "throughput") == 0  # 200 against 120
