@@ -7,7 +7,8 @@ interleaved rounds, median and spread; the compile seconds are what the compiled
 beyond the steady step): the PyTorch default (fp32, one micro-batch), Hugging Face's
 ``bf16=True`` + ``gradient_checkpointing=True`` (the whole model in bf16, every block recomputed,
 one micro-batch), the whole model in bf16 in four micro-batches, and bf16 blocks with half of them
-recomputed in two micro-batches. Each configuration's rank among the four, eager and compiled, by
+recomputed in two micro-batches (inductor's caches off, so that every compile is paid). Each
+configuration's rank among the four, eager and compiled, by
 samples/s: where the two orders differ, the best configuration compiled is not the best eager one
 compiled.
 
@@ -77,10 +78,12 @@ def ranks(values: list[float]) -> list[int]:
 
 def run(models: list[str], *, rounds: int) -> list[dict[str, Any]]:
     import torch
+    import torch._inductor.config
 
     from autotune import load_workload
     from autotune.measurement.compiled import compare_compiled
 
+    torch._inductor.config.force_disable_caches = True
     torch.manual_seed(0)
     rows: list[dict[str, Any]] = []
     for name in models:
