@@ -46,10 +46,11 @@ typecheck: install
 	cp benchmarks/peft_adapters.py build/typecheck/peft_adapters.py
 	cp benchmarks/hf_families.py build/typecheck/hf_families.py
 	cp benchmarks/reduced_factors.py build/typecheck/reduced_factors.py
+	cp benchmarks/compile_ranking.py build/typecheck/compile_ranking.py
 	cp scripts/architecture_diagram.py build/typecheck/architecture_diagram.py
 	cp scripts/regenerate_profiles.py build/typecheck/regenerate_profiles.py
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p autotune
-	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml gpu_check.py picks.py results.py decision_rule.py selective_study.py repeatability.py hf_decoders.py peft_adapters.py hf_families.py reduced_factors.py architecture_diagram.py regenerate_profiles.py
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml gpu_check.py picks.py results.py decision_rule.py selective_study.py repeatability.py hf_decoders.py peft_adapters.py hf_families.py reduced_factors.py compile_ranking.py architecture_diagram.py regenerate_profiles.py
 
 lint: install typecheck
 	$(BIN)/ruff check .

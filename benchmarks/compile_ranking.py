@@ -47,7 +47,7 @@ def configurations(batch: int, blocks: int) -> dict[str, Any]:
     """The four configurations of a workload's batch ``batch`` and ``blocks`` blocks."""
     from autotune import TrainConfig
 
-    half = [i < blocks // 2 for i in range(blocks)]
+    half = tuple(i < blocks // 2 for i in range(blocks))
     return {
         "fp32, 1 micro-batch (PyTorch default)": TrainConfig(micro_batch_size=batch),
         "bf16 whole model, every block recomputed, 1 micro-batch (HF bf16 + gc)": TrainConfig(

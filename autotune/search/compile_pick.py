@@ -10,10 +10,8 @@ when the check recommends it (faster beyond both spreads, its peak within the bu
 the recommendation stays eager and one line says why.
 
 Where the finalists were re-timed side by side, each of them is timed eager and compiled too:
-compiling speeds configurations up by different factors (on this repository's 2-core CPU, GPT-2
-tiny: 0.93x with four micro-batches, 1.34x with the whole batch and every block recomputed; on an
-H200 Hugging Face's recompute recipe gained 2.27x and an eagerly sized pick far less), so the best
-configuration compiled need not be the best eager one. The recommendation is then the finalist
+compiling speeds configurations up by different factors (``benchmarks/compile_ranking.py``), so
+the best configuration compiled need not be the best eager one. The recommendation is then the finalist
 with the most value under compile (its re-timed value times its compile gain where compile is
 recommended for it) when that beats the eager recommendation's beyond both their spreads; the
 line says so.
