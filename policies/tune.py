@@ -4,12 +4,15 @@
 training environment at the budget, the policy fine-tuned on the workload's calibrated simulator,
 one episode (its last steps a climb from the best, :mod:`autotune.policies.climb`), and the best
 steps re-timed side by side before the best is named; then the study's baselines measured (the
-PyTorch default and the HF recipes, :mod:`autotune.search.baselines`) to compare it with. Every
-phase says one line with its seconds through ``note``.
+PyTorch default and the HF recipes, :mod:`autotune.search.baselines`) to compare it with, re-timed
+beside it: where one of them beats the best step beyond both spreads, that baseline is the
+recommendation (:attr:`Tuned.beaten_by`), as a study recommends its best trial, baselines
+included. Every phase says one line with its seconds through ``note``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -47,8 +50,9 @@ class Tuned:
     Attributes:
         episode: Every step of the episode (the start first), its best steps re-timed side by side.
         final_knobs: The knobs the environment ended on.
-        compile_check: The best step's configuration timed eager and compiled side by side
-            (``tune(compile_check=True)``), or None where it was not.
+        compile_check: The recommended configuration (the best step's, or :attr:`beaten_by`'s)
+            timed eager and compiled side by side (``tune(compile_check=True)``), or None where it
+            was not.
         baselines: The PyTorch default and, where bf16 runs, the HF recipe (bf16 + every block
             recomputed, the whole batch in one micro-batch) and, under the ``"throughput"``
             objective, the HF bf16-only recipe, measured at the episode's budget
@@ -92,6 +96,34 @@ class Tuned:
             return float(retimed["retimed_throughput"][i]), float(retimed["retimed_per_gib"][i])
         return best.throughput, self.episode.per_gib(best)
 
+    def _best_value(self) -> tuple[float, float]:
+        """The best step's value under the episode's objective and its relative spread (0 where
+        it was not re-timed)."""
+        throughput, per = self._best_figures()
+        spread = 0.0
+        if self.side_by_side:
+            retimed, best = self.episode.retimed, self.episode.best
+            assert retimed is not None and best is not None
+            spread = float(retimed["retimed_spread"][retimed["steps"].index(best.step)])
+        return (per if self.episode.objective == "per-gib" else throughput), spread
+
+    @property
+    def beaten_by(self) -> TunedBaseline | None:
+        """The baseline recommended instead of the best step: within the budget, re-timed side by
+        side with it, and better under the episode's objective beyond both their spreads (of
+        several, the best); None where the best step holds, or nothing was timed side by side
+        (first measurements of separate stints do not decide it). The study recommends its best
+        trial, baselines included, alike."""
+        if not self.side_by_side:
+            return None
+        mine, spread = self._best_value()
+        beating = []
+        for b in self.baselines:
+            theirs = b.value(self.episode.objective, retimed=True) if b.within_budget else None
+            if theirs is not None and theirs - mine > theirs * (b.retimed_spread or 0.0) + mine * spread:
+                beating.append((theirs, b))
+        return max(beating, key=lambda pair: pair[0])[1] if beating else None
+
     def ratios(self) -> dict[str, float | None]:
         """The best step's value over each baseline's under the episode's objective (per GiB, or
         samples/s), None where the baseline is infeasible; empty without a best step. Both
@@ -115,6 +147,9 @@ class Tuned:
         best = self.episode.best
         if best is None:
             return self.episode.nothing_fits or "nothing measured within the budget: nothing to recommend"
+        baseline = self.beaten_by
+        if baseline is not None:
+            return self._baseline_line(baseline)
         throughput, per = self._best_figures()
         return recommended_line(
             f"step {best.step}",
@@ -127,14 +162,52 @@ class Tuned:
             side_by_side=self.side_by_side,
         )
 
+    def _baseline_line(self, baseline: TunedBaseline) -> str:
+        """The recommendation line of ``baseline`` (:attr:`beaten_by`), against the other
+        baselines re-timed beside it, and what the policy's best step is of it."""
+        from autotune.search.baselines import recommended_line
+
+        objective, best = self.episode.objective, self.episode.best
+        assert best is not None and baseline.retimed_throughput is not None
+        theirs = baseline.value(objective, retimed=True)
+        assert theirs is not None
+        ratios: dict[str, float | None] = {}
+        for b in self.baselines:
+            other = b.value(objective, retimed=True) if b.within_budget else None
+            if b.name != baseline.name:
+                ratios[b.name] = None if not other else theirs / other
+        mine, _ = self._best_value()
+        unit = " per GiB" if objective == "per-gib" else " samples/s"
+        line = recommended_line(
+            f"baseline {baseline.name}",
+            baseline.config.describe(),
+            throughput=baseline.retimed_throughput,
+            peak_bytes=baseline.peak_bytes,
+            per_gib=baseline.retimed_per_gib,
+            objective=objective,
+            ratios=ratios,
+            side_by_side=True,
+        )
+        return f"{line}; the policy's best, step {best.step}, is {mine / theirs:.2f}x of it{unit}, timed side by side"
+
+    @property
+    def recommended(self) -> dict[str, Any] | None:
+        """What is recommended, for ``--json``: ``{"step": N, "config": ...}`` (the best step) or
+        ``{"baseline": NAME, "config": ...}`` (:attr:`beaten_by`); None where nothing fits."""
+        baseline, best = self.beaten_by, self.episode.best
+        if baseline is not None:
+            return {"baseline": baseline.name, "config": baseline.config.to_dict()}
+        return None if best is None else {"step": best.step, "config": best.config.to_dict()}
+
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` form: the episode's (:meth:`Episode.to_dict`), then ``baselines``
-        (:meth:`TunedBaseline.to_dict` each), ``ratios`` and ``side_by_side``."""
+        (:meth:`TunedBaseline.to_dict` each), ``ratios``, ``side_by_side`` and ``recommended``."""
         return {
             **self.episode.to_dict(),
             "baselines": [b.to_dict() for b in self.baselines],
             "ratios": self.ratios(),
             "side_by_side": self.side_by_side,
+            "recommended": self.recommended,
         }
 
     def to_json(self) -> str:
@@ -241,12 +314,15 @@ def tune(
     measured = _baselines(workload, episode, asked=baselines, ranks=ranks, device=env.device, show=show, say=say)
     if retime:
         episode, measured = _retime(episode, workload, measured, device=env.device, show=show, say=say)
-    checked = None
+    tuned = Tuned(episode=episode, final_knobs=final_knobs, baselines=measured)
     if episode.best is not None and _wants_compile_check(compile_check, env.device):
         # No budget given to the check: the compiled peak is the allocator's, which the episode's
         # budget (exact tracked bytes, or a fraction of them) does not measure alike.
-        checked = _compile_check(workload, episode.best.config, device=env.device, show=show, note=say)
-    return Tuned(episode=episode, final_knobs=final_knobs, compile_check=checked, baselines=measured)
+        beaten_by = tuned.beaten_by
+        config = episode.best.config if beaten_by is None else beaten_by.config
+        checked = _compile_check(workload, config, device=env.device, show=show, note=say)
+        tuned = dataclasses.replace(tuned, compile_check=checked)
+    return tuned
 
 
 def _checked(

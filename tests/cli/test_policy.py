@@ -107,6 +107,6 @@ def test_tune_json_without_baselines_compares_with_nothing(capsys: pytest.Captur
     assert main([*args, "--no-baselines", "--json", "--threads", "1"]) == 0
     out, err = capsys.readouterr()
     tuned = json.loads(out)
-    assert list(tuned)[-3:] == ["baselines", "ratios", "side_by_side"]
+    assert list(tuned)[-4:] == ["baselines", "ratios", "side_by_side", "recommended"]
     assert (tuned["baselines"], tuned["ratios"], tuned["side_by_side"], tuned["retimed"]) == ([], {}, False, None)
     assert "baseline" not in err and "re-timed" not in err

@@ -42,7 +42,7 @@ def test_tune_json_is_the_episode(capsys: pytest.CaptureFixture[str]) -> None:
     # unless no neighbour of the best step was left to try (tests/policies/test_climb.py: exact).
     assert steps[0]["source"] is None and {s["source"] for s in steps[1:]} <= {"policy", "climb"}
     # Then the baselines (within the budget here), re-timed in the best steps' run, and the ratios from it.
-    assert list(episode)[-3:] == ["baselines", "ratios", "side_by_side"]
+    assert list(episode)[-4:] == ["baselines", "ratios", "side_by_side", "recommended"]
     baselines = episode["baselines"]
     assert [b["name"] for b in baselines] == ["pytorch-default", "hf-recipe"]
     keys = ["name", "config", "throughput", "peak_bytes", "per_gib", "within_budget", "reason"]
