@@ -7,6 +7,7 @@ run one after another. :func:`find_blocks` finds them in a model that does not d
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -25,7 +26,9 @@ def find_blocks(model: torch.nn.Module, *, workload: str = "?") -> tuple[str, ..
        ``_no_split_modules`` (what accelerate and FSDP wrap on); the union over every submodule
        is read, so a user's wrapper around a Hugging Face backbone counts too. Of the declared
        classes present, those with two or more instances are kept if there are any (BERT and
-       ViT also declare their single embedding module), then the *innermost* ones: a class
+       ViT also declare their single embedding module), with a class of one instance in their
+       own container (a hybrid's one attention layer among its Mamba layers), then the
+       *innermost* ones: a class
        whose instances contain instances of another kept class is dropped (ConvNeXt declares
        both its stages and the layers inside them; the layers are the blocks). The blocks are
        the instances of the remaining classes.
@@ -115,6 +118,14 @@ def _declared_blocks(model: torch.nn.Module, modules: list[tuple[str, torch.nn.M
         if name and type(module).__name__ in declared:
             by_class.setdefault(type(module).__name__, []).append(name)
     repeated = {cls: names for cls, names in by_class.items() if len(names) >= 2}
+    if repeated:
+        # A declared class with one instance in the repeated blocks' own container is a block too:
+        # a hybrid's one attention layer among its Mamba layers (Jamba at a small depth). One
+        # elsewhere (BERT's and ViT's embeddings module) is not.
+        parents = {name.rpartition(".")[0] for names in repeated.values() for name in names}
+        repeated |= {
+            c: names for c, names in by_class.items() if len(names) == 1 and names[0].rpartition(".")[0] in parents
+        }
     innermost = set(_innermost(repeated or by_class))
     return [name for name, module in modules if name and type(module).__name__ in innermost]
 
@@ -181,8 +192,13 @@ def _alike(modules: Iterable[torch.nn.Module]) -> bool:
 
 
 def _kind(modules: Sequence[torch.nn.Module]) -> str:
-    """``4 repeated Sequential(Linear, GELU, Linear)``, or ``16 Bottleneck`` where they differ."""
+    """``4 repeated Sequential(Linear, GELU, Linear)``, or ``16 Bottleneck`` where they differ, or
+    ``3 of 2 classes (JambaMambaDecoderLayer x2, JambaAttentionDecoderLayer x1)``."""
     first = modules[0]
+    classes = Counter(type(m).__name__ for m in modules)
+    if len(classes) > 1:
+        each = ", ".join(f"{name} x{count}" for name, count in classes.items())
+        return f"{len(modules)} of {len(classes)} classes ({each})"
     if not _alike(modules):
         return f"{len(modules)} {type(first).__name__}"
     children = [type(c).__name__ for c in first.children()]

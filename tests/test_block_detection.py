@@ -223,3 +223,24 @@ def test_declared_units_in_parallel_branches_give_way_to_the_module_that_holds_t
             self.stages = nn.ModuleList(nn.Sequential(Bottleneck(), Bottleneck()) for _ in range(2))
 
     assert find_blocks(Net()) == ("stages.0.0", "stages.0.1", "stages.1.0", "stages.1.1")
+
+
+def test_a_hybrid_s_one_layer_of_another_declared_class_among_its_repeated_ones_is_a_block() -> None:
+    """Jamba at three layers: Mamba, attention, Mamba, both classes declared, the attention layer
+    alone of its class; it sits in the layers' own list, so it is a block (an embeddings module
+    declared elsewhere is not)."""
+    mamba = type("MambaLayer", (Layer,), {})
+    attention = type("AttentionLayer", (Layer,), {})
+
+    class Hybrid(nn.Module):
+        _no_split_modules = ("Embed", "MambaLayer", "AttentionLayer")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.embed.__class__ = type("Embed", (nn.Embedding,), {})
+            self.layers = nn.ModuleList([mamba(), attention(), mamba()])
+
+    choice = detect_blocks(Hybrid())
+    assert choice.names == ("layers.0", "layers.1", "layers.2")
+    assert choice.reason == "3 of 2 classes (MambaLayer x2, AttentionLayer x1), declared in _no_split_modules"
