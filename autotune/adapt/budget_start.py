@@ -96,20 +96,23 @@ def _nothing_fits(
     split = "" if frontend.splits_now else f" at the loop's split {batch} x {default.grad_accum_steps}"
     if floor > 1 and frontend.splits_now:
         split = f" with micro-batches of at least {floor} ({micro_why})"
+    # The candidates keep the run's precision (its flags: bf16=True is the run's, not a fp32 start).
+    precision = default.knob_cells()[1]
+    kind = "fp32 configuration" if precision == "fp32" else f"configuration in the run's precision ({precision})"
     fitting = [v for v in tried if v.predicted is not None and _would_fit(gate, v.predicted)]
     if fitting:  # small enough, but predicted by a memory model that was not verified for it
         return ConfigError(
-            f"no fp32 configuration of batch {default.effective_batch_size}{split} is known to fit memory_budget "
+            f"no {kind} of batch {default.effective_batch_size}{split} is known to fit memory_budget "
             f"{gate.budget} B{per_rank}: {fitting[0].reason}"
         )
     smallest = min((v.predicted for v in tried if v.predicted is not None), default=None)
     if smallest is None:  # nothing could be predicted: say why, not a missing number
         return ConfigError(
-            f"no fp32 configuration of batch {default.effective_batch_size}{split} is known to fit memory_budget "
+            f"no {kind} of batch {default.effective_batch_size}{split} is known to fit memory_budget "
             f"{gate.budget} B{per_rank}: {(tried[0] if tried else verdict).reason}"
         )
     return ConfigError(
-        f"memory_budget {gate.budget} B{per_rank} is below every fp32 configuration of batch "
+        f"memory_budget {gate.budget} B{per_rank} is below every {kind} of batch "
         f"{default.effective_batch_size}{split} (smallest predicted peak {smallest} B, "
         f"+{gate.headroom:.0%} headroom): raise the budget."
     )

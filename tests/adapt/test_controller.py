@@ -62,6 +62,33 @@ def test_a_start_small_enough_but_unverified_says_so_not_that_the_budget_is_too_
     )
 
 
+class _Small(_Gate):
+    """Every configuration predicted over the budget, the recomputed ones least."""
+
+    def admits(self, config: TrainConfig) -> Verdict:
+        predicted = 1500 if config.checkpoint else 2000
+        return Verdict(
+            admitted=False, reason=f"predicted {predicted} B > budget 1000 B", predicted=predicted, measured=None
+        )
+
+
+def test_a_bf16_run_that_fits_nothing_is_told_so_in_its_own_precision_not_fp32() -> None:
+    """A Trainer's ``bf16=True`` + ``gradient_checkpointing=True`` under 90% of its own peak: the
+    candidates keep the run's precision, and the message names it."""
+    default = TrainConfig(
+        micro_batch_size=8, grad_accum_steps=2, precision="bf16", outer_precision="bf16", checkpoint=True
+    )
+    controller = Controller(
+        frontend=_Loop(), source=None, gate=_Small(), default=default, fraction=None, decide_every=2
+    )  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as caught:
+        controller.start()
+    assert str(caught.value) == (
+        "memory_budget 1000 B is below every configuration in the run's precision (bf16, outer bf16) of batch 16 "
+        "at the loop's split 8 x 2 (smallest predicted peak 1500 B, +2% headroom): raise the budget."
+    )
+
+
 class _Recording(DecisionSource):
     """Keeps the context it started with; proposes nothing."""
 
