@@ -4,7 +4,9 @@ Each model is built from its transformers config class with random weights (2 la
 no download) and trained on random tokens of 32 steps at micro-batch 8, with and without an
 all-ones ``attention_mask`` in the batch. The memory model's prediction (fake-tensor profile,
 ``verify=False``) is compared with one exactly tracked real step (after one that creates Adam's
-state). Four of the models are mixtures of experts (Mixtral, Qwen3-MoE, OLMoE, gpt-oss).
+state). Six of the models are mixtures of experts (Mixtral, Qwen3-MoE, OLMoE, gpt-oss, DeepSeek-V3
+with its multi-head latent attention, GraniteMoE), one a state-space model (Mamba), and one a
+hybrid of both (Jamba: Mamba, attention with experts, Mamba, 3 layers).
 
 By default the models train without a cache (``use_cache=False``) and recompute nothing.
 ``--use-cache`` keeps each config's default (``use_cache=True``, as ``from_pretrained`` gives
@@ -121,6 +123,67 @@ _MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "sliding_window": 16,
         },
     ),
+    "deepseek-v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        {
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_key_value_heads": 4,
+            "first_k_dense_replace": 1,  # a dense first layer, then a mixture of experts
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 32,
+            "n_group": 1,
+            "topk_group": 1,
+            "kv_lora_rank": 32,  # multi-head latent attention
+            "q_lora_rank": 48,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 16,
+        },
+    ),
+    "granitemoe": (
+        "GraniteMoeConfig",
+        "GraniteMoeForCausalLM",
+        {
+            "intermediate_size": 32,
+            "num_hidden_layers": 2,
+            "num_key_value_heads": 2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        },
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "sliding_window": 16,
+        },
+    ),
+    "mamba": ("MambaConfig", "MambaForCausalLM", {"num_hidden_layers": 2, "state_size": 8}),
+    "jamba": (
+        "JambaConfig",
+        "JambaForCausalLM",
+        {
+            # Mamba, attention with a mixture of experts, Mamba: three blocks of two classes.
+            "intermediate_size": 128,
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 2,
+            "attn_layer_period": 2,
+            "attn_layer_offset": 1,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "mamba_d_state": 8,
+        },
+    ),
 }
 
 
@@ -205,7 +268,9 @@ def _record(path: Path, models: list[str], command: str) -> None:
         claim=(
             "The memory model's prediction (fake-tensor profile) against a real step's exact peak, on decoder "
             "architectures built from their transformers config classes (2 layers, width 64, random weights, "
-            "micro-batch 8 of 32 tokens), four of them mixtures of experts; each cell the larger error of a "
+            "micro-batch 8 of 32 tokens), six of them mixtures of experts (DeepSeek-V3 with its multi-head latent "
+            "attention), a state-space model (Mamba) and a hybrid (Jamba, 3 layers: Mamba, attention with experts, "
+            "Mamba); each cell the larger error of a "
             "batch with and without an all-ones attention mask. 'cache': the config's default use_cache=True, as "
             "from_pretrained gives it."
         ),
