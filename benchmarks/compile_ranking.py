@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -130,20 +128,6 @@ def table(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     ]
 
 
-def machine_info() -> dict[str, Any]:
-    import torch
-    from results import cpu_name
-
-    return {
-        "date": time.strftime("%Y-%m-%d"),
-        "cpu": cpu_name(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
-        "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
-
-
 def write(out: Path, machine: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     from results import markdown_table
 
@@ -154,7 +138,7 @@ def write(out: Path, machine: dict[str, Any], rows: list[dict[str, Any]]) -> Non
 
 def write_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]], command: str) -> None:
     """The results page's record of the run (``benchmarks/results.py``)."""
-    from results import write_result
+    from results import machine_fields, write_result
 
     models = ", ".join(f"`{m}`" for m in dict.fromkeys(r["model"] for r in rows))
     write_result(
@@ -166,9 +150,7 @@ def write_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]]
             "the four both ways: where they differ, the best configuration compiled is not the best eager one "
             "compiled, so the study's compile check times every finalist."
         ),
-        machine=f"{machine['cpu']}, {machine['cores']} cores, {machine['threads']} threads",
-        capability=f"CPU `{machine['capability']}`",
-        date=machine["date"],
+        **machine_fields(machine),
         command=command,
         columns=COLUMNS,
         rows=table(rows),
@@ -177,7 +159,7 @@ def write_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from results import corpus_models
+    from results import corpus_models, cpu_machine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -188,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, but got {args.rounds}")
     models = corpus_models(parser, args.models)
-    machine = machine_info()
+    machine = cpu_machine()
     rows = run(models, rounds=args.rounds)
     write(args.out, machine, rows)
     print("\n".join(f"{' | '.join(r)}" for r in table(rows)))
