@@ -145,10 +145,10 @@ def write_record(path: Path, machine: dict[str, Any], rows: list[dict[str, Any]]
         path,
         title="torch.compile's ranking of configurations against eager's",
         claim=(
-            f"{models} (built-in sizes): four configurations of the whole batch, each timed eager and "
-            "compiled side by side (median samples/s and spread, compile seconds), and each one's rank among "
-            "the four both ways: where they differ, the best configuration compiled is not the best eager one "
-            "compiled, so the study's compile check times every finalist."
+            f"{models} (built-in sizes): four configurations of the whole batch, each timed eager and compiled "
+            "side by side (median samples/s and spread; compile seconds with inductor's caches off), and each "
+            "one's rank among the four both ways. Compiling speeds them up by different factors, so the best "
+            "configuration eager need not be the best compiled: the study's compile check times every finalist."
         ),
         **machine_fields(machine),
         command=command,
