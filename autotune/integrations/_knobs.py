@@ -96,7 +96,9 @@ class LoopKnobs(LoopState):
                 outer=config.outer_precision,
             )
         else:
-            self._wrappers = apply_config(self._model, self._names, config, device_type=device)
+            self._wrappers = apply_config(
+                self._model, self._names, config, device_type=device, outer_around=self.outer_around
+            )
         self._warm = False
 
     def _unwrap(self) -> None:

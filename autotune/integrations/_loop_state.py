@@ -79,6 +79,9 @@ class LoopState:
         self._trained: AllocatorStats | None = None
         #: The loop's own precision, from the user's flags (set at :meth:`begin`).
         self.precision = LoopPrecision()
+        # The model's method the loop calls for a step's forward and loss: the outer precision's
+        # autocast wraps it (Lightning calls training_step, which need not call forward).
+        self.outer_around = "forward"
         #: The model's own checkpointing flags, taken over at :meth:`begin` (None before).
         self.checkpointing: ModelCheckpointing | None = None
         #: How the loop compiles the model (``"torch_compile=True"``; set at :meth:`begin`), None: eager.

@@ -163,6 +163,12 @@ class AutotuneCallback(Callback):
             objective=objective,
             progress=progress,
         )
+        # Under "32-true" a reduced outer precision is autotune's autocast around training_step,
+        # the loss the memory model profiles: a training_step that does not call forward (one that
+        # calls its blocks itself) would otherwise run the outer parts in fp32 while the blocks
+        # expect the region: a recomputed bf16 block then handed its bf16 output to an
+        # unwrapped one ("mat1 and mat2 must have the same dtype").
+        self.loop.outer_around = "training_step"
         self._step = 0
         self._reload: int | None = None  # the user's reload_dataloaders_every_n_epochs while a reload is asked
         self._batch_size: Any = None  # the module's batch_size before a pending change set it

@@ -11,10 +11,10 @@ the recommendation stays eager and one line says why.
 
 Where the finalists were re-timed side by side, each of them is timed eager and compiled too:
 compiling speeds configurations up by different factors (``benchmarks/compile_ranking.py``), so
-the best configuration compiled need not be the best eager one. The recommendation is then the finalist
-with the most value under compile (its re-timed value times its compile gain where compile is
-recommended for it) when that beats the eager recommendation's beyond both their spreads; the
-line says so.
+the best configuration compiled need not be the best eager one. The recommendation is then the
+finalist with the most value under compile (its re-timed value times its compile gain where
+compile is recommended for it) when that beats the eager recommendation's beyond both their
+spreads; the line says so.
 
 A check is of one recommendation: once another trial is recommended eagerly (a resumed study,
 ``autotune best`` re-timing new finalists) the stored one is no longer read, and the next study run
@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 
 __all__ = ["COMPILE_CHECK", "Candidate", "CompilePick", "check_recommendation", "read_compile_pick"]
 
-COMPILE_CHECK = "compile_check"  # the study's user attribute: {"trial", "check" or "reason"}
+#: The study's user attribute: {"trial", "check" or "reason"}, and where the finalists were
+#: checked "values", "objective" and, where one of them replaced the eager pick, "of".
+COMPILE_CHECK = "compile_check"
 
 #: The recommended configuration timed eager and compiled; raises ``MeasurementFailed`` where it cannot be.
 Comparer = Callable[["TrainConfig"], CompileCheck]
@@ -149,9 +151,10 @@ def read_compile_pick(study: optuna.Study, recommended: TrialRecord | None) -> C
     """The stored compile check of the eager recommendation ``recommended``, or None (none
     stored, or of another recommendation). Its ``trial`` is what is recommended under compile."""
     stored = study.user_attrs.get(COMPILE_CHECK)
-    if not stored or recommended is None or stored.get("of", stored.get("trial")) != recommended.number:
+    if not stored or recommended is None:
         return None
-    return CompilePick.from_dict(stored)
+    pick = CompilePick.from_dict(stored)
+    return pick if pick.checked_for == recommended.number else None
 
 
 def compiled_value(candidate: Candidate, check: CompileCheck, objective: ObjectiveName) -> float:

@@ -108,6 +108,9 @@ class BlockWrappers:
     """Handle to the wrappers installed by :func:`apply_block_knobs`; ``remove()`` undoes them."""
 
     _blocks: list[tuple[torch.nn.Module, Any]]
+    #: The outer precision's wrapper (:func:`apply_outer_precision`): the model, the method it
+    #: wraps and what that method was; installed before the blocks', removed after them.
+    _outer: tuple[torch.nn.Module, str, Any] | None = None
 
     @property
     def modules(self) -> tuple[torch.nn.Module, ...]:
@@ -116,12 +119,14 @@ class BlockWrappers:
 
     def remove(self) -> None:
         # Last installed, first removed: the one order that unwinds any stack of wrappers.
-        for block, previous in reversed(self._blocks):
+        wrapped = [(block, "forward", previous) for block, previous in self._blocks]
+        for module, method, previous in reversed([*([self._outer] if self._outer else []), *wrapped]):
             if previous is _SENTINEL:
-                del block.forward
+                delattr(module, method)
             else:
-                block.forward = previous
+                setattr(module, method, previous)
         self._blocks.clear()
+        self._outer = None
 
 
 def effective_block_knobs(
@@ -165,31 +170,40 @@ def outer_autocast(precision: Precision, device_type: str) -> contextlib.Abstrac
     return contextlib.nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
 
 
-def apply_outer_precision(model: torch.nn.Module, precision: Precision, *, device_type: str) -> BlockWrappers:
+def apply_outer_precision(
+    model: torch.nn.Module, precision: Precision, *, device_type: str, around: str = "forward"
+) -> BlockWrappers:
     """Run ``model``'s own forward under :func:`outer_autocast` (nothing for fp32), for a training
     loop that calls the model but is not autotune's (a loss computed inside the forward, as a
-    Hugging Face model's with ``labels``, runs in it too). ``remove()`` on the handle undoes it."""
+    Hugging Face model's with ``labels``, runs in it too). ``around``: the method of ``model`` the
+    loop calls for a step's forward and loss (Lightning calls ``training_step``, which need not
+    call ``forward``). ``remove()`` on the handle undoes it."""
     if precision == "fp32":
         return BlockWrappers([])
-    previous = model.__dict__.get("forward", _SENTINEL)
-    inner = model.forward
+    previous = model.__dict__.get(around, _SENTINEL)
+    inner = getattr(model, around)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         with outer_autocast(precision, device_type):
             return inner(*args, **kwargs)
 
-    model.forward = forward
-    return BlockWrappers([(model, previous)])
+    setattr(model, around, forward)
+    return BlockWrappers([], _outer=(model, around, previous))
 
 
 def apply_config(
-    model: torch.nn.Module, block_names: Sequence[str], config: TrainConfig, *, device_type: str
+    model: torch.nn.Module,
+    block_names: Sequence[str],
+    config: TrainConfig,
+    *,
+    device_type: str,
+    outer_around: str = "forward",
 ) -> BlockWrappers:
     """Everything ``config`` does to a model, for a training loop that is not autotune's: its outer
-    precision around the model's forward (:func:`apply_outer_precision`) and its per-block knobs
-    (:func:`apply_block_knobs`). ``remove()`` on the one handle undoes both."""
+    precision around the model's ``outer_around`` method (:func:`apply_outer_precision`) and its
+    per-block knobs (:func:`apply_block_knobs`). ``remove()`` on the one handle undoes both."""
     n = len(block_names)
-    outer = apply_outer_precision(model, config.outer_precision, device_type=device_type)
+    outer = apply_outer_precision(model, config.outer_precision, device_type=device_type, around=outer_around)
     blocks = apply_block_knobs(
         model,
         block_names,
@@ -198,7 +212,7 @@ def apply_config(
         device_type=device_type,
         outer=config.outer_precision,
     )
-    return BlockWrappers([*outer._blocks, *blocks._blocks])  # removed last installed first
+    return BlockWrappers(blocks._blocks, _outer=outer._outer)  # removed last installed first
 
 
 def apply_block_knobs(

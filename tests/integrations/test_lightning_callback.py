@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 pytest.importorskip("lightning")
 
@@ -446,3 +447,57 @@ def test_a_token_mean_loss_keeps_its_split_under_lightnings_equal_accumulation()
     assert autotune_warnings == [f"AutotuneCallback: {why}; only per-block knobs will change"]
     assert (module.batch_size, trainer.accumulate_grad_batches, callback.loop.split) == (8, 1, False)
     assert all(not c.applied or c.after.micro_batch_size == 8 for c in callback.history)
+
+
+class LitBlocksInStep(L.LightningModule):  # type: ignore[misc]
+    """README's quick start: a training_step that calls its blocks and head itself, not forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = torch.nn.Sequential(
+            *(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()) for _ in range(4))
+        )
+        self.head, self.batch_size = torch.nn.Linear(16, 4), 16
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.head(self.blocks(batch[0])), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader[Any]:
+        x = torch.randn(256, 16, generator=torch.Generator().manual_seed(0))
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, :4].argmax(1)), self.batch_size)
+
+
+def test_an_outer_bf16_change_wraps_training_step_when_it_does_not_call_forward() -> None:
+    """Under "32-true" the whole model in bf16 with the first block recomputed: the recomputed
+    block hands its bf16 output to the next one, unwrapped (it runs in the outer region). The
+    region was opened around forward, which this training_step never calls: "mat1 and mat2 must
+    have the same dtype, but got BFloat16 and Float" (a README quick start, once in CI)."""
+    from tests.adapt.scripted import Scripted
+
+    whole = TrainConfig(
+        micro_batch_size=16,
+        precision="bf16",
+        outer_precision="bf16",
+        checkpoint=(True, False, False, False),
+        grad_clip=None,
+    )
+    module = LitBlocksInStep()
+    callback = AutotuneCallback(policy=Scripted([whole]), decide_every=2, memory_budget=1 << 40, progress=False)
+    seen: list[torch.dtype] = []
+
+    # The real steps' head outputs only: the callback's fake-tensor profiles run the module too.
+    def record(_module: torch.nn.Module, _inputs: Any, out: torch.Tensor) -> None:
+        if not isinstance(out, FakeTensor) and torch.is_grad_enabled():
+            seen.append(out.dtype)
+
+    module.head.register_forward_hook(record)
+    trainer = quiet_trainer(max_steps=4, callbacks=[callback])
+    trainer.fit(module)
+    assert [(c.step, c.after) for c in callback.history if c.applied and c.source == "scripted"] == [(2, whole)]
+    # The first step's head in fp32, the two after the change in bf16 (check steps come between).
+    assert seen[0] == torch.float32 and seen[-2:] == [torch.bfloat16, torch.bfloat16]
+    assert "training_step" not in vars(module) and "forward" not in vars(module)  # unwrapped at the end
