@@ -90,12 +90,12 @@ EXPECTED = [
     "┡━━━━━━━╇━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━━━━━━━━╇━━━━━━━━┩",
     "│     5 │          1380.5 │             1371.0 │   1.2% │          62450.3 │ WINNER │",
     "└───────┴─────────────────┴────────────────────┴────────┴──────────────────┴────────┘",
-    "                           recommended / baseline",
-    "┏━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━┓",
-    "┃ baseline        ┃ trial ┃ throughput ┃  peak ┃ per GiB ┃ baseline per GiB ┃",
-    "┡━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━┩",
-    "│ pytorch-default │     0 │      0.92x │ 0.17x │   5.27x │          11907.0 │",
-    "└─────────────────┴───────┴────────────┴───────┴─────────┴──────────────────┘",
+    "                                      recommended / baseline",
+    "┏━━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━┓",
+    "┃ baseline        ┃ trial ┃ throughput ┃  peak ┃ per GiB ┃ baseline per GiB ┃ timed              ┃",
+    "┡━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━┩",
+    "│ pytorch-default │     0 │      0.92x │ 0.17x │   5.27x │          11907.0 │ first measurements │",
+    "└─────────────────┴───────┴────────────┴───────┴─────────┴──────────────────┴────────────────────┘",
     # one line, as long as it is: a log is read with its lines whole
     "recommended: trial 5: micro x acc x ranks 8x4x1 | bf16 2/3 | ckpt all | ZeRO 0: 1380.5 samples/s, "
     "peak 22.48 MiB, 62884.0 samples/s per GiB (5.27x the PyTorch default per GiB); "
@@ -170,4 +170,4 @@ def test_a_baseline_the_study_has_not_reached_is_not_run_yet_not_infeasible() ->
     out = io.StringIO()
     make_console(file=out).print(summary_view(dataclasses.replace(summary, baselines={"policy": waiting})))
     row = next(line for line in out.getvalue().splitlines() if line.startswith("│ policy"))
-    assert [cell.strip() for cell in row.split("│")[1:-1]] == ["policy", "3", "-", "-", "-", "not run yet"]
+    assert [cell.strip() for cell in row.split("│")[1:-1]] == ["policy", "3", "-", "-", "-", "not run yet", "-"]

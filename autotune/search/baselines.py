@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -200,7 +201,7 @@ def recommended_line(
     per_gib: float | None,
     objective: str,
     ratios: Mapping[str, float | None],
-    side_by_side: bool = False,
+    side_by_side: bool | AbstractSet[str] = False,
 ) -> str:
     """THE recommendation line of ``study`` and ``tune``, and how it compares with the baselines.
 
@@ -214,7 +215,8 @@ def recommended_line(
         ratios: Per baseline measured (or meant to be), the recommendation's value over the
             baseline's under ``objective``; None where the baseline was infeasible.
         side_by_side: The ratios come from one run timing the recommendation and the baselines
-            side by side (``tune``'s re-timing); the line says so.
+            side by side (``tune``'s re-timing), or those of the baselines named (the study's
+            finalists); the line says so.
 
     Returns:
         ``recommended: trial 7: ...: 65.9 samples/s, peak 31.46 MiB, 2145.1 samples/s per GiB
@@ -232,7 +234,13 @@ def recommended_line(
         if (r := ratios.get(name)) is not None
     ]
     if versus:
-        timed = ", timed side by side" if side_by_side else ""
+        shown = [(name, what) for name, what in COMPARED if ratios.get(name) is not None]
+        together = [what for name, what in shown if side_by_side is True or (side_by_side and name in side_by_side)]
+        timed = ""
+        if len(together) == len(shown):
+            timed = ", timed side by side"
+        elif together:
+            timed = f", the {' and the '.join(together)} timed side by side"
         listed = versus[0] if len(versus) == 1 else f"{', '.join(versus[:-1])} and {versus[-1]}"
         line += f" ({listed} {'per GiB' if per else 'samples/s'}{timed})"
     if HF_RECIPE in ratios and ratios[HF_RECIPE] is None:

@@ -152,17 +152,23 @@ def _finalists_table(s: StudySummary) -> Table | None:
 
 def _improvement_table(s: StudySummary) -> Table:
     t = Table(title="recommended / baseline")
-    for col in ("baseline", "trial", s.metric, "peak", "per GiB", "baseline per GiB"):
-        t.add_column(col, justify="left" if col == "baseline" else "right")
+    for col in ("baseline", "trial", s.metric, "peak", "per GiB", "baseline per GiB", "timed"):
+        t.add_column(col, justify="left" if col in ("baseline", "timed") else "right")
     for name, b in s.baselines.items():
         i = s.improvement(name)
         if i is None:
             # A baseline the study has not reached yet (fewer trials than baselines) is not infeasible.
             why = "not run yet" if b.state in ("WAITING", "RUNNING") else f"infeasible: {b.reason or b.state.lower()}"
-            t.add_row(name, str(b.number), "-", "-", "-", why)
+            t.add_row(name, str(b.number), "-", "-", "-", why, "-")
             continue
         t.add_row(
-            name, str(i.trial), f"{i.throughput:.2f}x", f"{i.peak_memory:.2f}x", f"{i.per_gib:.2f}x", _num(b.per_gib)
+            name,
+            str(i.trial),
+            f"{i.throughput:.2f}x",
+            f"{i.peak_memory:.2f}x",
+            f"{i.per_gib:.2f}x",
+            _num(s.retimed[b.number].retimed_per_gib if i.side_by_side else b.per_gib),
+            "side by side" if i.side_by_side else "first measurements",
         )
     return t
 
@@ -183,6 +189,7 @@ def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
         per_gib=r.per_gib,
         objective=s.objective,
         ratios=ratios,
+        side_by_side={i.baseline for i in s.improvements if i.side_by_side},
     )
     f = s.retimed.get(r.number)
     if f is not None:

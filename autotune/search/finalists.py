@@ -12,6 +12,13 @@ Three keeps the cost bounded (each finalist runs its warm-up and 6-12 steps on o
 seconds to a minute on the corpus models) while giving the configurations a single stint's noise
 can reorder (those within 10-20% of the leader's first measurement) a second, fair look.
 
+The baselines the recommendation is compared with (the PyTorch default and the HF recipes,
+:data:`autotune.search.baselines.COMPARED`) are re-timed with them where they ran within the
+budget, as ``tune`` re-times its baselines beside its best steps: the recommendation's ratios to
+them then come from one interleaved run, not from stints minutes apart (hf-llama on a Xeon: the
+HF recipe's first stint 36.1 samples/s, 51.1 re-timed; the pick's "1.41x the HF recipe" was
+1.02x side by side). They compete like the others: a recipe that wins is recommended.
+
 The figures go on each finalist's own trial as user attributes (:data:`TRIAL_ATTRS`: re-timed
 samples/s, its spread, value per GiB, rank, rounds and the trials it was timed with), where the
 dashboard shows them with the trial and ``autotune best --format json`` prints the recommended
@@ -30,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName
 from autotune.measurement.sidebyside import Retimed, busy_note
+from autotune.search.baselines import COMPARED
 from autotune.tuning import TUNING
 
 if TYPE_CHECKING:
@@ -84,6 +92,12 @@ class Finalist:
 
 
 def finalists(records: tuple[TrialRecord, ...], objective: ObjectiveName = DEFAULT_OBJECTIVE) -> list[TrialRecord]:
+    """What the study re-times side by side: :func:`_best`, and :func:`_compared` them."""
+    best = _best(records, objective)
+    return best + _compared(records, best)
+
+
+def _best(records: tuple[TrialRecord, ...], objective: ObjectiveName) -> list[TrialRecord]:
     """The best :data:`FINALISTS` distinct local-runner configurations by ``objective`` among
     feasible completed trials (ZeRO configurations run on ranks: they keep their first
     measurement), after the refinement's duels (:data:`autotune.search.refine.BEATEN_BY`):
@@ -118,6 +132,25 @@ def finalists(records: tuple[TrialRecord, ...], objective: ObjectiveName = DEFAU
             out.append(r)
         if len(out) == FINALISTS:
             break
+    return out
+
+
+def _compared(records: tuple[TrialRecord, ...], best: list[TrialRecord]) -> list[TrialRecord]:
+    """The compared baselines' trials re-timed beside the ``best`` ones: each one's first
+    feasible trial (the one the summary compares with), local, of a configuration none of
+    ``best`` has."""
+    out: list[TrialRecord] = []
+    for name, _ in COMPARED:
+        base = next((r for r in records if r.baseline == name and r.feasible), None)
+        if (
+            base is not None
+            and base.config is not None
+            and base.throughput
+            and base.per_gib
+            and not base.config.on_deepspeed
+            and all(o.config != base.config for o in [*best, *out])
+        ):
+            out.append(base)
     return out
 
 
@@ -157,6 +190,15 @@ def to_retime(study: optuna.Study) -> list[TrialRecord]:
     return chosen
 
 
+def _beside(study: optuna.Study) -> set[int]:
+    """The trial numbers :func:`finalists` adds beside the best (:func:`_compared`)."""
+    from autotune.search.spec import objective_of
+    from autotune.search.trial_record import trial_record
+
+    records = tuple(trial_record(t) for t in study.get_trials(deepcopy=False))
+    return {r.number for r in _compared(records, _best(records, objective_of(study)))}
+
+
 def _retimed_trials(study: optuna.Study) -> list[int] | None:
     record = study.user_attrs.get(RETIMED)
     # A record without "trials" is an older layout (figures on the study): re-time into this one.
@@ -180,7 +222,13 @@ def retime_finalists(
     scales = [value_scale(r, objective_of(study)) for r in chosen]
     configs = [r.config for r in chosen if r.config is not None]
     if note is not None:
-        note(f"re-timing the {len(chosen)} best configurations side by side (trials {numbers})")
+        beside = [r for r in chosen if r.number in _beside(study)]
+        best = [r.number for r in chosen if r not in beside]
+        with_ = ", ".join(f"{r.baseline} (trial {r.number})" for r in beside)
+        note(
+            f"re-timing the {len(best)} best configurations side by side (trials {best})"
+            + (f", with the baselines compared: {with_}" if beside else "")
+        )
     result = retimer(configs, scales)
     rank = {i: k for k, i in enumerate(result.ranking)}
     for i, (r, t) in enumerate(zip(chosen, result.timings, strict=True)):

@@ -424,13 +424,11 @@ def retime_study(study: optuna.Study, *, device: str | None = None) -> dict[str,
 def _retime(study: optuna.Study, measurer: Any, spec: StudySpec, observer: StudyObserver) -> dict[str, Any] | None:
     """The finalists re-timed side by side in the measuring child (:mod:`autotune.search.finalists`)."""
     from autotune.errors import MeasurementFailed
-    from autotune.search.finalists import FINALISTS, retime_finalists
-
-    # Each finalist: up to 6 warm-up steps and 6 rounds of 2 steps, each bounded like a trial.
-    timeout = FINALISTS * spec.measure.trial_timeout
+    from autotune.search.finalists import retime_finalists
 
     def retimer(configs: list[TrainConfig], scales: list[float]) -> Any:
-        return measurer.retime(configs, scales=scales, timeout=timeout)
+        # Each finalist: up to 6 warm-up steps and 6 rounds of 2 steps, each bounded like a trial.
+        return measurer.retime(configs, scales=scales, timeout=len(configs) * spec.measure.trial_timeout)
 
     threads = spec.measure.threads or os.cpu_count() or 1
     try:
@@ -460,7 +458,7 @@ def _check_compile(
     """The recommendation timed eager and compiled in the measuring child
     (:mod:`autotune.search.compile_pick`); the summary prints its line after the recommendation."""
     from autotune.search.compile_pick import Candidate, check_recommendation
-    from autotune.search.finalists import value_scale
+    from autotune.search.finalists import FINALISTS, value_scale
     from autotune.search.results import summarize
 
     def compare(config: TrainConfig) -> CompileCheck:
@@ -469,15 +467,17 @@ def _check_compile(
 
     summary = summarize(study)
     records = {r.number: r for r in summary.trials}
-    # The re-timed finalists, best first, with their values side by side: compiled too, the
-    # best eager one need not stay the best (compile_pick.py).
+    # The best re-timed finalists, with their values side by side: compiled too, the best eager
+    # one need not stay the best (compile_pick.py). As many as the finalists proper: the
+    # baselines re-timed beside them are compiled only where they rank among them (a compile is
+    # tens of seconds at real size).
     finalists = [
         Candidate(
             record=records[n],
             value=f.retimed_throughput * value_scale(records[n], spec.objective),
             spread=f.retimed_spread,
         )
-        for n, f in sorted(summary.retimed.items(), key=lambda item: item[1].rank)
+        for n, f in sorted(summary.retimed.items(), key=lambda item: item[1].rank)[:FINALISTS]
     ]
     check_recommendation(
         study, summary.recommended, compare, note=observer.note, finalists=finalists, objective=spec.objective

@@ -278,3 +278,22 @@ def test_far_over_is_the_study_s_unchecked_prediction_against_2_5_times_the_budg
         assert hopeless(default.knobs) is False
         assert (default.knobs.micro_batch_size < 16) is far
     assert far_over(probe, predictor) is None  # no budget: none
+
+
+def test_the_line_names_which_ratios_were_timed_side_by_side_when_not_all_were() -> None:
+    def line(together: set[str]) -> str:
+        return recommended_line(
+            "trial 3",
+            "8x4",
+            throughput=65.94,
+            peak_bytes=32 * 2**20,
+            per_gib=2110.0,
+            objective="per-gib",
+            ratios={"pytorch-default": 2.044, "hf-recipe": 1.1},
+            side_by_side=together,
+        )
+
+    versus = "2.04x the PyTorch default and 1.10x the HF recipe per GiB"
+    assert line({"hf-recipe"}).endswith(f"({versus}, the HF recipe timed side by side)")
+    assert line({"hf-recipe", "pytorch-default"}).endswith(f"({versus}, timed side by side)")
+    assert line(set()).endswith(f"({versus})")
