@@ -20,7 +20,8 @@ from rich.text import Text
 from autotune.config import TrainConfig
 from autotune.console import make_console
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value
-from autotune.search.baselines import recommended_line
+from autotune.search.baselines import COMPARED, recommended_line
+from autotune.search.finalists import Finalist
 from autotune.search.results import StudySummary
 from autotune.search.study import StudyObserver, count_done
 from autotune.search.trial_record import TrialRecord, trial_record
@@ -176,13 +177,16 @@ def _improvement_table(s: StudySummary) -> Table:
 def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
     if r is None or r.config is None:
         return "no feasible trial yet: nothing to recommend"
+    # A recipe users run without autotune, recommended: named, and not compared with itself.
+    recipe = dict(COMPARED).get(r.baseline or "")
     ratios = {
         name: None if (i := s.improvement(name)) is None else i.per_gib if s.objective == "per-gib" else i.throughput
         for name, b in s.baselines.items()
         if b.state not in ("WAITING", "RUNNING")  # not measured yet: neither compared nor infeasible
+        and name != r.baseline
     }
     line = recommended_line(
-        f"trial {r.number}",
+        f"trial {r.number}" if recipe is None else f"trial {r.number}, the {recipe}",
         config_summary(r.config),
         throughput=r.objective,
         peak_bytes=r.peak_bytes,
@@ -199,7 +203,34 @@ def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
             else f"{_num(f.retimed_throughput)} samples/s"
         )
         line += f"; re-timed side by side: {retimed} (spread {f.retimed_spread:.1%})"
+        if recipe is not None:
+            line += _searched_beside(f, s)
     return line
+
+
+def _searched_beside(recommended: Finalist, s: StudySummary) -> str:
+    """Where a recipe users run is recommended: what the best configuration re-timed beside it
+    that is none of those recipes is of it (as ``tune`` says its best step of a recommended
+    baseline), or nothing where none was."""
+    recipes = {name for name, _ in COMPARED}
+    per = s.objective == "per-gib"
+
+    def value(f: Finalist) -> float:
+        return f.retimed_per_gib if per else f.retimed_throughput
+
+    others = [f for n, f in s.retimed.items() if n != recommended.trial and _trial(s, n).baseline not in recipes]
+    if not others:
+        return ""
+    best = max(others, key=lambda f: (value(f), -f.trial))
+    unit = "per GiB" if per else "samples/s"
+    return (
+        f"; the best other configuration, trial {best.trial}, is {value(best) / value(recommended):.2f}x "
+        f"of it {unit}, timed side by side"
+    )
+
+
+def _trial(s: StudySummary, number: int) -> TrialRecord:
+    return next(r for r in s.trials if r.number == number)
 
 
 def summary_view(s: StudySummary) -> Group:
