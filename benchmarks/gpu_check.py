@@ -494,6 +494,12 @@ def _study_pick(out: Path, objective: ObjectiveName, timeout: float) -> dict[str
         "states": summary.states,
         "setup": lines,
         "pick": None if best is None or best.config is None else best.config,
+        # The study's own account of its pick against the recipes (side by side where it re-timed
+        # them with its finalists), beside the check's independent judgement of it.
+        "versus": {
+            i.baseline: {"per_gib": i.per_gib, "throughput": i.throughput, "side_by_side": i.side_by_side}
+            for i in summary.improvements
+        },
     }
 
 
