@@ -35,9 +35,10 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.config import TrainConfig
+    from autotune.search.results import StudySummary
     from autotune.search.trial_record import TrialRecord
 
-__all__ = ["COMPILE_CHECK", "Candidate", "CompilePick", "check_recommendation", "read_compile_pick"]
+__all__ = ["COMPILE_CHECK", "Candidate", "CompilePick", "candidates", "check_recommendation", "read_compile_pick"]
 
 #: The study's user attribute: {"trial", "check" or "reason"}, and where the finalists were
 #: checked "values", "objective" and, where one of them replaced the eager pick, "of".
@@ -55,6 +56,25 @@ class Candidate:
     record: TrialRecord
     value: float
     spread: float = 0.0
+
+
+def candidates(summary: StudySummary) -> list[Candidate]:
+    """The finalists ``summary``'s study times compiled: its re-timed trials, best first, with
+    their values side by side under its objective; as many as the finalists proper
+    (:data:`autotune.search.finalists.FINALISTS`): the baselines re-timed beside them are
+    compiled only where they rank among them (a compile is tens of seconds at real size)."""
+    from autotune.search.finalists import FINALISTS, value_scale
+
+    records = {r.number: r for r in summary.trials}
+    ranked = sorted(summary.retimed.items(), key=lambda item: item[1].rank)[:FINALISTS]
+    return [
+        Candidate(
+            record=records[n],
+            value=f.retimed_throughput * value_scale(records[n], summary.objective),
+            spread=f.retimed_spread,
+        )
+        for n, f in ranked
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)

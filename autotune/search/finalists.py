@@ -222,8 +222,9 @@ def retime_finalists(
     scales = [value_scale(r, objective_of(study)) for r in chosen]
     configs = [r.config for r in chosen if r.config is not None]
     if note is not None:
-        beside = [r for r in chosen if r.number in _beside(study)]
-        best = [r.number for r in chosen if r not in beside]
+        added = _beside(study)
+        beside = [r for r in chosen if r.number in added]
+        best = [r.number for r in chosen if r.number not in added]
         with_ = ", ".join(f"{r.baseline} (trial {r.number})" for r in beside)
         note(
             f"re-timing the {len(best)} best configurations side by side (trials {best})"

@@ -457,8 +457,7 @@ def _check_compile(
 ) -> None:
     """The recommendation timed eager and compiled in the measuring child
     (:mod:`autotune.search.compile_pick`); the summary prints its line after the recommendation."""
-    from autotune.search.compile_pick import Candidate, check_recommendation
-    from autotune.search.finalists import FINALISTS, value_scale
+    from autotune.search.compile_pick import candidates, check_recommendation
     from autotune.search.results import summarize
 
     def compare(config: TrainConfig) -> CompileCheck:
@@ -466,21 +465,14 @@ def _check_compile(
         return measurer.compare_compiled(config, memory_budget=memory_budget, timeout=3 * spec.measure.trial_timeout)
 
     summary = summarize(study)
-    records = {r.number: r for r in summary.trials}
-    # The best re-timed finalists, with their values side by side: compiled too, the best eager
-    # one need not stay the best (compile_pick.py). As many as the finalists proper: the
-    # baselines re-timed beside them are compiled only where they rank among them (a compile is
-    # tens of seconds at real size).
-    finalists = [
-        Candidate(
-            record=records[n],
-            value=f.retimed_throughput * value_scale(records[n], spec.objective),
-            spread=f.retimed_spread,
-        )
-        for n, f in sorted(summary.retimed.items(), key=lambda item: item[1].rank)[:FINALISTS]
-    ]
+    # Compiled too, the best eager finalist need not stay the best (compile_pick.py).
     check_recommendation(
-        study, summary.recommended, compare, note=observer.note, finalists=finalists, objective=spec.objective
+        study,
+        summary.recommended,
+        compare,
+        note=observer.note,
+        finalists=candidates(summary),
+        objective=spec.objective,
     )
 
 

@@ -307,3 +307,12 @@ def test_a_recipe_that_wins_the_re_timing_is_recommended_by_name_with_what_the_s
         "by side: 120.0 per GiB (spread 0.0%); the best other configuration, trial 1, is 0.92x of it per GiB, "
         "timed side by side"
     )
+
+
+def test_the_compile_check_times_as_many_re_timed_configurations_as_the_finalists_best_first() -> None:
+    from autotune.search.compile_pick import candidates
+
+    study = _with_baselines()
+    retime_finalists(study, _retimer_of((90.0, 110.0, 95.0, 30.0, 120.0)), threads=1)
+    chosen = candidates(summarize(study))  # five re-timed: the recipe first, the default last
+    assert [(c.record.number, c.value, c.spread) for c in chosen] == [(5, 120.0, 0.0), (1, 110.0, 0.0), (2, 95.0, 0.0)]
