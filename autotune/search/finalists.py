@@ -180,23 +180,24 @@ def standing(records: tuple[TrialRecord, ...], objective: ObjectiveName = DEFAUL
 def to_retime(study: optuna.Study) -> list[TrialRecord]:
     """The finalists still to re-time: none with fewer than two, or if these very trials were
     re-timed already (the study's ``retimed`` record names them)."""
+    best, beside = _to_retime(study)
+    return best + beside
+
+
+def _to_retime(study: optuna.Study) -> tuple[list[TrialRecord], list[TrialRecord]]:
+    """:func:`to_retime`'s finalists as :func:`finalists` chooses them: the best, and the
+    baselines compared beside them (both empty where there is nothing to re-time)."""
     from autotune.search.spec import objective_of
     from autotune.search.trial_record import trial_record
 
     # The summary's records (results.summarize reads them the same way, and reads this module).
-    chosen = finalists(tuple(trial_record(t) for t in study.get_trials(deepcopy=False)), objective_of(study))
-    if len(chosen) < 2 or _retimed_trials(study) == [r.number for r in chosen]:
-        return []
-    return chosen
-
-
-def _beside(study: optuna.Study) -> set[int]:
-    """The trial numbers :func:`finalists` adds beside the best (:func:`_compared`)."""
-    from autotune.search.spec import objective_of
-    from autotune.search.trial_record import trial_record
-
     records = tuple(trial_record(t) for t in study.get_trials(deepcopy=False))
-    return {r.number for r in _compared(records, _best(records, objective_of(study)))}
+    best = _best(records, objective_of(study))
+    beside = _compared(records, best)
+    chosen = best + beside
+    if len(chosen) < 2 or _retimed_trials(study) == [r.number for r in chosen]:
+        return [], []
+    return best, beside
 
 
 def _retimed_trials(study: optuna.Study) -> list[int] | None:
@@ -214,7 +215,8 @@ def retime_finalists(
     value under the study's objective; each finalist's re-timed value per GiB is stored either way."""
     from autotune.search.spec import objective_of
 
-    chosen = to_retime(study)
+    best, beside = _to_retime(study)
+    chosen = best + beside
     if not chosen:
         previous = study.user_attrs.get(RETIMED)
         return dict(previous) if previous else None
@@ -222,12 +224,9 @@ def retime_finalists(
     scales = [value_scale(r, objective_of(study)) for r in chosen]
     configs = [r.config for r in chosen if r.config is not None]
     if note is not None:
-        added = _beside(study)
-        beside = [r for r in chosen if r.number in added]
-        best = [r.number for r in chosen if r.number not in added]
         with_ = ", ".join(f"{r.baseline} (trial {r.number})" for r in beside)
         note(
-            f"re-timing the {len(best)} best configurations side by side (trials {best})"
+            f"re-timing the {len(best)} best configurations side by side (trials {[r.number for r in best]})"
             + (f", with the baselines compared: {with_}" if beside else "")
         )
     result = retimer(configs, scales)
