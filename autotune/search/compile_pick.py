@@ -14,7 +14,8 @@ compiling speeds configurations up by different factors (``benchmarks/compile_ra
 the best configuration compiled need not be the best eager one. The recommendation is then the
 finalist with the most value under compile (its re-timed value times its compile gain where
 compile is recommended for it) when that beats the eager recommendation's beyond both their
-spreads; the line says so.
+spreads; the line says so. The Hugging Face recipes re-timed beside the finalists are compiled too,
+whatever their eager rank (:func:`candidates`): a Trainer user compiles them with one flag.
 
 A check is of one recommendation: once another trial is recommended eagerly (a resumed study,
 ``autotune best`` re-timing new finalists) the stored one is no longer read, and the next study run
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.measurement.compiled import CompileCheck, compile_line
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value
+from autotune.search.baselines import HF_BF16, HF_RECIPE
 
 if TYPE_CHECKING:
     import optuna
@@ -38,11 +40,23 @@ if TYPE_CHECKING:
     from autotune.search.results import StudySummary
     from autotune.search.trial_record import TrialRecord
 
-__all__ = ["COMPILE_CHECK", "Candidate", "CompilePick", "candidates", "check_recommendation", "read_compile_pick"]
+__all__ = [
+    "COMPILED_RECIPES",
+    "COMPILE_CHECK",
+    "Candidate",
+    "CompilePick",
+    "candidates",
+    "check_recommendation",
+    "read_compile_pick",
+]
 
 #: The study's user attribute: {"trial", "check" or "reason"}, and where the finalists were
 #: checked "values", "objective" and, where one of them replaced the eager pick, "of".
 COMPILE_CHECK = "compile_check"
+
+#: The baselines :func:`candidates` compiles wherever they were re-timed: the Hugging Face recipes,
+#: which users compile with one flag (``TrainingArguments(torch_compile=True)``).
+COMPILED_RECIPES: tuple[str, ...] = (HF_RECIPE, HF_BF16)
 
 #: The recommended configuration timed eager and compiled; raises ``MeasurementFailed`` where it cannot be.
 Comparer = Callable[["TrainConfig"], CompileCheck]
@@ -61,12 +75,17 @@ class Candidate:
 def candidates(summary: StudySummary) -> list[Candidate]:
     """The finalists ``summary``'s study times compiled: its re-timed trials, best first, with
     their values side by side under its objective; as many as the finalists proper
-    (:data:`autotune.search.finalists.FINALISTS`): the baselines re-timed beside them are
-    compiled only where they rank among them (a compile is tens of seconds at real size)."""
+    (:data:`autotune.search.finalists.FINALISTS`), then the Hugging Face recipes re-timed beside
+    them that rank below those (:data:`COMPILED_RECIPES`). The PyTorch default is compiled only
+    where it ranks among the finalists (a compile is tens of seconds at real size)."""
+    # The recipes whatever their eager rank: compiling gains most where the step recomputes (the
+    # every-block-recomputed recipe gained most on a GPU, docs/benchmark-log.md), and a Trainer
+    # user compiles it with one flag, so a compiled recommendation has to beat it compiled.
     from autotune.search.finalists import FINALISTS, value_scale
 
     records = {r.number: r for r in summary.trials}
-    ranked = sorted(summary.retimed.items(), key=lambda item: item[1].rank)[:FINALISTS]
+    ordered = sorted(summary.retimed.items(), key=lambda item: item[1].rank)
+    ranked = ordered[:FINALISTS] + [(n, f) for n, f in ordered[FINALISTS:] if records[n].baseline in COMPILED_RECIPES]
     return [
         Candidate(
             record=records[n],

@@ -211,9 +211,22 @@ def _recommended_line(r: TrialRecord | None, s: StudySummary) -> str:
 def _searched_beside(recommended: Finalist, s: StudySummary) -> str:
     """Where a recipe users run is recommended: what the best configuration re-timed beside it
     that is none of those recipes is of it (as ``tune`` says its best step of a recommended
-    baseline), or nothing where none was."""
+    baseline), or nothing where none was; under compile where the compile check made the recipe
+    the recommendation (its values are then the finalists' under compile)."""
     recipes = {name for name, _ in COMPARED}
     per = s.objective == "per-gib"
+    unit = "per GiB" if per else "samples/s"
+    pick = s.compile_pick
+    if pick is not None and pick.of is not None and pick.trial == recommended.trial:
+        compiled = {n: v for n, v, _ in pick.values}
+        rivals = [(v, n) for n, v in compiled.items() if n != pick.trial and _trial(s, n).baseline not in recipes]
+        if not rivals:
+            return ""
+        v, n = max(rivals, key=lambda x: (x[0], -x[1]))
+        return (
+            f"; the best other configuration, trial {n}, is {v / compiled[pick.trial]:.2f}x of it {unit} "
+            "under compile, timed side by side"
+        )
 
     def value(f: Finalist) -> float:
         return f.retimed_per_gib if per else f.retimed_throughput
@@ -222,7 +235,6 @@ def _searched_beside(recommended: Finalist, s: StudySummary) -> str:
     if not others:
         return ""
     best = max(others, key=lambda f: (value(f), -f.trial))
-    unit = "per GiB" if per else "samples/s"
     return (
         f"; the best other configuration, trial {best.trial}, is {value(best) / value(recommended):.2f}x "
         f"of it {unit}, timed side by side"

@@ -316,3 +316,56 @@ def test_the_compile_check_times_as_many_re_timed_configurations_as_the_finalist
     retime_finalists(study, _retimer_of((90.0, 110.0, 95.0, 30.0, 120.0)), threads=1)
     chosen = candidates(summarize(study))  # five re-timed: the recipe first, the default last
     assert [(c.record.number, c.value, c.spread) for c in chosen] == [(5, 120.0, 0.0), (1, 110.0, 0.0), (2, 95.0, 0.0)]
+
+
+def test_the_compile_check_times_the_hf_recipe_re_timed_beside_the_finalists_whatever_its_eager_rank() -> None:
+    from autotune.search.compile_pick import candidates
+
+    study = _with_baselines()
+    # Per GiB side by side: trial 1 110, trial 2 95, trial 0 90, the recipe 80, the default 15.
+    retime_finalists(study, _retimer_of((90.0, 110.0, 95.0, 30.0, 80.0)), threads=1)
+    chosen = candidates(summarize(study))
+    assert [(c.record.number, c.value) for c in chosen] == [(1, 110.0), (2, 95.0), (0, 90.0), (5, 80.0)]
+    assert chosen[-1].record.baseline == "hf-recipe"  # compiled too; the PyTorch default (15) is not
+
+
+def test_a_recipe_that_wins_compiled_is_recommended_compiled_by_name() -> None:
+    from autotune.measurement.compiled import CompileCheck
+    from autotune.search.compile_pick import candidates, check_recommendation
+
+    def check(speedup: float) -> CompileCheck:
+        return CompileCheck(
+            mode="default",
+            eager=Timing(rates=(100.0,) * 3),
+            compiled=Timing(rates=(100.0 * speedup,) * 3),
+            samples=16,
+            warmup_seconds=(20.0, 0.1),
+            eager_peak=None,
+            compiled_peak=None,
+            rounds=3,
+        )
+
+    study = _with_baselines()
+    retime_finalists(study, _retimer_of((90.0, 110.0, 95.0, 30.0, 80.0)), threads=1)
+    summary = summarize(study)
+    asked: list[TrainConfig] = []
+
+    def compare(config: TrainConfig) -> CompileCheck:
+        asked.append(config)
+        return check(2.0 if config.checkpoint else 0.9)  # only the recipe recomputes: it gains 2x
+
+    pick = check_recommendation(study, summary.recommended, compare, note=lambda _: None, finalists=candidates(summary))
+    assert [c.micro_batch_size for c in asked] == [4, 2, 8, 16]  # trials 1, 2, 0, then the recipe
+    # The recipe: 80 per GiB eager, 160 compiled, against the eager pick's 110 (0.9x: not compiled).
+    assert pick is not None and (pick.trial, pick.of, pick.compiled) == (5, 1, True)
+    after = summarize(study)
+    assert after.recommended is not None and after.recommended.baseline == "hf-recipe"
+    assert after.recommended_config == TrainConfig(
+        micro_batch_size=16, precision="bf16", checkpoint=True, compile="default"
+    )
+    line = _line(study)
+    assert line.startswith("recommended: trial 5, the HF recipe: ")
+    # Of it under compile (110 eager against 160), not eager (110 against 80: 1.38x).
+    assert line.endswith(
+        "; the best other configuration, trial 1, is 0.69x of it per GiB under compile, timed side by side"
+    )
