@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.measurement.compiled import CompileCheck, compile_line
 from autotune.measurement.objective import DEFAULT_OBJECTIVE, ObjectiveName, format_value
-from autotune.search.baselines import HF_BF16, HF_RECIPE
+from autotune.search.baselines import COMPARED, HF_BF16, HF_RECIPE
 
 if TYPE_CHECKING:
     import optuna
@@ -51,7 +51,8 @@ __all__ = [
 ]
 
 #: The study's user attribute: {"trial", "check" or "reason"}, and where the finalists were
-#: checked "values", "objective" and, where one of them replaced the eager pick, "of".
+#: checked "values", "objective" and, where one of them replaced the eager pick, "of"; where a
+#: recipe users run was among them, "recipes" (its trial and name).
 COMPILE_CHECK = "compile_check"
 
 #: The baselines :func:`candidates` compiles wherever they were re-timed: the Hugging Face recipes,
@@ -111,6 +112,7 @@ class CompilePick:
     reason: str | None = None
     of: int | None = None
     values: tuple[tuple[int, float, float | None], ...] = ()
+    recipes: tuple[tuple[int, str], ...] = ()
     objective: ObjectiveName = DEFAULT_OBJECTIVE
 
     def __post_init__(self) -> None:
@@ -144,8 +146,13 @@ class CompilePick:
     def _finalists_words(self) -> str:
         if len(self.values) < 2:
             return ""
+        recipes = dict(self.recipes)
+
+        def named(n: int) -> str:
+            return f"trial {n}" if n not in recipes else f"trial {n} (the {_recipe_words(recipes[n])})"
+
         each = ", ".join(
-            f"trial {n} {format_value(v, self.objective)} ({'eager' if s is None else f'compiled {s:.2f}x'})"
+            f"{named(n)} {format_value(v, self.objective)} ({'eager' if s is None else f'compiled {s:.2f}x'})"
             for n, v, s in self.values
         )
         if self.of is None:
@@ -170,6 +177,8 @@ class CompilePick:
             out["of"] = self.of
         if self.values:
             out["values"] = [list(v) for v in self.values]
+        if self.recipes:
+            out["recipes"] = [list(r) for r in self.recipes]
             out["objective"] = self.objective
         return out
 
@@ -182,8 +191,14 @@ class CompilePick:
             reason=d.get("reason"),
             of=d.get("of"),
             values=tuple((int(n), float(v), None if s is None else float(s)) for n, v, s in d.get("values", ())),
+            recipes=tuple((int(n), str(name)) for n, name in d.get("recipes", ())),
             objective=d.get("objective", DEFAULT_OBJECTIVE),
         )
+
+
+def _recipe_words(name: str) -> str:
+    """A recipe's name in the words the recommendation line uses (``"HF recipe"``)."""
+    return dict(COMPARED)[name]
 
 
 def read_compile_pick(study: optuna.Study, recommended: TrialRecord | None) -> CompilePick | None:
@@ -302,7 +317,10 @@ def _among_finalists(
     checked = [(first, check)]
     for c in others:
         assert c.record.config is not None
-        note(f"timing finalist trial {c.record.number} eager and compiled side by side (torch.compile)")
+        what = f"finalist trial {c.record.number}"
+        if c.record.baseline in COMPILED_RECIPES:
+            what = f"the {_recipe_words(c.record.baseline)} (trial {c.record.number})"
+        note(f"timing {what} eager and compiled side by side (torch.compile)")
         try:
             checked.append((c, compare(dataclasses.replace(c.record.config, compile="none"))))
         except MeasurementFailed as e:
@@ -319,5 +337,6 @@ def _among_finalists(
         check=won,
         of=None if best == 0 else recommended.number,
         values=values,
+        recipes=tuple((c.record.number, b) for c, _ in checked if (b := c.record.baseline) in COMPILED_RECIPES),
         objective=objective,
     )

@@ -354,11 +354,18 @@ def test_a_recipe_that_wins_compiled_is_recommended_compiled_by_name() -> None:
         asked.append(config)
         return check(2.0 if config.checkpoint else 0.9)  # only the recipe recomputes: it gains 2x
 
-    pick = check_recommendation(study, summary.recommended, compare, note=lambda _: None, finalists=candidates(summary))
+    notes: list[str] = []
+    pick = check_recommendation(study, summary.recommended, compare, note=notes.append, finalists=candidates(summary))
     assert [c.micro_batch_size for c in asked] == [4, 2, 8, 16]  # trials 1, 2, 0, then the recipe
+    assert notes[-1] == "timing the HF recipe (trial 5) eager and compiled side by side (torch.compile)"
     # The recipe: 80 per GiB eager, 160 compiled, against the eager pick's 110 (0.9x: not compiled).
-    assert pick is not None and (pick.trial, pick.of, pick.compiled) == (5, 1, True)
+    assert pick is not None and (pick.trial, pick.of, pick.compiled, pick.recipes) == (5, 1, True, ((5, "hf-recipe"),))
+    assert pick.line.endswith(
+        "under compile trial 5 beats the eager pick, trial 1: trial 1 110.0 per GiB (eager), trial 2 95.0 per GiB "
+        "(eager), trial 0 90.0 per GiB (eager), trial 5 (the HF recipe) 160.0 per GiB (compiled 2.00x)"
+    )
     after = summarize(study)
+    assert after.compile_pick == pick  # as stored on the study and read back
     assert after.recommended is not None and after.recommended.baseline == "hf-recipe"
     assert after.recommended_config == TrainConfig(
         micro_batch_size=16, precision="bf16", checkpoint=True, compile="default"
