@@ -177,9 +177,9 @@ class CompilePick:
             out["of"] = self.of
         if self.values:
             out["values"] = [list(v) for v in self.values]
+            out["objective"] = self.objective
         if self.recipes:
             out["recipes"] = [list(r) for r in self.recipes]
-            out["objective"] = self.objective
         return out
 
     @classmethod

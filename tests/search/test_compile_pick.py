@@ -337,3 +337,20 @@ def test_per_gib_a_compiled_peak_measured_in_the_check_counts_in_the_choice() ->
     assert compiled_value(first, heavy, "per-gib") == 100.0
     assert compiled_choice([(first, heavy), (second, light)], "per-gib") == 1
     assert compiled_choice([(first, heavy), (second, light)], "throughput") == 0  # 200 against 120
+
+
+@pytest.mark.parametrize("recipes", [(), ((1, "hf-bf16"),)], ids=["finalists", "with-a-recipe"])
+def test_a_stored_check_reads_back_as_it_was_with_its_objective(recipes: tuple[tuple[int, str], ...]) -> None:
+    pick = CompilePick(
+        trial=1,
+        check=WINNING,
+        of=0,
+        values=((0, 100.0, None), (1, 180.0, 2.0)),
+        recipes=recipes,
+        objective="throughput",
+    )
+    stored = json.loads(json.dumps(pick.to_dict()))  # as the study's storage keeps it
+    assert stored["objective"] == "throughput" and ("recipes" in stored) == bool(recipes)
+    assert CompilePick.from_dict(stored) == pick
+    named = "trial 1 (the HF bf16-only recipe) 180.0 samples/s" if recipes else "trial 1 180.0 samples/s"
+    assert pick.line.endswith(f"{named} (compiled 2.00x)")
