@@ -215,29 +215,19 @@ def _searched_beside(recommended: Finalist, s: StudySummary) -> str:
     the recommendation (its values are then the finalists' under compile)."""
     recipes = {name for name, _ in COMPARED}
     per = s.objective == "per-gib"
-    unit = "per GiB" if per else "samples/s"
     pick = s.compile_pick
-    if pick is not None and pick.of is not None and pick.trial == recommended.trial:
-        compiled = {n: v for n, v, _ in pick.values}
-        rivals = [(v, n) for n, v in compiled.items() if n != pick.trial and _trial(s, n).baseline not in recipes]
-        if not rivals:
-            return ""
-        v, n = max(rivals, key=lambda x: (x[0], -x[1]))
-        return (
-            f"; the best other configuration, trial {n}, is {v / compiled[pick.trial]:.2f}x of it {unit} "
-            "under compile, timed side by side"
-        )
-
-    def value(f: Finalist) -> float:
-        return f.retimed_per_gib if per else f.retimed_throughput
-
-    others = [f for n, f in s.retimed.items() if n != recommended.trial and _trial(s, n).baseline not in recipes]
+    compiled = pick is not None and pick.of is not None and pick.trial == recommended.trial
+    if pick is not None and compiled:
+        values = {n: v for n, v, _ in pick.values}
+    else:
+        values = {n: f.retimed_per_gib if per else f.retimed_throughput for n, f in s.retimed.items()}
+    others = [n for n in values if n != recommended.trial and _trial(s, n).baseline not in recipes]
     if not others:
         return ""
-    best = max(others, key=lambda f: (value(f), -f.trial))
+    best = max(others, key=lambda n: (values[n], -n))
     return (
-        f"; the best other configuration, trial {best.trial}, is {value(best) / value(recommended):.2f}x "
-        f"of it {unit}, timed side by side"
+        f"; the best other configuration, trial {best}, is {values[best] / values[recommended.trial]:.2f}x "
+        f"of it {'per GiB' if per else 'samples/s'}{' under compile' if compiled else ''}, timed side by side"
     )
 
 
